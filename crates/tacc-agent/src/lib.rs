@@ -1,0 +1,1 @@
+//! `tacc-agent`: placeholder, filled in by its issue.

@@ -1,0 +1,1 @@
+//! `tacc-client`: placeholder, filled in by its issue.

@@ -1,0 +1,1 @@
+//! `tacc-compiler`: placeholder, filled in by its issue.

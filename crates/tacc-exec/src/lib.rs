@@ -1,0 +1,1 @@
+//! `tacc-exec`: placeholder, filled in by its issue.

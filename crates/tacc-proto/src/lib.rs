@@ -1,0 +1,1 @@
+//! `tacc-proto`: placeholder, filled in by its issue.

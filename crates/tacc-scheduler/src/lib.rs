@@ -1,0 +1,28 @@
+//! `tacc-scheduler`: layer 3 of TACC, the scheduling layer, as a pure deterministic state
+//! machine. Events come in (task submitted, task finished, node up, …) each with the time
+//! at which it happened; a [`Plan`] of actions comes out (start task T on nodes N with GPU
+//! indices G, mark task U pending for reason R, reject task V).
+//!
+//! It must not do I/O, spawn threads, or read a clock: the live server and the trace
+//! simulator drive the very same code, and the same event sequence always yields the same
+//! plans (ordered maps only, never `HashMap` iteration). It depends on `tacc-core` alone.
+
+mod model;
+mod scheduler;
+
+pub use model::{NodeSpec, PendingReason, Placement, TaskRequest};
+pub use scheduler::{Action, Event, Plan, Scheduler};
+
+/// Errors from feeding the scheduler an event that contradicts its state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchedulerError {
+    #[error("task {0} is already known to the scheduler")]
+    DuplicateTask(tacc_core::TaskId),
+    #[error("node {0} is already known to the scheduler")]
+    DuplicateNode(tacc_core::NodeId),
+    #[error("placement of task {task} names node {node}, which the scheduler does not know")]
+    UnknownNode {
+        task: tacc_core::TaskId,
+        node: tacc_core::NodeId,
+    },
+}

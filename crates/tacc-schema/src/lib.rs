@@ -1,0 +1,1 @@
+//! `tacc-schema`: placeholder, filled in by its issue.

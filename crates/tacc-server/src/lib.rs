@@ -1,0 +1,1 @@
+//! `tacc-server`: placeholder, filled in by its issue.

@@ -1,0 +1,1 @@
+//! `tacc-store`: placeholder, filled in by its issue.
