@@ -1,1 +1,229 @@
-//! `tacc-proto`: placeholder, filled in by its issue.
+//! `tacc-proto`: the wire types of TACC's HTTP API (`/v1/...`), spoken between `tcloud`,
+//! the control plane and node agents.
+//!
+//! These are not domain types: the server and clients convert at the edge, so the API can
+//! stay stable while internals change. It depends on `tacc-core` only (ids, resources,
+//! states) and must not depend on the schema, scheduler, store or any runtime crate.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tacc_core::{AttemptNo, NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
+
+/// Header naming the user on whose behalf a request is made.
+pub const USER_HEADER: &str = "x-tacc-user";
+/// Response header of the log endpoint: the byte offset just past the returned data.
+pub const LOG_OFFSET_HEADER: &str = "x-tacc-log-offset";
+/// API version prefix.
+pub const API_PREFIX: &str = "/v1";
+
+/// Every error response body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Stable machine-readable code, e.g. `not_found`, `invalid_task`, `conflict`.
+    pub code: String,
+    /// What went wrong, for people, including how to fix it.
+    pub message: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+}
+
+// ---------------------------------------------------------------- snapshots
+
+/// Client → server: "here is a snapshot manifest; which chunks do you lack?"
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotOffer {
+    /// The manifest as produced by the compiler (opaque to this crate).
+    pub manifest: serde_json::Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotOfferReply {
+    pub snapshot: SnapshotId,
+    /// Chunk hashes the server does not have yet; upload them, then commit.
+    pub missing: Vec<String>,
+    pub chunks_total: u64,
+    pub total_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotCommitted {
+    pub snapshot: SnapshotId,
+}
+
+// ---------------------------------------------------------------- tasks
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmitTask {
+    /// The normalised task spec (JSON form of the schema crate's `TaskSpec`).
+    pub spec: serde_json::Value,
+    pub snapshot: SnapshotId,
+    /// Where the task file came from, for `tcloud show` (informational).
+    pub source: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitReply {
+    pub task_id: TaskId,
+    pub state: TaskState,
+}
+
+/// A task as shown to users.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskView {
+    pub id: TaskId,
+    pub name: String,
+    pub user: String,
+    pub state: TaskState,
+    /// Why it is in this state: pending reason while queued, failure reason when failed.
+    pub reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub attempt: AttemptNo,
+    pub max_attempts: u32,
+    /// Names of the nodes it runs (or ran) on.
+    pub nodes: Vec<String>,
+    pub gpus: Vec<Vec<u32>>,
+    pub snapshot: SnapshotId,
+    pub per_node: Resources,
+    pub num_nodes: u32,
+    pub time_limit_secs: Option<u64>,
+    pub submitted_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    pub cancel_requested: bool,
+    pub source: Option<String>,
+    pub spec: serde_json::Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEventView {
+    pub at: Timestamp,
+    pub attempt: AttemptNo,
+    pub state: TaskState,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputFile {
+    /// Path relative to the task's working directory.
+    pub path: String,
+    pub size: u64,
+    pub attempt: AttemptNo,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelReply {
+    pub task_id: TaskId,
+    pub state: TaskState,
+    /// False when the task had already finished.
+    pub changed: bool,
+}
+
+// ---------------------------------------------------------------- nodes and agents
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterAgent {
+    /// Stable node name (host name by default); re-registering under it resumes the node.
+    pub name: String,
+    pub capacity: Resources,
+    pub gpu_type: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// Attempts this agent is still running (after an agent restart: none).
+    pub running: Vec<AttemptRef>,
+    /// Address other nodes can reach this one at, for multi-node tasks.
+    pub address: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRegistered {
+    pub node_id: NodeId,
+    /// The agent must poll at least this often or it is considered lost.
+    pub heartbeat_timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AttemptRef {
+    pub task: TaskId,
+    pub attempt: AttemptNo,
+}
+
+/// Everything an agent needs to run its part of one attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub attempt: AttemptRef,
+    /// The compiled instruction (JSON form of the compiler's `Instruction`).
+    pub instruction: serde_json::Value,
+    pub node_rank: u32,
+    pub gpu_indices: Vec<u32>,
+    pub master_addr: String,
+    pub master_port: u16,
+}
+
+/// The long-poll answer: the complete set of attempts this node should be running.
+/// Anything the agent runs that is not listed must be stopped.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DesiredWork {
+    /// Changes whenever the set changes; pass it back to wait for the next change.
+    pub version: u64,
+    pub assignments: Vec<Assignment>,
+}
+
+/// Agent → server, in the order things happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AgentReport {
+    /// Output of the user's processes (whole lines, `\n`-terminated).
+    Log {
+        attempt: AttemptRef,
+        text: String,
+    },
+    Started {
+        attempt: AttemptRef,
+        at: Timestamp,
+    },
+    Finished {
+        attempt: AttemptRef,
+        at: Timestamp,
+        outcome: AttemptOutcome,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    Exited {
+        code: i32,
+    },
+    Signalled {
+        signal: i32,
+    },
+    TimeLimit,
+    Cancelled,
+    /// The platform could not start it; `reason` is a snake_case code such as
+    /// `snapshot_fetch_failed` or `launch_failed`.
+    LaunchFailed {
+        reason: String,
+        message: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentReports {
+    pub reports: Vec<AgentReport>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeView {
+    pub id: NodeId,
+    pub name: String,
+    pub capacity: Resources,
+    pub allocated: Resources,
+    pub gpu_type: Option<String>,
+    pub state: String,
+    pub last_seen: Timestamp,
+    pub running_tasks: Vec<TaskId>,
+}

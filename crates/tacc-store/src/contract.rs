@@ -1,0 +1,372 @@
+//! The behaviour every [`Store`](crate::Store) implementation must show. Each
+//! implementation's tests call these functions, so the fake and the real stores cannot
+//! drift apart.
+
+use std::collections::BTreeMap;
+
+use tacc_core::{AttemptNo, NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
+
+use crate::{
+    NewNode, NewTask, OutputRecord, Store, StoreError, StoredPlacement, TaskChange, TaskFilter,
+    Transition,
+};
+
+fn snapshot() -> SnapshotId {
+    "ab".repeat(32).parse().expect("valid snapshot id")
+}
+
+fn new_task(name: &str, user: &str, at: u64) -> NewTask {
+    NewTask {
+        name: name.to_string(),
+        user: user.to_string(),
+        spec: serde_json::json!({"name": name, "run": "true"}),
+        snapshot: snapshot(),
+        source: Some("task.yaml".into()),
+        submitted_at: Timestamp(at),
+    }
+}
+
+fn transition(task: TaskId, from: TaskState, to: TaskState, attempt: u32, at: u64) -> Transition {
+    Transition::new(task, from, to, AttemptNo(attempt), Timestamp(at))
+}
+
+fn change(t: Transition) -> TaskChange {
+    TaskChange::Transition(t)
+}
+
+/// Run every check below against one store. The store must start empty.
+pub async fn run_all(store: &dyn Store) {
+    tasks_get_ids_in_order_and_round_trip(store).await;
+    lifecycle_records_every_transition(store).await;
+    apply_is_all_or_nothing(store).await;
+    list_filters_by_state_and_user(store).await;
+    nodes_keep_their_id_when_re_registered(store).await;
+    snapshots_and_outputs(store).await;
+}
+
+pub async fn tasks_get_ids_in_order_and_round_trip(store: &dyn Store) {
+    let first = store.create_task(new_task("a", "alice", 10)).await.unwrap();
+    let second = store.create_task(new_task("b", "bob", 11)).await.unwrap();
+    assert!(second.id > first.id, "ids must increase");
+    let loaded = store
+        .get_task(first.id)
+        .await
+        .unwrap()
+        .expect("task exists");
+    assert_eq!(loaded, first);
+    assert_eq!(loaded.state, TaskState::Queued);
+    assert_eq!(loaded.attempt, AttemptNo::FIRST);
+    assert!(store.get_task(TaskId(999_999)).await.unwrap().is_none());
+}
+
+pub async fn lifecycle_records_every_transition(store: &dyn Store) {
+    let task = store
+        .create_task(new_task("life", "alice", 100))
+        .await
+        .unwrap()
+        .id;
+    let placements = vec![StoredPlacement {
+        node: NodeId(3),
+        gpu_indices: vec![0, 1],
+    }];
+    store
+        .apply(&[change(Transition {
+            placements: placements.clone(),
+            ..transition(task, TaskState::Queued, TaskState::Starting, 1, 110)
+        })])
+        .await
+        .unwrap();
+    store
+        .apply(&[change(transition(
+            task,
+            TaskState::Starting,
+            TaskState::Running,
+            1,
+            120,
+        ))])
+        .await
+        .unwrap();
+    // A retry: failed attempt 1 goes back to the queue as attempt 2.
+    store
+        .apply(&[
+            change(Transition {
+                exit_code: Some(3),
+                reason: Some("exit_code".into()),
+                ..transition(task, TaskState::Running, TaskState::Failed, 1, 130)
+            }),
+            change(transition(
+                task,
+                TaskState::Failed,
+                TaskState::Queued,
+                2,
+                130,
+            )),
+        ])
+        .await
+        .unwrap();
+    let record = store.get_task(task).await.unwrap().unwrap();
+    assert_eq!(record.state, TaskState::Queued);
+    assert_eq!(record.attempt, AttemptNo(2));
+    assert!(
+        record.placements.is_empty(),
+        "a requeued task holds no placement"
+    );
+    assert_eq!(record.exit_code, None);
+
+    store
+        .apply(&[change(Transition {
+            placements: placements.clone(),
+            ..transition(task, TaskState::Queued, TaskState::Starting, 2, 140)
+        })])
+        .await
+        .unwrap();
+    store
+        .apply(&[TaskChange::CancelRequested { task }])
+        .await
+        .unwrap();
+    store
+        .apply(&[change(transition(
+            task,
+            TaskState::Starting,
+            TaskState::Running,
+            2,
+            150,
+        ))])
+        .await
+        .unwrap();
+    store
+        .apply(&[change(Transition {
+            exit_code: Some(0),
+            ..transition(task, TaskState::Running, TaskState::Succeeded, 2, 160)
+        })])
+        .await
+        .unwrap();
+    let record = store.get_task(task).await.unwrap().unwrap();
+    assert_eq!(record.state, TaskState::Succeeded);
+    assert_eq!(record.placements, placements);
+    assert!(record.cancel_requested);
+    assert_eq!(record.started_at, Some(Timestamp(150)));
+    assert_eq!(record.finished_at, Some(Timestamp(160)));
+    assert_eq!(record.exit_code, Some(0));
+
+    let events = store.task_events(task).await.unwrap();
+    let seen: Vec<(u32, TaskState, u64)> = events
+        .iter()
+        .map(|e| (e.attempt.0, e.state, e.at.0))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (1, TaskState::Queued, 100),
+            (1, TaskState::Starting, 110),
+            (1, TaskState::Running, 120),
+            (1, TaskState::Failed, 130),
+            (2, TaskState::Queued, 130),
+            (2, TaskState::Starting, 140),
+            (2, TaskState::Running, 150),
+            (2, TaskState::Succeeded, 160),
+        ]
+    );
+    assert_eq!(events[3].reason.as_deref(), Some("exit_code"));
+}
+
+pub async fn apply_is_all_or_nothing(store: &dyn Store) {
+    let a = store
+        .create_task(new_task("atomic-a", "alice", 200))
+        .await
+        .unwrap()
+        .id;
+    let b = store
+        .create_task(new_task("atomic-b", "alice", 201))
+        .await
+        .unwrap()
+        .id;
+    // The second change expects the wrong state, so neither may be applied.
+    let err = store
+        .apply(&[
+            change(transition(
+                a,
+                TaskState::Queued,
+                TaskState::Starting,
+                1,
+                210,
+            )),
+            change(transition(
+                b,
+                TaskState::Running,
+                TaskState::Succeeded,
+                1,
+                210,
+            )),
+        ])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { task, .. } if task == b),
+        "{err}"
+    );
+    assert_eq!(
+        store.get_task(a).await.unwrap().unwrap().state,
+        TaskState::Queued
+    );
+    assert_eq!(store.task_events(a).await.unwrap().len(), 1);
+    let missing = store
+        .apply(&[TaskChange::Reason {
+            task: TaskId(888_888),
+            reason: None,
+        }])
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, StoreError::TaskNotFound(TaskId(888_888))));
+    store
+        .apply(&[TaskChange::Reason {
+            task: a,
+            reason: Some("waiting for resources".into()),
+        }])
+        .await
+        .unwrap();
+    let record = store.get_task(a).await.unwrap().unwrap();
+    assert_eq!(record.reason.as_deref(), Some("waiting for resources"));
+    assert_eq!(
+        store.task_events(a).await.unwrap().len(),
+        1,
+        "a reason change is not a transition"
+    );
+}
+
+pub async fn list_filters_by_state_and_user(store: &dyn Store) {
+    let carol = store
+        .create_task(new_task("list-1", "carol", 300))
+        .await
+        .unwrap()
+        .id;
+    let carol2 = store
+        .create_task(new_task("list-2", "carol", 301))
+        .await
+        .unwrap()
+        .id;
+    store
+        .apply(&[change(transition(
+            carol2,
+            TaskState::Queued,
+            TaskState::Cancelled,
+            1,
+            302,
+        ))])
+        .await
+        .unwrap();
+    let mine = store
+        .list_tasks(&TaskFilter {
+            user: Some("carol".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        mine.iter().map(|t| t.id).collect::<Vec<_>>(),
+        vec![carol2, carol],
+        "newest first"
+    );
+    let queued = store
+        .list_tasks(&TaskFilter {
+            user: Some("carol".into()),
+            states: vec![TaskState::Queued],
+            limit: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(queued.iter().map(|t| t.id).collect::<Vec<_>>(), vec![carol]);
+    let limited = store
+        .list_tasks(&TaskFilter {
+            limit: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(limited.len(), 1);
+    assert_eq!(limited[0].id, carol2);
+}
+
+pub async fn nodes_keep_their_id_when_re_registered(store: &dyn Store) {
+    let node = |cpus: u64| NewNode {
+        name: "gpu-01".into(),
+        capacity: Resources::new(cpus * 1000, 64 << 30, 8),
+        gpu_type: Some("A100".into()),
+        labels: BTreeMap::from([("rack".to_string(), "r1".to_string())]),
+        address: "10.0.0.1".into(),
+        registered_at: Timestamp(400),
+    };
+    let first = store.register_node(node(32)).await.unwrap();
+    let again = store.register_node(node(64)).await.unwrap();
+    assert_eq!(first.id, again.id);
+    assert_eq!(again.capacity.cpu_millis, 64_000);
+    let other = store
+        .register_node(NewNode {
+            name: "gpu-02".into(),
+            ..node(8)
+        })
+        .await
+        .unwrap();
+    assert_ne!(other.id, first.id);
+    let nodes = store.list_nodes().await.unwrap();
+    assert_eq!(nodes.len(), 2);
+    assert_eq!(nodes[0].labels["rack"], "r1");
+}
+
+pub async fn snapshots_and_outputs(store: &dyn Store) {
+    let manifest = serde_json::json!({"entries": [{"path": "train.py"}]});
+    store
+        .put_snapshot(&snapshot(), &manifest, 10, Timestamp(500))
+        .await
+        .unwrap();
+    store
+        .put_snapshot(
+            &snapshot(),
+            &serde_json::json!({"other": true}),
+            10,
+            Timestamp(501),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get_snapshot(&snapshot()).await.unwrap(),
+        Some(manifest),
+        "first write wins"
+    );
+    let absent: SnapshotId = "cd".repeat(32).parse().unwrap();
+    assert!(store.get_snapshot(&absent).await.unwrap().is_none());
+
+    let task = store
+        .create_task(new_task("out", "alice", 510))
+        .await
+        .unwrap()
+        .id;
+    for (path, size) in [("results/model.json", 42), ("results/a.txt", 1)] {
+        store
+            .add_output(OutputRecord {
+                task,
+                attempt: AttemptNo::FIRST,
+                path: path.into(),
+                size,
+            })
+            .await
+            .unwrap();
+    }
+    let outputs = store.list_outputs(task).await.unwrap();
+    assert_eq!(outputs.len(), 2);
+    assert!(
+        outputs
+            .iter()
+            .any(|o| o.path == "results/model.json" && o.size == 42)
+    );
+    let err = store
+        .add_output(OutputRecord {
+            task: TaskId(777_777),
+            attempt: AttemptNo::FIRST,
+            path: "x".into(),
+            size: 1,
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::TaskNotFound(_)), "{err}");
+}

@@ -1,0 +1,254 @@
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+
+use crate::{
+    NewNode, NewTask, NodeRecord, OutputRecord, Result, Store, StoreError, TaskChange, TaskEvent,
+    TaskFilter, TaskRecord, Transition,
+};
+
+/// An in-memory [`Store`] for tests of the layers above. It follows the same contract as
+/// the SQLite store (including atomic `apply`) but keeps nothing across restarts.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Inner {
+    tasks: BTreeMap<TaskId, TaskRecord>,
+    events: BTreeMap<TaskId, Vec<TaskEvent>>,
+    nodes: BTreeMap<NodeId, NodeRecord>,
+    snapshots: BTreeMap<SnapshotId, serde_json::Value>,
+    outputs: BTreeMap<(TaskId, AttemptNo, String), OutputRecord>,
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// The state-transition rules shared by every store implementation.
+pub(crate) fn apply_transition(
+    record: &mut TaskRecord,
+    change: &TaskChange,
+) -> Result<Option<TaskEvent>> {
+    match change {
+        TaskChange::Transition(Transition {
+            task,
+            from,
+            to,
+            attempt,
+            at,
+            reason,
+            exit_code,
+            placements,
+        }) => {
+            if record.state != *from {
+                return Err(StoreError::Conflict {
+                    task: *task,
+                    expected: from.to_string(),
+                    actual: record.state.to_string(),
+                });
+            }
+            record.state = *to;
+            record.attempt = *attempt;
+            record.reason = reason.clone();
+            match to {
+                TaskState::Queued => {
+                    record.placements.clear();
+                    record.exit_code = None;
+                    record.started_at = None;
+                    record.cancel_requested = false;
+                }
+                TaskState::Starting => record.placements = placements.clone(),
+                TaskState::Running => record.started_at = Some(*at),
+                _ => {}
+            }
+            if to.is_terminal() {
+                record.finished_at = Some(*at);
+                record.exit_code = *exit_code;
+            }
+            Ok(Some(TaskEvent {
+                at: *at,
+                attempt: *attempt,
+                state: *to,
+                reason: reason.clone(),
+            }))
+        }
+        TaskChange::Reason { reason, .. } => {
+            record.reason = reason.clone();
+            Ok(None)
+        }
+        TaskChange::CancelRequested { .. } => {
+            record.cancel_requested = true;
+            Ok(None)
+        }
+    }
+}
+
+pub(crate) fn change_task(change: &TaskChange) -> TaskId {
+    match change {
+        TaskChange::Transition(Transition { task, .. })
+        | TaskChange::Reason { task, .. }
+        | TaskChange::CancelRequested { task } => *task,
+    }
+}
+
+pub(crate) fn matches(filter: &TaskFilter, task: &TaskRecord) -> bool {
+    (filter.states.is_empty() || filter.states.contains(&task.state))
+        && filter.user.as_ref().is_none_or(|u| *u == task.user)
+}
+
+#[async_trait::async_trait]
+impl Store for MemoryStore {
+    async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
+        let mut inner = self.inner.lock().unwrap();
+        let id = TaskId(inner.tasks.keys().next_back().map_or(1, |last| last.0 + 1));
+        let record = TaskRecord {
+            id,
+            name: task.name,
+            user: task.user,
+            spec: task.spec,
+            snapshot: task.snapshot,
+            source: task.source,
+            state: TaskState::Queued,
+            reason: None,
+            exit_code: None,
+            attempt: AttemptNo::FIRST,
+            placements: Vec::new(),
+            cancel_requested: false,
+            submitted_at: task.submitted_at,
+            started_at: None,
+            finished_at: None,
+        };
+        inner.tasks.insert(id, record.clone());
+        inner.events.insert(
+            id,
+            vec![TaskEvent {
+                at: task.submitted_at,
+                attempt: AttemptNo::FIRST,
+                state: TaskState::Queued,
+                reason: None,
+            }],
+        );
+        Ok(record)
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
+        Ok(self.inner.lock().unwrap().tasks.get(&id).cloned())
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>> {
+        let inner = self.inner.lock().unwrap();
+        let limit = filter.limit.map_or(usize::MAX, |l| l as usize);
+        Ok(inner
+            .tasks
+            .values()
+            .rev()
+            .filter(|t| matches(filter, t))
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEvent>> {
+        Ok(self
+            .inner
+            .lock()
+            .unwrap()
+            .events
+            .get(&id)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn apply(&self, changes: &[TaskChange]) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        // Work on a copy so a failing change leaves nothing applied.
+        let mut draft = inner.clone();
+        for change in changes {
+            let id = change_task(change);
+            let record = draft
+                .tasks
+                .get_mut(&id)
+                .ok_or(StoreError::TaskNotFound(id))?;
+            if let Some(event) = apply_transition(record, change)? {
+                draft.events.entry(id).or_default().push(event);
+            }
+        }
+        *inner = draft;
+        Ok(())
+    }
+
+    async fn register_node(&self, node: NewNode) -> Result<NodeRecord> {
+        let mut inner = self.inner.lock().unwrap();
+        let existing = inner
+            .nodes
+            .values()
+            .find(|n| n.name == node.name)
+            .map(|n| n.id);
+        let id = existing
+            .unwrap_or_else(|| NodeId(inner.nodes.keys().next_back().map_or(1, |l| l.0 + 1)));
+        let record = NodeRecord {
+            id,
+            name: node.name,
+            capacity: node.capacity,
+            gpu_type: node.gpu_type,
+            labels: node.labels,
+            address: node.address,
+            registered_at: node.registered_at,
+        };
+        inner.nodes.insert(id, record.clone());
+        Ok(record)
+    }
+
+    async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
+        Ok(self.inner.lock().unwrap().nodes.values().cloned().collect())
+    }
+
+    async fn put_snapshot(
+        &self,
+        id: &SnapshotId,
+        manifest: &serde_json::Value,
+        _total_bytes: u64,
+        _at: Timestamp,
+    ) -> Result<()> {
+        self.inner
+            .lock()
+            .unwrap()
+            .snapshots
+            .entry(id.clone())
+            .or_insert_with(|| manifest.clone());
+        Ok(())
+    }
+
+    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<serde_json::Value>> {
+        Ok(self.inner.lock().unwrap().snapshots.get(id).cloned())
+    }
+
+    async fn add_output(&self, output: OutputRecord) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        if !inner.tasks.contains_key(&output.task) {
+            return Err(StoreError::TaskNotFound(output.task));
+        }
+        inner
+            .outputs
+            .insert((output.task, output.attempt, output.path.clone()), output);
+        Ok(())
+    }
+
+    async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>> {
+        Ok(self
+            .inner
+            .lock()
+            .unwrap()
+            .outputs
+            .values()
+            .filter(|o| o.task == task)
+            .cloned()
+            .collect())
+    }
+}

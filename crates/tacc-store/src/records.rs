@@ -1,0 +1,136 @@
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use tacc_core::{AttemptNo, NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewTask {
+    pub name: String,
+    pub user: String,
+    pub spec: serde_json::Value,
+    pub snapshot: SnapshotId,
+    pub source: Option<String>,
+    pub submitted_at: Timestamp,
+}
+
+/// Where one node's share of a task was placed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredPlacement {
+    pub node: NodeId,
+    pub gpu_indices: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskRecord {
+    pub id: TaskId,
+    pub name: String,
+    pub user: String,
+    pub spec: serde_json::Value,
+    pub snapshot: SnapshotId,
+    pub source: Option<String>,
+    pub state: TaskState,
+    pub reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub attempt: AttemptNo,
+    pub placements: Vec<StoredPlacement>,
+    pub cancel_requested: bool,
+    pub submitted_at: Timestamp,
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskEvent {
+    pub at: Timestamp,
+    pub attempt: AttemptNo,
+    pub state: TaskState,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskFilter {
+    /// Only tasks in one of these states (all states when empty).
+    pub states: Vec<TaskState>,
+    pub user: Option<String>,
+    pub limit: Option<u32>,
+}
+
+/// A state change of one task; see [`TaskChange::Transition`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition {
+    pub task: TaskId,
+    /// The state the caller saw; the change fails with a conflict if it moved meanwhile.
+    pub from: TaskState,
+    pub to: TaskState,
+    pub attempt: AttemptNo,
+    pub at: Timestamp,
+    pub reason: Option<String>,
+    pub exit_code: Option<i32>,
+    pub placements: Vec<StoredPlacement>,
+}
+
+impl Transition {
+    pub fn new(
+        task: TaskId,
+        from: TaskState,
+        to: TaskState,
+        attempt: AttemptNo,
+        at: Timestamp,
+    ) -> Self {
+        Transition {
+            task,
+            from,
+            to,
+            attempt,
+            at,
+            reason: None,
+            exit_code: None,
+            placements: Vec::new(),
+        }
+    }
+}
+
+/// One change to a task, applied with others in a single transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskChange {
+    /// Move to a new state (and attempt), recording an event. Entering `starting` sets the
+    /// placements; entering `running` sets `started_at`; a terminal state sets
+    /// `finished_at`; re-entering `queued` (a retry) clears placements and exit code.
+    Transition(Transition),
+    /// Update the reason shown while the task stays in its state; no event.
+    Reason {
+        task: TaskId,
+        reason: Option<String>,
+    },
+    /// A user asked to cancel a task that is starting or running.
+    CancelRequested { task: TaskId },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewNode {
+    pub name: String,
+    pub capacity: Resources,
+    pub gpu_type: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub address: String,
+    pub registered_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRecord {
+    pub id: NodeId,
+    pub name: String,
+    pub capacity: Resources,
+    pub gpu_type: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub address: String,
+    pub registered_at: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputRecord {
+    pub task: TaskId,
+    pub attempt: AttemptNo,
+    pub path: String,
+    pub size: u64,
+}

@@ -1,0 +1,341 @@
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{Row, SqlitePool};
+use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+
+use crate::memory::{apply_transition, change_task};
+use crate::{
+    NewNode, NewTask, NodeRecord, OutputRecord, Result, Store, StoreError, TaskChange, TaskEvent,
+    TaskFilter, TaskRecord,
+};
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// The embedded store: one SQLite file in WAL mode with synchronous commits, so an
+/// acknowledged write survives `kill -9` and power loss alike.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) the database file and bring its schema up to date.
+    pub async fn open(path: &Path) -> Result<Self> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .map_err(|source| StoreError::Open {
+                path: path.display().to_string(),
+                source,
+            })?;
+        MIGRATOR.run(&pool).await?;
+        Ok(SqliteStore { pool })
+    }
+}
+
+const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
+     placements, cancel_requested, submitted_at, started_at, finished_at";
+
+fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(what.to_string())
+}
+
+fn millis(value: Timestamp) -> i64 {
+    value.as_millis() as i64
+}
+
+fn task_from_row(row: &SqliteRow) -> Result<TaskRecord> {
+    let spec: String = row.try_get("spec")?;
+    let placements: String = row.try_get("placements")?;
+    let snapshot: String = row.try_get("snapshot")?;
+    let state: String = row.try_get("state")?;
+    let timestamp = |name: &str| -> Result<Option<Timestamp>> {
+        Ok(row
+            .try_get::<Option<i64>, _>(name)?
+            .map(|v| Timestamp(v as u64)))
+    };
+    Ok(TaskRecord {
+        id: TaskId(row.try_get::<i64, _>("id")? as u64),
+        name: row.try_get("name")?,
+        user: row.try_get("user_name")?,
+        spec: serde_json::from_str(&spec).map_err(corrupt)?,
+        snapshot: SnapshotId::from_str(&snapshot).map_err(corrupt)?,
+        source: row.try_get("source")?,
+        state: TaskState::from_str(&state).map_err(corrupt)?,
+        reason: row.try_get("reason")?,
+        exit_code: row.try_get("exit_code")?,
+        attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
+        placements: serde_json::from_str(&placements).map_err(corrupt)?,
+        cancel_requested: row.try_get::<i64, _>("cancel_requested")? != 0,
+        submitted_at: Timestamp(row.try_get::<i64, _>("submitted_at")? as u64),
+        started_at: timestamp("started_at")?,
+        finished_at: timestamp("finished_at")?,
+    })
+}
+
+fn node_from_row(row: &SqliteRow) -> Result<NodeRecord> {
+    let capacity: String = row.try_get("capacity")?;
+    let labels: String = row.try_get("labels")?;
+    Ok(NodeRecord {
+        id: NodeId(row.try_get::<i64, _>("id")? as u64),
+        name: row.try_get("name")?,
+        capacity: serde_json::from_str(&capacity).map_err(corrupt)?,
+        gpu_type: row.try_get("gpu_type")?,
+        labels: serde_json::from_str(&labels).map_err(corrupt)?,
+        address: row.try_get("address")?,
+        registered_at: Timestamp(row.try_get::<i64, _>("registered_at")? as u64),
+    })
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query(
+            "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at) \
+             VALUES (?, ?, ?, ?, ?, 'queued', 1, ?) RETURNING id",
+        )
+        .bind(&task.name)
+        .bind(&task.user)
+        .bind(task.spec.to_string())
+        .bind(task.snapshot.as_str())
+        .bind(&task.source)
+        .bind(millis(task.submitted_at))
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get(0)?;
+        sqlx::query("INSERT INTO task_events (task_id, seq, at, attempt, state) VALUES (?, 1, ?, 1, 'queued')")
+            .bind(id)
+            .bind(millis(task.submitted_at))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(TaskRecord {
+            id: TaskId(id as u64),
+            name: task.name,
+            user: task.user,
+            spec: task.spec,
+            snapshot: task.snapshot,
+            source: task.source,
+            state: TaskState::Queued,
+            reason: None,
+            exit_code: None,
+            attempt: AttemptNo::FIRST,
+            placements: Vec::new(),
+            cancel_requested: false,
+            submitted_at: task.submitted_at,
+            started_at: None,
+            finished_at: None,
+        })
+    }
+
+    async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
+        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
+            .bind(id.0 as i64)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(task_from_row).transpose()
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>> {
+        let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE 1 = 1");
+        if !filter.states.is_empty() {
+            let marks = vec!["?"; filter.states.len()].join(", ");
+            sql.push_str(&format!(" AND state IN ({marks})"));
+        }
+        if filter.user.is_some() {
+            sql.push_str(" AND user_name = ?");
+        }
+        sql.push_str(" ORDER BY id DESC");
+        if filter.limit.is_some() {
+            sql.push_str(" LIMIT ?");
+        }
+        let mut query = sqlx::query(&sql);
+        for state in &filter.states {
+            query = query.bind(state.as_str());
+        }
+        if let Some(user) = &filter.user {
+            query = query.bind(user);
+        }
+        if let Some(limit) = filter.limit {
+            query = query.bind(limit as i64);
+        }
+        let rows = query.fetch_all(&self.pool).await?;
+        rows.iter().map(task_from_row).collect()
+    }
+
+    async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEvent>> {
+        let rows = sqlx::query(
+            "SELECT at, attempt, state, reason FROM task_events WHERE task_id = ? ORDER BY seq",
+        )
+        .bind(id.0 as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let state: String = row.try_get("state")?;
+                Ok(TaskEvent {
+                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
+                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
+                    state: TaskState::from_str(&state).map_err(corrupt)?,
+                    reason: row.try_get("reason")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn apply(&self, changes: &[TaskChange]) -> Result<()> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for change in changes {
+            let id = change_task(change);
+            let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
+                .bind(id.0 as i64)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(StoreError::TaskNotFound(id))?;
+            let mut record = task_from_row(&row)?;
+            let event = apply_transition(&mut record, change)?;
+            sqlx::query(
+                "UPDATE tasks SET state = ?, reason = ?, exit_code = ?, attempt = ?, placements = ?, \
+                 cancel_requested = ?, started_at = ?, finished_at = ? WHERE id = ?",
+            )
+            .bind(record.state.as_str())
+            .bind(&record.reason)
+            .bind(record.exit_code)
+            .bind(record.attempt.0 as i64)
+            .bind(serde_json::to_string(&record.placements).map_err(corrupt)?)
+            .bind(record.cancel_requested as i64)
+            .bind(record.started_at.map(millis))
+            .bind(record.finished_at.map(millis))
+            .bind(id.0 as i64)
+            .execute(&mut *tx)
+            .await?;
+            if let Some(event) = event {
+                sqlx::query(
+                    "INSERT INTO task_events (task_id, seq, at, attempt, state, reason) \
+                     SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ? FROM task_events WHERE task_id = ?",
+                )
+                .bind(id.0 as i64)
+                .bind(millis(event.at))
+                .bind(event.attempt.0 as i64)
+                .bind(event.state.as_str())
+                .bind(&event.reason)
+                .bind(id.0 as i64)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn register_node(&self, node: NewNode) -> Result<NodeRecord> {
+        let row = sqlx::query(
+            "INSERT INTO nodes (name, capacity, gpu_type, labels, address, registered_at) VALUES (?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (name) DO UPDATE SET capacity = excluded.capacity, gpu_type = excluded.gpu_type, \
+             labels = excluded.labels, address = excluded.address, registered_at = excluded.registered_at \
+             RETURNING id, name, capacity, gpu_type, labels, address, registered_at",
+        )
+        .bind(&node.name)
+        .bind(serde_json::to_string(&node.capacity).map_err(corrupt)?)
+        .bind(&node.gpu_type)
+        .bind(serde_json::to_string(&node.labels).map_err(corrupt)?)
+        .bind(&node.address)
+        .bind(millis(node.registered_at))
+        .fetch_one(&self.pool)
+        .await?;
+        node_from_row(&row)
+    }
+
+    async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
+        let rows = sqlx::query("SELECT id, name, capacity, gpu_type, labels, address, registered_at FROM nodes ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(node_from_row).collect()
+    }
+
+    async fn put_snapshot(
+        &self,
+        id: &SnapshotId,
+        manifest: &serde_json::Value,
+        total_bytes: u64,
+        at: Timestamp,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO snapshots (id, manifest, total_bytes, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(id.as_str())
+        .bind(manifest.to_string())
+        .bind(total_bytes as i64)
+        .bind(millis(at))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<serde_json::Value>> {
+        let row = sqlx::query("SELECT manifest FROM snapshots WHERE id = ?")
+            .bind(id.as_str())
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|row| {
+            let text: String = row.try_get(0)?;
+            serde_json::from_str(&text).map_err(corrupt)
+        })
+        .transpose()
+    }
+
+    async fn add_output(&self, output: OutputRecord) -> Result<()> {
+        let result = sqlx::query(
+            "INSERT INTO outputs (task_id, attempt, path, size) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (task_id, attempt, path) DO UPDATE SET size = excluded.size",
+        )
+        .bind(output.task.0 as i64)
+        .bind(output.attempt.0 as i64)
+        .bind(&output.path)
+        .bind(output.size as i64)
+        .execute(&self.pool)
+        .await;
+        match result {
+            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
+                Err(StoreError::TaskNotFound(output.task))
+            }
+            other => other.map(|_| ()).map_err(Into::into),
+        }
+    }
+
+    async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>> {
+        let rows = sqlx::query(
+            "SELECT attempt, path, size FROM outputs WHERE task_id = ? ORDER BY attempt, path",
+        )
+        .bind(task.0 as i64)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(OutputRecord {
+                    task,
+                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
+                    path: row.try_get("path")?,
+                    size: row.try_get::<i64, _>("size")? as u64,
+                })
+            })
+            .collect()
+    }
+}
