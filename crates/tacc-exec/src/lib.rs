@@ -1,1 +1,136 @@
-//! `tacc-exec`: placeholder, filled in by its issue.
+//! `tacc-exec`: layer 4 of TACC, the execution layer. An [`Executor`] takes a
+//! [`LaunchSpec`] (a script, its working directory, environment, GPUs and time limit) and
+//! runs it, streaming output lines back and reporting how it ended.
+//!
+//! Backends: [`ProcessExecutor`] (a local process group: the embedded default) and
+//! [`FakeExecutor`] (scripted, for tests of the agent above). One contract suite
+//! ([`contract`]) runs against every backend. This crate knows nothing of the server,
+//! the store or the wire protocol; it depends on `tacc-core` only.
+
+mod fake;
+mod process;
+
+pub mod contract;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use fake::FakeExecutor;
+pub use process::ProcessExecutor;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+/// Everything needed to start one node's share of a task attempt.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// Human-readable label for logs, e.g. `task 12 attempt 1`.
+    pub label: String,
+    pub workdir: PathBuf,
+    /// A bash script; it runs with `set -e` semantics left to the script itself.
+    pub script: String,
+    /// The complete environment of the process (nothing is inherited implicitly).
+    pub env: BTreeMap<String, String>,
+    pub time_limit: Option<Duration>,
+    /// How long to wait after SIGTERM before SIGKILL on cancel or time limit.
+    pub kill_grace: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// One line of output (without its trailing newline).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputLine {
+    pub stream: Stream,
+    pub text: String,
+}
+
+/// How an execution ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitOutcome {
+    Exited(i32),
+    Signalled(i32),
+    TimeLimit,
+    Cancelled,
+}
+
+/// A running execution. Dropping it does not stop the process; call [`cancel`].
+///
+/// [`cancel`]: ExecutionHandle::cancel
+#[derive(Debug)]
+pub struct ExecutionHandle {
+    /// Process id of the group leader (the group id too), when the backend has one.
+    pub pid: Option<u32>,
+    cancel: CancellationToken,
+    exit: oneshot::Receiver<ExitOutcome>,
+}
+
+impl ExecutionHandle {
+    /// Ask the execution to stop: SIGTERM, then SIGKILL after the grace period.
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// A token that cancels this execution when cancelled.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Wait for the end. All output lines have been sent before this returns.
+    pub async fn wait(self) -> ExitOutcome {
+        // The sender lives until the execution ends; a dropped sender means the
+        // supervising task panicked, which we report as a kill.
+        self.exit.await.unwrap_or(ExitOutcome::Signalled(9))
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("cannot start `{program}` in {workdir}: {source}")]
+    Spawn {
+        program: String,
+        workdir: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("working directory {0} does not exist")]
+    MissingWorkdir(String),
+}
+
+/// A runtime that can run launch specs.
+#[async_trait::async_trait]
+pub trait Executor: Send + Sync + std::fmt::Debug {
+    /// Short name (`process`, `fake`, …) shown to users.
+    fn name(&self) -> &'static str;
+
+    /// Start the execution. Output lines go to `output` in order, each stream's lines in
+    /// the order written.
+    async fn launch(
+        &self,
+        spec: LaunchSpec,
+        output: mpsc::UnboundedSender<OutputLine>,
+    ) -> Result<ExecutionHandle, ExecError>;
+}
+
+pub(crate) fn handle_parts() -> (
+    CancellationToken,
+    oneshot::Sender<ExitOutcome>,
+    oneshot::Receiver<ExitOutcome>,
+) {
+    let (tx, rx) = oneshot::channel();
+    (CancellationToken::new(), tx, rx)
+}
+
+impl ExecutionHandle {
+    pub(crate) fn new(
+        pid: Option<u32>,
+        cancel: CancellationToken,
+        exit: oneshot::Receiver<ExitOutcome>,
+    ) -> Self {
+        ExecutionHandle { pid, cancel, exit }
+    }
+}

@@ -1,0 +1,113 @@
+//! Behaviour every [`Executor`](crate::Executor) must show; each backend's tests run it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::{Executor, ExitOutcome, LaunchSpec, OutputLine, Stream};
+
+/// A launch spec with a minimal environment, for tests.
+pub fn spec(workdir: &Path, script: &str) -> LaunchSpec {
+    LaunchSpec {
+        label: "contract".into(),
+        workdir: workdir.to_path_buf(),
+        script: script.into(),
+        env: BTreeMap::from([
+            (
+                "PATH".to_string(),
+                "/usr/local/bin:/usr/bin:/bin".to_string(),
+            ),
+            ("GREETING".to_string(), "hello from env".to_string()),
+        ]),
+        time_limit: None,
+        kill_grace: Duration::from_millis(500),
+    }
+}
+
+async fn collect(mut rx: mpsc::UnboundedReceiver<OutputLine>) -> Vec<OutputLine> {
+    let mut lines = Vec::new();
+    while let Some(line) = rx.recv().await {
+        lines.push(line);
+    }
+    lines
+}
+
+pub async fn run_all(executor: &dyn Executor, workdir: &Path) {
+    output_and_exit_code(executor, workdir).await;
+    success_is_exit_zero(executor, workdir).await;
+    time_limit_stops_it(executor, workdir).await;
+    cancel_stops_it(executor, workdir).await;
+    missing_workdir_is_an_error(executor, workdir).await;
+}
+
+pub async fn output_and_exit_code(executor: &dyn Executor, workdir: &Path) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let handle = executor
+        .launch(
+            spec(workdir, "echo first\necho oops >&2\necho $GREETING\nexit 3"),
+            tx,
+        )
+        .await
+        .unwrap();
+    assert_eq!(handle.wait().await, ExitOutcome::Exited(3));
+    let lines = collect(rx).await;
+    let stdout: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.stream == Stream::Stdout)
+        .map(|l| l.text.as_str())
+        .collect();
+    let stderr: Vec<&str> = lines
+        .iter()
+        .filter(|l| l.stream == Stream::Stderr)
+        .map(|l| l.text.as_str())
+        .collect();
+    assert_eq!(stdout, vec!["first", "hello from env"]);
+    assert_eq!(stderr, vec!["oops"]);
+}
+
+pub async fn success_is_exit_zero(executor: &dyn Executor, workdir: &Path) {
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let handle = executor.launch(spec(workdir, "true"), tx).await.unwrap();
+    assert_eq!(handle.wait().await, ExitOutcome::Exited(0));
+}
+
+pub async fn time_limit_stops_it(executor: &dyn Executor, workdir: &Path) {
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let mut limited = spec(workdir, "sleep 30");
+    limited.time_limit = Some(Duration::from_millis(300));
+    let started = Instant::now();
+    let handle = executor.launch(limited, tx).await.unwrap();
+    assert_eq!(handle.wait().await, ExitOutcome::TimeLimit);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+pub async fn cancel_stops_it(executor: &dyn Executor, workdir: &Path) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let handle = executor
+        .launch(spec(workdir, "echo ready\nsleep 30"), tx)
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("output in time");
+    assert_eq!(first.map(|l| l.text), Some("ready".to_string()));
+    let started = Instant::now();
+    handle.cancel();
+    assert_eq!(handle.wait().await, ExitOutcome::Cancelled);
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+pub async fn missing_workdir_is_an_error(executor: &dyn Executor, workdir: &Path) {
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let err = executor
+        .launch(spec(&workdir.join("does-not-exist"), "true"), tx)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("does-not-exist"), "{err}");
+}
