@@ -1,0 +1,172 @@
+//! The compiler's output: one self-contained [`Instruction`] from which an execution
+//! backend can run a task attempt with nothing else.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use tacc_core::{AttemptNo, Resources, SnapshotId, TaskId};
+use tacc_schema::TaskSpec;
+
+/// Bumped whenever a field's meaning changes, so an old agent refuses a new instruction.
+pub const INSTRUCTION_FORMAT: u32 = 1;
+
+/// How long a task gets between SIGTERM and SIGKILL when no checkpoint grace is set.
+const DEFAULT_KILL_GRACE_SECS: u64 = 10;
+
+/// Everything a node needs to run its part of one attempt of a task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Instruction {
+    pub format_version: u32,
+    pub task: TaskId,
+    pub attempt: AttemptNo,
+    pub name: String,
+    pub user: String,
+    /// The exact code the task runs.
+    pub snapshot: SnapshotId,
+    pub num_nodes: u32,
+    pub per_node: Resources,
+    pub time_limit_secs: Option<u64>,
+    /// Runs once per node before `run`; its failure fails the attempt as `setup_failed`.
+    pub setup: Option<String>,
+    pub run: String,
+    /// The user's environment variables (platform variables are added per node).
+    pub vars: BTreeMap<String, String>,
+    /// Paths, relative to the working directory, kept after the attempt.
+    pub outputs: Vec<String>,
+    pub kill_grace_secs: u64,
+}
+
+/// What differs between the nodes of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeContext {
+    pub node_rank: u32,
+    pub gpu_indices: Vec<u32>,
+    pub master_addr: String,
+    pub master_port: u16,
+    pub workdir: PathBuf,
+    pub userdir: PathBuf,
+}
+
+/// Turn a validated task spec into the instruction for one attempt.
+pub fn compile(
+    task: TaskId,
+    attempt: AttemptNo,
+    user: &str,
+    spec: &TaskSpec,
+    snapshot: SnapshotId,
+) -> Instruction {
+    Instruction {
+        format_version: INSTRUCTION_FORMAT,
+        task,
+        attempt,
+        name: spec.name.clone(),
+        user: user.to_string(),
+        snapshot,
+        num_nodes: spec.resources.nodes,
+        per_node: spec.resources.per_node(),
+        time_limit_secs: spec.resources.time_limit.map(|t| t.as_secs()),
+        setup: spec.setup.clone().filter(|s| !s.trim().is_empty()),
+        run: spec.run.clone(),
+        vars: spec.environment.vars.clone(),
+        outputs: spec.outputs.clone(),
+        kill_grace_secs: spec
+            .checkpoint
+            .as_ref()
+            .map_or(DEFAULT_KILL_GRACE_SECS, |c| c.grace.as_secs()),
+    }
+}
+
+impl Instruction {
+    /// The complete environment of the task's processes on one node: the node's base
+    /// variables (PATH, HOME, …), then the user's, then the platform's, which win.
+    pub fn environment(
+        &self,
+        node: &NodeContext,
+        base: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        let mut env = base.clone();
+        env.extend(self.vars.clone());
+        let gpus = node
+            .gpu_indices
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let platform = [
+            ("TACC_TASK_ID", self.task.to_string()),
+            ("TACC_TASK_NAME", self.name.clone()),
+            ("TACC_ATTEMPT", self.attempt.to_string()),
+            ("TACC_USER", self.user.clone()),
+            ("TACC_WORKDIR", node.workdir.display().to_string()),
+            ("TACC_USERDIR", node.userdir.display().to_string()),
+            ("TACC_NUM_NODES", self.num_nodes.to_string()),
+            ("TACC_NODE_RANK", node.node_rank.to_string()),
+            ("TACC_MASTER_ADDR", node.master_addr.clone()),
+            ("TACC_MASTER_PORT", node.master_port.to_string()),
+            ("MASTER_ADDR", node.master_addr.clone()),
+            ("MASTER_PORT", node.master_port.to_string()),
+            ("WORLD_SIZE", self.num_nodes.to_string()),
+            ("NODE_RANK", node.node_rank.to_string()),
+            // An empty list hides every GPU from a task that asked for none.
+            ("CUDA_VISIBLE_DEVICES", gpus),
+            // Python buffers stdout when it is a pipe; live logs need it unbuffered.
+            ("PYTHONUNBUFFERED", "1".to_string()),
+        ];
+        env.extend(platform.into_iter().map(|(k, v)| (k.to_string(), v)));
+        env
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> TaskSpec {
+        let (spec, _) = tacc_schema::parse_task(
+            "task.yaml",
+            "name: t\nresources: {nodes: 2, gpus: 2, time_limit: 1h}\nenvironment: {vars: {A: b, TACC_TASK_ID: spoof}}\nsetup: \"  \"\nrun: python train.py\n",
+        )
+        .unwrap();
+        spec
+    }
+
+    #[test]
+    fn compile_carries_resources_and_drops_blank_setup() {
+        let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
+        let instruction = compile(TaskId(7), AttemptNo(2), "alice", &spec(), snapshot);
+        assert_eq!(instruction.num_nodes, 2);
+        assert_eq!(instruction.per_node.gpus, 2);
+        assert_eq!(instruction.time_limit_secs, Some(3600));
+        assert_eq!(instruction.setup, None);
+        let json = serde_json::to_value(&instruction).unwrap();
+        assert_eq!(
+            serde_json::from_value::<Instruction>(json).unwrap(),
+            instruction
+        );
+    }
+
+    #[test]
+    fn environment_has_platform_names_and_they_win() {
+        let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
+        let instruction = compile(TaskId(7), AttemptNo(2), "alice", &spec(), snapshot);
+        let node = NodeContext {
+            node_rank: 1,
+            gpu_indices: vec![2, 3],
+            master_addr: "10.0.0.1".into(),
+            master_port: 29500,
+            workdir: "/w".into(),
+            userdir: "/u".into(),
+        };
+        let base = BTreeMap::from([("PATH".to_string(), "/bin".to_string())]);
+        let env = instruction.environment(&node, &base);
+        assert_eq!(env["TACC_TASK_ID"], "7");
+        assert_eq!(env["TACC_ATTEMPT"], "2");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "2,3");
+        assert_eq!(env["WORLD_SIZE"], "2");
+        assert_eq!(env["NODE_RANK"], "1");
+        assert_eq!(env["MASTER_PORT"], "29500");
+        assert_eq!(env["A"], "b");
+        assert_eq!(env["PATH"], "/bin");
+    }
+}
