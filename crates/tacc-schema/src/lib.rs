@@ -1,1 +1,200 @@
-//! `tacc-schema`: placeholder, filled in by its issue.
+//! `tacc-schema`: layer 1 of TACC's four (schema → compiler → scheduling → execution). It
+//! turns a task file (YAML) into a validated, normalised [`TaskSpec`]: every field known,
+//! typed, range-checked and defaulted, and every mistake reported like a compiler error, at
+//! `file:line:column` with the offending line, a caret and a help line. It also imports TACC's
+//! legacy `tuxiv.conf`, and publishes the task file's JSON Schema for editors.
+//!
+//! It depends only on `tacc-core` among our crates, and does no I/O beyond reading the task
+//! file (and checking that its code directory exists): no tokio, no network.
+
+mod error;
+mod legacy;
+mod reader;
+mod schema;
+mod spans;
+mod spec;
+
+use std::fs;
+use std::path::{Component, Path, PathBuf};
+
+pub use error::{Diagnostic, SchemaError};
+pub use schema::json_schema;
+pub use spans::{Location, Spans};
+pub use spec::{
+    CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
+    MAX_ATTEMPTS, MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_MEMORY_PER_NODE, MAX_NAME_LEN,
+    MAX_NODES, MAX_TIME_LIMIT, ResourceSpec, RetryOn, RetrySpec, Runtime, TaskSpec,
+};
+
+/// Names a task file may have in a directory, in the order they are looked for.
+pub const TASK_FILE_NAMES: [&str; 3] = ["task.yaml", "task.yml", "tacc.yaml"];
+/// The legacy TACC CLI's task file, used when a directory has none of [`TASK_FILE_NAMES`].
+pub const LEGACY_FILE_NAME: &str = "tuxiv.conf";
+
+/// A task file read from disk, with what later layers need to report errors against it.
+#[derive(Debug, Clone)]
+pub struct LoadedTask {
+    pub spec: TaskSpec,
+    /// The file that was read.
+    pub source: PathBuf,
+    /// The absolute directory `code.dir` resolves to (relative to the task file's directory).
+    pub code_root: PathBuf,
+    /// Things that were accepted but deserve the user's attention (mostly from `tuxiv.conf`).
+    pub warnings: Vec<String>,
+    spans: Spans,
+}
+
+impl LoadedTask {
+    /// An error located at the field `field_path` (dotted, e.g. `datasets`,
+    /// `environment.image` or `datasets.0.source`) of the task file; when that field was not
+    /// written, at its nearest written parent, else at the start of the file.
+    pub fn error_at(
+        &self,
+        field_path: &str,
+        message: impl Into<String>,
+        help: Option<String>,
+    ) -> SchemaError {
+        self.spans.error_at(field_path, message, help)
+    }
+
+    /// The span table of the file, for callers that want locations without an error.
+    pub fn spans(&self) -> &Spans {
+        &self.spans
+    }
+}
+
+/// Parse and validate task file text. `source_name` is only used in error messages, and, when
+/// the file has no `name`, its directory's name becomes the task's name.
+pub fn parse_task(source_name: &str, text: &str) -> Result<(TaskSpec, Spans), SchemaError> {
+    let directory_name = Path::new(source_name)
+        .parent()
+        .and_then(Path::file_name)
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    parse_task_with_fallback_name(source_name, text, &task_name_from(&directory_name))
+}
+
+fn parse_task_with_fallback_name(
+    source_name: &str,
+    text: &str,
+    fallback_name: &str,
+) -> Result<(TaskSpec, Spans), SchemaError> {
+    let mut spans = Spans::new(source_name, text);
+    let root = reader::load_yaml(text, &spans)?;
+    let spec = reader::read_task(&root, &mut spans, fallback_name)?;
+    Ok((spec, spans))
+}
+
+/// Load a task from a task file, or from a directory holding one (`task.yaml`, `task.yml`,
+/// `tacc.yaml`, in that order, else a legacy `tuxiv.conf`, which is translated).
+pub fn load_task(path: &Path) -> Result<LoadedTask, SchemaError> {
+    let read_error = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SchemaError::Read { path, source }
+    };
+    let metadata = fs::metadata(path).map_err(read_error(path))?;
+    let mut warnings = Vec::new();
+    let file = if metadata.is_dir() {
+        find_task_file(path, &mut warnings)?
+    } else {
+        path.to_path_buf()
+    };
+    let text = fs::read_to_string(&file).map_err(read_error(&file))?;
+
+    let parent = match file.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let task_dir = fs::canonicalize(parent).map_err(read_error(parent))?;
+    let fallback_name = task_name_from(
+        &task_dir
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
+    let source_name = file.display().to_string();
+    let is_legacy = file
+        .file_name()
+        .is_some_and(|name| name == LEGACY_FILE_NAME);
+    let (spec, spans) = if is_legacy {
+        let translated = legacy::translate(&source_name, &text, &fallback_name)?;
+        warnings.extend(translated.warnings);
+        (translated.spec, translated.spans)
+    } else {
+        parse_task_with_fallback_name(&source_name, &text, &fallback_name)?
+    };
+
+    // `code.dir` was validated to be relative and free of `..`, so joining cannot escape.
+    let code_root: PathBuf = task_dir
+        .join(&spec.code.dir)
+        .components()
+        .filter(|component| !matches!(component, Component::CurDir))
+        .collect();
+    if !code_root.is_dir() {
+        return Err(spans.error_at(
+            "code.dir",
+            format!(
+                "the code directory `{}` does not exist",
+                code_root.display()
+            ),
+            Some("set `code.dir` to a directory relative to the task file, e.g. `dir: .`".into()),
+        ));
+    }
+    Ok(LoadedTask {
+        spec,
+        source: file,
+        code_root,
+        warnings,
+        spans,
+    })
+}
+
+fn find_task_file(dir: &Path, warnings: &mut Vec<String>) -> Result<PathBuf, SchemaError> {
+    let mut present = TASK_FILE_NAMES
+        .iter()
+        .chain([&LEGACY_FILE_NAME])
+        .map(|name| dir.join(name))
+        .filter(|candidate| candidate.is_file());
+    let Some(chosen) = present.next() else {
+        return Err(SchemaError::TaskFileNotFound {
+            dir: dir.to_path_buf(),
+            looked_for: TASK_FILE_NAMES
+                .iter()
+                .chain([&LEGACY_FILE_NAME])
+                .map(|name| format!("`{name}`"))
+                .collect(),
+        });
+    };
+    for ignored in present {
+        warnings.push(format!(
+            "{} was ignored because {} is used",
+            ignored.display(),
+            chosen.display()
+        ));
+    }
+    Ok(chosen)
+}
+
+/// A valid task name made from a directory name: other characters become `-`.
+pub(crate) fn task_name_from(raw: &str) -> String {
+    let replaced: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let trimmed: String = replaced
+        .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        .chars()
+        .take(MAX_NAME_LEN)
+        .collect();
+    if trimmed.is_empty() {
+        "task".to_string()
+    } else {
+        trimmed
+    }
+}
