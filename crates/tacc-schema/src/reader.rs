@@ -197,10 +197,17 @@ pub(crate) fn join(path: &str, key: &str) -> String {
 /// The candidate closest to `input`, when it is close enough to be a likely typo.
 pub(crate) fn closest<'c>(input: &str, candidates: &[&'c str]) -> Option<&'c str> {
     let input = input.to_ascii_lowercase();
+    // Jaro-Winkler catches swapped letters and shared prefixes (`memroy`, `time`); the edit
+    // distance catches dropped letters in short names (`mnt`), which Jaro-Winkler scores low.
+    let plausible = |candidate: &str| {
+        let edits = strsim::damerau_levenshtein(&input, candidate);
+        strsim::jaro_winkler(&input, candidate) >= 0.8
+            || (edits <= 2 && 2 * edits < candidate.len())
+    };
     candidates
         .iter()
+        .filter(|candidate| plausible(candidate))
         .map(|candidate| (strsim::jaro_winkler(&input, candidate), *candidate))
-        .filter(|(score, _)| *score >= 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, candidate)| candidate)
 }

@@ -109,7 +109,7 @@ impl Spans {
         value: &Node,
     ) {
         let location = match (value, key) {
-            (Node::Scalar(scalar), _) if !scalar.as_str().is_empty() => {
+            (Node::Scalar(scalar), _) if !crate::reader::is_null(value) => {
                 self.scalar_location(scalar)
             }
             (_, Some(key)) => self.scalar_location(key),

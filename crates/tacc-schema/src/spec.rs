@@ -65,8 +65,10 @@ pub struct TaskSpec {
     pub runtime: Runtime,
 }
 
-/// Mirrors [`Priority`] for the JSON Schema, since tacc-core stays free of schemars.
+// Mirrors `Priority` for the JSON Schema only, since tacc-core stays free of schemars.
+/// Priority class; an administrator may cap it per user.
 #[derive(JsonSchema)]
+#[schemars(rename = "Priority")]
 #[serde(rename_all = "lowercase")]
 #[allow(dead_code)]
 enum PriorityName {
