@@ -618,3 +618,48 @@ fn slurm_time(text: &str) -> Option<u64> {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slurm_times_in_every_format() {
+        for (text, secs) in [
+            ("30", 1800),
+            ("30:15", 1815),
+            ("01:00:00", 3600),
+            ("2-00:00:00", 172_800),
+            ("1-12", 129_600),
+            ("1-00:30", 88_200),
+        ] {
+            assert_eq!(slurm_time(text), Some(secs), "{text}");
+        }
+        for bad in ["", "1:2:3:4", "x", "1-", "UNLIMITED"] {
+            assert_eq!(slurm_time(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn slurm_memory_defaults_to_mebibytes() {
+        assert_eq!(slurm_memory("16G"), Some(ByteSize::gib(16)));
+        assert_eq!(slurm_memory("16000"), Some(ByteSize::mib(16000)));
+        assert_eq!(slurm_memory("512k"), Some(ByteSize::from_bytes(512 << 10)));
+        assert_eq!(slurm_memory("lots"), None);
+        assert_eq!(slurm_memory("4Q"), None);
+    }
+
+    #[test]
+    fn slurm_options_in_long_and_short_form() {
+        let split = |text| split_slurm_option(text);
+        assert_eq!(split("nodes=2"), Some(("nodes".into(), "2".into())));
+        assert_eq!(split("--nodes=2"), Some(("nodes".into(), "2".into())));
+        assert_eq!(split("-N 2"), Some(("nodes".into(), "2".into())));
+        assert_eq!(split("-c4"), Some(("cpus-per-task".into(), "4".into())));
+        assert_eq!(split("--exclusive"), None);
+        assert_eq!(parse_gpu_count(""), Some((None, 1)));
+        assert_eq!(parse_gpu_count("2"), Some((None, 2)));
+        assert_eq!(parse_gpu_count("v100:2"), Some((Some("v100".into()), 2)));
+        assert_eq!(parse_gpu_count("v100:x"), None);
+    }
+}
