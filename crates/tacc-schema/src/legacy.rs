@@ -530,11 +530,9 @@ impl Translator<'_> {
 
 /// `--nodes=2`, `nodes=2`, `-N 2` → (`nodes`, `2`), with short options spelled out.
 fn split_slurm_option(option: &str) -> Option<(String, String)> {
-    let (name, value) = if let Some(long) = option
-        .strip_prefix("--")
-        .or(Some(option))
-        .filter(|o| !o.starts_with('-'))
-    {
+    // tuxiv.conf wrote long options without their dashes (`nodes=2`); accept both spellings.
+    let long = option.strip_prefix("--").unwrap_or(option);
+    let (name, value) = if !long.starts_with('-') {
         let (name, value) = long.split_once('=').or_else(|| long.split_once(' '))?;
         (name.trim().to_string(), value.trim().to_string())
     } else {
