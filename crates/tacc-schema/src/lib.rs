@@ -1,207 +1,200 @@
-//! TEMPORARY stand-in for `tacc-schema` (the real crate lands from branch wip-schema):
-//! the agreed public API with a minimal parser, so the layers above can be built.
+//! `tacc-schema`: layer 1 of TACC's four (schema → compiler → scheduling → execution). It
+//! turns a task file (YAML) into a validated, normalised [`TaskSpec`]: every field known,
+//! typed, range-checked and defaulted, and every mistake reported like a compiler error, at
+//! `file:line:column` with the offending line, a caret and a help line. It also imports TACC's
+//! legacy `tuxiv.conf`, and publishes the task file's JSON Schema for editors.
+//!
+//! It depends only on `tacc-core` among our crates, and does no I/O beyond reading the task
+//! file (and checking that its code directory exists): no tokio, no network.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+mod error;
+mod legacy;
+mod reader;
+mod schema;
+mod spans;
+mod spec;
 
-use serde::{Deserialize, Serialize};
-use tacc_core::{ByteSize, HumanDuration, Priority, Resources};
+use std::fs;
+use std::path::{Component, Path, PathBuf};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TaskSpec {
-    pub name: String,
-    #[serde(default)]
-    pub resources: ResourceSpec,
-    #[serde(default)]
-    pub priority: Priority,
-    #[serde(default)]
-    pub preemptible: bool,
-    #[serde(default)]
-    pub code: CodeSpec,
-    #[serde(default)]
-    pub environment: EnvironmentSpec,
-    #[serde(default)]
-    pub datasets: Vec<DatasetSpec>,
-    pub setup: Option<String>,
-    pub run: String,
-    #[serde(default)]
-    pub outputs: Vec<String>,
-    #[serde(default)]
-    pub retry: RetrySpec,
-    pub checkpoint: Option<CheckpointSpec>,
-    #[serde(default)]
-    pub runtime: Runtime,
-}
+pub use error::{Diagnostic, SchemaError};
+pub use schema::json_schema;
+pub use spans::{Location, Spans};
+pub use spec::{
+    CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
+    MAX_ATTEMPTS, MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_MEMORY_PER_NODE, MAX_NAME_LEN,
+    MAX_NODES, MAX_TIME_LIMIT, ResourceSpec, RetryOn, RetrySpec, Runtime, TaskSpec,
+};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ResourceSpec {
-    pub nodes: u32,
-    pub gpus: u32,
-    pub gpu_type: Option<String>,
-    pub cpus: f64,
-    pub memory: ByteSize,
-    pub time_limit: Option<HumanDuration>,
-}
-impl Default for ResourceSpec {
-    fn default() -> Self {
-        ResourceSpec {
-            nodes: 1,
-            gpus: 0,
-            gpu_type: None,
-            cpus: 1.0,
-            memory: ByteSize::gib(1),
-            time_limit: None,
-        }
-    }
-}
-impl ResourceSpec {
-    pub fn per_node(&self) -> Resources {
-        Resources::new(
-            (self.cpus * 1000.0).round() as u64,
-            self.memory.as_bytes(),
-            self.gpus,
-        )
-    }
-}
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct CodeSpec {
-    pub dir: String,
-    pub exclude: Vec<String>,
-}
-impl Default for CodeSpec {
-    fn default() -> Self {
-        CodeSpec {
-            dir: ".".into(),
-            exclude: vec![],
-        }
-    }
-}
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EnvironmentSpec {
-    pub python: Option<String>,
-    pub pip: Vec<String>,
-    pub requirements: Option<String>,
-    pub conda: Option<CondaSpec>,
-    pub image: Option<String>,
-    pub vars: BTreeMap<String, String>,
-}
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CondaSpec {
-    pub name: Option<String>,
-    pub channels: Vec<String>,
-    pub dependencies: Vec<String>,
-}
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DatasetSpec {
-    pub name: String,
-    pub source: String,
-    pub mount: String,
-}
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetrySpec {
-    pub max_attempts: u32,
-    pub on: Vec<RetryOn>,
-}
-impl Default for RetrySpec {
-    fn default() -> Self {
-        RetrySpec {
-            max_attempts: 1,
-            on: vec![],
-        }
-    }
-}
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RetryOn {
-    NodeFailure,
-    Preempted,
-    Failed,
-    Lost,
-}
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CheckpointSpec {
-    pub signal: String,
-    pub grace: HumanDuration,
-}
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Runtime {
-    #[default]
-    Auto,
-    Process,
-    Container,
-    Slurm,
-}
+/// Names a task file may have in a directory, in the order they are looked for.
+pub const TASK_FILE_NAMES: [&str; 3] = ["task.yaml", "task.yml", "tacc.yaml"];
+/// The legacy TACC CLI's task file, used when a directory has none of [`TASK_FILE_NAMES`].
+pub const LEGACY_FILE_NAME: &str = "tuxiv.conf";
 
-#[derive(Debug, thiserror::Error)]
-pub enum SchemaError {
-    #[error("{0}")]
-    Invalid(String),
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct Spans;
-
+/// A task file read from disk, with what later layers need to report errors against it.
 #[derive(Debug, Clone)]
 pub struct LoadedTask {
     pub spec: TaskSpec,
+    /// The file that was read.
     pub source: PathBuf,
+    /// The absolute directory `code.dir` resolves to (relative to the task file's directory).
     pub code_root: PathBuf,
+    /// Things that were accepted but deserve the user's attention (mostly from `tuxiv.conf`).
     pub warnings: Vec<String>,
+    spans: Spans,
 }
+
 impl LoadedTask {
+    /// An error located at the field `field_path` (dotted, e.g. `datasets`,
+    /// `environment.image` or `datasets.0.source`) of the task file; when that field was not
+    /// written, at its nearest written parent, else at the start of the file.
     pub fn error_at(
         &self,
         field_path: &str,
         message: impl Into<String>,
         help: Option<String>,
     ) -> SchemaError {
-        SchemaError::Invalid(format!(
-            "{}: {field_path}: {} {}",
-            self.source.display(),
-            message.into(),
-            help.unwrap_or_default()
-        ))
+        self.spans.error_at(field_path, message, help)
+    }
+
+    /// The span table of the file, for callers that want locations without an error.
+    pub fn spans(&self) -> &Spans {
+        &self.spans
     }
 }
-impl TaskSpec {
-    pub fn validate(&self) -> Result<(), SchemaError> {
-        if self.run.trim().is_empty() {
-            return Err(SchemaError::Invalid("run is empty".into()));
-        }
-        Ok(())
-    }
-}
+
+/// Parse and validate task file text. `source_name` is only used in error messages, and, when
+/// the file has no `name`, its directory's name becomes the task's name.
 pub fn parse_task(source_name: &str, text: &str) -> Result<(TaskSpec, Spans), SchemaError> {
-    let spec: TaskSpec = serde_yaml::from_str(text)
-        .map_err(|e| SchemaError::Invalid(format!("{source_name}: {e}")))?;
-    spec.validate()?;
-    Ok((spec, Spans))
+    let directory_name = Path::new(source_name)
+        .parent()
+        .and_then(Path::file_name)
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    parse_task_with_fallback_name(source_name, text, &task_name_from(&directory_name))
 }
+
+fn parse_task_with_fallback_name(
+    source_name: &str,
+    text: &str,
+    fallback_name: &str,
+) -> Result<(TaskSpec, Spans), SchemaError> {
+    let mut spans = Spans::new(source_name, text);
+    let root = reader::load_yaml(text, &spans)?;
+    let spec = reader::read_task(&root, &mut spans, fallback_name)?;
+    Ok((spec, spans))
+}
+
+/// Load a task from a task file, or from a directory holding one (`task.yaml`, `task.yml`,
+/// `tacc.yaml`, in that order, else a legacy `tuxiv.conf`, which is translated).
 pub fn load_task(path: &Path) -> Result<LoadedTask, SchemaError> {
-    let file = if path.is_dir() {
-        path.join("task.yaml")
+    let read_error = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SchemaError::Read { path, source }
+    };
+    let metadata = fs::metadata(path).map_err(read_error(path))?;
+    let mut warnings = Vec::new();
+    let file = if metadata.is_dir() {
+        find_task_file(path, &mut warnings)?
     } else {
         path.to_path_buf()
     };
-    let text = std::fs::read_to_string(&file)
-        .map_err(|e| SchemaError::Invalid(format!("{}: {e}", file.display())))?;
-    let (spec, _) = parse_task(&file.display().to_string(), &text)?;
-    let base = file
-        .parent()
-        .unwrap_or(Path::new("."))
-        .canonicalize()
-        .map_err(|e| SchemaError::Invalid(e.to_string()))?;
-    let code_root = base.join(&spec.code.dir);
+    let text = fs::read_to_string(&file).map_err(read_error(&file))?;
+
+    let parent = match file.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let task_dir = fs::canonicalize(parent).map_err(read_error(parent))?;
+    let fallback_name = task_name_from(
+        &task_dir
+            .file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+    );
+    let source_name = file.display().to_string();
+    let is_legacy = file
+        .file_name()
+        .is_some_and(|name| name == LEGACY_FILE_NAME);
+    let (spec, spans) = if is_legacy {
+        let translated = legacy::translate(&source_name, &text, &fallback_name)?;
+        warnings.extend(translated.warnings);
+        (translated.spec, translated.spans)
+    } else {
+        parse_task_with_fallback_name(&source_name, &text, &fallback_name)?
+    };
+
+    // `code.dir` was validated to be relative and free of `..`, so joining cannot escape.
+    let code_root: PathBuf = task_dir
+        .join(&spec.code.dir)
+        .components()
+        .filter(|component| !matches!(component, Component::CurDir))
+        .collect();
+    if !code_root.is_dir() {
+        return Err(spans.error_at(
+            "code.dir",
+            format!(
+                "the code directory `{}` does not exist",
+                code_root.display()
+            ),
+            Some("set `code.dir` to a directory relative to the task file, e.g. `dir: .`".into()),
+        ));
+    }
     Ok(LoadedTask {
         spec,
         source: file,
         code_root,
-        warnings: vec![],
+        warnings,
+        spans,
     })
+}
+
+fn find_task_file(dir: &Path, warnings: &mut Vec<String>) -> Result<PathBuf, SchemaError> {
+    let mut present = TASK_FILE_NAMES
+        .iter()
+        .chain([&LEGACY_FILE_NAME])
+        .map(|name| dir.join(name))
+        .filter(|candidate| candidate.is_file());
+    let Some(chosen) = present.next() else {
+        return Err(SchemaError::TaskFileNotFound {
+            dir: dir.to_path_buf(),
+            looked_for: TASK_FILE_NAMES
+                .iter()
+                .chain([&LEGACY_FILE_NAME])
+                .map(|name| format!("`{name}`"))
+                .collect(),
+        });
+    };
+    for ignored in present {
+        warnings.push(format!(
+            "{} was ignored because {} is used",
+            ignored.display(),
+            chosen.display()
+        ));
+    }
+    Ok(chosen)
+}
+
+/// A valid task name made from a directory name: other characters become `-`.
+pub(crate) fn task_name_from(raw: &str) -> String {
+    let replaced: String = raw
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let trimmed: String = replaced
+        .trim_start_matches(|c: char| !c.is_ascii_alphanumeric())
+        .chars()
+        .take(MAX_NAME_LEN)
+        .collect();
+    if trimmed.is_empty() {
+        "task".to_string()
+    } else {
+        trimmed
+    }
 }

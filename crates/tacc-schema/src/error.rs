@@ -1,0 +1,122 @@
+//! The crate's error type and the compiler-style rendering of located errors.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading a task file or checking a [`crate::TaskSpec`].
+#[derive(Debug, thiserror::Error)]
+pub enum SchemaError {
+    /// A mistake in a task file, located at a line and column of that file.
+    #[error("{0}")]
+    Located(Box<Diagnostic>),
+
+    /// A semantic mistake in a spec that has no source text (one received as JSON).
+    #[error("error: {message}\n  --> field `{field}`{}", render_help(help))]
+    Invalid {
+        /// Dotted path of the offending field, e.g. `resources.gpus` or `datasets.0.mount`.
+        field: String,
+        message: String,
+        help: Option<String>,
+    },
+
+    /// The task file (or the directory holding it) could not be read.
+    #[error("error: cannot read `{}`: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A directory was given but holds no task file.
+    #[error(
+        "error: no task file in `{}`\n   = help: looked for {}; create `task.yaml` there or pass the task file's path",
+        dir.display(),
+        looked_for.join(", ")
+    )]
+    TaskFileNotFound {
+        dir: PathBuf,
+        looked_for: Vec<String>,
+    },
+}
+
+impl SchemaError {
+    /// The located diagnostic, when this error points into a file.
+    pub fn diagnostic(&self) -> Option<&Diagnostic> {
+        match self {
+            SchemaError::Located(diagnostic) => Some(diagnostic),
+            _ => None,
+        }
+    }
+
+    /// The help line, if the error carries one.
+    pub fn help(&self) -> Option<&str> {
+        match self {
+            SchemaError::Located(diagnostic) => diagnostic.help.as_deref(),
+            SchemaError::Invalid { help, .. } => help.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+fn render_help(help: &Option<String>) -> String {
+    match help {
+        Some(help) => format!("\n   = help: {help}"),
+        None => String::new(),
+    }
+}
+
+/// One error at a place in a source file, rendered the way rustc renders its errors:
+///
+/// ```text
+/// error: unknown field `memroy` in `resources`
+///   --> examples/bad/task.yaml:5:3
+///    |
+///  5 |   memroy: 64GiB
+///    |   ^^^^^^
+///    = help: did you mean `memory`? Valid fields: nodes, gpus, gpu_type, cpus, memory, time_limit
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostic {
+    pub message: String,
+    /// The file name as the user gave it, so the rendered path is one they recognise.
+    pub file: String,
+    /// 1-based.
+    pub line: usize,
+    /// 1-based, counted in characters.
+    pub column: usize,
+    /// The text of `line`, shown under the location.
+    pub source_line: String,
+    /// How many characters the caret underline covers (at least one).
+    pub underline: usize,
+    pub help: Option<String>,
+}
+
+impl fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let number = self.line.to_string();
+        let gutter = " ".repeat(number.len() + 2);
+        // Tabs would make the caret drift; columns count characters, so one space per tab keeps it aligned.
+        let shown_line = self.source_line.replace('\t', " ");
+        let caret_indent = " ".repeat(self.column.saturating_sub(1));
+        writeln!(f, "error: {}", self.message)?;
+        writeln!(
+            f,
+            "{}--> {}:{}:{}",
+            " ".repeat(number.len() + 1),
+            self.file,
+            self.line,
+            self.column
+        )?;
+        writeln!(f, "{gutter}|")?;
+        writeln!(f, " {number} | {shown_line}")?;
+        write!(
+            f,
+            "{gutter}| {caret_indent}{}",
+            "^".repeat(self.underline.max(1))
+        )?;
+        if let Some(help) = &self.help {
+            write!(f, "\n{gutter}= help: {help}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,875 @@
+//! Task file text → [`TaskSpec`], strictly: every key known, every value of the right type,
+//! every mistake reported at its line and column.
+//!
+//! The YAML is parsed by `marked-yaml`, which keeps a span on every node; we then walk the
+//! node tree by hand rather than through serde, because serde's errors cannot tell us which
+//! key was unknown or where a badly typed value sits.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+
+use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
+use marked_yaml::{LoadError, LoaderOptions, Node};
+use tacc_core::{ByteSize, HumanDuration, Priority};
+
+use crate::SchemaError;
+use crate::spans::{Location, Spans};
+use crate::spec::{
+    CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
+    ResourceSpec, RetryOn, RetrySpec, Runtime, TaskSpec,
+};
+
+type Result<T> = std::result::Result<T, SchemaError>;
+
+pub(crate) const TASK_FIELDS: &[&str] = &[
+    "name",
+    "resources",
+    "priority",
+    "preemptible",
+    "code",
+    "environment",
+    "datasets",
+    "setup",
+    "run",
+    "outputs",
+    "retry",
+    "checkpoint",
+    "runtime",
+];
+pub(crate) const RESOURCE_FIELDS: &[&str] =
+    &["nodes", "gpus", "gpu_type", "cpus", "memory", "time_limit"];
+pub(crate) const CODE_FIELDS: &[&str] = &["dir", "exclude"];
+pub(crate) const ENVIRONMENT_FIELDS: &[&str] =
+    &["python", "pip", "requirements", "conda", "image", "vars"];
+pub(crate) const CONDA_FIELDS: &[&str] = &["name", "channels", "dependencies"];
+pub(crate) const DATASET_FIELDS: &[&str] = &["name", "source", "mount"];
+pub(crate) const RETRY_FIELDS: &[&str] = &["max_attempts", "on"];
+pub(crate) const CHECKPOINT_FIELDS: &[&str] = &["signal", "grace"];
+
+/// Sections whose fields people often write one level too high (`gpus:` at the top).
+const NESTED_SECTIONS: &[(&str, &[&str])] = &[
+    ("resources", RESOURCE_FIELDS),
+    ("environment", ENVIRONMENT_FIELDS),
+    ("code", CODE_FIELDS),
+    ("retry", RETRY_FIELDS),
+    ("checkpoint", CHECKPOINT_FIELDS),
+];
+
+/// Names other tools use for our fields.
+const ALIASES: &[(&str, &str)] = &[
+    ("entrypoint", "run"),
+    ("command", "run"),
+    ("cmd", "run"),
+    ("script", "run"),
+    ("walltime", "time_limit"),
+    ("time", "time_limit"),
+    ("timeout", "time_limit"),
+    ("mem", "memory"),
+    ("env", "vars"),
+    ("envs", "vars"),
+    ("num_nodes", "nodes"),
+    ("accelerators", "gpus"),
+    ("workdir", "dir"),
+    ("docker", "image"),
+    ("container", "image"),
+    ("file_mounts", "datasets"),
+];
+
+/// Parse YAML text into a node tree, turning the loader's errors into located diagnostics.
+pub(crate) fn load_yaml(text: &str, spans: &Spans) -> Result<Node> {
+    reject_second_document(text, spans)?;
+    let options = LoaderOptions::default()
+        .error_on_duplicate_keys(true)
+        // Keep `may_coerce` false for quoted scalars, so `"null"` stays text while `null` is null.
+        .prevent_coercion(true);
+    marked_yaml::parse_yaml_with_options(0, text, options).map_err(|error| {
+        let at = |marker: &marked_yaml::Marker| Location {
+            line: marker.line().max(1),
+            column: marker.column().max(1),
+            width: 1,
+        };
+        match error {
+            LoadError::TopLevelMustBeMapping(marker) => spans.error_at_location(
+                at(&marker),
+                "a task file must be a mapping of fields",
+                Some("start with fields such as `name: my-task` and `run: python train.py`".into()),
+            ),
+            LoadError::TopLevelMustBeSequence(marker) => {
+                spans.error_at_location(at(&marker), "expected a list at the top level", None)
+            }
+            LoadError::UnexpectedAnchor(marker) => spans.error_at_location(
+                at(&marker),
+                "YAML anchors and aliases (`&name`, `*name`) are not supported in task files",
+                Some("write the value out in full where it is used".into()),
+            ),
+            LoadError::UnexpectedTag(marker) => spans.error_at_location(
+                at(&marker),
+                "YAML tags (`!tag`) are not supported in task files",
+                Some("remove the tag; write the value as plain text".into()),
+            ),
+            LoadError::MappingKeyMustBeScalar(marker) => spans.error_at_location(
+                at(&marker),
+                "a key must be plain text, not a list or mapping",
+                Some("write keys as `name: value`".into()),
+            ),
+            LoadError::ScanError(marker, scan) => spans.error_at_location(
+                at(&marker),
+                format!("invalid YAML: {}", scan.info()),
+                Some(
+                    "check the indentation (spaces only) and that quotes and brackets are closed"
+                        .into(),
+                ),
+            ),
+            LoadError::DuplicateKey(duplicate) => {
+                let first = spans.scalar_location(&duplicate.prev_key);
+                spans.error_at_location(
+                    spans.scalar_location(&duplicate.key),
+                    format!("duplicate key `{}`", duplicate.key.as_str()),
+                    Some(format!(
+                        "`{}` is already set on line {}; keep only one of them",
+                        duplicate.key.as_str(),
+                        first.line
+                    )),
+                )
+            }
+        }
+    })
+}
+
+/// marked-yaml reads only the first document of a stream and would silently drop the rest.
+fn reject_second_document(text: &str, spans: &Spans) -> Result<()> {
+    let mut seen_content = false;
+    for (index, line) in text.lines().enumerate() {
+        let is_separator = line == "---" || line.starts_with("--- ");
+        if is_separator && seen_content {
+            return Err(spans.error_at_location(
+                Location {
+                    line: index + 1,
+                    column: 1,
+                    width: 3,
+                },
+                "a task file holds one YAML document, but a second one starts here",
+                Some("remove the `---` line and everything after it, or merge the two".into()),
+            ));
+        }
+        let trimmed = line.trim();
+        if !(trimmed.is_empty() || trimmed.starts_with('#') || is_separator) {
+            seen_content = true;
+        }
+    }
+    Ok(())
+}
+
+/// A plain `null`, `~` or nothing at all: the field is treated as not written.
+pub(crate) fn is_null(node: &Node) -> bool {
+    match node {
+        Node::Scalar(scalar) => {
+            scalar.may_coerce() && matches!(scalar.as_str(), "" | "~" | "null" | "Null" | "NULL")
+        }
+        _ => false,
+    }
+}
+
+/// `datasets.0.mount` → `datasets[0].mount`, the way people read it.
+pub(crate) fn display_path(path: &str) -> String {
+    let mut shown = String::new();
+    for segment in path.split('.') {
+        if segment.chars().all(|c| c.is_ascii_digit()) && !shown.is_empty() {
+            shown.push_str(&format!("[{segment}]"));
+        } else {
+            if !shown.is_empty() {
+                shown.push('.');
+            }
+            shown.push_str(segment);
+        }
+    }
+    shown
+}
+
+pub(crate) fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// The candidate closest to `input`, when it is close enough to be a likely typo.
+pub(crate) fn closest<'c>(input: &str, candidates: &[&'c str]) -> Option<&'c str> {
+    let input = input.to_ascii_lowercase();
+    // Jaro-Winkler catches swapped letters and shared prefixes (`memroy`, `time`); the edit
+    // distance catches dropped letters in short names (`mnt`), which Jaro-Winkler scores low.
+    let plausible = |candidate: &str| {
+        let edits = strsim::damerau_levenshtein(&input, candidate);
+        strsim::jaro_winkler(&input, candidate) >= 0.8
+            || (edits <= 2 && 2 * edits < candidate.len())
+    };
+    candidates
+        .iter()
+        .filter(|candidate| plausible(candidate))
+        .map(|candidate| (strsim::jaro_winkler(&input, candidate), *candidate))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, candidate)| candidate)
+}
+
+fn describe_found(node: &Node) -> String {
+    match node {
+        Node::Scalar(scalar) => format!("`{}`", scalar.as_str()),
+        Node::Mapping(_) => "a mapping".to_string(),
+        Node::Sequence(_) => "a list".to_string(),
+    }
+}
+
+/// The fields of one mapping in the file, already checked against the allowed names.
+pub(crate) struct Fields<'n> {
+    pub path: String,
+    pub map: &'n MarkedMappingNode,
+    pub key: Option<&'n MarkedScalarNode>,
+}
+
+impl<'n> Fields<'n> {
+    /// The value of `key`, or `None` when it is missing or null.
+    pub fn get(&self, key: &str) -> Option<&'n Node> {
+        self.map.get_node(key).filter(|node| !is_null(node))
+    }
+
+    pub fn has(&self, key: &str) -> bool {
+        self.map.get_node(key).is_some()
+    }
+
+    pub fn path_of(&self, key: &str) -> String {
+        join(&self.path, key)
+    }
+}
+
+/// Walks the node tree, recording every field's location as it goes.
+pub(crate) struct Reader<'s> {
+    pub spans: &'s mut Spans,
+}
+
+impl<'s> Reader<'s> {
+    pub fn error_at_node(
+        &self,
+        node: &Node,
+        message: impl Into<String>,
+        help: impl Into<String>,
+    ) -> SchemaError {
+        self.spans
+            .error_at_location(self.spans.node_location(node), message, Some(help.into()))
+    }
+
+    /// Check `node` is a mapping whose keys are all in `allowed`, and record where each is.
+    pub fn fields<'n>(
+        &mut self,
+        node: &'n Node,
+        key: Option<&'n MarkedScalarNode>,
+        path: &str,
+        allowed: &[&str],
+    ) -> Result<Fields<'n>> {
+        let Node::Mapping(map) = node else {
+            let shown = if path.is_empty() {
+                "the task file".to_string()
+            } else {
+                format!("`{}`", display_path(path))
+            };
+            return Err(self.error_at_node(
+                node,
+                format!(
+                    "expected a mapping of fields for {shown}, found {}",
+                    describe_found(node)
+                ),
+                format!(
+                    "write its fields indented below it, one per line; valid fields: {}",
+                    allowed.join(", ")
+                ),
+            ));
+        };
+        for (field_key, value) in map.iter() {
+            let name = field_key.as_str();
+            if !allowed.contains(&name) {
+                return Err(self.unknown_field(field_key, path, allowed));
+            }
+            self.spans.record(&join(path, name), Some(field_key), value);
+        }
+        Ok(Fields {
+            path: path.to_string(),
+            map,
+            key,
+        })
+    }
+
+    fn unknown_field(&self, key: &MarkedScalarNode, path: &str, allowed: &[&str]) -> SchemaError {
+        let name = key.as_str();
+        let within = if path.is_empty() {
+            String::new()
+        } else {
+            format!(" in `{}`", display_path(path))
+        };
+        let valid = format!("Valid fields: {}", allowed.join(", "));
+        let alias = ALIASES
+            .iter()
+            .find(|(other, _)| other.eq_ignore_ascii_case(name))
+            .map(|(_, ours)| *ours)
+            .filter(|ours| allowed.contains(ours));
+        let misplaced = if path.is_empty() {
+            NESTED_SECTIONS
+                .iter()
+                .find(|(_, fields)| fields.contains(&name))
+                .map(|(section, _)| *section)
+        } else {
+            None
+        };
+        let help = if let Some(suggestion) = alias.or_else(|| closest(name, allowed)) {
+            format!("did you mean `{suggestion}`? {valid}")
+        } else if let Some(section) = misplaced {
+            format!("`{name}` belongs under `{section}:`, indented. {valid}")
+        } else {
+            valid
+        };
+        self.spans.error_at_location(
+            self.spans.scalar_location(key),
+            format!("unknown field `{name}`{within}"),
+            Some(help),
+        )
+    }
+
+    fn missing(&self, fields: &Fields<'_>, name: &str, example: &str) -> SchemaError {
+        let location = match fields.key {
+            Some(key) => self.spans.scalar_location(key),
+            None => self.spans.location(&fields.path).unwrap_or(Location {
+                line: 1,
+                column: 1,
+                width: 1,
+            }),
+        };
+        let within = if fields.path.is_empty() {
+            String::new()
+        } else {
+            format!(" in `{}`", display_path(&fields.path))
+        };
+        self.spans.error_at_location(
+            location,
+            format!("missing field `{name}`{within}"),
+            Some(format!("add `{example}`")),
+        )
+    }
+
+    fn scalar<'n>(
+        &self,
+        node: &'n Node,
+        path: &str,
+        expected: &str,
+        example: &str,
+    ) -> Result<&'n MarkedScalarNode> {
+        match node {
+            Node::Scalar(scalar) => Ok(scalar),
+            other => Err(self.error_at_node(
+                other,
+                format!(
+                    "expected {expected} for `{}`, found {}",
+                    display_path(path),
+                    describe_found(other)
+                ),
+                format!("write e.g. `{example}`"),
+            )),
+        }
+    }
+
+    pub fn text(&self, node: &Node, path: &str, example: &str) -> Result<String> {
+        Ok(self
+            .scalar(node, path, "text", example)?
+            .as_str()
+            .to_string())
+    }
+
+    pub fn count(&self, node: &Node, path: &str, example: &str) -> Result<u32> {
+        let scalar = self.scalar(node, path, "a whole number", example)?;
+        let text = scalar.as_str().trim().replace('_', "");
+        let shown = display_path(path);
+        if let Some(rest) = text.strip_prefix('-')
+            && rest.parse::<u64>().is_ok()
+        {
+            return Err(self.error_at_node(
+                node,
+                format!("`{shown}` cannot be negative, found `{}`", scalar.as_str()),
+                format!("write e.g. `{example}`"),
+            ));
+        }
+        let value: u64 = text.parse().map_err(|_| {
+            self.error_at_node(
+                node,
+                format!(
+                    "expected a whole number for `{shown}`, found `{}`",
+                    scalar.as_str()
+                ),
+                format!("write e.g. `{example}`"),
+            )
+        })?;
+        u32::try_from(value).map_err(|_| {
+            self.error_at_node(
+                node,
+                format!("`{shown}` is far too large, found `{}`", scalar.as_str()),
+                format!("write e.g. `{example}`"),
+            )
+        })
+    }
+
+    pub fn number(&self, node: &Node, path: &str, example: &str) -> Result<f64> {
+        let scalar = self.scalar(node, path, "a number", example)?;
+        scalar
+            .as_str()
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|value| value.is_finite())
+            .ok_or_else(|| {
+                self.error_at_node(
+                    node,
+                    format!(
+                        "expected a number for `{}`, found `{}`",
+                        display_path(path),
+                        scalar.as_str()
+                    ),
+                    format!("write e.g. `{example}`"),
+                )
+            })
+    }
+
+    pub fn flag(&self, node: &Node, path: &str) -> Result<bool> {
+        let field = path.rsplit('.').next().unwrap_or(path);
+        let example = format!("{field}: true");
+        let scalar = self.scalar(node, path, "true or false", &example)?;
+        match scalar.as_str() {
+            "true" | "True" | "TRUE" => Ok(true),
+            "false" | "False" | "FALSE" => Ok(false),
+            other => Err(self.error_at_node(
+                node,
+                format!(
+                    "expected true or false for `{}`, found `{other}`",
+                    display_path(path)
+                ),
+                format!("write `{field}: true` or `{field}: false`"),
+            )),
+        }
+    }
+
+    pub fn duration(&self, node: &Node, path: &str, example: &str) -> Result<HumanDuration> {
+        let scalar = self.scalar(node, path, "a duration", example)?;
+        HumanDuration::from_str(scalar.as_str()).map_err(|error| {
+            self.error_at_node(
+                node,
+                format!("bad duration for `{}`: {error}", display_path(path)),
+                format!("write a number and a unit (s, m, h, d), e.g. `{example}`"),
+            )
+        })
+    }
+
+    pub fn size(&self, node: &Node, path: &str, example: &str) -> Result<ByteSize> {
+        let scalar = self.scalar(node, path, "a size", example)?;
+        ByteSize::from_str(scalar.as_str()).map_err(|error| {
+            self.error_at_node(
+                node,
+                format!("bad size for `{}`: {error}", display_path(path)),
+                format!("write a number and a unit (MiB, GiB, TiB), e.g. `{example}`"),
+            )
+        })
+    }
+
+    /// A list of text items, each located at `path.N`.
+    pub fn texts(&mut self, node: &Node, path: &str, example: &str) -> Result<Vec<String>> {
+        let Node::Sequence(items) = node else {
+            return Err(self.error_at_node(
+                node,
+                format!(
+                    "expected a list for `{}`, found {}",
+                    display_path(path),
+                    describe_found(node)
+                ),
+                format!("write a list, e.g. `{example}`"),
+            ));
+        };
+        let mut values = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let item_path = join(path, &index.to_string());
+            self.spans.record(&item_path, None, item);
+            values.push(self.text(item, &item_path, example)?);
+        }
+        Ok(values)
+    }
+
+    /// One of a fixed set of names, with a did-you-mean when it is close to one.
+    pub fn choice<T: Copy>(
+        &self,
+        node: &Node,
+        path: &str,
+        what: &str,
+        options: &[(&str, T)],
+    ) -> Result<T> {
+        let names: Vec<&str> = options.iter().map(|(name, _)| *name).collect();
+        let field = path.rsplit('.').next().unwrap_or(path);
+        let example = format!("{field}: {}", names[0]);
+        let scalar = self.scalar(node, path, what, &example)?;
+        let input = scalar.as_str();
+        if let Some((_, value)) = options.iter().find(|(name, _)| *name == input) {
+            return Ok(*value);
+        }
+        let valid = format!("valid values: {}", names.join(", "));
+        let help = match closest(input, &names) {
+            Some(suggestion) => format!("did you mean `{suggestion}`? {valid}"),
+            None => valid,
+        };
+        Err(self.error_at_node(node, format!("unknown {what} `{input}`"), help))
+    }
+}
+
+/// Build the spec from a parsed task file. `fallback_name` is used when `name` is left out.
+pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> Result<TaskSpec> {
+    let mut reader = Reader { spans };
+    let top = reader.fields(root, None, "", TASK_FIELDS)?;
+
+    let name = match top.get("name") {
+        Some(node) => reader.text(node, "name", "name: mnist-ddp")?,
+        None => fallback_name.to_string(),
+    };
+    let resources = match top.get("resources") {
+        Some(node) => read_resources(&mut reader, node, top.map_key("resources"))?,
+        None => ResourceSpec::default(),
+    };
+    let priority = match top.get("priority") {
+        Some(node) => reader.choice(
+            node,
+            "priority",
+            "priority",
+            &[
+                ("low", Priority::Low),
+                ("normal", Priority::Normal),
+                ("high", Priority::High),
+            ],
+        )?,
+        None => Priority::default(),
+    };
+    let preemptible = match top.get("preemptible") {
+        Some(node) => reader.flag(node, "preemptible")?,
+        None => false,
+    };
+    let code = match top.get("code") {
+        Some(node) => read_code(&mut reader, node, top.map_key("code"))?,
+        None => CodeSpec::default(),
+    };
+    let environment = match top.get("environment") {
+        Some(node) => read_environment(&mut reader, node, top.map_key("environment"))?,
+        None => EnvironmentSpec::default(),
+    };
+    let datasets = match top.get("datasets") {
+        Some(node) => read_datasets(&mut reader, node)?,
+        None => Vec::new(),
+    };
+    let setup = match top.get("setup") {
+        Some(node) => Some(reader.text(node, "setup", "setup: pip list")?),
+        None => None,
+    };
+    let run = match top.get("run") {
+        Some(node) => reader.text(node, "run", "run: python train.py")?,
+        None if top.has("run") => String::new(),
+        None => {
+            return Err(reader.spans.error_at(
+                "run",
+                "missing required field `run`",
+                Some("add the command every node runs, e.g. `run: python train.py`".into()),
+            ));
+        }
+    };
+    let outputs = match top.get("outputs") {
+        Some(node) => reader.texts(node, "outputs", "outputs: [checkpoints/, results/]")?,
+        None => Vec::new(),
+    };
+    let retry = match top.get("retry") {
+        Some(node) => read_retry(&mut reader, node, top.map_key("retry"))?,
+        None => RetrySpec::default(),
+    };
+    let checkpoint = match top.get("checkpoint") {
+        Some(node) => Some(read_checkpoint(
+            &mut reader,
+            node,
+            top.map_key("checkpoint"),
+        )?),
+        None => None,
+    };
+    let runtime = match top.get("runtime") {
+        Some(node) => reader.choice(
+            node,
+            "runtime",
+            "runtime",
+            &Runtime::ALL.map(|runtime| (runtime.as_str(), runtime)),
+        )?,
+        None => Runtime::default(),
+    };
+
+    let spec = TaskSpec {
+        name,
+        resources,
+        priority,
+        preemptible,
+        code,
+        environment,
+        datasets,
+        setup,
+        run,
+        outputs,
+        retry,
+        checkpoint,
+        runtime,
+    };
+    if let Some(problem) = spec.first_problem() {
+        return Err(reader
+            .spans
+            .error_at(&problem.field, problem.message, problem.help));
+    }
+    Ok(spec)
+}
+
+impl<'n> Fields<'n> {
+    /// The key node of a field, used to point at `resources:` when the whole section is wrong.
+    fn map_key(&self, key: &str) -> Option<&'n MarkedScalarNode> {
+        self.map.keys().find(|candidate| candidate.as_str() == key)
+    }
+}
+
+fn read_resources<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<ResourceSpec> {
+    let fields = reader.fields(node, key, "resources", RESOURCE_FIELDS)?;
+    let mut resources = ResourceSpec::default();
+    if let Some(node) = fields.get("nodes") {
+        resources.nodes = reader.count(node, "resources.nodes", "nodes: 2")?;
+    }
+    if let Some(node) = fields.get("gpus") {
+        resources.gpus = reader.count(node, "resources.gpus", "gpus: 4")?;
+    }
+    if let Some(node) = fields.get("gpu_type") {
+        resources.gpu_type = Some(reader.text(node, "resources.gpu_type", "gpu_type: A100")?);
+    }
+    if let Some(node) = fields.get("cpus") {
+        resources.cpus = reader.number(node, "resources.cpus", "cpus: 16")?;
+    }
+    if let Some(node) = fields.get("memory") {
+        resources.memory = reader.size(node, "resources.memory", "memory: 64GiB")?;
+    }
+    if let Some(node) = fields.get("time_limit") {
+        resources.time_limit =
+            Some(reader.duration(node, "resources.time_limit", "time_limit: 4h")?);
+    }
+    Ok(resources)
+}
+
+fn read_code<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<CodeSpec> {
+    let fields = reader.fields(node, key, "code", CODE_FIELDS)?;
+    let mut code = CodeSpec::default();
+    if let Some(node) = fields.get("dir") {
+        code.dir = reader.text(node, "code.dir", "dir: .")?;
+    }
+    if let Some(node) = fields.get("exclude") {
+        code.exclude = reader.texts(node, "code.exclude", "exclude: [\"data/\", \"*.ckpt\"]")?;
+    }
+    Ok(code)
+}
+
+fn read_environment<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<EnvironmentSpec> {
+    let fields = reader.fields(node, key, "environment", ENVIRONMENT_FIELDS)?;
+    let mut environment = EnvironmentSpec::default();
+    if let Some(node) = fields.get("python") {
+        environment.python = Some(reader.text(node, "environment.python", "python: \"3.11\"")?);
+    }
+    if let Some(node) = fields.get("pip") {
+        environment.pip = reader.texts(node, "environment.pip", "pip: [\"numpy==2.1.*\"]")?;
+    }
+    if let Some(node) = fields.get("requirements") {
+        environment.requirements = Some(reader.text(
+            node,
+            "environment.requirements",
+            "requirements: requirements.txt",
+        )?);
+    }
+    if let Some(node) = fields.get("conda") {
+        let conda = reader.fields(
+            node,
+            fields.map_key("conda"),
+            "environment.conda",
+            CONDA_FIELDS,
+        )?;
+        let mut spec = CondaSpec::default();
+        if let Some(node) = conda.get("name") {
+            spec.name = Some(reader.text(node, "environment.conda.name", "name: torch-env")?);
+        }
+        if let Some(node) = conda.get("channels") {
+            spec.channels = reader.texts(
+                node,
+                "environment.conda.channels",
+                "channels: [conda-forge]",
+            )?;
+        }
+        if let Some(node) = conda.get("dependencies") {
+            spec.dependencies = reader.texts(
+                node,
+                "environment.conda.dependencies",
+                "dependencies: [\"pytorch=2.4\"]",
+            )?;
+        }
+        environment.conda = Some(spec);
+    }
+    if let Some(node) = fields.get("image") {
+        environment.image = Some(reader.text(node, "environment.image", "image: python:3.11")?);
+    }
+    if let Some(node) = fields.get("vars") {
+        environment.vars = read_vars(reader, node)?;
+    }
+    Ok(environment)
+}
+
+fn read_vars(reader: &mut Reader<'_>, node: &Node) -> Result<BTreeMap<String, String>> {
+    let Node::Mapping(map) = node else {
+        return Err(reader.error_at_node(
+            node,
+            format!(
+                "expected a mapping of variable names to values for `environment.vars`, found {}",
+                describe_found(node)
+            ),
+            "write e.g. `vars: { OMP_NUM_THREADS: \"4\" }`",
+        ));
+    };
+    let mut vars = BTreeMap::new();
+    for (key, value) in map.iter() {
+        let path = format!("environment.vars.{}", key.as_str());
+        // Errors about a variable are about its name, so point at the key.
+        reader.spans.record_key(&path, key);
+        let value = if is_null(value) {
+            String::new()
+        } else {
+            reader.text(value, &path, "OMP_NUM_THREADS: \"4\"")?
+        };
+        vars.insert(key.as_str().to_string(), value);
+    }
+    Ok(vars)
+}
+
+fn read_datasets(reader: &mut Reader<'_>, node: &Node) -> Result<Vec<DatasetSpec>> {
+    let Node::Sequence(items) = node else {
+        return Err(reader.error_at_node(
+            node,
+            format!("expected a list of datasets, found {}", describe_found(node)),
+            "write e.g. `datasets: [{ name: mnist, source: /shared/datasets/mnist, mount: data/mnist }]`",
+        ));
+    };
+    let mut datasets = Vec::with_capacity(items.len());
+    for (index, item) in items.iter().enumerate() {
+        let path = format!("datasets.{index}");
+        reader.spans.record(&path, None, item);
+        let fields = reader.fields(item, None, &path, DATASET_FIELDS)?;
+        let name = match fields.get("name") {
+            Some(node) => reader.text(node, &fields.path_of("name"), "name: mnist")?,
+            None => return Err(reader.missing(&fields, "name", "name: mnist")),
+        };
+        let source = match fields.get("source") {
+            Some(node) => reader.text(
+                node,
+                &fields.path_of("source"),
+                "source: /shared/datasets/mnist",
+            )?,
+            None => {
+                return Err(reader.missing(&fields, "source", "source: /shared/datasets/mnist"));
+            }
+        };
+        let mount = match fields.get("mount") {
+            Some(node) => reader.text(node, &fields.path_of("mount"), "mount: data/mnist")?,
+            None => name.clone(),
+        };
+        datasets.push(DatasetSpec {
+            name,
+            source,
+            mount,
+        });
+    }
+    Ok(datasets)
+}
+
+fn read_retry<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<RetrySpec> {
+    let fields = reader.fields(node, key, "retry", RETRY_FIELDS)?;
+    let mut retry = RetrySpec::default();
+    if let Some(node) = fields.get("max_attempts") {
+        retry.max_attempts = reader.count(node, "retry.max_attempts", "max_attempts: 3")?;
+    }
+    if let Some(node) = fields.get("on") {
+        let Node::Sequence(items) = node else {
+            return Err(reader.error_at_node(
+                node,
+                format!(
+                    "expected a list for `retry.on`, found {}",
+                    describe_found(node)
+                ),
+                "write e.g. `on: [node_failure, preempted]`",
+            ));
+        };
+        let options = RetryOn::ALL.map(|reason| (reason.as_str(), reason));
+        let mut reasons = Vec::new();
+        for (index, item) in items.iter().enumerate() {
+            let path = format!("retry.on.{index}");
+            reader.spans.record(&path, None, item);
+            let reason = reader.choice(item, &path, "retry reason", &options)?;
+            // Listing a reason twice means the same as once.
+            if !reasons.contains(&reason) {
+                reasons.push(reason);
+            }
+        }
+        retry.on = reasons;
+    }
+    Ok(retry)
+}
+
+fn read_checkpoint<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<CheckpointSpec> {
+    let fields = reader.fields(node, key, "checkpoint", CHECKPOINT_FIELDS)?;
+    let mut checkpoint = CheckpointSpec::default();
+    if let Some(node) = fields.get("signal") {
+        let written = reader.text(node, "checkpoint.signal", "signal: SIGUSR1")?;
+        checkpoint.signal = canonical_signal(&written);
+        if !CHECKPOINT_SIGNALS.contains(&checkpoint.signal.as_str()) {
+            let valid = format!("valid signals: {}", CHECKPOINT_SIGNALS.join(", "));
+            let help = match closest(&checkpoint.signal, CHECKPOINT_SIGNALS) {
+                Some(suggestion) => format!("did you mean `{suggestion}`? {valid}"),
+                None => valid,
+            };
+            return Err(reader.error_at_node(node, format!("unknown signal `{written}`"), help));
+        }
+    }
+    if let Some(node) = fields.get("grace") {
+        checkpoint.grace = reader.duration(node, "checkpoint.grace", "grace: 60s")?;
+    }
+    Ok(checkpoint)
+}
+
+/// `usr1`, `SIGusr1` and `SIGUSR1` all mean the same signal; store the last form.
+pub(crate) fn canonical_signal(written: &str) -> String {
+    let upper = written.trim().to_ascii_uppercase();
+    if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    }
+}

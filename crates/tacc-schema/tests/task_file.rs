@@ -1,0 +1,481 @@
+//! The task file as users write it: what is accepted, what it means, and how mistakes read.
+
+use tacc_core::{ByteSize, HumanDuration, Priority, Resources};
+use tacc_schema::{
+    CheckpointSpec, CondaSpec, DatasetSpec, RetryOn, Runtime, SchemaError, TaskSpec, parse_task,
+};
+
+const FILE: &str = "examples/bad/task.yaml";
+
+const DESIGN_EXAMPLE: &str = r#"name: mnist-ddp
+resources:            # per node
+  nodes: 2            # >1 = gang: all nodes start together or not at all
+  gpus: 4
+  gpu_type: A100
+  cpus: 16
+  memory: 64GiB
+  time_limit: 4h      # enforced; also what backfill plans with
+priority: normal      # low | normal | high (capped per user by the admin)
+preemptible: true
+code: { dir: ., exclude: ["data/", "*.ckpt"] }
+environment:
+  python: "3.11"
+  pip: ["numpy==2.1.*"]
+  image: null
+  vars: { OMP_NUM_THREADS: "4" }
+datasets:
+  - { name: mnist, source: /shared/datasets/mnist, mount: data/mnist }
+setup: pip list
+run: |
+  torchrun --nnodes "$TACC_NUM_NODES" --node_rank "$TACC_NODE_RANK" \
+           --master_addr "$TACC_MASTER_ADDR" --master_port "$TACC_MASTER_PORT" train.py
+outputs: [checkpoints/, results/]
+retry: { max_attempts: 3, on: [node_failure, preempted] }
+checkpoint: { signal: SIGUSR1, grace: 60s }
+runtime: auto
+"#;
+
+fn parse(text: &str) -> Result<TaskSpec, SchemaError> {
+    parse_task(FILE, text).map(|(spec, _)| spec)
+}
+
+/// The rendered error for a file that must be rejected.
+fn rejected(text: &str) -> String {
+    match parse(text) {
+        Ok(spec) => panic!("accepted a bad task file:\n{text}\nas {spec:#?}"),
+        Err(error) => {
+            assert!(
+                error.diagnostic().is_some(),
+                "errors in a file must be located: {error}"
+            );
+            error.to_string()
+        }
+    }
+}
+
+fn assert_located(rendered: &str, line: usize, column: usize, help_part: &str) {
+    let location = format!("--> {FILE}:{line}:{column}\n");
+    assert!(
+        rendered.contains(&location),
+        "expected `{location}` in:\n{rendered}"
+    );
+    let help_line = rendered
+        .lines()
+        .find(|l| l.trim_start().starts_with("= help: "))
+        .unwrap_or_else(|| panic!("no help line in:\n{rendered}"));
+    assert!(
+        help_line.contains(help_part),
+        "expected help to mention `{help_part}`:\n{rendered}"
+    );
+}
+
+#[test]
+fn the_design_example_parses_to_what_it_says() {
+    let spec = parse(DESIGN_EXAMPLE).unwrap();
+    assert_eq!(spec.name, "mnist-ddp");
+    assert_eq!(spec.resources.nodes, 2);
+    assert_eq!(spec.resources.gpus, 4);
+    assert_eq!(spec.resources.gpu_type.as_deref(), Some("A100"));
+    assert_eq!(spec.resources.cpus, 16.0);
+    assert_eq!(spec.resources.memory, ByteSize::gib(64));
+    assert_eq!(
+        spec.resources.time_limit,
+        Some(HumanDuration::from_secs(4 * 3600))
+    );
+    assert_eq!(
+        spec.resources.per_node(),
+        Resources::new(16_000, 64 << 30, 4)
+    );
+    assert_eq!(spec.priority, Priority::Normal);
+    assert!(spec.preemptible);
+    assert_eq!(spec.code.dir, ".");
+    assert_eq!(spec.code.exclude, ["data/", "*.ckpt"]);
+    assert_eq!(spec.environment.python.as_deref(), Some("3.11"));
+    assert_eq!(spec.environment.pip, ["numpy==2.1.*"]);
+    assert_eq!(spec.environment.image, None);
+    assert_eq!(spec.environment.vars["OMP_NUM_THREADS"], "4");
+    assert_eq!(
+        spec.datasets,
+        [DatasetSpec {
+            name: "mnist".into(),
+            source: "/shared/datasets/mnist".into(),
+            mount: "data/mnist".into(),
+        }]
+    );
+    assert_eq!(spec.setup.as_deref(), Some("pip list"));
+    assert!(spec.run.starts_with("torchrun --nnodes"));
+    assert!(spec.run.contains("train.py"));
+    assert_eq!(spec.outputs, ["checkpoints/", "results/"]);
+    assert_eq!(spec.retry.max_attempts, 3);
+    assert_eq!(spec.retry.on, [RetryOn::NodeFailure, RetryOn::Preempted]);
+    assert_eq!(
+        spec.checkpoint,
+        Some(CheckpointSpec {
+            signal: "SIGUSR1".into(),
+            grace: HumanDuration::from_secs(60),
+        })
+    );
+    assert_eq!(spec.runtime, Runtime::Auto);
+}
+
+#[test]
+fn a_minimal_file_gets_defaults_and_its_directory_name() {
+    let (spec, _) = parse_task("projects/my mnist/task.yaml", "run: python train.py\n").unwrap();
+    assert_eq!(spec.name, "my-mnist");
+    assert_eq!(spec.resources.nodes, 1);
+    assert_eq!(spec.resources.gpus, 0);
+    assert_eq!(spec.resources.cpus, 1.0);
+    assert_eq!(spec.resources.memory, ByteSize::gib(1));
+    assert_eq!(spec.resources.time_limit, None);
+    assert_eq!(spec.priority, Priority::Normal);
+    assert_eq!(spec.code.dir, ".");
+    assert_eq!(spec.retry.max_attempts, 1);
+    assert_eq!(spec.runtime, Runtime::Auto);
+    assert_eq!(spec.checkpoint, None);
+    let (spec, _) = parse_task("task.yaml", "run: x\n").unwrap();
+    assert_eq!(spec.name, "task");
+}
+
+#[test]
+fn fractional_cpus_sizes_and_durations_are_accepted() {
+    let spec = parse(
+        "run: x\nresources: { cpus: 0.5, memory: 512MiB, time_limit: 1h30m }\ncheckpoint: { signal: usr2 }\n",
+    )
+    .unwrap();
+    assert_eq!(spec.resources.per_node(), Resources::new(500, 512 << 20, 0));
+    assert_eq!(
+        spec.resources.time_limit,
+        Some(HumanDuration::from_secs(5400))
+    );
+    // Signals are normalised to their full upper-case name; grace takes its default.
+    assert_eq!(spec.checkpoint.unwrap().signal, "SIGUSR2");
+}
+
+#[test]
+fn unknown_field_renders_like_a_compiler_error() {
+    let text = "name: demo\nrun: python train.py\nresources:\n  gpus: 1\n  memroy: 64GiB\n";
+    let expected = "\
+error: unknown field `memroy` in `resources`
+  --> examples/bad/task.yaml:5:3
+   |
+ 5 |   memroy: 64GiB
+   |   ^^^^^^
+   = help: did you mean `memory`? Valid fields: nodes, gpus, gpu_type, cpus, memory, time_limit";
+    assert_eq!(rejected(text), expected);
+}
+
+#[test]
+fn unknown_fields_suggest_where_they_belong() {
+    let misplaced = rejected("run: x\ngpus: 4\n");
+    assert!(misplaced.contains("unknown field `gpus`"), "{misplaced}");
+    assert_located(&misplaced, 2, 1, "`gpus` belongs under `resources:`");
+
+    let alias = rejected("entrypoint: python train.py\n");
+    assert_located(&alias, 1, 1, "did you mean `run`?");
+
+    let nested = rejected("run: x\nretry: { max_attempts: 2, onn: [failed] }\n");
+    assert_located(&nested, 2, 27, "did you mean `on`?");
+
+    let in_list = rejected("run: x\ndatasets:\n  - name: a\n    source: /a\n    mnt: a\n");
+    assert!(in_list.contains("in `datasets[0]`"), "{in_list}");
+    assert_located(&in_list, 5, 5, "did you mean `mount`?");
+}
+
+#[test]
+fn wrong_types_are_named_with_an_example() {
+    let many = rejected("run: x\nresources:\n  gpus: many\n");
+    assert!(
+        many.contains("expected a whole number for `resources.gpus`, found `many`"),
+        "{many}"
+    );
+    assert!(
+        many.contains("   |         ^^^^\n"),
+        "caret under `many`:\n{many}"
+    );
+    assert_located(&many, 3, 9, "gpus: 4");
+
+    let negative = rejected("run: x\nresources:\n  gpus: -2\n");
+    assert!(negative.contains("cannot be negative"), "{negative}");
+    assert_located(&negative, 3, 9, "gpus: 4");
+
+    let mapping = rejected("run: x\nresources: 4\n");
+    assert_located(&mapping, 2, 12, "valid fields: nodes, gpus");
+
+    let list = rejected("run: [a, b]\n");
+    assert_located(&list, 1, 6, "run: python train.py");
+
+    let flag = rejected("run: x\npreemptible: maybe\n");
+    assert_located(&flag, 2, 14, "`preemptible: true` or `preemptible: false`");
+
+    let cpus = rejected("run: x\nresources: { cpus: lots }\n");
+    assert_located(&cpus, 2, 20, "cpus: 16");
+}
+
+#[test]
+fn absurd_quantities_are_refused_at_their_value() {
+    let cases = [
+        ("resources: { gpus: 2000 }", 20, "at most 1024"),
+        ("resources: { nodes: 0 }", 21, "between 1 and 4096"),
+        ("resources: { nodes: 5000 }", 21, "between 1 and 4096"),
+        ("resources: { cpus: 0 }", 20, "more than 0"),
+        ("resources: { cpus: -1 }", 20, "more than 0"),
+        ("resources: { cpus: 5000 }", 20, "at most 4096"),
+        ("resources: { memory: 0 }", 22, "more than 0"),
+        ("resources: { memory: 65TiB }", 22, "at most 64TiB"),
+        ("resources: { memory: 2048 }", 22, "forget the unit"),
+        ("resources: { time_limit: 0s }", 26, "more than 0s"),
+        ("resources: { time_limit: 400d }", 26, "at most 365d"),
+        ("retry: { max_attempts: 0 }", 24, "between 1 and 100"),
+        ("retry: { max_attempts: 101 }", 24, "between 1 and 100"),
+    ];
+    for (line, column, why) in cases {
+        let rendered = rejected(&format!("run: x\n{line}\n"));
+        assert!(rendered.contains(why), "{line}: {rendered}");
+        assert!(
+            rendered.contains(&format!("--> {FILE}:2:{column}\n")),
+            "{line}: {rendered}"
+        );
+        assert!(rendered.contains("= help: "), "{line}: {rendered}");
+    }
+}
+
+#[test]
+fn run_is_required_and_not_empty() {
+    let missing = rejected("name: demo\n");
+    assert!(
+        missing.contains("missing required field `run`"),
+        "{missing}"
+    );
+    assert_located(&missing, 1, 1, "run: python train.py");
+
+    let empty = rejected("name: demo\nrun: \"  \"\n");
+    assert!(empty.contains("`run` is empty"), "{empty}");
+    assert_located(&empty, 2, 6, "run: python train.py");
+
+    let null = rejected("name: demo\nrun:\n");
+    assert_located(&null, 2, 1, "run: python train.py");
+}
+
+#[test]
+fn bad_durations_and_sizes_explain_the_format() {
+    let duration = rejected("run: x\nresources:\n  time_limit: 4 hours later\n");
+    assert!(
+        duration.contains("bad duration for `resources.time_limit`"),
+        "{duration}"
+    );
+    assert!(
+        duration.contains("unknown unit `hourslater`") || duration.contains("later"),
+        "{duration}"
+    );
+    assert_located(&duration, 3, 15, "time_limit: 4h");
+
+    let size = rejected("run: x\nresources:\n  memory: lots\n");
+    assert!(size.contains("bad size for `resources.memory`"), "{size}");
+    assert!(size.contains("   |           ^^^^\n"), "{size}");
+    assert_located(&size, 3, 11, "memory: 64GiB");
+}
+
+#[test]
+fn bad_priority_and_runtime_names_suggest_the_closest() {
+    let priority = rejected("run: x\npriority: hihg\n");
+    assert!(priority.contains("unknown priority `hihg`"), "{priority}");
+    assert_located(
+        &priority,
+        2,
+        11,
+        "did you mean `high`? valid values: low, normal, high",
+    );
+
+    let runtime = rejected("run: x\nruntime: docker\n");
+    assert_located(
+        &runtime,
+        2,
+        10,
+        "valid values: auto, process, container, slurm",
+    );
+
+    let retry = rejected("run: x\nretry: { on: [node_fail] }\n");
+    assert_located(&retry, 2, 15, "did you mean `node_failure`?");
+
+    let signal = rejected("run: x\ncheckpoint: { signal: SIGKILL }\n");
+    assert_located(&signal, 2, 23, "SIGUSR1");
+}
+
+#[test]
+fn task_names_follow_the_rules() {
+    for good in ["a", "mnist-ddp", "Run_2.b", &"x".repeat(63)] {
+        parse(&format!("name: {good}\nrun: x\n")).unwrap();
+    }
+    for (bad, why) in [
+        ("-leading", "must start with a letter or digit"),
+        ("has space", "contains ` `"),
+        ("slash/name", "contains `/`"),
+        (&"x".repeat(64), "64 characters long"),
+        ("\"\"", "is empty"),
+    ] {
+        let rendered = rejected(&format!("run: x\nname: {bad}\n"));
+        assert!(rendered.contains(why), "{bad}: {rendered}");
+        assert_located(&rendered, 2, 7, "1–63 characters");
+    }
+}
+
+#[test]
+fn environment_variable_names_must_be_shell_identifiers() {
+    let rendered = rejected("run: x\nenvironment:\n  vars:\n    GOOD: 1\n    MY-VAR: 2\n");
+    assert!(
+        rendered.contains("`MY-VAR` is not a valid environment variable name"),
+        "{rendered}"
+    );
+    assert_located(&rendered, 5, 5, "OMP_NUM_THREADS");
+    let digit = rejected("run: x\nenvironment: { vars: { 1ST: a } }\n");
+    assert_located(&digit, 2, 24, "not starting with a digit");
+    // Numbers are fine as values; they arrive as text.
+    let spec = parse("run: x\nenvironment: { vars: { THREADS: 4 } }\n").unwrap();
+    assert_eq!(spec.environment.vars["THREADS"], "4");
+}
+
+#[test]
+fn paths_must_stay_inside_the_task_directory() {
+    let mount = rejected("run: x\ndatasets:\n  - { name: d, source: /data, mount: /mnt/d }\n");
+    assert!(mount.contains("`/mnt/d` is an absolute path"), "{mount}");
+    assert_located(&mount, 3, 38, "without `..`");
+
+    let output = rejected("run: x\noutputs: [ok/, ../escape]\n");
+    assert!(output.contains("climbs out"), "{output}");
+    assert_located(&output, 2, 16, "without `..`");
+
+    let code = rejected("run: x\ncode:\n  dir: ../elsewhere\n");
+    assert_located(&code, 3, 8, "without `..`");
+}
+
+#[test]
+fn exclusive_environment_fields_are_refused() {
+    let pip = rejected("run: x\nenvironment:\n  pip: [numpy]\n  requirements: requirements.txt\n");
+    assert!(
+        pip.contains("`pip` and `requirements` cannot both be given"),
+        "{pip}"
+    );
+    assert_located(&pip, 4, 17, "not both");
+
+    let image = rejected(
+        "run: x\nenvironment:\n  conda: { dependencies: [pytorch] }\n  image: pytorch/pytorch:2.4\n",
+    );
+    assert!(
+        image.contains("`image` and `conda` cannot both be given"),
+        "{image}"
+    );
+    assert_located(&image, 4, 10, "install the conda packages in the image");
+
+    let container = rejected("run: x\nruntime: container\n");
+    assert_located(&container, 2, 10, "add `image:");
+}
+
+#[test]
+fn duplicate_keys_point_at_the_second() {
+    let rendered = rejected("run: x\nresources:\n  gpus: 1\n  cpus: 2\n  gpus: 2\n");
+    assert!(rendered.contains("duplicate key `gpus`"), "{rendered}");
+    assert_located(&rendered, 5, 3, "already set on line 3");
+}
+
+#[test]
+fn yaml_syntax_errors_are_located() {
+    let rendered = rejected("run: x\nresources:\n  gpus: [1, 2\n");
+    assert!(rendered.contains("invalid YAML"), "{rendered}");
+    assert!(
+        rendered.contains("= help: check the indentation"),
+        "{rendered}"
+    );
+
+    let anchors = rejected("base: &b 1\nrun: *b\n");
+    assert!(anchors.contains("anchors and aliases"), "{anchors}");
+
+    let second = rejected("run: x\n---\nrun: y\n");
+    assert_located(&second, 2, 1, "remove the `---` line");
+
+    let list = rejected("- run: x\n");
+    assert!(list.contains("must be a mapping"), "{list}");
+}
+
+#[test]
+fn quoted_null_is_text_but_plain_null_is_absent() {
+    let spec = parse("run: x\nenvironment: { image: null, python: ~ }\n").unwrap();
+    assert_eq!(spec.environment.image, None);
+    assert_eq!(spec.environment.python, None);
+    let spec = parse("run: x\nenvironment: { image: \"null\" }\n").unwrap();
+    assert_eq!(spec.environment.image.as_deref(), Some("null"));
+}
+
+#[test]
+fn spans_locate_fields_for_later_checks() {
+    let (_, spans) = parse_task(FILE, DESIGN_EXAMPLE).unwrap();
+    let memory = spans.location("resources.memory").unwrap();
+    assert_eq!((memory.line, memory.column, memory.width), (7, 11, 5));
+    let mount = spans.location("datasets.0.mount").unwrap();
+    assert_eq!((mount.line, mount.column), (18, 59));
+
+    let rendered = spans
+        .error_at(
+            "datasets.0.source",
+            "no such dataset",
+            Some("check the path".into()),
+        )
+        .to_string();
+    assert!(
+        rendered.contains(&format!("--> {FILE}:18:28\n")),
+        "{rendered}"
+    );
+    assert!(rendered.contains("^^^^^^^^^^^^^^^^^^^^^^"), "{rendered}");
+    assert!(rendered.ends_with("= help: check the path"), "{rendered}");
+
+    // A field that was not written falls back to its parent, then to the file's start.
+    let image = spans.error_at("environment.image", "x", None).to_string();
+    assert!(
+        image.contains(&format!("--> {FILE}:15:3\n")),
+        "a null value points at its key: {image}"
+    );
+    let absent = spans
+        .error_at("environment.requirements", "x", None)
+        .to_string();
+    assert!(absent.contains(&format!("--> {FILE}:12:1\n")), "{absent}");
+    let nowhere = spans.error_at("nothing.here", "x", None).to_string();
+    assert!(nowhere.contains(&format!("--> {FILE}:1:1\n")), "{nowhere}");
+}
+
+#[test]
+fn specs_round_trip_through_json_and_validate() {
+    let spec = parse(DESIGN_EXAMPLE).unwrap();
+    let json = serde_json::to_string(&spec).unwrap();
+    assert!(json.contains("\"memory\":\"64GiB\""), "{json}");
+    let back: TaskSpec = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, spec);
+    back.validate().unwrap();
+
+    // A JSON spec gets the same rules, reported by field path.
+    let mut bad = spec.clone();
+    bad.resources.gpus = 5000;
+    let error = bad.validate().unwrap_err();
+    assert!(matches!(&error, SchemaError::Invalid { field, .. } if field == "resources.gpus"));
+    assert!(error.to_string().contains("at most 1024"), "{error}");
+    assert!(error.help().is_some());
+
+    let mut bad = spec;
+    bad.environment.conda = Some(CondaSpec::default());
+    bad.environment.image = Some("python:3.11".into());
+    assert!(
+        bad.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("`image` and `conda`")
+    );
+
+    let unknown: Result<TaskSpec, _> = serde_json::from_str(r#"{"run":"x","gpus":2}"#);
+    assert!(
+        unknown
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field `gpus`")
+    );
+    let minimal: TaskSpec = serde_json::from_str(r#"{"name":"a","run":"x"}"#).unwrap();
+    assert_eq!(minimal.resources.memory, ByteSize::gib(1));
+    minimal.validate().unwrap();
+}
