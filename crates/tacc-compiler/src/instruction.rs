@@ -125,20 +125,20 @@ mod tests {
     fn spec() -> TaskSpec {
         let (spec, _) = tacc_schema::parse_task(
             "task.yaml",
-            "name: t\nresources: {nodes: 2, gpus: 2, time_limit: 1h}\nenvironment: {vars: {A: b, TACC_TASK_ID: spoof}}\nsetup: \"  \"\nrun: python train.py\n",
+            "name: t\nresources: {nodes: 2, gpus: 2, time_limit: 1h}\nenvironment: {vars: {A: b, TACC_TASK_ID: spoof}}\nsetup: pip list\nrun: python train.py\n",
         )
         .unwrap();
         spec
     }
 
     #[test]
-    fn compile_carries_resources_and_drops_blank_setup() {
+    fn compile_carries_resources_and_commands() {
         let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
         let instruction = compile(TaskId(7), AttemptNo(2), "alice", &spec(), snapshot);
         assert_eq!(instruction.num_nodes, 2);
         assert_eq!(instruction.per_node.gpus, 2);
         assert_eq!(instruction.time_limit_secs, Some(3600));
-        assert_eq!(instruction.setup, None);
+        assert_eq!(instruction.setup.as_deref(), Some("pip list"));
         let json = serde_json::to_value(&instruction).unwrap();
         assert_eq!(
             serde_json::from_value::<Instruction>(json).unwrap(),
