@@ -1,1 +1,70 @@
-//! `tacc-server`: placeholder, filled in by its issue.
+//! `tacc-server`: the control plane behind `taccd server` and `taccd dev`. It serves the
+//! HTTP API v1 (tasks, logs, snapshots, nodes, and the agent protocol), keeps every
+//! acknowledged submission durable in a [`tacc_store::Store`] before answering, drives
+//! the pure `tacc-scheduler` with real time, and watches agents' heartbeats.
+//!
+//! It sits above all four layers and wires them together; it must not run user code
+//! itself (agents do, through `tacc-exec`) and takes an already-bound listener and a
+//! cancellation token so tests bind port 0 and stop it cleanly.
+
+mod api;
+mod control;
+mod logs;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use control::{Control, ServerConfig, now};
+use tacc_core::{NodeId, TaskId};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The crate's errors; each maps to one HTTP status and stable error code.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("task {0} does not exist (list tasks with `tcloud ps --all`)")]
+    TaskNotFound(TaskId),
+    #[error("node {0} is not registered with this server")]
+    NodeNotFound(NodeId),
+    #[error("node {0} is offline; its agent must register again")]
+    NodeNotRegistered(NodeId),
+    #[error("{0}")]
+    InvalidTask(String),
+    #[error("{0}")]
+    Unsupported(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error(transparent)]
+    Store(#[from] tacc_store::StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Serve the API on `listener` until `shutdown` is cancelled.
+pub async fn serve(control: Arc<Control>, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+    let liveness = {
+        let control = control.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = tick.tick() => {
+                        if let Err(e) = control.check_liveness().await {
+                            tracing::error!("liveness check failed: {e}");
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let app = api::router(control, shutdown.clone());
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    liveness.abort();
+    result
+}

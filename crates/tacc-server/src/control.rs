@@ -1,0 +1,752 @@
+//! The control plane's core: durable task lifecycle, the scheduler driven with real time,
+//! node liveness, and the desired work of every node. All decisions are taken under one
+//! lock so the scheduler sees events in one order and the store never disagrees with it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tacc_compiler::{DirChunkStore, Instruction};
+use tacc_core::{AttemptNo, NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef, DesiredWork, RegisterAgent};
+use tacc_scheduler::{Action, Event, NodeSpec, Placement, Scheduler, TaskRequest};
+use tacc_schema::{RetryOn, Runtime, TaskSpec};
+use tacc_store::{
+    NewNode, NewTask, NodeRecord, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter, TaskRecord, Transition,
+};
+use tokio::sync::{Mutex, watch};
+
+use crate::ServerError;
+use crate::logs::LogBook;
+
+/// Port the master (rank 0) node of a multi-node task listens on, as in PyTorch.
+const MASTER_PORT: u16 = 29500;
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    /// An agent silent for longer than this is lost, and so are the attempts it ran.
+    pub heartbeat_timeout: Duration,
+}
+
+impl ServerConfig {
+    pub fn new(data_dir: PathBuf) -> Self {
+        ServerConfig {
+            data_dir,
+            heartbeat_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+pub fn now() -> Timestamp {
+    let millis = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    Timestamp(millis)
+}
+
+#[derive(Debug)]
+struct LiveNode {
+    record: NodeRecord,
+    online: bool,
+    last_seen: Instant,
+    version: watch::Sender<u64>,
+    assignments: BTreeMap<AttemptRef, Assignment>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    scheduler: Scheduler,
+    nodes: BTreeMap<NodeId, LiveNode>,
+    /// Queued tasks not yet given to the scheduler because no node is online: the
+    /// scheduler would reject them as never fitting an empty cluster.
+    held: BTreeSet<TaskId>,
+    /// Task specs of every non-terminal task, parsed once.
+    specs: BTreeMap<TaskId, TaskSpec>,
+}
+
+#[derive(Debug)]
+pub struct Control {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) logs: LogBook,
+    pub(crate) chunks: DirChunkStore,
+    pub(crate) outputs_dir: PathBuf,
+    pub(crate) config: ServerConfig,
+    inner: Mutex<Inner>,
+}
+
+fn spec_of(record: &TaskRecord) -> Result<TaskSpec, ServerError> {
+    serde_json::from_value(record.spec.clone())
+        .map_err(|e| ServerError::Internal(format!("stored spec of task {} is unreadable: {e}", record.id)))
+}
+
+fn request_of(spec: &TaskSpec, record: &TaskRecord, at: Timestamp) -> TaskRequest {
+    TaskRequest {
+        user: tacc_core::UserName::new(record.user.clone()),
+        per_node: spec.resources.per_node(),
+        nodes: spec.resources.nodes,
+        gpu_type: spec.resources.gpu_type.clone(),
+        priority: spec.priority,
+        preemptible: spec.preemptible,
+        time_limit_secs: spec.resources.time_limit.map(|t| t.as_secs()),
+        submitted_at: at,
+    }
+}
+
+fn placements_of(stored: &[StoredPlacement]) -> Vec<Placement> {
+    stored
+        .iter()
+        .map(|p| Placement {
+            node: p.node,
+            gpu_indices: p.gpu_indices.clone(),
+        })
+        .collect()
+}
+
+/// What becomes of an attempt that ended, and why.
+fn final_state(outcome: &AttemptOutcome, cancel_requested: bool) -> (TaskState, Option<String>, Option<i32>) {
+    match outcome {
+        _ if cancel_requested => (TaskState::Cancelled, Some("cancelled by user".into()), None),
+        AttemptOutcome::Cancelled => (TaskState::Cancelled, Some("cancelled".into()), None),
+        AttemptOutcome::Exited { code: 0 } => (TaskState::Succeeded, None, Some(0)),
+        AttemptOutcome::Exited { code } => (TaskState::Failed, Some(format!("exit code {code}")), Some(*code)),
+        AttemptOutcome::Signalled { signal } => (
+            TaskState::Failed,
+            Some(format!("killed by signal {signal}")),
+            Some(128 + signal),
+        ),
+        AttemptOutcome::TimeLimit => (TaskState::Failed, Some("time limit reached".into()), None),
+        AttemptOutcome::LaunchFailed { reason, message } => (TaskState::Failed, Some(format!("{reason}: {message}")), None),
+    }
+}
+
+impl Control {
+    pub async fn open(store: Arc<dyn Store>, config: ServerConfig) -> Result<Arc<Control>, ServerError> {
+        let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
+        let logs = LogBook::open(config.data_dir.join("logs")).map_err(|e| io("cannot create the log directory", e))?;
+        let chunks = DirChunkStore::open(&config.data_dir.join("chunks"))
+            .map_err(|e| ServerError::Internal(format!("cannot open the chunk store: {e}")))?;
+        let outputs_dir = config.data_dir.join("outputs");
+        std::fs::create_dir_all(&outputs_dir).map_err(|e| io("cannot create the outputs directory", e))?;
+        let control = Arc::new(Control {
+            store,
+            logs,
+            chunks,
+            outputs_dir,
+            config,
+            inner: Mutex::new(Inner {
+                scheduler: Scheduler::new(),
+                nodes: BTreeMap::new(),
+                held: BTreeSet::new(),
+                specs: BTreeMap::new(),
+            }),
+        });
+        control.recover().await?;
+        Ok(control)
+    }
+
+    /// Rebuild in-memory state from the store after a start or restart. Queued tasks are
+    /// held until a node is online; attempts that were starting or running wait for their
+    /// node's agent to re-register and claim them, and are lost if it does not.
+    async fn recover(&self) -> Result<(), ServerError> {
+        let mut inner = self.inner.lock().await;
+        for record in self.store.list_nodes().await? {
+            let (version, _) = watch::channel(0);
+            inner.nodes.insert(
+                record.id,
+                LiveNode {
+                    record,
+                    online: false,
+                    last_seen: Instant::now(),
+                    version,
+                    assignments: BTreeMap::new(),
+                },
+            );
+        }
+        let open = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await?;
+        for record in open.into_iter().rev() {
+            let spec = spec_of(&record)?;
+            if record.state == TaskState::Queued {
+                inner.held.insert(record.id);
+            } else if !record.cancel_requested {
+                let assignments = assignments_for(&record, &spec, &inner.nodes);
+                for (node, assignment) in assignments {
+                    if let Some(live) = inner.nodes.get_mut(&node) {
+                        live.assignments.insert(assignment.attempt, assignment);
+                    }
+                }
+            }
+            inner.specs.insert(record.id, spec);
+        }
+        Ok(())
+    }
+
+    pub fn chunk_store(&self) -> &DirChunkStore {
+        &self.chunks
+    }
+
+    /// Accept a task: validate, make it durable, then let the scheduler see it.
+    pub async fn submit(&self, user: &str, spec: TaskSpec, snapshot: SnapshotId, source: Option<String>) -> Result<TaskRecord, ServerError> {
+        spec.validate().map_err(|e| ServerError::InvalidTask(e.to_string()))?;
+        unsupported(&spec)?;
+        if self.store.get_snapshot(&snapshot).await?.is_none() {
+            return Err(ServerError::InvalidTask(format!(
+                "snapshot {snapshot} is unknown to this server: upload the code first (tcloud submit does this)"
+            )));
+        }
+        let spec_json = serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
+        let record = self
+            .store
+            .create_task(NewTask {
+                name: spec.name.clone(),
+                user: user.to_string(),
+                spec: spec_json,
+                snapshot,
+                source,
+                submitted_at: now(),
+            })
+            .await?;
+        let mut inner = self.inner.lock().await;
+        let request = request_of(&spec, &record, record.submitted_at);
+        inner.specs.insert(record.id, spec);
+        if inner.nodes.values().any(|n| n.online) {
+            self.drive(&mut inner, Event::TaskSubmitted { task: record.id, request }).await;
+        } else {
+            inner.held.insert(record.id);
+            self.store
+                .apply(&[TaskChange::Reason {
+                    task: record.id,
+                    reason: Some("waiting for a node to register".into()),
+                }])
+                .await?;
+        }
+        Ok(record)
+    }
+
+    /// Feed one event to the scheduler and carry out its plan in one store transaction.
+    /// A failure here never loses a task: the task stays durable in its last state and
+    /// the scheduler is rebuilt from the store.
+    async fn drive(&self, inner: &mut Inner, event: Event) {
+        let plan = match inner.scheduler.handle(now(), event) {
+            Ok(plan) => plan,
+            Err(e) => {
+                tracing::error!("scheduler refused an event: {e}");
+                return;
+            }
+        };
+        if plan.actions.is_empty() {
+            return;
+        }
+        let mut changes = Vec::new();
+        let mut starts = Vec::new();
+        for action in plan.actions {
+            match action {
+                Action::Start { task, placements } => {
+                    let Ok(Some(record)) = self.store.get_task(task).await else {
+                        continue;
+                    };
+                    let stored: Vec<StoredPlacement> = placements
+                        .iter()
+                        .map(|p| StoredPlacement {
+                            node: p.node,
+                            gpu_indices: p.gpu_indices.clone(),
+                        })
+                        .collect();
+                    changes.push(TaskChange::Transition(Transition {
+                        placements: stored.clone(),
+                        ..Transition::new(task, TaskState::Queued, TaskState::Starting, record.attempt, plan.at)
+                    }));
+                    starts.push(TaskRecord {
+                        placements: stored,
+                        state: TaskState::Starting,
+                        ..record
+                    });
+                }
+                Action::Pending { task, reason } => changes.push(TaskChange::Reason {
+                    task,
+                    reason: Some(reason.to_string()),
+                }),
+                Action::Reject { task, reason } => {
+                    let attempt = self
+                        .store
+                        .get_task(task)
+                        .await
+                        .ok()
+                        .flatten()
+                        .map_or(AttemptNo::FIRST, |r| r.attempt);
+                    changes.push(TaskChange::Transition(Transition {
+                        reason: Some(reason.to_string()),
+                        ..Transition::new(task, TaskState::Queued, TaskState::Failed, attempt, plan.at)
+                    }));
+                    inner.specs.remove(&task);
+                }
+            }
+        }
+        if let Err(e) = self.store.apply(&changes).await {
+            tracing::error!("could not record a scheduling plan, rebuilding from the store: {e}");
+            self.resync(inner).await;
+            return;
+        }
+        for record in starts {
+            let Some(spec) = inner.specs.get(&record.id) else { continue };
+            for (node, assignment) in assignments_for(&record, spec, &inner.nodes) {
+                if let Some(live) = inner.nodes.get_mut(&node) {
+                    live.assignments.insert(assignment.attempt, assignment);
+                    live.version.send_modify(|v| *v += 1);
+                }
+            }
+        }
+    }
+
+    /// Throw the scheduler's state away and rebuild it from the store.
+    async fn resync(&self, inner: &mut Inner) {
+        let mut scheduler = Scheduler::new();
+        let t = now();
+        for live in inner.nodes.values().filter(|n| n.online) {
+            let _ = scheduler.handle(t, Event::NodeUp(node_spec(&live.record)));
+        }
+        let open = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_default();
+        for record in open.into_iter().rev() {
+            let Some(spec) = inner.specs.get(&record.id) else { continue };
+            let request = request_of(spec, &record, record.submitted_at);
+            let event = if record.state == TaskState::Queued {
+                Event::TaskSubmitted { task: record.id, request }
+            } else {
+                Event::TaskRestored {
+                    task: record.id,
+                    request,
+                    placements: placements_of(&record.placements),
+                }
+            };
+            let _ = scheduler.handle(t, event);
+        }
+        inner.scheduler = scheduler;
+    }
+
+    /// A user cancels a task. Queued tasks end at once; starting or running ones are
+    /// stopped by their agents, and end when the agents confirm.
+    pub async fn cancel(&self, task: TaskId) -> Result<TaskRecord, ServerError> {
+        let mut inner = self.inner.lock().await;
+        let record = self.store.get_task(task).await?.ok_or(ServerError::TaskNotFound(task))?;
+        match record.state {
+            TaskState::Queued => {
+                self.store
+                    .apply(&[TaskChange::Transition(Transition {
+                        reason: Some("cancelled by user".into()),
+                        ..Transition::new(task, TaskState::Queued, TaskState::Cancelled, record.attempt, now())
+                    })])
+                    .await?;
+                inner.specs.remove(&task);
+                if !inner.held.remove(&task) {
+                    self.drive(&mut inner, Event::TaskCancelled(task)).await;
+                }
+                self.logs.wake(task);
+            }
+            TaskState::Starting | TaskState::Running if !record.cancel_requested => {
+                self.store.apply(&[TaskChange::CancelRequested { task }]).await?;
+                let attempt = AttemptRef {
+                    task,
+                    attempt: record.attempt,
+                };
+                for live in inner.nodes.values_mut() {
+                    if live.assignments.remove(&attempt).is_some() {
+                        live.version.send_modify(|v| *v += 1);
+                    }
+                }
+                // An attempt whose node is gone has nobody left to confirm the cancel.
+                let placed_on_live_node = record
+                    .placements
+                    .iter()
+                    .any(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
+                if !placed_on_live_node {
+                    self.finish_attempt(&mut inner, attempt, AttemptOutcome::Cancelled, now()).await?;
+                }
+            }
+            _ => {}
+        }
+        Ok(self.store.get_task(task).await?.ok_or(ServerError::TaskNotFound(task))?)
+    }
+
+    /// An agent (re)registers. Attempts the server placed on this node that the agent does
+    /// not report are lost: their processes are gone with the agent's previous life.
+    pub async fn register_agent(&self, registration: RegisterAgent) -> Result<NodeRecord, ServerError> {
+        let mut inner = self.inner.lock().await;
+        let record = self
+            .store
+            .register_node(NewNode {
+                name: registration.name.clone(),
+                capacity: registration.capacity,
+                gpu_type: registration.gpu_type.clone(),
+                labels: registration.labels.clone(),
+                address: registration.address.clone(),
+                registered_at: now(),
+            })
+            .await?;
+        // A node that re-registers while still online (its agent restarted faster than
+        // the heartbeat timeout) is already known to the scheduler with its allocations.
+        let was_online = inner.nodes.get(&record.id).is_some_and(|n| n.online);
+        let claimed: BTreeSet<AttemptRef> = registration.running.iter().copied().collect();
+        let live = inner.nodes.entry(record.id).or_insert_with(|| LiveNode {
+            record: record.clone(),
+            online: false,
+            last_seen: Instant::now(),
+            version: watch::channel(0).0,
+            assignments: BTreeMap::new(),
+        });
+        live.record = record.clone();
+        live.online = true;
+        live.last_seen = Instant::now();
+        if !was_online {
+            self.drive(&mut inner, Event::NodeUp(node_spec(&record))).await;
+        }
+
+        let active = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await?;
+        for task in active.into_iter().rev().filter(|t| t.placements.iter().any(|p| p.node == record.id)) {
+            let attempt = AttemptRef {
+                task: task.id,
+                attempt: task.attempt,
+            };
+            let all_nodes_online = task
+                .placements
+                .iter()
+                .all(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
+            if claimed.contains(&attempt) && all_nodes_online && !task.cancel_requested {
+                if was_online {
+                    continue;
+                }
+                if let Some(spec) = inner.specs.get(&task.id) {
+                    let event = Event::TaskRestored {
+                        task: task.id,
+                        request: request_of(spec, &task, task.submitted_at),
+                        placements: placements_of(&task.placements),
+                    };
+                    self.drive(&mut inner, event).await;
+                }
+            } else {
+                let outcome = AttemptOutcome::LaunchFailed {
+                    reason: "node_restarted".into(),
+                    message: format!(
+                        "the agent on node {} restarted while the attempt was {}; its processes were stopped",
+                        record.name, task.state
+                    ),
+                };
+                self.lose_attempt(&mut inner, attempt, outcome).await?;
+            }
+        }
+        if !inner.held.is_empty() {
+            let held: Vec<TaskId> = std::mem::take(&mut inner.held).into_iter().collect();
+            for task in held {
+                let Some(record) = self.store.get_task(task).await? else { continue };
+                let Some(spec) = inner.specs.get(&task) else { continue };
+                let request = request_of(spec, &record, record.submitted_at);
+                self.drive(&mut inner, Event::TaskSubmitted { task, request }).await;
+            }
+        }
+        if let Some(live) = inner.nodes.get(&record.id) {
+            live.version.send_modify(|v| *v += 1);
+        }
+        Ok(record)
+    }
+
+    /// The work a node should be doing; also counts as the node's heartbeat.
+    pub async fn desired_work(&self, node: NodeId) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
+        let mut inner = self.inner.lock().await;
+        let live = inner.nodes.get_mut(&node).ok_or(ServerError::NodeNotFound(node))?;
+        if !live.online {
+            return Err(ServerError::NodeNotRegistered(node));
+        }
+        live.last_seen = Instant::now();
+        let receiver = live.version.subscribe();
+        Ok((
+            DesiredWork {
+                version: *live.version.borrow(),
+                assignments: live.assignments.values().cloned().collect(),
+            },
+            receiver,
+        ))
+    }
+
+    pub async fn touch(&self, node: NodeId) {
+        if let Some(live) = self.inner.lock().await.nodes.get_mut(&node) {
+            live.last_seen = Instant::now();
+        }
+    }
+
+    /// Apply an agent's reports, in order.
+    pub async fn agent_reports(&self, node: NodeId, reports: Vec<AgentReport>) -> Result<(), ServerError> {
+        let mut inner = self.inner.lock().await;
+        match inner.nodes.get_mut(&node) {
+            Some(live) => live.last_seen = Instant::now(),
+            None => return Err(ServerError::NodeNotFound(node)),
+        }
+        for report in reports {
+            match report {
+                AgentReport::Log { attempt, text } => {
+                    self.logs
+                        .append(attempt.task, &text)
+                        .map_err(|e| ServerError::Internal(format!("cannot write the log of task {}: {e}", attempt.task)))?;
+                }
+                AgentReport::Started { attempt, at } => {
+                    let Some(record) = self.store.get_task(attempt.task).await? else { continue };
+                    if record.attempt == attempt.attempt && record.state == TaskState::Starting {
+                        self.store
+                            .apply(&[TaskChange::Transition(Transition::new(
+                                attempt.task,
+                                TaskState::Starting,
+                                TaskState::Running,
+                                attempt.attempt,
+                                at,
+                            ))])
+                            .await?;
+                    }
+                }
+                AgentReport::Finished { attempt, at, outcome } => {
+                    self.finish_attempt(&mut inner, attempt, outcome, at).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// An attempt's node vanished: the attempt is lost (and maybe retried).
+    async fn lose_attempt(&self, inner: &mut Inner, attempt: AttemptRef, outcome: AttemptOutcome) -> Result<(), ServerError> {
+        let Some(record) = self.store.get_task(attempt.task).await? else { return Ok(()) };
+        if record.attempt != attempt.attempt || !record.state.is_active() {
+            return Ok(());
+        }
+        let reason = match &outcome {
+            AttemptOutcome::LaunchFailed { reason, message } => format!("{reason}: {message}"),
+            other => format!("{other:?}"),
+        };
+        let state = if record.cancel_requested { TaskState::Cancelled } else { TaskState::Lost };
+        self.end_attempt(inner, record, state, Some(reason), None, now(), true).await
+    }
+
+    async fn finish_attempt(&self, inner: &mut Inner, attempt: AttemptRef, outcome: AttemptOutcome, at: Timestamp) -> Result<(), ServerError> {
+        let Some(record) = self.store.get_task(attempt.task).await? else { return Ok(()) };
+        if record.attempt != attempt.attempt || !record.state.is_active() {
+            return Ok(());
+        }
+        let (state, reason, exit_code) = final_state(&outcome, record.cancel_requested);
+        self.end_attempt(inner, record, state, reason, exit_code, at, false).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn end_attempt(
+        &self,
+        inner: &mut Inner,
+        record: TaskRecord,
+        state: TaskState,
+        reason: Option<String>,
+        exit_code: Option<i32>,
+        at: Timestamp,
+        node_failure: bool,
+    ) -> Result<(), ServerError> {
+        let task = record.id;
+        let spec = inner.specs.get(&task).cloned();
+        let retry = spec.as_ref().is_some_and(|spec| {
+            let wanted = match state {
+                TaskState::Failed => spec.retry.on.contains(&RetryOn::Failed),
+                TaskState::Lost => {
+                    spec.retry.on.contains(&RetryOn::Lost) || (node_failure && spec.retry.on.contains(&RetryOn::NodeFailure))
+                }
+                _ => false,
+            };
+            wanted && record.attempt.0 < spec.retry.max_attempts
+        });
+        let mut changes = vec![TaskChange::Transition(Transition {
+            reason: reason.clone(),
+            exit_code,
+            ..Transition::new(task, record.state, state, record.attempt, at)
+        })];
+        if retry {
+            changes.push(TaskChange::Transition(Transition {
+                reason: Some(format!("retry after attempt {} {}", record.attempt, state)),
+                ..Transition::new(task, state, TaskState::Queued, record.attempt.next(), at)
+            }));
+        }
+        self.store.apply(&changes).await?;
+        let attempt = AttemptRef {
+            task,
+            attempt: record.attempt,
+        };
+        for live in inner.nodes.values_mut() {
+            live.assignments.remove(&attempt);
+        }
+        self.drive(inner, Event::TaskEnded(task)).await;
+        match (retry, spec) {
+            (true, Some(spec)) => {
+                let request = request_of(&spec, &record, at);
+                if inner.nodes.values().any(|n| n.online) {
+                    self.drive(inner, Event::TaskSubmitted { task, request }).await;
+                } else {
+                    inner.held.insert(task);
+                }
+            }
+            _ => {
+                inner.specs.remove(&task);
+            }
+        }
+        self.logs.wake(task);
+        Ok(())
+    }
+
+    /// Mark silent nodes offline and their attempts lost. Called periodically.
+    pub async fn check_liveness(&self) -> Result<(), ServerError> {
+        let mut inner = self.inner.lock().await;
+        let timeout = self.config.heartbeat_timeout;
+        let silent: Vec<NodeId> = inner
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.last_seen.elapsed() > timeout && (n.online || !n.assignments.is_empty()))
+            .map(|(id, _)| *id)
+            .collect();
+        for node in silent {
+            let (name, attempts, was_online) = {
+                let live = inner.nodes.get_mut(&node).expect("listed above");
+                let was_online = live.online;
+                live.online = false;
+                let attempts: Vec<AttemptRef> = live.assignments.keys().copied().collect();
+                (live.record.name.clone(), attempts, was_online)
+            };
+            tracing::warn!("node {name} missed its heartbeat for {timeout:?}: marking it offline");
+            if was_online {
+                self.drive(&mut inner, Event::NodeDown(node)).await;
+            }
+            for attempt in attempts {
+                let outcome = AttemptOutcome::LaunchFailed {
+                    reason: "node_lost".into(),
+                    message: format!("node {name} stopped responding (no heartbeat for {}s)", timeout.as_secs()),
+                };
+                self.lose_attempt(&mut inner, attempt, outcome).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn node_views(&self) -> Vec<tacc_proto::NodeView> {
+        let inner = self.inner.lock().await;
+        inner
+            .nodes
+            .values()
+            .map(|live| {
+                let allocated = live
+                    .assignments
+                    .values()
+                    .filter_map(|a| inner.specs.get(&a.attempt.task).map(|s| s.resources.per_node()))
+                    .fold(Resources::ZERO, |acc, r| acc.add(&r));
+                tacc_proto::NodeView {
+                    id: live.record.id,
+                    name: live.record.name.clone(),
+                    capacity: live.record.capacity,
+                    allocated,
+                    gpu_type: live.record.gpu_type.clone(),
+                    state: if live.online { "up".into() } else { "down".into() },
+                    last_seen: now().plus_secs(0),
+                    running_tasks: live.assignments.keys().map(|a| a.task).collect(),
+                }
+            })
+            .collect()
+    }
+
+    pub async fn node_names(&self) -> BTreeMap<NodeId, String> {
+        self.inner
+            .lock()
+            .await
+            .nodes
+            .iter()
+            .map(|(id, n)| (*id, n.record.name.clone()))
+            .collect()
+    }
+
+    pub async fn record_output(&self, output: OutputRecord) -> Result<(), ServerError> {
+        Ok(self.store.add_output(output).await?)
+    }
+}
+
+fn node_spec(record: &NodeRecord) -> NodeSpec {
+    NodeSpec {
+        id: record.id,
+        capacity: record.capacity,
+        gpu_type: record.gpu_type.clone(),
+        labels: record.labels.clone(),
+    }
+}
+
+/// One assignment per node of a placed attempt, rank 0 being the master.
+fn assignments_for(record: &TaskRecord, spec: &TaskSpec, nodes: &BTreeMap<NodeId, LiveNode>) -> Vec<(NodeId, Assignment)> {
+    let instruction: Instruction = tacc_compiler::compile(record.id, record.attempt, &record.user, spec, record.snapshot.clone());
+    let instruction = serde_json::to_value(&instruction).expect("instructions serialise");
+    let master_addr = record
+        .placements
+        .first()
+        .and_then(|p| nodes.get(&p.node))
+        .map_or_else(|| "127.0.0.1".to_string(), |n| n.record.address.clone());
+    record
+        .placements
+        .iter()
+        .enumerate()
+        .map(|(rank, placement)| {
+            (
+                placement.node,
+                Assignment {
+                    attempt: AttemptRef {
+                        task: record.id,
+                        attempt: record.attempt,
+                    },
+                    instruction: instruction.clone(),
+                    node_rank: rank as u32,
+                    gpu_indices: placement.gpu_indices.clone(),
+                    master_addr: master_addr.clone(),
+                    master_port: MASTER_PORT,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Fields the task file accepts but this server cannot honour yet.
+fn unsupported(spec: &TaskSpec) -> Result<(), ServerError> {
+    let mut problems = Vec::new();
+    if !spec.datasets.is_empty() {
+        problems.push("`datasets` (dataset caching is not supported yet; copy the data into the code directory or read it from a shared path in `run`)");
+    }
+    if spec.environment.python.is_some() || !spec.environment.pip.is_empty() || spec.environment.requirements.is_some() {
+        problems.push("`environment.python`/`pip`/`requirements` (managed environments are not supported yet; install packages in `setup`)");
+    }
+    if spec.environment.conda.is_some() {
+        problems.push("`environment.conda` (not supported yet; install packages in `setup`)");
+    }
+    if spec.environment.image.is_some() || spec.runtime == Runtime::Container {
+        problems.push("`environment.image` / `runtime: container` (the container runtime is not supported yet; remove the image to run as a process)");
+    }
+    if spec.runtime == Runtime::Slurm {
+        problems.push("`runtime: slurm` (the Slurm backend is not supported yet; use `runtime: auto`)");
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ServerError::Unsupported(format!(
+            "this server cannot honour: {}",
+            problems.join("; ")
+        )))
+    }
+}
