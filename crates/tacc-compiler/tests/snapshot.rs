@@ -471,11 +471,13 @@ fn materialize_refuses_a_non_empty_destination_and_a_bad_manifest_before_writing
     assert_eq!(fs::read(empty_existing.join("a.py")).unwrap(), b"real");
 }
 
+type IsExpectedError = fn(&CompilerError) -> bool;
+
 #[test]
 fn every_unsafe_or_inconsistent_manifest_is_rejected() {
     let params = ChunkerParams::default();
     let good_file = || file_entry("ok.py", b"x");
-    let cases: Vec<(&str, Vec<Entry>, fn(&CompilerError) -> bool)> = vec![
+    let cases: Vec<(&str, Vec<Entry>, IsExpectedError)> = vec![
         ("dot-dot", vec![file_entry("a/../../x", b"x")], |e| {
             matches!(e, CompilerError::UnsafePath { .. })
         }),
