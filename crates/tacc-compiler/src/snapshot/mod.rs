@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 pub use manifest::{ChunkRef, Entry, EntryKind, MANIFEST_FORMAT_VERSION, Manifest, limits};
 pub use materialize::{MaterializeStats, materialize, materialize_cached};
-pub use scan::{ScannedTree, scan};
+pub use scan::{ScannedTree, TACC_IGNORE_FILE_NAME, scan};
 pub use store::DirChunkStore;
 
 use crate::CompilerError;
