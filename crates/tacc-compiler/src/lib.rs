@@ -1,8 +1,21 @@
-//! TEMPORARY lib.rs: the snapshot module below is a stand-in until branch wip-compiler
-//! lands; `instruction` is the real thing.
+//! `tacc-compiler`: layer 2 of TACC's four (schema → **compiler** → scheduling →
+//! execution). It turns a validated `TaskSpec` plus a code snapshot into an instruction,
+//! everything a node needs to run the task; this part holds the content-addressed code
+//! snapshots: chunking a directory (FastCDC + BLAKE3), the manifest that names it, a
+//! chunk store on disk, and materialising a snapshot into a working directory.
+//!
+//! It depends only on `tacc-core` and `tacc-schema` among our crates. It must not
+//! use tokio or the network: all I/O here is synchronous `std` file I/O, so that the CLI,
+//! the agent and tests can call it from any context.
 
+mod error;
 pub mod instruction;
-mod snapshot;
+pub mod snapshot;
 
+pub use error::CompilerError;
 pub use instruction::{Instruction, NodeContext, compile};
-pub use snapshot::*;
+pub use snapshot::{
+    ChunkHash, ChunkRef, ChunkSource, ChunkerParams, DirChunkStore, Entry, EntryKind,
+    MANIFEST_FORMAT_VERSION, Manifest, MaterializeStats, ScannedTree, materialize,
+    materialize_cached, scan,
+};

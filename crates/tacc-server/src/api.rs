@@ -382,7 +382,7 @@ async fn offer_snapshot(State(app): State<AppState>, Json(offer): Json<SnapshotO
         snapshot: manifest.id(),
         missing,
         chunks_total: chunks.len() as u64,
-        total_bytes: manifest.total_bytes(),
+        total_bytes: manifest.total_bytes().as_bytes(),
     }))
 }
 
@@ -400,7 +400,7 @@ async fn commit_snapshot(State(app): State<AppState>, Json(offer): Json<Snapshot
     let value = serde_json::to_value(&manifest).map_err(|e| ServerError::Internal(e.to_string()))?;
     app.control
         .store
-        .put_snapshot(&id, &value, manifest.total_bytes(), crate::now())
+        .put_snapshot(&id, &value, manifest.total_bytes().as_bytes(), crate::now())
         .await?;
     Ok(Json(SnapshotCommitted { snapshot: id }))
 }
