@@ -1,1 +1,299 @@
-//! `tacc-client`: placeholder, filled in by its issue.
+//! `tacc-client`: the Rust SDK of TACC's HTTP API v1, used by `tcloud` and by node agents.
+//!
+//! It speaks only the wire types of `tacc-proto` and knows nothing of the scheduler, the
+//! store or how tasks run. Every error says which server it tried and what to do next.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde::de::DeserializeOwned;
+use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState};
+use tacc_proto::{
+    AgentRegistered, AgentReport, AgentReports, ApiError, CancelReply, DesiredWork, Health, NodeView, OutputFile, RegisterAgent,
+    SnapshotCommitted, SnapshotOffer, SnapshotOfferReply, SubmitReply, SubmitTask, TaskEventView, TaskView,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach the TACC server at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("{message}")]
+    Api { status: u16, code: String, message: String },
+    #[error("unexpected answer from {url}: {reason}")]
+    Protocol { url: String, reason: String },
+}
+
+impl ClientError {
+    /// True when the server could not be contacted at all.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, ClientError::Unreachable { .. })
+    }
+    /// The API error code (`not_found`, `invalid_task`, …), when the server answered.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// A connection to one TACC server.
+#[derive(Debug, Clone)]
+pub struct Client {
+    base: String,
+    user: String,
+    http: reqwest::Client,
+}
+
+/// Filter of [`Client::list_tasks`].
+#[derive(Debug, Clone, Default)]
+pub struct TaskQuery {
+    pub states: Vec<TaskState>,
+    pub user: Option<String>,
+    pub limit: Option<u32>,
+}
+
+impl Client {
+    /// `base` is the server's URL, e.g. `http://127.0.0.1:8383`.
+    pub fn new(base: &str, user: &str) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .build()
+            .expect("HTTP client configuration is static");
+        Client {
+            base: base.trim_end_matches('/').to_string(),
+            user: user.to_string(),
+            http,
+        }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http
+            .request(method, format!("{}{path}", self.base))
+            .header(tacc_proto::USER_HEADER, &self.user)
+    }
+
+    fn unreachable(&self, error: reqwest::Error) -> ClientError {
+        let reason = if error.is_connect() {
+            "connection refused or host unreachable".to_string()
+        } else if error.is_timeout() {
+            "timed out".to_string()
+        } else {
+            // The innermost cause is the most telling (e.g. "Connection reset by peer").
+            let mut source: &dyn std::error::Error = &error;
+            while let Some(next) = source.source() {
+                source = next;
+            }
+            source.to_string()
+        };
+        ClientError::Unreachable {
+            url: self.base.clone(),
+            reason,
+        }
+    }
+
+    async fn send(&self, request: RequestBuilder) -> Result<reqwest::Response> {
+        let response = request.send().await.map_err(|e| self.unreachable(e))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status();
+        let body = response.bytes().await.unwrap_or_default();
+        Err(match serde_json::from_slice::<ApiError>(&body) {
+            Ok(error) => ClientError::Api {
+                status: status.as_u16(),
+                code: error.code,
+                message: error.message,
+            },
+            Err(_) => ClientError::Api {
+                status: status.as_u16(),
+                code: status_code_name(status),
+                message: format!("the server answered {status}: {}", String::from_utf8_lossy(&body).trim()),
+            },
+        })
+    }
+
+    async fn json<T: DeserializeOwned>(&self, request: RequestBuilder) -> Result<T> {
+        let response = self.send(request).await?;
+        let url = response.url().to_string();
+        let body = response.bytes().await.map_err(|e| self.unreachable(e))?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Protocol {
+            url,
+            reason: e.to_string(),
+        })
+    }
+
+    pub async fn health(&self) -> Result<Health> {
+        self.json(self.request(Method::GET, "/v1/health")).await
+    }
+
+    // ------------------------------------------------------------ snapshots
+
+    pub async fn offer_snapshot(&self, manifest: serde_json::Value) -> Result<SnapshotOfferReply> {
+        self.json(self.request(Method::POST, "/v1/snapshots/offer").json(&SnapshotOffer { manifest }))
+            .await
+    }
+
+    /// Upload one chunk, zstd-compressed on the wire.
+    pub async fn put_chunk(&self, hash: &str, compressed: Vec<u8>) -> Result<()> {
+        self.send(
+            self.request(Method::PUT, &format!("/v1/chunks/{hash}"))
+                .header(reqwest::header::CONTENT_ENCODING, "zstd")
+                .body(compressed),
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn commit_snapshot(&self, manifest: serde_json::Value) -> Result<SnapshotCommitted> {
+        self.json(self.request(Method::POST, "/v1/snapshots/commit").json(&SnapshotOffer { manifest }))
+            .await
+    }
+
+    pub async fn get_snapshot(&self, id: &SnapshotId) -> Result<serde_json::Value> {
+        self.json(self.request(Method::GET, &format!("/v1/snapshots/{id}"))).await
+    }
+
+    pub async fn get_chunk(&self, hash: &str) -> Result<Bytes> {
+        let response = self.send(self.request(Method::GET, &format!("/v1/chunks/{hash}"))).await?;
+        response.bytes().await.map_err(|e| self.unreachable(e))
+    }
+
+    // ------------------------------------------------------------ tasks
+
+    pub async fn submit(&self, task: &SubmitTask) -> Result<SubmitReply> {
+        self.json(self.request(Method::POST, "/v1/tasks").json(task)).await
+    }
+
+    pub async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskView>> {
+        let mut params: Vec<(&str, String)> = Vec::new();
+        if !query.states.is_empty() {
+            let states: Vec<&str> = query.states.iter().map(|s| s.as_str()).collect();
+            params.push(("state", states.join(",")));
+        }
+        if let Some(user) = &query.user {
+            params.push(("user", user.clone()));
+        }
+        if let Some(limit) = query.limit {
+            params.push(("limit", limit.to_string()));
+        }
+        self.json(self.request(Method::GET, "/v1/tasks").query(&params)).await
+    }
+
+    pub async fn get_task(&self, id: TaskId) -> Result<TaskView> {
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}"))).await
+    }
+
+    pub async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEventView>> {
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/events"))).await
+    }
+
+    pub async fn task_instruction(&self, id: TaskId) -> Result<serde_json::Value> {
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/instruction"))).await
+    }
+
+    pub async fn cancel(&self, id: TaskId) -> Result<CancelReply> {
+        self.json(self.request(Method::POST, &format!("/v1/tasks/{id}/cancel"))).await
+    }
+
+    /// The log from `offset` to its current end, and the offset just past it.
+    pub async fn logs(&self, id: TaskId, offset: u64) -> Result<(Bytes, u64)> {
+        let response = self
+            .send(
+                self.request(Method::GET, &format!("/v1/tasks/{id}/logs"))
+                    .query(&[("offset", offset.to_string())]),
+            )
+            .await?;
+        let body = response.bytes().await.map_err(|e| self.unreachable(e))?;
+        let end = offset + body.len() as u64;
+        Ok((body, end))
+    }
+
+    /// Stream the log from `offset` until the task has ended and all output was sent.
+    pub async fn follow_logs(&self, id: TaskId, offset: u64) -> Result<impl Stream<Item = Result<Bytes>> + use<>> {
+        let response = self
+            .send(
+                self.request(Method::GET, &format!("/v1/tasks/{id}/logs"))
+                    .query(&[("offset", offset.to_string()), ("follow", "true".to_string())]),
+            )
+            .await?;
+        let base = self.base.clone();
+        Ok(response.bytes_stream().map(move |item| {
+            item.map_err(|e| ClientError::Unreachable {
+                url: base.clone(),
+                reason: format!("the log stream broke: {e}"),
+            })
+        }))
+    }
+
+    pub async fn list_outputs(&self, id: TaskId) -> Result<Vec<OutputFile>> {
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/outputs"))).await
+    }
+
+    pub async fn get_output(&self, id: TaskId, attempt: AttemptNo, path: &str) -> Result<Bytes> {
+        let response = self
+            .send(self.request(Method::GET, &format!("/v1/tasks/{id}/outputs/{attempt}/{path}")))
+            .await?;
+        response.bytes().await.map_err(|e| self.unreachable(e))
+    }
+
+    pub async fn list_nodes(&self) -> Result<Vec<NodeView>> {
+        self.json(self.request(Method::GET, "/v1/nodes")).await
+    }
+
+    // ------------------------------------------------------------ agent protocol
+
+    pub async fn register_agent(&self, registration: &RegisterAgent) -> Result<AgentRegistered> {
+        self.json(self.request(Method::POST, "/v1/agents/register").json(registration))
+            .await
+    }
+
+    /// Long poll for the node's desired work; answers when it differs from `after`.
+    pub async fn agent_work(&self, node: NodeId, after: Option<u64>, wait: Duration) -> Result<DesiredWork> {
+        let mut params = vec![("wait_ms", wait.as_millis().to_string())];
+        if let Some(after) = after {
+            params.push(("after", after.to_string()));
+        }
+        self.json(
+            self.request(Method::GET, &format!("/v1/agents/{node}/work"))
+                .query(&params)
+                .timeout(wait + Duration::from_secs(30)),
+        )
+        .await
+    }
+
+    pub async fn agent_reports(&self, node: NodeId, reports: Vec<AgentReport>) -> Result<()> {
+        self.send(
+            self.request(Method::POST, &format!("/v1/agents/{node}/reports"))
+                .json(&AgentReports { reports }),
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn put_output(&self, node: NodeId, task: TaskId, attempt: AttemptNo, path: &str, bytes: Vec<u8>) -> Result<()> {
+        self.send(
+            self.request(Method::PUT, &format!("/v1/agents/{node}/outputs/{task}/{attempt}/{path}"))
+                .body(bytes),
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+fn status_code_name(status: StatusCode) -> String {
+    match status {
+        StatusCode::NOT_FOUND => "not_found".into(),
+        StatusCode::BAD_REQUEST => "bad_request".into(),
+        _ => format!("http_{}", status.as_u16()),
+    }
+}
