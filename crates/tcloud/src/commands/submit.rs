@@ -1,0 +1,154 @@
+//! `tcloud submit` and `tcloud check`.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::json;
+use tacc_proto::SubmitTask;
+use tacc_schema::{LoadedTask, TaskSpec, load_task};
+
+use super::Ctx;
+use super::tasks::follow_to_end;
+use crate::errors::{CliError, INVALID};
+use crate::format::{self, out, out_json};
+use crate::upload::upload_snapshot;
+
+fn load(path: &Path) -> Result<LoadedTask> {
+    load_task(path).map_err(|e| CliError::schema(&e).into())
+}
+
+fn print_warnings(task: &LoadedTask) {
+    for warning in &task.warnings {
+        eprintln!("warning: {warning}");
+    }
+}
+
+/// `16 cpu, 64GiB, 4 gpu` with the GPU type and time limit when set.
+fn describe_resources(spec: &TaskSpec) -> String {
+    let r = &spec.resources;
+    let mut text = format::resources(&r.per_node());
+    if let Some(gpu_type) = &r.gpu_type {
+        text.push_str(&format!(" ({gpu_type})"));
+    }
+    if let Some(limit) = r.time_limit {
+        text.push_str(&format!(", time limit {limit}"));
+    }
+    text
+}
+
+fn first_line(text: &str) -> String {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("").to_string();
+    if lines.next().is_some() {
+        format!("{first} …")
+    } else {
+        first
+    }
+}
+
+pub fn check(path: &Path, as_json: bool) -> Result<()> {
+    match load_task(path) {
+        Ok(task) => {
+            if as_json {
+                return out_json(&json!({
+                    "valid": true,
+                    "name": task.spec.name,
+                    "source": task.source.display().to_string(),
+                    "warnings": task.warnings,
+                    "error": null,
+                }));
+            }
+            print_warnings(&task);
+            let file = task
+                .source
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| task.source.display().to_string());
+            out(format!(
+                "{file} is valid: {}, {} node(s) × ({}), run: {}",
+                task.spec.name,
+                task.spec.resources.nodes,
+                describe_resources(&task.spec),
+                first_line(&task.spec.run)
+            ))?;
+            Ok(())
+        }
+        Err(error) => {
+            if as_json {
+                out_json(&json!({
+                    "valid": false,
+                    "name": null,
+                    "warnings": [],
+                    "error": error.to_string(),
+                }))?;
+                return Err(CliError::silent(INVALID).into());
+            }
+            Err(CliError::schema(&error).into())
+        }
+    }
+}
+
+pub async fn submit(
+    ctx: &Ctx,
+    path: &Path,
+    follow: bool,
+    as_json: bool,
+    name: Option<String>,
+) -> Result<()> {
+    let mut task = load(path)?;
+    print_warnings(&task);
+    if let Some(name) = name {
+        task.spec.name = name;
+        task.spec.validate().map_err(|e| CliError::schema(&e))?;
+    }
+    let client = ctx.client()?;
+    let root = task.code_root.clone();
+    let exclude = task.spec.code.exclude.clone();
+    let tree = tokio::task::spawn_blocking(move || tacc_compiler::scan(&root, &exclude))
+        .await
+        .context("the code scanner failed")?
+        .map_err(|e| {
+            CliError::invalid(format!(
+                "cannot snapshot the code directory {}: {e}",
+                task.code_root.display()
+            ))
+        })?;
+    let report = upload_snapshot(&client, tree, !as_json).await?;
+    let spec = serde_json::to_value(&task.spec).context("cannot encode the task spec")?;
+    let reply = client
+        .submit(&SubmitTask {
+            spec,
+            snapshot: report.snapshot.clone(),
+            source: Some(task.source.display().to_string()),
+        })
+        .await?;
+    let id = reply.task_id;
+    if as_json {
+        out_json(&json!({
+            "task_id": id,
+            "state": reply.state,
+            "snapshot": report.snapshot,
+            "uploaded_bytes": report.uploaded_bytes,
+            "total_bytes": report.total_bytes,
+            "chunks_uploaded": report.chunks_uploaded,
+            "chunks_total": report.chunks_total,
+        }))?;
+    } else {
+        out(format!(
+            "Submitted task {id} ({}) — snapshot {}, uploaded {} of {} ({} of {} chunks)",
+            task.spec.name,
+            report.snapshot.short(),
+            format::size(report.uploaded_bytes),
+            format::size(report.total_bytes),
+            report.chunks_uploaded,
+            report.chunks_total
+        ))?;
+        if !follow {
+            out(format!("  follow its log with `tcloud logs -f {id}`"))?;
+        }
+    }
+    if follow {
+        follow_to_end(&client, id, as_json).await?;
+    }
+    Ok(())
+}

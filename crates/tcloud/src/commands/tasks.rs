@@ -1,0 +1,642 @@
+//! Commands about tasks that already exist: `ps`, `show`, `logs`, `cancel`, `download`,
+//! and `nodes`.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use futures::StreamExt;
+use serde_json::json;
+use tacc_client::{Client, ClientError, TaskQuery};
+use tacc_core::{AttemptNo, TaskId, TaskState};
+use tacc_proto::TaskView;
+
+use super::Ctx;
+use crate::errors::{CliError, FAILURE, NOT_FOUND, TASK_FAILED};
+use crate::format::{
+    self, ago, now, out, out_json, precise_duration, print_table, short_duration, table,
+};
+use crate::upload::byte_bar;
+
+/// How long `logs -f` keeps trying to reconnect after the stream broke.
+const RECONNECT_DEADLINE: Duration = Duration::from_secs(30);
+/// How long `cancel` waits for tasks to stop.
+const CANCEL_DEADLINE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(200);
+/// Files at least this large (in total) get a download progress bar.
+const BAR_THRESHOLD: u64 = 8 << 20;
+
+// ---------------------------------------------------------------- ps
+
+pub async fn ps(
+    ctx: &Ctx,
+    all: bool,
+    state: Option<Vec<TaskState>>,
+    user: Option<String>,
+    limit: Option<u32>,
+    as_json: bool,
+) -> Result<()> {
+    let states = match state {
+        Some(states) => states,
+        None if all => Vec::new(),
+        None => vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+    };
+    let limit = limit.or(if all { Some(50) } else { None });
+    let client = ctx.client()?;
+    let tasks = client
+        .list_tasks(&TaskQuery {
+            states,
+            user,
+            limit,
+        })
+        .await?;
+    if as_json {
+        return out_json(&tasks);
+    }
+    if tasks.is_empty() {
+        let hint = if all {
+            ""
+        } else {
+            " (`tcloud ps --all` shows finished ones too)"
+        };
+        out(format!("no tasks{hint}"))?;
+        return Ok(());
+    }
+    let now = now();
+    let mut t = table([
+        "ID", "NAME", "USER", "STATE", "AGE", "TIME", "NODES", "REASON",
+    ]);
+    for task in &tasks {
+        t.add_row([
+            task.id.to_string(),
+            task.name.clone(),
+            task.user.clone(),
+            task.state.to_string(),
+            short_duration(now.millis_since(task.submitted_at)),
+            runtime(task, now)
+                .map(precise_duration)
+                .unwrap_or_else(|| "-".into()),
+            nodes_text(task),
+            task.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    print_table(&t)?;
+    Ok(())
+}
+
+/// Milliseconds the task has run (so far), if it started.
+fn runtime(task: &TaskView, now: tacc_core::Timestamp) -> Option<u64> {
+    let started = task.started_at?;
+    Some(task.finished_at.unwrap_or(now).millis_since(started))
+}
+
+fn nodes_text(task: &TaskView) -> String {
+    if task.nodes.is_empty() {
+        format!("({})", task.num_nodes)
+    } else {
+        task.nodes.join(",")
+    }
+}
+
+// ---------------------------------------------------------------- show
+
+pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Result<()> {
+    let client = ctx.client()?;
+    if instruction {
+        let instruction = client.task_instruction(id).await?;
+        return out_json(&instruction);
+    }
+    let task = client.get_task(id).await?;
+    let events = client.task_events(id).await?;
+    let outputs = client.list_outputs(id).await?;
+    if as_json {
+        let mut value = serde_json::to_value(&task)?;
+        if let Some(object) = value.as_object_mut() {
+            object.insert("events".into(), serde_json::to_value(&events)?);
+            object.insert("outputs".into(), serde_json::to_value(&outputs)?);
+        }
+        return out_json(&value);
+    }
+    let now = now();
+    let mut rows: Vec<(&str, String)> = vec![
+        ("id", task.id.to_string()),
+        ("name", task.name.clone()),
+        ("user", task.user.clone()),
+        ("state", {
+            let mut state = task.state.to_string();
+            if task.cancel_requested && !task.state.is_terminal() {
+                state.push_str(" (cancel requested)");
+            }
+            state
+        }),
+    ];
+    if let Some(reason) = &task.reason {
+        rows.push(("reason", reason.clone()));
+    }
+    if let Some(code) = task.exit_code {
+        rows.push(("exit code", code.to_string()));
+    }
+    rows.push(("attempt", format!("{}/{}", task.attempt, task.max_attempts)));
+    rows.push(("nodes", {
+        if task.nodes.is_empty() {
+            format!("{} (not placed yet)", task.num_nodes)
+        } else {
+            format!("{} ({})", task.num_nodes, task.nodes.join(", "))
+        }
+    }));
+    if task.gpus.iter().any(|g| !g.is_empty()) {
+        let gpus: Vec<String> = task
+            .gpus
+            .iter()
+            .map(|g| g.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
+            .collect();
+        rows.push(("gpus", gpus.join(" | ")));
+    }
+    rows.push((
+        "resources",
+        format!("{} per node", format::resources(&task.per_node)),
+    ));
+    rows.push((
+        "time limit",
+        task.time_limit_secs
+            .map(|s| precise_duration(s * 1000))
+            .unwrap_or_else(|| "none".into()),
+    ));
+    rows.push(("snapshot", task.snapshot.short().to_string()));
+    if let Some(source) = &task.source {
+        rows.push(("source", source.clone()));
+    }
+    rows.push(("submitted", ago(task.submitted_at, now)));
+    if let Some(started) = task.started_at {
+        rows.push((
+            "started",
+            format!(
+                "{} (waited {})",
+                ago(started, now),
+                precise_duration(started.millis_since(task.submitted_at))
+            ),
+        ));
+    }
+    if let Some(finished) = task.finished_at {
+        let ran = runtime(&task, now)
+            .map(|ms| format!(" (ran {})", precise_duration(ms)))
+            .unwrap_or_default();
+        rows.push(("finished", format!("{}{ran}", ago(finished, now))));
+    } else if let Some(ms) = runtime(&task, now) {
+        rows.push(("running for", precise_duration(ms)));
+    }
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (key, value) in &rows {
+        out(format!(
+            "{:<width$}  {value}",
+            format!("{key}:"),
+            width = width + 1
+        ))?;
+    }
+
+    out("")?;
+    out("Events:")?;
+    if events.is_empty() {
+        out("  (none)")?;
+    } else {
+        let mut t = table(["TIME", "ATTEMPT", "STATE", "REASON"]);
+        for event in &events {
+            t.add_row([
+                ago(event.at, now),
+                event.attempt.to_string(),
+                event.state.to_string(),
+                event.reason.clone().unwrap_or_default(),
+            ]);
+        }
+        print_table(&t)?;
+    }
+
+    out("")?;
+    out("Outputs:")?;
+    if outputs.is_empty() {
+        out("  (none)")?;
+    } else {
+        let mut t = table(["PATH", "SIZE", "ATTEMPT"]);
+        for file in &outputs {
+            t.add_row([
+                file.path.clone(),
+                format::size(file.size),
+                file.attempt.to_string(),
+            ]);
+        }
+        print_table(&t)?;
+        out(format!("Download them with `tcloud download {id}`"))?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- logs
+
+fn write_log(bytes: &[u8], to_stderr: bool) -> std::io::Result<()> {
+    if to_stderr {
+        let mut err = std::io::stderr().lock();
+        err.write_all(bytes)?;
+        err.flush()
+    } else {
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(bytes)?;
+        stdout.flush()
+    }
+}
+
+/// Streams the log from the start until the task has ended, reconnecting from the offset
+/// reached when the stream breaks (a server restart), for up to 30 s at a time.
+pub async fn stream_logs(client: &Client, id: TaskId, to_stderr: bool) -> Result<TaskView> {
+    let mut offset = 0u64;
+    let mut broken_since: Option<Instant> = None;
+    loop {
+        let mut clean_end = false;
+        match client.follow_logs(id, offset).await {
+            Ok(stream) => {
+                if broken_since.take().is_some() {
+                    eprintln!("(reconnected; resuming the log at byte {offset})");
+                }
+                futures::pin_mut!(stream);
+                clean_end = true;
+                while let Some(item) = stream.next().await {
+                    match item {
+                        Ok(bytes) => {
+                            write_log(&bytes, to_stderr)?;
+                            offset += bytes.len() as u64;
+                        }
+                        Err(_) => {
+                            clean_end = false;
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) if e.is_unreachable() => {}
+            Err(e) => return Err(e.into()),
+        }
+        match client.get_task(id).await {
+            Ok(task) if task.state.is_terminal() => {
+                // Output may have landed after the stream ended.
+                if let Ok((tail, _)) = client.logs(id, offset).await {
+                    write_log(&tail, to_stderr)?;
+                }
+                return Ok(task);
+            }
+            Ok(_) if clean_end => {
+                // The server closed the stream while the task runs (it is shutting down?).
+                broken_since.get_or_insert_with(Instant::now);
+            }
+            Ok(_) => {
+                broken_since.get_or_insert_with(Instant::now);
+            }
+            Err(e) if e.is_unreachable() => {
+                let since = *broken_since.get_or_insert_with(|| {
+                    eprintln!(
+                        "(lost the connection to {}; reconnecting for up to {} s)",
+                        client.base_url(),
+                        RECONNECT_DEADLINE.as_secs()
+                    );
+                    Instant::now()
+                });
+                while client.health().await.is_err() {
+                    if since.elapsed() >= RECONNECT_DEADLINE {
+                        return Err(e.into());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if broken_since.is_some_and(|since| since.elapsed() >= RECONNECT_DEADLINE) {
+            anyhow::bail!(
+                "the log stream of task {id} keeps breaking; see the rest with `tcloud logs {id}`"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The line printed to stderr when a followed task ends.
+pub fn outcome_line(task: &TaskView) -> String {
+    let mut line = format!("task {} {}", task.id, task.state);
+    if let Some(code) = task.exit_code {
+        if task.state != TaskState::Succeeded {
+            line.push_str(&format!(" (exit code {code})"));
+        }
+    }
+    if let (Some(started), Some(finished)) = (task.started_at, task.finished_at) {
+        line.push_str(&format!(
+            " after {}",
+            precise_duration(finished.millis_since(started))
+        ));
+    }
+    if let Some(reason) = &task.reason {
+        if task.state != TaskState::Succeeded {
+            line.push_str(&format!(": {reason}"));
+        }
+    }
+    line
+}
+
+/// Exit code for a task that has ended.
+pub fn outcome_code(state: TaskState) -> u8 {
+    if state == TaskState::Succeeded {
+        0
+    } else {
+        TASK_FAILED
+    }
+}
+
+/// Follows the log to the end, prints the outcome, and fails with exit 5 unless it succeeded.
+pub async fn follow_to_end(client: &Client, id: TaskId, log_to_stderr: bool) -> Result<()> {
+    let task = stream_logs(client, id, log_to_stderr).await?;
+    eprintln!("{}", outcome_line(&task));
+    match outcome_code(task.state) {
+        0 => Ok(()),
+        code => Err(CliError::silent(code).into()),
+    }
+}
+
+pub async fn logs(ctx: &Ctx, id: TaskId, follow: bool) -> Result<()> {
+    let client = ctx.client()?;
+    if follow {
+        return follow_to_end(&client, id, false).await;
+    }
+    let (bytes, _) = client.logs(id, 0).await?;
+    write_log(&bytes, false)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------- cancel
+
+pub async fn cancel(ctx: &Ctx, ids: &[TaskId], wait: bool, as_json: bool) -> Result<()> {
+    let client = ctx.client()?;
+    let mut worst = 0u8;
+    // id -> (state, changed, error)
+    let mut results: BTreeMap<TaskId, (Option<TaskState>, bool, Option<String>)> = BTreeMap::new();
+    for &id in ids {
+        match client.cancel(id).await {
+            Ok(reply) => {
+                results.insert(id, (Some(reply.state), reply.changed, None));
+            }
+            Err(e @ ClientError::Unreachable { .. }) => return Err(e.into()),
+            Err(e) => {
+                let code = if e.code() == Some("not_found") {
+                    NOT_FOUND
+                } else {
+                    FAILURE
+                };
+                worst = worst.max(code);
+                results.insert(id, (None, false, Some(e.to_string())));
+            }
+        }
+    }
+    if wait {
+        let deadline = Instant::now() + CANCEL_DEADLINE;
+        loop {
+            let pending: Vec<TaskId> = results
+                .iter()
+                .filter(|(_, (state, _, _))| state.is_some_and(|s| !s.is_terminal()))
+                .map(|(id, _)| *id)
+                .collect();
+            if pending.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            for id in pending {
+                if let Ok(task) = client.get_task(id).await {
+                    if let Some(entry) = results.get_mut(&id) {
+                        entry.0 = Some(task.state);
+                    }
+                }
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    let mut json_rows = Vec::new();
+    for (id, (state, changed, error)) in &results {
+        if as_json {
+            json_rows
+                .push(json!({"task_id": id, "state": state, "changed": changed, "error": error}));
+            continue;
+        }
+        match (state, error) {
+            (_, Some(error)) => eprintln!("error: task {id}: {error}"),
+            (Some(state), None) if !changed => out(format!("task {id}: already {state}"))?,
+            (Some(state), None) if state.is_terminal() => out(format!("task {id}: {state}"))?,
+            (Some(state), None) if wait => {
+                worst = worst.max(FAILURE);
+                eprintln!(
+                    "error: task {id}: cancel requested, but still {state} after {} s",
+                    CANCEL_DEADLINE.as_secs()
+                );
+            }
+            (Some(state), None) => out(format!("task {id}: cancel requested (now {state})"))?,
+            (None, None) => {}
+        }
+    }
+    if as_json {
+        out_json(&json_rows)?;
+    }
+    if worst != 0 {
+        return Err(CliError::silent(worst).into());
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- download
+
+/// `dest` joined with the server-given relative `path`, or `None` when the path is empty,
+/// absolute or climbs out of `dest` with `..`.
+pub fn safe_join(dest: &Path, path: &str) -> Option<PathBuf> {
+    let mut joined = dest.to_path_buf();
+    let mut depth = 0;
+    for component in Path::new(path).components() {
+        match component {
+            Component::Normal(part) => {
+                joined.push(part);
+                depth += 1;
+            }
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    (depth > 0).then_some(joined)
+}
+
+pub async fn download(
+    ctx: &Ctx,
+    id: TaskId,
+    dest: Option<PathBuf>,
+    attempt: Option<u32>,
+) -> Result<()> {
+    let client = ctx.client()?;
+    let outputs = client.list_outputs(id).await?;
+    if outputs.is_empty() {
+        let task = client.get_task(id).await?;
+        let note = if task.state.is_terminal() {
+            "it declared none, or none of them existed when it ended"
+        } else {
+            "outputs are collected when it ends"
+        };
+        out(format!("task {id} ({}) has no outputs: {note}", task.state))?;
+        return Ok(());
+    }
+    let latest = outputs.iter().map(|o| o.attempt.0).max().unwrap_or(1);
+    let chosen = attempt.unwrap_or(latest);
+    let files: Vec<_> = outputs.iter().filter(|o| o.attempt.0 == chosen).collect();
+    if files.is_empty() {
+        let mut attempts: Vec<u32> = outputs.iter().map(|o| o.attempt.0).collect();
+        attempts.dedup();
+        return Err(CliError::not_found(format!(
+            "attempt {chosen} of task {id} has no outputs; attempts with outputs: {}",
+            attempts
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+        .into());
+    }
+    let dest = dest.unwrap_or_else(|| PathBuf::from("tacc-outputs").join(id.to_string()));
+    std::fs::create_dir_all(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
+    let dest_real = std::fs::canonicalize(&dest)
+        .with_context(|| format!("cannot resolve {}", dest.display()))?;
+    let total: u64 = files.iter().map(|f| f.size).sum();
+    let bar = byte_bar(total, total >= BAR_THRESHOLD, "downloading");
+    let mut written = Vec::new();
+    let mut refused = 0;
+    for file in &files {
+        let Some(target) = safe_join(&dest, &file.path) else {
+            bar.suspend(|| {
+                eprintln!(
+                    "warning: refusing output path `{}`: it would escape {}",
+                    file.path,
+                    dest.display()
+                )
+            });
+            refused += 1;
+            continue;
+        };
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+            // A symlink inside DEST must not lead the write elsewhere.
+            let parent_real = std::fs::canonicalize(parent)
+                .with_context(|| format!("cannot resolve {}", parent.display()))?;
+            if !parent_real.starts_with(&dest_real) {
+                bar.suspend(|| {
+                    eprintln!(
+                        "warning: refusing output path `{}`: it would escape {}",
+                        file.path,
+                        dest.display()
+                    )
+                });
+                refused += 1;
+                continue;
+            }
+        }
+        let bytes = client.get_output(id, AttemptNo(chosen), &file.path).await?;
+        std::fs::write(&target, &bytes)
+            .with_context(|| format!("cannot write {}", target.display()))?;
+        bar.inc(file.size);
+        written.push((target, bytes.len() as u64));
+    }
+    bar.finish_and_clear();
+    for (path, size) in &written {
+        out(format!("{}  ({})", path.display(), format::size(*size)))?;
+    }
+    eprintln!(
+        "Downloaded {} file(s), {}, of task {id} attempt {chosen} into {}",
+        written.len(),
+        format::size(written.iter().map(|(_, s)| s).sum()),
+        dest.display()
+    );
+    if refused > 0 {
+        return Err(
+            CliError::new(FAILURE, format!("refused {refused} unsafe output path(s)")).into(),
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- nodes
+
+pub async fn nodes(ctx: &Ctx, as_json: bool) -> Result<()> {
+    let client = ctx.client()?;
+    let nodes = client.list_nodes().await?;
+    if as_json {
+        return out_json(&nodes);
+    }
+    if nodes.is_empty() {
+        out(
+            "no nodes have registered (a node appears when its agent starts: `taccd agent`, or `tcloud up` for this machine)",
+        )?;
+        return Ok(());
+    }
+    let now = now();
+    let mut t = table(["NAME", "STATE", "CPUS", "MEMORY", "GPUS", "TASKS", "SEEN"]);
+    for node in &nodes {
+        let mut gpus = format!("{}/{}", node.allocated.gpus, node.capacity.gpus);
+        if let Some(kind) = &node.gpu_type {
+            gpus.push_str(&format!(" {kind}"));
+        }
+        let tasks = if node.running_tasks.is_empty() {
+            "-".to_string()
+        } else {
+            node.running_tasks
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        t.add_row([
+            node.name.clone(),
+            node.state.clone(),
+            format!(
+                "{}/{}",
+                format::cpus(node.allocated.cpu_millis),
+                format::cpus(node.capacity.cpu_millis)
+            ),
+            format!(
+                "{}/{}",
+                format::size(node.allocated.memory_bytes),
+                format::size(node.capacity.memory_bytes)
+            ),
+            gpus,
+            tasks,
+            ago(node.last_seen, now),
+        ]);
+    }
+    print_table(&t)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safe_join_refuses_escapes() {
+        let dest = Path::new("/tmp/out");
+        assert_eq!(
+            safe_join(dest, "results/m.json"),
+            Some(PathBuf::from("/tmp/out/results/m.json"))
+        );
+        assert_eq!(safe_join(dest, "./a"), Some(PathBuf::from("/tmp/out/a")));
+        assert_eq!(safe_join(dest, "../etc/passwd"), None);
+        assert_eq!(safe_join(dest, "a/../../b"), None);
+        assert_eq!(safe_join(dest, "/etc/passwd"), None);
+        assert_eq!(safe_join(dest, ""), None);
+        assert_eq!(safe_join(dest, "."), None);
+    }
+
+    #[test]
+    fn outcome_codes() {
+        assert_eq!(outcome_code(TaskState::Succeeded), 0);
+        for state in [TaskState::Failed, TaskState::Cancelled, TaskState::Lost] {
+            assert_eq!(outcome_code(state), TASK_FAILED);
+        }
+    }
+}

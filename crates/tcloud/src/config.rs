@@ -1,0 +1,392 @@
+//! Cluster profiles: `$TACC_HOME/config.toml` (or `<config dir>/tacc/config.toml`).
+//!
+//! The file is edited line by line rather than re-serialised, so that a user's comments,
+//! ordering and spacing survive `tcloud config use` and `tcloud config add`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::errors::CliError;
+
+/// The profile a missing config file stands for.
+pub const DEFAULT_PROFILE: &str = "local";
+pub const DEFAULT_PORT: u16 = 8383;
+
+pub fn default_url() -> String {
+    format!("http://127.0.0.1:{DEFAULT_PORT}")
+}
+
+/// The text written when tcloud creates the file itself.
+pub fn default_file_text() -> String {
+    format!(
+        "# tcloud configuration: one [clusters.NAME] section per cluster; `current` picks one.\n\
+         # Switch with `tcloud config use NAME`, add with `tcloud config add NAME URL`.\n\
+         current = \"{DEFAULT_PROFILE}\"\n\
+         \n\
+         [clusters.{DEFAULT_PROFILE}]\n\
+         url = \"{}\"\n\
+         # user = \"alice\"   (optional; default $USER)\n",
+        default_url()
+    )
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cluster {
+    pub url: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub current: Option<String>,
+    #[serde(default)]
+    pub clusters: BTreeMap<String, Cluster>,
+}
+
+/// The configuration as read, with where it lives.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    /// The file's text; `None` when the file does not exist.
+    pub text: Option<String>,
+    pub file: ConfigFile,
+}
+
+/// `$TACC_HOME` when set, else `<config dir>/tacc`.
+pub fn tacc_home() -> Option<PathBuf> {
+    std::env::var_os("TACC_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+pub fn config_path() -> Result<PathBuf> {
+    if let Some(home) = tacc_home() {
+        return Ok(home.join("config.toml"));
+    }
+    let dir = dirs::config_dir()
+        .context("cannot find your configuration directory; set TACC_HOME to a directory")?;
+    Ok(dir.join("tacc").join("config.toml"))
+}
+
+/// Where `tcloud up` keeps the local cluster: `$TACC_HOME/local` or `<data dir>/tacc/local`.
+pub fn local_data_dir() -> Result<PathBuf> {
+    if let Some(home) = tacc_home() {
+        return Ok(home.join("local"));
+    }
+    let dir = dirs::data_dir()
+        .context("cannot find your data directory; set TACC_HOME to a directory")?;
+    Ok(dir.join("tacc").join("local"))
+}
+
+/// The user name sent to servers when the profile names none.
+pub fn default_user() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| "anonymous".to_string())
+}
+
+impl Config {
+    pub fn load() -> Result<Config> {
+        Config::load_from(&config_path()?)
+    }
+
+    pub fn load_from(path: &Path) -> Result<Config> {
+        let text = match fs::read_to_string(path) {
+            Ok(text) => Some(text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        let file = match &text {
+            Some(text) => parse(text).map_err(|e| {
+                CliError::invalid(format!(
+                    "{} is not valid: {e}; fix it or delete it to start from the defaults",
+                    path.display()
+                ))
+            })?,
+            None => default_file(),
+        };
+        Ok(Config {
+            path: path.to_path_buf(),
+            text,
+            file,
+        })
+    }
+
+    /// The name of the current profile.
+    pub fn current_name(&self) -> &str {
+        self.file.current.as_deref().unwrap_or(DEFAULT_PROFILE)
+    }
+
+    /// The current profile; the built-in `local` one if the file does not define it.
+    pub fn current(&self) -> Result<Cluster> {
+        let name = self.current_name();
+        if let Some(cluster) = self.file.clusters.get(name) {
+            return Ok(cluster.clone());
+        }
+        if name == DEFAULT_PROFILE {
+            return Ok(Cluster {
+                url: default_url(),
+                user: None,
+            });
+        }
+        Err(CliError::invalid(format!(
+            "the current cluster `{name}` is not defined in {}; add it with `tcloud config add {name} URL` or switch with `tcloud config use NAME` (known: {})",
+            self.path.display(),
+            self.known().join(", ")
+        ))
+        .into())
+    }
+
+    pub fn known(&self) -> Vec<String> {
+        self.file.clusters.keys().cloned().collect()
+    }
+
+    fn text_or_default(&self) -> String {
+        self.text.clone().unwrap_or_else(default_file_text)
+    }
+
+    fn write(&mut self, text: String) -> Result<()> {
+        // Refuse to write something we could not read back.
+        let file = parse(&text).context("internal error: edited configuration does not parse")?;
+        if let Some(parent) = self.path.parent() {
+            fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        fs::write(&self.path, &text)
+            .with_context(|| format!("cannot write {}", self.path.display()))?;
+        self.text = Some(text);
+        self.file = file;
+        Ok(())
+    }
+
+    /// `tcloud config use NAME`.
+    pub fn use_profile(&mut self, name: &str) -> Result<()> {
+        if !self.file.clusters.contains_key(name) {
+            bail!(CliError::invalid(format!(
+                "no cluster named `{name}` in {}; known clusters: {} (add one with `tcloud config add {name} URL`)",
+                self.path.display(),
+                if self.known().is_empty() {
+                    "none".to_string()
+                } else {
+                    self.known().join(", ")
+                }
+            )));
+        }
+        let text = set_current(&self.text_or_default(), name);
+        self.write(text)
+    }
+
+    /// `tcloud config add NAME URL [--user U]`: adds the profile, or updates its fields.
+    pub fn set_cluster(&mut self, name: &str, url: &str, user: Option<&str>) -> Result<()> {
+        if !valid_profile_name(name) {
+            bail!(CliError::invalid(format!(
+                "`{name}` is not a valid cluster name; use letters, digits, `-` and `_`"
+            )));
+        }
+        let mut text = set_in_section(&self.text_or_default(), name, "url", url);
+        if let Some(user) = user {
+            text = set_in_section(&text, name, "user", user);
+        }
+        self.write(text)
+    }
+}
+
+pub fn valid_profile_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+fn default_file() -> ConfigFile {
+    parse(&default_file_text()).expect("the default configuration parses")
+}
+
+pub fn parse(text: &str) -> Result<ConfigFile, toml::de::Error> {
+    toml::from_str(text)
+}
+
+fn toml_string(value: &str) -> String {
+    toml::Value::String(value.to_string()).to_string()
+}
+
+/// Is this line the top-level `current = ...` key (before any table header)?
+fn is_key_line(line: &str, key: &str) -> bool {
+    let trimmed = line.trim_start();
+    trimmed
+        .strip_prefix(key)
+        .map(|rest| rest.trim_start().starts_with('='))
+        .unwrap_or(false)
+}
+
+fn is_header(line: &str) -> bool {
+    line.trim_start().starts_with('[')
+}
+
+/// The section name of a `[clusters.NAME]` header line.
+fn cluster_header_name(line: &str) -> Option<String> {
+    let trimmed = line.trim();
+    let inner = trimmed.strip_prefix('[')?.split(']').next()?.trim();
+    let name = inner
+        .strip_prefix("clusters")?
+        .trim_start()
+        .strip_prefix('.')?;
+    Some(name.trim().trim_matches('"').trim_matches('\'').to_string())
+}
+
+/// Rewrites exactly the one top-level `current = ...` line, keeping every other byte; adds
+/// the line at the top when there is none.
+pub fn set_current(text: &str, name: &str) -> String {
+    let new_line = format!("current = {}", toml_string(name));
+    let mut out = String::with_capacity(text.len() + new_line.len());
+    let mut replaced = false;
+    for line in text.split_inclusive('\n') {
+        if is_header(line) {
+            // Keys after the first table header belong to that table.
+            if !replaced {
+                out.push_str(&new_line);
+                out.push('\n');
+                replaced = true;
+            }
+            out.push_str(line);
+            continue;
+        }
+        if !replaced && is_key_line(line, "current") {
+            out.push_str(&new_line);
+            if line.ends_with("\r\n") {
+                out.push_str("\r\n");
+            } else if line.ends_with('\n') {
+                out.push('\n');
+            }
+            replaced = true;
+            continue;
+        }
+        out.push_str(line);
+    }
+    if !replaced {
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str(&new_line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Sets `key = "value"` inside `[clusters.NAME]`, replacing the key's line when present,
+/// else inserting it after the header; appends the section when it does not exist.
+pub fn set_in_section(text: &str, name: &str, key: &str, value: &str) -> String {
+    let new_line = format!("{key} = {}", toml_string(value));
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let start = lines
+        .iter()
+        .position(|line| cluster_header_name(line).as_deref() == Some(name));
+    let Some(start) = start else {
+        let mut out = text.to_string();
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        if !out.is_empty() && !out.ends_with("\n\n") {
+            out.push('\n');
+        }
+        out.push_str(&format!("[clusters.{name}]\n{new_line}\n"));
+        return out;
+    };
+    let end = lines[start + 1..]
+        .iter()
+        .position(|line| is_header(line))
+        .map(|offset| start + 1 + offset)
+        .unwrap_or(lines.len());
+    let mut out = String::with_capacity(text.len() + new_line.len());
+    let existing = (start + 1..end).find(|&i| is_key_line(lines[i], key));
+    for (i, line) in lines.iter().enumerate() {
+        if Some(i) == existing {
+            out.push_str(&new_line);
+            out.push('\n');
+            continue;
+        }
+        out.push_str(line);
+        if i == start && existing.is_none() {
+            if !line.ends_with('\n') {
+                out.push('\n');
+            }
+            out.push_str(&new_line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "# my clusters\ncurrent = \"local\"   \n\n[clusters.local]\nurl = \"http://127.0.0.1:8383\"\n# a comment\n\n[clusters.lab]\nurl = \"https://tacc.lab:8383\" # the lab\nuser = \"alice\"\n";
+
+    #[test]
+    fn use_rewrites_exactly_one_line_and_keeps_comments() {
+        let out = set_current(SAMPLE, "lab");
+        let before: Vec<&str> = SAMPLE.lines().collect();
+        let after: Vec<&str> = out.lines().collect();
+        assert_eq!(before.len(), after.len());
+        let changed: Vec<usize> = (0..before.len())
+            .filter(|&i| before[i] != after[i])
+            .collect();
+        assert_eq!(changed, vec![1]);
+        assert_eq!(after[1], "current = \"lab\"");
+        assert_eq!(parse(&out).unwrap().current.as_deref(), Some("lab"));
+    }
+
+    #[test]
+    fn use_ignores_keys_named_current_inside_tables_and_adds_missing_line() {
+        let text = "[clusters.local]\nurl = \"http://x\"\ncurrent = \"nope\"\n";
+        let out = set_current(text, "local");
+        assert_eq!(out, format!("current = \"local\"\n{text}"));
+    }
+
+    #[test]
+    fn set_url_replaces_only_that_sections_url() {
+        let out = set_in_section(SAMPLE, "local", "url", "http://127.0.0.1:9000");
+        assert!(out.contains("[clusters.local]\nurl = \"http://127.0.0.1:9000\"\n# a comment\n"));
+        assert!(out.contains("url = \"https://tacc.lab:8383\" # the lab"));
+        assert_eq!(out.lines().count(), SAMPLE.lines().count());
+    }
+
+    #[test]
+    fn set_in_section_appends_new_section_and_inserts_missing_key() {
+        let out = set_in_section(SAMPLE, "gpu", "url", "https://gpu:1");
+        let parsed = parse(&out).unwrap();
+        assert_eq!(parsed.clusters["gpu"].url, "https://gpu:1");
+        assert!(out.starts_with(SAMPLE));
+        let out = set_in_section(&out, "local", "user", "bob");
+        let parsed = parse(&out).unwrap();
+        assert_eq!(parsed.clusters["local"].user.as_deref(), Some("bob"));
+        assert_eq!(parsed.clusters["lab"].user.as_deref(), Some("alice"));
+    }
+
+    #[test]
+    fn missing_file_means_local_profile_and_unknown_use_lists_known() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        let mut config = Config::load_from(&path).unwrap();
+        assert_eq!(config.current_name(), "local");
+        assert_eq!(config.current().unwrap().url, default_url());
+        let err = config.use_profile("nope").unwrap_err().to_string();
+        assert!(err.contains("known clusters: local"), "{err}");
+        assert!(!path.exists());
+        config
+            .set_cluster("lab", "https://lab:8383", Some("ann"))
+            .unwrap();
+        config.use_profile("lab").unwrap();
+        let config = Config::load_from(&path).unwrap();
+        assert_eq!(config.current_name(), "lab");
+        assert_eq!(config.current().unwrap().user.as_deref(), Some("ann"));
+    }
+}
