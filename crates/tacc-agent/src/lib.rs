@@ -1,1 +1,300 @@
-//! `tacc-agent`: placeholder, filled in by its issue.
+//! `tacc-agent`: the node agent behind `taccd agent` (and inside `taccd dev`). It registers
+//! its machine's resources with the control plane, long-polls for the set of attempts the
+//! node should run, and reconciles: starts what is new (materialising the pinned code
+//! snapshot into a fresh working directory), stops what is no longer wanted, and streams
+//! output lines, state changes and outputs back — over HTTP in every mode, so an agent in
+//! the server's process and one on another machine behave the same.
+//!
+//! It runs user code only through a `tacc-exec` [`Executor`]; it must not depend on the
+//! server, the store or the scheduler.
+
+mod attempt;
+mod capacity;
+mod orphans;
+mod reporter;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use capacity::{detect_capacity, detect_gpus};
+use tacc_client::Client;
+use tacc_core::{NodeId, Resources};
+use tacc_exec::Executor;
+use tacc_proto::{Assignment, AttemptRef, RegisterAgent};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot prepare the agent directory {path}: {source}")]
+    DataDir {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub capacity: Resources,
+    pub gpu_type: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// Address other nodes use to reach this one (the master address of multi-node tasks).
+    pub address: String,
+    /// How long one work poll may wait for a change.
+    pub poll_wait: Duration,
+    /// Keep attempts' working directories after they end (for debugging).
+    pub keep_workdirs: bool,
+}
+
+/// What the attempt runners share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub client: Client,
+    pub config: AgentConfig,
+    pub executor: Arc<dyn Executor>,
+    pub node: Mutex<Option<NodeId>>,
+    pub reports: reporter::ReportSender,
+    pub snapshots: attempt::SnapshotCache,
+}
+
+impl Shared {
+    pub fn node(&self) -> Option<NodeId> {
+        *self.node.lock().unwrap()
+    }
+}
+
+/// Attempts this agent has started, and those it finished (so a finished attempt that
+/// the server still lists is never started twice).
+#[derive(Debug, Default)]
+struct Attempts {
+    running: BTreeMap<AttemptRef, CancellationToken>,
+    finished: BTreeSet<AttemptRef>,
+}
+
+#[derive(Debug)]
+pub struct Agent {
+    shared: Arc<Shared>,
+    attempts: Arc<Mutex<Attempts>>,
+    reports_rx: Option<reporter::ReportReceiver>,
+}
+
+impl Agent {
+    pub fn new(
+        client: Client,
+        config: AgentConfig,
+        executor: Arc<dyn Executor>,
+    ) -> Result<Agent, AgentError> {
+        for dir in ["work", "chunks", "files", "users", "run"] {
+            let path = config.data_dir.join(dir);
+            std::fs::create_dir_all(&path).map_err(|source| AgentError::DataDir {
+                path: path.display().to_string(),
+                source,
+            })?;
+        }
+        let (reports, reports_rx) = reporter::channel();
+        let snapshots =
+            attempt::SnapshotCache::open(&config.data_dir).map_err(|e| AgentError::DataDir {
+                path: config.data_dir.display().to_string(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
+        Ok(Agent {
+            shared: Arc::new(Shared {
+                client,
+                config,
+                executor,
+                node: Mutex::new(None),
+                reports,
+                snapshots,
+            }),
+            attempts: Arc::new(Mutex::new(Attempts::default())),
+            reports_rx: Some(reports_rx),
+        })
+    }
+
+    /// Run until `shutdown` is cancelled. Processes left by a previous life of this agent
+    /// (after a crash) are killed first: their attempts are lost, and the server learns
+    /// so when this agent registers without them.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let killed = orphans::kill_leftovers(&self.shared.config.data_dir.join("run"));
+        if killed > 0 {
+            tracing::warn!("killed {killed} process group(s) left by a previous run of this agent");
+        }
+        let Some(node) = self.register(&shutdown).await else {
+            return;
+        };
+        let reporter = tokio::spawn(reporter::run(
+            self.shared.clone(),
+            self.reports_rx.take().expect("run is called once"),
+            shutdown.clone(),
+        ));
+        let mut version = None;
+        let mut node = node;
+        let mut backoff = Backoff::default();
+        loop {
+            let running: Vec<AttemptRef> = self
+                .attempts
+                .lock()
+                .unwrap()
+                .running
+                .keys()
+                .copied()
+                .collect();
+            let poll =
+                self.shared
+                    .client
+                    .agent_work(node, version, self.shared.config.poll_wait, running);
+            let work = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                work = poll => work,
+            };
+            match work {
+                Ok(work) => {
+                    backoff.reset();
+                    version = Some(work.version);
+                    self.reconcile(work.assignments);
+                }
+                Err(e)
+                    if e.code() == Some("node_not_registered") || e.code() == Some("not_found") =>
+                {
+                    tracing::warn!("the server no longer knows this node ({e}); registering again");
+                    match self.register(&shutdown).await {
+                        Some(id) => node = id,
+                        None => break,
+                    }
+                    version = None;
+                }
+                Err(e) => {
+                    tracing::warn!("polling for work failed: {e}");
+                    if backoff.wait(&shutdown).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let running: Vec<CancellationToken> = self
+            .attempts
+            .lock()
+            .unwrap()
+            .running
+            .values()
+            .cloned()
+            .collect();
+        for token in running {
+            token.cancel();
+        }
+        let _ = reporter.await;
+    }
+
+    /// Register (again), retrying until the server answers or we are shut down.
+    async fn register(&self, shutdown: &CancellationToken) -> Option<NodeId> {
+        let mut backoff = Backoff::default();
+        loop {
+            let running: Vec<AttemptRef> = self
+                .attempts
+                .lock()
+                .unwrap()
+                .running
+                .keys()
+                .copied()
+                .collect();
+            let registration = RegisterAgent {
+                name: self.shared.config.name.clone(),
+                capacity: self.shared.config.capacity,
+                gpu_type: self.shared.config.gpu_type.clone(),
+                labels: self.shared.config.labels.clone(),
+                running,
+                address: self.shared.config.address.clone(),
+            };
+            match self.shared.client.register_agent(&registration).await {
+                Ok(registered) => {
+                    *self.shared.node.lock().unwrap() = Some(registered.node_id);
+                    tracing::info!(
+                        "registered as node {} ({}) with {}",
+                        registered.node_id,
+                        self.shared.config.name,
+                        self.shared.config.capacity
+                    );
+                    return Some(registered.node_id);
+                }
+                Err(e) => {
+                    tracing::warn!("cannot register with the server: {e}");
+                    backoff.wait(shutdown).await.ok()?;
+                }
+            }
+        }
+    }
+
+    fn reconcile(&self, desired: Vec<Assignment>) {
+        let wanted: BTreeSet<AttemptRef> = desired.iter().map(|a| a.attempt).collect();
+        let mut attempts = self.attempts.lock().unwrap();
+        attempts.finished.retain(|a| wanted.contains(a));
+        for (attempt, token) in &attempts.running {
+            if !wanted.contains(attempt) {
+                tracing::info!(
+                    "stopping task {} attempt {}: no longer assigned",
+                    attempt.task,
+                    attempt.attempt
+                );
+                token.cancel();
+            }
+        }
+        for assignment in desired {
+            let key = assignment.attempt;
+            if attempts.running.contains_key(&key) || attempts.finished.contains(&key) {
+                continue;
+            }
+            let token = CancellationToken::new();
+            attempts.running.insert(key, token.clone());
+            let shared = self.shared.clone();
+            let registry = self.attempts.clone();
+            tokio::spawn(async move {
+                attempt::run(shared, assignment, token).await;
+                let mut attempts = registry.lock().unwrap();
+                attempts.running.remove(&key);
+                attempts.finished.insert(key);
+            });
+        }
+    }
+}
+
+/// Exponential backoff from 50 ms to 2 s for reconnecting to the server.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            next: Duration::from_millis(50),
+        }
+    }
+}
+
+impl Backoff {
+    pub fn reset(&mut self) {
+        *self = Backoff::default();
+    }
+
+    /// Wait the current delay; `Err` when shut down meanwhile.
+    pub async fn wait(&mut self, shutdown: &CancellationToken) -> Result<(), ()> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(Duration::from_secs(2));
+        tokio::select! {
+            _ = shutdown.cancelled() => Err(()),
+            _ = tokio::time::sleep(delay) => Ok(()),
+        }
+    }
+}
+
+/// Wall-clock time for reports; agents stamp when things happened on their node.
+pub(crate) fn now() -> tacc_core::Timestamp {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    tacc_core::Timestamp(millis)
+}

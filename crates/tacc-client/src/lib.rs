@@ -11,8 +11,9 @@ use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
 use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState};
 use tacc_proto::{
-    AgentRegistered, AgentReport, AgentReports, ApiError, CancelReply, DesiredWork, Health, NodeView, OutputFile, RegisterAgent,
-    SnapshotCommitted, SnapshotOffer, SnapshotOfferReply, SubmitReply, SubmitTask, TaskEventView, TaskView,
+    AgentRegistered, AgentReport, AgentReports, ApiError, AttemptRef, CancelReply, DesiredWork,
+    Health, NodeView, OutputFile, RegisterAgent, SnapshotCommitted, SnapshotOffer,
+    SnapshotOfferReply, SubmitReply, SubmitTask, TaskEventView, TaskView, WorkPoll,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +21,11 @@ pub enum ClientError {
     #[error("cannot reach the TACC server at {url}: {reason}")]
     Unreachable { url: String, reason: String },
     #[error("{message}")]
-    Api { status: u16, code: String, message: String },
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
     #[error("unexpected answer from {url}: {reason}")]
     Protocol { url: String, reason: String },
 }
@@ -117,7 +122,10 @@ impl Client {
             Err(_) => ClientError::Api {
                 status: status.as_u16(),
                 code: status_code_name(status),
-                message: format!("the server answered {status}: {}", String::from_utf8_lossy(&body).trim()),
+                message: format!(
+                    "the server answered {status}: {}",
+                    String::from_utf8_lossy(&body).trim()
+                ),
             },
         })
     }
@@ -139,8 +147,11 @@ impl Client {
     // ------------------------------------------------------------ snapshots
 
     pub async fn offer_snapshot(&self, manifest: serde_json::Value) -> Result<SnapshotOfferReply> {
-        self.json(self.request(Method::POST, "/v1/snapshots/offer").json(&SnapshotOffer { manifest }))
-            .await
+        self.json(
+            self.request(Method::POST, "/v1/snapshots/offer")
+                .json(&SnapshotOffer { manifest }),
+        )
+        .await
     }
 
     /// Upload one chunk, zstd-compressed on the wire.
@@ -155,23 +166,30 @@ impl Client {
     }
 
     pub async fn commit_snapshot(&self, manifest: serde_json::Value) -> Result<SnapshotCommitted> {
-        self.json(self.request(Method::POST, "/v1/snapshots/commit").json(&SnapshotOffer { manifest }))
-            .await
+        self.json(
+            self.request(Method::POST, "/v1/snapshots/commit")
+                .json(&SnapshotOffer { manifest }),
+        )
+        .await
     }
 
     pub async fn get_snapshot(&self, id: &SnapshotId) -> Result<serde_json::Value> {
-        self.json(self.request(Method::GET, &format!("/v1/snapshots/{id}"))).await
+        self.json(self.request(Method::GET, &format!("/v1/snapshots/{id}")))
+            .await
     }
 
     pub async fn get_chunk(&self, hash: &str) -> Result<Bytes> {
-        let response = self.send(self.request(Method::GET, &format!("/v1/chunks/{hash}"))).await?;
+        let response = self
+            .send(self.request(Method::GET, &format!("/v1/chunks/{hash}")))
+            .await?;
         response.bytes().await.map_err(|e| self.unreachable(e))
     }
 
     // ------------------------------------------------------------ tasks
 
     pub async fn submit(&self, task: &SubmitTask) -> Result<SubmitReply> {
-        self.json(self.request(Method::POST, "/v1/tasks").json(task)).await
+        self.json(self.request(Method::POST, "/v1/tasks").json(task))
+            .await
     }
 
     pub async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskView>> {
@@ -186,23 +204,28 @@ impl Client {
         if let Some(limit) = query.limit {
             params.push(("limit", limit.to_string()));
         }
-        self.json(self.request(Method::GET, "/v1/tasks").query(&params)).await
+        self.json(self.request(Method::GET, "/v1/tasks").query(&params))
+            .await
     }
 
     pub async fn get_task(&self, id: TaskId) -> Result<TaskView> {
-        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}"))).await
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}")))
+            .await
     }
 
     pub async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEventView>> {
-        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/events"))).await
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/events")))
+            .await
     }
 
     pub async fn task_instruction(&self, id: TaskId) -> Result<serde_json::Value> {
-        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/instruction"))).await
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/instruction")))
+            .await
     }
 
     pub async fn cancel(&self, id: TaskId) -> Result<CancelReply> {
-        self.json(self.request(Method::POST, &format!("/v1/tasks/{id}/cancel"))).await
+        self.json(self.request(Method::POST, &format!("/v1/tasks/{id}/cancel")))
+            .await
     }
 
     /// The log from `offset` to its current end, and the offset just past it.
@@ -219,11 +242,18 @@ impl Client {
     }
 
     /// Stream the log from `offset` until the task has ended and all output was sent.
-    pub async fn follow_logs(&self, id: TaskId, offset: u64) -> Result<impl Stream<Item = Result<Bytes>> + use<>> {
+    pub async fn follow_logs(
+        &self,
+        id: TaskId,
+        offset: u64,
+    ) -> Result<impl Stream<Item = Result<Bytes>> + use<>> {
         let response = self
             .send(
                 self.request(Method::GET, &format!("/v1/tasks/{id}/logs"))
-                    .query(&[("offset", offset.to_string()), ("follow", "true".to_string())]),
+                    .query(&[
+                        ("offset", offset.to_string()),
+                        ("follow", "true".to_string()),
+                    ]),
             )
             .await?;
         let base = self.base.clone();
@@ -236,12 +266,16 @@ impl Client {
     }
 
     pub async fn list_outputs(&self, id: TaskId) -> Result<Vec<OutputFile>> {
-        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/outputs"))).await
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/outputs")))
+            .await
     }
 
     pub async fn get_output(&self, id: TaskId, attempt: AttemptNo, path: &str) -> Result<Bytes> {
         let response = self
-            .send(self.request(Method::GET, &format!("/v1/tasks/{id}/outputs/{attempt}/{path}")))
+            .send(self.request(
+                Method::GET,
+                &format!("/v1/tasks/{id}/outputs/{attempt}/{path}"),
+            ))
             .await?;
         response.bytes().await.map_err(|e| self.unreachable(e))
     }
@@ -253,19 +287,29 @@ impl Client {
     // ------------------------------------------------------------ agent protocol
 
     pub async fn register_agent(&self, registration: &RegisterAgent) -> Result<AgentRegistered> {
-        self.json(self.request(Method::POST, "/v1/agents/register").json(registration))
-            .await
+        self.json(
+            self.request(Method::POST, "/v1/agents/register")
+                .json(registration),
+        )
+        .await
     }
 
     /// Long poll for the node's desired work; answers when it differs from `after`.
-    pub async fn agent_work(&self, node: NodeId, after: Option<u64>, wait: Duration) -> Result<DesiredWork> {
-        let mut params = vec![("wait_ms", wait.as_millis().to_string())];
-        if let Some(after) = after {
-            params.push(("after", after.to_string()));
-        }
+    pub async fn agent_work(
+        &self,
+        node: NodeId,
+        after: Option<u64>,
+        wait: Duration,
+        running: Vec<AttemptRef>,
+    ) -> Result<DesiredWork> {
+        let poll = WorkPoll {
+            after,
+            wait_ms: wait.as_millis() as u64,
+            running,
+        };
         self.json(
-            self.request(Method::GET, &format!("/v1/agents/{node}/work"))
-                .query(&params)
+            self.request(Method::POST, &format!("/v1/agents/{node}/work"))
+                .json(&poll)
                 .timeout(wait + Duration::from_secs(30)),
         )
         .await
@@ -280,10 +324,20 @@ impl Client {
         Ok(())
     }
 
-    pub async fn put_output(&self, node: NodeId, task: TaskId, attempt: AttemptNo, path: &str, bytes: Vec<u8>) -> Result<()> {
+    pub async fn put_output(
+        &self,
+        node: NodeId,
+        task: TaskId,
+        attempt: AttemptNo,
+        path: &str,
+        bytes: Vec<u8>,
+    ) -> Result<()> {
         self.send(
-            self.request(Method::PUT, &format!("/v1/agents/{node}/outputs/{task}/{attempt}/{path}"))
-                .body(bytes),
+            self.request(
+                Method::PUT,
+                &format!("/v1/agents/{node}/outputs/{task}/{attempt}/{path}"),
+            )
+            .body(bytes),
         )
         .await?;
         Ok(())

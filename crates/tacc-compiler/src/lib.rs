@@ -13,7 +13,7 @@ pub mod instruction;
 pub mod snapshot;
 
 pub use error::CompilerError;
-pub use instruction::{Instruction, NodeContext, compile};
+pub use instruction::{INSTRUCTION_FORMAT, Instruction, NodeContext, compile};
 pub use snapshot::{
     ChunkHash, ChunkRef, ChunkSource, ChunkerParams, DirChunkStore, Entry, EntryKind,
     MANIFEST_FORMAT_VERSION, Manifest, MaterializeStats, ScannedTree, materialize,

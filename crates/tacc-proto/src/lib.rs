@@ -163,6 +163,16 @@ pub struct Assignment {
     pub master_port: u16,
 }
 
+/// Agent → server long poll for work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkPoll {
+    /// The version of the desired work the agent has; the answer waits until it changes.
+    pub after: Option<u64>,
+    pub wait_ms: u64,
+    /// Attempts the agent is running right now.
+    pub running: Vec<AttemptRef>,
+}
+
 /// The long-poll answer: the complete set of attempts this node should be running.
 /// Anything the agent runs that is not listed must be stopped.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -15,8 +15,9 @@ use serde::Deserialize;
 use tacc_compiler::{ChunkHash, Manifest};
 use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState};
 use tacc_proto::{
-    AgentRegistered, AgentReports, ApiError, CancelReply, Health, OutputFile, RegisterAgent, SnapshotCommitted, SnapshotOffer,
-    SnapshotOfferReply, SubmitReply, SubmitTask, TaskEventView, TaskView,
+    AgentRegistered, AgentReports, ApiError, CancelReply, Health, OutputFile, RegisterAgent,
+    SnapshotCommitted, SnapshotOffer, SnapshotOfferReply, SubmitReply, SubmitTask, TaskEventView,
+    TaskView, WorkPoll,
 };
 use tacc_schema::TaskSpec;
 use tacc_store::{OutputRecord, TaskFilter, TaskRecord};
@@ -54,9 +55,12 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken) -> Router {
         .route("/v1/chunks/{hash}", put(put_chunk).get(get_chunk))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/agents/register", post(register_agent))
-        .route("/v1/agents/{node}/work", get(agent_work))
+        .route("/v1/agents/{node}/work", post(agent_work))
         .route("/v1/agents/{node}/reports", post(agent_reports))
-        .route("/v1/agents/{node}/outputs/{task}/{attempt}/{*path}", put(put_output))
+        .route(
+            "/v1/agents/{node}/outputs/{task}/{attempt}/{*path}",
+            put(put_output),
+        )
         .layer(axum::extract::DefaultBodyLimit::max(MAX_CHUNK_BYTES))
         .with_state(AppState { control, shutdown })
 }
@@ -64,14 +68,16 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken) -> Router {
 impl IntoResponse for ServerError {
     fn into_response(self) -> Response {
         let (status, code) = match &self {
-            ServerError::TaskNotFound(_) | ServerError::NodeNotFound(_) | ServerError::NotFound(_) => {
-                (StatusCode::NOT_FOUND, "not_found")
-            }
+            ServerError::TaskNotFound(_)
+            | ServerError::NodeNotFound(_)
+            | ServerError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ServerError::NodeNotRegistered(_) => (StatusCode::CONFLICT, "node_not_registered"),
             ServerError::InvalidTask(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_task"),
             ServerError::Unsupported(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unsupported"),
             ServerError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            ServerError::Store(_) | ServerError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            ServerError::Store(_) | ServerError::Internal(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+            }
         };
         if status.is_server_error() {
             tracing::error!("{self}");
@@ -117,13 +123,27 @@ async fn task_view(control: &Control, record: TaskRecord) -> TaskView {
         nodes: record
             .placements
             .iter()
-            .map(|p| names.get(&p.node).cloned().unwrap_or_else(|| format!("node-{}", p.node)))
+            .map(|p| {
+                names
+                    .get(&p.node)
+                    .cloned()
+                    .unwrap_or_else(|| format!("node-{}", p.node))
+            })
             .collect(),
-        gpus: record.placements.iter().map(|p| p.gpu_indices.clone()).collect(),
+        gpus: record
+            .placements
+            .iter()
+            .map(|p| p.gpu_indices.clone())
+            .collect(),
         snapshot: record.snapshot,
-        per_node: spec.as_ref().map(|s| s.resources.per_node()).unwrap_or_default(),
+        per_node: spec
+            .as_ref()
+            .map(|s| s.resources.per_node())
+            .unwrap_or_default(),
         num_nodes: spec.as_ref().map_or(1, |s| s.resources.nodes),
-        time_limit_secs: spec.as_ref().and_then(|s| s.resources.time_limit.map(|t| t.as_secs())),
+        time_limit_secs: spec
+            .as_ref()
+            .and_then(|s| s.resources.time_limit.map(|t| t.as_secs())),
         submitted_at: record.submitted_at,
         started_at: record.started_at,
         finished_at: record.finished_at,
@@ -134,13 +154,24 @@ async fn task_view(control: &Control, record: TaskRecord) -> TaskView {
 }
 
 async fn load(control: &Control, id: TaskId) -> ApiResult<TaskRecord> {
-    control.store.get_task(id).await?.ok_or(ServerError::TaskNotFound(id))
+    control
+        .store
+        .get_task(id)
+        .await?
+        .ok_or(ServerError::TaskNotFound(id))
 }
 
-async fn submit(State(app): State<AppState>, headers: HeaderMap, Json(body): Json<SubmitTask>) -> ApiResult<(StatusCode, Json<SubmitReply>)> {
+async fn submit(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Json(body): Json<SubmitTask>,
+) -> ApiResult<(StatusCode, Json<SubmitReply>)> {
     let spec: TaskSpec = serde_json::from_value(body.spec)
         .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;
-    let record = app.control.submit(&user_of(&headers), spec, body.snapshot, body.source).await?;
+    let record = app
+        .control
+        .submit(&user_of(&headers), spec, body.snapshot, body.source)
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(SubmitReply {
@@ -158,13 +189,19 @@ struct ListQuery {
     limit: Option<u32>,
 }
 
-async fn list_tasks(State(app): State<AppState>, Query(query): Query<ListQuery>) -> ApiResult<Json<Vec<TaskView>>> {
+async fn list_tasks(
+    State(app): State<AppState>,
+    Query(query): Query<ListQuery>,
+) -> ApiResult<Json<Vec<TaskView>>> {
     let states = match &query.state {
         None => Vec::new(),
         Some(text) => text
             .split(',')
             .filter(|s| !s.is_empty())
-            .map(|s| s.parse::<TaskState>().map_err(|e| ServerError::BadRequest(e.to_string())))
+            .map(|s| {
+                s.parse::<TaskState>()
+                    .map_err(|e| ServerError::BadRequest(e.to_string()))
+            })
             .collect::<Result<_, _>>()?,
     };
     let filter = TaskFilter {
@@ -185,7 +222,10 @@ async fn get_task(State(app): State<AppState>, Path(id): Path<u64>) -> ApiResult
     Ok(Json(task_view(&app.control, record).await))
 }
 
-async fn task_events(State(app): State<AppState>, Path(id): Path<u64>) -> ApiResult<Json<Vec<TaskEventView>>> {
+async fn task_events(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<Vec<TaskEventView>>> {
     load(&app.control, TaskId(id)).await?;
     let events = app.control.store.task_events(TaskId(id)).await?;
     Ok(Json(
@@ -201,7 +241,10 @@ async fn task_events(State(app): State<AppState>, Path(id): Path<u64>) -> ApiRes
     ))
 }
 
-async fn cancel_task(State(app): State<AppState>, Path(id): Path<u64>) -> ApiResult<Json<CancelReply>> {
+async fn cancel_task(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<CancelReply>> {
     let before = load(&app.control, TaskId(id)).await?;
     let after = app.control.cancel(TaskId(id)).await?;
     Ok(Json(CancelReply {
@@ -211,11 +254,23 @@ async fn cancel_task(State(app): State<AppState>, Path(id): Path<u64>) -> ApiRes
     }))
 }
 
-async fn task_instruction(State(app): State<AppState>, Path(id): Path<u64>) -> ApiResult<Json<serde_json::Value>> {
+async fn task_instruction(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<serde_json::Value>> {
     let record = load(&app.control, TaskId(id)).await?;
-    let spec: TaskSpec = serde_json::from_value(record.spec.clone()).map_err(|e| ServerError::Internal(e.to_string()))?;
-    let instruction = tacc_compiler::compile(record.id, record.attempt, &record.user, &spec, record.snapshot);
-    Ok(Json(serde_json::to_value(instruction).map_err(|e| ServerError::Internal(e.to_string()))?))
+    let spec: TaskSpec = serde_json::from_value(record.spec.clone())
+        .map_err(|e| ServerError::Internal(e.to_string()))?;
+    let instruction = tacc_compiler::compile(
+        record.id,
+        record.attempt,
+        &record.user,
+        &spec,
+        record.snapshot,
+    );
+    Ok(Json(
+        serde_json::to_value(instruction).map_err(|e| ServerError::Internal(e.to_string()))?,
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -229,7 +284,11 @@ struct LogQuery {
 /// The task's log from a byte offset. With `follow`, the response streams new output
 /// until the task has ended and everything was sent; a client that loses the
 /// connection resumes by asking again from the offset it reached.
-async fn task_logs(State(app): State<AppState>, Path(id): Path<u64>, Query(query): Query<LogQuery>) -> ApiResult<Response> {
+async fn task_logs(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+    Query(query): Query<LogQuery>,
+) -> ApiResult<Response> {
     let task = TaskId(id);
     load(&app.control, task).await?;
     let control = app.control.clone();
@@ -272,7 +331,10 @@ async fn task_logs(State(app): State<AppState>, Path(id): Path<u64>, Query(query
                 };
                 if finished {
                     // One last read: output may have landed between the read and the check.
-                    let tail = control.logs.read(task, offset, LOG_READ_STEP).unwrap_or_default();
+                    let tail = control
+                        .logs
+                        .read(task, offset, LOG_READ_STEP)
+                        .unwrap_or_default();
                     if tail.is_empty() {
                         return None;
                     }
@@ -288,9 +350,10 @@ async fn task_logs(State(app): State<AppState>, Path(id): Path<u64>, Query(query
         }
     });
     let mut response = Body::from_stream(stream).into_response();
-    response
-        .headers_mut()
-        .insert(tacc_proto::LOG_OFFSET_HEADER, HeaderValue::from(query.offset));
+    response.headers_mut().insert(
+        tacc_proto::LOG_OFFSET_HEADER,
+        HeaderValue::from(query.offset),
+    );
     Ok(response)
 }
 
@@ -310,7 +373,10 @@ fn safe_relative(path: &str) -> ApiResult<PathBuf> {
     }
 }
 
-async fn list_outputs(State(app): State<AppState>, Path(id): Path<u64>) -> ApiResult<Json<Vec<OutputFile>>> {
+async fn list_outputs(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<Vec<OutputFile>>> {
     load(&app.control, TaskId(id)).await?;
     let outputs = app.control.store.list_outputs(TaskId(id)).await?;
     Ok(Json(
@@ -325,12 +391,22 @@ async fn list_outputs(State(app): State<AppState>, Path(id): Path<u64>) -> ApiRe
     ))
 }
 
-async fn get_output(State(app): State<AppState>, Path((id, attempt, path)): Path<(u64, u32, String)>) -> ApiResult<Vec<u8>> {
+async fn get_output(
+    State(app): State<AppState>,
+    Path((id, attempt, path)): Path<(u64, u32, String)>,
+) -> ApiResult<Vec<u8>> {
     let relative = safe_relative(&path)?;
-    let file = app.control.outputs_dir.join(id.to_string()).join(attempt.to_string()).join(relative);
-    tokio::fs::read(&file)
-        .await
-        .map_err(|_| ServerError::NotFound(format!("task {id} attempt {attempt} has no output `{path}`")))
+    let file = app
+        .control
+        .outputs_dir
+        .join(id.to_string())
+        .join(attempt.to_string())
+        .join(relative);
+    tokio::fs::read(&file).await.map_err(|_| {
+        ServerError::NotFound(format!(
+            "task {id} attempt {attempt} has no output `{path}`"
+        ))
+    })
 }
 
 async fn put_output(
@@ -340,7 +416,11 @@ async fn put_output(
 ) -> ApiResult<StatusCode> {
     app.control.touch(NodeId(node)).await;
     let relative = safe_relative(&path)?;
-    let dir = app.control.outputs_dir.join(task.to_string()).join(attempt.to_string());
+    let dir = app
+        .control
+        .outputs_dir
+        .join(task.to_string())
+        .join(attempt.to_string());
     let file = dir.join(&relative);
     if let Some(parent) = file.parent() {
         tokio::fs::create_dir_all(parent)
@@ -366,18 +446,26 @@ async fn put_output(
 }
 
 fn manifest_of(value: serde_json::Value) -> ApiResult<Manifest> {
-    let manifest: Manifest = serde_json::from_value(value).map_err(|e| ServerError::BadRequest(format!("malformed manifest: {e}")))?;
+    let manifest: Manifest = serde_json::from_value(value)
+        .map_err(|e| ServerError::BadRequest(format!("malformed manifest: {e}")))?;
     manifest
         .validate()
         .map_err(|e| ServerError::BadRequest(format!("rejected manifest: {e}")))?;
     Ok(manifest)
 }
 
-async fn offer_snapshot(State(app): State<AppState>, Json(offer): Json<SnapshotOffer>) -> ApiResult<Json<SnapshotOfferReply>> {
+async fn offer_snapshot(
+    State(app): State<AppState>,
+    Json(offer): Json<SnapshotOffer>,
+) -> ApiResult<Json<SnapshotOfferReply>> {
     let manifest = manifest_of(offer.manifest)?;
     let chunks = manifest.chunk_set();
     let store = app.control.chunk_store();
-    let missing: Vec<String> = chunks.iter().filter(|h| !store.has(h)).map(|h| h.to_string()).collect();
+    let missing: Vec<String> = chunks
+        .iter()
+        .filter(|h| !store.has(h))
+        .map(|h| h.to_string())
+        .collect();
     Ok(Json(SnapshotOfferReply {
         snapshot: manifest.id(),
         missing,
@@ -387,17 +475,25 @@ async fn offer_snapshot(State(app): State<AppState>, Json(offer): Json<SnapshotO
 }
 
 /// Make a snapshot visible, only once every chunk it names is stored and verified.
-async fn commit_snapshot(State(app): State<AppState>, Json(offer): Json<SnapshotOffer>) -> ApiResult<Json<SnapshotCommitted>> {
+async fn commit_snapshot(
+    State(app): State<AppState>,
+    Json(offer): Json<SnapshotOffer>,
+) -> ApiResult<Json<SnapshotCommitted>> {
     let manifest = manifest_of(offer.manifest)?;
     let store = app.control.chunk_store();
-    let missing = manifest.chunk_set().into_iter().filter(|h| !store.has(h)).count();
+    let missing = manifest
+        .chunk_set()
+        .into_iter()
+        .filter(|h| !store.has(h))
+        .count();
     if missing > 0 {
         return Err(ServerError::BadRequest(format!(
             "{missing} chunk(s) of the snapshot have not been uploaded; upload them and commit again"
         )));
     }
     let id = manifest.id();
-    let value = serde_json::to_value(&manifest).map_err(|e| ServerError::Internal(e.to_string()))?;
+    let value =
+        serde_json::to_value(&manifest).map_err(|e| ServerError::Internal(e.to_string()))?;
     app.control
         .store
         .put_snapshot(&id, &value, manifest.total_bytes().as_bytes(), crate::now())
@@ -405,8 +501,13 @@ async fn commit_snapshot(State(app): State<AppState>, Json(offer): Json<Snapshot
     Ok(Json(SnapshotCommitted { snapshot: id }))
 }
 
-async fn get_snapshot(State(app): State<AppState>, Path(id): Path<String>) -> ApiResult<Json<serde_json::Value>> {
-    let id: SnapshotId = id.parse().map_err(|e: tacc_core::CoreError| ServerError::BadRequest(e.to_string()))?;
+async fn get_snapshot(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let id: SnapshotId = id
+        .parse()
+        .map_err(|e: tacc_core::CoreError| ServerError::BadRequest(e.to_string()))?;
     let manifest = app.control.store.get_snapshot(&id).await?;
     manifest
         .map(Json)
@@ -414,18 +515,25 @@ async fn get_snapshot(State(app): State<AppState>, Path(id): Path<String>) -> Ap
 }
 
 fn chunk_hash(text: &str) -> ApiResult<ChunkHash> {
-    text.parse().map_err(|e| ServerError::BadRequest(format!("{e}")))
+    text.parse()
+        .map_err(|e| ServerError::BadRequest(format!("{e}")))
 }
 
 /// Store one chunk. A body sent with `Content-Encoding: zstd` is decompressed first; the
 /// bytes must hash to the name, or nothing is stored.
-async fn put_chunk(State(app): State<AppState>, Path(hash): Path<String>, headers: HeaderMap, body: Bytes) -> ApiResult<StatusCode> {
+async fn put_chunk(
+    State(app): State<AppState>,
+    Path(hash): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let hash = chunk_hash(&hash)?;
     let compressed = headers
         .get(axum::http::header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"zstd"));
     let bytes = if compressed {
-        zstd::bulk::decompress(&body, MAX_CHUNK_BYTES).map_err(|e| ServerError::BadRequest(format!("chunk {hash}: bad zstd data: {e}")))?
+        zstd::bulk::decompress(&body, MAX_CHUNK_BYTES)
+            .map_err(|e| ServerError::BadRequest(format!("chunk {hash}: bad zstd data: {e}")))?
     } else {
         body.to_vec()
     };
@@ -449,7 +557,10 @@ async fn list_nodes(State(app): State<AppState>) -> Json<Vec<tacc_proto::NodeVie
     Json(app.control.node_views().await)
 }
 
-async fn register_agent(State(app): State<AppState>, Json(body): Json<RegisterAgent>) -> ApiResult<Json<AgentRegistered>> {
+async fn register_agent(
+    State(app): State<AppState>,
+    Json(body): Json<RegisterAgent>,
+) -> ApiResult<Json<AgentRegistered>> {
     let record = app.control.register_agent(body).await?;
     Ok(Json(AgentRegistered {
         node_id: record.id,
@@ -457,32 +568,35 @@ async fn register_agent(State(app): State<AppState>, Json(body): Json<RegisterAg
     }))
 }
 
-#[derive(Debug, Deserialize)]
-struct WorkQuery {
-    /// The version the agent already has; the answer waits until it changes.
-    after: Option<u64>,
-    wait_ms: Option<u64>,
-}
-
 /// Long poll: answers at once when the node's work changed since `after`, otherwise when
 /// it changes or the wait is over.
-async fn agent_work(State(app): State<AppState>, Path(node): Path<u64>, Query(query): Query<WorkQuery>) -> ApiResult<Json<tacc_proto::DesiredWork>> {
+async fn agent_work(
+    State(app): State<AppState>,
+    Path(node): Path<u64>,
+    Json(poll): Json<WorkPoll>,
+) -> ApiResult<Json<tacc_proto::DesiredWork>> {
     let node = NodeId(node);
-    let (work, mut changes) = app.control.desired_work(node).await?;
-    if query.after != Some(work.version) {
+    let (work, mut changes) = app.control.desired_work(node, &poll.running).await?;
+    if poll.after != Some(work.version) {
         return Ok(Json(work));
     }
-    let wait = Duration::from_millis(query.wait_ms.unwrap_or(0)).min(MAX_POLL_WAIT);
+    let wait = Duration::from_millis(poll.wait_ms).min(MAX_POLL_WAIT);
     tokio::select! {
         _ = changes.changed() => {}
         _ = tokio::time::sleep(wait) => {}
         _ = app.shutdown.cancelled() => {}
     }
-    let (work, _) = app.control.desired_work(node).await?;
+    let (work, _) = app.control.desired_work(node, &poll.running).await?;
     Ok(Json(work))
 }
 
-async fn agent_reports(State(app): State<AppState>, Path(node): Path<u64>, Json(body): Json<AgentReports>) -> ApiResult<StatusCode> {
-    app.control.agent_reports(NodeId(node), body.reports).await?;
+async fn agent_reports(
+    State(app): State<AppState>,
+    Path(node): Path<u64>,
+    Json(body): Json<AgentReports>,
+) -> ApiResult<StatusCode> {
+    app.control
+        .agent_reports(NodeId(node), body.reports)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

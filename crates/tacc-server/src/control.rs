@@ -13,7 +13,8 @@ use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef, DesiredWor
 use tacc_scheduler::{Action, Event, NodeSpec, Placement, Scheduler, TaskRequest};
 use tacc_schema::{RetryOn, Runtime, TaskSpec};
 use tacc_store::{
-    NewNode, NewTask, NodeRecord, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter, TaskRecord, Transition,
+    NewNode, NewTask, NodeRecord, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter,
+    TaskRecord, Transition,
 };
 use tokio::sync::{Mutex, watch};
 
@@ -40,7 +41,9 @@ impl ServerConfig {
 }
 
 pub fn now() -> Timestamp {
-    let millis = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     Timestamp(millis)
 }
 
@@ -51,6 +54,8 @@ struct LiveNode {
     last_seen: Instant,
     version: watch::Sender<u64>,
     assignments: BTreeMap<AttemptRef, Assignment>,
+    /// Attempts withdrawn by a cancel, until the agent confirms they are not running.
+    cancelling: BTreeSet<AttemptRef>,
 }
 
 #[derive(Debug)]
@@ -75,8 +80,12 @@ pub struct Control {
 }
 
 fn spec_of(record: &TaskRecord) -> Result<TaskSpec, ServerError> {
-    serde_json::from_value(record.spec.clone())
-        .map_err(|e| ServerError::Internal(format!("stored spec of task {} is unreadable: {e}", record.id)))
+    serde_json::from_value(record.spec.clone()).map_err(|e| {
+        ServerError::Internal(format!(
+            "stored spec of task {} is unreadable: {e}",
+            record.id
+        ))
+    })
 }
 
 fn request_of(spec: &TaskSpec, record: &TaskRecord, at: Timestamp) -> TaskRequest {
@@ -103,30 +112,46 @@ fn placements_of(stored: &[StoredPlacement]) -> Vec<Placement> {
 }
 
 /// What becomes of an attempt that ended, and why.
-fn final_state(outcome: &AttemptOutcome, cancel_requested: bool) -> (TaskState, Option<String>, Option<i32>) {
+fn final_state(
+    outcome: &AttemptOutcome,
+    cancel_requested: bool,
+) -> (TaskState, Option<String>, Option<i32>) {
     match outcome {
         _ if cancel_requested => (TaskState::Cancelled, Some("cancelled by user".into()), None),
         AttemptOutcome::Cancelled => (TaskState::Cancelled, Some("cancelled".into()), None),
         AttemptOutcome::Exited { code: 0 } => (TaskState::Succeeded, None, Some(0)),
-        AttemptOutcome::Exited { code } => (TaskState::Failed, Some(format!("exit code {code}")), Some(*code)),
+        AttemptOutcome::Exited { code } => (
+            TaskState::Failed,
+            Some(format!("exit code {code}")),
+            Some(*code),
+        ),
         AttemptOutcome::Signalled { signal } => (
             TaskState::Failed,
             Some(format!("killed by signal {signal}")),
             Some(128 + signal),
         ),
         AttemptOutcome::TimeLimit => (TaskState::Failed, Some("time limit reached".into()), None),
-        AttemptOutcome::LaunchFailed { reason, message } => (TaskState::Failed, Some(format!("{reason}: {message}")), None),
+        AttemptOutcome::LaunchFailed { reason, message } => (
+            TaskState::Failed,
+            Some(format!("{reason}: {message}")),
+            None,
+        ),
     }
 }
 
 impl Control {
-    pub async fn open(store: Arc<dyn Store>, config: ServerConfig) -> Result<Arc<Control>, ServerError> {
+    pub async fn open(
+        store: Arc<dyn Store>,
+        config: ServerConfig,
+    ) -> Result<Arc<Control>, ServerError> {
         let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
-        let logs = LogBook::open(config.data_dir.join("logs")).map_err(|e| io("cannot create the log directory", e))?;
+        let logs = LogBook::open(config.data_dir.join("logs"))
+            .map_err(|e| io("cannot create the log directory", e))?;
         let chunks = DirChunkStore::open(&config.data_dir.join("chunks"))
             .map_err(|e| ServerError::Internal(format!("cannot open the chunk store: {e}")))?;
         let outputs_dir = config.data_dir.join("outputs");
-        std::fs::create_dir_all(&outputs_dir).map_err(|e| io("cannot create the outputs directory", e))?;
+        std::fs::create_dir_all(&outputs_dir)
+            .map_err(|e| io("cannot create the outputs directory", e))?;
         let control = Arc::new(Control {
             store,
             logs,
@@ -159,6 +184,7 @@ impl Control {
                     last_seen: Instant::now(),
                     version,
                     assignments: BTreeMap::new(),
+                    cancelling: BTreeSet::new(),
                 },
             );
         }
@@ -191,15 +217,23 @@ impl Control {
     }
 
     /// Accept a task: validate, make it durable, then let the scheduler see it.
-    pub async fn submit(&self, user: &str, spec: TaskSpec, snapshot: SnapshotId, source: Option<String>) -> Result<TaskRecord, ServerError> {
-        spec.validate().map_err(|e| ServerError::InvalidTask(e.to_string()))?;
+    pub async fn submit(
+        &self,
+        user: &str,
+        spec: TaskSpec,
+        snapshot: SnapshotId,
+        source: Option<String>,
+    ) -> Result<TaskRecord, ServerError> {
+        spec.validate()
+            .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
         unsupported(&spec)?;
         if self.store.get_snapshot(&snapshot).await?.is_none() {
             return Err(ServerError::InvalidTask(format!(
                 "snapshot {snapshot} is unknown to this server: upload the code first (tcloud submit does this)"
             )));
         }
-        let spec_json = serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
+        let spec_json =
+            serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
         let record = self
             .store
             .create_task(NewTask {
@@ -215,7 +249,14 @@ impl Control {
         let request = request_of(&spec, &record, record.submitted_at);
         inner.specs.insert(record.id, spec);
         if inner.nodes.values().any(|n| n.online) {
-            self.drive(&mut inner, Event::TaskSubmitted { task: record.id, request }).await;
+            self.drive(
+                &mut inner,
+                Event::TaskSubmitted {
+                    task: record.id,
+                    request,
+                },
+            )
+            .await;
         } else {
             inner.held.insert(record.id);
             self.store
@@ -259,7 +300,13 @@ impl Control {
                         .collect();
                     changes.push(TaskChange::Transition(Transition {
                         placements: stored.clone(),
-                        ..Transition::new(task, TaskState::Queued, TaskState::Starting, record.attempt, plan.at)
+                        ..Transition::new(
+                            task,
+                            TaskState::Queued,
+                            TaskState::Starting,
+                            record.attempt,
+                            plan.at,
+                        )
                     }));
                     starts.push(TaskRecord {
                         placements: stored,
@@ -281,7 +328,13 @@ impl Control {
                         .map_or(AttemptNo::FIRST, |r| r.attempt);
                     changes.push(TaskChange::Transition(Transition {
                         reason: Some(reason.to_string()),
-                        ..Transition::new(task, TaskState::Queued, TaskState::Failed, attempt, plan.at)
+                        ..Transition::new(
+                            task,
+                            TaskState::Queued,
+                            TaskState::Failed,
+                            attempt,
+                            plan.at,
+                        )
                     }));
                     inner.specs.remove(&task);
                 }
@@ -293,7 +346,9 @@ impl Control {
             return;
         }
         for record in starts {
-            let Some(spec) = inner.specs.get(&record.id) else { continue };
+            let Some(spec) = inner.specs.get(&record.id) else {
+                continue;
+            };
             for (node, assignment) in assignments_for(&record, spec, &inner.nodes) {
                 if let Some(live) = inner.nodes.get_mut(&node) {
                     live.assignments.insert(assignment.attempt, assignment);
@@ -319,10 +374,15 @@ impl Control {
             .await
             .unwrap_or_default();
         for record in open.into_iter().rev() {
-            let Some(spec) = inner.specs.get(&record.id) else { continue };
+            let Some(spec) = inner.specs.get(&record.id) else {
+                continue;
+            };
             let request = request_of(spec, &record, record.submitted_at);
             let event = if record.state == TaskState::Queued {
-                Event::TaskSubmitted { task: record.id, request }
+                Event::TaskSubmitted {
+                    task: record.id,
+                    request,
+                }
             } else {
                 Event::TaskRestored {
                     task: record.id,
@@ -339,13 +399,23 @@ impl Control {
     /// stopped by their agents, and end when the agents confirm.
     pub async fn cancel(&self, task: TaskId) -> Result<TaskRecord, ServerError> {
         let mut inner = self.inner.lock().await;
-        let record = self.store.get_task(task).await?.ok_or(ServerError::TaskNotFound(task))?;
+        let record = self
+            .store
+            .get_task(task)
+            .await?
+            .ok_or(ServerError::TaskNotFound(task))?;
         match record.state {
             TaskState::Queued => {
                 self.store
                     .apply(&[TaskChange::Transition(Transition {
                         reason: Some("cancelled by user".into()),
-                        ..Transition::new(task, TaskState::Queued, TaskState::Cancelled, record.attempt, now())
+                        ..Transition::new(
+                            task,
+                            TaskState::Queued,
+                            TaskState::Cancelled,
+                            record.attempt,
+                            now(),
+                        )
                     })])
                     .await?;
                 inner.specs.remove(&task);
@@ -355,13 +425,16 @@ impl Control {
                 self.logs.wake(task);
             }
             TaskState::Starting | TaskState::Running if !record.cancel_requested => {
-                self.store.apply(&[TaskChange::CancelRequested { task }]).await?;
+                self.store
+                    .apply(&[TaskChange::CancelRequested { task }])
+                    .await?;
                 let attempt = AttemptRef {
                     task,
                     attempt: record.attempt,
                 };
                 for live in inner.nodes.values_mut() {
                     if live.assignments.remove(&attempt).is_some() {
+                        live.cancelling.insert(attempt);
                         live.version.send_modify(|v| *v += 1);
                     }
                 }
@@ -371,17 +444,25 @@ impl Control {
                     .iter()
                     .any(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
                 if !placed_on_live_node {
-                    self.finish_attempt(&mut inner, attempt, AttemptOutcome::Cancelled, now()).await?;
+                    self.finish_attempt(&mut inner, attempt, AttemptOutcome::Cancelled, now())
+                        .await?;
                 }
             }
             _ => {}
         }
-        Ok(self.store.get_task(task).await?.ok_or(ServerError::TaskNotFound(task))?)
+        Ok(self
+            .store
+            .get_task(task)
+            .await?
+            .ok_or(ServerError::TaskNotFound(task))?)
     }
 
     /// An agent (re)registers. Attempts the server placed on this node that the agent does
     /// not report are lost: their processes are gone with the agent's previous life.
-    pub async fn register_agent(&self, registration: RegisterAgent) -> Result<NodeRecord, ServerError> {
+    pub async fn register_agent(
+        &self,
+        registration: RegisterAgent,
+    ) -> Result<NodeRecord, ServerError> {
         let mut inner = self.inner.lock().await;
         let record = self
             .store
@@ -404,12 +485,14 @@ impl Control {
             last_seen: Instant::now(),
             version: watch::channel(0).0,
             assignments: BTreeMap::new(),
+            cancelling: BTreeSet::new(),
         });
         live.record = record.clone();
         live.online = true;
         live.last_seen = Instant::now();
         if !was_online {
-            self.drive(&mut inner, Event::NodeUp(node_spec(&record))).await;
+            self.drive(&mut inner, Event::NodeUp(node_spec(&record)))
+                .await;
         }
 
         let active = self
@@ -419,7 +502,11 @@ impl Control {
                 ..Default::default()
             })
             .await?;
-        for task in active.into_iter().rev().filter(|t| t.placements.iter().any(|p| p.node == record.id)) {
+        for task in active
+            .into_iter()
+            .rev()
+            .filter(|t| t.placements.iter().any(|p| p.node == record.id))
+        {
             let attempt = AttemptRef {
                 task: task.id,
                 attempt: task.attempt,
@@ -454,10 +541,15 @@ impl Control {
         if !inner.held.is_empty() {
             let held: Vec<TaskId> = std::mem::take(&mut inner.held).into_iter().collect();
             for task in held {
-                let Some(record) = self.store.get_task(task).await? else { continue };
-                let Some(spec) = inner.specs.get(&task) else { continue };
+                let Some(record) = self.store.get_task(task).await? else {
+                    continue;
+                };
+                let Some(spec) = inner.specs.get(&task) else {
+                    continue;
+                };
                 let request = request_of(spec, &record, record.submitted_at);
-                self.drive(&mut inner, Event::TaskSubmitted { task, request }).await;
+                self.drive(&mut inner, Event::TaskSubmitted { task, request })
+                    .await;
             }
         }
         if let Some(live) = inner.nodes.get(&record.id) {
@@ -466,14 +558,40 @@ impl Control {
         Ok(record)
     }
 
-    /// The work a node should be doing; also counts as the node's heartbeat.
-    pub async fn desired_work(&self, node: NodeId) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
+    /// The work a node should be doing; also counts as the node's heartbeat. `running` is
+    /// what the agent runs now: a cancelled attempt it does not run (it never received
+    /// it, or already stopped it) is cancelled here, since no report about it will come.
+    pub async fn desired_work(
+        &self,
+        node: NodeId,
+        running: &[AttemptRef],
+    ) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
         let mut inner = self.inner.lock().await;
-        let live = inner.nodes.get_mut(&node).ok_or(ServerError::NodeNotFound(node))?;
+        let live = inner
+            .nodes
+            .get_mut(&node)
+            .ok_or(ServerError::NodeNotFound(node))?;
         if !live.online {
             return Err(ServerError::NodeNotRegistered(node));
         }
         live.last_seen = Instant::now();
+        let settled: Vec<AttemptRef> = live
+            .cancelling
+            .iter()
+            .filter(|a| !running.contains(a))
+            .copied()
+            .collect();
+        for attempt in &settled {
+            live.cancelling.remove(attempt);
+        }
+        for attempt in settled {
+            self.finish_attempt(&mut inner, attempt, AttemptOutcome::Cancelled, now())
+                .await?;
+        }
+        let live = inner
+            .nodes
+            .get_mut(&node)
+            .ok_or(ServerError::NodeNotFound(node))?;
         let receiver = live.version.subscribe();
         Ok((
             DesiredWork {
@@ -491,7 +609,11 @@ impl Control {
     }
 
     /// Apply an agent's reports, in order.
-    pub async fn agent_reports(&self, node: NodeId, reports: Vec<AgentReport>) -> Result<(), ServerError> {
+    pub async fn agent_reports(
+        &self,
+        node: NodeId,
+        reports: Vec<AgentReport>,
+    ) -> Result<(), ServerError> {
         let mut inner = self.inner.lock().await;
         match inner.nodes.get_mut(&node) {
             Some(live) => live.last_seen = Instant::now(),
@@ -500,12 +622,17 @@ impl Control {
         for report in reports {
             match report {
                 AgentReport::Log { attempt, text } => {
-                    self.logs
-                        .append(attempt.task, &text)
-                        .map_err(|e| ServerError::Internal(format!("cannot write the log of task {}: {e}", attempt.task)))?;
+                    self.logs.append(attempt.task, &text).map_err(|e| {
+                        ServerError::Internal(format!(
+                            "cannot write the log of task {}: {e}",
+                            attempt.task
+                        ))
+                    })?;
                 }
                 AgentReport::Started { attempt, at } => {
-                    let Some(record) = self.store.get_task(attempt.task).await? else { continue };
+                    let Some(record) = self.store.get_task(attempt.task).await? else {
+                        continue;
+                    };
                     if record.attempt == attempt.attempt && record.state == TaskState::Starting {
                         self.store
                             .apply(&[TaskChange::Transition(Transition::new(
@@ -518,8 +645,13 @@ impl Control {
                             .await?;
                     }
                 }
-                AgentReport::Finished { attempt, at, outcome } => {
-                    self.finish_attempt(&mut inner, attempt, outcome, at).await?;
+                AgentReport::Finished {
+                    attempt,
+                    at,
+                    outcome,
+                } => {
+                    self.finish_attempt(&mut inner, attempt, outcome, at)
+                        .await?;
                 }
             }
         }
@@ -527,8 +659,15 @@ impl Control {
     }
 
     /// An attempt's node vanished: the attempt is lost (and maybe retried).
-    async fn lose_attempt(&self, inner: &mut Inner, attempt: AttemptRef, outcome: AttemptOutcome) -> Result<(), ServerError> {
-        let Some(record) = self.store.get_task(attempt.task).await? else { return Ok(()) };
+    async fn lose_attempt(
+        &self,
+        inner: &mut Inner,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+    ) -> Result<(), ServerError> {
+        let Some(record) = self.store.get_task(attempt.task).await? else {
+            return Ok(());
+        };
         if record.attempt != attempt.attempt || !record.state.is_active() {
             return Ok(());
         }
@@ -536,17 +675,31 @@ impl Control {
             AttemptOutcome::LaunchFailed { reason, message } => format!("{reason}: {message}"),
             other => format!("{other:?}"),
         };
-        let state = if record.cancel_requested { TaskState::Cancelled } else { TaskState::Lost };
-        self.end_attempt(inner, record, state, Some(reason), None, now(), true).await
+        let state = if record.cancel_requested {
+            TaskState::Cancelled
+        } else {
+            TaskState::Lost
+        };
+        self.end_attempt(inner, record, state, Some(reason), None, now(), true)
+            .await
     }
 
-    async fn finish_attempt(&self, inner: &mut Inner, attempt: AttemptRef, outcome: AttemptOutcome, at: Timestamp) -> Result<(), ServerError> {
-        let Some(record) = self.store.get_task(attempt.task).await? else { return Ok(()) };
+    async fn finish_attempt(
+        &self,
+        inner: &mut Inner,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+        at: Timestamp,
+    ) -> Result<(), ServerError> {
+        let Some(record) = self.store.get_task(attempt.task).await? else {
+            return Ok(());
+        };
         if record.attempt != attempt.attempt || !record.state.is_active() {
             return Ok(());
         }
         let (state, reason, exit_code) = final_state(&outcome, record.cancel_requested);
-        self.end_attempt(inner, record, state, reason, exit_code, at, false).await
+        self.end_attempt(inner, record, state, reason, exit_code, at, false)
+            .await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -566,7 +719,8 @@ impl Control {
             let wanted = match state {
                 TaskState::Failed => spec.retry.on.contains(&RetryOn::Failed),
                 TaskState::Lost => {
-                    spec.retry.on.contains(&RetryOn::Lost) || (node_failure && spec.retry.on.contains(&RetryOn::NodeFailure))
+                    spec.retry.on.contains(&RetryOn::Lost)
+                        || (node_failure && spec.retry.on.contains(&RetryOn::NodeFailure))
                 }
                 _ => false,
             };
@@ -590,13 +744,15 @@ impl Control {
         };
         for live in inner.nodes.values_mut() {
             live.assignments.remove(&attempt);
+            live.cancelling.remove(&attempt);
         }
         self.drive(inner, Event::TaskEnded(task)).await;
         match (retry, spec) {
             (true, Some(spec)) => {
                 let request = request_of(&spec, &record, at);
                 if inner.nodes.values().any(|n| n.online) {
-                    self.drive(inner, Event::TaskSubmitted { task, request }).await;
+                    self.drive(inner, Event::TaskSubmitted { task, request })
+                        .await;
                 } else {
                     inner.held.insert(task);
                 }
@@ -616,7 +772,9 @@ impl Control {
         let silent: Vec<NodeId> = inner
             .nodes
             .iter()
-            .filter(|(_, n)| n.last_seen.elapsed() > timeout && (n.online || !n.assignments.is_empty()))
+            .filter(|(_, n)| {
+                n.last_seen.elapsed() > timeout && (n.online || !n.assignments.is_empty())
+            })
             .map(|(id, _)| *id)
             .collect();
         for node in silent {
@@ -634,7 +792,10 @@ impl Control {
             for attempt in attempts {
                 let outcome = AttemptOutcome::LaunchFailed {
                     reason: "node_lost".into(),
-                    message: format!("node {name} stopped responding (no heartbeat for {}s)", timeout.as_secs()),
+                    message: format!(
+                        "node {name} stopped responding (no heartbeat for {}s)",
+                        timeout.as_secs()
+                    ),
                 };
                 self.lose_attempt(&mut inner, attempt, outcome).await?;
             }
@@ -651,7 +812,12 @@ impl Control {
                 let allocated = live
                     .assignments
                     .values()
-                    .filter_map(|a| inner.specs.get(&a.attempt.task).map(|s| s.resources.per_node()))
+                    .filter_map(|a| {
+                        inner
+                            .specs
+                            .get(&a.attempt.task)
+                            .map(|s| s.resources.per_node())
+                    })
                     .fold(Resources::ZERO, |acc, r| acc.add(&r));
                 tacc_proto::NodeView {
                     id: live.record.id,
@@ -659,7 +825,11 @@ impl Control {
                     capacity: live.record.capacity,
                     allocated,
                     gpu_type: live.record.gpu_type.clone(),
-                    state: if live.online { "up".into() } else { "down".into() },
+                    state: if live.online {
+                        "up".into()
+                    } else {
+                        "down".into()
+                    },
                     last_seen: now().plus_secs(0),
                     running_tasks: live.assignments.keys().map(|a| a.task).collect(),
                 }
@@ -692,8 +862,18 @@ fn node_spec(record: &NodeRecord) -> NodeSpec {
 }
 
 /// One assignment per node of a placed attempt, rank 0 being the master.
-fn assignments_for(record: &TaskRecord, spec: &TaskSpec, nodes: &BTreeMap<NodeId, LiveNode>) -> Vec<(NodeId, Assignment)> {
-    let instruction: Instruction = tacc_compiler::compile(record.id, record.attempt, &record.user, spec, record.snapshot.clone());
+fn assignments_for(
+    record: &TaskRecord,
+    spec: &TaskSpec,
+    nodes: &BTreeMap<NodeId, LiveNode>,
+) -> Vec<(NodeId, Assignment)> {
+    let instruction: Instruction = tacc_compiler::compile(
+        record.id,
+        record.attempt,
+        &record.user,
+        spec,
+        record.snapshot.clone(),
+    );
     let instruction = serde_json::to_value(&instruction).expect("instructions serialise");
     let master_addr = record
         .placements
@@ -729,7 +909,10 @@ fn unsupported(spec: &TaskSpec) -> Result<(), ServerError> {
     if !spec.datasets.is_empty() {
         problems.push("`datasets` (dataset caching is not supported yet; copy the data into the code directory or read it from a shared path in `run`)");
     }
-    if spec.environment.python.is_some() || !spec.environment.pip.is_empty() || spec.environment.requirements.is_some() {
+    if spec.environment.python.is_some()
+        || !spec.environment.pip.is_empty()
+        || spec.environment.requirements.is_some()
+    {
         problems.push("`environment.python`/`pip`/`requirements` (managed environments are not supported yet; install packages in `setup`)");
     }
     if spec.environment.conda.is_some() {
@@ -739,7 +922,8 @@ fn unsupported(spec: &TaskSpec) -> Result<(), ServerError> {
         problems.push("`environment.image` / `runtime: container` (the container runtime is not supported yet; remove the image to run as a process)");
     }
     if spec.runtime == Runtime::Slurm {
-        problems.push("`runtime: slurm` (the Slurm backend is not supported yet; use `runtime: auto`)");
+        problems
+            .push("`runtime: slurm` (the Slurm backend is not supported yet; use `runtime: auto`)");
     }
     if problems.is_empty() {
         Ok(())

@@ -43,7 +43,11 @@ pub enum ServerError {
 }
 
 /// Serve the API on `listener` until `shutdown` is cancelled.
-pub async fn serve(control: Arc<Control>, listener: TcpListener, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    control: Arc<Control>,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let liveness = {
         let control = control.clone();
         let shutdown = shutdown.clone();

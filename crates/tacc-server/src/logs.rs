@@ -48,7 +48,12 @@ impl LogBook {
     }
 
     pub fn watcher(&self, task: TaskId) -> Arc<Notify> {
-        self.watchers.lock().unwrap().entry(task).or_default().clone()
+        self.watchers
+            .lock()
+            .unwrap()
+            .entry(task)
+            .or_default()
+            .clone()
     }
 
     /// Up to `max` bytes from `offset`; empty at the end (or when there is no log yet).

@@ -1,3 +1,249 @@
-fn main() {
-    println!("Hello, world!");
+//! `taccd`: the TACC daemon. `taccd server` runs the control plane, `taccd agent` a node
+//! agent, and `taccd dev` both in one process (the embedded single-machine cluster that
+//! `tcloud up` starts). A thin binary: all behaviour lives in `tacc-server` and
+//! `tacc-agent`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use tacc_agent::{Agent, AgentConfig};
+use tacc_core::{ByteSize, Resources};
+use tacc_server::{Control, ServerConfig};
+use tacc_store::SqliteStore;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "taccd",
+    version,
+    about = "The TACC daemon: control plane, node agent, or both in one process"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Control plane and a local agent in one process: the embedded single-machine cluster.
+    ///
+    /// Example: taccd dev --data-dir ~/.local/share/tacc/local --listen 127.0.0.1:8383
+    Dev {
+        #[command(flatten)]
+        server: ServerArgs,
+        #[command(flatten)]
+        agent: NodeArgs,
+    },
+    /// The control plane alone; agents on other machines connect to it.
+    ///
+    /// Example: taccd server --data-dir /var/lib/tacc --listen 0.0.0.0:8383
+    Server {
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// A node agent that runs tasks for the server at --server.
+    ///
+    /// Example: taccd agent --server http://head:8383 --data-dir /var/lib/tacc-agent
+    Agent {
+        /// URL of the control plane.
+        #[arg(long, env = "TACC_SERVER")]
+        server: String,
+        /// Where the agent keeps working directories and caches.
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[command(flatten)]
+        node: NodeArgs,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServerArgs {
+    /// Where the database, logs, chunks and outputs live.
+    #[arg(long)]
+    data_dir: PathBuf,
+    /// Address to listen on; port 0 picks a free port (written to DATA_DIR/taccd.json).
+    #[arg(long, default_value = "127.0.0.1:8383")]
+    listen: SocketAddr,
+    /// Seconds without a poll after which an agent, and what it ran, is lost.
+    #[arg(long, default_value_t = 30)]
+    heartbeat_timeout: u64,
+}
+
+#[derive(Debug, Args)]
+struct NodeArgs {
+    /// Node name (default: the host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// CPUs offered to tasks (default: all).
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Memory offered to tasks, e.g. 16GiB (default: all).
+    #[arg(long)]
+    memory: Option<ByteSize>,
+    /// GPUs offered to tasks (default: as found by nvidia-smi).
+    #[arg(long)]
+    gpus: Option<u32>,
+    /// Address other nodes reach this one at (default: 127.0.0.1).
+    #[arg(long, default_value = "127.0.0.1")]
+    address: String,
+    /// Keep attempts' working directories after they end.
+    #[arg(long)]
+    keep_workdirs: bool,
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TACC_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        spawn_signal_handler(shutdown.clone());
+        match cli.command {
+            Command::Dev { server, agent } => run_dev(server, agent, shutdown).await,
+            Command::Server { server } => run_server(server, shutdown).await.map(|_| ()),
+            Command::Agent {
+                server,
+                data_dir,
+                node,
+            } => run_agent(&server, &data_dir, node, shutdown).await,
+        }
+    })
+}
+
+fn spawn_signal_handler(shutdown: CancellationToken) {
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::info!("shutting down");
+        shutdown.cancel();
+    });
+}
+
+/// Start the control plane; returns its URL and the serving task.
+async fn start_server(
+    args: &ServerArgs,
+    shutdown: CancellationToken,
+) -> Result<(String, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    std::fs::create_dir_all(&args.data_dir).with_context(|| {
+        format!(
+            "cannot create the data directory {}",
+            args.data_dir.display()
+        )
+    })?;
+    let store = SqliteStore::open(&args.data_dir.join("tacc.db")).await?;
+    let mut config = ServerConfig::new(args.data_dir.clone());
+    config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
+    let control = Control::open(Arc::new(store), config).await?;
+    let listener = TcpListener::bind(args.listen).await.with_context(|| {
+        format!(
+            "cannot listen on {}: is another taccd running there? Pick another address with --listen",
+            args.listen
+        )
+    })?;
+    let address = listener.local_addr()?;
+    let url = format!("http://{address}");
+    write_endpoint(&args.data_dir, &url)?;
+    tracing::info!("control plane listening on {url}");
+    let serving = tokio::spawn(tacc_server::serve(control, listener, shutdown));
+    Ok((url, serving))
+}
+
+/// Tell clients where we listen (matters when port 0 was asked for).
+fn write_endpoint(data_dir: &Path, url: &str) -> Result<()> {
+    let endpoint = serde_json_string(url);
+    let path = data_dir.join("taccd.json");
+    let partial = data_dir.join("taccd.json.partial");
+    std::fs::write(
+        &partial,
+        format!("{{\"pid\": {}, \"url\": {endpoint}}}\n", std::process::id()),
+    )?;
+    std::fs::rename(&partial, &path)?;
+    Ok(())
+}
+
+fn serde_json_string(text: &str) -> String {
+    format!("\"{}\"", text.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+async fn run_server(args: ServerArgs, shutdown: CancellationToken) -> Result<()> {
+    let (_, serving) = start_server(&args, shutdown).await?;
+    serving.await??;
+    Ok(())
+}
+
+async fn run_dev(server: ServerArgs, node: NodeArgs, shutdown: CancellationToken) -> Result<()> {
+    let (url, serving) = start_server(&server, shutdown.clone()).await?;
+    let agent_dir = server.data_dir.join("agent");
+    let agent = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { run_agent(&url, &agent_dir, node, shutdown).await }
+    });
+    serving.await??;
+    shutdown.cancel();
+    agent.await??;
+    Ok(())
+}
+
+async fn run_agent(
+    server: &str,
+    data_dir: &Path,
+    node: NodeArgs,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let (detected, gpu_type) = tacc_agent::detect_capacity();
+    let capacity = Resources::new(
+        node.cpus
+            .map_or(detected.cpu_millis, |c| (c * 1000.0).round() as u64),
+        node.memory.map_or(detected.memory_bytes, |m| m.as_bytes()),
+        node.gpus.unwrap_or(detected.gpus),
+    );
+    let name = match node.name {
+        Some(name) => name,
+        None => host_name(),
+    };
+    let config = AgentConfig {
+        name,
+        data_dir: data_dir.to_path_buf(),
+        capacity,
+        gpu_type,
+        labels: BTreeMap::new(),
+        address: node.address,
+        poll_wait: Duration::from_secs(20),
+        keep_workdirs: node.keep_workdirs,
+    };
+    let client = tacc_client::Client::new(server, "agent");
+    let agent = Agent::new(client, config, Arc::new(tacc_exec::ProcessExecutor::new()))?;
+    agent.run(shutdown).await;
+    Ok(())
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
 }

@@ -1,0 +1,424 @@
+//! One node's share of one attempt: prepare the working directory from the pinned
+//! snapshot, run `setup` then `run` through the executor, stream output, upload outputs,
+//! and report how it ended.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tacc_compiler::{
+    ChunkSource, DirChunkStore, INSTRUCTION_FORMAT, Instruction, Manifest, NodeContext,
+};
+use tacc_core::SnapshotId;
+use tacc_exec::{ExitOutcome, LaunchSpec, OutputLine};
+use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::Shared;
+use crate::now;
+use crate::orphans::GroupRecord;
+
+/// Variables of the agent's own environment that tasks inherit.
+const INHERITED_VARS: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TZ", "TERM", "SHELL",
+];
+
+/// The node's caches of code: manifests by snapshot id, chunks by hash, whole files.
+#[derive(Debug)]
+pub(crate) struct SnapshotCache {
+    manifests: Mutex<BTreeMap<SnapshotId, Arc<Manifest>>>,
+    chunks: DirChunkStore,
+    files: PathBuf,
+}
+
+impl SnapshotCache {
+    pub fn open(data_dir: &Path) -> Result<Self, tacc_compiler::CompilerError> {
+        Ok(SnapshotCache {
+            manifests: Mutex::new(BTreeMap::new()),
+            chunks: DirChunkStore::open(data_dir.join("chunks"))?,
+            files: data_dir.join("files"),
+        })
+    }
+}
+
+/// Why an attempt could not start, as a snake_case reason and a message.
+fn launch_failed(reason: &str, message: impl Into<String>) -> AttemptOutcome {
+    AttemptOutcome::LaunchFailed {
+        reason: reason.into(),
+        message: message.into(),
+    }
+}
+
+fn report(shared: &Shared, report: AgentReport) {
+    let _ = shared.reports.send(report);
+}
+
+pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: CancellationToken) {
+    let attempt = assignment.attempt;
+    let name = format!(
+        "{}-{}-r{}",
+        attempt.task, attempt.attempt, assignment.node_rank
+    );
+    let workdir = shared.config.data_dir.join("work").join(&name);
+    let outcome = tokio::select! {
+        outcome = execute(&shared, &assignment, &workdir, &name, &cancel) => outcome,
+        // Cancelled while preparing: nothing is running yet.
+        _ = cancel.cancelled() => AttemptOutcome::Cancelled,
+    };
+    if !shared.config.keep_workdirs {
+        let dir = workdir.clone();
+        let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
+    }
+    report(
+        &shared,
+        AgentReport::Finished {
+            attempt,
+            at: now(),
+            outcome,
+        },
+    );
+}
+
+/// Remove a working directory even where the code files in it are read-only.
+fn remove_tree(dir: &Path) {
+    if std::fs::remove_dir_all(dir).is_err() {
+        let _ = std::process::Command::new("chmod")
+            .arg("-R")
+            .arg("u+w")
+            .arg(dir)
+            .status();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+async fn execute(
+    shared: &Arc<Shared>,
+    assignment: &Assignment,
+    workdir: &Path,
+    name: &str,
+    cancel: &CancellationToken,
+) -> AttemptOutcome {
+    let attempt = assignment.attempt;
+    let instruction: Instruction = match serde_json::from_value(assignment.instruction.clone()) {
+        Ok(instruction) => instruction,
+        Err(e) => {
+            return launch_failed(
+                "bad_instruction",
+                format!("this agent cannot read the instruction: {e}"),
+            );
+        }
+    };
+    if instruction.format_version != INSTRUCTION_FORMAT {
+        return launch_failed(
+            "bad_instruction",
+            format!(
+                "instruction format {} is not the agent's {INSTRUCTION_FORMAT}; upgrade the agent",
+                instruction.format_version
+            ),
+        );
+    }
+    let started = Instant::now();
+    if let Err(message) = prepare_workdir(shared, &instruction.snapshot, workdir).await {
+        return launch_failed("snapshot_fetch_failed", message);
+    }
+    let userdir = shared
+        .config
+        .data_dir
+        .join("users")
+        .join(sanitize(&instruction.user));
+    if let Err(e) = std::fs::create_dir_all(&userdir) {
+        return launch_failed(
+            "launch_failed",
+            format!("cannot create {}: {e}", userdir.display()),
+        );
+    }
+    report(shared, AgentReport::Started { attempt, at: now() });
+
+    let node = NodeContext {
+        node_rank: assignment.node_rank,
+        gpu_indices: assignment.gpu_indices.clone(),
+        master_addr: assignment.master_addr.clone(),
+        master_port: assignment.master_port,
+        workdir: workdir.to_path_buf(),
+        userdir,
+    };
+    let base: BTreeMap<String, String> = INHERITED_VARS
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    let env = instruction.environment(&node, &base);
+    let prefix = (instruction.num_nodes > 1).then(|| format!("[{}] ", assignment.node_rank));
+    let limit = instruction.time_limit_secs.map(Duration::from_secs);
+    let remaining = |limit: Option<Duration>| limit.map(|l| l.saturating_sub(started.elapsed()));
+    let grace = Duration::from_secs(instruction.kill_grace_secs);
+
+    if let Some(setup) = &instruction.setup {
+        let spec = LaunchSpec {
+            label: format!("tacc-setup-{name}"),
+            workdir: workdir.to_path_buf(),
+            script: setup.clone(),
+            env: env.clone(),
+            time_limit: remaining(limit),
+            kill_grace: grace,
+        };
+        match launch(
+            shared,
+            spec,
+            attempt,
+            prefix.clone(),
+            cancel,
+            &format!("{name}-setup"),
+        )
+        .await
+        {
+            Ok(ExitOutcome::Exited(0)) => {}
+            Ok(ExitOutcome::Exited(code)) => {
+                return launch_failed("setup_failed", format!("setup exited with code {code}"));
+            }
+            Ok(ExitOutcome::Signalled(signal)) => {
+                return launch_failed(
+                    "setup_failed",
+                    format!("setup was killed by signal {signal}"),
+                );
+            }
+            Ok(other) => return outcome_of(other),
+            Err(outcome) => return outcome,
+        }
+    }
+    let spec = LaunchSpec {
+        label: format!("tacc-{name}"),
+        workdir: workdir.to_path_buf(),
+        script: instruction.run.clone(),
+        env,
+        time_limit: remaining(limit),
+        kill_grace: grace,
+    };
+    let outcome = match launch(shared, spec, attempt, prefix, cancel, name).await {
+        Ok(outcome) => outcome_of(outcome),
+        Err(outcome) => return outcome,
+    };
+    if outcome != AttemptOutcome::Cancelled && assignment.node_rank == 0 {
+        if let Err(message) = upload_outputs(shared, &instruction, workdir).await {
+            report(
+                shared,
+                AgentReport::Log {
+                    attempt,
+                    text: format!("tacc: could not keep all outputs: {message}\n"),
+                },
+            );
+        }
+    }
+    outcome
+}
+
+fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {
+    match outcome {
+        ExitOutcome::Exited(code) => AttemptOutcome::Exited { code },
+        ExitOutcome::Signalled(signal) => AttemptOutcome::Signalled { signal },
+        ExitOutcome::TimeLimit => AttemptOutcome::TimeLimit,
+        ExitOutcome::Cancelled => AttemptOutcome::Cancelled,
+    }
+}
+
+/// Run one script to its end, forwarding its output; `Err` when it could not start.
+async fn launch(
+    shared: &Arc<Shared>,
+    spec: LaunchSpec,
+    attempt: AttemptRef,
+    prefix: Option<String>,
+    cancel: &CancellationToken,
+    record_name: &str,
+) -> Result<ExitOutcome, AttemptOutcome> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<OutputLine>();
+    let handle = shared
+        .executor
+        .launch(spec, tx)
+        .await
+        .map_err(|e| launch_failed("launch_failed", e.to_string()))?;
+    let _record = handle.pid.and_then(|pid| {
+        GroupRecord::write(&shared.config.data_dir.join("run"), record_name, pid).ok()
+    });
+    let forwarder = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            while let Some(line) = rx.recv().await {
+                let mut text = String::with_capacity(line.text.len() + 8);
+                if let Some(prefix) = &prefix {
+                    text.push_str(prefix);
+                }
+                text.push_str(&line.text);
+                text.push('\n');
+                report(&shared, AgentReport::Log { attempt, text });
+            }
+        })
+    };
+    let stop = handle.cancel_token();
+    let wait = handle.wait();
+    tokio::pin!(wait);
+    let outcome = tokio::select! {
+        outcome = &mut wait => outcome,
+        _ = cancel.cancelled() => {
+            stop.cancel();
+            wait.await
+        }
+    };
+    // Every line is forwarded before the attempt's end is reported.
+    let _ = forwarder.await;
+    Ok(outcome)
+}
+
+fn sanitize(user: &str) -> String {
+    user.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Build the working directory from the snapshot, fetching only chunks this node lacks.
+async fn prepare_workdir(
+    shared: &Arc<Shared>,
+    snapshot: &SnapshotId,
+    workdir: &Path,
+) -> Result<(), String> {
+    let cached = shared
+        .snapshots
+        .manifests
+        .lock()
+        .unwrap()
+        .get(snapshot)
+        .cloned();
+    let manifest = match cached {
+        Some(manifest) => manifest,
+        None => {
+            let value = shared
+                .client
+                .get_snapshot(snapshot)
+                .await
+                .map_err(|e| format!("cannot fetch snapshot {snapshot}: {e}"))?;
+            let manifest: Manifest = serde_json::from_value(value)
+                .map_err(|e| format!("snapshot {snapshot} is malformed: {e}"))?;
+            if manifest.id() != *snapshot {
+                return Err(format!(
+                    "snapshot {snapshot} does not match its id; refusing to run it"
+                ));
+            }
+            let manifest = Arc::new(manifest);
+            shared
+                .snapshots
+                .manifests
+                .lock()
+                .unwrap()
+                .insert(snapshot.clone(), manifest.clone());
+            manifest
+        }
+    };
+    for hash in manifest.chunk_set() {
+        if shared.snapshots.chunks.has(&hash) {
+            continue;
+        }
+        let bytes = shared
+            .client
+            .get_chunk(&hash.to_string())
+            .await
+            .map_err(|e| format!("cannot fetch chunk {hash}: {e}"))?;
+        shared
+            .snapshots
+            .chunks
+            .put(&hash, &bytes)
+            .map_err(|e| format!("chunk {hash}: {e}"))?;
+    }
+    if workdir.exists() {
+        let dir = workdir.to_path_buf();
+        let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
+    }
+    let shared = shared.clone();
+    let workdir = workdir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let source: &dyn ChunkSource = &shared.snapshots.chunks;
+        // Hard links share one inode between working directories; only a non-root task
+        // is stopped by the read-only mode from writing through them, so root gets copies.
+        let result = if nix::unistd::geteuid().is_root() {
+            tacc_compiler::materialize(&manifest, source, &workdir)
+        } else {
+            tacc_compiler::materialize_cached(&manifest, source, &shared.snapshots.files, &workdir)
+        };
+        result
+            .map(|_| ())
+            .map_err(|e| format!("cannot build the working directory: {e}"))
+    })
+    .await
+    .map_err(|e| e.to_string())?
+}
+
+/// Upload every file under the instruction's output paths (relative to the workdir).
+async fn upload_outputs(
+    shared: &Arc<Shared>,
+    instruction: &Instruction,
+    workdir: &Path,
+) -> Result<(), String> {
+    let Some(node) = shared.node() else {
+        return Ok(());
+    };
+    let mut files = Vec::new();
+    for output in &instruction.outputs {
+        let root = workdir.join(output);
+        collect_files(workdir, &root, &mut files);
+    }
+    let mut problems = Vec::new();
+    for (relative, path) in files {
+        let bytes = match tokio::fs::read(&path).await {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                problems.push(format!("{relative}: {e}"));
+                continue;
+            }
+        };
+        if let Err(e) = shared
+            .client
+            .put_output(
+                node,
+                instruction.task,
+                instruction.attempt,
+                &relative,
+                bytes,
+            )
+            .await
+        {
+            problems.push(format!("{relative}: {e}"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// Regular files under `path` (a file or a directory), as paths relative to `root`.
+/// Symbolic links are not followed, so outputs cannot reach outside the working directory.
+fn collect_files(root: &Path, path: &Path, out: &mut Vec<(String, PathBuf)>) {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return;
+    };
+    if meta.is_file() {
+        if let Ok(relative) = path.strip_prefix(root) {
+            out.push((relative.to_string_lossy().into_owned(), path.to_path_buf()));
+        }
+    } else if meta.is_dir() {
+        let Ok(entries) = std::fs::read_dir(path) else {
+            return;
+        };
+        let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
+        entries.sort();
+        for entry in entries {
+            collect_files(root, &entry, out);
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Helpers for end-to-end tests against real `taccd` processes on loopback.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tacc_client::Client;
+use tacc_core::{TaskId, TaskState};
+use tacc_proto::{SubmitTask, TaskView};
+
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// A `taccd` process that is killed when dropped.
+pub struct Daemon {
+    pub child: Child,
+    pub url: String,
+    pub data_dir: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    pub fn client(&self) -> Client {
+        Client::new(&self.url, "tester")
+    }
+
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+fn taccd() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_taccd"))
+}
+
+/// Poll `check` every 20 ms until it returns `Some`, or fail after `deadline`.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Start `taccd ARGS --data-dir DIR --listen 127.0.0.1:0` and wait until it answers.
+pub async fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
+    let _ = std::fs::remove_file(data_dir.join("taccd.json"));
+    std::fs::create_dir_all(data_dir).unwrap();
+    let log = std::fs::File::create(data_dir.join(format!("{mode}.log"))).unwrap();
+    let child = taccd()
+        .arg(mode)
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let endpoint = data_dir.join("taccd.json");
+    let url = eventually("taccd to write its endpoint", DEADLINE, || {
+        let endpoint = endpoint.clone();
+        async move {
+            let text = std::fs::read_to_string(&endpoint).ok()?;
+            let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+            Some(value["url"].as_str()?.to_string())
+        }
+    })
+    .await;
+    let daemon = Daemon {
+        child,
+        url,
+        data_dir: data_dir.to_path_buf(),
+    };
+    let client = daemon.client();
+    eventually("the server to answer", DEADLINE, || {
+        let client = client.clone();
+        async move { client.health().await.ok() }
+    })
+    .await;
+    daemon
+}
+
+/// Start a separate agent process for the server at `url`.
+pub fn start_agent(url: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
+    std::fs::create_dir_all(data_dir).unwrap();
+    let log = std::fs::File::create(data_dir.join("agent.log")).unwrap();
+    let child = taccd()
+        .args(["agent", "--server", url, "--data-dir"])
+        .arg(data_dir)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Daemon {
+        child,
+        url: url.to_string(),
+        data_dir: data_dir.to_path_buf(),
+    }
+}
+
+/// Wait until the server lists at least `count` nodes that are up.
+pub async fn wait_nodes(client: &Client, count: usize) {
+    eventually("nodes to register", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let nodes = client.list_nodes().await.ok()?;
+            (nodes.iter().filter(|n| n.state == "up").count() >= count).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Upload `dir` as a snapshot the way `tcloud submit` does.
+pub async fn upload(client: &Client, dir: &Path) -> tacc_core::SnapshotId {
+    let tree = tacc_compiler::scan(dir, &[]).unwrap();
+    let manifest = serde_json::to_value(&tree.manifest).unwrap();
+    let offer = client.offer_snapshot(manifest.clone()).await.unwrap();
+    for hash in &offer.missing {
+        let bytes = tree.read_chunk(&hash.parse().unwrap()).unwrap();
+        let compressed = zstd::bulk::compress(&bytes, 3).unwrap();
+        client.put_chunk(hash, compressed).await.unwrap();
+    }
+    client.commit_snapshot(manifest).await.unwrap().snapshot
+}
+
+/// Write `task.yaml` (and any extra files) into a new directory and submit it.
+pub async fn submit(
+    client: &Client,
+    root: &Path,
+    name: &str,
+    yaml: &str,
+    files: &[(&str, &str)],
+) -> TaskId {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("task.yaml"), yaml).unwrap();
+    for (path, text) in files {
+        std::fs::write(dir.join(path), text).unwrap();
+    }
+    let loaded = tacc_schema::load_task(&dir).unwrap();
+    let snapshot = upload(client, &loaded.code_root).await;
+    let reply = client
+        .submit(&SubmitTask {
+            spec: serde_json::to_value(&loaded.spec).unwrap(),
+            snapshot,
+            source: Some(dir.display().to_string()),
+        })
+        .await
+        .unwrap();
+    reply.task_id
+}
+
+pub async fn wait_state(client: &Client, task: TaskId, wanted: &[TaskState]) -> TaskView {
+    eventually(
+        &format!("task {task} to reach {wanted:?}"),
+        DEADLINE,
+        || {
+            let client = client.clone();
+            async move {
+                let view = client.get_task(task).await.ok()?;
+                wanted.contains(&view.state).then_some(view)
+            }
+        },
+    )
+    .await
+}
+
+pub async fn wait_terminal(client: &Client, task: TaskId) -> TaskView {
+    wait_state(
+        client,
+        task,
+        &[
+            TaskState::Succeeded,
+            TaskState::Failed,
+            TaskState::Cancelled,
+            TaskState::Lost,
+        ],
+    )
+    .await
+}
+
+pub async fn log_text(client: &Client, task: TaskId) -> String {
+    String::from_utf8(client.logs(task, 0).await.unwrap().0.to_vec()).unwrap()
+}
+
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// Every live process whose environment carries `MARKER=<marker>` (tests put a unique
+/// marker in each task's `environment.vars`, since task ids repeat across test servers).
+pub fn task_processes(marker: &str) -> Vec<u32> {
+    let needle = format!("MARKER={marker}\0");
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+            if String::from_utf8_lossy(&env).contains(&needle) && process_alive(pid) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+pub async fn wait_no_processes(marker: &str) {
+    eventually(
+        &format!("no process marked {marker}"),
+        DEADLINE,
+        || async move { task_processes(marker).is_empty().then_some(()) },
+    )
+    .await
+}
