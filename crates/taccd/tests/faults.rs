@@ -1,0 +1,268 @@
+//! Cancel in every state and crashes of the daemon, against real processes.
+
+mod common;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tacc_core::TaskState;
+
+fn sleeper(marker: &str, seconds: u32) -> String {
+    format!(
+        "name: sleeper\nresources: {{cpus: 1}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  echo started\n  sleep {seconds} & wait\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_of_queued_and_running_tasks_leaves_no_process() {
+    let dir = tempfile::tempdir().unwrap();
+    // One CPU: the second task must queue behind the first.
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "1"]).await;
+    let client = daemon.client();
+    let marker = format!("cancel-running-{}", std::process::id());
+    let running = submit(&client, dir.path(), "running", &sleeper(&marker, 300), &[]).await;
+    let queued = submit(
+        &client,
+        dir.path(),
+        "queued",
+        &sleeper("cancel-queued", 300),
+        &[],
+    )
+    .await;
+    wait_state(&client, running, &[TaskState::Running]).await;
+    eventually("the running task's output", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            log_text(&client, running)
+                .await
+                .contains("started")
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(!task_processes(&marker).is_empty());
+    let view = client.get_task(queued).await.unwrap();
+    assert_eq!(view.state, TaskState::Queued);
+    assert_eq!(view.reason.as_deref(), Some("waiting for resources"));
+
+    let reply = client.cancel(queued).await.unwrap();
+    assert_eq!(
+        reply.state,
+        TaskState::Cancelled,
+        "a queued task is cancelled at once"
+    );
+    client.cancel(running).await.unwrap();
+    let view = wait_terminal(&client, running).await;
+    assert_eq!(view.state, TaskState::Cancelled);
+    assert_eq!(view.reason.as_deref(), Some("cancelled by user"));
+    wait_no_processes(&marker).await;
+    // Cancelling a finished task changes nothing.
+    let again = client.cancel(running).await.unwrap();
+    assert!(!again.changed);
+    assert_eq!(
+        client.get_task(queued).await.unwrap().state,
+        TaskState::Cancelled
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_while_starting_never_runs_the_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", &dir.path().join("s"), &[]).await;
+    let client = server.client();
+    let agent = start_agent(&server.url, &dir.path().join("a"), &["--name", "frozen"]);
+    wait_nodes(&client, 1).await;
+    // A stopped agent cannot act on its assignment: the task stays `starting`.
+    kill(Pid::from_raw(agent.pid() as i32), Signal::SIGSTOP).unwrap();
+    let marker = format!("cancel-starting-{}", std::process::id());
+    let task = submit(&client, dir.path(), "starting", &sleeper(&marker, 300), &[]).await;
+    wait_state(&client, task, &[TaskState::Starting]).await;
+    let reply = client.cancel(task).await.unwrap();
+    assert_eq!(
+        reply.state,
+        TaskState::Starting,
+        "the agent must confirm first"
+    );
+    kill(Pid::from_raw(agent.pid() as i32), Signal::SIGCONT).unwrap();
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Cancelled);
+    wait_no_processes(&marker).await;
+    drop(agent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_daemon_loses_no_acknowledged_task_and_leaves_no_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let mut daemon = start("dev", &data, &["--cpus", "1"]).await;
+    let client = daemon.client();
+    let done = submit(
+        &client,
+        dir.path(),
+        "done",
+        "name: done\nrun: echo finished-before-crash\n",
+        &[],
+    )
+    .await;
+    wait_state(&client, done, &[TaskState::Succeeded]).await;
+    let marker = format!("kill9-{}", std::process::id());
+    let running = submit(&client, dir.path(), "running", &sleeper(&marker, 300), &[]).await;
+    let queued = submit(
+        &client,
+        dir.path(),
+        "queued",
+        "name: queued\nresources: {cpus: 1}\nrun: echo ran-after-restart\n",
+        &[],
+    )
+    .await;
+    eventually("the running task's output", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            log_text(&client, running)
+                .await
+                .contains("started")
+                .then_some(())
+        }
+    })
+    .await;
+    assert_eq!(
+        client.get_task(queued).await.unwrap().state,
+        TaskState::Queued
+    );
+
+    daemon.kill9();
+    let mut restarted = start("dev", &data, &["--cpus", "1"]).await;
+    let client = restarted.client();
+    // The task that was running is lost with a reason, its logs so far kept...
+    let view = wait_terminal(&client, running).await;
+    assert_eq!(view.state, TaskState::Lost, "{view:?}");
+    assert!(
+        view.reason.as_deref().unwrap().contains("restarted"),
+        "{view:?}"
+    );
+    assert!(log_text(&client, running).await.contains("started"));
+    // ...and its processes, orphaned by the crash, are gone.
+    wait_no_processes(&marker).await;
+    // The queued one runs; the finished one is still there with its log.
+    let view = wait_terminal(&client, queued).await;
+    assert_eq!(view.state, TaskState::Succeeded);
+    assert!(
+        log_text(&client, queued)
+            .await
+            .contains("ran-after-restart")
+    );
+    assert_eq!(
+        client.get_task(done).await.unwrap().state,
+        TaskState::Succeeded
+    );
+    assert!(
+        log_text(&client, done)
+            .await
+            .contains("finished-before-crash")
+    );
+    restarted.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_retried_on_node_failure_runs_again_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let mut daemon = start("dev", &data, &[]).await;
+    let client = daemon.client();
+    let task = submit(
+        &client,
+        dir.path(),
+        "resilient",
+        "name: resilient\nretry: {max_attempts: 2, on: [node_failure]}\nrun: |\n  echo attempt $TACC_ATTEMPT\n  if [ \"$TACC_ATTEMPT\" = 1 ]; then sleep 300 & wait; fi\n",
+        &[],
+    )
+    .await;
+    eventually("attempt 1 output", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            log_text(&client, task)
+                .await
+                .contains("attempt 1")
+                .then_some(())
+        }
+    })
+    .await;
+    daemon.kill9();
+    let restarted = start("dev", &data, &[]).await;
+    let client = restarted.client();
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt.0, 2);
+    let states: Vec<(u32, TaskState)> = client
+        .task_events(task)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| (e.attempt.0, e.state))
+        .collect();
+    assert!(states.contains(&(1, TaskState::Lost)), "{states:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_agent_is_lost_after_the_heartbeat_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        "server",
+        &dir.path().join("s"),
+        &["--heartbeat-timeout", "2"],
+    )
+    .await;
+    let client = server.client();
+    let mut agent = start_agent(&server.url, &dir.path().join("a"), &["--name", "doomed"]);
+    wait_nodes(&client, 1).await;
+    let marker = format!("silent-{}", std::process::id());
+    let task = submit(&client, dir.path(), "orphan", &sleeper(&marker, 300), &[]).await;
+    wait_state(&client, task, &[TaskState::Running]).await;
+    agent.kill9();
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Lost);
+    assert!(
+        view.reason
+            .as_deref()
+            .unwrap()
+            .contains("stopped responding"),
+        "{view:?}"
+    );
+    let nodes = client.list_nodes().await.unwrap();
+    assert_eq!(nodes[0].state, "down");
+    // The restarted agent cleans up what its previous life left running.
+    let _agent = start_agent(&server.url, &dir.path().join("a"), &["--name", "doomed"]);
+    wait_no_processes(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_node_gang_runs_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", &dir.path().join("s"), &[]).await;
+    let client = server.client();
+    let _a = start_agent(&server.url, &dir.path().join("a"), &["--name", "node-a"]);
+    let _b = start_agent(&server.url, &dir.path().join("b"), &["--name", "node-b"]);
+    wait_nodes(&client, 2).await;
+    let task = submit(
+        &client,
+        dir.path(),
+        "gang",
+        "name: gang\nresources: {nodes: 2, cpus: 1}\nrun: echo \"rank $NODE_RANK of $WORLD_SIZE master $MASTER_ADDR:$MASTER_PORT\"\n",
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    let mut nodes = view.nodes.clone();
+    nodes.sort();
+    assert_eq!(nodes, vec!["node-a", "node-b"]);
+    let log = log_text(&client, task).await;
+    assert!(
+        log.contains("[0] rank 0 of 2 master 127.0.0.1:29500"),
+        "{log}"
+    );
+    assert!(
+        log.contains("[1] rank 1 of 2 master 127.0.0.1:29500"),
+        "{log}"
+    );
+}
