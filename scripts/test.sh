@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite. On a machine without what the tests need (CI=true, or as root on
+# a fresh machine) it installs it first; in CI a missing tool is a failure, not a skip.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need() { command -v "$1" >/dev/null 2>&1; }
+
+if ! need python3; then
+  if [ "$(id -u)" = 0 ] && need apt-get; then
+    apt-get update -qq && apt-get install -y -qq python3 >/dev/null
+  fi
+fi
+if ! need python3; then
+  echo "error: python3 is required by the end-to-end tests (examples/quickstart)" >&2
+  exit 1
+fi
+
+if [ "${CI:-}" = "true" ]; then
+  cargo fmt --all -- --check
+  cargo clippy --workspace --all-targets --quiet -- -D warnings
+fi
+
+# The CLI's end-to-end tests start the real taccd binary, so build every binary first.
+cargo build --workspace --bins --quiet
+cargo test --workspace
