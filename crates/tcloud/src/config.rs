@@ -306,6 +306,14 @@ pub fn set_in_section(text: &str, name: &str, key: &str, value: &str) -> String 
         .unwrap_or(lines.len());
     let mut out = String::with_capacity(text.len() + new_line.len());
     let existing = (start + 1..end).find(|&i| is_key_line(lines[i], key));
+    // A new key goes after the section's last key, else right after its header.
+    let insert_after = (start + 1..end)
+        .rev()
+        .find(|&i| {
+            let trimmed = lines[i].trim_start();
+            !trimmed.is_empty() && !trimmed.starts_with('#') && trimmed.contains('=')
+        })
+        .unwrap_or(start);
     for (i, line) in lines.iter().enumerate() {
         if Some(i) == existing {
             out.push_str(&new_line);
@@ -313,7 +321,7 @@ pub fn set_in_section(text: &str, name: &str, key: &str, value: &str) -> String 
             continue;
         }
         out.push_str(line);
-        if i == start && existing.is_none() {
+        if i == insert_after && existing.is_none() {
             if !line.ends_with('\n') {
                 out.push('\n');
             }
@@ -369,6 +377,8 @@ mod tests {
         let parsed = parse(&out).unwrap();
         assert_eq!(parsed.clusters["local"].user.as_deref(), Some("bob"));
         assert_eq!(parsed.clusters["lab"].user.as_deref(), Some("alice"));
+        let out = set_in_section("[clusters.a]\nurl = \"u\"\n", "a", "user", "bob");
+        assert_eq!(out, "[clusters.a]\nurl = \"u\"\nuser = \"bob\"\n");
     }
 
     #[test]

@@ -24,12 +24,8 @@ fn parse_task_id(text: &str) -> Result<TaskId, String> {
     text.parse::<TaskId>().map_err(|e| e.to_string())
 }
 
-fn parse_states(text: &str) -> Result<Vec<TaskState>, String> {
-    text.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<TaskState>().map_err(|e| e.to_string()))
-        .collect()
+fn parse_state(text: &str) -> Result<TaskState, String> {
+    text.trim().parse::<TaskState>().map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Parser)]
@@ -103,8 +99,8 @@ prints a summary or a diagnostic pointing at the offending line. Needs no server
         #[arg(short, long)]
         all: bool,
         /// Only these states (comma separated): queued, starting, running, succeeded, failed, cancelled, lost
-        #[arg(long, value_name = "S[,S]", value_parser = parse_states)]
-        state: Option<Vec<TaskState>>,
+        #[arg(long, value_name = "S[,S]", value_delimiter = ',', value_parser = parse_state)]
+        state: Vec<TaskState>,
         /// Only this user's tasks
         #[arg(long)]
         user: Option<String>,
@@ -340,11 +336,23 @@ mod tests {
     fn task_ids_and_states_parse() {
         assert_eq!(parse_task_id("#12").unwrap(), TaskId(12));
         assert!(parse_task_id("x").is_err());
-        assert_eq!(
-            parse_states("queued, running").unwrap(),
-            vec![TaskState::Queued, TaskState::Running]
-        );
-        assert!(parse_states("done").is_err());
+        let cli = Cli::try_parse_from([
+            "tcloud",
+            "ps",
+            "--state",
+            "queued,lost",
+            "--state",
+            "failed",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Ps { state, .. } => assert_eq!(
+                state,
+                vec![TaskState::Queued, TaskState::Lost, TaskState::Failed]
+            ),
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(Cli::try_parse_from(["tcloud", "ps", "--state", "done"]).is_err());
     }
 
     #[test]

@@ -33,15 +33,17 @@ const BAR_THRESHOLD: u64 = 8 << 20;
 pub async fn ps(
     ctx: &Ctx,
     all: bool,
-    state: Option<Vec<TaskState>>,
+    state: Vec<TaskState>,
     user: Option<String>,
     limit: Option<u32>,
     as_json: bool,
 ) -> Result<()> {
-    let states = match state {
-        Some(states) => states,
-        None if all => Vec::new(),
-        None => vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+    let states = if !state.is_empty() {
+        state
+    } else if all {
+        Vec::new()
+    } else {
+        vec![TaskState::Queued, TaskState::Starting, TaskState::Running]
     };
     let limit = limit.or(if all { Some(50) } else { None });
     let client = ctx.client()?;
@@ -333,7 +335,8 @@ pub fn outcome_line(task: &TaskView) -> String {
         ));
     }
     if let Some(reason) = &task.reason {
-        if task.state != TaskState::Succeeded {
+        let repeats_code = task.exit_code.is_some() && reason.starts_with("exit code");
+        if task.state != TaskState::Succeeded && !repeats_code {
             line.push_str(&format!(": {reason}"));
         }
     }
@@ -422,6 +425,9 @@ pub async fn cancel(ctx: &Ctx, ids: &[TaskId], wait: bool, as_json: bool) -> Res
             continue;
         }
         match (state, error) {
+            (_, Some(error)) if error.contains(&format!("task {id}")) => {
+                eprintln!("error: {error}")
+            }
             (_, Some(error)) => eprintln!("error: task {id}: {error}"),
             (Some(state), None) if !changed => out(format!("task {id}: already {state}"))?,
             (Some(state), None) if state.is_terminal() => out(format!("task {id}: {state}"))?,
