@@ -78,7 +78,7 @@ pub fn unreachable_message(url: &str, reason: &str) -> String {
 pub fn code_for_api(code: &str) -> u8 {
     match code {
         "not_found" => NOT_FOUND,
-        "invalid_task" | "bad_request" | "invalid" | "invalid_argument" => INVALID,
+        "invalid_task" | "unsupported" | "bad_request" => INVALID,
         _ => FAILURE,
     }
 }
@@ -159,6 +159,7 @@ mod tests {
             (Some("error: task 9 does not exist".into()), NOT_FOUND)
         );
         assert_eq!(render(&api("invalid_task")).1, INVALID);
+        assert_eq!(render(&api("unsupported")).1, INVALID);
         assert_eq!(render(&api("conflict")).1, FAILURE);
     }
 
