@@ -373,8 +373,8 @@ async fn upload_outputs(
     }
     let mut problems = Vec::new();
     for (relative, path) in files {
-        let bytes = match tokio::fs::read(&path).await {
-            Ok(bytes) => bytes,
+        let file = match tokio::fs::File::open(&path).await {
+            Ok(file) => file,
             Err(e) => {
                 problems.push(format!("{relative}: {e}"));
                 continue;

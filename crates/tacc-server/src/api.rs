@@ -391,55 +391,58 @@ async fn list_outputs(
     ))
 }
 
-async fn get_output(
-    State(app): State<AppState>,
-    Path((id, attempt, path)): Path<(u64, u32, String)>,
-) -> ApiResult<Vec<u8>> {
+async fn get_output(State(app): State<AppState>, Path((id, attempt, path)): Path<(u64, u32, String)>) -> ApiResult<Response> {
     let relative = safe_relative(&path)?;
-    let file = app
-        .control
-        .outputs_dir
-        .join(id.to_string())
-        .join(attempt.to_string())
-        .join(relative);
-    tokio::fs::read(&file).await.map_err(|_| {
-        ServerError::NotFound(format!(
-            "task {id} attempt {attempt} has no output `{path}`"
-        ))
-    })
+    let file = app.control.outputs_dir.join(id.to_string()).join(attempt.to_string()).join(relative);
+    let opened = tokio::fs::File::open(&file)
+        .await
+        .map_err(|_| ServerError::NotFound(format!("task {id} attempt {attempt} has no output `{path}`")))?;
+    let length = opened.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let mut response = Body::from_stream(tokio_util::io::ReaderStream::new(opened)).into_response();
+    response
+        .headers_mut()
+        .insert(axum::http::header::CONTENT_LENGTH, HeaderValue::from(length));
+    Ok(response)
 }
 
+/// Store one output file, streamed to disk (outputs such as checkpoints can be large).
 async fn put_output(
     State(app): State<AppState>,
     Path((node, task, attempt, path)): Path<(u64, u64, u32, String)>,
-    body: Bytes,
+    body: Body,
 ) -> ApiResult<StatusCode> {
+    use futures::TryStreamExt;
+    use tokio::io::AsyncWriteExt;
+
     app.control.touch(NodeId(node)).await;
     let relative = safe_relative(&path)?;
-    let dir = app
-        .control
-        .outputs_dir
-        .join(task.to_string())
-        .join(attempt.to_string());
+    load(&app.control, TaskId(task)).await?;
+    let dir = app.control.outputs_dir.join(task.to_string()).join(attempt.to_string());
     let file = dir.join(&relative);
+    let internal = |e: std::io::Error| ServerError::Internal(format!("cannot store output `{path}` of task {task}: {e}"));
     if let Some(parent) = file.parent() {
-        tokio::fs::create_dir_all(parent)
-            .await
-            .map_err(|e| ServerError::Internal(e.to_string()))?;
+        tokio::fs::create_dir_all(parent).await.map_err(internal)?;
     }
     let partial = file.with_extension("tacc-partial");
-    tokio::fs::write(&partial, &body)
+    let mut out = tokio::fs::File::create(&partial).await.map_err(internal)?;
+    let mut stream = body.into_data_stream();
+    let mut size = 0u64;
+    while let Some(chunk) = stream
+        .try_next()
         .await
-        .map_err(|e| ServerError::Internal(e.to_string()))?;
-    tokio::fs::rename(&partial, &file)
-        .await
-        .map_err(|e| ServerError::Internal(e.to_string()))?;
+        .map_err(|e| ServerError::BadRequest(format!("the upload of `{path}` broke off: {e}")))?
+    {
+        size += chunk.len() as u64;
+        out.write_all(&chunk).await.map_err(internal)?;
+    }
+    out.sync_all().await.map_err(internal)?;
+    tokio::fs::rename(&partial, &file).await.map_err(internal)?;
     app.control
         .record_output(OutputRecord {
             task: TaskId(task),
             attempt: AttemptNo(attempt),
             path,
-            size: body.len() as u64,
+            size,
         })
         .await?;
     Ok(StatusCode::NO_CONTENT)

@@ -16,7 +16,7 @@ async fn a_task_runs_with_live_logs_events_and_outputs() {
         &client,
         dir.path(),
         "hello",
-        "name: hello\nrun: |\n  echo \"rank $TACC_NODE_RANK of $WORLD_SIZE task $TACC_TASK_ID attempt $TACC_ATTEMPT\"\n  cat data.txt\n  echo oops >&2\n  mkdir -p results && echo '{\"loss\": 0.1}' > results/metrics.json\noutputs: [results/]\n",
+        "name: hello\nrun: |\n  echo \"rank $TACC_NODE_RANK of $WORLD_SIZE task $TACC_TASK_ID attempt $TACC_ATTEMPT\"\n  cat data.txt\n  echo oops >&2\n  mkdir -p results && echo '{\"loss\": 0.1}' > results/metrics.json\n  head -c 20000000 /dev/zero > results/checkpoint.bin\noutputs: [results/]\n",
         &[("data.txt", "payload line\n")],
     )
     .await;
@@ -67,8 +67,10 @@ async fn a_task_runs_with_live_logs_events_and_outputs() {
     );
 
     let outputs = client.list_outputs(task).await.unwrap();
-    assert_eq!(outputs.len(), 1, "{outputs:?}");
-    assert_eq!(outputs[0].path, "results/metrics.json");
+    let listed: Vec<(&str, u64)> = outputs.iter().map(|o| (o.path.as_str(), o.size)).collect();
+    assert_eq!(listed, vec![("results/checkpoint.bin", 20_000_000), ("results/metrics.json", 14)]);
+    let checkpoint = client.get_output(task, AttemptNo(1), "results/checkpoint.bin").await.unwrap();
+    assert_eq!(checkpoint.len(), 20_000_000, "large outputs stream through");
     let bytes = client
         .get_output(task, AttemptNo(1), "results/metrics.json")
         .await
