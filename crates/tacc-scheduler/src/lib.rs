@@ -7,10 +7,19 @@
 //! simulator drive the very same code, and the same event sequence always yields the same
 //! plans (ordered maps only, never `HashMap` iteration). It depends on `tacc-core` alone.
 
+mod cluster;
+pub mod config;
 mod model;
+pub mod policies;
+pub mod policy;
+pub mod pool;
 mod scheduler;
 
-pub use model::{NodeSpec, PendingReason, Placement, TaskRequest};
+pub use config::{
+    FairShareConfig, GroupConfig, Limits, PreemptionConfig, SchedulerConfig, UserConfig,
+};
+pub use model::{Explanation, LimitKind, NodeSpec, PendingReason, Placement, TaskRequest};
+pub use policy::{Backfill, Policy, PolicyEntry, policy_names};
 pub use scheduler::{Action, Event, Plan, Scheduler};
 
 /// Errors from feeding the scheduler an event that contradicts its state.
@@ -25,4 +34,10 @@ pub enum SchedulerError {
         task: tacc_core::TaskId,
         node: tacc_core::NodeId,
     },
+    #[error("unknown scheduling policy `{name}` (known: {known})")]
+    UnknownPolicy { name: String, known: String },
+    #[error("pool job {job} asks for {gpus} GPUs but the pool has only {capacity}")]
+    PoolJobTooLarge { job: u64, gpus: u32, capacity: u32 },
+    #[error("pool job {0} is already known")]
+    DuplicatePoolJob(u64),
 }
