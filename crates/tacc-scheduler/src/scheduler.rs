@@ -149,6 +149,17 @@ struct Reservation {
     free_after: BTreeMap<NodeId, Resources>,
 }
 
+/// What one decision carries from task to task.
+#[derive(Debug, Default)]
+struct PassState {
+    blocked_head: Option<TaskId>,
+    reservation: Option<Reservation>,
+    claimants: usize,
+    /// The first blocked task that stays within its group's guarantee.
+    blocked_owner: Option<TaskId>,
+    borrowing_sweep: bool,
+}
+
 /// Queue order: higher rank first, then earlier submission, then lower id.
 type QueueKey = (Reverse<i64>, Timestamp, TaskId);
 
@@ -681,101 +692,154 @@ impl Scheduler {
         }
     }
 
-    /// One scheduling decision over the whole queue.
+    /// One scheduling decision over the whole queue. When groups have guarantees, tasks
+    /// that stay within their group's guarantee go first and borrowing tasks second (as
+    /// in Kueue), so reclaimed capacity goes to its owner, not back to a borrower.
     fn schedule(&mut self, now: Timestamp, actions: &mut Vec<Action>) {
         self.refresh_ranks(now);
         self.reservation = None;
         let order: Vec<TaskId> = self.queue.iter().map(|(_, _, id)| *id).collect();
-        let mut blocked_head: Option<TaskId> = None;
-        let mut reservation: Option<Reservation> = None;
-        let mut claimants = 0;
-        let no_veto = |_: NodeId| true;
-        for task in order {
-            let entry = &self.tasks[&task];
-            if let Some(dep) = entry
-                .request
-                .depends_on
-                .iter()
-                .find(|d| self.tasks.contains_key(d))
-            {
-                let reason = PendingReason::Dependency { on: *dep };
-                self.set_reason(task, reason, actions);
-                continue;
+        let guarantees = self.groups.iter().any(|g| g.guaranteed_gpus > 0);
+        let mut pass = PassState::default();
+        if !guarantees {
+            for task in order {
+                self.consider(now, task, &mut pass, actions);
             }
-            if let (Backfill::None, Some(head)) = (self.policy.backfill, blocked_head) {
-                self.set_reason(
-                    task,
-                    PendingReason::BehindOlderTask { blocked_by: head },
-                    actions,
-                );
-                continue;
-            }
-            let admitted = self
-                .policy
-                .admission
-                .admit(&self.view(now, task, entry), &self.quota_view(entry));
-            if let Err(reason) = admitted {
-                self.set_reason(task, reason, actions);
-                continue;
-            }
-            let request = &entry.request;
-            let placement = match &reservation {
-                Some(held) if !ends_before(now, request, &self.config, held.shadow) => {
-                    let need = held.need;
-                    let use_per_node = request.per_node;
-                    let keeps_reservation = |node: NodeId| {
-                        held.free_after
-                            .get(&node)
-                            .is_none_or(|free| free.covers(&use_per_node.add(&need)))
-                    };
-                    self.cluster
-                        .place(request, self.policy.placement.as_ref(), &keeps_reservation)
-                }
-                _ => self
-                    .cluster
-                    .place(request, self.policy.placement.as_ref(), &no_veto),
-            };
-            if let Some(placements) = placement {
-                if let Some(held) = &mut reservation
-                    && !ends_before(now, request, &self.config, held.shadow)
-                {
-                    for p in &placements {
-                        if let Some(free) = held.free_after.get_mut(&p.node) {
-                            *free = free.saturating_sub(&request.per_node);
-                        }
-                    }
-                }
-                self.start(now, task, placements, Some(actions));
-                continue;
-            }
-            if let Some(held) = &reservation
-                && self
-                    .cluster
-                    .place(request, self.policy.placement.as_ref(), &no_veto)
-                    .is_some()
-            {
-                let reason = PendingReason::LowerPriority {
-                    blocked_by: held.task,
-                };
-                self.set_reason(task, reason, actions);
-                continue;
-            }
-            if claimants < self.config.preemption.max_claimants_per_pass && self.may_claim(task) {
-                claimants += 1;
-                self.try_preempt(now, task, actions);
-            }
-            match self.policy.backfill {
-                Backfill::None => blocked_head = Some(task),
-                Backfill::Greedy => {}
-                Backfill::Easy => {
-                    if reservation.is_none() {
-                        reservation = self.reserve(now, task);
-                        self.reservation = reservation.as_ref().map(|r| (r.task, r.shadow));
-                    }
-                }
-            }
-            self.set_reason(task, PendingReason::WaitingForResources, actions);
+            return;
         }
+        let mut deferred = Vec::new();
+        for task in order {
+            if self.borrows(task) {
+                deferred.push(task);
+            } else {
+                self.consider(now, task, &mut pass, actions);
+            }
+        }
+        pass.borrowing_sweep = true;
+        for task in deferred {
+            if matches!(
+                self.tasks.get(&task).map(|e| &e.phase),
+                Some(Phase::Queued { .. })
+            ) {
+                self.consider(now, task, &mut pass, actions);
+            }
+        }
+    }
+
+    /// Starting the task would put its group above its guarantee.
+    fn borrows(&self, task: TaskId) -> bool {
+        let entry = &self.tasks[&task];
+        let group = &self.groups[entry.group];
+        group.account.usage.gpus + entry.request.total().gpus as u64 > group.guaranteed_gpus
+    }
+
+    fn consider(
+        &mut self,
+        now: Timestamp,
+        task: TaskId,
+        pass: &mut PassState,
+        actions: &mut Vec<Action>,
+    ) {
+        let no_veto = |_: NodeId| true;
+        let entry = &self.tasks[&task];
+        if let Some(dep) = entry
+            .request
+            .depends_on
+            .iter()
+            .find(|d| self.tasks.contains_key(d))
+        {
+            let reason = PendingReason::Dependency { on: *dep };
+            self.set_reason(task, reason, actions);
+            return;
+        }
+        if let (Backfill::None, Some(head)) = (self.policy.backfill, pass.blocked_head) {
+            self.set_reason(
+                task,
+                PendingReason::BehindOlderTask { blocked_by: head },
+                actions,
+            );
+            return;
+        }
+        let admitted = self
+            .policy
+            .admission
+            .admit(&self.view(now, task, entry), &self.quota_view(entry));
+        if let Err(reason) = admitted {
+            self.set_reason(task, reason, actions);
+            return;
+        }
+        if pass.borrowing_sweep
+            && self.policy.backfill == Backfill::Greedy
+            && let Some(owner) = pass.blocked_owner
+        {
+            // Greedy policies have no reservation: hold borrowers while an owner waits.
+            self.set_reason(
+                task,
+                PendingReason::LowerPriority { blocked_by: owner },
+                actions,
+            );
+            return;
+        }
+        let request = &entry.request;
+        let placement = match &pass.reservation {
+            Some(held) if !ends_before(now, request, &self.config, held.shadow) => {
+                let need = held.need;
+                let use_per_node = request.per_node;
+                let keeps_reservation = |node: NodeId| {
+                    held.free_after
+                        .get(&node)
+                        .is_none_or(|free| free.covers(&use_per_node.add(&need)))
+                };
+                self.cluster
+                    .place(request, self.policy.placement.as_ref(), &keeps_reservation)
+            }
+            _ => self
+                .cluster
+                .place(request, self.policy.placement.as_ref(), &no_veto),
+        };
+        if let Some(placements) = placement {
+            if let Some(held) = &mut pass.reservation
+                && !ends_before(now, request, &self.config, held.shadow)
+            {
+                for p in &placements {
+                    if let Some(free) = held.free_after.get_mut(&p.node) {
+                        *free = free.saturating_sub(&request.per_node);
+                    }
+                }
+            }
+            self.start(now, task, placements, Some(actions));
+            return;
+        }
+        if let Some(held) = &pass.reservation
+            && self
+                .cluster
+                .place(request, self.policy.placement.as_ref(), &no_veto)
+                .is_some()
+        {
+            let reason = PendingReason::LowerPriority {
+                blocked_by: held.task,
+            };
+            self.set_reason(task, reason, actions);
+            return;
+        }
+        if !pass.borrowing_sweep && pass.blocked_owner.is_none() {
+            pass.blocked_owner = Some(task);
+        }
+        if pass.claimants < self.config.preemption.max_claimants_per_pass && self.may_claim(task) {
+            pass.claimants += 1;
+            self.try_preempt(now, task, actions);
+        }
+        match self.policy.backfill {
+            Backfill::None => pass.blocked_head = Some(task),
+            Backfill::Greedy => {}
+            Backfill::Easy => {
+                if pass.reservation.is_none() {
+                    pass.reservation = self.reserve(now, task);
+                    self.reservation = pass.reservation.as_ref().map(|r| (r.task, r.shadow));
+                }
+            }
+        }
+        self.set_reason(task, PendingReason::WaitingForResources, actions);
     }
 
     /// Where and when the blocked `task` could start as running tasks end by their
