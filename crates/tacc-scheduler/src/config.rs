@@ -84,6 +84,10 @@ pub struct PreemptionConfig {
     pub by_priority: bool,
     /// How many blocked tasks per decision may look for victims.
     pub max_claimants_per_pass: usize,
+    /// A task that (re)started less than this long ago is not a victim (Slurm's
+    /// PreemptExemptTime): without it, the task that just resumed always "loses the least
+    /// work" and is picked again and again.
+    pub min_run_secs: u64,
 }
 
 impl Default for PreemptionConfig {
@@ -93,6 +97,7 @@ impl Default for PreemptionConfig {
             reclaim: true,
             by_priority: true,
             max_claimants_per_pass: 8,
+            min_run_secs: 600,
         }
     }
 }

@@ -41,6 +41,10 @@ pub enum Event {
     TaskPreempted(TaskId),
     /// Nothing happened but time passed.
     Tick,
+    /// Several things happened at this instant: apply them all (in order), then decide
+    /// once. The simulator batches each instant (completions first, then arrivals); a
+    /// restarted server can restore and resubmit everything in one event.
+    Batch(Vec<Event>),
 }
 
 /// A decision of the scheduler, for the driver to carry out.
@@ -274,6 +278,17 @@ impl Scheduler {
     pub fn handle(&mut self, now: Timestamp, event: Event) -> Result<Plan, SchedulerError> {
         self.now = now;
         let mut actions = Vec::new();
+        self.apply(now, event, &mut actions)?;
+        self.schedule(now, &mut actions);
+        Ok(Plan { at: now, actions })
+    }
+
+    fn apply(
+        &mut self,
+        now: Timestamp,
+        event: Event,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), SchedulerError> {
         match event {
             Event::NodeUp(spec) => self.cluster.add(spec)?,
             Event::NodeDown(node) => self.cluster.remove(node),
@@ -282,7 +297,7 @@ impl Scheduler {
                 if self.tasks.contains_key(&task) {
                     return Err(SchedulerError::DuplicateTask(task));
                 }
-                self.submit(now, task, request, &mut actions);
+                self.submit(now, task, request, actions);
             }
             Event::TaskRestored {
                 task,
@@ -306,9 +321,13 @@ impl Scheduler {
             }
             Event::TaskPreempted(task) => self.requeue(now, task),
             Event::Tick => {}
+            Event::Batch(events) => {
+                for event in events {
+                    self.apply(now, event, actions)?;
+                }
+            }
         }
-        self.schedule(now, &mut actions);
-        Ok(Plan { at: now, actions })
+        Ok(())
     }
 
     fn user_id(&mut self, name: &str) -> usize {
@@ -911,7 +930,8 @@ impl Scheduler {
             let Phase::Running { started_at, .. } = &entry.phase else {
                 continue;
             };
-            if !entry.request.preemptible {
+            let exempt_ms = self.config.preemption.min_run_secs * 1000;
+            if !entry.request.preemptible || now.millis_since(*started_at) < exempt_ms {
                 continue;
             }
             let group = &self.groups[entry.group];
@@ -1097,6 +1117,14 @@ impl Scheduler {
             }
         }
         None
+    }
+
+    /// The reservation the blocked `task` would get from the current state; for tests
+    /// ("backfill never delays the reservation").
+    #[doc(hidden)]
+    pub fn recompute_reservation(&self, task: TaskId) -> Option<Option<Timestamp>> {
+        self.tasks.get(&task)?;
+        self.reserve(self.now, task).map(|r| r.shadow)
     }
 
     /// Checks the bookkeeping against first principles; for tests.
@@ -1419,7 +1447,7 @@ mod tests {
         owner.group = Some("a".into());
         let plan = s
             .handle(
-                Timestamp(10_000),
+                Timestamp(700_000),
                 Event::TaskSubmitted {
                     task: TaskId(9),
                     request: owner,
@@ -1440,10 +1468,10 @@ mod tests {
         // The two that ran the shortest lose the least work.
         assert_eq!(victims, vec![TaskId(4), TaskId(3)]);
         assert_eq!(s.preemptions(), 2);
-        s.handle(Timestamp(20_000), Event::TaskPreempted(TaskId(3)))
+        s.handle(Timestamp(720_000), Event::TaskPreempted(TaskId(3)))
             .unwrap();
         let plan = s
-            .handle(Timestamp(20_000), Event::TaskPreempted(TaskId(4)))
+            .handle(Timestamp(720_000), Event::TaskPreempted(TaskId(4)))
             .unwrap();
         assert_eq!(started(&plan), vec![TaskId(9)]);
         assert!(matches!(

@@ -435,8 +435,8 @@ pub fn run_nodes(jobs: &[TraceJob], policy: &str, options: &NodeOptions) -> Resu
             });
             next += 1;
         }
-        for event in events {
-            let plan = scheduler.handle(Timestamp(now), event)?;
+        {
+            let plan = scheduler.handle(Timestamp(now), Event::Batch(events))?;
             for action in plan.actions {
                 match action {
                     Action::Start { task, .. } => {
