@@ -47,7 +47,6 @@ pub struct FairShareConfig {
     pub half_life_secs: u64,
     pub weight_age: f64,
     pub weight_fairshare: f64,
-    pub weight_priority_class: f64,
     /// Age at which the age factor saturates at 1.
     pub max_age_secs: u64,
     /// Usage charged per GPU-second and per CPU-second.
@@ -64,7 +63,6 @@ impl Default for FairShareConfig {
             half_life_secs: 7 * 86_400,
             weight_age: 1_000.0,
             weight_fairshare: 10_000.0,
-            weight_priority_class: 20_000.0,
             max_age_secs: 7 * 86_400,
             gpu_weight: 1.0,
             cpu_weight: 0.0625,

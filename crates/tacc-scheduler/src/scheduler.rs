@@ -600,10 +600,11 @@ impl Scheduler {
         account.ledger.rate = (account.ledger.rate - rate).max(0.0);
         self.ends.remove(&(end_key, task));
         self.running.remove(&task);
-        if request.preemptible {
+        let entry = self.tasks.get_mut(&task).expect("known task");
+        // Tasks being preempted were already taken off the preemptible count.
+        if request.preemptible && matches!(entry.phase, Phase::Running { .. }) {
             self.preemptible_running -= 1;
         }
-        let entry = self.tasks.get_mut(&task).expect("known task");
         entry.attained_gpu_ms += now.millis_since(started_at) * total.gpus as u64;
         entry.end_key = u64::MAX;
         entry.phase = Phase::Queued { reason: None };
@@ -844,7 +845,14 @@ impl Scheduler {
         if !pass.borrowing_sweep && pass.blocked_owner.is_none() {
             pass.blocked_owner = Some(task);
         }
-        if pass.claimants < self.config.preemption.max_claimants_per_pass && self.may_claim(task) {
+        // Under EASY only the reserved head claims: a task behind it could not use what
+        // its victims free, and the victims would restart at once. For the same reason a
+        // borrowing task never claims: owners, considered first, would take the room.
+        if pass.claimants < self.config.preemption.max_claimants_per_pass
+            && pass.reservation.is_none()
+            && !pass.borrowing_sweep
+            && self.may_claim(task)
+        {
             pass.claimants += 1;
             self.try_preempt(now, task, actions);
         }

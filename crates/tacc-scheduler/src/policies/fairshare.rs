@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use super::CLASS_STEP;
 use crate::policy::{
     Backfill, HardLimits, OrderingPolicy, PackPlacement, Policy, PolicyEntry, RankContext,
     TaskView,
@@ -34,11 +35,10 @@ impl OrderingPolicy for Multifactor {
         } else {
             (age_secs / weights.max_age_secs as f64).min(1.0)
         };
-        let class = task.priority as i64 as f64 / 2.0;
-        let priority = weights.weight_age * age
-            + weights.weight_fairshare * task.group_fairshare
-            + weights.weight_priority_class * class;
+        let priority = weights.weight_age * age + weights.weight_fairshare * task.group_fairshare;
+        // The class is a tier (like Slurm's partition PriorityTier): a high task always
+        // ranks above a normal one, so a task it preempts can never overtake it again.
         // Thousandths keep sub-unit differences while the rank stays an exact integer.
-        (priority * 1000.0).round() as i64
+        task.priority as i64 * CLASS_STEP + (priority * 1000.0).round() as i64
     }
 }
