@@ -172,3 +172,38 @@ impl SchedulerConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_from_toml() {
+        let text = r#"
+            default_time_limit_secs = 86400
+            [default_user_limits]
+            max_gpus = 16
+            [users.alice]
+            group = "vision"
+            max_priority = "normal"
+            max_running_tasks = 4
+            [groups.vision]
+            guaranteed_gpus = 32
+            max_gpus = 64
+            [fairshare]
+            half_life_secs = 3600
+            [preemption]
+            grace_secs = 60
+        "#;
+        let config: SchedulerConfig = toml::from_str(text).unwrap();
+        assert_eq!(config.group_of("alice", None), "vision");
+        assert_eq!(config.priority_cap("alice"), Priority::Normal);
+        assert_eq!(config.user_limits("alice").max_gpus, Some(16));
+        assert_eq!(config.user_limits("alice").max_running_tasks, Some(4));
+        assert_eq!(config.guaranteed_gpus("vision"), 32);
+        assert_eq!(config.group_limits("vision").max_gpus, Some(64));
+        assert_eq!(config.fairshare.half_life_secs, 3600);
+        assert_eq!(config.preemption.grace_secs, 60);
+        assert!(toml::from_str::<SchedulerConfig>("[users.bob]\ngroop = \"x\"").is_err());
+    }
+}
