@@ -1509,8 +1509,10 @@ mod tests {
 
     #[test]
     fn priority_is_capped_per_user_and_gpu_type_is_honoured() {
-        let mut config = SchedulerConfig::default();
-        config.default_max_priority = Some(Priority::Normal);
+        let config = SchedulerConfig {
+            default_max_priority: Some(Priority::Normal),
+            ..Default::default()
+        };
         let mut s = Scheduler::by_name("fifo", config).unwrap();
         s.handle(
             Timestamp(0),
