@@ -5,7 +5,12 @@
 //!
 //! It must not do I/O, spawn threads, or read a clock: the live server and the trace
 //! simulator drive the very same code, and the same event sequence always yields the same
-//! plans (ordered maps only, never `HashMap` iteration). It depends on `tacc-core` alone.
+//! plans (ordered maps only, never `HashMap` iteration). It depends on `tacc-core`, `serde`
+//! and `thiserror` only: never tokio, a network or file crate, or a clock.
+//!
+//! Policies plug in through three traits ([`policy::AdmissionPolicy`],
+//! [`policy::OrderingPolicy`], [`policy::PlacementPolicy`]); built-ins are registered in
+//! [`policies`]. [`pool`] is the one-pool model the trace simulator uses for speed.
 
 mod cluster;
 pub mod config;
