@@ -62,11 +62,9 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
         attempt.task, attempt.attempt, assignment.node_rank
     );
     let workdir = shared.config.data_dir.join("work").join(&name);
-    let outcome = tokio::select! {
-        outcome = execute(&shared, &assignment, &workdir, &name, &cancel) => outcome,
-        // Cancelled while preparing: nothing is running yet.
-        _ = cancel.cancelled() => AttemptOutcome::Cancelled,
-    };
+    // Once a process runs, cancelling is the executor's job (SIGTERM, grace, SIGKILL of
+    // the group): dropping the future here would orphan the process.
+    let outcome = execute(&shared, &assignment, &workdir, &name, &cancel).await;
     if !shared.config.keep_workdirs {
         let dir = workdir.clone();
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
@@ -120,7 +118,12 @@ async fn execute(
         );
     }
     let started = Instant::now();
-    if let Err(message) = prepare_workdir(shared, &instruction.snapshot, workdir).await {
+    let prepared = tokio::select! {
+        prepared = prepare_workdir(shared, &instruction.snapshot, workdir) => prepared,
+        // Cancelled while preparing: nothing is running yet.
+        _ = cancel.cancelled() => return AttemptOutcome::Cancelled,
+    };
+    if let Err(message) = prepared {
         return launch_failed("snapshot_fetch_failed", message);
     }
     let userdir = shared
@@ -186,6 +189,9 @@ async fn execute(
             Ok(other) => return outcome_of(other),
             Err(outcome) => return outcome,
         }
+    }
+    if cancel.is_cancelled() {
+        return AttemptOutcome::Cancelled;
     }
     let spec = LaunchSpec {
         label: format!("tacc-{name}"),
@@ -382,13 +388,7 @@ async fn upload_outputs(
         };
         if let Err(e) = shared
             .client
-            .put_output(
-                node,
-                instruction.task,
-                instruction.attempt,
-                &relative,
-                bytes,
-            )
+            .put_output(node, instruction.task, instruction.attempt, &relative, file)
             .await
         {
             problems.push(format!("{relative}: {e}"));

@@ -325,11 +325,21 @@ impl Client {
     }
 
     /// Upload one output file, streamed from disk.
-    pub async fn put_output(&self, node: NodeId, task: TaskId, attempt: AttemptNo, path: &str, file: tokio::fs::File) -> Result<()> {
+    pub async fn put_output(
+        &self,
+        node: NodeId,
+        task: TaskId,
+        attempt: AttemptNo,
+        path: &str,
+        file: tokio::fs::File,
+    ) -> Result<()> {
         let length = file.metadata().await.map(|m| m.len()).ok();
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
         let mut request = self
-            .request(Method::PUT, &format!("/v1/agents/{node}/outputs/{task}/{attempt}/{path}"))
+            .request(
+                Method::PUT,
+                &format!("/v1/agents/{node}/outputs/{task}/{attempt}/{path}"),
+            )
             .body(body);
         if let Some(length) = length {
             request = request.header(reqwest::header::CONTENT_LENGTH, length);

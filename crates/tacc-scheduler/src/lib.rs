@@ -5,12 +5,26 @@
 //!
 //! It must not do I/O, spawn threads, or read a clock: the live server and the trace
 //! simulator drive the very same code, and the same event sequence always yields the same
-//! plans (ordered maps only, never `HashMap` iteration). It depends on `tacc-core` alone.
+//! plans (ordered maps only, never `HashMap` iteration). It depends on `tacc-core`, `serde`
+//! and `thiserror` only: never tokio, a network or file crate, or a clock.
+//!
+//! Policies plug in through three traits ([`policy::AdmissionPolicy`],
+//! [`policy::OrderingPolicy`], [`policy::PlacementPolicy`]); built-ins are registered in
+//! [`policies`]. [`pool`] is the one-pool model the trace simulator uses for speed.
 
+mod cluster;
+pub mod config;
 mod model;
+pub mod policies;
+pub mod policy;
+pub mod pool;
 mod scheduler;
 
-pub use model::{NodeSpec, PendingReason, Placement, TaskRequest};
+pub use config::{
+    FairShareConfig, GroupConfig, Limits, PreemptionConfig, SchedulerConfig, UserConfig,
+};
+pub use model::{Explanation, LimitKind, NodeSpec, PendingReason, Placement, TaskRequest};
+pub use policy::{Backfill, Policy, PolicyEntry, policy_names};
 pub use scheduler::{Action, Event, Plan, Scheduler};
 
 /// Errors from feeding the scheduler an event that contradicts its state.
@@ -25,4 +39,10 @@ pub enum SchedulerError {
         task: tacc_core::TaskId,
         node: tacc_core::NodeId,
     },
+    #[error("unknown scheduling policy `{name}` (known: {known})")]
+    UnknownPolicy { name: String, known: String },
+    #[error("pool job {job} asks for {gpus} GPUs but the pool has only {capacity}")]
+    PoolJobTooLarge { job: u64, gpus: u32, capacity: u32 },
+    #[error("pool job {0} is already known")]
+    DuplicatePoolJob(u64),
 }

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use tacc_core::{NodeId, Priority, Resources, Timestamp, UserName};
+use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp, UserName};
 
 /// A machine as the scheduler sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -15,6 +15,10 @@ pub struct NodeSpec {
 }
 
 /// What a task asks of the cluster.
+///
+/// Fields added after the first boundary (`group`, `node_selector`, `depends_on`,
+/// `duration_hint_secs`) default to "not given" in serde, and [`Default`] exists so that
+/// callers can write `TaskRequest { user, per_node, ..Default::default() }`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskRequest {
     pub user: UserName,
@@ -28,6 +32,46 @@ pub struct TaskRequest {
     /// Upper bound on run time, used for backfill planning.
     pub time_limit_secs: Option<u64>,
     pub submitted_at: Timestamp,
+    /// Team or project charged for the task; `None` takes the user's group from the
+    /// configuration (or the user's own name when the user is not configured).
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Node labels the task needs (every pair must match exactly).
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+    /// Tasks that must leave the scheduler (end in any way) before this one may start.
+    #[serde(default)]
+    pub depends_on: Vec<TaskId>,
+    /// True run time, known only to a simulator replaying a trace; the `sjf` oracle
+    /// policy orders by it. The live server leaves it `None`.
+    #[serde(default)]
+    pub duration_hint_secs: Option<u64>,
+}
+
+impl Default for TaskRequest {
+    fn default() -> Self {
+        TaskRequest {
+            user: UserName::new(""),
+            per_node: Resources::ZERO,
+            nodes: 1,
+            gpu_type: None,
+            priority: Priority::Normal,
+            preemptible: false,
+            time_limit_secs: None,
+            submitted_at: Timestamp(0),
+            group: None,
+            node_selector: BTreeMap::new(),
+            depends_on: Vec::new(),
+            duration_hint_secs: None,
+        }
+    }
+}
+
+impl TaskRequest {
+    /// Resources of the whole gang.
+    pub fn total(&self) -> Resources {
+        self.per_node.times(self.nodes)
+    }
 }
 
 /// Where one node's share of a task runs.
@@ -38,6 +82,27 @@ pub struct Placement {
     pub gpu_indices: Vec<u32>,
 }
 
+/// Which hard limit a queued task would break by starting now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitKind {
+    Gpus,
+    Cpus,
+    RunningTasks,
+    QueuedTasks,
+}
+
+impl fmt::Display for LimitKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LimitKind::Gpus => "GPUs",
+            LimitKind::Cpus => "CPUs",
+            LimitKind::RunningTasks => "running tasks",
+            LimitKind::QueuedTasks => "queued tasks",
+        })
+    }
+}
+
 /// Why a queued task is not running yet.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -45,9 +110,21 @@ pub enum PendingReason {
     /// Enough resources are not free right now.
     WaitingForResources,
     /// A task ahead of it in the queue is waiting, and the queue is first-in first-out.
-    BehindOlderTask { blocked_by: tacc_core::TaskId },
+    BehindOlderTask { blocked_by: TaskId },
     /// No node of the cluster could ever hold it; it is rejected.
     CannotFit { detail: String },
+    /// Starting it would break a per-user hard limit.
+    OverUserQuota { limit: LimitKind, max: u64 },
+    /// Starting it would break a per-group hard limit.
+    OverGroupQuota {
+        group: String,
+        limit: LimitKind,
+        max: u64,
+    },
+    /// It would fit, but only on resources held back for a higher-priority task.
+    LowerPriority { blocked_by: TaskId },
+    /// A task it depends on has not ended yet.
+    Dependency { on: TaskId },
 }
 
 impl fmt::Display for PendingReason {
@@ -60,6 +137,41 @@ impl fmt::Display for PendingReason {
             PendingReason::CannotFit { detail } => {
                 write!(f, "can never fit this cluster: {detail}")
             }
+            PendingReason::OverUserQuota { limit, max } => {
+                write!(f, "over user quota: at most {max} {limit}")
+            }
+            PendingReason::OverGroupQuota { group, limit, max } => {
+                write!(f, "over quota of group {group}: at most {max} {limit}")
+            }
+            PendingReason::LowerPriority { blocked_by } => write!(
+                f,
+                "lower priority: the free resources are held for task {blocked_by}"
+            ),
+            PendingReason::Dependency { on } => write!(f, "waiting for task {on} to end"),
         }
     }
+}
+
+/// Where a task stands, as [`crate::Scheduler::explain`] tells it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum Explanation {
+    Queued {
+        reason: Option<PendingReason>,
+        /// Position in the policy's order (0 = next to be considered).
+        position: usize,
+        /// Estimate from the reservation timeline (time limits of running tasks and of
+        /// the tasks ahead); `None` when some needed time limit is unknown.
+        estimated_start: Option<Timestamp>,
+        attempt: u32,
+    },
+    Running {
+        placements: Vec<Placement>,
+        started_at: Timestamp,
+        attempt: u32,
+    },
+    /// A grace signal was sent; resources stay held until the driver reports it stopped.
+    Preempting { since: Timestamp, attempt: u32 },
+    /// The scheduler does not know the task (never submitted, or already ended).
+    Unknown,
 }

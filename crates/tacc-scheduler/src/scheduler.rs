@@ -1,16 +1,25 @@
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use tacc_core::{NodeId, Resources, TaskId, Timestamp};
+use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp};
 
-use crate::{NodeSpec, PendingReason, Placement, SchedulerError, TaskRequest};
+use crate::cluster::Cluster;
+use crate::config::{Limits, SchedulerConfig};
+use crate::policy::{Backfill, Policy, QuotaView, RankContext, TaskView, Usage};
+use crate::{
+    Explanation, LimitKind, NodeSpec, PendingReason, Placement, SchedulerError, TaskRequest,
+};
 
 /// Something that happened, fed to [`Scheduler::handle`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Event {
     NodeUp(NodeSpec),
-    /// The node is gone; tasks placed on it are no longer counted against it.
+    /// The node is gone (lost or removed); tasks placed on it are no longer counted
+    /// against it. The driver reports those tasks' end separately.
     NodeDown(NodeId),
+    /// The node finishes what runs on it but takes no new tasks.
+    NodeDrained(NodeId),
     TaskSubmitted {
         task: TaskId,
         request: TaskRequest,
@@ -25,8 +34,17 @@ pub enum Event {
     TaskCancelled(TaskId),
     /// Finished in any way (success, failure, lost); its resources are free again.
     TaskEnded(TaskId),
+    /// Failed; same effect as [`Event::TaskEnded`], kept apart for the record.
+    TaskFailed(TaskId),
+    /// A task told to stop by [`Action::Preempt`] has stopped: its resources are free and
+    /// it goes back to the queue as a new attempt (keeping its submission time).
+    TaskPreempted(TaskId),
     /// Nothing happened but time passed.
     Tick,
+    /// Several things happened at this instant: apply them all (in order), then decide
+    /// once. The simulator batches each instant (completions first, then arrivals); a
+    /// restarted server can restore and resubmit everything in one event.
+    Batch(Vec<Event>),
 }
 
 /// A decision of the scheduler, for the driver to carry out.
@@ -40,6 +58,9 @@ pub enum Action {
     Pending { task: TaskId, reason: PendingReason },
     /// The task can never run on this cluster and leaves the queue.
     Reject { task: TaskId, reason: PendingReason },
+    /// Send the task its checkpoint signal now and kill it after `grace_secs`; report
+    /// [`Event::TaskPreempted`] once it has stopped (or `TaskEnded` if it finished).
+    Preempt { task: TaskId, grace_secs: u64 },
 }
 
 /// The actions decided in answer to one event, in order.
@@ -50,247 +71,1138 @@ pub struct Plan {
 }
 
 #[derive(Debug, Clone)]
-struct NodeState {
-    spec: NodeSpec,
-    free: Resources,
-    free_gpus: BTreeSet<u32>,
+enum Phase {
+    Queued {
+        reason: Option<PendingReason>,
+    },
+    Running {
+        placements: Vec<Placement>,
+        started_at: Timestamp,
+    },
+    Preempting {
+        placements: Vec<Placement>,
+        started_at: Timestamp,
+        since: Timestamp,
+    },
 }
 
 #[derive(Debug, Clone)]
-struct QueuedTask {
+struct TaskEntry {
     request: TaskRequest,
-    last_reason: Option<PendingReason>,
+    user: usize,
+    group: usize,
+    priority: Priority,
+    attempt: u32,
+    /// GPU-milliseconds of finished attempts.
+    attained_gpu_ms: u64,
+    rank: i64,
+    /// Key in `Scheduler::ends` while holding resources.
+    end_key: u64,
+    phase: Phase,
 }
 
-/// Queue order key: higher priority first, then earlier submission, then lower id.
-type QueueKey = (std::cmp::Reverse<tacc_core::Priority>, Timestamp, TaskId);
-
-/// The scheduler's whole state. First-in first-out within a priority class, with
-/// resource fit; a blocked head blocks everyone behind it, so no task starves.
+/// Decaying usage of one group, integrated exactly between rate changes.
 #[derive(Debug, Clone, Default)]
+struct Ledger {
+    value: f64,
+    /// Billing units per second currently running.
+    rate: f64,
+    last_ms: u64,
+}
+
+impl Ledger {
+    fn advance(&mut self, now_ms: u64, half_life_secs: u64) {
+        let dt = now_ms.saturating_sub(self.last_ms) as f64 / 1000.0;
+        self.last_ms = self.last_ms.max(now_ms);
+        if dt <= 0.0 {
+            return;
+        }
+        if half_life_secs == 0 {
+            self.value += self.rate * dt;
+            return;
+        }
+        let lambda = std::f64::consts::LN_2 / half_life_secs as f64;
+        let keep = (-lambda * dt).exp();
+        self.value = self.value * keep + self.rate * (1.0 - keep) / lambda;
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Account {
+    name: String,
+    usage: Usage,
+    limits: Limits,
+}
+
+#[derive(Debug, Clone, Default)]
+struct GroupAccount {
+    account: Account,
+    guaranteed_gpus: u64,
+    share: f64,
+    ledger: Ledger,
+    fairshare: f64,
+    allocated: Resources,
+}
+
+/// The first blocked task's reservation in the current decision.
+#[derive(Debug, Clone)]
+struct Reservation {
+    task: TaskId,
+    shadow: Option<Timestamp>,
+    need: Resources,
+    free_after: BTreeMap<NodeId, Resources>,
+}
+
+/// What one decision carries from task to task.
+#[derive(Debug, Default)]
+struct PassState {
+    blocked_head: Option<TaskId>,
+    reservation: Option<Reservation>,
+    claimants: usize,
+    /// The first blocked task that stays within its group's guarantee.
+    blocked_owner: Option<TaskId>,
+    borrowing_sweep: bool,
+}
+
+/// Queue order: higher rank first, then earlier submission, then lower id.
+type QueueKey = (Reverse<i64>, Timestamp, TaskId);
+
+/// The scheduler's whole state: a pure function of the events fed to it.
+#[derive(Debug, Clone)]
 pub struct Scheduler {
-    nodes: BTreeMap<NodeId, NodeState>,
-    queue: BTreeMap<QueueKey, TaskId>,
-    queued: BTreeMap<TaskId, QueuedTask>,
-    running: BTreeMap<TaskId, (TaskRequest, Vec<Placement>)>,
+    policy: Policy,
+    config: SchedulerConfig,
+    cluster: Cluster,
+    tasks: BTreeMap<TaskId, TaskEntry>,
+    queue: BTreeSet<QueueKey>,
+    running: BTreeSet<TaskId>,
+    preemptible_running: usize,
+    /// (expected end in ms, task) of every task holding resources; `u64::MAX` = unknown.
+    ends: BTreeSet<(u64, TaskId)>,
+    users: Vec<Account>,
+    user_index: BTreeMap<String, usize>,
+    groups: Vec<GroupAccount>,
+    group_index: BTreeMap<String, usize>,
+    ranked_at: Option<Timestamp>,
+    now: Timestamp,
+    reservation: Option<(TaskId, Option<Timestamp>)>,
+    preemptions: u64,
+}
+
+impl Default for Scheduler {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Scheduler {
+    /// The production default: `fairshare` with an open configuration.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_policy(Policy::production_default(), SchedulerConfig::default())
+    }
+
+    /// The production default policy with the operator's configuration.
+    pub fn with_config(config: SchedulerConfig) -> Self {
+        Self::with_policy(Policy::production_default(), config)
+    }
+
+    pub fn with_policy(policy: Policy, config: SchedulerConfig) -> Self {
+        let mut scheduler = Scheduler {
+            policy,
+            config,
+            cluster: Cluster::default(),
+            tasks: BTreeMap::new(),
+            queue: BTreeSet::new(),
+            running: BTreeSet::new(),
+            preemptible_running: 0,
+            ends: BTreeSet::new(),
+            users: Vec::new(),
+            user_index: BTreeMap::new(),
+            groups: Vec::new(),
+            group_index: BTreeMap::new(),
+            ranked_at: None,
+            now: Timestamp(0),
+            reservation: None,
+            preemptions: 0,
+        };
+        // Configured groups exist from the start, so their shares count in fair share.
+        let names: Vec<String> = scheduler.config.groups.keys().cloned().collect();
+        for name in names {
+            scheduler.group_id(&name);
+        }
+        scheduler
+    }
+
+    /// A registered policy by name (see [`crate::policy_names`]).
+    pub fn by_name(name: &str, config: SchedulerConfig) -> Result<Self, SchedulerError> {
+        Ok(Self::with_policy(Policy::by_name(name)?, config))
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
     }
 
     /// Number of tasks waiting.
     pub fn queue_len(&self) -> usize {
-        self.queued.len()
+        self.queue.len()
+    }
+
+    /// Number of tasks holding resources (running or being preempted).
+    pub fn running_len(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Preemptions decided so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// The reservation of the last decision, as computed before anything was backfilled:
+    /// the first blocked task and when it is expected to start (`None`: unknown).
+    pub fn reservation(&self) -> Option<(TaskId, Option<Timestamp>)> {
+        self.reservation
+    }
+
+    /// Current usage of a group (GPUs, CPUs, running and queued tasks).
+    pub fn group_usage(&self, group: &str) -> Usage {
+        self.group_index
+            .get(group)
+            .map_or_else(Usage::default, |g| self.groups[*g].account.usage)
     }
 
     /// Apply one event and decide what to do now.
     pub fn handle(&mut self, now: Timestamp, event: Event) -> Result<Plan, SchedulerError> {
+        self.now = now;
         let mut actions = Vec::new();
+        self.apply(now, event, &mut actions)?;
+        self.schedule(now, &mut actions);
+        Ok(Plan { at: now, actions })
+    }
+
+    fn apply(
+        &mut self,
+        now: Timestamp,
+        event: Event,
+        actions: &mut Vec<Action>,
+    ) -> Result<(), SchedulerError> {
         match event {
-            Event::NodeUp(spec) => {
-                if self.nodes.contains_key(&spec.id) {
-                    return Err(SchedulerError::DuplicateNode(spec.id));
-                }
-                let free_gpus = (0..spec.capacity.gpus).collect();
-                self.nodes.insert(
-                    spec.id,
-                    NodeState {
-                        free: spec.capacity,
-                        free_gpus,
-                        spec,
-                    },
-                );
-            }
-            Event::NodeDown(node) => {
-                self.nodes.remove(&node);
-            }
+            Event::NodeUp(spec) => self.cluster.add(spec)?,
+            Event::NodeDown(node) => self.cluster.remove(node),
+            Event::NodeDrained(node) => self.cluster.drain(node),
             Event::TaskSubmitted { task, request } => {
-                if self.queued.contains_key(&task) || self.running.contains_key(&task) {
+                if self.tasks.contains_key(&task) {
                     return Err(SchedulerError::DuplicateTask(task));
                 }
-                if let Some(detail) = self.never_fits(&request) {
-                    actions.push(Action::Reject {
-                        task,
-                        reason: PendingReason::CannotFit { detail },
-                    });
-                } else {
-                    self.enqueue(task, request);
-                }
+                self.submit(now, task, request, actions);
             }
             Event::TaskRestored {
                 task,
                 request,
                 placements,
             } => {
-                if self.queued.contains_key(&task) || self.running.contains_key(&task) {
+                if self.tasks.contains_key(&task) {
                     return Err(SchedulerError::DuplicateTask(task));
                 }
-                for placement in &placements {
-                    if !self.nodes.contains_key(&placement.node) {
-                        return Err(SchedulerError::UnknownNode {
-                            task,
-                            node: placement.node,
-                        });
-                    }
+                if let Some(missing) = placements.iter().find(|p| !self.cluster.contains(p.node)) {
+                    return Err(SchedulerError::UnknownNode {
+                        task,
+                        node: missing.node,
+                    });
                 }
-                self.take(&request, &placements);
-                self.running.insert(task, (request, placements));
+                self.insert_queued(now, task, request);
+                self.start(now, task, placements, None);
             }
-            Event::TaskCancelled(task) | Event::TaskEnded(task) => {
-                if let Some(queued) = self.queued.remove(&task) {
-                    self.queue.remove(&queue_key(task, &queued.request));
-                }
-                if let Some((request, placements)) = self.running.remove(&task) {
-                    self.give_back(&request, &placements);
-                }
+            Event::TaskCancelled(task) | Event::TaskEnded(task) | Event::TaskFailed(task) => {
+                self.forget(now, task);
             }
+            Event::TaskPreempted(task) => self.requeue(now, task),
             Event::Tick => {}
+            Event::Batch(events) => {
+                for event in events {
+                    self.apply(now, event, actions)?;
+                }
+            }
         }
-        self.schedule(&mut actions);
-        Ok(Plan { at: now, actions })
+        Ok(())
     }
 
-    fn enqueue(&mut self, task: TaskId, request: TaskRequest) {
-        self.queue.insert(queue_key(task, &request), task);
-        self.queued.insert(
-            task,
-            QueuedTask {
-                request,
-                last_reason: None,
+    fn user_id(&mut self, name: &str) -> usize {
+        if let Some(id) = self.user_index.get(name) {
+            return *id;
+        }
+        self.users.push(Account {
+            name: name.to_string(),
+            usage: Usage::default(),
+            limits: self.config.user_limits(name),
+        });
+        self.user_index
+            .insert(name.to_string(), self.users.len() - 1);
+        self.users.len() - 1
+    }
+
+    fn group_id(&mut self, name: &str) -> usize {
+        if let Some(id) = self.group_index.get(name) {
+            return *id;
+        }
+        self.groups.push(GroupAccount {
+            account: Account {
+                name: name.to_string(),
+                usage: Usage::default(),
+                limits: self.config.group_limits(name),
             },
-        );
+            guaranteed_gpus: self.config.guaranteed_gpus(name),
+            share: self.config.share_weight(name),
+            ledger: Ledger {
+                last_ms: self.now.as_millis(),
+                ..Ledger::default()
+            },
+            fairshare: 1.0,
+            allocated: Resources::ZERO,
+        });
+        self.group_index
+            .insert(name.to_string(), self.groups.len() - 1);
+        // A new group changes everyone's normalised share.
+        self.ranked_at = None;
+        self.groups.len() - 1
     }
 
-    fn schedule(&mut self, actions: &mut Vec<Action>) {
-        let order: Vec<TaskId> = self.queue.values().copied().collect();
-        let mut blocked_by: Option<TaskId> = None;
-        for task in order {
-            let reason = match blocked_by {
-                Some(head) => PendingReason::BehindOlderTask { blocked_by: head },
-                None => {
-                    let request = &self.queued[&task].request;
-                    match self.place(request) {
-                        Some(placements) => {
-                            let queued = self.queued.remove(&task).expect("queued task");
-                            self.queue.remove(&queue_key(task, &queued.request));
-                            self.take(&queued.request, &placements);
-                            self.running
-                                .insert(task, (queued.request, placements.clone()));
-                            actions.push(Action::Start { task, placements });
-                            continue;
-                        }
-                        None => {
-                            blocked_by = Some(task);
-                            PendingReason::WaitingForResources
-                        }
-                    }
-                }
-            };
-            let queued = self.queued.get_mut(&task).expect("queued task");
-            if queued.last_reason.as_ref() != Some(&reason) {
-                queued.last_reason = Some(reason.clone());
-                actions.push(Action::Pending { task, reason });
+    fn submit(
+        &mut self,
+        now: Timestamp,
+        task: TaskId,
+        request: TaskRequest,
+        actions: &mut Vec<Action>,
+    ) {
+        if let Some(detail) = self.cluster.never_fits(&request) {
+            actions.push(Action::Reject {
+                task,
+                reason: PendingReason::CannotFit { detail },
+            });
+            return;
+        }
+        let user = self.user_id(request.user.as_str());
+        let group_name = self
+            .config
+            .group_of(request.user.as_str(), request.group.as_deref());
+        let group = self.group_id(&group_name);
+        if let Some(reason) = self.over_limits_forever(user, group, &request) {
+            actions.push(Action::Reject { task, reason });
+            return;
+        }
+        self.insert_queued(now, task, request);
+    }
+
+    /// Limits that reject at submit: a full queue, or a task bigger than a limit allows.
+    fn over_limits_forever(
+        &self,
+        user: usize,
+        group: usize,
+        request: &TaskRequest,
+    ) -> Option<PendingReason> {
+        let total = request.total();
+        let check = |limits: &Limits, usage: &Usage| -> Option<(LimitKind, u64)> {
+            if let Some(max) = limits.max_queued_tasks.filter(|max| usage.queued >= *max) {
+                return Some((LimitKind::QueuedTasks, max));
             }
-        }
-    }
-
-    /// Choose nodes for every member of the gang, or none at all. Prefers the nodes with
-    /// the fewest free GPUs that still fit, so large holes stay open for large tasks.
-    fn place(&self, request: &TaskRequest) -> Option<Vec<Placement>> {
-        let mut candidates: Vec<&NodeState> = self
-            .nodes
-            .values()
-            .filter(|node| node_matches(&node.spec, request) && node.free.covers(&request.per_node))
-            .collect();
-        if candidates.len() < request.nodes as usize {
-            return None;
-        }
-        candidates.sort_by_key(|node| (node.free.gpus, node.free.cpu_millis, node.spec.id));
-        Some(
-            candidates
-                .into_iter()
-                .take(request.nodes as usize)
-                .map(|node| Placement {
-                    node: node.spec.id,
-                    gpu_indices: node
-                        .free_gpus
-                        .iter()
-                        .take(request.per_node.gpus as usize)
-                        .copied()
-                        .collect(),
-                })
-                .collect(),
-        )
-    }
-
-    fn take(&mut self, request: &TaskRequest, placements: &[Placement]) {
-        for placement in placements {
-            if let Some(node) = self.nodes.get_mut(&placement.node) {
-                node.free = node.free.saturating_sub(&request.per_node);
-                for gpu in &placement.gpu_indices {
-                    node.free_gpus.remove(gpu);
-                }
+            if let Some(max) = limits.max_gpus.filter(|max| total.gpus as u64 > *max) {
+                return Some((LimitKind::Gpus, max));
             }
-        }
-    }
-
-    fn give_back(&mut self, request: &TaskRequest, placements: &[Placement]) {
-        for placement in placements {
-            if let Some(node) = self.nodes.get_mut(&placement.node) {
-                node.free = node.free.add(&request.per_node);
-                node.free_gpus.extend(placement.gpu_indices.iter().copied());
+            if let Some(max) = limits.max_cpus.filter(|max| total.cpu_millis > max * 1000) {
+                return Some((LimitKind::Cpus, max));
             }
+            if let Some(max) = limits.max_running_tasks.filter(|max| *max == 0) {
+                return Some((LimitKind::RunningTasks, max));
+            }
+            None
+        };
+        let user_account = &self.users[user];
+        if let Some((limit, max)) = check(&user_account.limits, &user_account.usage) {
+            return Some(PendingReason::OverUserQuota { limit, max });
         }
-    }
-
-    /// Why the request could not fit even on an empty cluster, if it could not.
-    fn never_fits(&self, request: &TaskRequest) -> Option<String> {
-        let fitting = self
-            .nodes
-            .values()
-            .filter(|node| {
-                node_matches(&node.spec, request) && node.spec.capacity.covers(&request.per_node)
-            })
-            .count();
-        if fitting >= request.nodes as usize {
-            return None;
-        }
-        let largest = self
-            .nodes
-            .values()
-            .map(|node| node.spec.capacity)
-            .max_by_key(|cap| (cap.gpus, cap.cpu_millis, cap.memory_bytes));
-        Some(match largest {
-            None => "the cluster has no nodes".to_string(),
-            Some(largest) => format!(
-                "it asks for {} node(s) with {} each, but only {fitting} node(s) can hold that (largest node: {largest})",
-                request.nodes, request.per_node
-            ),
+        let group_account = &self.groups[group].account;
+        check(&group_account.limits, &group_account.usage).map(|(limit, max)| {
+            PendingReason::OverGroupQuota {
+                group: group_account.name.clone(),
+                limit,
+                max,
+            }
         })
     }
-}
 
-fn node_matches(node: &NodeSpec, request: &TaskRequest) -> bool {
-    match &request.gpu_type {
-        Some(wanted) => node.gpu_type.as_deref() == Some(wanted.as_str()),
-        None => true,
+    fn insert_queued(&mut self, now: Timestamp, task: TaskId, request: TaskRequest) {
+        let user = self.user_id(request.user.as_str());
+        let group_name = self
+            .config
+            .group_of(request.user.as_str(), request.group.as_deref());
+        let group = self.group_id(&group_name);
+        let priority = request
+            .priority
+            .min(self.config.priority_cap(request.user.as_str()));
+        let entry = TaskEntry {
+            request,
+            user,
+            group,
+            priority,
+            attempt: 1,
+            attained_gpu_ms: 0,
+            rank: 0,
+            end_key: u64::MAX,
+            phase: Phase::Queued { reason: None },
+        };
+        self.tasks.insert(task, entry);
+        self.users[user].usage.queued += 1;
+        self.groups[group].account.usage.queued += 1;
+        self.enqueue(now, task);
+    }
+
+    /// (Re)compute the task's rank and put it in the queue.
+    fn enqueue(&mut self, now: Timestamp, task: TaskId) {
+        let rank = {
+            let entry = &self.tasks[&task];
+            self.policy
+                .ordering
+                .rank(&self.rank_context(now), &self.view(now, task, entry))
+        };
+        let entry = self.tasks.get_mut(&task).expect("known task");
+        entry.rank = rank;
+        self.queue
+            .insert((Reverse(rank), entry.request.submitted_at, task));
+    }
+
+    fn rank_context(&self, now: Timestamp) -> RankContext<'_> {
+        RankContext {
+            now,
+            config: &self.config,
+            cluster_total: self.cluster.schedulable_total(),
+        }
+    }
+
+    fn view<'a>(&'a self, now: Timestamp, id: TaskId, entry: &'a TaskEntry) -> TaskView<'a> {
+        let group = &self.groups[entry.group];
+        let current_run_ms = match &entry.phase {
+            Phase::Running { started_at, .. } | Phase::Preempting { started_at, .. } => {
+                now.millis_since(*started_at) * entry.request.total().gpus as u64
+            }
+            Phase::Queued { .. } => 0,
+        };
+        TaskView {
+            id,
+            request: &entry.request,
+            group: &group.account.name,
+            priority: entry.priority,
+            attempt: entry.attempt,
+            attained_gpu_secs: (entry.attained_gpu_ms + current_run_ms) as f64 / 1000.0,
+            group_fairshare: group.fairshare,
+            group_allocated: group.allocated,
+        }
+    }
+
+    fn billing_rate(&self, request: &TaskRequest) -> f64 {
+        let total = request.total();
+        let weights = &self.config.fairshare;
+        total.gpus as f64 * weights.gpu_weight
+            + total.cpu_millis as f64 / 1000.0 * weights.cpu_weight
+    }
+
+    fn end_key(&self, started_at: Timestamp, request: &TaskRequest) -> u64 {
+        request
+            .time_limit_secs
+            .or(self.config.default_time_limit_secs)
+            .map_or(u64::MAX, |limit| started_at.plus_secs(limit).as_millis())
+    }
+
+    fn start(
+        &mut self,
+        now: Timestamp,
+        task: TaskId,
+        placements: Vec<Placement>,
+        actions: Option<&mut Vec<Action>>,
+    ) {
+        let half_life = self.config.fairshare.half_life_secs;
+        let (request, rank, user, group) = {
+            let entry = &self.tasks[&task];
+            (entry.request.clone(), entry.rank, entry.user, entry.group)
+        };
+        self.queue
+            .remove(&(Reverse(rank), request.submitted_at, task));
+        self.cluster.take(&request.per_node, &placements);
+        let total = request.total();
+        for usage in [
+            &mut self.users[user].usage,
+            &mut self.groups[group].account.usage,
+        ] {
+            usage.gpus += total.gpus as u64;
+            usage.cpu_millis += total.cpu_millis;
+            usage.running += 1;
+            usage.queued -= 1;
+        }
+        let rate = self.billing_rate(&request);
+        let account = &mut self.groups[group];
+        account.allocated = account.allocated.add(&total);
+        account.ledger.advance(now.as_millis(), half_life);
+        account.ledger.rate += rate;
+        let end_key = self.end_key(now, &request);
+        self.ends.insert((end_key, task));
+        self.running.insert(task);
+        if request.preemptible {
+            self.preemptible_running += 1;
+        }
+        let entry = self.tasks.get_mut(&task).expect("known task");
+        entry.end_key = end_key;
+        entry.phase = Phase::Running {
+            placements: placements.clone(),
+            started_at: now,
+        };
+        if let Some(actions) = actions {
+            actions.push(Action::Start { task, placements });
+        }
+    }
+
+    /// Free what the task holds; it stays known (as queued) for the caller to drop or requeue.
+    fn release(&mut self, now: Timestamp, task: TaskId) {
+        let half_life = self.config.fairshare.half_life_secs;
+        let Some(entry) = self.tasks.get(&task) else {
+            return;
+        };
+        let (placements, started_at) = match &entry.phase {
+            Phase::Queued { .. } => return,
+            Phase::Running {
+                placements,
+                started_at,
+            }
+            | Phase::Preempting {
+                placements,
+                started_at,
+                ..
+            } => (placements.clone(), *started_at),
+        };
+        let request = entry.request.clone();
+        let (user, group, end_key) = (entry.user, entry.group, entry.end_key);
+        self.cluster.give_back(&request.per_node, &placements);
+        let total = request.total();
+        for usage in [
+            &mut self.users[user].usage,
+            &mut self.groups[group].account.usage,
+        ] {
+            usage.gpus -= total.gpus as u64;
+            usage.cpu_millis -= total.cpu_millis;
+            usage.running -= 1;
+            usage.queued += 1;
+        }
+        let rate = self.billing_rate(&request);
+        let account = &mut self.groups[group];
+        account.allocated = account.allocated.saturating_sub(&total);
+        account.ledger.advance(now.as_millis(), half_life);
+        account.ledger.rate = (account.ledger.rate - rate).max(0.0);
+        self.ends.remove(&(end_key, task));
+        self.running.remove(&task);
+        let entry = self.tasks.get_mut(&task).expect("known task");
+        // Tasks being preempted were already taken off the preemptible count.
+        if request.preemptible && matches!(entry.phase, Phase::Running { .. }) {
+            self.preemptible_running -= 1;
+        }
+        entry.attained_gpu_ms += now.millis_since(started_at) * total.gpus as u64;
+        entry.end_key = u64::MAX;
+        entry.phase = Phase::Queued { reason: None };
+    }
+
+    /// The task leaves the scheduler (ended, failed or cancelled).
+    fn forget(&mut self, now: Timestamp, task: TaskId) {
+        self.release(now, task);
+        if let Some(entry) = self.tasks.remove(&task) {
+            self.queue
+                .remove(&(Reverse(entry.rank), entry.request.submitted_at, task));
+            self.users[entry.user].usage.queued -= 1;
+            self.groups[entry.group].account.usage.queued -= 1;
+        }
+    }
+
+    fn requeue(&mut self, now: Timestamp, task: TaskId) {
+        let holds = self
+            .tasks
+            .get(&task)
+            .is_some_and(|e| !matches!(e.phase, Phase::Queued { .. }));
+        if !holds {
+            return;
+        }
+        self.release(now, task);
+        self.tasks.get_mut(&task).expect("known task").attempt += 1;
+        self.enqueue(now, task);
+    }
+
+    /// Recompute fair-share factors and every queued task's rank, at most once per
+    /// recalculation period (always when something made the ranks stale).
+    fn refresh_ranks(&mut self, now: Timestamp) {
+        let period_ms = self.config.fairshare.recalc_period_secs * 1000;
+        if let Some(at) = self.ranked_at
+            && now.millis_since(at) < period_ms
+        {
+            return;
+        }
+        self.ranked_at = Some(now);
+        let half_life = self.config.fairshare.half_life_secs;
+        for group in &mut self.groups {
+            group.ledger.advance(now.as_millis(), half_life);
+        }
+        let total_usage: f64 = self.groups.iter().map(|g| g.ledger.value).sum();
+        let total_share: f64 = self.groups.iter().map(|g| g.share).sum();
+        for group in &mut self.groups {
+            let usage = if total_usage > 0.0 {
+                group.ledger.value / total_usage
+            } else {
+                0.0
+            };
+            let share = if total_share > 0.0 {
+                group.share / total_share
+            } else {
+                1.0
+            };
+            group.fairshare = if share > 0.0 {
+                (-usage / share).exp2()
+            } else {
+                0.0
+            };
+        }
+        let ctx = self.rank_context(now);
+        let ranks: Vec<(TaskId, i64)> = self
+            .queue
+            .iter()
+            .map(|(_, _, id)| {
+                (
+                    *id,
+                    self.policy
+                        .ordering
+                        .rank(&ctx, &self.view(now, *id, &self.tasks[id])),
+                )
+            })
+            .collect();
+        self.queue.clear();
+        for (id, rank) in ranks {
+            let entry = self.tasks.get_mut(&id).expect("queued task");
+            entry.rank = rank;
+            self.queue
+                .insert((Reverse(rank), entry.request.submitted_at, id));
+        }
+    }
+
+    fn quota_view(&self, entry: &TaskEntry) -> QuotaView<'_> {
+        let user = &self.users[entry.user];
+        let group = &self.groups[entry.group].account;
+        QuotaView {
+            user_limits: &user.limits,
+            user_usage: user.usage,
+            group_limits: &group.limits,
+            group_usage: group.usage,
+        }
+    }
+
+    fn set_reason(&mut self, task: TaskId, reason: PendingReason, actions: &mut Vec<Action>) {
+        if let Some(TaskEntry {
+            phase: Phase::Queued { reason: last },
+            ..
+        }) = self.tasks.get_mut(&task)
+            && last.as_ref() != Some(&reason)
+        {
+            *last = Some(reason.clone());
+            actions.push(Action::Pending { task, reason });
+        }
+    }
+
+    /// One scheduling decision over the whole queue. When groups have guarantees, tasks
+    /// that stay within their group's guarantee go first and borrowing tasks second (as
+    /// in Kueue), so reclaimed capacity goes to its owner, not back to a borrower.
+    fn schedule(&mut self, now: Timestamp, actions: &mut Vec<Action>) {
+        self.refresh_ranks(now);
+        self.reservation = None;
+        let order: Vec<TaskId> = self.queue.iter().map(|(_, _, id)| *id).collect();
+        let guarantees = self.groups.iter().any(|g| g.guaranteed_gpus > 0);
+        let mut pass = PassState::default();
+        if !guarantees {
+            for task in order {
+                self.consider(now, task, &mut pass, actions);
+            }
+            return;
+        }
+        let mut deferred = Vec::new();
+        for task in order {
+            if self.borrows(task) {
+                deferred.push(task);
+            } else {
+                self.consider(now, task, &mut pass, actions);
+            }
+        }
+        pass.borrowing_sweep = true;
+        for task in deferred {
+            if matches!(
+                self.tasks.get(&task).map(|e| &e.phase),
+                Some(Phase::Queued { .. })
+            ) {
+                self.consider(now, task, &mut pass, actions);
+            }
+        }
+    }
+
+    /// Starting the task would put its group above its guarantee.
+    fn borrows(&self, task: TaskId) -> bool {
+        let entry = &self.tasks[&task];
+        let group = &self.groups[entry.group];
+        group.account.usage.gpus + entry.request.total().gpus as u64 > group.guaranteed_gpus
+    }
+
+    fn consider(
+        &mut self,
+        now: Timestamp,
+        task: TaskId,
+        pass: &mut PassState,
+        actions: &mut Vec<Action>,
+    ) {
+        let no_veto = |_: NodeId| true;
+        let entry = &self.tasks[&task];
+        if let Some(dep) = entry
+            .request
+            .depends_on
+            .iter()
+            .find(|d| self.tasks.contains_key(d))
+        {
+            let reason = PendingReason::Dependency { on: *dep };
+            self.set_reason(task, reason, actions);
+            return;
+        }
+        if let (Backfill::None, Some(head)) = (self.policy.backfill, pass.blocked_head) {
+            self.set_reason(
+                task,
+                PendingReason::BehindOlderTask { blocked_by: head },
+                actions,
+            );
+            return;
+        }
+        let admitted = self
+            .policy
+            .admission
+            .admit(&self.view(now, task, entry), &self.quota_view(entry));
+        if let Err(reason) = admitted {
+            self.set_reason(task, reason, actions);
+            return;
+        }
+        if pass.borrowing_sweep
+            && self.policy.backfill == Backfill::Greedy
+            && let Some(owner) = pass.blocked_owner
+        {
+            // Greedy policies have no reservation: hold borrowers while an owner waits.
+            self.set_reason(
+                task,
+                PendingReason::LowerPriority { blocked_by: owner },
+                actions,
+            );
+            return;
+        }
+        let request = &entry.request;
+        let placement = match &pass.reservation {
+            Some(held) if !ends_before(now, request, &self.config, held.shadow) => {
+                let need = held.need;
+                let use_per_node = request.per_node;
+                let keeps_reservation = |node: NodeId| {
+                    held.free_after
+                        .get(&node)
+                        .is_none_or(|free| free.covers(&use_per_node.add(&need)))
+                };
+                self.cluster
+                    .place(request, self.policy.placement.as_ref(), &keeps_reservation)
+            }
+            _ => self
+                .cluster
+                .place(request, self.policy.placement.as_ref(), &no_veto),
+        };
+        if let Some(placements) = placement {
+            if let Some(held) = &mut pass.reservation
+                && !ends_before(now, request, &self.config, held.shadow)
+            {
+                for p in &placements {
+                    if let Some(free) = held.free_after.get_mut(&p.node) {
+                        *free = free.saturating_sub(&request.per_node);
+                    }
+                }
+            }
+            self.start(now, task, placements, Some(actions));
+            return;
+        }
+        if let Some(held) = &pass.reservation
+            && self
+                .cluster
+                .place(request, self.policy.placement.as_ref(), &no_veto)
+                .is_some()
+        {
+            let reason = PendingReason::LowerPriority {
+                blocked_by: held.task,
+            };
+            self.set_reason(task, reason, actions);
+            return;
+        }
+        if !pass.borrowing_sweep && pass.blocked_owner.is_none() {
+            pass.blocked_owner = Some(task);
+        }
+        // Under EASY only the reserved head claims: a task behind it could not use what
+        // its victims free, and the victims would restart at once. For the same reason a
+        // borrowing task never claims: owners, considered first, would take the room.
+        if pass.claimants < self.config.preemption.max_claimants_per_pass
+            && pass.reservation.is_none()
+            && !pass.borrowing_sweep
+            && self.may_claim(task)
+        {
+            pass.claimants += 1;
+            self.try_preempt(now, task, actions);
+        }
+        match self.policy.backfill {
+            Backfill::None => pass.blocked_head = Some(task),
+            Backfill::Greedy => {}
+            Backfill::Easy => {
+                if pass.reservation.is_none() {
+                    pass.reservation = self.reserve(now, task);
+                    self.reservation = pass.reservation.as_ref().map(|r| (r.task, r.shadow));
+                }
+            }
+        }
+        self.set_reason(task, PendingReason::WaitingForResources, actions);
+    }
+
+    /// Where and when the blocked `task` could start as running tasks end by their
+    /// time limits (EASY's shadow time and the resources it needs then).
+    fn reserve(&self, now: Timestamp, task: TaskId) -> Option<Reservation> {
+        let request = &self.tasks[&task].request;
+        let releases = self.ends.iter().flat_map(|(end, id)| {
+            let entry = &self.tasks[id];
+            let placements = match &entry.phase {
+                Phase::Running { placements, .. } | Phase::Preempting { placements, .. } => {
+                    &placements[..]
+                }
+                Phase::Queued { .. } => &[],
+            };
+            let at = if *end == u64::MAX {
+                u64::MAX
+            } else {
+                (*end).max(now.as_millis())
+            };
+            placements
+                .iter()
+                .map(move |p| (at, *id, p.node, entry.request.per_node))
+        });
+        let fit = self.cluster.earliest_fit(request, releases)?;
+        let shadow = if fit.releases_used == 0 {
+            Some(now)
+        } else if fit.at == u64::MAX {
+            None
+        } else {
+            Some(Timestamp(fit.at))
+        };
+        Some(Reservation {
+            task,
+            shadow,
+            need: request.per_node,
+            free_after: fit.free_after,
+        })
+    }
+
+    fn may_claim(&self, task: TaskId) -> bool {
+        if self.preemptible_running == 0 {
+            return false;
+        }
+        self.reclaims(task) || (self.policy.preemptive && self.config.preemption.by_priority)
+    }
+
+    /// The task's group is below its guarantee even after starting it.
+    fn reclaims(&self, task: TaskId) -> bool {
+        let entry = &self.tasks[&task];
+        let group = &self.groups[entry.group];
+        self.config.preemption.reclaim
+            && group.guaranteed_gpus > 0
+            && group.account.usage.gpus + entry.request.total().gpus as u64 <= group.guaranteed_gpus
+    }
+
+    /// Pick preemptible victims that lose the least work and free room for `task`.
+    fn try_preempt(&mut self, now: Timestamp, task: TaskId, actions: &mut Vec<Action>) {
+        let reclaim = self.reclaims(task);
+        let by_priority = self.policy.preemptive && self.config.preemption.by_priority;
+        let ctx = self.rank_context(now);
+        let claimant = &self.tasks[&task];
+        let level = self
+            .policy
+            .ordering
+            .preemption_level(&ctx, &self.view(now, task, claimant));
+        let mut candidates: Vec<(u64, TaskId)> = Vec::new();
+        for id in &self.running {
+            let entry = &self.tasks[id];
+            let Phase::Running { started_at, .. } = &entry.phase else {
+                continue;
+            };
+            let exempt_ms = self.config.preemption.min_run_secs * 1000;
+            if !entry.request.preemptible || now.millis_since(*started_at) < exempt_ms {
+                continue;
+            }
+            let group = &self.groups[entry.group];
+            let borrowing = group.account.usage.gpus > group.guaranteed_gpus;
+            let reclaimable = reclaim && entry.group != claimant.group && borrowing;
+            let outranked = by_priority
+                && (entry.group == claimant.group || borrowing)
+                && self
+                    .policy
+                    .ordering
+                    .preemption_level(&ctx, &self.view(now, *id, entry))
+                    < level;
+            if reclaimable || outranked {
+                let lost_work =
+                    now.millis_since(*started_at) * entry.request.total().gpus.max(1) as u64;
+                candidates.push((lost_work, *id));
+            }
+        }
+        if candidates.is_empty() {
+            return;
+        }
+        candidates.sort_unstable();
+        let preempting = self
+            .running
+            .iter()
+            .filter(|id| matches!(self.tasks[id].phase, Phase::Preempting { .. }));
+        let releases = preempting
+            .map(|id| (0, *id))
+            .chain(
+                candidates
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (_, id))| (i as u64 + 1, *id)),
+            )
+            .flat_map(|(key, id)| {
+                let entry = &self.tasks[&id];
+                let placements = match &entry.phase {
+                    Phase::Running { placements, .. } | Phase::Preempting { placements, .. } => {
+                        &placements[..]
+                    }
+                    Phase::Queued { .. } => &[],
+                };
+                placements
+                    .iter()
+                    .map(move |p| (key, id, p.node, entry.request.per_node))
+            });
+        let Some(fit) = self.cluster.earliest_fit(&claimant.request, releases) else {
+            return;
+        };
+        let victims: Vec<TaskId> = candidates
+            .iter()
+            .map(|(_, id)| *id)
+            .filter(|id| fit.needed.contains(id))
+            .collect();
+        let grace_secs = self.config.preemption.grace_secs;
+        for victim in victims {
+            let entry = self.tasks.get_mut(&victim).expect("running task");
+            let Phase::Running {
+                placements,
+                started_at,
+            } = &entry.phase
+            else {
+                continue;
+            };
+            entry.phase = Phase::Preempting {
+                placements: placements.clone(),
+                started_at: *started_at,
+                since: now,
+            };
+            let old_key = entry.end_key;
+            let new_key = now.plus_secs(grace_secs).as_millis().min(old_key);
+            entry.end_key = new_key;
+            if entry.request.preemptible {
+                self.preemptible_running -= 1;
+            }
+            self.ends.remove(&(old_key, victim));
+            self.ends.insert((new_key, victim));
+            self.preemptions += 1;
+            actions.push(Action::Preempt {
+                task: victim,
+                grace_secs,
+            });
+        }
+    }
+
+    /// Where the task stands, why it waits, and when it may start.
+    pub fn explain(&self, task: TaskId) -> Explanation {
+        let Some(entry) = self.tasks.get(&task) else {
+            return Explanation::Unknown;
+        };
+        match &entry.phase {
+            Phase::Running {
+                placements,
+                started_at,
+            } => Explanation::Running {
+                placements: placements.clone(),
+                started_at: *started_at,
+                attempt: entry.attempt,
+            },
+            Phase::Preempting { since, .. } => Explanation::Preempting {
+                since: *since,
+                attempt: entry.attempt,
+            },
+            Phase::Queued { reason } => {
+                let key = (Reverse(entry.rank), entry.request.submitted_at, task);
+                Explanation::Queued {
+                    reason: reason.clone(),
+                    position: self.queue.range(..key).count(),
+                    estimated_start: self.estimate_start(task),
+                    attempt: entry.attempt,
+                }
+            }
+        }
+    }
+
+    /// Most tasks ahead that an estimate walks through before giving up.
+    const ESTIMATE_HORIZON: usize = 2_000;
+
+    /// Estimated start from the reservation timeline: the node-level shadow time for the
+    /// reserved task; for others, a GPU-count timeline where running tasks end by their
+    /// time limits and each task ahead takes the earliest slot that fits (conservative
+    /// backfill over the aggregate pool).
+    fn estimate_start(&self, target: TaskId) -> Option<Timestamp> {
+        if let Some((head, shadow)) = self.reservation
+            && head == target
+        {
+            return shadow;
+        }
+        let now = self.now.as_millis();
+        let mut deltas: BTreeMap<u64, i64> = BTreeMap::new();
+        for (end, id) in &self.ends {
+            if *end != u64::MAX {
+                *deltas.entry((*end).max(now)).or_default() +=
+                    self.tasks[id].request.total().gpus as i64;
+            }
+        }
+        let mut free = self.cluster.free_gpus_total() as i64;
+        let mut profile: Vec<(u64, i64)> = vec![(now, free)];
+        for (at, delta) in deltas {
+            free += delta;
+            if at == now {
+                profile[0].1 = free;
+            } else {
+                profile.push((at, free));
+            }
+        }
+        for (_, _, id) in self.queue.iter().take(Self::ESTIMATE_HORIZON) {
+            let request = &self.tasks[id].request;
+            let need = request.total().gpus as i64;
+            let length = request
+                .time_limit_secs
+                .or(self.config.default_time_limit_secs)
+                .map_or(u64::MAX, |s| s.saturating_mul(1000));
+            let start = (0..profile.len()).find(|&i| {
+                let until = profile[i].0.saturating_add(length);
+                profile[i..]
+                    .iter()
+                    .take_while(|(t, _)| *t < until)
+                    .all(|(_, free)| *free >= need)
+            });
+            let Some(i) = start else {
+                if *id == target {
+                    return None;
+                }
+                continue;
+            };
+            let begin = profile[i].0;
+            if *id == target {
+                return Some(Timestamp(begin));
+            }
+            let until = begin.saturating_add(length);
+            if until != u64::MAX
+                && let Err(pos) = profile.binary_search_by_key(&until, |(t, _)| *t)
+            {
+                let before = profile[pos - 1].1;
+                profile.insert(pos, (until, before));
+            }
+            for (t, free) in profile.iter_mut().skip(i) {
+                if *t >= until {
+                    break;
+                }
+                *free -= need;
+            }
+        }
+        None
+    }
+
+    /// The reservation the blocked `task` would get from the current state; for tests
+    /// ("backfill never delays the reservation").
+    #[doc(hidden)]
+    pub fn recompute_reservation(&self, task: TaskId) -> Option<Option<Timestamp>> {
+        self.tasks.get(&task)?;
+        self.reserve(self.now, task).map(|r| r.shadow)
+    }
+
+    /// Checks the bookkeeping against first principles; for tests.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut used: BTreeMap<NodeId, (Resources, BTreeSet<u32>)> = BTreeMap::new();
+        for id in &self.running {
+            let entry = &self.tasks[id];
+            let placements = match &entry.phase {
+                Phase::Running { placements, .. } | Phase::Preempting { placements, .. } => {
+                    placements
+                }
+                Phase::Queued { .. } => {
+                    return Err(format!("task {id} listed as running but queued"));
+                }
+            };
+            if placements.len() != entry.request.nodes as usize {
+                return Err(format!(
+                    "task {id} holds {} nodes of {}",
+                    placements.len(),
+                    entry.request.nodes
+                ));
+            }
+            for p in placements {
+                let slot = used
+                    .entry(p.node)
+                    .or_insert((Resources::ZERO, BTreeSet::new()));
+                slot.0 = slot.0.add(&entry.request.per_node);
+                for gpu in &p.gpu_indices {
+                    if !slot.1.insert(*gpu) {
+                        return Err(format!("GPU {gpu} of node {} given twice", p.node));
+                    }
+                }
+            }
+        }
+        for (id, (total, _)) in &used {
+            if let Some(node) = self.cluster.nodes.get(id)
+                && !node.spec.capacity.covers(total)
+            {
+                return Err(format!(
+                    "node {id} over-allocated: {total} > {}",
+                    node.spec.capacity
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
-fn queue_key(task: TaskId, request: &TaskRequest) -> QueueKey {
-    (
-        std::cmp::Reverse(request.priority),
-        request.submitted_at,
-        task,
-    )
+/// Whether the task is sure to end (by its time limit) before the reservation starts.
+fn ends_before(
+    now: Timestamp,
+    request: &TaskRequest,
+    config: &SchedulerConfig,
+    shadow: Option<Timestamp>,
+) -> bool {
+    match (
+        shadow,
+        request.time_limit_secs.or(config.default_time_limit_secs),
+    ) {
+        (Some(shadow), Some(limit)) => now.plus_secs(limit) <= shadow,
+        _ => false,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tacc_core::{Priority, UserName};
+    use crate::GroupConfig;
+    use tacc_core::UserName;
 
     fn node(id: u64, cpus: u64, gpus: u32) -> Event {
         Event::NodeUp(NodeSpec {
@@ -306,12 +1218,13 @@ mod tests {
             user: UserName::new("alice"),
             per_node: Resources::new(cpus * 1000, 1 << 30, gpus),
             nodes,
-            gpu_type: None,
-            priority: Priority::Normal,
-            preemptible: false,
-            time_limit_secs: None,
             submitted_at: Timestamp(at),
+            ..Default::default()
         }
+    }
+
+    fn fifo() -> Scheduler {
+        Scheduler::by_name("fifo", SchedulerConfig::default()).unwrap()
     }
 
     fn submit(s: &mut Scheduler, id: u64, req: TaskRequest) -> Plan {
@@ -336,15 +1249,19 @@ mod tests {
     }
 
     #[test]
+    fn new_is_the_fairshare_default() {
+        assert_eq!(Scheduler::new().policy_name(), "fairshare");
+    }
+
+    #[test]
     fn fifo_starts_what_fits_and_blocks_behind_the_head() {
-        let mut s = Scheduler::new();
+        let mut s = fifo();
         s.handle(Timestamp(0), node(1, 4, 2)).unwrap();
         assert_eq!(
             started(&submit(&mut s, 1, request(3, 1, 1, 1))),
             vec![TaskId(1)]
         );
         let plan = submit(&mut s, 2, request(2, 0, 1, 2));
-        assert!(started(&plan).is_empty());
         assert_eq!(
             plan.actions,
             vec![Action::Pending {
@@ -361,7 +1278,7 @@ mod tests {
 
     #[test]
     fn gangs_start_on_all_nodes_or_none() {
-        let mut s = Scheduler::new();
+        let mut s = fifo();
         s.handle(Timestamp(0), node(1, 4, 4)).unwrap();
         s.handle(Timestamp(0), node(2, 4, 4)).unwrap();
         submit(&mut s, 1, request(1, 2, 1, 1));
@@ -398,7 +1315,7 @@ mod tests {
 
     #[test]
     fn high_priority_goes_first_and_gpu_indices_are_distinct() {
-        let mut s = Scheduler::new();
+        let mut s = fifo();
         s.handle(Timestamp(0), node(1, 8, 2)).unwrap();
         submit(&mut s, 1, request(8, 0, 1, 1));
         submit(&mut s, 2, request(1, 1, 1, 2));
@@ -440,5 +1357,187 @@ mod tests {
             .handle(Timestamp(2), Event::TaskCancelled(TaskId(1)))
             .unwrap();
         assert_eq!(started(&plan), vec![TaskId(2)]);
+    }
+
+    #[test]
+    fn easy_backfill_respects_the_reservation() {
+        let mut s = Scheduler::new();
+        s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
+        let mut long = request(1, 2, 1, 0);
+        long.time_limit_secs = Some(100);
+        submit(&mut s, 1, long);
+        let mut big = request(1, 4, 1, 1);
+        big.time_limit_secs = Some(10);
+        submit(&mut s, 2, big);
+        assert_eq!(
+            s.reservation(),
+            Some((TaskId(2), Some(Timestamp::from_secs(100))))
+        );
+        // Ends before the reservation: may backfill.
+        let mut short = request(1, 1, 1, 2);
+        short.time_limit_secs = Some(50);
+        assert_eq!(started(&submit(&mut s, 3, short)), vec![TaskId(3)]);
+        // Would still run at 100 s: must wait, with the reason saying why.
+        let mut late = request(1, 1, 1, 3);
+        late.time_limit_secs = Some(500);
+        let plan = submit(&mut s, 4, late);
+        assert!(started(&plan).is_empty());
+        assert!(plan.actions.contains(&Action::Pending {
+            task: TaskId(4),
+            reason: PendingReason::LowerPriority {
+                blocked_by: TaskId(2)
+            }
+        }));
+        match s.explain(TaskId(2)) {
+            Explanation::Queued {
+                estimated_start,
+                position,
+                ..
+            } => {
+                assert_eq!(estimated_start, Some(Timestamp::from_secs(100)));
+                assert_eq!(position, 0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn limits_hold_tasks_back_and_reject_what_can_never_pass() {
+        let mut config = SchedulerConfig::default();
+        config.default_user_limits.max_gpus = Some(2);
+        config.default_user_limits.max_queued_tasks = Some(2);
+        let mut s = Scheduler::with_config(config);
+        s.handle(Timestamp(0), node(1, 8, 8)).unwrap();
+        assert_eq!(
+            started(&submit(&mut s, 1, request(1, 2, 1, 0))),
+            vec![TaskId(1)]
+        );
+        let plan = submit(&mut s, 2, request(1, 1, 1, 1));
+        assert_eq!(
+            plan.actions,
+            vec![Action::Pending {
+                task: TaskId(2),
+                reason: PendingReason::OverUserQuota {
+                    limit: LimitKind::Gpus,
+                    max: 2
+                }
+            }]
+        );
+        let plan = submit(&mut s, 3, request(1, 3, 1, 2));
+        assert!(
+            matches!(plan.actions[..], [Action::Reject { .. }]),
+            "{plan:?}"
+        );
+    }
+
+    #[test]
+    fn owners_reclaim_borrowed_gpus_by_preemption() {
+        let mut config = SchedulerConfig::default();
+        for name in ["a", "b"] {
+            config.groups.insert(
+                name.into(),
+                GroupConfig {
+                    guaranteed_gpus: 2,
+                    ..Default::default()
+                },
+            );
+        }
+        let mut s = Scheduler::with_config(config);
+        s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
+        for id in 1..=4 {
+            let mut borrower = request(1, 1, 1, id);
+            borrower.group = Some("b".into());
+            borrower.preemptible = true;
+            submit(&mut s, id, borrower);
+        }
+        assert_eq!(s.group_usage("b").gpus, 4, "b borrows a's idle share");
+        let mut owner = request(1, 2, 1, 10);
+        owner.group = Some("a".into());
+        let plan = s
+            .handle(
+                Timestamp(700_000),
+                Event::TaskSubmitted {
+                    task: TaskId(9),
+                    request: owner,
+                },
+            )
+            .unwrap();
+        let victims: Vec<TaskId> = plan
+            .actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Preempt {
+                    task,
+                    grace_secs: 30,
+                } => Some(*task),
+                _ => None,
+            })
+            .collect();
+        // The two that ran the shortest lose the least work.
+        assert_eq!(victims, vec![TaskId(4), TaskId(3)]);
+        assert_eq!(s.preemptions(), 2);
+        s.handle(Timestamp(720_000), Event::TaskPreempted(TaskId(3)))
+            .unwrap();
+        let plan = s
+            .handle(Timestamp(720_000), Event::TaskPreempted(TaskId(4)))
+            .unwrap();
+        assert_eq!(started(&plan), vec![TaskId(9)]);
+        assert!(matches!(
+            s.explain(TaskId(4)),
+            Explanation::Queued { attempt: 2, .. }
+        ));
+    }
+
+    #[test]
+    fn dependencies_wait_for_the_task_they_name() {
+        let mut s = Scheduler::new();
+        s.handle(Timestamp(0), node(1, 8, 0)).unwrap();
+        submit(&mut s, 1, request(1, 0, 1, 0));
+        let mut after = request(1, 0, 1, 1);
+        after.depends_on = vec![TaskId(1)];
+        let plan = submit(&mut s, 2, after);
+        assert_eq!(
+            plan.actions,
+            vec![Action::Pending {
+                task: TaskId(2),
+                reason: PendingReason::Dependency { on: TaskId(1) }
+            }]
+        );
+        let plan = s.handle(Timestamp(5), Event::TaskEnded(TaskId(1))).unwrap();
+        assert_eq!(started(&plan), vec![TaskId(2)]);
+    }
+
+    #[test]
+    fn priority_is_capped_per_user_and_gpu_type_is_honoured() {
+        let config = SchedulerConfig {
+            default_max_priority: Some(Priority::Normal),
+            ..Default::default()
+        };
+        let mut s = Scheduler::by_name("fifo", config).unwrap();
+        s.handle(
+            Timestamp(0),
+            Event::NodeUp(NodeSpec {
+                id: NodeId(1),
+                capacity: Resources::new(8000, 1 << 34, 2),
+                gpu_type: Some("V100".into()),
+                labels: Default::default(),
+            }),
+        )
+        .unwrap();
+        s.handle(Timestamp(0), node(2, 8, 2)).unwrap();
+        let mut typed = request(1, 1, 1, 0);
+        typed.gpu_type = Some("V100".into());
+        typed.priority = Priority::High;
+        let plan = submit(&mut s, 1, typed);
+        match &plan.actions[..] {
+            [Action::Start { placements, .. }] => assert_eq!(placements[0].node, NodeId(1)),
+            other => panic!("{other:?}"),
+        }
+        let mut a100 = request(1, 1, 1, 0);
+        a100.gpu_type = Some("A100".into());
+        assert!(matches!(
+            submit(&mut s, 2, a100).actions[..],
+            [Action::Reject { .. }]
+        ));
     }
 }

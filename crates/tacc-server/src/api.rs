@@ -391,17 +391,28 @@ async fn list_outputs(
     ))
 }
 
-async fn get_output(State(app): State<AppState>, Path((id, attempt, path)): Path<(u64, u32, String)>) -> ApiResult<Response> {
+async fn get_output(
+    State(app): State<AppState>,
+    Path((id, attempt, path)): Path<(u64, u32, String)>,
+) -> ApiResult<Response> {
     let relative = safe_relative(&path)?;
-    let file = app.control.outputs_dir.join(id.to_string()).join(attempt.to_string()).join(relative);
-    let opened = tokio::fs::File::open(&file)
-        .await
-        .map_err(|_| ServerError::NotFound(format!("task {id} attempt {attempt} has no output `{path}`")))?;
+    let file = app
+        .control
+        .outputs_dir
+        .join(id.to_string())
+        .join(attempt.to_string())
+        .join(relative);
+    let opened = tokio::fs::File::open(&file).await.map_err(|_| {
+        ServerError::NotFound(format!(
+            "task {id} attempt {attempt} has no output `{path}`"
+        ))
+    })?;
     let length = opened.metadata().await.map(|m| m.len()).unwrap_or(0);
     let mut response = Body::from_stream(tokio_util::io::ReaderStream::new(opened)).into_response();
-    response
-        .headers_mut()
-        .insert(axum::http::header::CONTENT_LENGTH, HeaderValue::from(length));
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_LENGTH,
+        HeaderValue::from(length),
+    );
     Ok(response)
 }
 
@@ -417,9 +428,15 @@ async fn put_output(
     app.control.touch(NodeId(node)).await;
     let relative = safe_relative(&path)?;
     load(&app.control, TaskId(task)).await?;
-    let dir = app.control.outputs_dir.join(task.to_string()).join(attempt.to_string());
+    let dir = app
+        .control
+        .outputs_dir
+        .join(task.to_string())
+        .join(attempt.to_string());
     let file = dir.join(&relative);
-    let internal = |e: std::io::Error| ServerError::Internal(format!("cannot store output `{path}` of task {task}: {e}"));
+    let internal = |e: std::io::Error| {
+        ServerError::Internal(format!("cannot store output `{path}` of task {task}: {e}"))
+    };
     if let Some(parent) = file.parent() {
         tokio::fs::create_dir_all(parent).await.map_err(internal)?;
     }

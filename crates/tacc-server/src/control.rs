@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tacc_compiler::{DirChunkStore, Instruction};
-use tacc_core::{AttemptNo, NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_core::{NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef, DesiredWork, RegisterAgent};
-use tacc_scheduler::{Action, Event, NodeSpec, Placement, Scheduler, TaskRequest};
+use tacc_scheduler::{Action, Event, NodeSpec, Placement, Plan, Scheduler, TaskRequest};
 use tacc_schema::{RetryOn, Runtime, TaskSpec};
 use tacc_store::{
     NewNode, NewTask, NodeRecord, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter,
@@ -67,6 +67,8 @@ struct Inner {
     held: BTreeSet<TaskId>,
     /// Task specs of every non-terminal task, parsed once.
     specs: BTreeMap<TaskId, TaskSpec>,
+    /// Tasks told to stop by a preemption, until their attempt has ended.
+    preempting: BTreeSet<TaskId>,
 }
 
 #[derive(Debug)]
@@ -98,6 +100,7 @@ fn request_of(spec: &TaskSpec, record: &TaskRecord, at: Timestamp) -> TaskReques
         preemptible: spec.preemptible,
         time_limit_secs: spec.resources.time_limit.map(|t| t.as_secs()),
         submitted_at: at,
+        ..TaskRequest::default()
     }
 }
 
@@ -163,6 +166,7 @@ impl Control {
                 nodes: BTreeMap::new(),
                 held: BTreeSet::new(),
                 specs: BTreeMap::new(),
+                preempting: BTreeSet::new(),
             }),
         });
         control.recover().await?;
@@ -280,15 +284,25 @@ impl Control {
                 return;
             }
         };
+        if let Err(e) = self.carry_out(inner, plan).await {
+            tracing::error!("could not record a scheduling plan, rebuilding from the store: {e}");
+            self.resync(inner).await;
+        }
+    }
+
+    /// Record a plan in one transaction, then hand the started attempts to their nodes and
+    /// withdraw the preempted ones.
+    async fn carry_out(&self, inner: &mut Inner, plan: Plan) -> Result<(), ServerError> {
         if plan.actions.is_empty() {
-            return;
+            return Ok(());
         }
         let mut changes = Vec::new();
         let mut starts = Vec::new();
+        let mut preempted = Vec::new();
         for action in plan.actions {
             match action {
                 Action::Start { task, placements } => {
-                    let Ok(Some(record)) = self.store.get_task(task).await else {
+                    let Some(record) = self.store.get_task(task).await? else {
                         continue;
                     };
                     let stored: Vec<StoredPlacement> = placements
@@ -319,32 +333,26 @@ impl Control {
                     reason: Some(reason.to_string()),
                 }),
                 Action::Reject { task, reason } => {
-                    let attempt = self
-                        .store
-                        .get_task(task)
-                        .await
-                        .ok()
-                        .flatten()
-                        .map_or(AttemptNo::FIRST, |r| r.attempt);
+                    let Some(record) = self.store.get_task(task).await? else {
+                        continue;
+                    };
                     changes.push(TaskChange::Transition(Transition {
                         reason: Some(reason.to_string()),
                         ..Transition::new(
                             task,
                             TaskState::Queued,
                             TaskState::Failed,
-                            attempt,
+                            record.attempt,
                             plan.at,
                         )
                     }));
                     inner.specs.remove(&task);
+                    self.logs.wake(task);
                 }
+                Action::Preempt { task, .. } => preempted.push(task),
             }
         }
-        if let Err(e) = self.store.apply(&changes).await {
-            tracing::error!("could not record a scheduling plan, rebuilding from the store: {e}");
-            self.resync(inner).await;
-            return;
-        }
+        self.store.apply(&changes).await?;
         for record in starts {
             let Some(spec) = inner.specs.get(&record.id) else {
                 continue;
@@ -356,15 +364,37 @@ impl Control {
                 }
             }
         }
+        // The agent stops a withdrawn attempt with SIGTERM, then SIGKILL after the task's
+        // grace period; its end comes back as a cancelled attempt and is requeued.
+        for task in preempted {
+            inner.preempting.insert(task);
+            for live in inner.nodes.values_mut() {
+                let withdrawn: Vec<AttemptRef> = live
+                    .assignments
+                    .keys()
+                    .filter(|a| a.task == task)
+                    .copied()
+                    .collect();
+                for attempt in withdrawn {
+                    live.assignments.remove(&attempt);
+                    live.cancelling.insert(attempt);
+                    live.version.send_modify(|v| *v += 1);
+                }
+            }
+        }
+        Ok(())
     }
 
-    /// Throw the scheduler's state away and rebuild it from the store.
+    /// Throw the scheduler's state away, rebuild it from the store in one batch, and carry
+    /// out what it decides.
     async fn resync(&self, inner: &mut Inner) {
         let mut scheduler = Scheduler::new();
-        let t = now();
-        for live in inner.nodes.values().filter(|n| n.online) {
-            let _ = scheduler.handle(t, Event::NodeUp(node_spec(&live.record)));
-        }
+        let mut events: Vec<Event> = inner
+            .nodes
+            .values()
+            .filter(|n| n.online)
+            .map(|live| Event::NodeUp(node_spec(&live.record)))
+            .collect();
         let open = self
             .store
             .list_tasks(&TaskFilter {
@@ -378,7 +408,7 @@ impl Control {
                 continue;
             };
             let request = request_of(spec, &record, record.submitted_at);
-            let event = if record.state == TaskState::Queued {
+            events.push(if record.state == TaskState::Queued {
                 Event::TaskSubmitted {
                     task: record.id,
                     request,
@@ -389,10 +419,20 @@ impl Control {
                     request,
                     placements: placements_of(&record.placements),
                 }
-            };
-            let _ = scheduler.handle(t, event);
+            });
         }
+        let plan = scheduler.handle(now(), Event::Batch(events));
         inner.scheduler = scheduler;
+        match plan {
+            Ok(plan) => {
+                if let Err(e) = Box::pin(self.carry_out(inner, plan)).await {
+                    tracing::error!(
+                        "could not record the rebuilt scheduler's plan: {e}; it is retried on the next event"
+                    );
+                }
+            }
+            Err(e) => tracing::error!("rebuilding the scheduler failed: {e}"),
+        }
     }
 
     /// A user cancels a task. Queued tasks end at once; starting or running ones are
@@ -697,9 +737,46 @@ impl Control {
         if record.attempt != attempt.attempt || !record.state.is_active() {
             return Ok(());
         }
+        let was_preempted = inner.preempting.remove(&record.id);
+        if was_preempted && outcome == AttemptOutcome::Cancelled && !record.cancel_requested {
+            return self.requeue_preempted(inner, record, at).await;
+        }
         let (state, reason, exit_code) = final_state(&outcome, record.cancel_requested);
         self.end_attempt(inner, record, state, reason, exit_code, at, false)
             .await
+    }
+
+    /// A preempted attempt has stopped: the task goes back to the queue as a new attempt.
+    async fn requeue_preempted(
+        &self,
+        inner: &mut Inner,
+        record: TaskRecord,
+        at: Timestamp,
+    ) -> Result<(), ServerError> {
+        let task = record.id;
+        self.store
+            .apply(&[TaskChange::Transition(Transition {
+                reason: Some(format!("preempted during attempt {}", record.attempt)),
+                ..Transition::new(
+                    task,
+                    record.state,
+                    TaskState::Queued,
+                    record.attempt.next(),
+                    at,
+                )
+            })])
+            .await?;
+        let attempt = AttemptRef {
+            task,
+            attempt: record.attempt,
+        };
+        for live in inner.nodes.values_mut() {
+            live.assignments.remove(&attempt);
+            live.cancelling.remove(&attempt);
+        }
+        self.drive(inner, Event::TaskPreempted(task)).await;
+        self.logs.wake(task);
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -714,6 +791,7 @@ impl Control {
         node_failure: bool,
     ) -> Result<(), ServerError> {
         let task = record.id;
+        inner.preempting.remove(&task);
         let spec = inner.specs.get(&task).cloned();
         let retry = spec.as_ref().is_some_and(|spec| {
             let wanted = match state {

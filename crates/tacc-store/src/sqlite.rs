@@ -18,9 +18,15 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 
 /// The embedded store: one SQLite file in WAL mode with synchronous commits, so an
 /// acknowledged write survives `kill -9` and power loss alike.
+///
+/// Writes go through a pool of exactly one connection: SQLite allows one writer at a time,
+/// and a read transaction upgraded to a write after another connection committed fails
+/// at once (`SQLITE_BUSY`, which no busy timeout waits out). Reads use their own pool and
+/// run beside the writer, as WAL allows.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    pool: SqlitePool,
+    writer: SqlitePool,
+    reader: SqlitePool,
 }
 
 impl SqliteStore {
@@ -33,16 +39,22 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
+        let open_error = |source| StoreError::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await
+            .map_err(open_error)?;
+        MIGRATOR.run(&writer).await?;
+        let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .connect_with(options)
             .await
-            .map_err(|source| StoreError::Open {
-                path: path.display().to_string(),
-                source,
-            })?;
-        MIGRATOR.run(&pool).await?;
-        Ok(SqliteStore { pool })
+            .map_err(open_error)?;
+        Ok(SqliteStore { writer, reader })
     }
 }
 
@@ -103,7 +115,7 @@ fn node_from_row(row: &SqliteRow) -> Result<NodeRecord> {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         let id: i64 = sqlx::query(
             "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at) \
              VALUES (?, ?, ?, ?, ?, 'queued', 1, ?) RETURNING id",
@@ -145,7 +157,7 @@ impl Store for SqliteStore {
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
         let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
             .bind(id.0 as i64)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reader)
             .await?;
         row.as_ref().map(task_from_row).transpose()
     }
@@ -173,7 +185,7 @@ impl Store for SqliteStore {
         if let Some(limit) = filter.limit {
             query = query.bind(limit as i64);
         }
-        let rows = query.fetch_all(&self.pool).await?;
+        let rows = query.fetch_all(&self.reader).await?;
         rows.iter().map(task_from_row).collect()
     }
 
@@ -182,7 +194,7 @@ impl Store for SqliteStore {
             "SELECT at, attempt, state, reason FROM task_events WHERE task_id = ? ORDER BY seq",
         )
         .bind(id.0 as i64)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?;
         rows.iter()
             .map(|row| {
@@ -201,7 +213,7 @@ impl Store for SqliteStore {
         if changes.is_empty() {
             return Ok(());
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.writer.begin().await?;
         for change in changes {
             let id = change_task(change);
             let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
@@ -258,14 +270,14 @@ impl Store for SqliteStore {
         .bind(serde_json::to_string(&node.labels).map_err(corrupt)?)
         .bind(&node.address)
         .bind(millis(node.registered_at))
-        .fetch_one(&self.pool)
+        .fetch_one(&self.writer)
         .await?;
         node_from_row(&row)
     }
 
     async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
         let rows = sqlx::query("SELECT id, name, capacity, gpu_type, labels, address, registered_at FROM nodes ORDER BY id")
-            .fetch_all(&self.pool)
+            .fetch_all(&self.reader)
             .await?;
         rows.iter().map(node_from_row).collect()
     }
@@ -284,7 +296,7 @@ impl Store for SqliteStore {
         .bind(manifest.to_string())
         .bind(total_bytes as i64)
         .bind(millis(at))
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await?;
         Ok(())
     }
@@ -292,7 +304,7 @@ impl Store for SqliteStore {
     async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<serde_json::Value>> {
         let row = sqlx::query("SELECT manifest FROM snapshots WHERE id = ?")
             .bind(id.as_str())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&self.reader)
             .await?;
         row.map(|row| {
             let text: String = row.try_get(0)?;
@@ -310,7 +322,7 @@ impl Store for SqliteStore {
         .bind(output.attempt.0 as i64)
         .bind(&output.path)
         .bind(output.size as i64)
-        .execute(&self.pool)
+        .execute(&self.writer)
         .await;
         match result {
             Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
@@ -325,7 +337,7 @@ impl Store for SqliteStore {
             "SELECT attempt, path, size FROM outputs WHERE task_id = ? ORDER BY attempt, path",
         )
         .bind(task.0 as i64)
-        .fetch_all(&self.pool)
+        .fetch_all(&self.reader)
         .await?;
         rows.iter()
             .map(|row| {

@@ -38,7 +38,10 @@ async fn submit_dir(client: &tacc_client::Client, dir: &std::path::Path) -> tacc
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         let dir = tempfile::tempdir().unwrap();
         let daemon = start("dev", &dir.path().join("d"), &[]).await;

@@ -68,8 +68,17 @@ async fn a_task_runs_with_live_logs_events_and_outputs() {
 
     let outputs = client.list_outputs(task).await.unwrap();
     let listed: Vec<(&str, u64)> = outputs.iter().map(|o| (o.path.as_str(), o.size)).collect();
-    assert_eq!(listed, vec![("results/checkpoint.bin", 20_000_000), ("results/metrics.json", 14)]);
-    let checkpoint = client.get_output(task, AttemptNo(1), "results/checkpoint.bin").await.unwrap();
+    assert_eq!(
+        listed,
+        vec![
+            ("results/checkpoint.bin", 20_000_000),
+            ("results/metrics.json", 14)
+        ]
+    );
+    let checkpoint = client
+        .get_output(task, AttemptNo(1), "results/checkpoint.bin")
+        .await
+        .unwrap();
     assert_eq!(checkpoint.len(), 20_000_000, "large outputs stream through");
     let bytes = client
         .get_output(task, AttemptNo(1), "results/metrics.json")

@@ -1,0 +1,286 @@
+//! Nodes, their free resources, and where a request fits — now, or after some running
+//! tasks release their share ("what if" questions for reservations and preemption).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tacc_core::{NodeId, Resources, TaskId};
+
+use crate::policy::{NodeView, PlacementPolicy};
+use crate::{NodeSpec, Placement, SchedulerError, TaskRequest};
+
+#[derive(Debug, Clone)]
+pub(crate) struct NodeState {
+    pub spec: NodeSpec,
+    pub free: Resources,
+    pub free_gpus: BTreeSet<u32>,
+    /// Drained nodes keep their running tasks but take no new ones.
+    pub schedulable: bool,
+}
+
+/// The answer to "where would this request fit if these releases happened first?".
+#[derive(Debug, Clone)]
+pub(crate) struct WhatIf {
+    /// How many releases were needed (0: it fits now).
+    pub releases_used: usize,
+    /// Sort key of the last release used (its end time, or its order for preemption).
+    pub at: u64,
+    /// Free resources of the chosen nodes after the releases used.
+    pub free_after: BTreeMap<NodeId, Resources>,
+    /// The releases used that touch a chosen node: the ones that really matter.
+    pub needed: BTreeSet<TaskId>,
+}
+
+/// Nodes indexed by free GPUs, so best-fit placement is a range scan over an ordered set
+/// rather than a pass over every node.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cluster {
+    pub nodes: BTreeMap<NodeId, NodeState>,
+    by_free_gpus: BTreeSet<(u32, NodeId)>,
+}
+
+pub(crate) fn node_matches(node: &NodeSpec, request: &TaskRequest) -> bool {
+    let type_ok = match &request.gpu_type {
+        Some(wanted) => node.gpu_type.as_deref() == Some(wanted.as_str()),
+        None => true,
+    };
+    type_ok
+        && request
+            .node_selector
+            .iter()
+            .all(|(key, value)| node.labels.get(key) == Some(value))
+}
+
+impl Cluster {
+    pub fn add(&mut self, spec: NodeSpec) -> Result<(), SchedulerError> {
+        if self.nodes.contains_key(&spec.id) {
+            return Err(SchedulerError::DuplicateNode(spec.id));
+        }
+        self.by_free_gpus.insert((spec.capacity.gpus, spec.id));
+        self.nodes.insert(
+            spec.id,
+            NodeState {
+                free: spec.capacity,
+                free_gpus: (0..spec.capacity.gpus).collect(),
+                schedulable: true,
+                spec,
+            },
+        );
+        Ok(())
+    }
+
+    pub fn remove(&mut self, id: NodeId) {
+        if let Some(node) = self.nodes.remove(&id) {
+            self.by_free_gpus.remove(&(node.free.gpus, id));
+        }
+    }
+
+    pub fn drain(&mut self, id: NodeId) {
+        if let Some(node) = self.nodes.get_mut(&id) {
+            node.schedulable = false;
+            self.by_free_gpus.remove(&(node.free.gpus, id));
+        }
+    }
+
+    pub fn contains(&self, id: NodeId) -> bool {
+        self.nodes.contains_key(&id)
+    }
+
+    /// Capacity of the nodes that take new work.
+    pub fn schedulable_total(&self) -> Resources {
+        self.nodes
+            .values()
+            .filter(|n| n.schedulable)
+            .fold(Resources::ZERO, |acc, n| acc.add(&n.spec.capacity))
+    }
+
+    pub fn free_gpus_total(&self) -> u64 {
+        self.by_free_gpus.iter().map(|(g, _)| *g as u64).sum()
+    }
+
+    fn reindex(&mut self, id: NodeId, before: u32) {
+        if let Some(node) = self.nodes.get(&id)
+            && node.schedulable
+        {
+            self.by_free_gpus.remove(&(before, id));
+            self.by_free_gpus.insert((node.free.gpus, id));
+        }
+    }
+
+    pub fn take(&mut self, per_node: &Resources, placements: &[Placement]) {
+        for placement in placements {
+            if let Some(node) = self.nodes.get_mut(&placement.node) {
+                let before = node.free.gpus;
+                node.free = node.free.saturating_sub(per_node);
+                for gpu in &placement.gpu_indices {
+                    node.free_gpus.remove(gpu);
+                }
+                self.reindex(placement.node, before);
+            }
+        }
+    }
+
+    pub fn give_back(&mut self, per_node: &Resources, placements: &[Placement]) {
+        for placement in placements {
+            if let Some(node) = self.nodes.get_mut(&placement.node) {
+                let before = node.free.gpus;
+                node.free = node.free.add(per_node);
+                node.free_gpus.extend(placement.gpu_indices.iter().copied());
+                self.reindex(placement.node, before);
+            }
+        }
+    }
+
+    /// Schedulable nodes that fit one node's share of `request` now, best fit first.
+    fn fitting_now<'a>(&'a self, request: &'a TaskRequest) -> impl Iterator<Item = &'a NodeState> {
+        let need = request.per_node;
+        self.by_free_gpus
+            .range((need.gpus, NodeId(0))..)
+            .map(|(_, id)| &self.nodes[id])
+            .filter(move |node| node.free.covers(&need) && node_matches(&node.spec, request))
+    }
+
+    /// Choose nodes and GPU indices for the whole gang, or `None`. `allow` may veto
+    /// nodes (backfill uses it to keep reserved resources free).
+    pub fn place(
+        &self,
+        request: &TaskRequest,
+        policy: &dyn PlacementPolicy,
+        allow: &dyn Fn(NodeId) -> bool,
+    ) -> Option<Vec<Placement>> {
+        // Fast rejection keeps a long queue over a full cluster cheap.
+        let most_free = self.by_free_gpus.last().map_or(0, |(g, _)| *g);
+        if request.nodes == 0 || request.per_node.gpus > most_free {
+            return None;
+        }
+        let mut candidates = self
+            .fitting_now(request)
+            .filter(|node| allow(node.spec.id))
+            .map(|node| NodeView {
+                id: node.spec.id,
+                free: node.free,
+                capacity: node.spec.capacity,
+            });
+        let chosen = policy.choose(request, &mut candidates)?;
+        let distinct: BTreeSet<NodeId> = chosen.iter().copied().collect();
+        if distinct.len() != request.nodes as usize {
+            return None;
+        }
+        Some(
+            chosen
+                .into_iter()
+                .map(|id| Placement {
+                    node: id,
+                    gpu_indices: self.nodes[&id]
+                        .free_gpus
+                        .iter()
+                        .take(request.per_node.gpus as usize)
+                        .copied()
+                        .collect(),
+                })
+                .collect(),
+        )
+    }
+
+    /// The first point in `releases` (each: sort key, task, node, amount) after which the
+    /// request fits, with the nodes it would take (best fit by free GPUs then).
+    pub fn earliest_fit(
+        &self,
+        request: &TaskRequest,
+        releases: impl Iterator<Item = (u64, TaskId, NodeId, Resources)>,
+    ) -> Option<WhatIf> {
+        let need = request.per_node;
+        let count = request.nodes as usize;
+        if count == 0 {
+            return None;
+        }
+        let mut qualifying: BTreeSet<NodeId> = BTreeSet::new();
+        for node in self.fitting_now(request) {
+            qualifying.insert(node.spec.id);
+            if qualifying.len() >= count {
+                break;
+            }
+        }
+        let mut extra: BTreeMap<NodeId, Resources> = BTreeMap::new();
+        let mut used: Vec<(TaskId, NodeId)> = Vec::new();
+        let mut at = 0;
+        let mut releases_used = 0;
+        let mut releases = releases;
+        while qualifying.len() < count {
+            let (key, task, node_id, amount) = releases.next()?;
+            releases_used += 1;
+            at = key;
+            let Some(node) = self.nodes.get(&node_id) else {
+                continue;
+            };
+            if !node.schedulable || !node_matches(&node.spec, request) {
+                continue;
+            }
+            used.push((task, node_id));
+            let added = extra.entry(node_id).or_insert(Resources::ZERO);
+            *added = added.add(&amount);
+            if node.free.add(added).covers(&need) {
+                qualifying.insert(node_id);
+            }
+        }
+        let effective = |id: &NodeId| {
+            let free = self.nodes[id].free;
+            extra.get(id).map_or(free, |e| free.add(e))
+        };
+        let mut ranked: Vec<(u32, NodeId)> = qualifying
+            .iter()
+            .map(|id| (effective(id).gpus, *id))
+            .collect();
+        ranked.sort_unstable();
+        let nodes: Vec<NodeId> = ranked.into_iter().take(count).map(|(_, id)| id).collect();
+        let free_after = nodes.iter().map(|id| (*id, effective(id))).collect();
+        let needed = used
+            .into_iter()
+            .filter(|(_, node)| nodes.contains(node))
+            .map(|(task, _)| task)
+            .collect();
+        Some(WhatIf {
+            releases_used,
+            at,
+            free_after,
+            needed,
+        })
+    }
+
+    /// Why the request could not fit even on an empty cluster, if it could not.
+    pub fn never_fits(&self, request: &TaskRequest) -> Option<String> {
+        if request.nodes == 0 {
+            return Some("it asks for 0 nodes".to_string());
+        }
+        let fitting = self
+            .nodes
+            .values()
+            .filter(|node| {
+                node_matches(&node.spec, request) && node.spec.capacity.covers(&request.per_node)
+            })
+            .take(request.nodes as usize)
+            .count();
+        if fitting >= request.nodes as usize {
+            return None;
+        }
+        let largest = self
+            .nodes
+            .values()
+            .map(|node| node.spec.capacity)
+            .max_by_key(|cap| (cap.gpus, cap.cpu_millis, cap.memory_bytes));
+        let constraint = match (&request.gpu_type, request.node_selector.is_empty()) {
+            (None, true) => String::new(),
+            (gpu_type, _) => format!(
+                " matching gpu_type {} and labels {:?}",
+                gpu_type.as_deref().unwrap_or("any"),
+                request.node_selector
+            ),
+        };
+        Some(match largest {
+            None => "the cluster has no nodes".to_string(),
+            Some(largest) => format!(
+                "it asks for {} node(s) with {} each{constraint}, but only {fitting} node(s) can hold that (largest node: {largest})",
+                request.nodes, request.per_node
+            ),
+        })
+    }
+}

@@ -1,0 +1,347 @@
+//! Property tests for every policy: no node over-allocated, limits never exceeded, gangs
+//! all-or-nothing, determinism, and backfill never delays the reservation.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+
+use proptest::prelude::*;
+use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp, UserName};
+use tacc_scheduler::pool::{PoolAction, PoolJob, PoolPolicy, PoolScheduler};
+use tacc_scheduler::{
+    Action, Event, GroupConfig, NodeSpec, Plan, Scheduler, SchedulerConfig, TaskRequest,
+    policy_names,
+};
+
+#[derive(Debug, Clone)]
+struct TaskCase {
+    user: u8,
+    gpus: u32,
+    cpus: u64,
+    nodes: u32,
+    duration: u64,
+    limit_known: bool,
+    priority: u8,
+    preemptible: bool,
+    submit: u64,
+}
+
+fn task_case() -> impl Strategy<Value = TaskCase> {
+    (
+        0u8..4,
+        0u32..=4,
+        1u64..=8,
+        1u32..=3,
+        1u64..=100,
+        any::<bool>(),
+        0u8..3,
+        any::<bool>(),
+        0u64..60,
+    )
+        .prop_map(
+            |(user, gpus, cpus, nodes, duration, limit_known, priority, preemptible, submit)| {
+                TaskCase {
+                    user,
+                    gpus,
+                    cpus,
+                    nodes,
+                    duration,
+                    limit_known,
+                    priority,
+                    preemptible,
+                    submit,
+                }
+            },
+        )
+}
+
+const USER_GPU_LIMIT: u64 = 6;
+const GROUP_RUNNING_LIMIT: u64 = 5;
+
+fn config() -> SchedulerConfig {
+    let mut config = SchedulerConfig::default();
+    config.default_user_limits.max_gpus = Some(USER_GPU_LIMIT);
+    config.groups.insert(
+        "g0".into(),
+        GroupConfig {
+            guaranteed_gpus: 4,
+            ..Default::default()
+        },
+    );
+    let mut g1 = GroupConfig {
+        guaranteed_gpus: 4,
+        ..Default::default()
+    };
+    g1.limits.max_running_tasks = Some(GROUP_RUNNING_LIMIT);
+    config.groups.insert("g1".into(), g1);
+    config.preemption.min_run_secs = 5;
+    config.preemption.grace_secs = 2;
+    config
+}
+
+/// Replays the cases with a virtual clock, checking every plan; returns all plans.
+fn replay(
+    policy: &str,
+    nodes: &[(u32, u64)],
+    tasks: &[TaskCase],
+) -> Result<Vec<Plan>, TestCaseError> {
+    let mut scheduler = Scheduler::by_name(policy, config()).unwrap();
+    let mut capacity = BTreeMap::new();
+    for (i, (gpus, cpus)) in nodes.iter().enumerate() {
+        let spec = NodeSpec {
+            id: NodeId(i as u64 + 1),
+            capacity: Resources::new(cpus * 1000, 1 << 40, *gpus),
+            gpu_type: None,
+            labels: Default::default(),
+        };
+        capacity.insert(spec.id, spec.capacity);
+        scheduler.handle(Timestamp(0), Event::NodeUp(spec)).unwrap();
+    }
+    let requests: Vec<TaskRequest> = tasks
+        .iter()
+        .map(|t| TaskRequest {
+            user: UserName::new(format!("u{}", t.user)),
+            group: Some(format!("g{}", t.user % 2)),
+            per_node: Resources::new(t.cpus * 1000, 1 << 30, t.gpus),
+            nodes: t.nodes,
+            priority: [Priority::Low, Priority::Normal, Priority::High][t.priority as usize],
+            preemptible: t.preemptible,
+            time_limit_secs: t.limit_known.then_some(t.duration),
+            duration_hint_secs: Some(t.duration),
+            submitted_at: Timestamp::from_secs(t.submit),
+            ..Default::default()
+        })
+        .collect();
+    let mut arrivals: Vec<usize> = (0..tasks.len()).collect();
+    arrivals.sort_by_key(|i| (tasks[*i].submit, *i));
+    // (time ms, kind 0 end / 1 preempted, task index, version)
+    let mut timers: BinaryHeap<Reverse<(u64, u8, usize, u32)>> = BinaryHeap::new();
+    let mut version = vec![0u32; tasks.len()];
+    let mut held: BTreeMap<usize, Vec<(NodeId, Vec<u32>)>> = BTreeMap::new();
+    let mut plans = Vec::new();
+    let mut next = 0;
+    loop {
+        let now = [
+            timers.peek().map(|Reverse((t, ..))| *t),
+            arrivals.get(next).map(|i| tasks[*i].submit * 1000),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(now) = now else { break };
+        let mut events = Vec::new();
+        while let Some(Reverse((t, kind, i, v))) = timers.peek().copied() {
+            if t != now {
+                break;
+            }
+            timers.pop();
+            if version[i] != v {
+                continue;
+            }
+            version[i] += 1;
+            held.remove(&i);
+            let id = TaskId(i as u64 + 1);
+            events.push(if kind == 0 {
+                Event::TaskEnded(id)
+            } else {
+                Event::TaskPreempted(id)
+            });
+        }
+        while next < arrivals.len() && tasks[arrivals[next]].submit * 1000 == now {
+            let i = arrivals[next];
+            events.push(Event::TaskSubmitted {
+                task: TaskId(i as u64 + 1),
+                request: requests[i].clone(),
+            });
+            next += 1;
+        }
+        let plan = scheduler
+            .handle(Timestamp(now), Event::Batch(events))
+            .unwrap();
+        for action in &plan.actions {
+            match action {
+                Action::Start { task, placements } => {
+                    let i = task.0 as usize - 1;
+                    let request = &requests[i];
+                    let nodes: BTreeSet<NodeId> = placements.iter().map(|p| p.node).collect();
+                    prop_assert_eq!(
+                        nodes.len(),
+                        request.nodes as usize,
+                        "gang all-or-nothing on distinct nodes"
+                    );
+                    for p in placements {
+                        prop_assert_eq!(p.gpu_indices.len(), request.per_node.gpus as usize);
+                    }
+                    held.insert(
+                        i,
+                        placements
+                            .iter()
+                            .map(|p| (p.node, p.gpu_indices.clone()))
+                            .collect(),
+                    );
+                    timers.push(Reverse((now + tasks[i].duration * 1000, 0, i, version[i])));
+                }
+                Action::Preempt { task, grace_secs } => {
+                    let i = task.0 as usize - 1;
+                    prop_assert!(
+                        requests[i].preemptible,
+                        "only preemptible tasks are preempted"
+                    );
+                    version[i] += 1;
+                    timers.push(Reverse((now + grace_secs * 1000, 1, i, version[i])));
+                }
+                _ => {}
+            }
+        }
+        // No node over-allocated, no GPU given twice, limits respected.
+        let mut used: BTreeMap<NodeId, (Resources, BTreeSet<u32>)> = BTreeMap::new();
+        let mut user_gpus: BTreeMap<String, u64> = BTreeMap::new();
+        let mut group_running: BTreeMap<String, u64> = BTreeMap::new();
+        for (i, placements) in &held {
+            let request = &requests[*i];
+            *user_gpus.entry(request.user.0.clone()).or_default() += request.total().gpus as u64;
+            *group_running
+                .entry(request.group.clone().unwrap())
+                .or_default() += 1;
+            for (node, gpus) in placements {
+                let slot = used
+                    .entry(*node)
+                    .or_insert((Resources::ZERO, BTreeSet::new()));
+                slot.0 = slot.0.add(&request.per_node);
+                for gpu in gpus {
+                    prop_assert!(
+                        slot.1.insert(*gpu),
+                        "GPU {} of node {} given twice",
+                        gpu,
+                        node
+                    );
+                    prop_assert!(*gpu < capacity[node].gpus);
+                }
+            }
+        }
+        for (node, (total, _)) in &used {
+            prop_assert!(capacity[node].covers(total), "node {} over-allocated", node);
+        }
+        for gpus in user_gpus.values() {
+            prop_assert!(*gpus <= USER_GPU_LIMIT);
+        }
+        prop_assert!(group_running.get("g1").copied().unwrap_or(0) <= GROUP_RUNNING_LIMIT);
+        scheduler.check_invariants().map_err(TestCaseError::fail)?;
+        // Backfill never delays the reservation: what the head could get now is no later
+        // than what it was promised before anything was backfilled.
+        if let Some((head, Some(promised))) = scheduler.reservation()
+            && let Some(Some(possible)) = scheduler.recompute_reservation(head)
+        {
+            prop_assert!(
+                possible <= promised,
+                "reservation of {} moved from {} to {}",
+                head,
+                promised,
+                possible
+            );
+        }
+        plans.push(plan);
+        if plans.len() > 2_000 {
+            let tail: Vec<_> = plans[plans.len() - 4..].iter().collect();
+            let states: Vec<_> = (1..=tasks.len() as u64)
+                .map(|id| (id, scheduler.explain(TaskId(id))))
+                .collect();
+            return Err(TestCaseError::fail(format!(
+                "{policy}: no progress: {tail:?} STATES {states:?}"
+            )));
+        }
+    }
+    Ok(plans)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_policy_keeps_its_invariants_and_is_deterministic(
+        nodes in prop::collection::vec((0u32..=8, 4u64..=16), 1..=5),
+        tasks in prop::collection::vec(task_case(), 1..=30),
+    ) {
+        for policy in policy_names() {
+            let first = replay(policy, &nodes, &tasks)?;
+            let second = replay(policy, &nodes, &tasks)?;
+            prop_assert_eq!(first, second, "policy {} is not deterministic", policy);
+        }
+    }
+
+    #[test]
+    fn pool_policies_never_overfill_and_las2d_matches_a_from_scratch_greedy(
+        jobs in prop::collection::vec((1u32..=6, 1u64..=5000, 0u64..3000), 1..=40),
+        capacity in 4u32..=12,
+    ) {
+        for policy in PoolPolicy::ALL {
+            let mut pool = PoolScheduler::new(policy, capacity);
+            let mut order: Vec<usize> = (0..jobs.len()).collect();
+            order.sort_by_key(|i| (jobs[*i].2, *i));
+            let mut remaining: Vec<u64> = jobs.iter().map(|j| j.1 * 1000).collect();
+            let mut running: BTreeMap<usize, u64> = BTreeMap::new();
+            let mut attained = vec![0u64; jobs.len()];
+            let mut done = BTreeSet::new();
+            let mut arrived: Vec<usize> = Vec::new();
+            let mut next = 0;
+            loop {
+                let finish = running.iter().map(|(i, start)| start + remaining[*i]).min();
+                let candidates = [finish, order.get(next).map(|i| jobs[*i].2 * 1000), pool.next_wakeup()];
+                let Some(now) = candidates.into_iter().flatten().min() else { break };
+                let finished: Vec<usize> = running
+                    .iter()
+                    .filter(|(i, start)| **start + remaining[**i] == now)
+                    .map(|(i, _)| *i)
+                    .collect();
+                for i in finished {
+                    running.remove(&i);
+                    done.insert(i);
+                    pool.complete(now, i as u64);
+                }
+                pool.advance(now);
+                while next < order.len() && jobs[order[next]].2 * 1000 == now {
+                    let i = order[next];
+                    if jobs[i].0 <= capacity {
+                        let job = PoolJob { id: i as u64, gpus: jobs[i].0, duration_ms: jobs[i].1 * 1000 };
+                        pool.submit(now, job).unwrap();
+                        arrived.push(i);
+                    }
+                    next += 1;
+                }
+                for action in pool.decide(now) {
+                    match action {
+                        PoolAction::Start(id) => {
+                            running.insert(id as usize, now);
+                        }
+                        PoolAction::Preempt(id) => {
+                            let start = running.remove(&(id as usize)).unwrap();
+                            remaining[id as usize] -= now - start;
+                            attained[id as usize] += (now - start) * jobs[id as usize].0 as u64;
+                        }
+                    }
+                }
+                let in_use: u32 = running.keys().map(|i| jobs[*i].0).sum();
+                prop_assert!(in_use <= capacity, "{} over capacity", policy);
+                if policy == PoolPolicy::Las2d {
+                    // The reference: recompute from scratch with exact attained service.
+                    let level = |i: usize| {
+                        let a = attained[i] + running.get(&i).map_or(0, |s| (now - s) * jobs[i].0 as u64);
+                        [3_250_000u64, 7_200_000].iter().filter(|t| a >= **t).count()
+                    };
+                    let mut room = capacity;
+                    let mut expected = BTreeSet::new();
+                    for q in 0..3 {
+                        for &i in &arrived {
+                            if !done.contains(&i) && level(i) == q && jobs[i].0 <= room {
+                                room -= jobs[i].0;
+                                expected.insert(i);
+                            }
+                        }
+                    }
+                    let actual: BTreeSet<usize> = running.keys().copied().collect();
+                    prop_assert_eq!(actual, expected, "las2d allocation at {} ms", now);
+                }
+            }
+            prop_assert_eq!(done.len(), arrived.len(), "{} finished every job", policy);
+        }
+    }
+}
