@@ -150,7 +150,7 @@ impl Control {
         let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
         let logs = LogBook::open(config.data_dir.join("logs"))
             .map_err(|e| io("cannot create the log directory", e))?;
-        let chunks = DirChunkStore::open(&config.data_dir.join("chunks"))
+        let chunks = DirChunkStore::open(config.data_dir.join("chunks"))
             .map_err(|e| ServerError::Internal(format!("cannot open the chunk store: {e}")))?;
         let outputs_dir = config.data_dir.join("outputs");
         std::fs::create_dir_all(&outputs_dir)
@@ -490,11 +490,10 @@ impl Control {
             }
             _ => {}
         }
-        Ok(self
-            .store
+        self.store
             .get_task(task)
             .await?
-            .ok_or(ServerError::TaskNotFound(task))?)
+            .ok_or(ServerError::TaskNotFound(task))
     }
 
     /// An agent (re)registers. Attempts the server placed on this node that the agent does

@@ -20,7 +20,7 @@ pub use records::{
 };
 pub use sqlite::SqliteStore;
 
-use tacc_core::{NodeId, SnapshotId, TaskId};
+use tacc_core::{SnapshotId, TaskId};
 
 /// The crate's errors.
 #[derive(Debug, thiserror::Error)]
@@ -82,9 +82,4 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     async fn add_output(&self, output: OutputRecord) -> Result<()>;
     async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>>;
-}
-
-/// Shorthand used by node lookups.
-pub fn node_name<'a>(nodes: &'a [NodeRecord], id: NodeId) -> Option<&'a str> {
-    nodes.iter().find(|n| n.id == id).map(|n| n.name.as_str())
 }
