@@ -21,15 +21,13 @@ tcloud logs --follow "$task" || status=$?
 
 echo
 tcloud show "$task"
-cat <<NEXT
-
-What to try next:
-  export PATH="$PWD/target/release:\$PATH"
-  tcloud ps --all                      # every task, with state and reason
-  tcloud download $task                # fetch results/metrics.json and results/model.json
-  tcloud submit examples/quickstart -f # resubmit: unchanged code uploads nothing
-  tcloud quickstart my-project         # start a project of your own
-  tcloud submit examples/tuxiv-hello   # a task in TACC's legacy tuxiv.conf format
-  tcloud down                          # stop the embedded cluster
-NEXT
+echo
+echo "What to try next (with PATH=\"$PWD/target/release:\$PATH\"):"
+hint() { printf '  %-38s # %s\n' "$1" "$2"; }
+hint "tcloud ps --all" "every task, with its state and reason"
+hint "tcloud download $task" "fetch results/metrics.json and results/model.json"
+hint "tcloud submit examples/quickstart -f" "resubmit: unchanged code uploads nothing"
+hint "tcloud quickstart my-project" "start a project of your own"
+hint "tcloud submit examples/tuxiv-hello -f" "a task in TACC's legacy tuxiv.conf format"
+hint "tcloud down" "stop the embedded cluster"
 exit "$status"

@@ -84,11 +84,18 @@ pub fn local_data_dir() -> Result<PathBuf> {
     Ok(dir.join("tacc").join("local"))
 }
 
-/// The user name sent to servers when the profile names none.
+/// The user name sent to servers when the profile names none: `$USER`, else the name
+/// of the account this process runs as.
 pub fn default_user() -> String {
     std::env::var("USER")
         .ok()
         .filter(|u| !u.is_empty())
+        .or_else(|| {
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|user| user.name)
+        })
         .unwrap_or_else(|| "anonymous".to_string())
 }
 
