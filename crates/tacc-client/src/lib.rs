@@ -13,7 +13,8 @@ use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState};
 use tacc_proto::{
     AgentRegistered, AgentReport, AgentReports, ApiError, AttemptRef, CancelReply, DesiredWork,
     Health, NodeView, OutputFile, RegisterAgent, SnapshotCommitted, SnapshotOffer,
-    SnapshotOfferReply, SubmitReply, SubmitTask, TaskEventView, TaskView, WorkPoll,
+    SnapshotOfferReply, SubmitReply, SubmitTask, TaskEventView, TaskExplanation, TaskView,
+    WorkPoll,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -215,6 +216,11 @@ impl Client {
 
     pub async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEventView>> {
         self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/events")))
+            .await
+    }
+
+    pub async fn explain(&self, id: TaskId) -> Result<TaskExplanation> {
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/why")))
             .await
     }
 

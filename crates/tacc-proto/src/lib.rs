@@ -96,7 +96,26 @@ pub struct TaskView {
     pub finished_at: Option<Timestamp>,
     pub cancel_requested: bool,
     pub source: Option<String>,
+    /// While queued: when the scheduler expects it to start, if it can tell.
+    pub estimated_start: Option<Timestamp>,
     pub spec: serde_json::Value,
+}
+
+/// Why a task is where it is: `GET /v1/tasks/{id}/why`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskExplanation {
+    pub task_id: TaskId,
+    pub state: TaskState,
+    /// The pending reason while queued; why it ended otherwise.
+    pub reason: Option<String>,
+    /// Place in the scheduling order among queued tasks (0 = considered first).
+    pub queue_position: Option<u64>,
+    /// From the reservation timeline; absent when a time limit it depends on is unknown.
+    pub estimated_start: Option<Timestamp>,
+    /// The scheduling policy in force.
+    pub policy: String,
+    /// Further facts for people: the task's group, the limits that apply, what to change.
+    pub details: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -47,6 +47,7 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken) -> Router {
         .route("/v1/tasks/{id}/cancel", post(cancel_task))
         .route("/v1/tasks/{id}/logs", get(task_logs))
         .route("/v1/tasks/{id}/instruction", get(task_instruction))
+        .route("/v1/tasks/{id}/why", get(explain_task))
         .route("/v1/tasks/{id}/outputs", get(list_outputs))
         .route("/v1/tasks/{id}/outputs/{attempt}/{*path}", get(get_output))
         .route("/v1/snapshots/offer", post(offer_snapshot))
@@ -75,7 +76,7 @@ impl IntoResponse for ServerError {
             ServerError::InvalidTask(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_task"),
             ServerError::Unsupported(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unsupported"),
             ServerError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            ServerError::Store(_) | ServerError::Internal(_) => {
+            ServerError::Store(_) | ServerError::Internal(_) | ServerError::Config(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal")
             }
         };
@@ -149,6 +150,11 @@ async fn task_view(control: &Control, record: TaskRecord) -> TaskView {
         finished_at: record.finished_at,
         cancel_requested: record.cancel_requested,
         source: record.source,
+        estimated_start: if record.state == TaskState::Queued {
+            control.estimated_start(record.id).await
+        } else {
+            None
+        },
         spec: record.spec,
     }
 }
@@ -252,6 +258,13 @@ async fn cancel_task(
         state: after.state,
         changed: !before.state.is_terminal(),
     }))
+}
+
+async fn explain_task(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<tacc_proto::TaskExplanation>> {
+    Ok(Json(app.control.explain(TaskId(id)).await?))
 }
 
 async fn task_instruction(

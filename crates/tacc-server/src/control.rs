@@ -10,7 +10,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tacc_compiler::{DirChunkStore, Instruction};
 use tacc_core::{NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef, DesiredWork, RegisterAgent};
-use tacc_scheduler::{Action, Event, NodeSpec, Placement, Plan, Scheduler, TaskRequest};
+use tacc_scheduler::{
+    Action, Event, Explanation, NodeSpec, Placement, Plan, Scheduler, SchedulerConfig, TaskRequest,
+};
 use tacc_schema::{RetryOn, Runtime, TaskSpec};
 use tacc_store::{
     NewNode, NewTask, NodeRecord, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter,
@@ -29,6 +31,10 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     /// An agent silent for longer than this is lost, and so are the attempts it ran.
     pub heartbeat_timeout: Duration,
+    /// Name of the scheduling policy (see `tacc_scheduler::policy_names`).
+    pub policy: String,
+    /// Users, groups, limits, shares and priority caps.
+    pub scheduler: SchedulerConfig,
 }
 
 impl ServerConfig {
@@ -36,9 +42,17 @@ impl ServerConfig {
         ServerConfig {
             data_dir,
             heartbeat_timeout: Duration::from_secs(30),
+            policy: DEFAULT_POLICY.to_string(),
+            scheduler: SchedulerConfig::default(),
         }
     }
 }
+
+/// The production default: multifactor fair share with EASY backfill.
+pub const DEFAULT_POLICY: &str = "fairshare";
+
+/// Policies that need knowledge a live cluster does not have.
+const SIMULATOR_ONLY_POLICIES: &[&str] = &["sjf"];
 
 pub fn now() -> Timestamp {
     let millis = SystemTime::now()
@@ -155,6 +169,15 @@ impl Control {
         let outputs_dir = config.data_dir.join("outputs");
         std::fs::create_dir_all(&outputs_dir)
             .map_err(|e| io("cannot create the outputs directory", e))?;
+        if SIMULATOR_ONLY_POLICIES.contains(&config.policy.as_str()) {
+            return Err(ServerError::Config(format!(
+                "policy `{}` orders tasks by their true run time, which only the simulator knows; pick another (known: {})",
+                config.policy,
+                tacc_scheduler::policy_names().join(", ")
+            )));
+        }
+        let scheduler = Scheduler::by_name(&config.policy, config.scheduler.clone())
+            .map_err(|e| ServerError::Config(e.to_string()))?;
         let control = Arc::new(Control {
             store,
             logs,
@@ -162,7 +185,7 @@ impl Control {
             outputs_dir,
             config,
             inner: Mutex::new(Inner {
-                scheduler: Scheduler::new(),
+                scheduler,
                 nodes: BTreeMap::new(),
                 held: BTreeSet::new(),
                 specs: BTreeMap::new(),
@@ -388,7 +411,8 @@ impl Control {
     /// Throw the scheduler's state away, rebuild it from the store in one batch, and carry
     /// out what it decides.
     async fn resync(&self, inner: &mut Inner) {
-        let mut scheduler = Scheduler::new();
+        let mut scheduler = Scheduler::by_name(&self.config.policy, self.config.scheduler.clone())
+            .expect("the policy was checked at start");
         let mut events: Vec<Event> = inner
             .nodes
             .values()
@@ -912,6 +936,90 @@ impl Control {
                 }
             })
             .collect()
+    }
+
+    /// Why a task is where it is, in the scheduler's words and the store's.
+    pub async fn explain(&self, task: TaskId) -> Result<tacc_proto::TaskExplanation, ServerError> {
+        let record = self
+            .store
+            .get_task(task)
+            .await?
+            .ok_or(ServerError::TaskNotFound(task))?;
+        let inner = self.inner.lock().await;
+        let config = inner.scheduler.config();
+        let group = config.group_of(&record.user, None);
+        let mut details = vec![format!("user {} is in group {group}", record.user)];
+        let user_limits = config.user_limits(&record.user);
+        let group_limits = config.group_limits(&group);
+        for (whose, limits) in [("user", &user_limits), ("group", &group_limits)] {
+            let mut parts = Vec::new();
+            if let Some(max) = limits.max_gpus {
+                parts.push(format!("{max} GPUs"));
+            }
+            if let Some(max) = limits.max_cpus {
+                parts.push(format!("{max} CPUs"));
+            }
+            if let Some(max) = limits.max_running_tasks {
+                parts.push(format!("{max} running tasks"));
+            }
+            if let Some(max) = limits.max_queued_tasks {
+                parts.push(format!("{max} queued tasks"));
+            }
+            if !parts.is_empty() {
+                details.push(format!("{whose} limits: at most {}", parts.join(", ")));
+            }
+        }
+        let guaranteed = config.guaranteed_gpus(&group);
+        if guaranteed > 0 {
+            details.push(format!(
+                "group {group} is guaranteed {guaranteed} GPUs and may borrow idle ones"
+            ));
+        }
+        let (mut position, mut estimated_start) = (None, None);
+        match inner.scheduler.explain(task) {
+            Explanation::Queued {
+                position: at,
+                estimated_start: start,
+                ..
+            } => {
+                position = Some(at as u64);
+                estimated_start = start;
+                if start.is_none() {
+                    details.push(
+                        "no start estimate: a task it waits for has no time limit (set resources.time_limit to get one)"
+                            .to_string(),
+                    );
+                }
+            }
+            Explanation::Preempting { .. } => {
+                details.push("it is being preempted and will be requeued".to_string())
+            }
+            Explanation::Running { .. } | Explanation::Unknown => {}
+        }
+        if inner.held.contains(&task) {
+            details.push(
+                "no node is online yet; start an agent (`taccd agent`) or `tcloud up`".to_string(),
+            );
+        }
+        Ok(tacc_proto::TaskExplanation {
+            task_id: task,
+            state: record.state,
+            reason: record.reason,
+            queue_position: position,
+            estimated_start,
+            policy: inner.scheduler.policy_name().to_string(),
+            details,
+        })
+    }
+
+    /// The scheduler's start estimate for a queued task.
+    pub async fn estimated_start(&self, task: TaskId) -> Option<Timestamp> {
+        match self.inner.lock().await.scheduler.explain(task) {
+            Explanation::Queued {
+                estimated_start, ..
+            } => estimated_start,
+            _ => None,
+        }
     }
 
     pub async fn node_names(&self) -> BTreeMap<NodeId, String> {

@@ -14,7 +14,7 @@ mod logs;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use control::{Control, ServerConfig, now};
+pub use control::{Control, DEFAULT_POLICY, ServerConfig, now};
 use tacc_core::{NodeId, TaskId};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +38,8 @@ pub enum ServerError {
     NotFound(String),
     #[error(transparent)]
     Store(#[from] tacc_store::StoreError),
+    #[error("invalid server configuration: {0}")]
+    Config(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

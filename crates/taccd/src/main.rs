@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
+use serde::Deserialize;
 use tacc_agent::{Agent, AgentConfig};
 use tacc_core::{ByteSize, Resources};
 use tacc_server::{Control, ServerConfig};
@@ -73,6 +74,51 @@ struct ServerArgs {
     /// Seconds without a poll after which an agent, and what it ran, is lost.
     #[arg(long, default_value_t = 30)]
     heartbeat_timeout: u64,
+    /// Scheduler configuration (TOML): `policy`, `[users.NAME]`, `[groups.NAME]`,
+    /// `[fairshare]`, `[preemption]`; see docs/SCHEDULING.md.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Scheduling policy; overrides the configuration file's `policy`.
+    #[arg(long)]
+    policy: Option<String>,
+}
+
+/// The server's configuration file: the scheduling policy and the scheduler's settings
+/// (users and their groups, limits, shares, priority caps).
+#[derive(Debug, serde::Deserialize)]
+struct ConfigFile {
+    policy: Option<String>,
+    #[serde(flatten)]
+    scheduler: toml::Table,
+}
+
+fn load_config(args: &ServerArgs) -> Result<(String, tacc_scheduler::SchedulerConfig)> {
+    let (mut policy, scheduler) = match &args.config {
+        None => (None, tacc_scheduler::SchedulerConfig::default()),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| {
+                format!("cannot read the configuration file {}", path.display())
+            })?;
+            let file: ConfigFile = toml::from_str(&text)
+                .with_context(|| format!("{} is not valid TOML", path.display()))?;
+            let scheduler =
+                tacc_scheduler::SchedulerConfig::deserialize(toml::Value::Table(file.scheduler))
+                    .with_context(|| {
+                        format!(
+                            "{}: invalid scheduler settings (see docs/SCHEDULING.md)",
+                            path.display()
+                        )
+                    })?;
+            (file.policy, scheduler)
+        }
+    };
+    if args.policy.is_some() {
+        policy = args.policy.clone();
+    }
+    Ok((
+        policy.unwrap_or_else(|| tacc_server::DEFAULT_POLICY.to_string()),
+        scheduler,
+    ))
 }
 
 #[derive(Debug, Args)]
@@ -156,6 +202,7 @@ async fn start_server(
     let store = SqliteStore::open(&args.data_dir.join("tacc.db")).await?;
     let mut config = ServerConfig::new(args.data_dir.clone());
     config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
+    (config.policy, config.scheduler) = load_config(args)?;
     let control = Control::open(Arc::new(store), config).await?;
     let listener = TcpListener::bind(args.listen).await.with_context(|| {
         format!(

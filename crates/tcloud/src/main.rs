@@ -124,6 +124,20 @@ prints a summary or a diagnostic pointing at the offending line. Needs no server
         #[arg(long, conflicts_with = "json")]
         instruction: bool,
     },
+    /// Explain why a task waits (or ran, or ended) and when it may start
+    #[command(
+        long_about = "Explains a task's state: the scheduler's pending reason, its place in the \
+queue, the estimated start from the reservation timeline (known when the tasks ahead have a \
+time limit), the group and limits that apply, and the scheduling policy in force.",
+        after_help = "Examples:\n  tcloud why 12\n  tcloud why 12 --json"
+    )]
+    Why {
+        #[arg(value_parser = parse_task_id)]
+        id: TaskId,
+        /// Print the explanation as one JSON object
+        #[arg(long)]
+        json: bool,
+    },
     /// Print a task's log
     #[command(
         long_about = "Prints a task's log (all nodes). With -f, keeps streaming until the task \
@@ -256,6 +270,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             json,
             instruction,
         } => tasks::show(&ctx, id, json, instruction).await,
+        Command::Why { id, json } => tasks::why(&ctx, id, json).await,
         Command::Logs { id, follow } => tasks::logs(&ctx, id, follow).await,
         Command::Cancel { ids, no_wait, json } => tasks::cancel(&ctx, &ids, !no_wait, json).await,
         Command::Download { id, dest, attempt } => tasks::download(&ctx, id, dest, attempt).await,

@@ -249,6 +249,15 @@ fn unknown_tasks_exit_4_and_cancel_stops_a_running_task() {
         .as_u64()
         .unwrap()
         .to_string();
+    let why = user.ok(&["why", &task]);
+    assert!(
+        why.contains(&format!("task {task} is")) && why.contains("policy: fairshare"),
+        "{why}"
+    );
+    let why = user.json(&["why", &task, "--json"]);
+    assert_eq!(why["task_id"].as_u64().unwrap().to_string(), task);
+    let table = user.ok(&["ps"]);
+    assert!(table.contains("START") && table.contains("long"), "{table}");
     let cancelled = user.ok(&["cancel", &task]);
     assert!(cancelled.contains("cancelled"), "{cancelled}");
     assert_eq!(user.json(&["show", &task, "--json"])["state"], "cancelled");

@@ -68,7 +68,7 @@ pub async fn ps(
     }
     let now = now();
     let mut t = table([
-        "ID", "NAME", "USER", "STATE", "AGE", "TIME", "NODES", "REASON",
+        "ID", "NAME", "USER", "STATE", "AGE", "TIME", "NODES", "START", "REASON",
     ]);
     for task in &tasks {
         t.add_row([
@@ -81,10 +81,60 @@ pub async fn ps(
                 .map(precise_duration)
                 .unwrap_or_else(|| "-".into()),
             nodes_text(task),
+            estimated_start_text(task.estimated_start, now),
             task.reason.clone().unwrap_or_default(),
         ]);
     }
     print_table(&t)?;
+    Ok(())
+}
+
+/// "in 5m" for a queued task's estimated start, "-" when there is none.
+fn estimated_start_text(start: Option<tacc_core::Timestamp>, now: tacc_core::Timestamp) -> String {
+    match start {
+        Some(at) if at > now => format!("in {}", short_duration(at.millis_since(now))),
+        Some(_) => "now".to_string(),
+        None => "-".to_string(),
+    }
+}
+
+/// `tcloud why ID`: the scheduler's explanation of a task.
+pub async fn why(ctx: &Ctx, id: TaskId, as_json: bool) -> Result<()> {
+    let client = ctx.client()?;
+    let explanation = client.explain(id).await?;
+    if as_json {
+        return out_json(&explanation);
+    }
+    let now = now();
+    let mut lines = vec![format!("task {id} is {}", explanation.state)];
+    if let Some(reason) = &explanation.reason {
+        let label = if explanation.state == TaskState::Queued {
+            "waiting because"
+        } else {
+            "reason"
+        };
+        lines.push(format!("{label}: {reason}"));
+    }
+    if let Some(position) = explanation.queue_position {
+        lines.push(format!(
+            "queue position: {} (0 is considered first)",
+            position
+        ));
+    }
+    if explanation.state == TaskState::Queued {
+        lines.push(match explanation.estimated_start {
+            Some(_) => format!(
+                "estimated start: {}",
+                estimated_start_text(explanation.estimated_start, now)
+            ),
+            None => "estimated start: unknown".to_string(),
+        });
+    }
+    lines.push(format!("policy: {}", explanation.policy));
+    for detail in &explanation.details {
+        lines.push(format!("- {detail}"));
+    }
+    out(lines.join("\n"))?;
     Ok(())
 }
 

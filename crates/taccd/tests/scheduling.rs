@@ -1,0 +1,146 @@
+//! The live server runs the scheduler crate unchanged, configured from its file: limits
+//! hold tasks back with a reason, `why` explains, bad configuration is refused.
+
+mod common;
+
+use common::*;
+use tacc_client::Client;
+use tacc_core::TaskState;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_limits_from_the_configuration_hold_tasks_with_a_reason_and_an_estimate() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tacc.toml");
+    std::fs::write(
+        &config,
+        "policy = \"fairshare\"\n\n[users.alice]\ngroup = \"vision\"\nmax_running_tasks = 1\n\n[groups.vision]\nguaranteed_gpus = 0\nmax_cpus = 64\n",
+    )
+    .unwrap();
+    let daemon = start(
+        "dev",
+        &dir.path().join("d"),
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    let alice = Client::new(&daemon.url, "alice");
+    let marker = format!("limits-{}", std::process::id());
+    let yaml = format!(
+        "name: limited\nresources: {{cpus: 0.5, time_limit: 2m}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: sleep 300\n"
+    );
+    let first = submit(&alice, dir.path(), "first", &yaml, &[]).await;
+    wait_state(&alice, first, &[TaskState::Running]).await;
+    let second = submit(&alice, dir.path(), "second", &yaml, &[]).await;
+    let view = eventually("the second task's pending reason", DEADLINE, || {
+        let alice = alice.clone();
+        async move {
+            let view = alice.get_task(second).await.ok()?;
+            view.reason.is_some().then_some(view)
+        }
+    })
+    .await;
+    assert_eq!(view.state, TaskState::Queued);
+    let reason = view.reason.clone().unwrap();
+    assert!(
+        reason.contains("over user quota") && reason.contains("1"),
+        "{reason}"
+    );
+
+    let why = alice.explain(second).await.unwrap();
+    assert_eq!(why.policy, "fairshare");
+    assert_eq!(why.queue_position, Some(0));
+    assert!(
+        why.details.iter().any(|d| d.contains("group vision")),
+        "{why:?}"
+    );
+    assert!(
+        why.details
+            .iter()
+            .any(|d| d.contains("at most 1 running tasks")),
+        "{why:?}"
+    );
+    // A different user is not held back by alice's limit.
+    let bob = Client::new(&daemon.url, "bob");
+    let bobs = submit(
+        &bob,
+        dir.path(),
+        "bobs",
+        "name: bobs\nresources: {cpus: 0.5}\nrun: echo hi\n",
+        &[],
+    )
+    .await;
+    assert_eq!(wait_terminal(&bob, bobs).await.state, TaskState::Succeeded);
+
+    alice.cancel(first).await.unwrap();
+    wait_state(&alice, second, &[TaskState::Running]).await;
+    alice.cancel(second).await.unwrap();
+    wait_terminal(&alice, second).await;
+    wait_no_processes(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_start_estimate_comes_from_time_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "1"]).await;
+    let client = daemon.client();
+    let marker = format!("estimate-{}", std::process::id());
+    let yaml = format!(
+        "name: timed\nresources: {{cpus: 1, time_limit: 10m}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: sleep 300\n"
+    );
+    let running = submit(&client, dir.path(), "running", &yaml, &[]).await;
+    wait_state(&client, running, &[TaskState::Running]).await;
+    let waiting = submit(&client, dir.path(), "waiting", &yaml, &[]).await;
+    let view = eventually("an estimate", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let view = client.get_task(waiting).await.ok()?;
+            view.estimated_start.map(|at| (view, at))
+        }
+    })
+    .await;
+    let (view, at) = view;
+    let started = client.get_task(running).await.unwrap().started_at.unwrap();
+    // The running task may use its whole 10 minutes; the waiting one starts after that.
+    let expected = started.plus_secs(600);
+    assert!(
+        at.millis_since(expected) < 5_000 && expected.millis_since(at) < 5_000,
+        "{at:?} vs {expected:?}"
+    );
+    assert_eq!(view.state, TaskState::Queued);
+    client.cancel(waiting).await.unwrap();
+    client.cancel(running).await.unwrap();
+    wait_terminal(&client, running).await;
+    wait_no_processes(&marker).await;
+}
+
+#[test]
+fn bad_configuration_is_refused_with_the_file_and_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[users.alice]\nmax_gpu = 3\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_taccd"))
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("d"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.toml") && err.contains("max_gpu"), "{err}");
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_taccd"))
+        .args([
+            "server",
+            "--listen",
+            "127.0.0.1:0",
+            "--policy",
+            "sjf",
+            "--data-dir",
+        ])
+        .arg(dir.path().join("d2"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sjf") && err.contains("simulator"), "{err}");
+}
