@@ -144,3 +144,58 @@ fn bad_configuration_is_refused_with_the_file_and_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sjf") && err.contains("simulator"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_priority_task_preempts_a_preemptible_one_which_is_requeued() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tacc.toml");
+    std::fs::write(
+        &config,
+        "policy = \"fairshare\"\n\n[preemption]\ngrace_secs = 1\nmin_run_secs = 0\n",
+    )
+    .unwrap();
+    let daemon = start(
+        "dev",
+        &dir.path().join("d"),
+        &["--cpus", "1", "--config", config.to_str().unwrap()],
+    )
+    .await;
+    let client = daemon.client();
+    let marker = format!("preempted-{}", std::process::id());
+    let low = submit(
+        &client,
+        dir.path(),
+        "low",
+        &format!(
+            "name: low\npriority: low\npreemptible: true\nresources: {{cpus: 1}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  echo attempt $TACC_ATTEMPT\n  if [ \"$TACC_ATTEMPT\" = 1 ]; then sleep 300 & wait; fi\n"
+        ),
+        &[],
+    )
+    .await;
+    wait_state(&client, low, &[TaskState::Running]).await;
+    let high = submit(
+        &client,
+        dir.path(),
+        "high",
+        "name: high\npriority: high\nresources: {cpus: 1}\nrun: echo urgent\n",
+        &[],
+    )
+    .await;
+    assert_eq!(
+        wait_terminal(&client, high).await.state,
+        TaskState::Succeeded
+    );
+    let view = wait_terminal(&client, low).await;
+    assert_eq!(
+        (view.state, view.attempt.0),
+        (TaskState::Succeeded, 2),
+        "{view:?}"
+    );
+    let events = client.task_events(low).await.unwrap();
+    assert!(
+        events.iter().any(|e| e.state == TaskState::Queued
+            && e.reason.as_deref() == Some("preempted during attempt 1")),
+        "{events:?}"
+    );
+    wait_no_processes(&marker).await;
+}
