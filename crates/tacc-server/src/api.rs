@@ -525,6 +525,10 @@ async fn commit_snapshot(
         )));
     }
     let id = manifest.id();
+    // A resubmission of unchanged code commits a snapshot the server already has.
+    if app.control.store.get_snapshot(&id).await?.is_some() {
+        return Ok(Json(SnapshotCommitted { snapshot: id }));
+    }
     let value =
         serde_json::to_value(&manifest).map_err(|e| ServerError::Internal(e.to_string()))?;
     app.control
