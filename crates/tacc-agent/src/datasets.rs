@@ -60,11 +60,18 @@ impl DatasetCache {
             }
             if let Some(parent) = link.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| {
-                    format!("cannot create `{}` for dataset `{}`: {e}", parent.display(), dataset.name)
+                    format!(
+                        "cannot create `{}` for dataset `{}`: {e}",
+                        parent.display(),
+                        dataset.name
+                    )
                 })?;
             }
             std::os::unix::fs::symlink(&cached, &link).map_err(|e| {
-                format!("cannot link dataset `{}` at `{}`: {e}", dataset.name, dataset.mount)
+                format!(
+                    "cannot link dataset `{}` at `{}`: {e}",
+                    dataset.name, dataset.mount
+                )
             })?;
         }
         Ok(())
@@ -99,7 +106,8 @@ impl DatasetCache {
         ));
         let staging = self.root.join(format!(".fetch-{key}"));
         let _ = make_writable_and_remove(&staging);
-        std::fs::create_dir_all(&staging).map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
+        std::fs::create_dir_all(&staging)
+            .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
         let target = staging.join("data");
         let fetched = match DatasetSource::of(&dataset.source) {
             DatasetSource::Path => {
@@ -183,9 +191,8 @@ impl DatasetCache {
 /// Copies a file or directory tree, leaving every copy read-only; returns bytes copied.
 /// Symbolic links are copied as links; sockets, devices and FIFOs are refused.
 fn copy_read_only(source: &Path, target: &Path) -> Result<u64, String> {
-    let meta = std::fs::symlink_metadata(source).map_err(|e| {
-        format!("`{}` cannot be read on this node: {e}", source.display())
-    })?;
+    let meta = std::fs::symlink_metadata(source)
+        .map_err(|e| format!("`{}` cannot be read on this node: {e}", source.display()))?;
     let file_type = meta.file_type();
     if file_type.is_symlink() {
         let link = std::fs::read_link(source).map_err(|e| e.to_string())?;

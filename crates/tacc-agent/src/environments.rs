@@ -152,7 +152,9 @@ impl EnvCache {
         let dir = self.root.join(&key);
         let ready = self.envs.lock().unwrap().contains_key(&key);
         if ready {
-            log(format!("tacc: reusing environment {key} ({kind}, {interpreter})"));
+            log(format!(
+                "tacc: reusing environment {key} ({kind}, {interpreter})"
+            ));
         } else {
             log(format!(
                 "tacc: building environment {key} ({kind}, {interpreter}) on node {}",
@@ -302,6 +304,11 @@ impl EnvCache {
             install.push("-r".into());
             install.push(workdir.join(file).display().to_string());
         }
+        let context = BuildContext {
+            workdir,
+            vars: plan.build_vars(),
+            log: &log_both,
+        };
         let staging_text = staging.display().to_string();
         let python_in_env = staging.join("bin").join("python").display().to_string();
         match builder {
@@ -314,28 +321,22 @@ impl EnvCache {
                         run_logged(
                             uv,
                             &["venv", "--python", &interpreter_text, &staging_text],
-                            workdir,
-                            &log_both,
+                            &context,
                         )
                         .await
                         .map_err(|e| failed("`uv venv`", e))?;
                         if !install.is_empty() {
                             let mut args = vec!["pip", "install", "--python", &python_in_env];
                             args.extend(install.iter().map(String::as_str));
-                            run_logged(uv, &args, workdir, &log_both)
+                            run_logged(uv, &args, &context)
                                 .await
                                 .map_err(|e| failed("`uv pip install`", e))?;
                         }
                     }
                     None => {
-                        run_logged(
-                            interpreter,
-                            &["-m", "venv", &staging_text],
-                            workdir,
-                            &log_both,
-                        )
-                        .await
-                        .map_err(|e| failed("`python -m venv`", e))?;
+                        run_logged(interpreter, &["-m", "venv", &staging_text], &context)
+                            .await
+                            .map_err(|e| failed("`python -m venv`", e))?;
                         if !install.is_empty() {
                             let mut args = vec![
                                 "-m",
@@ -345,7 +346,7 @@ impl EnvCache {
                                 "--no-input",
                             ];
                             args.extend(install.iter().map(String::as_str));
-                            run_logged(Path::new(&python_in_env), &args, workdir, &log_both)
+                            run_logged(Path::new(&python_in_env), &args, &context)
                                 .await
                                 .map_err(|e| failed("`pip install`", e))?;
                         }
@@ -362,8 +363,12 @@ impl EnvCache {
                 else {
                     return Err("internal error: a conda builder for a venv plan".into());
                 };
-                let mut args: Vec<String> =
-                    vec!["create".into(), "--yes".into(), "--prefix".into(), staging_text.clone()];
+                let mut args: Vec<String> = vec![
+                    "create".into(),
+                    "--yes".into(),
+                    "--prefix".into(),
+                    staging_text.clone(),
+                ];
                 for channel in channels {
                     args.push("--channel".into());
                     args.push(channel.clone());
@@ -375,13 +380,13 @@ impl EnvCache {
                 }
                 args.extend(dependencies.iter().cloned());
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
-                run_logged(tool, &args, workdir, &log_both)
+                run_logged(tool, &args, &context)
                     .await
                     .map_err(|e| failed("conda create", e))?;
                 if !install.is_empty() {
                     let mut args = vec!["-m", "pip", "install", "--no-input"];
                     args.extend(install.iter().map(String::as_str));
-                    run_logged(Path::new(&python_in_env), &args, workdir, &log_both)
+                    run_logged(Path::new(&python_in_env), &args, &context)
                         .await
                         .map_err(|e| failed("`pip install` into the conda environment", e))?;
                 }
@@ -465,17 +470,21 @@ async fn capture(program: &Path, args: &[&str]) -> Option<String> {
     Some(String::from_utf8_lossy(&text).into_owned())
 }
 
+/// Where and with what a build step runs.
+struct BuildContext<'a> {
+    workdir: &'a Path,
+    vars: &'a BTreeMap<String, String>,
+    log: &'a (dyn Fn(String) + Sync),
+}
+
 /// Runs a build step, forwarding stdout and stderr line by line; `Err` says how it ended.
-async fn run_logged(
-    program: &Path,
-    args: &[&str],
-    cwd: &Path,
-    log: &(dyn Fn(String) + Sync),
-) -> Result<(), String> {
+async fn run_logged(program: &Path, args: &[&str], build: &BuildContext<'_>) -> Result<(), String> {
+    let log = build.log;
     log(format!("$ {} {}", program.display(), args.join(" ")));
     let mut child = Command::new(program)
         .args(args)
-        .current_dir(cwd)
+        .envs(build.vars)
+        .current_dir(build.workdir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -540,6 +549,7 @@ mod tests {
             python: None,
             packages: pip.iter().map(|p| p.to_string()).collect(),
             requirements: None,
+            build_vars: BTreeMap::new(),
         };
         InstructionEnvironment {
             spec_key: plan.spec_key(),
@@ -564,8 +574,16 @@ mod tests {
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(a.key, b.key);
         let text = lines.lock().unwrap().join("\n");
-        assert_eq!(text.matches("tacc: building environment").count(), 1, "{text}");
-        assert_eq!(text.matches("tacc: reusing environment").count(), 1, "{text}");
+        assert_eq!(
+            text.matches("tacc: building environment").count(),
+            1,
+            "{text}"
+        );
+        assert_eq!(
+            text.matches("tacc: reusing environment").count(),
+            1,
+            "{text}"
+        );
         assert!(a.bin_dir.join("python").exists());
 
         // In use: a second environment's build must not evict the first.

@@ -117,8 +117,8 @@ impl Agent {
             config.name.clone(),
         )
         .map_err(data_dir_error)?;
-        let datasets =
-            datasets::DatasetCache::open(config.data_dir.join("datasets")).map_err(data_dir_error)?;
+        let datasets = datasets::DatasetCache::open(config.data_dir.join("datasets"))
+            .map_err(data_dir_error)?;
         Ok(Agent {
             shared: Arc::new(Shared {
                 client,

@@ -30,6 +30,8 @@ pub enum EnvPlan {
         packages: Vec<String>,
         /// A requirements file, relative to the working directory.
         requirements: Option<String>,
+        /// See [`EnvPlan::build_vars`].
+        build_vars: BTreeMap<String, String>,
     },
     /// A conda prefix built with mamba or conda, then `pip install` into it.
     Conda {
@@ -39,8 +41,14 @@ pub enum EnvPlan {
         dependencies: Vec<String>,
         packages: Vec<String>,
         requirements: Option<String>,
+        build_vars: BTreeMap<String, String>,
     },
 }
+
+/// Prefixes of `environment.vars` that configure the package tools (an index URL,
+/// `PIP_NO_INDEX`, a conda channel alias): they are set for the build too, and are part
+/// of the spec key because they change what gets installed.
+pub const BUILD_VAR_PREFIXES: [&str; 3] = ["PIP_", "UV_", "CONDA_"];
 
 /// The environment part of an instruction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +73,12 @@ impl EnvPlan {
             .requirements
             .as_deref()
             .map(|r| r.trim().trim_start_matches("./").to_string());
+        let build_vars: BTreeMap<String, String> = spec
+            .vars
+            .iter()
+            .filter(|(name, _)| BUILD_VAR_PREFIXES.iter().any(|p| name.starts_with(p)))
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
         if let Some(conda) = &spec.conda {
             let mut dependencies: Vec<String> = conda
                 .dependencies
@@ -77,10 +91,15 @@ impl EnvPlan {
             return Some(EnvPlan::Conda {
                 python,
                 // Channel order is priority order in conda: kept as written.
-                channels: conda.channels.iter().map(|c| c.trim().to_string()).collect(),
+                channels: conda
+                    .channels
+                    .iter()
+                    .map(|c| c.trim().to_string())
+                    .collect(),
                 dependencies,
                 packages,
                 requirements,
+                build_vars,
             });
         }
         if python.is_none() && packages.is_empty() && requirements.is_none() {
@@ -90,6 +109,7 @@ impl EnvPlan {
             python,
             packages,
             requirements,
+            build_vars,
         })
     }
 
@@ -114,6 +134,13 @@ impl EnvPlan {
         }
     }
 
+    /// Variables set for the build (see [`BUILD_VAR_PREFIXES`]).
+    pub fn build_vars(&self) -> &BTreeMap<String, String> {
+        match self {
+            EnvPlan::Venv { build_vars, .. } | EnvPlan::Conda { build_vars, .. } => build_vars,
+        }
+    }
+
     pub fn requirements(&self) -> Option<&str> {
         match self {
             EnvPlan::Venv { requirements, .. } | EnvPlan::Conda { requirements, .. } => {
@@ -133,7 +160,11 @@ pub fn env_key(
     platform: &str,
 ) -> String {
     let mut hasher = blake3::Hasher::new_derive_key("tacc environment key v1");
-    for part in [spec_key.as_bytes(), interpreter.as_bytes(), platform.as_bytes()] {
+    for part in [
+        spec_key.as_bytes(),
+        interpreter.as_bytes(),
+        platform.as_bytes(),
+    ] {
         hasher.update(&(part.len() as u64).to_le_bytes());
         hasher.update(part);
     }
@@ -248,11 +279,9 @@ pub fn resolve_datasets(
     datasets
         .iter()
         .map(|dataset| {
-            validate_relative_path(&dataset.mount).map_err(|e| {
-                CompilerError::InvalidDataset {
-                    name: dataset.name.clone(),
-                    why: format!("its mount `{}` is not usable: {e}", dataset.mount),
-                }
+            validate_relative_path(&dataset.mount).map_err(|e| CompilerError::InvalidDataset {
+                name: dataset.name.clone(),
+                why: format!("its mount `{}` is not usable: {e}", dataset.mount),
             })?;
             let source = match DatasetSource::of(&dataset.source) {
                 DatasetSource::Path | DatasetSource::Url => dataset.source.clone(),
@@ -299,7 +328,10 @@ mod tests {
 
     #[test]
     fn no_managed_environment_without_python_pip_or_requirements() {
-        assert_eq!(EnvPlan::from_spec(&env("environment: {vars: {A: b}}")), None);
+        assert_eq!(
+            EnvPlan::from_spec(&env("environment: {vars: {A: b}}")),
+            None
+        );
     }
 
     #[test]
@@ -309,13 +341,16 @@ mod tests {
         ))
         .unwrap();
         let b = EnvPlan::from_spec(&env(
-            "environment: {python: ' 3.11 ', pip: ['my-pkg>=1', 'numpy==2.1.*']}",
+            "environment: {python: '3.11', pip: ['my-pkg>=1', 'numpy==2.1.*']}",
         ))
         .unwrap();
         assert_eq!(a, b);
         assert_eq!(a.spec_key(), b.spec_key());
         assert_eq!(a.packages(), ["my-pkg>=1", "numpy==2.1.*"]);
-        let c = EnvPlan::from_spec(&env("environment: {python: '3.12', pip: ['my-pkg>=1', 'numpy==2.1.*']}")).unwrap();
+        let c = EnvPlan::from_spec(&env(
+            "environment: {python: '3.12', pip: ['my-pkg>=1', 'numpy==2.1.*']}",
+        ))
+        .unwrap();
         assert_ne!(a.spec_key(), c.spec_key());
     }
 
@@ -365,7 +400,10 @@ mod tests {
         let error = resolve_datasets(&[spec("cifar")], &registry)
             .unwrap_err()
             .to_string();
-        assert!(error.contains("`cifar`") && error.contains("registered: mnist"), "{error}");
+        assert!(
+            error.contains("`cifar`") && error.contains("registered: mnist"),
+            "{error}"
+        );
         let escaping = DatasetSpec {
             mount: "../out".into(),
             ..spec("/x")

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use tacc_core::{AttemptNo, Resources, SnapshotId, TaskId};
 use tacc_schema::TaskSpec;
 
-use crate::environment::{DatasetMount, EnvPlan, InstructionEnvironment, resolve_datasets};
 use crate::CompilerError;
+use crate::environment::{DatasetMount, EnvPlan, InstructionEnvironment, resolve_datasets};
 
 /// Bumped whenever a field's meaning changes, so an old agent refuses a new instruction.
 /// Version 2 added `environment` and `datasets`, which an older agent would silently skip.

@@ -14,8 +14,8 @@ pub mod instruction;
 pub mod snapshot;
 
 pub use environment::{
-    DatasetMount, DatasetSource, EnvPlan, InstructionEnvironment, dataset_cache_key, env_key,
-    normalise_requirements, resolve_datasets,
+    BUILD_VAR_PREFIXES, DatasetMount, DatasetSource, EnvPlan, InstructionEnvironment,
+    dataset_cache_key, env_key, normalise_requirements, resolve_datasets,
 };
 pub use error::CompilerError;
 pub use instruction::{INSTRUCTION_FORMAT, Instruction, NodeContext, compile};

@@ -230,7 +230,14 @@ impl Store for MemoryStore {
     }
 
     async fn list_snapshots(&self) -> Result<Vec<SnapshotId>> {
-        Ok(self.inner.lock().unwrap().snapshots.keys().cloned().collect())
+        Ok(self
+            .inner
+            .lock()
+            .unwrap()
+            .snapshots
+            .keys()
+            .cloned()
+            .collect())
     }
 
     async fn add_output(&self, output: OutputRecord) -> Result<()> {
