@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 use serde_json::json;
 use tacc_client::Client;
-use tacc_compiler::{ChunkHash, ChunkSource, ChunkerParams, Entry, EntryKind, Manifest};
+use tacc_compiler::{ChunkHash, ChunkerParams, Manifest};
 use tacc_core::TaskState;
 
 /// Deterministic bytes that do not compress away and cut into several chunks.
