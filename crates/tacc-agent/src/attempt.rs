@@ -126,6 +126,40 @@ async fn execute(
     if let Err(message) = prepared {
         return launch_failed("snapshot_fetch_failed", message);
     }
+    // Preparation lines (dataset fetches, environment builds) go to the task's log, so a
+    // failed build can be read with `tcloud logs`.
+    let log_line = |line: String| {
+        report(
+            shared,
+            AgentReport::Log {
+                attempt,
+                text: format!("{line}\n"),
+            },
+        )
+    };
+    if !instruction.datasets.is_empty() {
+        let mounted = tokio::select! {
+            mounted = shared.datasets.mount_all(&instruction.datasets, workdir, &log_line) => mounted,
+            _ = cancel.cancelled() => return AttemptOutcome::Cancelled,
+        };
+        if let Err(message) = mounted {
+            return launch_failed("dataset_fetch_failed", message);
+        }
+    }
+    // Held until the attempt ends: an environment in use is never evicted.
+    let environment = match &instruction.environment {
+        None => None,
+        Some(wanted) => {
+            let acquired = tokio::select! {
+                acquired = shared.envs.acquire(wanted, workdir, &log_line) => acquired,
+                _ = cancel.cancelled() => return AttemptOutcome::Cancelled,
+            };
+            match acquired {
+                Ok(lease) => Some(lease),
+                Err(message) => return launch_failed("env_build_failed", message),
+            }
+        }
+    };
     let userdir = shared
         .config
         .data_dir
@@ -151,7 +185,10 @@ async fn execute(
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .collect();
-    let env = instruction.environment(&node, &base);
+    let mut env = instruction.environment(&node, &base);
+    if let Some(lease) = &environment {
+        activate(&mut env, lease);
+    }
     let prefix = (instruction.num_nodes > 1).then(|| format!("[{}] ", assignment.node_rank));
     let limit = instruction.time_limit_secs.map(Duration::from_secs);
     let remaining = |limit: Option<Duration>| limit.map(|l| l.saturating_sub(started.elapsed()));
@@ -217,6 +254,17 @@ async fn execute(
         }
     }
     outcome
+}
+
+/// Put the environment's `bin` first on PATH and set its marker variable, as `activate` does.
+fn activate(env: &mut BTreeMap<String, String>, lease: &crate::environments::EnvLease) {
+    let path = match env.get("PATH") {
+        Some(path) if !path.is_empty() => format!("{}:{path}", lease.bin_dir.display()),
+        _ => lease.bin_dir.display().to_string(),
+    };
+    env.insert("PATH".into(), path);
+    env.remove("PYTHONHOME");
+    env.extend(lease.vars.clone());
 }
 
 fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {

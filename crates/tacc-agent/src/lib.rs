@@ -10,6 +10,8 @@
 
 mod attempt;
 mod capacity;
+mod datasets;
+mod environments;
 mod orphans;
 mod reporter;
 
@@ -48,6 +50,8 @@ pub struct AgentConfig {
     pub poll_wait: Duration,
     /// Keep attempts' working directories after they end (for debugging).
     pub keep_workdirs: bool,
+    /// Total size of managed environments past which idle ones are evicted (LRU).
+    pub env_cache_bytes: u64,
 }
 
 /// What the attempt runners share.
@@ -59,6 +63,8 @@ pub(crate) struct Shared {
     pub node: Mutex<Option<NodeId>>,
     pub reports: reporter::ReportSender,
     pub snapshots: attempt::SnapshotCache,
+    pub envs: Arc<environments::EnvCache>,
+    pub datasets: datasets::DatasetCache,
 }
 
 impl Shared {
@@ -101,6 +107,18 @@ impl Agent {
                 path: config.data_dir.display().to_string(),
                 source: std::io::Error::other(e.to_string()),
             })?;
+        let data_dir_error = |source: std::io::Error| AgentError::DataDir {
+            path: config.data_dir.display().to_string(),
+            source,
+        };
+        let envs = environments::EnvCache::open(
+            config.data_dir.join("envs"),
+            config.env_cache_bytes,
+            config.name.clone(),
+        )
+        .map_err(data_dir_error)?;
+        let datasets = datasets::DatasetCache::open(config.data_dir.join("datasets"))
+            .map_err(data_dir_error)?;
         Ok(Agent {
             shared: Arc::new(Shared {
                 client,
@@ -109,6 +127,8 @@ impl Agent {
                 node: Mutex::new(None),
                 reports,
                 snapshots,
+                envs: Arc::new(envs),
+                datasets,
             }),
             attempts: Arc::new(Mutex::new(Attempts::default())),
             reports_rx: Some(reports_rx),

@@ -229,6 +229,22 @@ impl Client {
             .await
     }
 
+    /// Submit task `id` again (same snapshot, environment and datasets) as a new task.
+    pub async fn rerun(&self, id: TaskId) -> Result<SubmitReply> {
+        self.json(self.request(Method::POST, &format!("/v1/tasks/{id}/rerun")))
+            .await
+    }
+
+    /// Datasets the administrator registered.
+    pub async fn list_datasets(&self) -> Result<Vec<tacc_proto::DatasetView>> {
+        self.json(self.request(Method::GET, "/v1/datasets")).await
+    }
+
+    /// Run one chunk garbage-collection pass on the server now.
+    pub async fn collect_garbage(&self) -> Result<tacc_proto::GcReport> {
+        self.json(self.request(Method::POST, "/v1/admin/gc")).await
+    }
+
     pub async fn cancel(&self, id: TaskId) -> Result<CancelReply> {
         self.json(self.request(Method::POST, &format!("/v1/tasks/{id}/cancel")))
             .await

@@ -182,6 +182,9 @@ pub enum CompilerError {
     )]
     OutsideDestination { path: PathBuf, why: String },
 
+    #[error("dataset `{name}`: {why}")]
+    InvalidDataset { name: String, why: String },
+
     #[error("cannot write `{path}`: {source}; check free space and permissions")]
     WriteFailed {
         path: PathBuf,

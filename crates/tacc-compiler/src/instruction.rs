@@ -8,8 +8,12 @@ use serde::{Deserialize, Serialize};
 use tacc_core::{AttemptNo, Resources, SnapshotId, TaskId};
 use tacc_schema::TaskSpec;
 
+use crate::CompilerError;
+use crate::environment::{DatasetMount, EnvPlan, InstructionEnvironment, resolve_datasets};
+
 /// Bumped whenever a field's meaning changes, so an old agent refuses a new instruction.
-pub const INSTRUCTION_FORMAT: u32 = 1;
+/// Version 2 added `environment` and `datasets`, which an older agent would silently skip.
+pub const INSTRUCTION_FORMAT: u32 = 2;
 
 /// How long a task gets between SIGTERM and SIGKILL when no checkpoint grace is set.
 const DEFAULT_KILL_GRACE_SECS: u64 = 10;
@@ -35,6 +39,13 @@ pub struct Instruction {
     /// Paths, relative to the working directory, kept after the attempt.
     pub outputs: Vec<String>,
     pub kill_grace_secs: u64,
+    /// The managed environment the task runs in, `None` for the node's own tools.
+    #[serde(default)]
+    pub environment: Option<InstructionEnvironment>,
+    /// Data fetched once per node and linked into the working directory. Sources are as
+    /// the task file wrote them until [`Instruction::resolve_datasets`] is applied.
+    #[serde(default)]
+    pub datasets: Vec<DatasetMount>,
 }
 
 /// What differs between the nodes of one attempt.
@@ -74,10 +85,42 @@ pub fn compile(
             .checkpoint
             .as_ref()
             .map_or(DEFAULT_KILL_GRACE_SECS, |c| c.grace.as_secs()),
+        environment: EnvPlan::from_spec(&spec.environment).map(|plan| InstructionEnvironment {
+            spec_key: plan.spec_key(),
+            plan,
+        }),
+        datasets: spec
+            .datasets
+            .iter()
+            .map(|d| DatasetMount {
+                name: d.name.clone(),
+                source: d.source.clone(),
+                mount: d.mount.clone(),
+            })
+            .collect(),
     }
 }
 
 impl Instruction {
+    /// Replace dataset sources that name a registered dataset (`registry`: name → path or
+    /// URL) by what they name; a source that is neither is an error the user must fix.
+    pub fn resolve_datasets(
+        &mut self,
+        registry: &BTreeMap<String, String>,
+    ) -> Result<(), CompilerError> {
+        let specs: Vec<tacc_schema::DatasetSpec> = self
+            .datasets
+            .iter()
+            .map(|d| tacc_schema::DatasetSpec {
+                name: d.name.clone(),
+                source: d.source.clone(),
+                mount: d.mount.clone(),
+            })
+            .collect();
+        self.datasets = resolve_datasets(&specs, registry)?;
+        Ok(())
+    }
+
     /// The complete environment of the task's processes on one node: the node's base
     /// variables (PATH, HOME, …), then the user's, then the platform's, which win.
     pub fn environment(

@@ -8,14 +8,19 @@
 //! use tokio or the network: all I/O here is synchronous `std` file I/O, so that the CLI,
 //! the agent and tests can call it from any context.
 
+mod environment;
 mod error;
 pub mod instruction;
 pub mod snapshot;
 
+pub use environment::{
+    BUILD_VAR_PREFIXES, DatasetMount, DatasetSource, EnvPlan, InstructionEnvironment,
+    dataset_cache_key, env_key, normalise_requirements, resolve_datasets,
+};
 pub use error::CompilerError;
 pub use instruction::{INSTRUCTION_FORMAT, Instruction, NodeContext, compile};
 pub use snapshot::{
-    ChunkHash, ChunkRef, ChunkSource, ChunkerParams, DirChunkStore, Entry, EntryKind,
+    ChunkHash, ChunkRef, ChunkSource, ChunkerParams, DirChunkStore, Entry, EntryKind, GcStats,
     MANIFEST_FORMAT_VERSION, Manifest, MaterializeStats, ScannedTree, materialize,
     materialize_cached, scan,
 };

@@ -256,3 +256,23 @@ pub struct NodeView {
     pub last_seen: Timestamp,
     pub running_tasks: Vec<TaskId>,
 }
+
+// ---------------------------------------------------------------- compiler layer
+
+/// A dataset an administrator registered (`taccd server --dataset NAME=SOURCE`); task
+/// files name it as `source: NAME`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetView {
+    pub name: String,
+    /// An absolute path on shared storage or an http(s) URL.
+    pub source: String,
+}
+
+/// What one chunk garbage-collection pass did (`POST /v1/admin/gc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GcReport {
+    pub chunks_kept: u64,
+    pub chunks_removed: u64,
+    pub bytes_removed: u64,
+    pub temp_files_removed: u64,
+}

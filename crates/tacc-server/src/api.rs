@@ -54,6 +54,9 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken) -> Router {
         .route("/v1/snapshots/commit", post(commit_snapshot))
         .route("/v1/snapshots/{id}", get(get_snapshot))
         .route("/v1/chunks/{hash}", put(put_chunk).get(get_chunk))
+        .route("/v1/tasks/{id}/rerun", post(rerun_task))
+        .route("/v1/datasets", get(list_datasets))
+        .route("/v1/admin/gc", post(collect_garbage))
         .route("/v1/nodes", get(list_nodes))
         .route("/v1/agents/register", post(register_agent))
         .route("/v1/agents/{node}/work", post(agent_work))
@@ -494,9 +497,11 @@ async fn offer_snapshot(
     let manifest = manifest_of(offer.manifest)?;
     let chunks = manifest.chunk_set();
     let store = app.control.chunk_store();
+    // Touching what is present restarts its retention: the client will not send it, so
+    // garbage collection must leave it for the commit that follows.
     let missing: Vec<String> = chunks
         .iter()
-        .filter(|h| !store.has(h))
+        .filter(|h| !store.touch(h))
         .map(|h| h.to_string())
         .collect();
     Ok(Json(SnapshotOfferReply {
@@ -513,17 +518,8 @@ async fn commit_snapshot(
     Json(offer): Json<SnapshotOffer>,
 ) -> ApiResult<Json<SnapshotCommitted>> {
     let manifest = manifest_of(offer.manifest)?;
-    let store = app.control.chunk_store();
-    let missing = manifest
-        .chunk_set()
-        .into_iter()
-        .filter(|h| !store.has(h))
-        .count();
-    if missing > 0 {
-        return Err(ServerError::BadRequest(format!(
-            "{missing} chunk(s) of the snapshot have not been uploaded; upload them and commit again"
-        )));
-    }
+    let _no_gc_meanwhile = crate::artifacts::COMMIT_OR_COLLECT.read().await;
+    check_chunks_stored(&app.control, &manifest)?;
     let id = manifest.id();
     // A resubmission of unchanged code commits a snapshot the server already has.
     if app.control.store.get_snapshot(&id).await?.is_some() {
@@ -536,6 +532,38 @@ async fn commit_snapshot(
         .put_snapshot(&id, &value, manifest.total_bytes().as_bytes(), crate::now())
         .await?;
     Ok(Json(SnapshotCommitted { snapshot: id }))
+}
+
+/// Every chunk the manifest names is stored (and so was verified against its hash when it
+/// was written) and has the size the manifest claims for it.
+fn check_chunks_stored(control: &Control, manifest: &Manifest) -> ApiResult<()> {
+    let store = control.chunk_store();
+    let mut missing = 0usize;
+    for entry in &manifest.entries {
+        let tacc_compiler::EntryKind::File { chunks, .. } = &entry.kind else {
+            continue;
+        };
+        for chunk in chunks {
+            match store.stored_size(&chunk.hash) {
+                None => missing += 1,
+                Some(size) if size != u64::from(chunk.size) => {
+                    return Err(ServerError::BadRequest(format!(
+                        "rejected manifest: file `{}` lists chunk {} as {} bytes, but that \
+                         chunk is {size} bytes; the manifest is corrupt, scan the code again",
+                        entry.path, chunk.hash, chunk.size
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    if missing > 0 {
+        return Err(ServerError::BadRequest(format!(
+            "{missing} chunk(s) of the snapshot have not been uploaded; offer the snapshot \
+             again, upload the chunks it lists as missing, and commit again"
+        )));
+    }
+    Ok(())
 }
 
 async fn get_snapshot(
@@ -588,6 +616,47 @@ async fn get_chunk(State(app): State<AppState>, Path(hash): Path<String>) -> Api
     tokio::fs::read(&path)
         .await
         .map_err(|_| ServerError::NotFound(format!("chunk {hash} does not exist")))
+}
+
+/// Submit a task again: same snapshot, spec, environment and datasets; a new task id.
+async fn rerun_task(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<u64>,
+) -> ApiResult<(StatusCode, Json<SubmitReply>)> {
+    let record = app.control.rerun(TaskId(id), &user_of(&headers)).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SubmitReply {
+            task_id: record.id,
+            state: record.state,
+        }),
+    ))
+}
+
+async fn list_datasets(State(app): State<AppState>) -> Json<Vec<tacc_proto::DatasetView>> {
+    Json(
+        app.control
+            .config
+            .datasets
+            .iter()
+            .map(|(name, source)| tacc_proto::DatasetView {
+                name: name.clone(),
+                source: source.clone(),
+            })
+            .collect(),
+    )
+}
+
+/// Run one chunk garbage-collection pass now (it also runs periodically).
+async fn collect_garbage(State(app): State<AppState>) -> ApiResult<Json<tacc_proto::GcReport>> {
+    let stats = app.control.collect_garbage().await?;
+    Ok(Json(tacc_proto::GcReport {
+        chunks_kept: stats.chunks_kept,
+        chunks_removed: stats.chunks_removed,
+        bytes_removed: stats.bytes_removed,
+        temp_files_removed: stats.temp_files_removed,
+    }))
 }
 
 async fn list_nodes(State(app): State<AppState>) -> Json<Vec<tacc_proto::NodeView>> {

@@ -35,6 +35,10 @@ pub struct ServerConfig {
     pub policy: String,
     /// Users, groups, limits, shares and priority caps.
     pub scheduler: SchedulerConfig,
+    /// Datasets an administrator registered: name → absolute path or http(s) URL.
+    pub datasets: BTreeMap<String, String>,
+    /// Chunks no committed snapshot references are deleted once unused for this long.
+    pub chunk_retention: Duration,
 }
 
 impl ServerConfig {
@@ -44,6 +48,8 @@ impl ServerConfig {
             heartbeat_timeout: Duration::from_secs(30),
             policy: DEFAULT_POLICY.to_string(),
             scheduler: SchedulerConfig::default(),
+            datasets: BTreeMap::new(),
+            chunk_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -254,6 +260,7 @@ impl Control {
         spec.validate()
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
         unsupported(&spec)?;
+        let spec = self.resolve_registered_datasets(spec)?;
         if self.store.get_snapshot(&snapshot).await?.is_none() {
             return Err(ServerError::InvalidTask(format!(
                 "snapshot {snapshot} is unknown to this server: upload the code first (tcloud submit does this)"
@@ -1091,18 +1098,6 @@ fn assignments_for(
 /// Fields the task file accepts but this server cannot honour yet.
 fn unsupported(spec: &TaskSpec) -> Result<(), ServerError> {
     let mut problems = Vec::new();
-    if !spec.datasets.is_empty() {
-        problems.push("`datasets` (dataset caching is not supported yet; copy the data into the code directory or read it from a shared path in `run`)");
-    }
-    if spec.environment.python.is_some()
-        || !spec.environment.pip.is_empty()
-        || spec.environment.requirements.is_some()
-    {
-        problems.push("`environment.python`/`pip`/`requirements` (managed environments are not supported yet; install packages in `setup`)");
-    }
-    if spec.environment.conda.is_some() {
-        problems.push("`environment.conda` (not supported yet; install packages in `setup`)");
-    }
     if spec.environment.image.is_some() || spec.runtime == Runtime::Container {
         problems.push("`environment.image` / `runtime: container` (the container runtime is not supported yet; remove the image to run as a process)");
     }

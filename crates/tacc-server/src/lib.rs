@@ -8,6 +8,7 @@
 //! cancellation token so tests bind port 0 and stop it cleanly.
 
 mod api;
+mod artifacts;
 mod control;
 mod logs;
 
@@ -67,6 +68,7 @@ pub async fn serve(
             }
         })
     };
+    let gc = tokio::spawn(artifacts::run_gc(control.clone(), shutdown.clone()));
     let app = api::router(control, shutdown.clone());
     // Without TCP_NODELAY a streamed response (log follow, long poll) can wait out the
     // peer's delayed ACK: ~40 ms added to every small exchange.
@@ -79,5 +81,6 @@ pub async fn serve(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;
     liveness.abort();
+    gc.abort();
     result
 }

@@ -335,6 +335,7 @@ pub async fn snapshots_and_outputs(store: &dyn Store) {
     );
     let absent: SnapshotId = "cd".repeat(32).parse().unwrap();
     assert!(store.get_snapshot(&absent).await.unwrap().is_none());
+    assert_eq!(store.list_snapshots().await.unwrap(), vec![snapshot()]);
 
     let task = store
         .create_task(new_task("out", "alice", 510))

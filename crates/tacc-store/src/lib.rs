@@ -79,6 +79,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         at: tacc_core::Timestamp,
     ) -> Result<()>;
     async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<serde_json::Value>>;
+    /// Every committed snapshot's id (what the chunk garbage collector must keep).
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotId>>;
 
     async fn add_output(&self, output: OutputRecord) -> Result<()>;
     async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>>;

@@ -229,6 +229,17 @@ impl Store for MemoryStore {
         Ok(self.inner.lock().unwrap().snapshots.get(id).cloned())
     }
 
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotId>> {
+        Ok(self
+            .inner
+            .lock()
+            .unwrap()
+            .snapshots
+            .keys()
+            .cloned()
+            .collect())
+    }
+
     async fn add_output(&self, output: OutputRecord) -> Result<()> {
         let mut inner = self.inner.lock().unwrap();
         if !inner.tasks.contains_key(&output.task) {

@@ -313,6 +313,18 @@ impl Store for SqliteStore {
         .transpose()
     }
 
+    async fn list_snapshots(&self) -> Result<Vec<SnapshotId>> {
+        let rows = sqlx::query("SELECT id FROM snapshots ORDER BY id")
+            .fetch_all(&self.reader)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get(0)?;
+                SnapshotId::from_str(&id).map_err(corrupt)
+            })
+            .collect()
+    }
+
     async fn add_output(&self, output: OutputRecord) -> Result<()> {
         let result = sqlx::query(
             "INSERT INTO outputs (task_id, attempt, path, size) VALUES (?, ?, ?, ?) \

@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 use tacc_agent::{Agent, AgentConfig};
-use tacc_core::{ByteSize, Resources};
+use tacc_core::{ByteSize, HumanDuration, Resources};
 use tacc_server::{Control, ServerConfig};
 use tacc_store::SqliteStore;
 use tokio::net::TcpListener;
@@ -81,6 +81,32 @@ struct ServerArgs {
     /// Scheduling policy; overrides the configuration file's `policy`.
     #[arg(long)]
     policy: Option<String>,
+    /// Register a dataset tasks can name as `source: NAME`: NAME=/shared/path or
+    /// NAME=https://host/file (repeatable).
+    #[arg(long = "dataset", value_name = "NAME=SOURCE", value_parser = parse_dataset)]
+    datasets: Vec<(String, String)>,
+    /// How long chunks no committed snapshot references are kept (e.g. 7d, 12h, 30s).
+    #[arg(long, default_value = "7d")]
+    chunk_retention: HumanDuration,
+}
+
+/// `NAME=SOURCE` where SOURCE is an absolute path or an http(s) URL.
+fn parse_dataset(text: &str) -> Result<(String, String), String> {
+    let (name, source) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not NAME=SOURCE, e.g. mnist=/shared/datasets/mnist"))?;
+    let (name, source) = (name.trim(), source.trim());
+    if name.is_empty() || name.contains('/') || name.contains(':') {
+        return Err(format!(
+            "dataset name `{name}` must be non-empty and contain no `/` or `:`"
+        ));
+    }
+    match tacc_compiler::DatasetSource::of(source) {
+        tacc_compiler::DatasetSource::Registered => Err(format!(
+            "dataset `{name}`: source `{source}` must be an absolute path or an http(s):// URL"
+        )),
+        _ => Ok((name.to_string(), source.to_string())),
+    }
 }
 
 /// The server's configuration file: the scheduling policy and the scheduler's settings
@@ -141,6 +167,10 @@ struct NodeArgs {
     /// Keep attempts' working directories after they end.
     #[arg(long)]
     keep_workdirs: bool,
+    /// Size of the node's managed-environment cache; idle environments beyond it are
+    /// evicted, least recently used first.
+    #[arg(long, default_value = "50GiB")]
+    env_cache_size: ByteSize,
 }
 
 fn main() -> Result<()> {
@@ -203,6 +233,8 @@ async fn start_server(
     let mut config = ServerConfig::new(args.data_dir.clone());
     config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
     (config.policy, config.scheduler) = load_config(args)?;
+    config.datasets = args.datasets.iter().cloned().collect();
+    config.chunk_retention = Duration::from_secs(args.chunk_retention.as_secs());
     let control = Control::open(Arc::new(store), config).await?;
     let listener = TcpListener::bind(args.listen).await.with_context(|| {
         format!(
@@ -280,6 +312,7 @@ async fn run_agent(
         address: node.address,
         poll_wait: Duration::from_secs(20),
         keep_workdirs: node.keep_workdirs,
+        env_cache_bytes: node.env_cache_size.as_bytes(),
     };
     let client = tacc_client::Client::new(server, "agent");
     let agent = Agent::new(client, config, Arc::new(tacc_exec::ProcessExecutor::new()))?;

@@ -180,6 +180,29 @@ or the one given, into DEST (default ./tacc-outputs/ID/).",
         #[arg(long, value_name = "N")]
         attempt: Option<u32>,
     },
+    /// Submit a task again: same code snapshot, environment and datasets, new task id
+    #[command(
+        long_about = "Submits the task again exactly as it was: the same code snapshot (nothing \
+is uploaded), the same environment spec and the same datasets (registered names were resolved \
+when the task was first submitted). The new task gets a new id.",
+        after_help = "Examples:\n  tcloud rerun 12\n  tcloud rerun 12 -f\n  tcloud rerun 12 --json"
+    )]
+    Rerun {
+        #[arg(value_parser = parse_task_id)]
+        id: TaskId,
+        /// Stream the new task's log and exit with its outcome (0 succeeded, 5 otherwise)
+        #[arg(short, long)]
+        follow: bool,
+        /// Print {\"task_id\", \"rerun_of\", \"state\"} as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Datasets registered on the cluster
+    #[command(after_help = "Examples:\n  tcloud dataset ls\n  tcloud dataset ls --json")]
+    Dataset {
+        #[command(subcommand)]
+        command: DatasetCommand,
+    },
     /// List the cluster's nodes and what they are running
     #[command(after_help = "Examples:\n  tcloud nodes\n  tcloud nodes --json")]
     Nodes {
@@ -216,6 +239,16 @@ directory's tacc/config.toml):\n\n  current = \"local\"\n  [clusters.local]\n  u
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DatasetCommand {
+    /// List the datasets a task can name as `source: NAME`
+    #[command(after_help = "Examples:\n  tcloud dataset ls\n  tcloud dataset ls --json")]
+    Ls {
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -275,6 +308,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cancel { ids, no_wait, json } => tasks::cancel(&ctx, &ids, !no_wait, json).await,
         Command::Download { id, dest, attempt } => tasks::download(&ctx, id, dest, attempt).await,
         Command::Nodes { json } => tasks::nodes(&ctx, json).await,
+        Command::Rerun { id, follow, json } => compiler::rerun(&ctx, id, follow, json).await,
+        Command::Dataset { command } => match command {
+            DatasetCommand::Ls { json } => compiler::dataset_ls(&ctx, json).await,
+        },
         Command::Up { port } => cluster::up(port).await,
         Command::Down => cluster::down().await,
         Command::Quickstart { dir } => quickstart::quickstart(&dir),

@@ -20,10 +20,11 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use manifest::validate_relative_path;
 pub use manifest::{ChunkRef, Entry, EntryKind, MANIFEST_FORMAT_VERSION, Manifest, limits};
 pub use materialize::{MaterializeStats, materialize, materialize_cached};
 pub use scan::{ScannedTree, TACC_IGNORE_FILE_NAME, scan};
-pub use store::DirChunkStore;
+pub use store::{DirChunkStore, GcStats};
 
 use crate::CompilerError;
 

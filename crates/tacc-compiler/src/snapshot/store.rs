@@ -1,9 +1,11 @@
 //! A content-addressed chunk store in a plain directory.
 
+use std::collections::BTreeSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::SystemTime;
 
 use super::{ChunkHash, ChunkSource, verify_chunk};
 use crate::CompilerError;
@@ -54,6 +56,8 @@ impl DirChunkStore {
         verify_chunk(hash, bytes, || "refused by the chunk store".to_string())?;
         let final_path = self.path_of(hash);
         if final_path.is_file() {
+            // Sent again: it is in use, so its retention period starts over.
+            self.touch(hash);
             return Ok(false);
         }
         let fan_out_dir = final_path.parent().unwrap_or(&self.root).to_path_buf();
@@ -78,6 +82,90 @@ impl DirChunkStore {
             });
         }
         Ok(true)
+    }
+}
+
+/// What one garbage-collection pass over a [`DirChunkStore`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GcStats {
+    pub chunks_kept: u64,
+    pub chunks_removed: u64,
+    pub bytes_removed: u64,
+    /// Leftover temporary files of interrupted writes that were removed.
+    pub temp_files_removed: u64,
+}
+
+impl DirChunkStore {
+    /// The stored size of chunk `hash`, `None` when it is not stored.
+    pub fn stored_size(&self, hash: &ChunkHash) -> Option<u64> {
+        fs::metadata(self.path_of(hash))
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+    }
+
+    /// Marks chunk `hash` as recently used, restarting its retention period (a client
+    /// was just told it need not upload it, so it must survive until the commit).
+    /// Returns whether the chunk is stored.
+    pub fn touch(&self, hash: &ChunkHash) -> bool {
+        File::open(self.path_of(hash))
+            .and_then(|file| file.set_modified(SystemTime::now()))
+            .is_ok()
+    }
+
+    /// Removes every chunk that is not in `keep` and was last written or touched before
+    /// `unused_since`, and temporary files older than that. A chunk uploaded for a
+    /// snapshot that is not committed yet survives as long as it is younger.
+    pub fn collect_garbage(
+        &self,
+        keep: &BTreeSet<ChunkHash>,
+        unused_since: SystemTime,
+    ) -> Result<GcStats, CompilerError> {
+        let io = |path: &Path, source: io::Error| CompilerError::ChunkStoreIo {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut stats = GcStats::default();
+        let is_old = |meta: &fs::Metadata| meta.modified().is_ok_and(|at| at < unused_since);
+        for fan_out in fs::read_dir(&self.root).map_err(|e| io(&self.root, e))? {
+            let fan_out = fan_out.map_err(|e| io(&self.root, e))?;
+            let prefix = fan_out.file_name().to_string_lossy().into_owned();
+            let dir = fan_out.path();
+            if !fan_out.file_type().map_err(|e| io(&dir, e))?.is_dir() {
+                continue;
+            }
+            let is_temp_dir = prefix == TEMP_DIR_NAME;
+            for file in fs::read_dir(&dir).map_err(|e| io(&dir, e))? {
+                let file = file.map_err(|e| io(&dir, e))?;
+                let path = file.path();
+                let Ok(meta) = fs::symlink_metadata(&path) else {
+                    continue;
+                };
+                if is_temp_dir {
+                    if is_old(&meta) && fs::remove_file(&path).is_ok() {
+                        stats.temp_files_removed += 1;
+                    }
+                    continue;
+                }
+                let name = file.file_name().to_string_lossy().into_owned();
+                let referenced = format!("{prefix}{name}")
+                    .parse::<ChunkHash>()
+                    .is_ok_and(|hash| keep.contains(&hash));
+                if referenced || !is_old(&meta) {
+                    stats.chunks_kept += 1;
+                    continue;
+                }
+                // Look again right before deleting: an offer may have touched it meanwhile.
+                let still_old = fs::symlink_metadata(&path).is_ok_and(|m| is_old(&m));
+                if still_old && fs::remove_file(&path).is_ok() {
+                    stats.chunks_removed += 1;
+                    stats.bytes_removed += meta.len();
+                } else {
+                    stats.chunks_kept += 1;
+                }
+            }
+        }
+        Ok(stats)
     }
 }
 

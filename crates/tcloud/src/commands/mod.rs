@@ -1,6 +1,7 @@
 //! One module per group of commands; each function is one subcommand.
 
 pub mod cluster;
+pub mod compiler;
 pub mod config_cmd;
 pub mod quickstart;
 pub mod submit;
