@@ -219,12 +219,15 @@ async fn execute(
     outcome
 }
 
-fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {
+pub(crate) fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {
     match outcome {
         ExitOutcome::Exited(code) => AttemptOutcome::Exited { code },
         ExitOutcome::Signalled(signal) => AttemptOutcome::Signalled { signal },
         ExitOutcome::TimeLimit => AttemptOutcome::TimeLimit,
         ExitOutcome::Cancelled => AttemptOutcome::Cancelled,
+        ExitOutcome::Infrastructure { reason, message } => {
+            AttemptOutcome::LaunchFailed { reason, message }
+        }
     }
 }
 

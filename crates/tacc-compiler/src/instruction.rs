@@ -35,6 +35,13 @@ pub struct Instruction {
     /// Paths, relative to the working directory, kept after the attempt.
     pub outputs: Vec<String>,
     pub kill_grace_secs: u64,
+    /// `low`, `normal` or `high`; backends may map it (e.g. to a Slurm QoS).
+    #[serde(default = "default_priority")]
+    pub priority: String,
+}
+
+fn default_priority() -> String {
+    "normal".to_string()
 }
 
 /// What differs between the nodes of one attempt.
@@ -74,6 +81,7 @@ pub fn compile(
             .checkpoint
             .as_ref()
             .map_or(DEFAULT_KILL_GRACE_SECS, |c| c.grace.as_secs()),
+        priority: spec.priority.as_str().to_string(),
     }
 }
 
@@ -108,6 +116,18 @@ impl Instruction {
             ("MASTER_PORT", node.master_port.to_string()),
             ("WORLD_SIZE", self.num_nodes.to_string()),
             ("NODE_RANK", node.node_rank.to_string()),
+            // What each node was given, for the task and for backends that request it
+            // from another scheduler (Slurm).
+            (
+                "TACC_CPUS",
+                self.per_node.cpu_millis.div_ceil(1000).to_string(),
+            ),
+            (
+                "TACC_MEMORY_MB",
+                (self.per_node.memory_bytes / (1024 * 1024)).to_string(),
+            ),
+            ("TACC_GPUS", self.per_node.gpus.to_string()),
+            ("TACC_PRIORITY", self.priority.clone()),
             // An empty list hides every GPU from a task that asked for none.
             ("CUDA_VISIBLE_DEVICES", gpus),
             // Python buffers stdout when it is a pipe; live logs need it unbuffered.
