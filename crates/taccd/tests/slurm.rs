@@ -338,3 +338,117 @@ async fn slurm_executor_meets_the_contract() {
     let executor = backend.executor_for("tacc-n1");
     tacc_exec::contract::run_all(&executor, dir.path()).await;
 }
+
+/// Benchmark (run on purpose, not in CI):
+/// `cargo test -p taccd --test slurm -- --ignored --nocapture slurm_benchmark`.
+/// 200 trivial tasks through TACC's Slurm backend vs. 200 plain `sbatch --wrap true`,
+/// and submit→finished latency of one trivial task on the process and Slurm runtimes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly"]
+async fn slurm_benchmark() {
+    if !slurm_ready("slurm_benchmark") {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let count: usize = std::env::var("TACC_BENCH_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
+    let dir = tempfile::tempdir().unwrap();
+
+    // Plain Slurm.
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        let out = Command::new("sbatch")
+            .args([
+                "--parsable",
+                "--job-name=bench-plain",
+                "--output=/dev/null",
+                "--wrap",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        ids.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    let id_list = ids.join(",");
+    eventually("plain jobs to finish", Duration::from_secs(1200), || {
+        let id_list = id_list.clone();
+        async move {
+            let out = Command::new("squeue")
+                .args(["-h", "-t", "all", "-o", "%T", "-j", &id_list])
+                .output()
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            let done = text.lines().filter(|l| *l == "COMPLETED").count();
+            (done == count).then_some(())
+        }
+    })
+    .await;
+    let plain = started.elapsed();
+
+    // The same through TACC.
+    let c = cluster(dir.path(), "bench").await;
+    let yaml = "name: trivial\nresources: {cpus: 1, memory: 64MiB}\nrun: \"true\"\n";
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..count {
+        tasks.push(submit(&c.client, dir.path(), &format!("t{i}"), yaml, &[]).await);
+    }
+    eventually("TACC tasks to finish", Duration::from_secs(1200), || {
+        let client = c.client.clone();
+        async move {
+            let query = tacc_client::TaskQuery {
+                limit: Some(100_000),
+                ..Default::default()
+            };
+            let list = client.list_tasks(&query).await.ok()?;
+            let done = list
+                .iter()
+                .filter(|t| t.state == TaskState::Succeeded)
+                .count();
+            assert!(!list.iter().any(|t| t.state == TaskState::Failed));
+            (done == count).then_some(())
+        }
+    })
+    .await;
+    let tacc = started.elapsed();
+
+    // Latency of one trivial task: Slurm runtime, then process runtime.
+    let t0 = Instant::now();
+    let one = submit(&c.client, dir.path(), "one-slurm", yaml, &[]).await;
+    wait_terminal(&c.client, one).await;
+    let slurm_latency = t0.elapsed();
+    let dev = start("dev", &dir.path().join("dev"), &[]).await;
+    let dev_client = dev.client();
+    wait_nodes(&dev_client, 1).await;
+    let t0 = Instant::now();
+    let one = submit(&dev_client, dir.path(), "one-process", yaml, &[]).await;
+    wait_terminal(&dev_client, one).await;
+    let process_latency = t0.elapsed();
+
+    let overhead = tacc.as_secs_f64() - plain.as_secs_f64();
+    println!("\n| measurement | value |\n|---|---|");
+    println!(
+        "| {count} × `sbatch --wrap true`, total | {:.1} s |",
+        plain.as_secs_f64()
+    );
+    println!(
+        "| {count} trivial tasks via TACC Slurm backend, total | {:.1} s |",
+        tacc.as_secs_f64()
+    );
+    println!(
+        "| overhead TACC adds, per task | {:.1} ms ({:+.1} %) |",
+        overhead * 1000.0 / count as f64,
+        100.0 * overhead / plain.as_secs_f64()
+    );
+    println!(
+        "| one trivial task, submit→finished, process runtime | {:.0} ms |",
+        process_latency.as_secs_f64() * 1000.0
+    );
+    println!(
+        "| one trivial task, submit→finished, Slurm runtime | {:.0} ms |",
+        slurm_latency.as_secs_f64() * 1000.0
+    );
+}
