@@ -267,12 +267,15 @@ fn activate(env: &mut BTreeMap<String, String>, lease: &crate::environments::Env
     env.extend(lease.vars.clone());
 }
 
-fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {
+pub(crate) fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {
     match outcome {
         ExitOutcome::Exited(code) => AttemptOutcome::Exited { code },
         ExitOutcome::Signalled(signal) => AttemptOutcome::Signalled { signal },
         ExitOutcome::TimeLimit => AttemptOutcome::TimeLimit,
         ExitOutcome::Cancelled => AttemptOutcome::Cancelled,
+        ExitOutcome::Infrastructure { reason, message } => {
+            AttemptOutcome::LaunchFailed { reason, message }
+        }
     }
 }
 

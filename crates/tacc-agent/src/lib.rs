@@ -8,6 +8,7 @@
 //! It runs user code only through a `tacc-exec` [`Executor`]; it must not depend on the
 //! server, the store or the scheduler.
 
+mod adopt;
 mod attempt;
 mod capacity;
 mod datasets;
@@ -143,6 +144,10 @@ impl Agent {
         if killed > 0 {
             tracing::warn!("killed {killed} process group(s) left by a previous run of this agent");
         }
+        // Executions that outlived the previous life (Slurm jobs) are claimed, not lost.
+        for recovered in self.shared.executor.recover().await {
+            self.adopt(recovered);
+        }
         let Some(node) = self.register(&shutdown).await else {
             return;
         };
@@ -246,6 +251,24 @@ impl Agent {
                 }
             }
         }
+    }
+
+    fn adopt(&self, recovered: tacc_exec::RecoveredExecution) {
+        let key = adopt::attempt_of(&recovered);
+        let token = CancellationToken::new();
+        self.attempts
+            .lock()
+            .unwrap()
+            .running
+            .insert(key, token.clone());
+        let shared = self.shared.clone();
+        let registry = self.attempts.clone();
+        tokio::spawn(async move {
+            adopt::run(shared, recovered, token).await;
+            let mut attempts = registry.lock().unwrap();
+            attempts.running.remove(&key);
+            attempts.finished.insert(key);
+        });
     }
 
     fn reconcile(&self, desired: Vec<Assignment>) {

@@ -46,6 +46,13 @@ pub struct Instruction {
     /// the task file wrote them until [`Instruction::resolve_datasets`] is applied.
     #[serde(default)]
     pub datasets: Vec<DatasetMount>,
+    /// `low`, `normal` or `high`; backends may map it (e.g. to a Slurm QoS).
+    #[serde(default = "default_priority")]
+    pub priority: String,
+}
+
+fn default_priority() -> String {
+    "normal".to_string()
 }
 
 /// What differs between the nodes of one attempt.
@@ -98,6 +105,7 @@ pub fn compile(
                 mount: d.mount.clone(),
             })
             .collect(),
+        priority: spec.priority.as_str().to_string(),
     }
 }
 
@@ -151,6 +159,18 @@ impl Instruction {
             ("MASTER_PORT", node.master_port.to_string()),
             ("WORLD_SIZE", self.num_nodes.to_string()),
             ("NODE_RANK", node.node_rank.to_string()),
+            // What each node was given, for the task and for backends that request it
+            // from another scheduler (Slurm).
+            (
+                "TACC_CPUS",
+                self.per_node.cpu_millis.div_ceil(1000).to_string(),
+            ),
+            (
+                "TACC_MEMORY_MB",
+                (self.per_node.memory_bytes / (1024 * 1024)).to_string(),
+            ),
+            ("TACC_GPUS", self.per_node.gpus.to_string()),
+            ("TACC_PRIORITY", self.priority.clone()),
             // An empty list hides every GPU from a task that asked for none.
             ("CUDA_VISIBLE_DEVICES", gpus),
             // Python buffers stdout when it is a pipe; live logs need it unbuffered.

@@ -2,8 +2,10 @@
 //! [`LaunchSpec`] (a script, its working directory, environment, GPUs and time limit) and
 //! runs it, streaming output lines back and reporting how it ended.
 //!
-//! Backends: [`ProcessExecutor`] (a local process group: the embedded default) and
-//! [`FakeExecutor`] (scripted, for tests of the agent above). One contract suite
+//! Backends: [`ProcessExecutor`] (a local process group: the embedded default),
+//! [`SlurmExecutor`] (one Slurm batch job per attempt, from an agent on a login node; see
+//! [`slurm`]) and [`FakeExecutor`] (scripted, for tests of the agent above).
+//! [`runtime::choose_runtime`] decides which runtime a task gets. One contract suite
 //! ([`contract`]) runs against every backend. This crate knows nothing of the server,
 //! the store or the wire protocol; it depends on `tacc-core` only.
 
@@ -11,6 +13,8 @@ mod fake;
 mod process;
 
 pub mod contract;
+pub mod runtime;
+pub mod slurm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,6 +22,8 @@ use std::time::Duration;
 
 pub use fake::FakeExecutor;
 pub use process::ProcessExecutor;
+pub use slurm::{SlurmBackend, SlurmConfig, SlurmExecutor};
+use tacc_core::{AttemptNo, TaskId};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
@@ -56,6 +62,12 @@ pub enum ExitOutcome {
     Signalled(i32),
     TimeLimit,
     Cancelled,
+    /// Ended for a reason outside the task (a node failed, the job was preempted, ran
+    /// out of memory, or could not be started): a snake_case reason and a message.
+    Infrastructure {
+        reason: String,
+        message: String,
+    },
 }
 
 /// A running execution. Dropping it does not stop the process; call [`cancel`].
@@ -99,6 +111,20 @@ pub enum ExecError {
     },
     #[error("working directory {0} does not exist")]
     MissingWorkdir(String),
+    #[error("slurm: {0}")]
+    Slurm(String),
+}
+
+/// An execution a previous life of the agent started and the backend found again.
+#[derive(Debug)]
+pub struct RecoveredExecution {
+    pub task: TaskId,
+    pub attempt: AttemptNo,
+    pub node_rank: u32,
+    pub num_nodes: u32,
+    pub handle: ExecutionHandle,
+    /// Output from where the previous life stopped forwarding.
+    pub output: mpsc::UnboundedReceiver<OutputLine>,
 }
 
 /// A runtime that can run launch specs.
@@ -114,6 +140,12 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
         spec: LaunchSpec,
         output: mpsc::UnboundedSender<OutputLine>,
     ) -> Result<ExecutionHandle, ExecError>;
+
+    /// Executions that outlived a previous agent (a backend whose work runs outside the
+    /// agent's process tree, like Slurm, finds them again). Taken once, at start.
+    async fn recover(&self) -> Vec<RecoveredExecution> {
+        Vec::new()
+    }
 }
 
 pub(crate) fn handle_parts() -> (

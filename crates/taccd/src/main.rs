@@ -3,6 +3,8 @@
 //! `tcloud up` starts). A thin binary: all behaviour lives in `tacc-server` and
 //! `tacc-agent`.
 
+mod slurm_agent;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -60,6 +62,12 @@ enum Command {
         data_dir: PathBuf,
         #[command(flatten)]
         node: NodeArgs,
+        /// How tasks run: `process` (on this machine) or `slurm` (as Slurm jobs, from a
+        /// login node: every node of the partition becomes a TACC node).
+        #[arg(long, default_value = "process", value_parser = ["process", "slurm"])]
+        backend: String,
+        #[command(flatten)]
+        slurm: slurm_agent::SlurmArgs,
     },
 }
 
@@ -195,7 +203,14 @@ fn main() -> Result<()> {
                 server,
                 data_dir,
                 node,
-            } => run_agent(&server, &data_dir, node, shutdown).await,
+                backend,
+                slurm,
+            } => match backend.as_str() {
+                "slurm" => {
+                    slurm_agent::run(&server, &data_dir, slurm, node.keep_workdirs, shutdown).await
+                }
+                _ => run_agent(&server, &data_dir, node, shutdown).await,
+            },
         }
     })
 }

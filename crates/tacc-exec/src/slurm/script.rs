@@ -1,0 +1,306 @@
+//! Turning a gang of launch specs into a Slurm job: the `sbatch` argument list (never a
+//! shell string), the batch script, the per-node script `srun` starts, and the per-rank
+//! files on the shared file system.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::SlurmConfig;
+use crate::LaunchSpec;
+
+/// Everything that goes onto the `sbatch` command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubmitOptions {
+    pub job_name: String,
+    pub comment: String,
+    pub nodes: u32,
+    pub node_list: Vec<String>,
+    pub cpus_per_node: u64,
+    pub memory_mb: Option<u64>,
+    pub gpus_per_node: u32,
+    /// Slurm's own limit, a backstop: TACC stops the job at the exact limit itself.
+    pub time_limit_minutes: Option<u64>,
+    pub partition: Option<String>,
+    pub account: Option<String>,
+    pub qos: Option<String>,
+    pub task: u64,
+    pub attempt: u32,
+    pub phase: String,
+}
+
+impl SubmitOptions {
+    /// Read what the job needs from a rank's launch spec (its platform variables).
+    pub fn from_spec(
+        spec: &LaunchSpec,
+        nodes: u32,
+        node_list: Vec<String>,
+        config: &SlurmConfig,
+        gang_name: &str,
+    ) -> SubmitOptions {
+        let var = |name: &str| spec.env.get(name).map(String::as_str);
+        let number = |name: &str| var(name).and_then(|v| v.parse::<u64>().ok());
+        let user = var("TACC_USER").unwrap_or("");
+        let priority = var("TACC_PRIORITY").unwrap_or("normal");
+        let task_name: String = var("TACC_TASK_NAME")
+            .unwrap_or("task")
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let task = number("TACC_TASK_ID").unwrap_or(0);
+        let phase = if spec.label.starts_with("tacc-setup-") {
+            "setup"
+        } else {
+            "run"
+        };
+        SubmitOptions {
+            job_name: format!("tacc-{task}-{task_name}"),
+            comment: format!("tacc:{}/{}", config.tag, gang_name),
+            nodes,
+            node_list,
+            cpus_per_node: number("TACC_CPUS").unwrap_or(1).max(1),
+            memory_mb: number("TACC_MEMORY_MB").filter(|m| *m > 0),
+            gpus_per_node: number("TACC_GPUS").unwrap_or(0) as u32,
+            time_limit_minutes: spec
+                .time_limit
+                .map(|limit| limit.as_secs().div_ceil(60) + 1),
+            partition: config.partition.clone(),
+            account: config
+                .accounts
+                .get(user)
+                .or_else(|| config.accounts.get("*"))
+                .cloned(),
+            qos: config.qos.get(priority).cloned(),
+            task,
+            attempt: number("TACC_ATTEMPT").unwrap_or(0) as u32,
+            phase: phase.to_string(),
+        }
+    }
+
+    /// The `sbatch` arguments for the gang in `dir`.
+    pub fn sbatch_args(&self, dir: &Path) -> Vec<String> {
+        let mut args = vec![
+            "--parsable".to_string(),
+            format!("--job-name={}", self.job_name),
+            format!("--comment={}", self.comment),
+            format!("--nodes={}", self.nodes),
+            "--ntasks-per-node=1".to_string(),
+            format!("--cpus-per-task={}", self.cpus_per_node),
+            format!("--chdir={}", dir.display()),
+            format!("--output={}", dir.join("batch.log").display()),
+        ];
+        if !self.node_list.is_empty() {
+            args.push(format!("--nodelist={}", self.node_list.join(",")));
+        }
+        if let Some(memory) = self.memory_mb {
+            args.push(format!("--mem={memory}M"));
+        }
+        if self.gpus_per_node > 0 {
+            args.push(format!("--gres=gpu:{}", self.gpus_per_node));
+        }
+        if let Some(minutes) = self.time_limit_minutes {
+            args.push(format!("--time={minutes}"));
+        }
+        if let Some(partition) = &self.partition {
+            args.push(format!("--partition={partition}"));
+        }
+        if let Some(account) = &self.account {
+            args.push(format!("--account={account}"));
+        }
+        if let Some(qos) = &self.qos {
+            args.push(format!("--qos={qos}"));
+        }
+        args.push(dir.join("job.sh").display().to_string());
+        args
+    }
+}
+
+/// What a restarted agent needs to re-find a gang.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GangManifest {
+    pub task: u64,
+    pub attempt: u32,
+    pub phase: String,
+    pub ranks: Vec<GangRank>,
+    pub time_limit_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GangRank {
+    pub rank: u32,
+    pub node: String,
+}
+
+impl GangManifest {
+    pub fn read(dir: &Path) -> std::io::Result<GangManifest> {
+        let text = std::fs::read_to_string(dir.join("manifest.json"))?;
+        serde_json::from_str(&text).map_err(std::io::Error::other)
+    }
+}
+
+/// Quote for bash: a single-quoted word.
+fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+/// Write the gang directory: batch script, node script, and each rank's script,
+/// environment (NUL-separated) and working directory.
+pub fn write_gang<'a>(
+    dir: &Path,
+    options: &SubmitOptions,
+    ranks: impl Iterator<Item = (u32, &'a LaunchSpec)>,
+) -> std::io::Result<()> {
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut manifest = GangManifest {
+        task: options.task,
+        attempt: options.attempt,
+        phase: options.phase.clone(),
+        ranks: Vec::new(),
+        time_limit_secs: None,
+    };
+    for ((rank, spec), node) in ranks.zip(options.node_list.iter()) {
+        manifest.time_limit_secs = spec.time_limit.map(|l| l.as_secs().max(1));
+        manifest.ranks.push(GangRank {
+            rank,
+            node: node.clone(),
+        });
+        std::fs::write(dir.join(format!("script-{rank}")), &spec.script)?;
+        std::fs::write(
+            dir.join(format!("workdir-{rank}")),
+            spec.workdir.display().to_string(),
+        )?;
+        let env: BTreeMap<&String, &String> = spec.env.iter().collect();
+        let mut file = std::fs::File::create(dir.join(format!("env-{rank}")))?;
+        for (key, value) in env {
+            write!(file, "{key}={value}\0")?;
+        }
+    }
+    let gang = quote(&dir.display().to_string());
+    std::fs::write(
+        dir.join("job.sh"),
+        format!(
+            "#!/bin/bash\n\
+             # TACC gang job: one task per node, each runs node.sh.\n\
+             exec srun --ntasks-per-node=1 --nodes=\"$SLURM_JOB_NUM_NODES\" --kill-on-bad-exit=0 bash {gang}/node.sh\n"
+        ),
+    )?;
+    std::fs::write(
+        dir.join("node.sh"),
+        format!(
+            "#!/bin/bash\n\
+             # One node of a TACC gang: load this rank's environment, run its script,\n\
+             # keep its output and exit code in per-rank files on the shared file system.\n\
+             dir={gang}\n\
+             rank=${{SLURM_NODEID:-0}}\n\
+             master=${{SLURM_LAUNCH_NODE_IPADDR:-$(hostname)}}\n\
+             mapfile -d '' vars < \"$dir/env-$rank\"\n\
+             extra=(\"TACC_MASTER_ADDR=$master\" \"MASTER_ADDR=$master\" \"SLURM_JOB_ID=$SLURM_JOB_ID\")\n\
+             if [ -n \"${{SLURM_JOB_GPUS-}}\" ] && [ -n \"${{CUDA_VISIBLE_DEVICES-}}\" ]; then\n\
+             \x20 extra+=(\"CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES\")\n\
+             fi\n\
+             cd \"$(cat \"$dir/workdir-$rank\")\" || {{ echo \"tacc: no working directory on $(hostname)\" >\"$dir/err-$rank.log\"; echo 1 >\"$dir/exit-$rank\"; exit 1; }}\n\
+             env -i \"${{vars[@]}}\" \"${{extra[@]}}\" bash \"$dir/script-$rank\" >\"$dir/out-$rank.log\" 2>\"$dir/err-$rank.log\" </dev/null\n\
+             code=$?\n\
+             echo $code >\"$dir/exit-$rank.partial\" && mv \"$dir/exit-$rank.partial\" \"$dir/exit-$rank\"\n\
+             exit $code\n"
+        ),
+    )?;
+    std::fs::write(
+        dir.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest).map_err(std::io::Error::other)?,
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn spec(rank: u32) -> LaunchSpec {
+        LaunchSpec {
+            label: format!("tacc-7-1-r{rank}"),
+            workdir: "/shared/work".into(),
+            script: "echo hi".into(),
+            env: BTreeMap::from([
+                ("TACC_TASK_ID".to_string(), "7".to_string()),
+                ("TACC_ATTEMPT".to_string(), "1".to_string()),
+                ("TACC_TASK_NAME".to_string(), "mnist ddp".to_string()),
+                ("TACC_USER".to_string(), "alice".to_string()),
+                ("TACC_PRIORITY".to_string(), "high".to_string()),
+                ("TACC_CPUS".to_string(), "4".to_string()),
+                ("TACC_MEMORY_MB".to_string(), "2048".to_string()),
+                ("TACC_GPUS".to_string(), "2".to_string()),
+            ]),
+            time_limit: Some(Duration::from_secs(90)),
+            kill_grace: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn sbatch_arguments_carry_resources_and_mappings() {
+        let mut config = SlurmConfig::new("/state".into(), "ci");
+        config.accounts.insert("*".into(), "lab".into());
+        config.qos.insert("high".into(), "urgent".into());
+        config.partition = Some("gpu".into());
+        let options = SubmitOptions::from_spec(
+            &spec(0),
+            2,
+            vec!["n1".into(), "n2".into()],
+            &config,
+            "ci-tacc-7-1",
+        );
+        let args = options.sbatch_args(Path::new("/state/gangs/g"));
+        for expected in [
+            "--parsable",
+            "--job-name=tacc-7-mnist_ddp",
+            "--comment=tacc:ci/ci-tacc-7-1",
+            "--nodes=2",
+            "--ntasks-per-node=1",
+            "--cpus-per-task=4",
+            "--mem=2048M",
+            "--gres=gpu:2",
+            "--time=3",
+            "--nodelist=n1,n2",
+            "--partition=gpu",
+            "--account=lab",
+            "--qos=urgent",
+            "--output=/state/gangs/g/batch.log",
+        ] {
+            assert!(
+                args.iter().any(|a| a == expected),
+                "{expected} missing: {args:?}"
+            );
+        }
+        assert_eq!(args.last().unwrap(), "/state/gangs/g/job.sh");
+        assert_eq!(options.phase, "run");
+    }
+
+    #[test]
+    fn gang_files_round_trip_the_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = SlurmConfig::new(dir.path().into(), "ci");
+        let (a, b) = (spec(0), spec(1));
+        let options = SubmitOptions::from_spec(&a, 2, vec!["n1".into(), "n2".into()], &config, "g");
+        let gang = dir.path().join("g");
+        write_gang(&gang, &options, [(0, &a), (1, &b)].into_iter()).unwrap();
+        let manifest = GangManifest::read(&gang).unwrap();
+        assert_eq!(manifest.task, 7);
+        assert_eq!(manifest.ranks[1].node, "n2");
+        let env = std::fs::read(gang.join("env-1")).unwrap();
+        assert!(env.split(|b| *b == 0).any(|kv| kv == b"TACC_GPUS=2"));
+        assert_eq!(quote("it's"), "'it'\\''s'");
+    }
+}

@@ -1,0 +1,115 @@
+//! `taccd agent --backend slurm`: one agent process on a Slurm login node that offers
+//! every Slurm node of a partition as a TACC node and runs attempts as Slurm jobs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use tacc_agent::{Agent, AgentConfig};
+use tacc_core::Resources;
+use tacc_exec::{SlurmBackend, SlurmConfig};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct SlurmArgs {
+    /// Slurm partition whose nodes this agent offers and submits to (default: all nodes,
+    /// Slurm's default partition).
+    #[arg(long)]
+    slurm_partition: Option<String>,
+    /// Marks this installation's jobs in Slurm (`--comment tacc:TAG/…`), so a restarted
+    /// agent re-finds them; unique per TACC server sharing one Slurm cluster.
+    #[arg(long, default_value = "tacc")]
+    slurm_tag: String,
+    /// TACC user → Slurm account, e.g. `alice=ml-lab` or `*=default-account`; repeatable.
+    #[arg(long = "slurm-account", value_name = "USER=ACCOUNT")]
+    slurm_accounts: Vec<String>,
+    /// TACC priority → Slurm QoS, e.g. `high=urgent`; repeatable.
+    #[arg(long = "slurm-qos", value_name = "PRIORITY=QOS")]
+    slurm_qos: Vec<String>,
+    /// Where job scripts and per-node logs go; must be on a file system the Slurm nodes
+    /// share with this login node (default: DATA_DIR/slurm).
+    #[arg(long)]
+    slurm_state_dir: Option<PathBuf>,
+    /// Milliseconds between reads of job states from Slurm.
+    #[arg(long, default_value_t = 250)]
+    slurm_poll_ms: u64,
+    /// Read job states as text even where this Slurm offers JSON.
+    #[arg(long)]
+    slurm_text: bool,
+}
+
+fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
+    items
+        .iter()
+        .map(|item| match item.split_once('=') {
+            Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),
+            _ => bail!("`{item}` is not {what} (write it as KEY=VALUE)"),
+        })
+        .collect()
+}
+
+pub async fn run(
+    server: &str,
+    data_dir: &Path,
+    args: SlurmArgs,
+    keep_workdirs: bool,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let mut config = SlurmConfig::new(
+        args.slurm_state_dir
+            .clone()
+            .unwrap_or_else(|| data_dir.join("slurm")),
+        args.slurm_tag.clone(),
+    );
+    config.partition = args.slurm_partition.clone();
+    config.accounts = pairs(&args.slurm_accounts, "USER=ACCOUNT")?;
+    config.qos = pairs(&args.slurm_qos, "PRIORITY=QOS")?;
+    config.poll_interval = Duration::from_millis(args.slurm_poll_ms.max(20));
+    config.prefer_json = !args.slurm_text;
+    let backend = SlurmBackend::start(config).await.context(
+        "cannot use Slurm from this machine (is it a login node with sbatch, squeue and scancel?)",
+    )?;
+    let nodes = backend.discover_nodes().await?;
+    if nodes.is_empty() {
+        bail!(
+            "Slurm lists no nodes{}",
+            match &args.slurm_partition {
+                Some(p) => format!(" in partition {p}"),
+                None => String::new(),
+            }
+        );
+    }
+    tracing::info!(
+        "slurm backend: {} node(s), job states read as {}",
+        nodes.len(),
+        if backend.reads_json() { "JSON" } else { "text" }
+    );
+    let mut agents = tokio::task::JoinSet::new();
+    for node in nodes {
+        let mut labels = BTreeMap::from([("backend".to_string(), "slurm".to_string())]);
+        if !node.partitions.is_empty() {
+            labels.insert("partition".into(), node.partitions.join(","));
+        }
+        let config = AgentConfig {
+            name: node.name.clone(),
+            data_dir: data_dir.join("nodes").join(&node.name),
+            capacity: Resources::new(node.cpus * 1000, node.memory_mb * 1024 * 1024, node.gpus),
+            gpu_type: node.gpu_type.clone(),
+            labels,
+            address: node.name.clone(),
+            poll_wait: Duration::from_secs(20),
+            keep_workdirs,
+            // Environments are built under the agent's data directory, which a Slurm
+            // backend requires on the shared file system.
+            env_cache_bytes: tacc_core::ByteSize::gib(50).as_bytes(),
+        };
+        let client = tacc_client::Client::new(server, "agent");
+        let agent = Agent::new(client, config, Arc::new(backend.executor_for(&node.name)))?;
+        agents.spawn(agent.run(shutdown.clone()));
+    }
+    while agents.join_next().await.is_some() {}
+    Ok(())
+}

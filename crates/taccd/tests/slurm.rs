@@ -1,0 +1,457 @@
+//! TACC on a real Slurm cluster: `taccd server` plus `taccd agent --backend slurm`, real
+//! `sbatch`/`squeue`/`scancel`, and real `slurmd` hosts (scripts/ci/setup-slurm.sh starts
+//! two, each in its own network namespace with its own host name).
+//!
+//! Without Slurm these tests say SKIPPED loudly and pass — except in CI (`CI=true`),
+//! where a missing Slurm is a failure.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::StreamExt;
+use tacc_core::{TaskId, TaskState};
+use tokio::sync::Mutex;
+
+/// The tests share one small cluster; one at a time keeps them deterministic.
+static CLUSTER: Mutex<()> = Mutex::const_new(());
+
+/// Whether Slurm answers with at least two usable nodes; panics in CI when it does not.
+fn slurm_ready(test: &str) -> bool {
+    let output = Command::new("sinfo")
+        .args(["-h", "-N", "-o", "%N %t"])
+        .output();
+    let usable = match &output {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains("idle") || l.contains("mix") || l.contains("alloc"))
+            .count(),
+        _ => 0,
+    };
+    if usable >= 2 {
+        return true;
+    }
+    let why = match output {
+        Err(e) => format!("sinfo cannot run: {e}"),
+        Ok(out) => format!(
+            "sinfo lists {usable} usable node(s): {}{}",
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    };
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!(
+            "{test}: Slurm is required in CI but is not usable ({why}); run scripts/ci/setup-slurm.sh"
+        );
+    }
+    // Straight to the terminal: the test harness swallows eprintln! of passing tests.
+    use std::io::Write;
+    let _ = write!(
+        std::io::stderr(),
+        "\n######## SKIPPED {test}: no Slurm cluster here ({why}).\n######## Run `sudo scripts/ci/setup-slurm.sh` (or scripts/test.sh as root) to test against real Slurm.\n"
+    );
+    false
+}
+
+struct SlurmCluster {
+    _server: Daemon,
+    agent: Daemon,
+    agent_dir: std::path::PathBuf,
+    tag: String,
+    client: tacc_client::Client,
+}
+
+async fn cluster(dir: &std::path::Path, name: &str) -> SlurmCluster {
+    let server = start("server", &dir.join("server"), &[]).await;
+    let tag = format!("t{}-{name}", std::process::id());
+    let agent_dir = dir.join("agent");
+    let agent = start_slurm_agent(&server.url, &agent_dir, &tag);
+    let client = server.client();
+    wait_nodes(&client, 2).await;
+    SlurmCluster {
+        agent,
+        agent_dir,
+        tag,
+        client,
+        _server: server,
+    }
+}
+
+fn start_slurm_agent(url: &str, dir: &std::path::Path, tag: &str) -> Daemon {
+    start_agent(
+        url,
+        dir,
+        &[
+            "--backend",
+            "slurm",
+            "--slurm-tag",
+            tag,
+            "--slurm-poll-ms",
+            "100",
+        ],
+    )
+}
+
+/// Slurm jobs of this test: (job id, state) for comments `tacc:<tag>/…`.
+fn jobs_of(tag: &str) -> Vec<(u64, String)> {
+    let out = Command::new("squeue")
+        .args(["-h", "-t", "all", "-o", "%i|%T|%k"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.splitn(3, '|');
+            let id = f.next()?.parse().ok()?;
+            let state = f.next()?.to_string();
+            let comment = f.next()?;
+            comment
+                .starts_with(&format!("tacc:{tag}/"))
+                .then_some((id, state))
+        })
+        .collect()
+}
+
+async fn wait_log(client: &tacc_client::Client, task: TaskId, needle: &str) -> String {
+    eventually(&format!("`{needle}` in the log"), DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let text = String::from_utf8(client.logs(task, 0).await.ok()?.0.to_vec()).ok()?;
+            text.contains(needle).then_some(text)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_single_node_task_streams_logs_live() {
+    if !slurm_ready("slurm_single_node_task_streams_logs_live") {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), "single").await;
+    let task = submit(
+        &c.client,
+        dir.path(),
+        "single",
+        "name: single\nrun: |\n  echo \"first line from $(hostname) job $SLURM_JOB_ID rank $TACC_NODE_RANK of $WORLD_SIZE\"\n  echo to-stderr >&2\n  sleep 3\n  echo last line\n",
+        &[],
+    )
+    .await;
+    // Live: the first line arrives while the job still runs.
+    let early = wait_log(&c.client, task, "first line from tacc-n").await;
+    assert!(!early.contains("last line"), "{early}");
+    let view = c.client.get_task(task).await.unwrap();
+    assert_eq!(view.state, TaskState::Running, "{view:?}");
+    let mut follow = c.client.follow_logs(task, 0).await.unwrap();
+    let mut followed = Vec::new();
+    while let Some(chunk) = follow.next().await {
+        followed.extend_from_slice(&chunk.unwrap());
+    }
+    let followed = String::from_utf8(followed).unwrap();
+    let view = wait_terminal(&c.client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}\n{followed}");
+    assert!(
+        followed.contains("rank 0 of 1")
+            && followed.contains("to-stderr")
+            && followed.contains("last line"),
+        "{followed}"
+    );
+    let jobs = jobs_of(&c.tag);
+    assert_eq!(jobs.len(), 1, "one Slurm job per attempt: {jobs:?}");
+    assert_eq!(jobs[0].1, "COMPLETED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_multi_node_task_has_every_rank_in_the_log() {
+    if !slurm_ready("slurm_multi_node_task_has_every_rank_in_the_log") {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), "multi").await;
+    let task = submit(
+        &c.client,
+        dir.path(),
+        "multi",
+        "name: multi\nresources: {nodes: 2}\nrun: |\n  echo \"rank $NODE_RANK/$TACC_NODE_RANK of $WORLD_SIZE on $(hostname) master $MASTER_ADDR:$MASTER_PORT task $TACC_TASK_ID\"\n",
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&c.client, task).await;
+    let log = log_text(&c.client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}\n{log}");
+    assert!(log.contains("[0] rank 0/0 of 2 on tacc-n"), "{log}");
+    assert!(log.contains("[1] rank 1/1 of 2 on tacc-n"), "{log}");
+    assert!(
+        log.contains("on tacc-n1") && log.contains("on tacc-n2"),
+        "{log}"
+    );
+    // Every rank sees rank 0's address as the master.
+    assert_eq!(log.matches("master 10.250.77.").count(), 2, "{log}");
+    assert_eq!(jobs_of(&c.tag).len(), 1, "one job for the whole gang");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_cancel_of_a_running_and_of_a_pending_job() {
+    if !slurm_ready("slurm_cancel_of_a_running_and_of_a_pending_job") {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), "cancel").await;
+
+    let running = submit(
+        &c.client,
+        dir.path(),
+        "running",
+        "name: running\nrun: |\n  echo started\n  sleep 300\n",
+        &[],
+    )
+    .await;
+    wait_log(&c.client, running, "started").await;
+    c.client.cancel(running).await.unwrap();
+    let view = wait_terminal(&c.client, running).await;
+    assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
+    eventually("the running job cancelled in Slurm", DEADLINE, || async {
+        jobs_of(&c.tag)
+            .iter()
+            .all(|(_, s)| s == "CANCELLED")
+            .then_some(())
+    })
+    .await;
+
+    // Fill the cluster outside TACC, so TACC's next job has to wait in Slurm's queue.
+    let blocker = Command::new("sbatch")
+        .args([
+            "--parsable",
+            "--nodes=2",
+            "--exclusive",
+            "--job-name=tacc-test-blocker",
+            "--output=/dev/null",
+            "--wrap",
+            "sleep 300",
+        ])
+        .output()
+        .unwrap();
+    let blocker = String::from_utf8_lossy(&blocker.stdout).trim().to_string();
+    let pending = submit(
+        &c.client,
+        dir.path(),
+        "pending",
+        "name: pending\nrun: echo should never run\n",
+        &[],
+    )
+    .await;
+    let log = wait_log(&c.client, pending, "is pending").await;
+    let _ = Command::new("scancel").arg(&blocker).status();
+    assert!(!log.contains("should never run"), "{log}");
+    c.client.cancel(pending).await.unwrap();
+    let view = wait_terminal(&c.client, pending).await;
+    assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
+    let log = log_text(&c.client, pending).await;
+    assert!(!log.contains("should never run"), "{log}");
+    eventually("both jobs cancelled in Slurm", DEADLINE, || async {
+        let jobs = jobs_of(&c.tag);
+        (jobs.len() == 2 && jobs.iter().all(|(_, s)| s == "CANCELLED")).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_time_limit_stops_the_job() {
+    if !slurm_ready("slurm_time_limit_stops_the_job") {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), "limit").await;
+    let started = Instant::now();
+    let task = submit(
+        &c.client,
+        dir.path(),
+        "limit",
+        "name: limit\nresources: {time_limit: 2s}\nrun: |\n  echo working\n  sleep 300\n",
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&c.client, task).await;
+    assert_eq!(view.state, TaskState::Failed, "{view:?}");
+    assert_eq!(
+        view.reason.as_deref(),
+        Some("time limit reached"),
+        "{view:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(log_text(&c.client, task).await.contains("working"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_agent_restart_refinds_the_running_job() {
+    if !slurm_ready("slurm_agent_restart_refinds_the_running_job") {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cluster(dir.path(), "restart").await;
+    let task = submit(
+        &c.client,
+        dir.path(),
+        "restart",
+        "name: restart\nrun: |\n  echo before restart\n  sleep 5\n  echo after restart\n",
+        &[],
+    )
+    .await;
+    wait_log(&c.client, task, "before restart").await;
+    c.agent.kill9();
+    c.agent = start_slurm_agent(&c.client_url(), &c.agent_dir, &c.tag);
+    let view = wait_terminal(&c.client, task).await;
+    let log = log_text(&c.client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}\n{log}");
+    assert_eq!(view.attempt.0, 1, "not retried: {view:?}");
+    assert_eq!(log.matches("before restart").count(), 1, "{log}");
+    assert_eq!(log.matches("after restart").count(), 1, "{log}");
+    let jobs = jobs_of(&c.tag);
+    assert_eq!(jobs.len(), 1, "re-found, not resubmitted: {jobs:?}");
+}
+
+impl SlurmCluster {
+    fn client_url(&self) -> String {
+        self.agent.url.clone()
+    }
+}
+
+/// The executor contract, run directly against the Slurm executor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_executor_meets_the_contract() {
+    if !slurm_ready("slurm_executor_meets_the_contract") {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = tacc_exec::SlurmConfig::new(
+        dir.path().join("state"),
+        format!("t{}-contract", std::process::id()),
+    );
+    config.poll_interval = Duration::from_millis(100);
+    let backend = tacc_exec::SlurmBackend::start(config).await.unwrap();
+    let executor = backend.executor_for("tacc-n1");
+    tacc_exec::contract::run_all(&executor, dir.path()).await;
+}
+
+/// Benchmark (run on purpose, not in CI):
+/// `cargo test -p taccd --test slurm -- --ignored --nocapture slurm_benchmark`.
+/// 200 trivial tasks through TACC's Slurm backend vs. 200 plain `sbatch --wrap true`,
+/// and submit→finished latency of one trivial task on the process and Slurm runtimes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly"]
+async fn slurm_benchmark() {
+    if !slurm_ready("slurm_benchmark") {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let count: usize = std::env::var("TACC_BENCH_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
+    let dir = tempfile::tempdir().unwrap();
+
+    // Plain Slurm.
+    let started = Instant::now();
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        let out = Command::new("sbatch")
+            .args([
+                "--parsable",
+                "--job-name=bench-plain",
+                "--output=/dev/null",
+                "--wrap",
+                "true",
+            ])
+            .output()
+            .unwrap();
+        ids.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    }
+    let id_list = ids.join(",");
+    eventually("plain jobs to finish", Duration::from_secs(1200), || {
+        let id_list = id_list.clone();
+        async move {
+            let out = Command::new("squeue")
+                .args(["-h", "-t", "all", "-o", "%T", "-j", &id_list])
+                .output()
+                .ok()?;
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            let done = text.lines().filter(|l| *l == "COMPLETED").count();
+            (done == count).then_some(())
+        }
+    })
+    .await;
+    let plain = started.elapsed();
+
+    // The same through TACC.
+    let c = cluster(dir.path(), "bench").await;
+    let yaml = "name: trivial\nresources: {cpus: 1, memory: 64MiB}\nrun: \"true\"\n";
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..count {
+        tasks.push(submit(&c.client, dir.path(), &format!("t{i}"), yaml, &[]).await);
+    }
+    eventually("TACC tasks to finish", Duration::from_secs(1200), || {
+        let client = c.client.clone();
+        async move {
+            let query = tacc_client::TaskQuery {
+                limit: Some(100_000),
+                ..Default::default()
+            };
+            let list = client.list_tasks(&query).await.ok()?;
+            let done = list
+                .iter()
+                .filter(|t| t.state == TaskState::Succeeded)
+                .count();
+            assert!(!list.iter().any(|t| t.state == TaskState::Failed));
+            (done == count).then_some(())
+        }
+    })
+    .await;
+    let tacc = started.elapsed();
+
+    // Latency of one trivial task: Slurm runtime, then process runtime.
+    let t0 = Instant::now();
+    let one = submit(&c.client, dir.path(), "one-slurm", yaml, &[]).await;
+    wait_terminal(&c.client, one).await;
+    let slurm_latency = t0.elapsed();
+    let dev = start("dev", &dir.path().join("dev"), &[]).await;
+    let dev_client = dev.client();
+    wait_nodes(&dev_client, 1).await;
+    let t0 = Instant::now();
+    let one = submit(&dev_client, dir.path(), "one-process", yaml, &[]).await;
+    wait_terminal(&dev_client, one).await;
+    let process_latency = t0.elapsed();
+
+    let overhead = tacc.as_secs_f64() - plain.as_secs_f64();
+    println!("\n| measurement | value |\n|---|---|");
+    println!(
+        "| {count} × `sbatch --wrap true`, total | {:.1} s |",
+        plain.as_secs_f64()
+    );
+    println!(
+        "| {count} trivial tasks via TACC Slurm backend, total | {:.1} s |",
+        tacc.as_secs_f64()
+    );
+    println!(
+        "| overhead TACC adds, per task | {:.1} ms ({:+.1} %) |",
+        overhead * 1000.0 / count as f64,
+        100.0 * overhead / plain.as_secs_f64()
+    );
+    println!(
+        "| one trivial task, submit→finished, process runtime | {:.0} ms |",
+        process_latency.as_secs_f64() * 1000.0
+    );
+    println!(
+        "| one trivial task, submit→finished, Slurm runtime | {:.0} ms |",
+        slurm_latency.as_secs_f64() * 1000.0
+    );
+}
