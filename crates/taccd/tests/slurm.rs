@@ -247,10 +247,11 @@ async fn slurm_cancel_of_a_running_and_of_a_pending_job() {
     )
     .await;
     let log = wait_log(&c.client, pending, "is pending").await;
-    let _ = Command::new("scancel").arg(&blocker).status();
     assert!(!log.contains("should never run"), "{log}");
     c.client.cancel(pending).await.unwrap();
     let view = wait_terminal(&c.client, pending).await;
+    // Only now may the cluster free up: the cancelled job must not start meanwhile.
+    let _ = Command::new("scancel").arg(&blocker).status();
     assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
     let log = log_text(&c.client, pending).await;
     assert!(!log.contains("should never run"), "{log}");
