@@ -26,7 +26,8 @@ pub(crate) struct WhatIf {
     pub at: u64,
     /// Free resources of the chosen nodes after the releases used.
     pub free_after: BTreeMap<NodeId, Resources>,
-    /// The releases used that touch a chosen node: the ones that really matter.
+    /// The releases used on a chosen node before it could hold its share: the ones that
+    /// really matter (a release on a node that already qualified is not needed).
     pub needed: BTreeSet<TaskId>,
 }
 
@@ -182,11 +183,13 @@ impl Cluster {
     }
 
     /// The first point in `releases` (each: sort key, task, node, amount) after which the
-    /// request fits, with the nodes it would take (best fit by free GPUs then).
+    /// request fits, with the nodes it would take (best fit by free GPUs then); `allow`
+    /// may veto nodes.
     pub fn earliest_fit(
         &self,
         request: &TaskRequest,
         releases: impl Iterator<Item = (u64, TaskId, NodeId, Resources)>,
+        allow: &dyn Fn(NodeId) -> bool,
     ) -> Option<WhatIf> {
         let need = request.per_node;
         let count = request.nodes as usize;
@@ -194,7 +197,7 @@ impl Cluster {
             return None;
         }
         let mut qualifying: BTreeSet<NodeId> = BTreeSet::new();
-        for node in self.fitting_now(request) {
+        for node in self.fitting_now(request).filter(|n| allow(n.spec.id)) {
             qualifying.insert(node.spec.id);
             if qualifying.len() >= count {
                 break;
@@ -212,10 +215,12 @@ impl Cluster {
             let Some(node) = self.nodes.get(&node_id) else {
                 continue;
             };
-            if !node.schedulable || !node_matches(&node.spec, request) {
+            if !node.schedulable || !node_matches(&node.spec, request) || !allow(node_id) {
                 continue;
             }
-            used.push((task, node_id));
+            if !qualifying.contains(&node_id) {
+                used.push((task, node_id));
+            }
             let added = extra.entry(node_id).or_insert(Resources::ZERO);
             *added = added.add(&amount);
             if node.free.add(added).covers(&need) {

@@ -153,12 +153,61 @@ struct Reservation {
     free_after: BTreeMap<NodeId, Resources>,
 }
 
+/// Capacity that preemption frees, held for the task that claimed it. It lasts across
+/// decisions until the claimant starts, leaves the queue, can no longer be admitted, or
+/// loses a claimed node; meanwhile no other task may start on the claimed share or take
+/// the quota the claimant needs, and the claimant is considered before everyone else.
+#[derive(Debug, Clone)]
+struct Claim {
+    /// Creation order: a claimant respects the holds of older claims only.
+    seq: u64,
+    task: TaskId,
+    /// The claimant's per-node share, held on each of `nodes`.
+    need: Resources,
+    nodes: Vec<NodeId>,
+    /// Tasks stopping on those nodes whose release the claim counts on.
+    incoming: Vec<TaskId>,
+}
+
+/// What a claim holds on one node during a decision.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    seq: u64,
+    claimant: TaskId,
+    need: Resources,
+    /// What the claim's stopping tasks still hold there.
+    incoming: Resources,
+}
+
+/// Whether a task with seniority `before` (claims with a smaller `seq` bind it) may take
+/// `per_node` on `node` without eating into what a claim holds there.
+fn hold_allows(
+    cluster: &Cluster,
+    holds: &BTreeMap<NodeId, Hold>,
+    node: NodeId,
+    per_node: &Resources,
+    before: u64,
+) -> bool {
+    match holds.get(&node) {
+        Some(hold) if hold.seq < before => cluster.nodes[&node]
+            .free
+            .add(&hold.incoming)
+            .covers(&hold.need.add(per_node)),
+        _ => true,
+    }
+}
+
 /// What one decision carries from task to task.
 #[derive(Debug, Default)]
 struct PassState {
     blocked_head: Option<TaskId>,
     reservation: Option<Reservation>,
     claimants: usize,
+    /// Nodes held by claims (claims never share a node).
+    holds: BTreeMap<NodeId, Hold>,
+    /// Claimants still waiting after the claims were settled; the walk only keeps their
+    /// place in line.
+    waiting_claimants: BTreeSet<TaskId>,
     /// The first blocked task that stays within its group's guarantee.
     blocked_owner: Option<TaskId>,
     borrowing_sweep: bool,
@@ -187,6 +236,9 @@ pub struct Scheduler {
     now: Timestamp,
     reservation: Option<(TaskId, Option<Timestamp>)>,
     preemptions: u64,
+    /// Open claims, oldest first.
+    claims: Vec<Claim>,
+    next_claim: u64,
 }
 
 impl Default for Scheduler {
@@ -224,6 +276,8 @@ impl Scheduler {
             now: Timestamp(0),
             reservation: None,
             preemptions: 0,
+            claims: Vec::new(),
+            next_claim: 0,
         };
         // Configured groups exist from the start, so their shares count in fair share.
         let names: Vec<String> = scheduler.config.groups.keys().cloned().collect();
@@ -545,6 +599,9 @@ impl Scheduler {
         account.allocated = account.allocated.add(&total);
         account.ledger.advance(now.as_millis(), half_life);
         account.ledger.rate += rate;
+        if !self.claims.is_empty() {
+            self.claims.retain(|c| c.task != task);
+        }
         let end_key = self.end_key(now, &request);
         self.ends.insert((end_key, task));
         self.running.insert(task);
@@ -718,9 +775,12 @@ impl Scheduler {
     fn schedule(&mut self, now: Timestamp, actions: &mut Vec<Action>) {
         self.refresh_ranks(now);
         self.reservation = None;
+        let mut pass = PassState::default();
+        if !self.claims.is_empty() {
+            self.settle_claims(now, &mut pass, actions);
+        }
         let order: Vec<TaskId> = self.queue.iter().map(|(_, _, id)| *id).collect();
         let guarantees = self.groups.iter().any(|g| g.guaranteed_gpus > 0);
-        let mut pass = PassState::default();
         if !guarantees {
             for task in order {
                 self.consider(now, task, &mut pass, actions);
@@ -746,6 +806,169 @@ impl Scheduler {
         }
     }
 
+    /// Drop the claims that can no longer be honoured, then give each claimant, oldest
+    /// claim first, the first chance to start.
+    fn settle_claims(&mut self, now: Timestamp, pass: &mut PassState, actions: &mut Vec<Action>) {
+        let mut claims = std::mem::take(&mut self.claims);
+        claims.retain_mut(|claim| {
+            let queued = matches!(
+                self.tasks.get(&claim.task).map(|e| &e.phase),
+                Some(Phase::Queued { .. })
+            );
+            let nodes_usable = claim.nodes.iter().all(|id| {
+                self.cluster
+                    .nodes
+                    .get(id)
+                    .is_some_and(|node| node.schedulable)
+            });
+            claim.incoming.retain(|id| {
+                matches!(
+                    self.tasks.get(id).map(|e| &e.phase),
+                    Some(Phase::Preempting { .. })
+                )
+            });
+            queued && nodes_usable
+        });
+        for claim in &claims {
+            for node in &claim.nodes {
+                let incoming = claim
+                    .incoming
+                    .iter()
+                    .filter_map(|id| {
+                        let entry = &self.tasks[id];
+                        let Phase::Preempting { placements, .. } = &entry.phase else {
+                            return None;
+                        };
+                        placements
+                            .iter()
+                            .any(|p| p.node == *node)
+                            .then_some(entry.request.per_node)
+                    })
+                    .fold(Resources::ZERO, |acc, r| acc.add(&r));
+                pass.holds.insert(
+                    *node,
+                    Hold {
+                        seq: claim.seq,
+                        claimant: claim.task,
+                        need: claim.need,
+                        incoming,
+                    },
+                );
+            }
+        }
+        let order: Vec<(u64, TaskId, bool)> = claims
+            .iter()
+            .map(|c| (c.seq, c.task, c.incoming.is_empty()))
+            .collect();
+        self.claims = claims;
+        for (seq, task, nothing_incoming) in order {
+            let entry = &self.tasks[&task];
+            let admitted = self
+                .policy
+                .admission
+                .admit(&self.view(now, task, entry), &self.quota_view(entry));
+            if let Err(reason) = admitted {
+                self.drop_claim(seq, pass);
+                self.set_reason(task, reason, actions);
+                continue;
+            }
+            if let Some(holder) = self.quota_held(now, task, seq) {
+                pass.waiting_claimants.insert(task);
+                let reason = PendingReason::LowerPriority { blocked_by: holder };
+                self.set_reason(task, reason, actions);
+                continue;
+            }
+            let request = &entry.request;
+            let (cluster, holds) = (&self.cluster, &pass.holds);
+            let allow = |node: NodeId| hold_allows(cluster, holds, node, &request.per_node, seq);
+            let placement = cluster.place(request, self.policy.placement.as_ref(), &allow);
+            if let Some(placements) = placement {
+                self.drop_claim(seq, pass);
+                self.start(now, task, placements, Some(actions));
+            } else if nothing_incoming {
+                // Everything it counted on is back and it still does not fit (a placement
+                // policy's choice, a restored task): the walk treats it as any other task.
+                self.drop_claim(seq, pass);
+            } else {
+                pass.waiting_claimants.insert(task);
+                self.set_reason(task, PendingReason::WaitingForResources, actions);
+            }
+        }
+    }
+
+    fn drop_claim(&mut self, seq: u64, pass: &mut PassState) {
+        self.claims.retain(|c| c.seq != seq);
+        pass.holds.retain(|_, hold| hold.seq != seq);
+    }
+
+    /// The quota view of `entry` as if the tasks counted in `extra` (by user and by group
+    /// index) had started as well.
+    fn quota_with(
+        &self,
+        entry: &TaskEntry,
+        extra_users: &BTreeMap<usize, Usage>,
+        extra_groups: &BTreeMap<usize, Usage>,
+    ) -> QuotaView<'_> {
+        let mut quota = self.quota_view(entry);
+        let plus = |usage: &mut Usage, extra: Option<&Usage>| {
+            if let Some(extra) = extra {
+                usage.gpus += extra.gpus;
+                usage.cpu_millis += extra.cpu_millis;
+                usage.running += extra.running;
+                usage.queued = usage.queued.saturating_sub(extra.running);
+            }
+        };
+        plus(&mut quota.user_usage, extra_users.get(&entry.user));
+        plus(&mut quota.group_usage, extra_groups.get(&entry.group));
+        quota
+    }
+
+    /// A claim (older than `before`) whose claimant could no longer be admitted if `task`
+    /// started now, counting every older claimant as started: claims hold quota too.
+    fn quota_held(&self, now: Timestamp, task: TaskId, before: u64) -> Option<TaskId> {
+        let entry = &self.tasks[&task];
+        let mut users: BTreeMap<usize, Usage> = BTreeMap::new();
+        let mut groups: BTreeMap<usize, Usage> = BTreeMap::new();
+        add_usage(&mut users, &mut groups, entry);
+        for claim in self.claims.iter().filter(|c| c.seq < before) {
+            if claim.task == task {
+                continue;
+            }
+            let claimant = &self.tasks[&claim.task];
+            if (claimant.user == entry.user || claimant.group == entry.group)
+                && self
+                    .policy
+                    .admission
+                    .admit(
+                        &self.view(now, claim.task, claimant),
+                        &self.quota_with(claimant, &users, &groups),
+                    )
+                    .is_err()
+            {
+                return Some(claim.task);
+            }
+            add_usage(&mut users, &mut groups, claimant);
+        }
+        None
+    }
+
+    /// Whether `task` would still be admitted once every open claimant has started.
+    fn admitted_after_claims(&self, now: Timestamp, task: TaskId) -> bool {
+        let mut users: BTreeMap<usize, Usage> = BTreeMap::new();
+        let mut groups: BTreeMap<usize, Usage> = BTreeMap::new();
+        for claim in &self.claims {
+            add_usage(&mut users, &mut groups, &self.tasks[&claim.task]);
+        }
+        let entry = &self.tasks[&task];
+        self.policy
+            .admission
+            .admit(
+                &self.view(now, task, entry),
+                &self.quota_with(entry, &users, &groups),
+            )
+            .is_ok()
+    }
+
     /// Starting the task would put its group above its guarantee.
     fn borrows(&self, task: TaskId) -> bool {
         let entry = &self.tasks[&task];
@@ -761,6 +984,11 @@ impl Scheduler {
         actions: &mut Vec<Action>,
     ) {
         let no_veto = |_: NodeId| true;
+        if pass.waiting_claimants.contains(&task) {
+            // Settled already; it only keeps its place in line.
+            self.note_blocked(now, task, pass);
+            return;
+        }
         let entry = &self.tasks[&task];
         if let Some(dep) = entry
             .request
@@ -788,6 +1016,15 @@ impl Scheduler {
             self.set_reason(task, reason, actions);
             return;
         }
+        if !self.claims.is_empty()
+            && let Some(claimant) = self.quota_held(now, task, u64::MAX)
+        {
+            let reason = PendingReason::LowerPriority {
+                blocked_by: claimant,
+            };
+            self.set_reason(task, reason, actions);
+            return;
+        }
         if pass.borrowing_sweep
             && self.policy.backfill == Backfill::Greedy
             && let Some(owner) = pass.blocked_owner
@@ -801,21 +1038,24 @@ impl Scheduler {
             return;
         }
         let request = &entry.request;
+        let use_per_node = request.per_node;
+        let (cluster, holds) = (&self.cluster, &pass.holds);
+        let keeps_holds = |node: NodeId| hold_allows(cluster, holds, node, &use_per_node, u64::MAX);
         let placement = match &pass.reservation {
             Some(held) if !ends_before(now, request, &self.config, held.shadow) => {
                 let need = held.need;
-                let use_per_node = request.per_node;
                 let keeps_reservation = |node: NodeId| {
                     held.free_after
                         .get(&node)
                         .is_none_or(|free| free.covers(&use_per_node.add(&need)))
+                        && keeps_holds(node)
                 };
                 self.cluster
                     .place(request, self.policy.placement.as_ref(), &keeps_reservation)
             }
             _ => self
                 .cluster
-                .place(request, self.policy.placement.as_ref(), &no_veto),
+                .place(request, self.policy.placement.as_ref(), &keeps_holds),
         };
         if let Some(placements) = placement {
             if let Some(held) = &mut pass.reservation
@@ -830,34 +1070,54 @@ impl Scheduler {
             self.start(now, task, placements, Some(actions));
             return;
         }
-        if let Some(held) = &pass.reservation
-            && self
-                .cluster
-                .place(request, self.policy.placement.as_ref(), &no_veto)
-                .is_some()
+        if (pass.reservation.is_some() || !pass.holds.is_empty())
+            && let Some(placements) =
+                self.cluster
+                    .place(request, self.policy.placement.as_ref(), &no_veto)
         {
-            let reason = PendingReason::LowerPriority {
-                blocked_by: held.task,
+            // It fits now, but only on resources held for a reservation or a claim.
+            let claimant = placements
+                .iter()
+                .find_map(|p| pass.holds.get(&p.node).map(|hold| hold.claimant));
+            let blocked_by = match (&pass.reservation, claimant) {
+                (Some(held), _) => held.task,
+                (None, Some(claimant)) => claimant,
+                (None, None) => unreachable!("placement vetoed by nothing"),
             };
+            if self.policy.backfill == Backfill::None {
+                pass.blocked_head.get_or_insert(task);
+            }
+            let reason = PendingReason::LowerPriority { blocked_by };
             self.set_reason(task, reason, actions);
             return;
-        }
-        if !pass.borrowing_sweep && pass.blocked_owner.is_none() {
-            pass.blocked_owner = Some(task);
         }
         // Under EASY only the reserved head claims: a task behind it could not use what
         // its victims free, and the victims would restart at once. For the same reason a
         // borrowing task never claims: owners, considered first, would take the room.
+        // A claimant must be admitted alongside the older claimants (claims hold quota),
+        // and its victims' share is then held for it until it starts (see `Claim`).
         if pass.claimants < self.config.preemption.max_claimants_per_pass
             && pass.reservation.is_none()
             && !pass.borrowing_sweep
             && self.may_claim(task)
+            && (self.claims.is_empty() || self.admitted_after_claims(now, task))
         {
             pass.claimants += 1;
-            self.try_preempt(now, task, actions);
+            self.try_preempt(now, task, pass, actions);
+        }
+        self.note_blocked(now, task, pass);
+        self.set_reason(task, PendingReason::WaitingForResources, actions);
+    }
+
+    /// Bookkeeping for a task that waits for resources in this decision.
+    fn note_blocked(&mut self, now: Timestamp, task: TaskId, pass: &mut PassState) {
+        if !pass.borrowing_sweep && pass.blocked_owner.is_none() {
+            pass.blocked_owner = Some(task);
         }
         match self.policy.backfill {
-            Backfill::None => pass.blocked_head = Some(task),
+            Backfill::None => {
+                pass.blocked_head.get_or_insert(task);
+            }
             Backfill::Greedy => {}
             Backfill::Easy => {
                 if pass.reservation.is_none() {
@@ -866,7 +1126,6 @@ impl Scheduler {
                 }
             }
         }
-        self.set_reason(task, PendingReason::WaitingForResources, actions);
     }
 
     /// Where and when the blocked `task` could start as running tasks end by their
@@ -890,7 +1149,7 @@ impl Scheduler {
                 .iter()
                 .map(move |p| (at, *id, p.node, entry.request.per_node))
         });
-        let fit = self.cluster.earliest_fit(request, releases)?;
+        let fit = self.cluster.earliest_fit(request, releases, &|_| true)?;
         let shadow = if fit.releases_used == 0 {
             Some(now)
         } else if fit.at == u64::MAX {
@@ -923,7 +1182,16 @@ impl Scheduler {
     }
 
     /// Pick preemptible victims that lose the least work and free room for `task`.
-    fn try_preempt(&mut self, now: Timestamp, task: TaskId, actions: &mut Vec<Action>) {
+    /// The claimant's fit may not use a node another claim holds; the nodes it chooses
+    /// are then held for it (with what is still running or stopping there counted in)
+    /// until it starts.
+    fn try_preempt(
+        &mut self,
+        now: Timestamp,
+        task: TaskId,
+        pass: &mut PassState,
+        actions: &mut Vec<Action>,
+    ) {
         let reclaim = self.reclaims(task);
         let by_priority = self.policy.preemptive && self.config.preemption.by_priority;
         let ctx = self.rank_context(now);
@@ -986,7 +1254,11 @@ impl Scheduler {
                     .iter()
                     .map(move |p| (key, id, p.node, entry.request.per_node))
             });
-        let Some(fit) = self.cluster.earliest_fit(&claimant.request, releases) else {
+        let unclaimed = |node: NodeId| !pass.holds.contains_key(&node);
+        let Some(fit) = self
+            .cluster
+            .earliest_fit(&claimant.request, releases, &unclaimed)
+        else {
             return;
         };
         let victims: Vec<TaskId> = candidates
@@ -994,6 +1266,75 @@ impl Scheduler {
             .map(|(_, id)| *id)
             .filter(|id| fit.needed.contains(id))
             .collect();
+        let need = claimant.request.per_node;
+        // Releases are taken cheapest first, so an early one may turn out unneeded once a
+        // later, bigger one is in: keep a victim only if its nodes need it.
+        let share_on = |id: &TaskId, node: NodeId| {
+            let entry = &self.tasks[id];
+            match &entry.phase {
+                Phase::Running { placements, .. } | Phase::Preempting { placements, .. }
+                    if placements.iter().any(|p| p.node == node) =>
+                {
+                    entry.request.per_node
+                }
+                _ => Resources::ZERO,
+            }
+        };
+        let mut needed = fit.needed.clone();
+        for victim in victims.iter().rev() {
+            let spare = fit.free_after.keys().all(|node| {
+                let mut free = self.cluster.nodes[node].free;
+                for id in needed.iter().filter(|id| *id != victim) {
+                    free = free.add(&share_on(id, *node));
+                }
+                free.covers(&need)
+            });
+            if spare {
+                needed.remove(victim);
+            }
+        }
+        let victims: Vec<TaskId> = victims
+            .into_iter()
+            .filter(|id| needed.contains(id))
+            .collect();
+        if victims.is_empty() {
+            return;
+        }
+        let seq = self.next_claim;
+        self.next_claim += 1;
+        for node in fit.free_after.keys() {
+            let incoming = needed
+                .iter()
+                .filter_map(|id| {
+                    let entry = &self.tasks[id];
+                    let (Phase::Running { placements, .. } | Phase::Preempting { placements, .. }) =
+                        &entry.phase
+                    else {
+                        return None;
+                    };
+                    placements
+                        .iter()
+                        .any(|p| p.node == *node)
+                        .then_some(entry.request.per_node)
+                })
+                .fold(Resources::ZERO, |acc, r| acc.add(&r));
+            pass.holds.insert(
+                *node,
+                Hold {
+                    seq,
+                    claimant: task,
+                    need,
+                    incoming,
+                },
+            );
+        }
+        self.claims.push(Claim {
+            seq,
+            task,
+            need,
+            nodes: fit.free_after.keys().copied().collect(),
+            incoming: needed.iter().copied().collect(),
+        });
         let grace_secs = self.config.preemption.grace_secs;
         for victim in victims {
             let entry = self.tasks.get_mut(&victim).expect("running task");
@@ -1179,6 +1520,23 @@ impl Scheduler {
             }
         }
         Ok(())
+    }
+}
+
+/// Count `entry` as running in the per-user and per-group extra usage.
+fn add_usage(
+    users: &mut BTreeMap<usize, Usage>,
+    groups: &mut BTreeMap<usize, Usage>,
+    entry: &TaskEntry,
+) {
+    let total = entry.request.total();
+    for usage in [
+        users.entry(entry.user).or_default(),
+        groups.entry(entry.group).or_default(),
+    ] {
+        usage.gpus += total.gpus as u64;
+        usage.cpu_millis += total.cpu_millis;
+        usage.running += 1;
     }
 }
 
@@ -1486,6 +1844,107 @@ mod tests {
             s.explain(TaskId(4)),
             Explanation::Queued { attempt: 2, .. }
         ));
+    }
+
+    #[test]
+    fn what_victims_free_is_held_for_the_claimant() {
+        // Once both its tasks are stopped, b is back within its guarantee and its older
+        // task ranks first: without the claim it would take the GPUs straight back.
+        let mut config = SchedulerConfig::default();
+        for (name, guaranteed_gpus) in [("a", 4), ("b", 3)] {
+            config.groups.insert(
+                name.into(),
+                GroupConfig {
+                    guaranteed_gpus,
+                    ..Default::default()
+                },
+            );
+        }
+        let mut s = Scheduler::with_config(config);
+        s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
+        for (id, gpus) in [(1, 3), (2, 1)] {
+            let mut borrower = request(1, gpus, 1, id);
+            borrower.group = Some("b".into());
+            borrower.preemptible = true;
+            submit(&mut s, id, borrower);
+        }
+        let mut owner = request(1, 4, 1, 10);
+        owner.group = Some("a".into());
+        let plan = s
+            .handle(
+                Timestamp(700_000),
+                Event::TaskSubmitted {
+                    task: TaskId(9),
+                    request: owner,
+                },
+            )
+            .unwrap();
+        assert_eq!(s.preemptions(), 2, "{plan:?}");
+        // The first victim stops: it may not start again on what the claimant needs.
+        let plan = s
+            .handle(Timestamp(710_000), Event::TaskPreempted(TaskId(2)))
+            .unwrap();
+        assert!(started(&plan).is_empty(), "{plan:?}");
+        assert!(matches!(
+            s.explain(TaskId(2)),
+            Explanation::Queued {
+                reason: Some(PendingReason::LowerPriority {
+                    blocked_by: TaskId(9)
+                }),
+                ..
+            }
+        ));
+        let plan = s
+            .handle(Timestamp(720_000), Event::TaskPreempted(TaskId(1)))
+            .unwrap();
+        assert_eq!(started(&plan), vec![TaskId(9)]);
+    }
+
+    #[test]
+    fn only_the_victims_the_claimant_needs_are_preempted() {
+        let mut config = SchedulerConfig::default();
+        for name in ["a", "b"] {
+            config.groups.insert(
+                name.into(),
+                GroupConfig {
+                    guaranteed_gpus: 2,
+                    ..Default::default()
+                },
+            );
+        }
+        let mut s = Scheduler::with_config(config);
+        s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
+        for (id, gpus) in [(1, 3), (2, 1)] {
+            let mut borrower = request(1, gpus, 1, id);
+            borrower.group = Some("b".into());
+            borrower.preemptible = true;
+            submit(&mut s, id, borrower);
+        }
+        let mut owner = request(1, 2, 1, 10);
+        owner.group = Some("a".into());
+        let plan = s
+            .handle(
+                Timestamp(700_000),
+                Event::TaskSubmitted {
+                    task: TaskId(9),
+                    request: owner,
+                },
+            )
+            .unwrap();
+        // Task 2 loses less work, but stopping it alone frees 1 GPU of the 2 needed, and
+        // once task 1 is stopped task 2 is not needed at all.
+        let preempted: Vec<&Action> = plan
+            .actions
+            .iter()
+            .filter(|a| matches!(a, Action::Preempt { .. }))
+            .collect();
+        assert_eq!(
+            preempted,
+            vec![&Action::Preempt {
+                task: TaskId(1),
+                grace_secs: 30
+            }]
+        );
     }
 
     #[test]
