@@ -1,0 +1,102 @@
+//! The layering rules of docs/ARCHITECTURE.md, checked against every crate's manifest so
+//! the document and the code cannot drift apart.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+/// Which of our crates each crate may depend on (normal dependencies; tests may use more).
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("tacc-core", &[]),
+    ("tacc-schema", &["tacc-core"]),
+    ("tacc-compiler", &["tacc-core", "tacc-schema"]),
+    ("tacc-scheduler", &["tacc-core"]),
+    ("tacc-exec", &["tacc-core"]),
+    ("tacc-store", &["tacc-core"]),
+    ("tacc-proto", &["tacc-core"]),
+    ("tacc-client", &["tacc-core", "tacc-proto"]),
+    (
+        "tacc-server",
+        &[
+            "tacc-core",
+            "tacc-proto",
+            "tacc-schema",
+            "tacc-compiler",
+            "tacc-scheduler",
+            "tacc-store",
+        ],
+    ),
+    (
+        "tacc-agent",
+        &[
+            "tacc-core",
+            "tacc-proto",
+            "tacc-client",
+            "tacc-compiler",
+            "tacc-exec",
+        ],
+    ),
+    (
+        "taccd",
+        &[
+            "tacc-core",
+            "tacc-server",
+            "tacc-agent",
+            "tacc-scheduler",
+            "tacc-exec",
+            "tacc-store",
+            "tacc-client",
+            "tacc-compiler",
+        ],
+    ),
+    (
+        "tcloud",
+        &[
+            "tacc-core",
+            "tacc-proto",
+            "tacc-schema",
+            "tacc-compiler",
+            "tacc-client",
+        ],
+    ),
+    ("tacc-sim", &["tacc-core", "tacc-scheduler"]),
+];
+
+#[test]
+fn every_crate_depends_only_on_what_its_layer_allows() {
+    let crates_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let allowed: BTreeMap<&str, BTreeSet<&str>> = ALLOWED
+        .iter()
+        .map(|(name, deps)| (*name, deps.iter().copied().collect()))
+        .collect();
+    let mut seen = BTreeSet::new();
+    for entry in std::fs::read_dir(&crates_dir).unwrap().flatten() {
+        let manifest = entry.path().join("Cargo.toml");
+        let Ok(text) = std::fs::read_to_string(&manifest) else {
+            continue;
+        };
+        let parsed: toml::Table = toml::from_str(&text).unwrap();
+        let name = parsed["package"]["name"].as_str().unwrap().to_string();
+        let rules = allowed.get(name.as_str()).unwrap_or_else(|| {
+            panic!("crate {name} is not in docs/ARCHITECTURE.md's table (and this test's)")
+        });
+        let ours: BTreeSet<String> = parsed
+            .get("dependencies")
+            .and_then(|d| d.as_table())
+            .map(|deps| {
+                deps.keys()
+                    .filter(|k| k.starts_with("tacc"))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for dep in &ours {
+            assert!(
+                rules.contains(dep.as_str()),
+                "{name} depends on {dep}, which its layer may not import (docs/ARCHITECTURE.md)"
+            );
+        }
+        seen.insert(name);
+    }
+    let expected: BTreeSet<String> = allowed.keys().map(|k| k.to_string()).collect();
+    assert_eq!(seen, expected, "every crate of the table exists");
+}
