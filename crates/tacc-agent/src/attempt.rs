@@ -11,7 +11,8 @@ use tacc_compiler::{
     ChunkSource, DirChunkStore, INSTRUCTION_FORMAT, Instruction, Manifest, NodeContext,
 };
 use tacc_core::SnapshotId;
-use tacc_exec::{ExitOutcome, LaunchSpec, OutputLine};
+use tacc_exec::runtime::{RuntimeChoice, RuntimeKind};
+use tacc_exec::{ExecError, Executor, ExitOutcome, LaunchSpec, OutputLine, Placement};
 use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -108,7 +109,7 @@ async fn execute(
             );
         }
     };
-    if instruction.format_version != INSTRUCTION_FORMAT {
+    if instruction.format_version > INSTRUCTION_FORMAT {
         return launch_failed(
             "bad_instruction",
             format!(
@@ -171,7 +172,14 @@ async fn execute(
             format!("cannot create {}: {e}", userdir.display()),
         );
     }
+    // Runtimes that failed to launch this attempt for an infrastructure reason.
+    let mut failed_runtimes = BTreeMap::new();
+    let mut runtime = match crate::runtimes::choose(shared, &instruction, &failed_runtimes).await {
+        Ok(choice) => choice,
+        Err(message) => return launch_failed("runtime_unavailable", message),
+    };
     report(shared, AgentReport::Started { attempt, at: now() });
+    announce_runtime(shared, attempt, &runtime);
 
     let node = NodeContext {
         node_rank: assignment.node_rank,
@@ -193,6 +201,20 @@ async fn execute(
     let limit = instruction.time_limit_secs.map(Duration::from_secs);
     let remaining = |limit: Option<Duration>| limit.map(|l| l.saturating_sub(started.elapsed()));
     let grace = Duration::from_secs(instruction.kill_grace_secs);
+    let data_dir = &shared.config.data_dir;
+    let placement = Placement {
+        image: instruction.image.clone(),
+        cpu_millis: instruction.per_node.cpu_millis,
+        memory_bytes: instruction.per_node.memory_bytes,
+        gpu_indices: assignment.gpu_indices.clone(),
+        // Paths the environment names outside the working directory.
+        extra_mounts: vec![
+            (node.userdir.clone(), true),
+            (data_dir.join("datasets"), false),
+            (data_dir.join("envs"), false),
+        ],
+        owner: Some((attempt.task, attempt.attempt, assignment.node_rank)),
+    };
 
     if let Some(setup) = &instruction.setup {
         let spec = LaunchSpec {
@@ -202,9 +224,13 @@ async fn execute(
             env: env.clone(),
             time_limit: remaining(limit),
             kill_grace: grace,
+            placement: placement.clone(),
         };
-        match launch(
+        match launch_with_failover(
             shared,
+            &instruction,
+            &mut runtime,
+            &mut failed_runtimes,
             spec,
             attempt,
             prefix.clone(),
@@ -237,8 +263,21 @@ async fn execute(
         env,
         time_limit: remaining(limit),
         kill_grace: grace,
+        placement,
     };
-    let outcome = match launch(shared, spec, attempt, prefix, cancel, name).await {
+    let outcome = match launch_with_failover(
+        shared,
+        &instruction,
+        &mut runtime,
+        &mut failed_runtimes,
+        spec,
+        attempt,
+        prefix,
+        cancel,
+        name,
+    )
+    .await
+    {
         Ok(outcome) => outcome_of(outcome),
         Err(outcome) => return outcome,
     };
@@ -279,21 +318,84 @@ pub(crate) fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {
     }
 }
 
-/// Run one script to its end, forwarding its output; `Err` when it could not start.
-async fn launch(
+/// Tell the user which runtime runs the attempt: a log line when it is a switch, and the
+/// task's reason (`tcloud show`) always.
+fn announce_runtime(shared: &Shared, attempt: AttemptRef, choice: &RuntimeChoice) {
+    if choice.switched {
+        report(
+            shared,
+            AgentReport::Log {
+                attempt,
+                text: format!("tacc: {}\n", choice.why),
+            },
+        );
+    }
+    report(
+        shared,
+        AgentReport::RuntimeChosen {
+            attempt,
+            runtime: choice.runtime.as_str().to_string(),
+            why: choice.why.clone(),
+        },
+    );
+}
+
+/// [`launch`] on the chosen runtime; when that runtime fails for an infrastructure reason
+/// (not the task's), move to the next eligible one and say so (fail-safe switching).
+#[allow(clippy::too_many_arguments)]
+async fn launch_with_failover(
     shared: &Arc<Shared>,
+    instruction: &Instruction,
+    runtime: &mut RuntimeChoice,
+    failed: &mut BTreeMap<RuntimeKind, String>,
     spec: LaunchSpec,
     attempt: AttemptRef,
     prefix: Option<String>,
     cancel: &CancellationToken,
     record_name: &str,
 ) -> Result<ExitOutcome, AttemptOutcome> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<OutputLine>();
-    let handle = shared
-        .executor
-        .launch(spec, tx)
+    loop {
+        let executor = crate::runtimes::executor(shared, runtime.runtime);
+        let error = match launch(
+            shared,
+            executor.as_ref(),
+            spec.clone(),
+            attempt,
+            prefix.clone(),
+            cancel,
+            record_name,
+        )
         .await
-        .map_err(|e| launch_failed("launch_failed", e.to_string()))?;
+        {
+            Ok(outcome) => return Ok(outcome),
+            Err(error) => error,
+        };
+        if !error.is_infrastructure() {
+            return Err(launch_failed(error.reason(), error.to_string()));
+        }
+        failed.insert(runtime.runtime, error.to_string());
+        match crate::runtimes::choose(shared, instruction, failed).await {
+            Ok(next) => {
+                *runtime = next;
+                announce_runtime(shared, attempt, runtime);
+            }
+            Err(message) => return Err(launch_failed(error.reason(), message)),
+        }
+    }
+}
+
+/// Run one script to its end, forwarding its output; `Err` when it could not start.
+async fn launch(
+    shared: &Arc<Shared>,
+    executor: &dyn Executor,
+    spec: LaunchSpec,
+    attempt: AttemptRef,
+    prefix: Option<String>,
+    cancel: &CancellationToken,
+    record_name: &str,
+) -> Result<ExitOutcome, ExecError> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<OutputLine>();
+    let handle = executor.launch(spec, tx).await?;
     let _record = handle.pid.and_then(|pid| {
         GroupRecord::write(&shared.config.data_dir.join("run"), record_name, pid).ok()
     });
