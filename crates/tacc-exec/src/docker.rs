@@ -463,7 +463,49 @@ async fn forward_logs(
 
 #[cfg(test)]
 mod tests {
-    use super::split_image;
+    use super::*;
+
+    #[test]
+    fn a_container_gets_exactly_the_task_s_limits_and_gpus() {
+        let executor = DockerExecutor::new("/nonexistent.sock", "agent-a");
+        let mut spec = crate::contract::spec(std::path::Path::new("/work/task-1"), "true");
+        spec.placement.cpu_millis = 2500;
+        spec.placement.memory_bytes = 1 << 30;
+        spec.placement.gpu_indices = vec![1, 3];
+        spec.placement.owner = Some((tacc_core::TaskId(7), tacc_core::AttemptNo(2), 0));
+        let body = executor.container_body(&spec, "img:1");
+        let host = body.host_config.unwrap();
+        assert_eq!(host.nano_cpus, Some(2_500_000_000));
+        assert_eq!(host.memory, Some(1 << 30));
+        let gpus = host.device_requests.unwrap();
+        assert_eq!(gpus.len(), 1);
+        assert_eq!(gpus[0].driver.as_deref(), Some("nvidia"));
+        assert_eq!(
+            gpus[0].device_ids,
+            Some(vec!["1".to_string(), "3".to_string()])
+        );
+        assert_eq!(host.binds.unwrap()[0], "/work/task-1:/work/task-1");
+        let labels = body.labels.unwrap();
+        assert_eq!(labels[LABEL_OWNER], "agent-a");
+        assert_eq!(labels[LABEL_TASK], "7");
+        assert_eq!(labels[LABEL_ATTEMPT], "2");
+        assert_eq!(body.working_dir.as_deref(), Some("/work/task-1"));
+        assert!(
+            body.env
+                .unwrap()
+                .contains(&"GREETING=hello from env".to_string())
+        );
+    }
+
+    #[test]
+    fn no_gpus_means_no_device_request_and_no_limits_means_none_set() {
+        let executor = DockerExecutor::new("/nonexistent.sock", "agent-a");
+        let spec = crate::contract::spec(std::path::Path::new("/w"), "true");
+        let host = executor.container_body(&spec, "img").host_config.unwrap();
+        assert_eq!(host.device_requests, None);
+        assert_eq!(host.nano_cpus, None);
+        assert_eq!(host.memory, None);
+    }
 
     #[test]
     fn image_names_split_into_repository_and_tag() {

@@ -101,6 +101,14 @@ pub fn eligible_runtimes(question: &RuntimeQuestion) -> Vec<RuntimeKind> {
 
 /// The runtime for the task, or why none can run it.
 pub fn choose_runtime(question: &RuntimeQuestion) -> Result<RuntimeChoice, String> {
+    if let Some(preferred) = question.preference.filter(|p| *p != RuntimeKind::Container) {
+        if question.has_image {
+            return Err(format!(
+                "`runtime: {}` cannot run `environment.image`; remove one of them",
+                preferred.as_str()
+            ));
+        }
+    }
     let eligible = eligible_runtimes(question);
     let candidates: Vec<RuntimeKind> = eligible
         .iter()
@@ -170,7 +178,10 @@ fn reason_for(question: &RuntimeQuestion, runtime: RuntimeKind) -> String {
             "{} nodes do not fit the local cluster of {} machine(s)",
             question.num_nodes, question.local_machines
         ),
-        RuntimeKind::Slurm => "a long task goes to the Slurm cluster".into(),
+        RuntimeKind::Slurm if question.expected_duration.is_some() && !short => {
+            "a long task goes to the Slurm cluster".into()
+        }
+        RuntimeKind::Slurm => "the task runs as a Slurm job".into(),
         RuntimeKind::Process if short => "a short task takes the fast local path".into(),
         RuntimeKind::Process => "the task runs as a process on the node".into(),
     }
@@ -252,6 +263,21 @@ mod tests {
                 preference: Some(Process),
                 failed: &[Process],
                 expect: Err("remove `runtime:`"),
+                ..BASE
+            },
+            Case {
+                name: "a preference for a runtime that cannot run an image is refused",
+                preference: Some(Process),
+                has_image: true,
+                expect: Err("`runtime: process` cannot run `environment.image`"),
+                ..BASE
+            },
+            Case {
+                name: "a Slurm login node runs every task as a Slurm job",
+                offered: &[Slurm],
+                duration_secs: Some(30),
+                expect: Ok(Slurm),
+                why: "runs as a Slurm job",
                 ..BASE
             },
             Case {

@@ -292,3 +292,30 @@ async fn runtime_switches_to_a_process_only_for_tasks_without_an_image() {
     assert!(reason.contains("runs only in a container"), "{reason}");
     assert!(!log_text(&client, boxed).await.contains("never"));
 }
+
+/// An agent that died (kill -9) leaves its container running; the agent's next life finds
+/// it by its owner label and removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_removes_the_containers_it_left() {
+    if !docker_ready("a_restarted_agent_removes_the_containers_it_left") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dev_dir = dir.path().join("dev");
+    let mut dev = start("dev", &dev_dir, &["--docker-socket", SOCKET]).await;
+    let client = dev.client();
+    wait_nodes(&client, 1).await;
+    let yaml = format!(
+        "name: orphan\nenvironment: {{image: {TEST_IMAGE}}}\nrun: |\n  echo ready\n  sleep 300\n"
+    );
+    let task = submit(&client, dir.path(), "orphan", &yaml, &[]).await;
+    wait_log(&client, task, "ready").await;
+    dev.kill9();
+    assert_eq!(
+        containers_of(&dev_dir, task).len(),
+        1,
+        "the container outlives the agent"
+    );
+    let _dev = start("dev", &dev_dir, &["--docker-socket", SOCKET]).await;
+    wait_no_containers(&dev_dir, task).await;
+}
