@@ -34,6 +34,11 @@ const API_VERSION: ClientVersion = ClientVersion {
     minor_version: 41,
 };
 
+/// Variables the agent passes on from its own machine that describe that machine, not
+/// the task: inside a container the image's own values (say a PATH with /opt/conda/bin)
+/// win over them.
+const IMAGE_OWNED_VARS: &[&str] = &["PATH", "HOME", "SHELL", "USER", "LOGNAME"];
+
 /// How long one Engine API request may take before the engine counts as not answering.
 const REQUEST_TIMEOUT_SECS: u64 = 30;
 
@@ -120,10 +125,11 @@ impl DockerExecutor {
         Ok(removed)
     }
 
-    /// Make sure the image is on the node: take it from the engine, else pull it.
-    async fn ensure_image(&self, docker: &Docker, image: &str) -> Result<(), ExecError> {
+    /// Make sure the image is on the node: take it from the engine, else pull it. Returns
+    /// the image's own environment (`KEY=value`).
+    async fn ensure_image(&self, docker: &Docker, image: &str) -> Result<Vec<String>, ExecError> {
         match docker.inspect_image(image).await {
-            Ok(_) => return Ok(()),
+            Ok(inspect) => return Ok(inspect.config.and_then(|c| c.env).unwrap_or_default()),
             Err(DockerError::DockerResponseServerError {
                 status_code: 404, ..
             }) => {}
@@ -150,7 +156,13 @@ impl DockerExecutor {
             detail,
         };
         match tokio::time::timeout(PULL_LIMIT, pull).await {
-            Ok(Ok(())) => Ok(()),
+            Ok(Ok(())) => Ok(docker
+                .inspect_image(image)
+                .await
+                .ok()
+                .and_then(|i| i.config)
+                .and_then(|c| c.env)
+                .unwrap_or_default()),
             Ok(Err(e)) => Err(not_found(format!("pull failed: {e}"))),
             Err(_) => Err(not_found(format!(
                 "pull did not finish within {}s",
@@ -159,7 +171,12 @@ impl DockerExecutor {
         }
     }
 
-    fn container_body(&self, spec: &LaunchSpec, image: &str) -> ContainerCreateBody {
+    fn container_body(
+        &self,
+        spec: &LaunchSpec,
+        image: &str,
+        image_env: &[String],
+    ) -> ContainerCreateBody {
         let placement = &spec.placement;
         let workdir = spec.workdir.display().to_string();
         let mut binds = vec![format!("{workdir}:{workdir}")];
@@ -209,7 +226,7 @@ impl DockerExecutor {
                 spec.label.clone(),
                 spec.script.clone(),
             ]),
-            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            env: Some(container_env(spec, image_env)),
             working_dir: Some(workdir),
             user: Some(user),
             labels: Some(labels),
@@ -228,6 +245,19 @@ impl DockerExecutor {
             ..Default::default()
         }
     }
+}
+
+/// The task's variables, with the image's values for [`IMAGE_OWNED_VARS`] it sets.
+fn container_env(spec: &LaunchSpec, image_env: &[String]) -> Vec<String> {
+    let mut env = spec.env.clone();
+    for entry in image_env {
+        if let Some((key, value)) = entry.split_once('=') {
+            if IMAGE_OWNED_VARS.contains(&key) {
+                env.insert(key.to_string(), value.to_string());
+            }
+        }
+    }
+    env.iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
 /// `repo[:tag]` (a `:` in a registry's port is not a tag) → (repo, tag).
@@ -283,11 +313,11 @@ impl Executor for DockerExecutor {
                 )
             })?;
         let docker = self.client()?;
-        self.ensure_image(&docker, &image).await?;
+        let image_env = self.ensure_image(&docker, &image).await?;
         let created = docker
             .create_container(
                 Some(CreateContainerOptions::default()),
-                self.container_body(&spec, &image),
+                self.container_body(&spec, &image, &image_env),
             )
             .await
             .map_err(|e| match e {
@@ -473,7 +503,11 @@ mod tests {
         spec.placement.memory_bytes = 1 << 30;
         spec.placement.gpu_indices = vec![1, 3];
         spec.placement.owner = Some((tacc_core::TaskId(7), tacc_core::AttemptNo(2), 0));
-        let body = executor.container_body(&spec, "img:1");
+        let image_env = [
+            "PATH=/opt/conda/bin:/usr/bin".to_string(),
+            "LANG=C".to_string(),
+        ];
+        let body = executor.container_body(&spec, "img:1", &image_env);
         let host = body.host_config.unwrap();
         assert_eq!(host.nano_cpus, Some(2_500_000_000));
         assert_eq!(host.memory, Some(1 << 30));
@@ -490,18 +524,24 @@ mod tests {
         assert_eq!(labels[LABEL_TASK], "7");
         assert_eq!(labels[LABEL_ATTEMPT], "2");
         assert_eq!(body.working_dir.as_deref(), Some("/work/task-1"));
+        let env = body.env.unwrap();
+        assert!(env.contains(&"GREETING=hello from env".to_string()));
+        // The image's PATH wins over the agent's; its other variables the engine applies.
         assert!(
-            body.env
-                .unwrap()
-                .contains(&"GREETING=hello from env".to_string())
+            env.contains(&"PATH=/opt/conda/bin:/usr/bin".to_string()),
+            "{env:?}"
         );
+        assert!(!env.iter().any(|e| e.starts_with("LANG=")), "{env:?}");
     }
 
     #[test]
     fn no_gpus_means_no_device_request_and_no_limits_means_none_set() {
         let executor = DockerExecutor::new("/nonexistent.sock", "agent-a");
         let spec = crate::contract::spec(std::path::Path::new("/w"), "true");
-        let host = executor.container_body(&spec, "img").host_config.unwrap();
+        let host = executor
+            .container_body(&spec, "img", &[])
+            .host_config
+            .unwrap();
         assert_eq!(host.device_requests, None);
         assert_eq!(host.nano_cpus, None);
         assert_eq!(host.memory, None);
