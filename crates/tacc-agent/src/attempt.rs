@@ -11,7 +11,6 @@ use tacc_compiler::{
     ChunkSource, DirChunkStore, INSTRUCTION_FORMAT, Instruction, Manifest, NodeContext,
 };
 use tacc_core::SnapshotId;
-use tacc_exec::runtime::{RuntimeChoice, RuntimeKind};
 use tacc_exec::{ExecError, Executor, ExitOutcome, LaunchSpec, OutputLine, Placement};
 use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef};
 use tokio::sync::mpsc;
@@ -45,14 +44,14 @@ impl SnapshotCache {
 }
 
 /// Why an attempt could not start, as a snake_case reason and a message.
-fn launch_failed(reason: &str, message: impl Into<String>) -> AttemptOutcome {
+pub(crate) fn launch_failed(reason: &str, message: impl Into<String>) -> AttemptOutcome {
     AttemptOutcome::LaunchFailed {
         reason: reason.into(),
         message: message.into(),
     }
 }
 
-fn report(shared: &Shared, report: AgentReport) {
+pub(crate) fn report(shared: &Shared, report: AgentReport) {
     let _ = shared.reports.send(report);
 }
 
@@ -179,7 +178,7 @@ async fn execute(
         Err(message) => return launch_failed("runtime_unavailable", message),
     };
     report(shared, AgentReport::Started { attempt, at: now() });
-    announce_runtime(shared, attempt, &runtime);
+    crate::runtimes::announce(shared, attempt, &runtime);
 
     let node = NodeContext {
         node_rank: assignment.node_rank,
@@ -226,7 +225,7 @@ async fn execute(
             kill_grace: grace,
             placement: placement.clone(),
         };
-        match launch_with_failover(
+        match crate::runtimes::launch_with_failover(
             shared,
             &instruction,
             &mut runtime,
@@ -265,7 +264,7 @@ async fn execute(
         kill_grace: grace,
         placement,
     };
-    let outcome = match launch_with_failover(
+    let outcome = match crate::runtimes::launch_with_failover(
         shared,
         &instruction,
         &mut runtime,
@@ -318,74 +317,8 @@ pub(crate) fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {
     }
 }
 
-/// Tell the user which runtime runs the attempt: a log line when it is a switch, and the
-/// task's reason (`tcloud show`) always.
-fn announce_runtime(shared: &Shared, attempt: AttemptRef, choice: &RuntimeChoice) {
-    if choice.switched {
-        report(
-            shared,
-            AgentReport::Log {
-                attempt,
-                text: format!("tacc: {}\n", choice.why),
-            },
-        );
-    }
-    report(
-        shared,
-        AgentReport::RuntimeChosen {
-            attempt,
-            runtime: choice.runtime.as_str().to_string(),
-            why: choice.why.clone(),
-        },
-    );
-}
-
-/// [`launch`] on the chosen runtime; when that runtime fails for an infrastructure reason
-/// (not the task's), move to the next eligible one and say so (fail-safe switching).
-#[allow(clippy::too_many_arguments)]
-async fn launch_with_failover(
-    shared: &Arc<Shared>,
-    instruction: &Instruction,
-    runtime: &mut RuntimeChoice,
-    failed: &mut BTreeMap<RuntimeKind, String>,
-    spec: LaunchSpec,
-    attempt: AttemptRef,
-    prefix: Option<String>,
-    cancel: &CancellationToken,
-    record_name: &str,
-) -> Result<ExitOutcome, AttemptOutcome> {
-    loop {
-        let executor = crate::runtimes::executor(shared, runtime.runtime);
-        let error = match launch(
-            shared,
-            executor.as_ref(),
-            spec.clone(),
-            attempt,
-            prefix.clone(),
-            cancel,
-            record_name,
-        )
-        .await
-        {
-            Ok(outcome) => return Ok(outcome),
-            Err(error) => error,
-        };
-        if !error.is_infrastructure() {
-            return Err(launch_failed(error.reason(), error.to_string()));
-        }
-        failed.insert(runtime.runtime, error.to_string());
-        match crate::runtimes::choose(shared, instruction, failed).await {
-            Ok(next) => {
-                *runtime = next;
-                announce_runtime(shared, attempt, runtime);
-            }
-            Err(message) => return Err(launch_failed(error.reason(), message)),
-        }
-    }
-}
-
 /// Run one script to its end, forwarding its output; `Err` when it could not start.
-async fn launch(
+pub(crate) async fn launch(
     shared: &Arc<Shared>,
     executor: &dyn Executor,
     spec: LaunchSpec,

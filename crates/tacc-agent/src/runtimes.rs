@@ -8,9 +8,12 @@ use std::sync::Arc;
 
 use tacc_compiler::Instruction;
 use tacc_exec::runtime::{RuntimeChoice, RuntimeKind, RuntimeQuestion, choose_runtime};
-use tacc_exec::{DockerExecutor, Executor};
+use tacc_exec::{DockerExecutor, Executor, ExitOutcome, LaunchSpec};
+use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
+use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
+use crate::attempt::{launch_failed, report};
 
 /// The kind of the agent's primary executor, from its name.
 fn primary_kind(executor: &dyn Executor) -> RuntimeKind {
@@ -71,4 +74,70 @@ pub(crate) async fn choose(
         failed: failed.clone(),
     };
     choose_runtime(&question)
+}
+
+/// Tell the user which runtime runs the attempt: a log line when it is a switch, and the
+/// task's reason (`tcloud show`) always.
+pub(crate) fn announce(shared: &Shared, attempt: AttemptRef, choice: &RuntimeChoice) {
+    if choice.switched {
+        report(
+            shared,
+            AgentReport::Log {
+                attempt,
+                text: format!("tacc: {}\n", choice.why),
+            },
+        );
+    }
+    report(
+        shared,
+        AgentReport::RuntimeChosen {
+            attempt,
+            runtime: choice.runtime.as_str().to_string(),
+            why: choice.why.clone(),
+        },
+    );
+}
+
+/// [`crate::attempt::launch`] on the chosen runtime; when that runtime fails for an infrastructure reason
+/// (not the task's), move to the next eligible one and say so (fail-safe switching).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn launch_with_failover(
+    shared: &Arc<Shared>,
+    instruction: &Instruction,
+    runtime: &mut RuntimeChoice,
+    failed: &mut BTreeMap<RuntimeKind, String>,
+    spec: LaunchSpec,
+    attempt: AttemptRef,
+    prefix: Option<String>,
+    cancel: &CancellationToken,
+    record_name: &str,
+) -> Result<ExitOutcome, AttemptOutcome> {
+    loop {
+        let executor = crate::runtimes::executor(shared, runtime.runtime);
+        let error = match crate::attempt::launch(
+            shared,
+            executor.as_ref(),
+            spec.clone(),
+            attempt,
+            prefix.clone(),
+            cancel,
+            record_name,
+        )
+        .await
+        {
+            Ok(outcome) => return Ok(outcome),
+            Err(error) => error,
+        };
+        if !error.is_infrastructure() {
+            return Err(launch_failed(error.reason(), error.to_string()));
+        }
+        failed.insert(runtime.runtime, error.to_string());
+        match crate::runtimes::choose(shared, instruction, failed).await {
+            Ok(next) => {
+                *runtime = next;
+                announce(shared, attempt, runtime);
+            }
+            Err(message) => return Err(launch_failed(error.reason(), message)),
+        }
+    }
 }
