@@ -23,7 +23,11 @@ need() { command -v "$1" >/dev/null 2>&1; }
 
 if [ "${1:-}" = stop ]; then
   if [ -f "$PIDFILE" ]; then
-    kill "$(cat "$PIDFILE")" 2>/dev/null || true
+    pid=$(cat "$PIDFILE")
+    kill "$pid" 2>/dev/null || true
+    # dockerd stops its containers and containerd first; wait for it, with a deadline.
+    deadline=$((SECONDS + 30))
+    while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.2; done
     rm -f "$PIDFILE"
   fi
   exit 0
