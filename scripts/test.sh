@@ -16,6 +16,17 @@ if ! need python3; then
   exit 1
 fi
 
+# Real Docker for the container runtime's integration tests (crates/taccd/tests/docker.rs,
+# crates/tacc-exec/tests/docker_contract.rs). Started BEFORE Slurm: dockerd sets the
+# iptables FORWARD policy to DROP, and setup-slurm.sh then lets its bridge through. In CI
+# an engine that does not come up is a failure; elsewhere the tests say SKIPPED loudly.
+if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
+  if ! bash scripts/ci/setup-docker.sh; then
+    echo "error: could not start the test Docker engine (scripts/ci/setup-docker.sh)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+
 # Real Slurm for the Slurm backend's integration tests (crates/taccd/tests/slurm.rs):
 # in CI, or as root, install and start a throw-away two-node cluster. In CI a cluster
 # that does not come up is a failure; elsewhere the tests say SKIPPED loudly.

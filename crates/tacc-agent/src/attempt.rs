@@ -11,7 +11,7 @@ use tacc_compiler::{
     ChunkSource, DirChunkStore, INSTRUCTION_FORMAT, Instruction, Manifest, NodeContext,
 };
 use tacc_core::SnapshotId;
-use tacc_exec::{ExitOutcome, LaunchSpec, OutputLine};
+use tacc_exec::{ExecError, Executor, ExitOutcome, LaunchSpec, OutputLine, Placement};
 use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -44,14 +44,14 @@ impl SnapshotCache {
 }
 
 /// Why an attempt could not start, as a snake_case reason and a message.
-fn launch_failed(reason: &str, message: impl Into<String>) -> AttemptOutcome {
+pub(crate) fn launch_failed(reason: &str, message: impl Into<String>) -> AttemptOutcome {
     AttemptOutcome::LaunchFailed {
         reason: reason.into(),
         message: message.into(),
     }
 }
 
-fn report(shared: &Shared, report: AgentReport) {
+pub(crate) fn report(shared: &Shared, report: AgentReport) {
     let _ = shared.reports.send(report);
 }
 
@@ -108,7 +108,7 @@ async fn execute(
             );
         }
     };
-    if instruction.format_version != INSTRUCTION_FORMAT {
+    if instruction.format_version > INSTRUCTION_FORMAT {
         return launch_failed(
             "bad_instruction",
             format!(
@@ -171,7 +171,14 @@ async fn execute(
             format!("cannot create {}: {e}", userdir.display()),
         );
     }
+    // Runtimes that failed to launch this attempt for an infrastructure reason.
+    let mut failed_runtimes = BTreeMap::new();
+    let mut runtime = match crate::runtimes::choose(shared, &instruction, &failed_runtimes).await {
+        Ok(choice) => choice,
+        Err(message) => return launch_failed("runtime_unavailable", message),
+    };
     report(shared, AgentReport::Started { attempt, at: now() });
+    crate::runtimes::announce(shared, attempt, &runtime);
 
     let node = NodeContext {
         node_rank: assignment.node_rank,
@@ -193,6 +200,20 @@ async fn execute(
     let limit = instruction.time_limit_secs.map(Duration::from_secs);
     let remaining = |limit: Option<Duration>| limit.map(|l| l.saturating_sub(started.elapsed()));
     let grace = Duration::from_secs(instruction.kill_grace_secs);
+    let data_dir = &shared.config.data_dir;
+    let placement = Placement {
+        image: instruction.image.clone(),
+        cpu_millis: instruction.per_node.cpu_millis,
+        memory_bytes: instruction.per_node.memory_bytes,
+        gpu_indices: assignment.gpu_indices.clone(),
+        // Paths the environment names outside the working directory.
+        extra_mounts: vec![
+            (node.userdir.clone(), true),
+            (data_dir.join("datasets"), false),
+            (data_dir.join("envs"), false),
+        ],
+        owner: Some((attempt.task, attempt.attempt, assignment.node_rank)),
+    };
 
     if let Some(setup) = &instruction.setup {
         let spec = LaunchSpec {
@@ -202,9 +223,13 @@ async fn execute(
             env: env.clone(),
             time_limit: remaining(limit),
             kill_grace: grace,
+            placement: placement.clone(),
         };
-        match launch(
+        match crate::runtimes::launch_with_failover(
             shared,
+            &instruction,
+            &mut runtime,
+            &mut failed_runtimes,
             spec,
             attempt,
             prefix.clone(),
@@ -237,8 +262,21 @@ async fn execute(
         env,
         time_limit: remaining(limit),
         kill_grace: grace,
+        placement,
     };
-    let outcome = match launch(shared, spec, attempt, prefix, cancel, name).await {
+    let outcome = match crate::runtimes::launch_with_failover(
+        shared,
+        &instruction,
+        &mut runtime,
+        &mut failed_runtimes,
+        spec,
+        attempt,
+        prefix,
+        cancel,
+        name,
+    )
+    .await
+    {
         Ok(outcome) => outcome_of(outcome),
         Err(outcome) => return outcome,
     };
@@ -280,20 +318,17 @@ pub(crate) fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {
 }
 
 /// Run one script to its end, forwarding its output; `Err` when it could not start.
-async fn launch(
+pub(crate) async fn launch(
     shared: &Arc<Shared>,
+    executor: &dyn Executor,
     spec: LaunchSpec,
     attempt: AttemptRef,
     prefix: Option<String>,
     cancel: &CancellationToken,
     record_name: &str,
-) -> Result<ExitOutcome, AttemptOutcome> {
+) -> Result<ExitOutcome, ExecError> {
     let (tx, mut rx) = mpsc::unbounded_channel::<OutputLine>();
-    let handle = shared
-        .executor
-        .launch(spec, tx)
-        .await
-        .map_err(|e| launch_failed("launch_failed", e.to_string()))?;
+    let handle = executor.launch(spec, tx).await?;
     let _record = handle.pid.and_then(|pid| {
         GroupRecord::write(&shared.config.data_dir.join("run"), record_name, pid).ok()
     });

@@ -15,6 +15,7 @@ mod datasets;
 mod environments;
 mod orphans;
 mod reporter;
+mod runtimes;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -24,7 +25,7 @@ use std::time::Duration;
 pub use capacity::{detect_capacity, detect_gpus};
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
-use tacc_exec::Executor;
+use tacc_exec::{DockerExecutor, Executor};
 use tacc_proto::{Assignment, AttemptRef, RegisterAgent};
 use tokio_util::sync::CancellationToken;
 
@@ -61,6 +62,8 @@ pub(crate) struct Shared {
     pub client: Client,
     pub config: AgentConfig,
     pub executor: Arc<dyn Executor>,
+    /// The container runtime, when this node has a Docker engine.
+    pub container: Option<Arc<DockerExecutor>>,
     pub node: Mutex<Option<NodeId>>,
     pub reports: reporter::ReportSender,
     pub snapshots: attempt::SnapshotCache,
@@ -125,6 +128,7 @@ impl Agent {
                 client,
                 config,
                 executor,
+                container: None,
                 node: Mutex::new(None),
                 reports,
                 snapshots,
@@ -134,6 +138,15 @@ impl Agent {
             attempts: Arc::new(Mutex::new(Attempts::default())),
             reports_rx: Some(reports_rx),
         })
+    }
+
+    /// Offer the container runtime too: tasks with `environment.image` (or `runtime:
+    /// container`) run in containers of this Docker engine.
+    pub fn with_container_runtime(mut self, docker: DockerExecutor) -> Agent {
+        Arc::get_mut(&mut self.shared)
+            .expect("configured before the agent runs")
+            .container = Some(Arc::new(docker));
+        self
     }
 
     /// Run until `shutdown` is cancelled. Processes left by a previous life of this agent
@@ -147,6 +160,10 @@ impl Agent {
         // Executions that outlived the previous life (Slurm jobs) are claimed, not lost.
         for recovered in self.shared.executor.recover().await {
             self.adopt(recovered);
+        }
+        // Containers of the previous life are removed (their attempts are lost).
+        if let Some(docker) = &self.shared.container {
+            docker.recover().await;
         }
         let Some(node) = self.register(&shutdown).await else {
             return;

@@ -13,7 +13,12 @@ use crate::environment::{DatasetMount, EnvPlan, InstructionEnvironment, resolve_
 
 /// Bumped whenever a field's meaning changes, so an old agent refuses a new instruction.
 /// Version 2 added `environment` and `datasets`, which an older agent would silently skip.
-pub const INSTRUCTION_FORMAT: u32 = 2;
+/// Version 3 added `image` and `runtime`; an instruction without them stays version 2, so
+/// agents of version 2 still run every task that does not need a container.
+pub const INSTRUCTION_FORMAT: u32 = 3;
+
+/// The format of an instruction that uses nothing newer than version 2.
+const FORMAT_WITHOUT_RUNTIME: u32 = 2;
 
 /// How long a task gets between SIGTERM and SIGKILL when no checkpoint grace is set.
 const DEFAULT_KILL_GRACE_SECS: u64 = 10;
@@ -49,6 +54,12 @@ pub struct Instruction {
     /// `low`, `normal` or `high`; backends may map it (e.g. to a Slurm QoS).
     #[serde(default = "default_priority")]
     pub priority: String,
+    /// `environment.image`: the task runs in a container of this image, never without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// `runtime:` of the task file (`process`, `container` or `slurm`); `None` is `auto`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 fn default_priority() -> String {
@@ -74,8 +85,15 @@ pub fn compile(
     spec: &TaskSpec,
     snapshot: SnapshotId,
 ) -> Instruction {
+    let image = spec.environment.image.clone();
+    let runtime =
+        (spec.runtime != tacc_schema::Runtime::Auto).then(|| spec.runtime.as_str().to_string());
     Instruction {
-        format_version: INSTRUCTION_FORMAT,
+        format_version: if image.is_some() || runtime.is_some() {
+            INSTRUCTION_FORMAT
+        } else {
+            FORMAT_WITHOUT_RUNTIME
+        },
         task,
         attempt,
         name: spec.name.clone(),
@@ -106,6 +124,8 @@ pub fn compile(
             })
             .collect(),
         priority: spec.priority.as_str().to_string(),
+        image,
+        runtime,
     }
 }
 

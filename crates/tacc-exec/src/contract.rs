@@ -23,6 +23,7 @@ pub fn spec(workdir: &Path, script: &str) -> LaunchSpec {
         ]),
         time_limit: None,
         kill_grace: Duration::from_millis(500),
+        placement: Default::default(),
     }
 }
 

@@ -3,12 +3,14 @@
 //! runs it, streaming output lines back and reporting how it ended.
 //!
 //! Backends: [`ProcessExecutor`] (a local process group: the embedded default),
+//! [`DockerExecutor`] (a Docker container per execution, through the Engine API),
 //! [`SlurmExecutor`] (one Slurm batch job per attempt, from an agent on a login node; see
 //! [`slurm`]) and [`FakeExecutor`] (scripted, for tests of the agent above).
 //! [`runtime::choose_runtime`] decides which runtime a task gets. One contract suite
 //! ([`contract`]) runs against every backend. This crate knows nothing of the server,
 //! the store or the wire protocol; it depends on `tacc-core` only.
 
+mod docker;
 mod fake;
 mod process;
 
@@ -20,6 +22,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use docker::{DockerExecutor, LABEL_OWNER};
 pub use fake::FakeExecutor;
 pub use process::ProcessExecutor;
 pub use slurm::{SlurmBackend, SlurmConfig, SlurmExecutor};
@@ -40,6 +43,28 @@ pub struct LaunchSpec {
     pub time_limit: Option<Duration>,
     /// How long to wait after SIGTERM before SIGKILL on cancel or time limit.
     pub kill_grace: Duration,
+    /// What a runtime that isolates the execution (a container) needs to know; the
+    /// process runtime ignores it.
+    pub placement: Placement,
+}
+
+/// The image, resource limits, GPUs and owner of one execution, for runtimes that
+/// enforce them themselves (a container gets exactly these).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// Container image; `None` takes the runtime's default image, if it has one.
+    pub image: Option<String>,
+    /// CPU limit in thousandths of a CPU; 0 is no limit.
+    pub cpu_millis: u64,
+    /// Memory limit; 0 is no limit.
+    pub memory_bytes: u64,
+    /// Indices of the GPUs the task was given on this node.
+    pub gpu_indices: Vec<u32>,
+    /// Paths outside the working directory the task must see at the same path (its user
+    /// directory, dataset and environment caches), and whether it may write to them.
+    pub extra_mounts: Vec<(PathBuf, bool)>,
+    /// Which attempt this is, so a restarted agent can find what it left behind.
+    pub owner: Option<(TaskId, AttemptNo, u32)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +138,36 @@ pub enum ExecError {
     MissingWorkdir(String),
     #[error("slurm: {0}")]
     Slurm(String),
+    #[error(
+        "image `{image}` is neither on this node nor could it be pulled ({detail}); check the name in `environment.image`, or load the image on the node"
+    )]
+    ImageNotFound { image: String, detail: String },
+    /// The runtime itself does not answer (an infrastructure problem, never the task's):
+    /// the attempt may move to another runtime.
+    #[error("the {runtime} runtime is unavailable: {detail}")]
+    RuntimeUnavailable {
+        runtime: &'static str,
+        detail: String,
+    },
+    #[error("the container runtime refused the task: {0}")]
+    Container(String),
+}
+
+impl ExecError {
+    /// The snake_case reason an attempt that could not start this way ends with.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ExecError::ImageNotFound { .. } => "image_not_found",
+            ExecError::RuntimeUnavailable { .. } => "runtime_unavailable",
+            _ => "launch_failed",
+        }
+    }
+
+    /// Whether the failure is the runtime's, not the task's: only then may the attempt
+    /// move to the next eligible runtime.
+    pub fn is_infrastructure(&self) -> bool {
+        matches!(self, ExecError::RuntimeUnavailable { .. })
+    }
 }
 
 /// An execution a previous life of the agent started and the backend found again.

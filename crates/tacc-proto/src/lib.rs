@@ -219,6 +219,13 @@ pub enum AgentReport {
         at: Timestamp,
         outcome: AttemptOutcome,
     },
+    /// The runtime the node runs the attempt in (`process`, `container`, …) and why,
+    /// saying so when it switched away from a better one; shown as the task's reason.
+    RuntimeChosen {
+        attempt: AttemptRef,
+        runtime: String,
+        why: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

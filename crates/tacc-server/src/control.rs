@@ -723,6 +723,23 @@ impl Control {
                     self.finish_attempt(&mut inner, attempt, outcome, at)
                         .await?;
                 }
+                AgentReport::RuntimeChosen {
+                    attempt,
+                    runtime,
+                    why,
+                } => {
+                    let Some(record) = self.store.get_task(attempt.task).await? else {
+                        continue;
+                    };
+                    if record.attempt == attempt.attempt && !record.state.is_terminal() {
+                        self.store
+                            .apply(&[TaskChange::Reason {
+                                task: attempt.task,
+                                reason: Some(format!("runtime {runtime}: {why}")),
+                            }])
+                            .await?;
+                    }
+                }
             }
         }
         Ok(())
@@ -1098,9 +1115,6 @@ fn assignments_for(
 /// Fields the task file accepts but this server cannot honour yet.
 fn unsupported(spec: &TaskSpec) -> Result<(), ServerError> {
     let mut problems = Vec::new();
-    if spec.environment.image.is_some() || spec.runtime == Runtime::Container {
-        problems.push("`environment.image` / `runtime: container` (the container runtime is not supported yet; remove the image to run as a process)");
-    }
     if spec.runtime == Runtime::Slurm {
         problems
             .push("`runtime: slurm` (the Slurm backend is not supported yet; use `runtime: auto`)");

@@ -179,6 +179,44 @@ struct NodeArgs {
     /// evicted, least recently used first.
     #[arg(long, default_value = "50GiB")]
     env_cache_size: ByteSize,
+    /// Docker engine socket for the container runtime (tasks with `environment.image`).
+    /// Named explicitly, the runtime is offered even while the engine is down (such tasks
+    /// then fail over or fail as `runtime_unavailable`); by default it is offered when
+    /// /var/run/docker.sock answers at start.
+    #[arg(long)]
+    docker_socket: Option<PathBuf>,
+    /// Run tasks that name no image in this image (isolation, best effort: when the engine
+    /// is down they run as processes, and the task's log says so).
+    #[arg(long)]
+    container_image: Option<String>,
+}
+
+const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
+
+/// The container runtime this node offers, if any (see `--docker-socket`).
+async fn container_runtime(node: &NodeArgs, data_dir: &Path) -> Option<tacc_exec::DockerExecutor> {
+    // The owner label is the agent's data directory: unique per agent on a machine.
+    let owner = std::fs::canonicalize(data_dir)
+        .unwrap_or_else(|_| data_dir.to_path_buf())
+        .display()
+        .to_string();
+    let executor = |socket: &str| {
+        tacc_exec::DockerExecutor::new(socket, owner.clone())
+            .with_default_image(node.container_image.clone())
+    };
+    match &node.docker_socket {
+        Some(socket) => Some(executor(&socket.display().to_string())),
+        None => {
+            let docker = executor(DEFAULT_DOCKER_SOCKET);
+            match docker.ping().await {
+                Ok(()) => Some(docker),
+                Err(why) => {
+                    tracing::info!("no container runtime on this node: {why}");
+                    None
+                }
+            }
+        }
+    }
 }
 
 fn main() -> Result<()> {
@@ -307,6 +345,8 @@ async fn run_agent(
     node: NodeArgs,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("cannot create {}", data_dir.display()))?;
     let (detected, gpu_type) = tacc_agent::detect_capacity();
     let capacity = Resources::new(
         node.cpus
@@ -314,7 +354,7 @@ async fn run_agent(
         node.memory.map_or(detected.memory_bytes, |m| m.as_bytes()),
         node.gpus.unwrap_or(detected.gpus),
     );
-    let name = match node.name {
+    let name = match node.name.clone() {
         Some(name) => name,
         None => host_name(),
     };
@@ -324,13 +364,17 @@ async fn run_agent(
         capacity,
         gpu_type,
         labels: BTreeMap::new(),
-        address: node.address,
+        address: node.address.clone(),
         poll_wait: Duration::from_secs(20),
         keep_workdirs: node.keep_workdirs,
         env_cache_bytes: node.env_cache_size.as_bytes(),
     };
     let client = tacc_client::Client::new(server, "agent");
-    let agent = Agent::new(client, config, Arc::new(tacc_exec::ProcessExecutor::new()))?;
+    let mut agent = Agent::new(client, config, Arc::new(tacc_exec::ProcessExecutor::new()))?;
+    if let Some(docker) = container_runtime(&node, data_dir).await {
+        tracing::info!("container runtime: Docker engine at the configured socket");
+        agent = agent.with_container_runtime(docker);
+    }
     agent.run(shutdown).await;
     Ok(())
 }

@@ -246,6 +246,7 @@ mod tests {
             ]),
             time_limit: Some(Duration::from_secs(90)),
             kill_grace: Duration::from_secs(1),
+            placement: Default::default(),
         }
     }
 

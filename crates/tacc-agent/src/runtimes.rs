@@ -1,0 +1,143 @@
+//! The runtimes this node offers and the choice among them for one attempt: the node's
+//! primary executor (process, or Slurm on a login node) always, the container runtime
+//! when the agent was given a Docker engine. The decision itself is
+//! [`tacc_exec::runtime::choose_runtime`]; this module only gathers what it looks at.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use tacc_compiler::Instruction;
+use tacc_exec::runtime::{RuntimeChoice, RuntimeKind, RuntimeQuestion, choose_runtime};
+use tacc_exec::{DockerExecutor, Executor, ExitOutcome, LaunchSpec};
+use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
+use tokio_util::sync::CancellationToken;
+
+use crate::Shared;
+use crate::attempt::{launch_failed, report};
+
+/// The kind of the agent's primary executor, from its name.
+fn primary_kind(executor: &dyn Executor) -> RuntimeKind {
+    match executor.name() {
+        "slurm" => RuntimeKind::Slurm,
+        "container" => RuntimeKind::Container,
+        // `process`, and `fake` in tests, run on the node itself.
+        _ => RuntimeKind::Process,
+    }
+}
+
+/// The executor that runs `runtime` on this node.
+pub(crate) fn executor(shared: &Shared, runtime: RuntimeKind) -> Arc<dyn Executor> {
+    match (&shared.container, runtime) {
+        (Some(docker), RuntimeKind::Container)
+            if primary_kind(shared.executor.as_ref()) != RuntimeKind::Container =>
+        {
+            docker.clone() as Arc<dyn Executor>
+        }
+        _ => shared.executor.clone(),
+    }
+}
+
+/// Choose the runtime for an attempt; `failed` holds runtimes that already failed to
+/// launch it for an infrastructure reason. `Err` says why no runtime here can run it.
+pub(crate) async fn choose(
+    shared: &Shared,
+    instruction: &Instruction,
+    failed: &BTreeMap<RuntimeKind, String>,
+) -> Result<RuntimeChoice, String> {
+    let mut offered = BTreeSet::from([primary_kind(shared.executor.as_ref())]);
+    let mut unavailable = BTreeMap::new();
+    let container: Option<&Arc<DockerExecutor>> = shared.container.as_ref();
+    if let Some(docker) = container {
+        offered.insert(RuntimeKind::Container);
+        // Only asked when a container could be chosen: a plain process task never waits
+        // on the engine.
+        if let Err(why) = docker.ping().await {
+            unavailable.insert(RuntimeKind::Container, why.to_string());
+        }
+    }
+    let question = RuntimeQuestion {
+        preference: instruction
+            .runtime
+            .as_deref()
+            .and_then(RuntimeKind::from_preference),
+        has_image: instruction.image.is_some(),
+        isolate_by_default: container.is_some_and(|d| d.default_image().is_some()),
+        num_nodes: instruction.num_nodes,
+        // The scheduler already placed the attempt on this node's cluster: Slurm versus
+        // local is decided there (a Slurm agent offers Slurm alone), so every gang fits.
+        local_machines: instruction.num_nodes,
+        expected_duration: instruction
+            .time_limit_secs
+            .map(std::time::Duration::from_secs),
+        offered,
+        unavailable,
+        failed: failed.clone(),
+    };
+    choose_runtime(&question)
+}
+
+/// Tell the user which runtime runs the attempt: a log line when it is a switch, and the
+/// task's reason (`tcloud show`) always.
+pub(crate) fn announce(shared: &Shared, attempt: AttemptRef, choice: &RuntimeChoice) {
+    if choice.switched {
+        report(
+            shared,
+            AgentReport::Log {
+                attempt,
+                text: format!("tacc: {}\n", choice.why),
+            },
+        );
+    }
+    report(
+        shared,
+        AgentReport::RuntimeChosen {
+            attempt,
+            runtime: choice.runtime.as_str().to_string(),
+            why: choice.why.clone(),
+        },
+    );
+}
+
+/// [`crate::attempt::launch`] on the chosen runtime; when that runtime fails for an infrastructure reason
+/// (not the task's), move to the next eligible one and say so (fail-safe switching).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn launch_with_failover(
+    shared: &Arc<Shared>,
+    instruction: &Instruction,
+    runtime: &mut RuntimeChoice,
+    failed: &mut BTreeMap<RuntimeKind, String>,
+    spec: LaunchSpec,
+    attempt: AttemptRef,
+    prefix: Option<String>,
+    cancel: &CancellationToken,
+    record_name: &str,
+) -> Result<ExitOutcome, AttemptOutcome> {
+    loop {
+        let executor = crate::runtimes::executor(shared, runtime.runtime);
+        let error = match crate::attempt::launch(
+            shared,
+            executor.as_ref(),
+            spec.clone(),
+            attempt,
+            prefix.clone(),
+            cancel,
+            record_name,
+        )
+        .await
+        {
+            Ok(outcome) => return Ok(outcome),
+            Err(error) => error,
+        };
+        if !error.is_infrastructure() {
+            return Err(launch_failed(error.reason(), error.to_string()));
+        }
+        failed.insert(runtime.runtime, error.to_string());
+        match crate::runtimes::choose(shared, instruction, failed).await {
+            Ok(next) => {
+                *runtime = next;
+                announce(shared, attempt, runtime);
+            }
+            Err(message) => return Err(launch_failed(error.reason(), message)),
+        }
+    }
+}
