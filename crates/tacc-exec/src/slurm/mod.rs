@@ -37,6 +37,8 @@ use crate::{
 const GANG_ASSEMBLY_LIMIT: Duration = Duration::from_secs(600);
 /// A job pending longer than this gets a line in the task's log saying why.
 const PENDING_NOTICE_AFTER: Duration = Duration::from_secs(2);
+/// How often a running job's exit files are looked for (a few `stat`s per job).
+const EXIT_FILE_CHECK: Duration = Duration::from_millis(20);
 /// A job Slurm never listed this long after `sbatch` answered is considered lost.
 const UNSEEN_JOB_LIMIT: Duration = Duration::from_secs(60);
 
@@ -446,6 +448,7 @@ impl SlurmBackend {
         let mut pending_reason = String::new();
         let mut pending_since: Option<Instant> = None;
         let mut stopping: Option<ExitOutcome> = None;
+        let mut ended_by_exit_files = false;
         let final_status = loop {
             for rank in &mut ranks {
                 rank.tail.forward(&rank.output, false);
@@ -462,6 +465,16 @@ impl SlurmBackend {
                 if stopping.is_some() {
                     let _ = slurm_command("scancel", &[&job_id.to_string()]).await;
                 }
+            }
+            // Each rank's script writes its exit file after its last output: once all are
+            // there the attempt is over, without waiting for the next squeue poll.
+            if stopping.is_none()
+                && ranks
+                    .iter()
+                    .all(|r| dir.join(format!("exit-{}", r.rank)).exists())
+            {
+                ended_by_exit_files = true;
+                break None;
             }
             match &current {
                 Some(job) => {
@@ -497,12 +510,14 @@ impl SlurmBackend {
             }
             tokio::select! {
                 _ = jobs.changed() => {}
-                _ = tokio::time::sleep(self.config.poll_interval) => {}
+                _ = tokio::time::sleep(self.config.poll_interval.min(EXIT_FILE_CHECK)) => {}
                 _ = self.shutdown.cancelled() => return,
             }
         };
-        // Slurm may report the end a moment before the last bytes reach the shared disk.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        if !ended_by_exit_files {
+            // Slurm may report the end a moment before the last bytes reach the shared disk.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
         for rank in &mut ranks {
             rank.tail.forward(&rank.output, true);
         }
