@@ -140,6 +140,21 @@ pub fn load_task(path: &Path) -> Result<LoadedTask, SchemaError> {
             Some("set `code.dir` to a directory relative to the task file, e.g. `dir: .`".into()),
         ));
     }
+    if let Some(checkpoint) = &spec.checkpoint
+        && checkpoint.signal != "SIGTERM"
+    {
+        // Accepted so task files need not change later, but said plainly: what a task
+        // receives when it is stopped is not yet the signal it asked for.
+        let at = spans
+            .location("checkpoint.signal")
+            .or_else(|| spans.location("checkpoint"))
+            .map(|l| format!("{source_name}:{}:{}: ", l.line, l.column))
+            .unwrap_or_default();
+        warnings.push(format!(
+            "{at}`checkpoint.signal: {}` is not sent yet: a stopped task (cancel, preemption, time limit) gets SIGTERM, then SIGKILL after `checkpoint.grace` ({}); handle SIGTERM to checkpoint",
+            checkpoint.signal, checkpoint.grace
+        ));
+    }
     Ok(LoadedTask {
         spec,
         source: file,
@@ -196,5 +211,26 @@ pub(crate) fn task_name_from(raw: &str) -> String {
         "task".to_string()
     } else {
         trimmed
+    }
+}
+
+#[cfg(test)]
+mod checkpoint_warning_tests {
+    #[test]
+    fn a_checkpoint_signal_other_than_sigterm_is_accepted_with_a_located_warning() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("task.yaml"),
+            "name: ckpt\nrun: python train.py\ncheckpoint:\n  signal: SIGUSR1\n  grace: 30s\n",
+        )
+        .unwrap();
+        let loaded = super::load_task(dir.path()).unwrap();
+        assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+        let warning = &loaded.warnings[0];
+        assert!(warning.contains("task.yaml:4:"), "{warning}");
+        assert!(
+            warning.contains("SIGUSR1") && warning.contains("SIGTERM") && warning.contains("30s"),
+            "{warning}"
+        );
     }
 }
