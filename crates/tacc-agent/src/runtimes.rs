@@ -47,19 +47,23 @@ pub(crate) async fn choose(
     let mut offered = BTreeSet::from([primary_kind(shared.executor.as_ref())]);
     let mut unavailable = BTreeMap::new();
     let container: Option<&Arc<DockerExecutor>> = shared.container.as_ref();
+    let preference = instruction
+        .runtime
+        .as_deref()
+        .and_then(RuntimeKind::from_preference);
     if let Some(docker) = container {
         offered.insert(RuntimeKind::Container);
         // Only asked when a container could be chosen: a plain process task never waits
         // on the engine.
-        if let Err(why) = docker.ping().await {
+        let could_use_container = instruction.image.is_some()
+            || docker.default_image().is_some()
+            || preference == Some(RuntimeKind::Container);
+        if could_use_container && let Err(why) = docker.ping().await {
             unavailable.insert(RuntimeKind::Container, why.to_string());
         }
     }
     let question = RuntimeQuestion {
-        preference: instruction
-            .runtime
-            .as_deref()
-            .and_then(RuntimeKind::from_preference),
+        preference,
         has_image: instruction.image.is_some(),
         isolate_by_default: container.is_some_and(|d| d.default_image().is_some()),
         num_nodes: instruction.num_nodes,
@@ -77,8 +81,12 @@ pub(crate) async fn choose(
 }
 
 /// Tell the user which runtime runs the attempt: a log line when it is a switch, and the
-/// task's reason (`tcloud show`) always.
+/// task's reason (`tcloud show`) when it is not simply the node's default runtime. The
+/// default case says nothing: it would cost a store write for every task.
 pub(crate) fn announce(shared: &Shared, attempt: AttemptRef, choice: &RuntimeChoice) {
+    if !choice.switched && choice.runtime == primary_kind(shared.executor.as_ref()) {
+        return;
+    }
     if choice.switched {
         report(
             shared,
