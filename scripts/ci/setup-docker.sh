@@ -46,6 +46,14 @@ if ! need dockerd || ! need docker || [ ! -x /bin/busybox ]; then
 fi
 
 if ! docker info >/dev/null 2>&1; then
+  # A dockerd killed without its shutdown (the end of a session, kill -9) leaves its pid
+  # file behind, and a new dockerd refuses to start while the file is there.
+  for file in "$PIDFILE" "$PIDFILE.dockerd"; do
+    if [ -f "$file" ] && ! kill -0 "$(cat "$file")" 2>/dev/null; then
+      log "removing the stale pid file $file"
+      rm -f "$file"
+    fi
+  done
   # A throw-away data root: the tests' engine shares nothing with a system one.
   mkdir -p "$STATE/data"
   log "starting dockerd (data root $STATE/data, log $STATE/dockerd.log)"
