@@ -177,14 +177,7 @@ impl Agent {
         let mut node = node;
         let mut backoff = Backoff::default();
         loop {
-            let running: Vec<AttemptRef> = self
-                .attempts
-                .lock()
-                .unwrap()
-                .running
-                .keys()
-                .copied()
-                .collect();
+            let running = self.running_attempts();
             let poll =
                 self.shared
                     .client
@@ -231,18 +224,22 @@ impl Agent {
         let _ = reporter.await;
     }
 
+    /// Attempts this agent runs right now (sent with every poll and registration).
+    fn running_attempts(&self) -> Vec<AttemptRef> {
+        self.attempts
+            .lock()
+            .unwrap()
+            .running
+            .keys()
+            .copied()
+            .collect()
+    }
+
     /// Register (again), retrying until the server answers or we are shut down.
     async fn register(&self, shutdown: &CancellationToken) -> Option<NodeId> {
         let mut backoff = Backoff::default();
         loop {
-            let running: Vec<AttemptRef> = self
-                .attempts
-                .lock()
-                .unwrap()
-                .running
-                .keys()
-                .copied()
-                .collect();
+            let running = self.running_attempts();
             let registration = RegisterAgent {
                 name: self.shared.config.name.clone(),
                 capacity: self.shared.config.capacity,

@@ -107,28 +107,13 @@ impl Store for MemoryStore {
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
         let mut inner = self.inner.lock().unwrap();
         let id = TaskId(inner.tasks.keys().next_back().map_or(1, |last| last.0 + 1));
-        let record = TaskRecord {
-            id,
-            name: task.name,
-            user: task.user,
-            spec: task.spec,
-            snapshot: task.snapshot,
-            source: task.source,
-            state: TaskState::Queued,
-            reason: None,
-            exit_code: None,
-            attempt: AttemptNo::FIRST,
-            placements: Vec::new(),
-            cancel_requested: false,
-            submitted_at: task.submitted_at,
-            started_at: None,
-            finished_at: None,
-        };
+        let submitted_at = task.submitted_at;
+        let record = task.into_queued_record(id);
         inner.tasks.insert(id, record.clone());
         inner.events.insert(
             id,
             vec![TaskEvent {
-                at: task.submitted_at,
+                at: submitted_at,
                 attempt: AttemptNo::FIRST,
                 state: TaskState::Queued,
                 reason: None,

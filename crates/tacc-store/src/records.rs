@@ -13,6 +13,29 @@ pub struct NewTask {
     pub submitted_at: Timestamp,
 }
 
+impl NewTask {
+    /// The record of the task as it is just after submission: queued, attempt 1.
+    pub(crate) fn into_queued_record(self, id: TaskId) -> TaskRecord {
+        TaskRecord {
+            id,
+            name: self.name,
+            user: self.user,
+            spec: self.spec,
+            snapshot: self.snapshot,
+            source: self.source,
+            state: TaskState::Queued,
+            reason: None,
+            exit_code: None,
+            attempt: AttemptNo::FIRST,
+            placements: Vec::new(),
+            cancel_requested: false,
+            submitted_at: self.submitted_at,
+            started_at: None,
+            finished_at: None,
+        }
+    }
+}
+
 /// Where one node's share of a task was placed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoredPlacement {

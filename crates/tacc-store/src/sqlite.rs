@@ -135,23 +135,7 @@ impl Store for SqliteStore {
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(TaskRecord {
-            id: TaskId(id as u64),
-            name: task.name,
-            user: task.user,
-            spec: task.spec,
-            snapshot: task.snapshot,
-            source: task.source,
-            state: TaskState::Queued,
-            reason: None,
-            exit_code: None,
-            attempt: AttemptNo::FIRST,
-            placements: Vec::new(),
-            cancel_requested: false,
-            submitted_at: task.submitted_at,
-            started_at: None,
-            finished_at: None,
-        })
+        Ok(task.into_queued_record(TaskId(id as u64)))
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
