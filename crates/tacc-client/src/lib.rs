@@ -51,7 +51,9 @@ pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 #[derive(Debug, Clone)]
 pub struct Client {
     base: String,
-    user: String,
+    /// The bearer token sent with every request; `None` only for anonymous calls
+    /// (health, or a test proving that the server refuses them).
+    token: Option<String>,
     http: reqwest::Client,
 }
 
@@ -64,8 +66,9 @@ pub struct TaskQuery {
 }
 
 impl Client {
-    /// `base` is the server's URL, e.g. `http://127.0.0.1:8383`.
-    pub fn new(base: &str, user: &str) -> Self {
+    /// `base` is the server's URL, e.g. `http://127.0.0.1:8383`. Requests are anonymous
+    /// until a token is given with [`Client::with_token`].
+    pub fn new(base: &str) -> Self {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
@@ -73,9 +76,15 @@ impl Client {
             .expect("HTTP client configuration is static");
         Client {
             base: base.trim_end_matches('/').to_string(),
-            user: user.to_string(),
+            token: None,
             http,
         }
+    }
+
+    /// The same server, with `token` (`tacc_…`) sent as `Authorization: Bearer`.
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
     }
 
     pub fn base_url(&self) -> &str {
@@ -83,9 +92,11 @@ impl Client {
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        self.http
-            .request(method, format!("{}{path}", self.base))
-            .header(tacc_proto::USER_HEADER, &self.user)
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
     }
 
     fn unreachable(&self, error: reqwest::Error) -> ClientError {
@@ -304,6 +315,86 @@ impl Client {
 
     pub async fn list_nodes(&self) -> Result<Vec<NodeView>> {
         self.json(self.request(Method::GET, "/v1/nodes")).await
+    }
+
+    // ------------------------------------------------------------ identities
+
+    /// Who the server takes this client's token for.
+    pub async fn whoami(&self) -> Result<tacc_proto::WhoAmI> {
+        self.json(self.request(Method::GET, "/v1/whoami")).await
+    }
+
+    pub async fn create_user(
+        &self,
+        user: &tacc_proto::CreateUser,
+    ) -> Result<tacc_proto::UserCreated> {
+        self.json(self.request(Method::POST, "/v1/admin/users").json(user))
+            .await
+    }
+
+    pub async fn list_users(&self) -> Result<Vec<tacc_proto::UserView>> {
+        self.json(self.request(Method::GET, "/v1/admin/users"))
+            .await
+    }
+
+    pub async fn create_token(
+        &self,
+        token: &tacc_proto::CreateToken,
+    ) -> Result<tacc_proto::TokenIssued> {
+        self.json(self.request(Method::POST, "/v1/admin/tokens").json(token))
+            .await
+    }
+
+    pub async fn list_tokens(&self) -> Result<Vec<tacc_proto::TokenView>> {
+        self.json(self.request(Method::GET, "/v1/admin/tokens"))
+            .await
+    }
+
+    pub async fn revoke_token(&self, id: u64) -> Result<()> {
+        self.send(self.request(Method::POST, &format!("/v1/admin/tokens/{id}/revoke")))
+            .await?;
+        Ok(())
+    }
+
+    /// A join token with which a new agent can register its node.
+    pub async fn create_agent_token(
+        &self,
+        ttl_secs: Option<u64>,
+    ) -> Result<tacc_proto::TokenIssued> {
+        let request = self.request(Method::POST, "/v1/admin/agent-tokens");
+        let request = match ttl_secs {
+            Some(ttl) => request.query(&[("ttl_secs", ttl)]),
+            None => request,
+        };
+        self.json(request).await
+    }
+
+    pub async fn audit(&self, limit: u32) -> Result<Vec<tacc_proto::AuditView>> {
+        self.json(
+            self.request(Method::GET, "/v1/admin/audit")
+                .query(&[("limit", limit)]),
+        )
+        .await
+    }
+
+    /// Set (or replace) one of the caller's secrets; the value is never sent back.
+    pub async fn put_secret(&self, name: &str, value: Vec<u8>) -> Result<()> {
+        self.send(
+            self.request(Method::PUT, &format!("/v1/secrets/{name}"))
+                .body(value),
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub async fn list_secrets(&self) -> Result<Vec<tacc_proto::SecretView>> {
+        self.json(self.request(Method::GET, "/v1/secrets")).await
+    }
+
+    pub async fn delete_secret(&self, name: &str) -> Result<()> {
+        self.send(self.request(Method::DELETE, &format!("/v1/secrets/{name}")))
+            .await?;
+        Ok(())
     }
 
     // ------------------------------------------------------------ agent protocol

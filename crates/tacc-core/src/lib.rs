@@ -5,12 +5,14 @@
 //! depend on any other crate of ours, nor on anything that does I/O (no tokio, no network,
 //! no file system, no clock). Everything here is plain data with parsing and formatting.
 
+mod identity;
 mod ids;
 mod quantity;
 mod resources;
 mod state;
 mod time;
 
+pub use identity::Role;
 pub use ids::{AttemptNo, NodeId, SnapshotId, TaskId, UserName};
 pub use quantity::{ByteSize, HumanDuration};
 pub use resources::Resources;

@@ -8,10 +8,11 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tacc_core::{AttemptNo, NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};
 
-/// Header naming the user on whose behalf a request is made.
-pub const USER_HEADER: &str = "x-tacc-user";
+/// Prefix of every API token TACC issues (users, agent join tokens, node credentials), so
+/// a leaked token is recognisable by secret scanners.
+pub const TOKEN_PREFIX: &str = "tacc_";
 /// Response header of the log endpoint: the byte offset just past the returned data.
 pub const LOG_OFFSET_HEADER: &str = "x-tacc-log-offset";
 /// API version prefix.
@@ -162,6 +163,10 @@ pub struct AgentRegistered {
     pub node_id: NodeId,
     /// The agent must poll at least this often or it is considered lost.
     pub heartbeat_timeout_ms: u64,
+    /// The node's own credential, issued when the agent registered with a join token:
+    /// keep it (mode 0600) and present it from now on, also after a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -282,4 +287,97 @@ pub struct GcReport {
     pub chunks_removed: u64,
     pub bytes_removed: u64,
     pub temp_files_removed: u64,
+}
+
+// ---------------------------------------------------------------- identities
+
+/// `GET /v1/whoami`: the identity the presented token stands for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WhoAmI {
+    pub name: String,
+    pub group: Option<String>,
+    pub role: Role,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserView {
+    pub name: String,
+    pub group: Option<String>,
+    pub role: Role,
+    pub created_at: Timestamp,
+}
+
+/// `POST /v1/admin/users` (admin only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateUser {
+    pub name: String,
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default = "default_role")]
+    pub role: Role,
+    /// Lifetime of the first token; none = until revoked.
+    #[serde(default)]
+    pub token_ttl_secs: Option<u64>,
+}
+
+fn default_role() -> Role {
+    Role::User
+}
+
+/// `POST /v1/admin/tokens` (admin only): a new API token for an existing user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateToken {
+    pub user: String,
+    #[serde(default)]
+    pub label: String,
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+}
+
+/// A token as issued: the secret appears here once and is never shown again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenIssued {
+    pub id: u64,
+    pub token: String,
+    pub expires_at: Option<Timestamp>,
+}
+
+/// `POST /v1/admin/users` answer: the user and their first token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserCreated {
+    pub user: UserView,
+    pub token: TokenIssued,
+}
+
+/// A token as listed: never its secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenView {
+    pub id: u64,
+    /// `user`, `agent_join` or `node`.
+    pub kind: String,
+    pub user: Option<String>,
+    pub node: Option<NodeId>,
+    pub label: String,
+    pub created_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+    pub revoked_at: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditView {
+    pub id: u64,
+    pub at: Timestamp,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub outcome: String,
+    pub detail: String,
+}
+
+/// A secret as listed: its name, never its value. The value is set with
+/// `PUT /v1/secrets/{name}` (the raw bytes as the body) and never read back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretView {
+    pub name: String,
+    pub updated_at: Timestamp,
 }

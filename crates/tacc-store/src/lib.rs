@@ -7,12 +7,17 @@
 //! against PostgreSQL once it is added. It depends on `tacc-core` only: no scheduler, no
 //! HTTP, no wire types. Callers pass time in; the store never reads a clock.
 
+mod access;
 mod memory;
 mod records;
 mod sqlite;
 
 pub mod contract;
 
+pub use access::{
+    AuditEntry, NewAuditEntry, NewToken, SecretRecord, SnapshotOwner, TokenKind, TokenRecord,
+    UserRecord,
+};
 pub use memory::MemoryStore;
 pub use records::{
     NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
@@ -47,6 +52,8 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    #[error("{what} `{name}` already exists")]
+    AlreadyExists { what: &'static str, name: String },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
 }
@@ -84,4 +91,47 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     async fn add_output(&self, output: OutputRecord) -> Result<()>;
     async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>>;
+
+    // ------------------------------------------------------------ identities
+
+    /// Add a user; `AlreadyExists` when the name is taken.
+    async fn create_user(&self, user: UserRecord) -> Result<()>;
+    async fn get_user(&self, name: &str) -> Result<Option<UserRecord>>;
+    /// Every user, by name.
+    async fn list_users(&self) -> Result<Vec<UserRecord>>;
+    /// Record a token; assigns its id. `AlreadyExists` when the hash is taken.
+    async fn create_token(&self, token: NewToken) -> Result<TokenRecord>;
+    /// The token whose secret hashes to `hash`, revoked and expired ones included.
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>>;
+    async fn get_token(&self, id: u64) -> Result<Option<TokenRecord>>;
+    /// Tokens by id; only those of `user` when given.
+    async fn list_tokens(&self, user: Option<&str>) -> Result<Vec<TokenRecord>>;
+    /// Mark a token revoked at `at`; false when it does not exist or was revoked already.
+    async fn revoke_token(&self, id: u64, at: tacc_core::Timestamp) -> Result<bool>;
+
+    // ------------------------------------------------------------ audit
+
+    async fn append_audit(&self, entry: NewAuditEntry) -> Result<()>;
+    /// The newest `limit` entries at or after `since`, oldest first.
+    async fn list_audit(
+        &self,
+        since: Option<tacc_core::Timestamp>,
+        limit: u32,
+    ) -> Result<Vec<AuditEntry>>;
+
+    // ------------------------------------------------------------ secrets
+
+    /// Insert or replace a user's secret.
+    async fn put_secret(&self, secret: SecretRecord) -> Result<()>;
+    async fn get_secret(&self, user: &str, name: &str) -> Result<Option<SecretRecord>>;
+    /// A user's secrets, by name.
+    async fn list_secrets(&self, user: &str) -> Result<Vec<SecretRecord>>;
+    /// False when there was no such secret.
+    async fn delete_secret(&self, user: &str, name: &str) -> Result<bool>;
+
+    // ------------------------------------------------------------ snapshot ownership
+
+    /// Record that `user` committed `snapshot` (idempotent).
+    async fn add_snapshot_owner(&self, owner: SnapshotOwner) -> Result<()>;
+    async fn is_snapshot_owner(&self, snapshot: &SnapshotId, user: &str) -> Result<bool>;
 }

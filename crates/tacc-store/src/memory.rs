@@ -4,8 +4,9 @@ use std::sync::Mutex;
 use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 use crate::{
-    NewNode, NewTask, NodeRecord, OutputRecord, Result, Store, StoreError, TaskChange, TaskEvent,
-    TaskFilter, TaskRecord, Transition,
+    AuditEntry, NewAuditEntry, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
+    SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskRecord,
+    TokenRecord, Transition, UserRecord,
 };
 
 /// An in-memory [`Store`] for tests of the layers above. It follows the same contract as
@@ -22,6 +23,11 @@ struct Inner {
     nodes: BTreeMap<NodeId, NodeRecord>,
     snapshots: BTreeMap<SnapshotId, serde_json::Value>,
     outputs: BTreeMap<(TaskId, AttemptNo, String), OutputRecord>,
+    users: BTreeMap<String, UserRecord>,
+    tokens: BTreeMap<u64, TokenRecord>,
+    audit: Vec<AuditEntry>,
+    secrets: BTreeMap<(String, String), SecretRecord>,
+    snapshot_owners: std::collections::BTreeSet<(SnapshotId, String)>,
 }
 
 impl MemoryStore {
@@ -246,5 +252,153 @@ impl Store for MemoryStore {
             .filter(|o| o.task == task)
             .cloned()
             .collect())
+    }
+
+    async fn create_user(&self, user: UserRecord) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        if inner.users.contains_key(&user.name) {
+            return Err(StoreError::AlreadyExists {
+                what: "user",
+                name: user.name,
+            });
+        }
+        inner.users.insert(user.name.clone(), user);
+        Ok(())
+    }
+
+    async fn get_user(&self, name: &str) -> Result<Option<UserRecord>> {
+        Ok(self.inner.lock().unwrap().users.get(name).cloned())
+    }
+
+    async fn list_users(&self) -> Result<Vec<UserRecord>> {
+        Ok(self.inner.lock().unwrap().users.values().cloned().collect())
+    }
+
+    async fn create_token(&self, token: NewToken) -> Result<TokenRecord> {
+        let mut inner = self.inner.lock().unwrap();
+        if inner.tokens.values().any(|t| t.hash == token.hash) {
+            return Err(StoreError::AlreadyExists {
+                what: "token",
+                name: token.hash,
+            });
+        }
+        let id = inner.tokens.keys().next_back().map_or(1, |last| last + 1);
+        let record = TokenRecord {
+            id,
+            kind: token.kind,
+            hash: token.hash,
+            user: token.user,
+            node: token.node,
+            created_at: token.created_at,
+            expires_at: token.expires_at,
+            revoked_at: None,
+            label: token.label,
+        };
+        inner.tokens.insert(id, record.clone());
+        Ok(record)
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner.tokens.values().find(|t| t.hash == hash).cloned())
+    }
+
+    async fn get_token(&self, id: u64) -> Result<Option<TokenRecord>> {
+        Ok(self.inner.lock().unwrap().tokens.get(&id).cloned())
+    }
+
+    async fn list_tokens(&self, user: Option<&str>) -> Result<Vec<TokenRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .tokens
+            .values()
+            .filter(|t| user.is_none() || t.user.as_deref() == user)
+            .cloned()
+            .collect())
+    }
+
+    async fn revoke_token(&self, id: u64, at: Timestamp) -> Result<bool> {
+        let mut inner = self.inner.lock().unwrap();
+        match inner.tokens.get_mut(&id) {
+            Some(token) if token.revoked_at.is_none() => {
+                token.revoked_at = Some(at);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn append_audit(&self, entry: NewAuditEntry) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        let id = inner.audit.len() as u64 + 1;
+        inner.audit.push(AuditEntry {
+            id,
+            at: entry.at,
+            actor: entry.actor,
+            action: entry.action,
+            target: entry.target,
+            outcome: entry.outcome,
+            detail: entry.detail,
+        });
+        Ok(())
+    }
+
+    async fn list_audit(&self, since: Option<Timestamp>, limit: u32) -> Result<Vec<AuditEntry>> {
+        let inner = self.inner.lock().unwrap();
+        let matching: Vec<AuditEntry> = inner
+            .audit
+            .iter()
+            .filter(|e| since.is_none_or(|s| e.at >= s))
+            .cloned()
+            .collect();
+        let skip = matching.len().saturating_sub(limit as usize);
+        Ok(matching.into_iter().skip(skip).collect())
+    }
+
+    async fn put_secret(&self, secret: SecretRecord) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        inner
+            .secrets
+            .insert((secret.user.clone(), secret.name.clone()), secret);
+        Ok(())
+    }
+
+    async fn get_secret(&self, user: &str, name: &str) -> Result<Option<SecretRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .secrets
+            .get(&(user.to_string(), name.to_string()))
+            .cloned())
+    }
+
+    async fn list_secrets(&self, user: &str) -> Result<Vec<SecretRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .secrets
+            .values()
+            .filter(|s| s.user == user)
+            .cloned()
+            .collect())
+    }
+
+    async fn delete_secret(&self, user: &str, name: &str) -> Result<bool> {
+        let mut inner = self.inner.lock().unwrap();
+        Ok(inner
+            .secrets
+            .remove(&(user.to_string(), name.to_string()))
+            .is_some())
+    }
+
+    async fn add_snapshot_owner(&self, owner: SnapshotOwner) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        inner.snapshot_owners.insert((owner.snapshot, owner.user));
+        Ok(())
+    }
+
+    async fn is_snapshot_owner(&self, snapshot: &SnapshotId, user: &str) -> Result<bool> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .snapshot_owners
+            .contains(&(snapshot.clone(), user.to_string())))
     }
 }

@@ -346,4 +346,58 @@ impl Store for SqliteStore {
             })
             .collect()
     }
+
+    // TODO(store helper): SQLite implementation of the access records.
+    async fn create_user(&self, _user: crate::UserRecord) -> Result<()> {
+        unimplemented!("sqlite access records")
+    }
+    async fn get_user(&self, _name: &str) -> Result<Option<crate::UserRecord>> {
+        unimplemented!("sqlite access records")
+    }
+    async fn list_users(&self) -> Result<Vec<crate::UserRecord>> {
+        unimplemented!("sqlite access records")
+    }
+    async fn create_token(&self, _token: crate::NewToken) -> Result<crate::TokenRecord> {
+        unimplemented!("sqlite access records")
+    }
+    async fn token_by_hash(&self, _hash: &str) -> Result<Option<crate::TokenRecord>> {
+        unimplemented!("sqlite access records")
+    }
+    async fn get_token(&self, _id: u64) -> Result<Option<crate::TokenRecord>> {
+        unimplemented!("sqlite access records")
+    }
+    async fn list_tokens(&self, _user: Option<&str>) -> Result<Vec<crate::TokenRecord>> {
+        unimplemented!("sqlite access records")
+    }
+    async fn revoke_token(&self, _id: u64, _at: Timestamp) -> Result<bool> {
+        unimplemented!("sqlite access records")
+    }
+    async fn append_audit(&self, _entry: crate::NewAuditEntry) -> Result<()> {
+        unimplemented!("sqlite access records")
+    }
+    async fn list_audit(
+        &self,
+        _since: Option<Timestamp>,
+        _limit: u32,
+    ) -> Result<Vec<crate::AuditEntry>> {
+        unimplemented!("sqlite access records")
+    }
+    async fn put_secret(&self, _secret: crate::SecretRecord) -> Result<()> {
+        unimplemented!("sqlite access records")
+    }
+    async fn get_secret(&self, _user: &str, _name: &str) -> Result<Option<crate::SecretRecord>> {
+        unimplemented!("sqlite access records")
+    }
+    async fn list_secrets(&self, _user: &str) -> Result<Vec<crate::SecretRecord>> {
+        unimplemented!("sqlite access records")
+    }
+    async fn delete_secret(&self, _user: &str, _name: &str) -> Result<bool> {
+        unimplemented!("sqlite access records")
+    }
+    async fn add_snapshot_owner(&self, _owner: crate::SnapshotOwner) -> Result<()> {
+        unimplemented!("sqlite access records")
+    }
+    async fn is_snapshot_owner(&self, _snapshot: &SnapshotId, _user: &str) -> Result<bool> {
+        unimplemented!("sqlite access records")
+    }
 }

@@ -369,7 +369,7 @@ async fn run_agent(
         keep_workdirs: node.keep_workdirs,
         env_cache_bytes: node.env_cache_size.as_bytes(),
     };
-    let client = tacc_client::Client::new(server, "agent");
+    let client = tacc_client::Client::new(server);
     let mut agent = Agent::new(client, config, Arc::new(tacc_exec::ProcessExecutor::new()))?;
     if let Some(docker) = container_runtime(&node, data_dir).await {
         tracing::info!("container runtime: Docker engine at the configured socket");

@@ -106,7 +106,7 @@ pub async fn run(
             // backend requires on the shared file system.
             env_cache_bytes: tacc_core::ByteSize::gib(50).as_bytes(),
         };
-        let client = tacc_client::Client::new(server, "agent");
+        let client = tacc_client::Client::new(server);
         let agent = Agent::new(client, config, Arc::new(backend.executor_for(&node.name)))?;
         agents.spawn(agent.run(shutdown.clone()));
     }

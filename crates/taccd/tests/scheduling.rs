@@ -22,7 +22,7 @@ async fn user_limits_from_the_configuration_hold_tasks_with_a_reason_and_an_esti
         &["--config", config.to_str().unwrap()],
     )
     .await;
-    let alice = Client::new(&daemon.url, "alice");
+    let alice = Client::new(&daemon.url);
     let marker = format!("limits-{}", std::process::id());
     let yaml = format!(
         "name: limited\nresources: {{cpus: 0.5, time_limit: 2m}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: sleep 300\n"
@@ -59,7 +59,7 @@ async fn user_limits_from_the_configuration_hold_tasks_with_a_reason_and_an_esti
         "{why:?}"
     );
     // A different user is not held back by alice's limit.
-    let bob = Client::new(&daemon.url, "bob");
+    let bob = Client::new(&daemon.url);
     let bobs = submit(
         &bob,
         dir.path(),

@@ -28,7 +28,7 @@ impl Drop for Daemon {
 
 impl Daemon {
     pub fn client(&self) -> Client {
-        Client::new(&self.url, "tester")
+        Client::new(&self.url)
     }
 
     pub fn kill9(&mut self) {

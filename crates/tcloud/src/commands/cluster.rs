@@ -59,7 +59,7 @@ fn is_alive(pid: i32) -> bool {
 }
 
 async fn healthy(url: &str) -> bool {
-    Client::new(url, "tcloud").health().await.is_ok()
+    Client::new(url).health().await.is_ok()
 }
 
 /// `$TACC_TACCD`, else next to this executable, else on PATH.

@@ -42,6 +42,7 @@ impl Ctx {
 
     pub fn client(&self) -> Result<Client> {
         let (url, user) = self.target()?;
-        Ok(Client::new(&url, &user))
+        let _ = user;
+        Ok(Client::new(&url))
     }
 }

@@ -1,0 +1,122 @@
+//! Records of who may use the cluster: users, API and node tokens (kept only as hashes),
+//! per-user secrets (kept only encrypted), who committed which snapshot, and the audit
+//! trail of security-relevant actions.
+
+use tacc_core::{NodeId, Role, SnapshotId, Timestamp};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserRecord {
+    pub name: String,
+    pub group: Option<String>,
+    pub role: Role,
+    pub created_at: Timestamp,
+}
+
+/// What a token lets its bearer be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenKind {
+    /// A user's API token: the bearer acts as that user.
+    User,
+    /// An agent join token: lets a new node register once it is presented.
+    AgentJoin,
+    /// A node's credential, issued at registration and bound to that node.
+    Node,
+}
+
+impl TokenKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::User => "user",
+            TokenKind::AgentJoin => "agent_join",
+            TokenKind::Node => "node",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<TokenKind> {
+        match text {
+            "user" => Some(TokenKind::User),
+            "agent_join" => Some(TokenKind::AgentJoin),
+            "node" => Some(TokenKind::Node),
+            _ => None,
+        }
+    }
+}
+
+/// A token to record. Only the hash of its secret is ever stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewToken {
+    pub kind: TokenKind,
+    /// Lower-case hex of the SHA-256 of the token's secret.
+    pub hash: String,
+    /// The user it acts as (`User` tokens) or who issued it (`AgentJoin`).
+    pub user: Option<String>,
+    /// The node it is bound to (`Node` tokens).
+    pub node: Option<NodeId>,
+    pub created_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+    /// Free text shown in listings, e.g. "laptop" or "join token for rack 3".
+    pub label: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRecord {
+    pub id: u64,
+    pub kind: TokenKind,
+    pub hash: String,
+    pub user: Option<String>,
+    pub node: Option<NodeId>,
+    pub created_at: Timestamp,
+    pub expires_at: Option<Timestamp>,
+    pub revoked_at: Option<Timestamp>,
+    pub label: String,
+}
+
+impl TokenRecord {
+    /// Neither revoked nor expired at `now`.
+    pub fn is_valid_at(&self, now: Timestamp) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|end| now < end)
+    }
+}
+
+/// One line of the audit trail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAuditEntry {
+    pub at: Timestamp,
+    /// Who acted: `user:alice`, `node:3`, `anonymous`, `operator` (the data directory).
+    pub actor: String,
+    /// What was attempted, e.g. `user.add`, `token.revoke`, `auth.failed`, `report.rejected`.
+    pub action: String,
+    /// What it was done to, e.g. `user:bob`, `task:17`, `node:n2`.
+    pub target: String,
+    /// `ok` or `denied`.
+    pub outcome: String,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
+    pub id: u64,
+    pub at: Timestamp,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub outcome: String,
+    pub detail: String,
+}
+
+/// A secret as stored: sealed with the server's key; the store never sees the value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRecord {
+    pub user: String,
+    pub name: String,
+    pub nonce: Vec<u8>,
+    pub ciphertext: Vec<u8>,
+    pub updated_at: Timestamp,
+}
+
+/// Who committed (or offered) a snapshot: they may read it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotOwner {
+    pub snapshot: SnapshotId,
+    pub user: String,
+}
