@@ -60,6 +60,11 @@ pub struct Instruction {
     /// `runtime:` of the task file (`process`, `container` or `slurm`); `None` is `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// The Unix account the operator mapped the task's user to (`[users.NAME] unix_user`
+    /// in the server's configuration); `None` runs the task as the agent's unprivileged
+    /// task account for that user. Never root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_user: Option<String>,
 }
 
 fn default_priority() -> String {
@@ -126,6 +131,7 @@ pub fn compile(
         priority: spec.priority.as_str().to_string(),
         image,
         runtime,
+        unix_user: None,
     }
 }
 

@@ -185,6 +185,11 @@ pub struct Assignment {
     pub gpu_indices: Vec<u32>,
     pub master_addr: String,
     pub master_port: u16,
+    /// `environment.secrets` of the task, decrypted for this node only: the agent puts
+    /// each into the task's environment under its name and masks the exact values in
+    /// the task's log. Sent only on the node's own authenticated work poll.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, String>,
 }
 
 /// Agent → server long poll for work.
