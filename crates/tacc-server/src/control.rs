@@ -1106,6 +1106,7 @@ fn assignments_for(
                     gpu_indices: placement.gpu_indices.clone(),
                     master_addr: master_addr.clone(),
                     master_port: MASTER_PORT,
+                    secrets: Default::default(),
                 },
             )
         })
