@@ -40,7 +40,7 @@ pub(crate) const RESOURCE_FIELDS: &[&str] =
     &["nodes", "gpus", "gpu_type", "cpus", "memory", "time_limit"];
 pub(crate) const CODE_FIELDS: &[&str] = &["dir", "exclude"];
 pub(crate) const ENVIRONMENT_FIELDS: &[&str] =
-    &["python", "pip", "requirements", "conda", "image", "vars"];
+    &["python", "pip", "requirements", "conda", "image", "vars", "secrets"];
 pub(crate) const CONDA_FIELDS: &[&str] = &["name", "channels", "dependencies"];
 pub(crate) const DATASET_FIELDS: &[&str] = &["name", "source", "mount"];
 pub(crate) const RETRY_FIELDS: &[&str] = &["max_attempts", "on"];
@@ -732,6 +732,10 @@ fn read_environment<'n>(
     }
     if let Some(node) = fields.get("vars") {
         environment.vars = read_vars(reader, node)?;
+    }
+    if let Some(node) = fields.get("secrets") {
+        environment.secrets =
+            reader.texts(node, "environment.secrets", "secrets: [WANDB_API_KEY]")?;
     }
     Ok(environment)
 }

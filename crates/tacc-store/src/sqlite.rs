@@ -400,4 +400,14 @@ impl Store for SqliteStore {
     async fn is_snapshot_owner(&self, _snapshot: &SnapshotId, _user: &str) -> Result<bool> {
         unimplemented!("sqlite access records")
     }
+    async fn add_chunk_owners(&self, _user: &str, _hashes: &[String]) -> Result<()> {
+        unimplemented!("sqlite access records")
+    }
+    async fn owned_chunks(
+        &self,
+        _user: &str,
+        _hashes: &[String],
+    ) -> Result<std::collections::BTreeSet<String>> {
+        unimplemented!("sqlite access records")
+    }
 }
