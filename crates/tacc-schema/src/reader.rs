@@ -39,8 +39,15 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
 pub(crate) const RESOURCE_FIELDS: &[&str] =
     &["nodes", "gpus", "gpu_type", "cpus", "memory", "time_limit"];
 pub(crate) const CODE_FIELDS: &[&str] = &["dir", "exclude"];
-pub(crate) const ENVIRONMENT_FIELDS: &[&str] =
-    &["python", "pip", "requirements", "conda", "image", "vars", "secrets"];
+pub(crate) const ENVIRONMENT_FIELDS: &[&str] = &[
+    "python",
+    "pip",
+    "requirements",
+    "conda",
+    "image",
+    "vars",
+    "secrets",
+];
 pub(crate) const CONDA_FIELDS: &[&str] = &["name", "channels", "dependencies"];
 pub(crate) const DATASET_FIELDS: &[&str] = &["name", "source", "mount"];
 pub(crate) const RETRY_FIELDS: &[&str] = &["max_attempts", "on"];

@@ -193,7 +193,11 @@ pub async fn ensure_local_admin(
                 "user `{name}` exists but is not an admin; pick another --admin-user"
             )));
         }
-        None => create_user(store, name, None, Role::Admin, None, now).await?.1,
+        None => {
+            create_user(store, name, None, Role::Admin, None, now)
+                .await?
+                .1
+        }
     };
     write_secret_file(token_file, &issued.secret)
         .map_err(|e| ServerError::Internal(format!("cannot write {}: {e}", token_file.display())))
@@ -236,9 +240,13 @@ mod tests {
         let store = MemoryStore::new();
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("admin.token");
-        ensure_local_admin(&store, "admin", &file, Timestamp(1)).await.unwrap();
+        ensure_local_admin(&store, "admin", &file, Timestamp(1))
+            .await
+            .unwrap();
         let first = std::fs::read_to_string(&file).unwrap();
-        ensure_local_admin(&store, "admin", &file, Timestamp(2)).await.unwrap();
+        ensure_local_admin(&store, "admin", &file, Timestamp(2))
+            .await
+            .unwrap();
         assert_eq!(std::fs::read_to_string(&file).unwrap(), first);
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&file).unwrap().permissions().mode();
@@ -249,7 +257,9 @@ mod tests {
             .unwrap()
             .unwrap();
         store.revoke_token(token.id, Timestamp(3)).await.unwrap();
-        ensure_local_admin(&store, "admin", &file, Timestamp(4)).await.unwrap();
+        ensure_local_admin(&store, "admin", &file, Timestamp(4))
+            .await
+            .unwrap();
         assert_ne!(std::fs::read_to_string(&file).unwrap(), first);
         assert_eq!(store.list_users().await.unwrap().len(), 1);
     }

@@ -86,7 +86,9 @@ impl Control {
             return Ok(Arc::default());
         };
         let manifest: Manifest = serde_json::from_value(value).map_err(|e| {
-            ServerError::Internal(format!("stored manifest of snapshot {snapshot} is unreadable: {e}"))
+            ServerError::Internal(format!(
+                "stored manifest of snapshot {snapshot} is unreadable: {e}"
+            ))
         })?;
         let set: Arc<HashSet<String>> =
             Arc::new(manifest.chunk_set().iter().map(|h| h.to_string()).collect());
@@ -131,16 +133,9 @@ impl Control {
             Caller::Joiner { .. } => {
                 if let Some(record) = existing {
                     let now = crate::now();
-                    let held = self
-                        .store
-                        .list_tokens(None)
-                        .await?
-                        .into_iter()
-                        .any(|t| {
-                            t.kind == TokenKind::Node
-                                && t.node == Some(record.id)
-                                && t.is_valid_at(now)
-                        });
+                    let held = self.store.list_tokens(None).await?.into_iter().any(|t| {
+                        t.kind == TokenKind::Node && t.node == Some(record.id) && t.is_valid_at(now)
+                    });
                     if held {
                         self.audit.record(
                             caller,
@@ -173,9 +168,13 @@ impl Control {
         caller: &Caller,
         record: &NodeRecord,
     ) -> Result<String, ServerError> {
-        let issued =
-            crate::accounts::issue_node_token(self.store.as_ref(), record.id, &record.name, crate::now())
-                .await?;
+        let issued = crate::accounts::issue_node_token(
+            self.store.as_ref(),
+            record.id,
+            &record.name,
+            crate::now(),
+        )
+        .await?;
         self.audit.record(
             caller,
             "node.register",
@@ -190,7 +189,8 @@ impl Control {
     /// queued tasks.
     pub(crate) async fn admit_submission(&self, user: &UserCaller) -> Result<(), ServerError> {
         let limits = &self.config.limits;
-        self.submit_buckets.take(&user.name, limits, Instant::now())?;
+        self.submit_buckets
+            .take(&user.name, limits, Instant::now())?;
         let queued = self
             .store
             .list_tasks(&TaskFilter {
@@ -234,7 +234,8 @@ impl Control {
                     values.insert(name.clone(), value);
                 }
                 Err(e) => {
-                    let line = format!("[tacc] secret {name} is not available to this attempt: {e}\n");
+                    let line =
+                        format!("[tacc] secret {name} is not available to this attempt: {e}\n");
                     if let Err(io) = self.logs.append(record.id, &line) {
                         tracing::error!("cannot write the log of task {}: {io}", record.id);
                     }

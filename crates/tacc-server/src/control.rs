@@ -748,7 +748,11 @@ impl Control {
                     format!(
                         "{} report for an attempt this node does not run{}",
                         report_kind(&report),
-                        if ending { " (or that already ended)" } else { "" }
+                        if ending {
+                            " (or that already ended)"
+                        } else {
+                            ""
+                        }
                     ),
                 );
                 continue;

@@ -94,13 +94,21 @@ mod tests {
             buckets.take("alice", &limits, start).unwrap();
         }
         let refused = buckets.take("alice", &limits, start).unwrap_err();
-        assert!(matches!(refused, ServerError::TooManyRequests { retry_after_secs: 1, .. }));
+        assert!(matches!(
+            refused,
+            ServerError::TooManyRequests {
+                retry_after_secs: 1,
+                ..
+            }
+        ));
         buckets.take("bob", &limits, start).unwrap();
         buckets
             .take("alice", &limits, start + Duration::from_millis(500))
             .unwrap();
-        assert!(buckets
-            .take("alice", &limits, start + Duration::from_millis(500))
-            .is_err());
+        assert!(
+            buckets
+                .take("alice", &limits, start + Duration::from_millis(500))
+                .is_err()
+        );
     }
 }

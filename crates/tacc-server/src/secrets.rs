@@ -66,8 +66,9 @@ pub fn check_secret_name(name: &str) -> Result<(), ServerError> {
 impl SecretBox {
     /// Open the key file, creating it (0600) on first use.
     pub fn open(key_file: &Path) -> Result<Self, ServerError> {
-        let internal =
-            |e: std::io::Error| ServerError::Internal(format!("secret key {}: {e}", key_file.display()));
+        let internal = |e: std::io::Error| {
+            ServerError::Internal(format!("secret key {}: {e}", key_file.display()))
+        };
         let key = match std::fs::read(key_file) {
             Ok(bytes) if bytes.len() == KEY_BYTES => bytes,
             Ok(bytes) => {
@@ -110,7 +111,13 @@ impl SecretBox {
         let aad = associated_data(user, name);
         let ciphertext = self
             .cipher
-            .encrypt(XNonce::from_slice(&nonce), Payload { msg: value, aad: &aad })
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: value,
+                    aad: &aad,
+                },
+            )
             .map_err(|_| ServerError::Internal("cannot encrypt the secret".into()))?;
         Ok(SecretRecord {
             user: user.to_string(),
@@ -145,7 +152,10 @@ impl SecretBox {
                 ))
             })?;
         String::from_utf8(plain).map_err(|_| {
-            ServerError::Internal(format!("secret {} of {} is not text", record.name, record.user))
+            ServerError::Internal(format!(
+                "secret {} of {} is not text",
+                record.name, record.user
+            ))
         })
     }
 }
@@ -160,7 +170,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("secret.key");
         let sealed = SecretBox::open(&key).unwrap();
-        let record = sealed.seal("alice", "API_KEY", b"s3cr3t-value", Timestamp(1)).unwrap();
+        let record = sealed
+            .seal("alice", "API_KEY", b"s3cr3t-value", Timestamp(1))
+            .unwrap();
         assert!(!record.ciphertext.windows(6).any(|w| w == b"s3cr3t"));
         let reopened = SecretBox::open(&key).unwrap();
         assert_eq!(reopened.open_value(&record).unwrap(), "s3cr3t-value");
@@ -175,7 +187,10 @@ mod tests {
         };
         assert!(reopened.open_value(&renamed).is_err());
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 
     #[test]

@@ -80,6 +80,7 @@ macro_rules! store_contract_tests {
             secrets_isolated_per_user,
             snapshot_owners_idempotent,
             snapshot_owners_per_user_and_snapshot,
+            chunk_owners_per_user_in_batches,
         );
     };
     (@each $fresh:path; $($check:ident),+ $(,)?) => {

@@ -419,7 +419,11 @@ impl Store for MemoryStore {
         let inner = self.inner.lock().unwrap();
         Ok(hashes
             .iter()
-            .filter(|h| inner.chunk_owners.contains(&(user.to_string(), (*h).clone())))
+            .filter(|h| {
+                inner
+                    .chunk_owners
+                    .contains(&(user.to_string(), (*h).clone()))
+            })
             .cloned()
             .collect())
     }

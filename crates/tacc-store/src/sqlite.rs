@@ -416,14 +416,16 @@ impl Store for SqliteStore {
     async fn is_snapshot_owner(&self, snapshot: &SnapshotId, user: &str) -> Result<bool> {
         access::is_snapshot_owner(&self.reader, snapshot, user).await
     }
-    async fn add_chunk_owners(&self, _user: &str, _hashes: &[String]) -> Result<()> {
-        unimplemented!("sqlite access records")
+
+    async fn add_chunk_owners(&self, user: &str, hashes: &[String]) -> Result<()> {
+        access::add_chunk_owners(&self.writer, user, hashes).await
     }
+
     async fn owned_chunks(
         &self,
-        _user: &str,
-        _hashes: &[String],
+        user: &str,
+        hashes: &[String],
     ) -> Result<std::collections::BTreeSet<String>> {
-        unimplemented!("sqlite access records")
+        access::owned_chunks(&self.reader, user, hashes).await
     }
 }

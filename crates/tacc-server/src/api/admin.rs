@@ -1,7 +1,9 @@
 //! Admin routes: users, API tokens, agent join tokens and the audit trail. Every change
 //! is audited with the admin who made it.
 
-use tacc_proto::{AuditView, CreateToken, CreateUser, TokenIssued, TokenView, UserCreated, UserView};
+use tacc_proto::{
+    AuditView, CreateToken, CreateUser, TokenIssued, TokenView, UserCreated, UserView,
+};
 use tacc_store::{TokenRecord, UserRecord};
 
 use super::prelude::*;
@@ -53,7 +55,11 @@ pub(super) async fn create_user(
         "user.add",
         format!("user:{}", user.name),
         true,
-        format!("role {}, group {}", user.role, user.group.as_deref().unwrap_or("-")),
+        format!(
+            "role {}, group {}",
+            user.role,
+            user.group.as_deref().unwrap_or("-")
+        ),
     );
     Ok((
         StatusCode::CREATED,
@@ -104,9 +110,13 @@ pub(super) async fn revoke_token(
         )));
     }
     app.control.auth.forget();
-    app.control
-        .audit
-        .record(&caller, "token.revoke", format!("token:{id}"), true, String::new());
+    app.control.audit.record(
+        &caller,
+        "token.revoke",
+        format!("token:{id}"),
+        true,
+        String::new(),
+    );
     Ok(StatusCode::NO_CONTENT)
 }
 

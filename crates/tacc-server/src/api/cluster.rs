@@ -9,7 +9,9 @@ pub(super) async fn health() -> Json<Health> {
     })
 }
 
-pub(super) async fn whoami(Extension(caller): Extension<Caller>) -> ApiResult<Json<tacc_proto::WhoAmI>> {
+pub(super) async fn whoami(
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<tacc_proto::WhoAmI>> {
     let user = user_of(&caller)?;
     Ok(Json(tacc_proto::WhoAmI {
         name: user.name.clone(),
@@ -18,7 +20,9 @@ pub(super) async fn whoami(Extension(caller): Extension<Caller>) -> ApiResult<Js
     }))
 }
 
-pub(super) async fn list_datasets(State(app): State<AppState>) -> Json<Vec<tacc_proto::DatasetView>> {
+pub(super) async fn list_datasets(
+    State(app): State<AppState>,
+) -> Json<Vec<tacc_proto::DatasetView>> {
     Json(
         app.control
             .config

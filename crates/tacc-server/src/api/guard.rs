@@ -29,7 +29,9 @@ fn refusal_error(refusal: Refusal, what: &str) -> ServerError {
 
 pub(super) async fn guard(State(app): State<AppState>, request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
-    let params = RawPathParams::from_request_parts(&mut parts, &()).await.ok();
+    let params = RawPathParams::from_request_parts(&mut parts, &())
+        .await
+        .ok();
     let matched = parts.extensions.get::<MatchedPath>().cloned();
     let mut request = Request::from_parts(parts, body);
     let Some(matched) = matched else {
@@ -81,7 +83,11 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .cloned();
-    let caller = match control.auth.authenticate(header.as_ref(), crate::now()).await {
+    let caller = match control
+        .auth
+        .authenticate(header.as_ref(), crate::now())
+        .await
+    {
         Ok(caller) => caller,
         Err(refusal) => {
             control.audit.record_as(
@@ -112,7 +118,10 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         return refusal_error(refusal, "it").into_response();
     }
     if let Err(error) = check_object(&app, &caller, access, &params).await {
-        if !matches!(error, ServerError::NotFound(_) | ServerError::TaskNotFound(_)) {
+        if !matches!(
+            error,
+            ServerError::NotFound(_) | ServerError::TaskNotFound(_)
+        ) {
             control
                 .audit
                 .record(&caller, "access.denied", target(), false, error.to_string());
@@ -149,7 +158,11 @@ async fn check_object(
             let Caller::User(user) = caller else {
                 return Err(hidden());
             };
-            let record = control.store.get_task(TaskId(id)).await?.ok_or_else(hidden)?;
+            let record = control
+                .store
+                .get_task(TaskId(id))
+                .await?
+                .ok_or_else(hidden)?;
             let group = control.auth.group_of(&record.user).await?;
             if may_act_for(user, &record.user, group.as_deref()) {
                 Ok(())
@@ -184,13 +197,17 @@ async fn check_object(
             if allowed {
                 Ok(())
             } else {
-                Err(ServerError::NotFound(format!("chunk {hash} does not exist")))
+                Err(ServerError::NotFound(format!(
+                    "chunk {hash} does not exist"
+                )))
             }
         }
         Access::OwnNode => {
             let text = param(params, "node")?;
             let Caller::Node { node, .. } = caller else {
-                return Err(ServerError::Forbidden("agent routes need a node credential".into()));
+                return Err(ServerError::Forbidden(
+                    "agent routes need a node credential".into(),
+                ));
             };
             if text.parse::<u64>().ok().map(NodeId) == Some(*node) {
                 Ok(())

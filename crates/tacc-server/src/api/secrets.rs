@@ -46,9 +46,13 @@ pub(super) async fn put_secret(
         .secret_box
         .seal(&user.name, &name, &body, crate::now())?;
     app.control.store.put_secret(record).await?;
-    app.control
-        .audit
-        .record(&caller, "secret.set", format!("secret:{name}"), true, String::new());
+    app.control.audit.record(
+        &caller,
+        "secret.set",
+        format!("secret:{name}"),
+        true,
+        String::new(),
+    );
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -63,8 +67,12 @@ pub(super) async fn delete_secret(
             "you have no secret named {name} (list them with `tcloud secret ls`)"
         )));
     }
-    app.control
-        .audit
-        .record(&caller, "secret.delete", format!("secret:{name}"), true, String::new());
+    app.control.audit.record(
+        &caller,
+        "secret.delete",
+        format!("secret:{name}"),
+        true,
+        String::new(),
+    );
     Ok(StatusCode::NO_CONTENT)
 }

@@ -162,7 +162,10 @@ pub(super) async fn put_chunk(
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub(super) async fn get_chunk(State(app): State<AppState>, Path(hash): Path<String>) -> ApiResult<Vec<u8>> {
+pub(super) async fn get_chunk(
+    State(app): State<AppState>,
+    Path(hash): Path<String>,
+) -> ApiResult<Vec<u8>> {
     let hash = chunk_hash(&hash)?;
     let path = app.control.chunk_store().path_of(&hash);
     tokio::fs::read(&path)

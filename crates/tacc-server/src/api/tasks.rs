@@ -71,7 +71,11 @@ pub(super) async fn submit(
     app.control.admit_submission(user).await?;
     // Knowing a snapshot's id is not a capability: only who uploaded it may run it.
     if user.role != tacc_core::Role::Admin
-        && !app.control.store.is_snapshot_owner(&body.snapshot, &user.name).await?
+        && !app
+            .control
+            .store
+            .is_snapshot_owner(&body.snapshot, &user.name)
+            .await?
     {
         return Err(ServerError::InvalidTask(format!(
             "snapshot {} is unknown to this server: upload the code first (tcloud submit does this)",
@@ -139,7 +143,10 @@ pub(super) async fn list_tasks(
             if !crate::auth::may_act_for(user, &record.user, group.as_deref()) {
                 continue;
             }
-            if query.limit.is_some_and(|limit| views.len() >= limit as usize) {
+            if query
+                .limit
+                .is_some_and(|limit| views.len() >= limit as usize)
+            {
                 break;
             }
         }
@@ -148,7 +155,10 @@ pub(super) async fn list_tasks(
     Ok(Json(views))
 }
 
-pub(super) async fn get_task(State(app): State<AppState>, Path(id): Path<u64>) -> ApiResult<Json<TaskView>> {
+pub(super) async fn get_task(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<TaskView>> {
     let record = load(&app.control, TaskId(id)).await?;
     Ok(Json(task_view(&app.control, record).await))
 }

@@ -33,7 +33,9 @@ impl AuditTrail {
                 }
                 let skipped = lost.swap(0, Ordering::Relaxed);
                 if skipped > 0 {
-                    tracing::warn!("{skipped} audit entries were dropped: the trail's queue was full");
+                    tracing::warn!(
+                        "{skipped} audit entries were dropped: the trail's queue was full"
+                    );
                 }
             }
         });

@@ -11,9 +11,14 @@ pub enum Caller {
     Anonymous,
     User(UserCaller),
     /// A node agent, with the credential bound to its node.
-    Node { node: NodeId, token: u64 },
+    Node {
+        node: NodeId,
+        token: u64,
+    },
     /// A join token: may register a new node, nothing else.
-    Joiner { token: u64 },
+    Joiner {
+        token: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,12 +164,24 @@ mod tests {
     fn users_are_kept_off_admin_and_agent_routes() {
         let alice = user("alice", None, Role::User);
         assert_eq!(decide(&alice, Access::User), Ok(()));
-        assert!(matches!(decide(&alice, Access::Admin), Err(Refusal::Forbidden(_))));
-        assert!(matches!(decide(&alice, Access::Register), Err(Refusal::Forbidden(_))));
-        assert!(matches!(decide(&alice, Access::OwnNode), Err(Refusal::Forbidden(_))));
+        assert!(matches!(
+            decide(&alice, Access::Admin),
+            Err(Refusal::Forbidden(_))
+        ));
+        assert!(matches!(
+            decide(&alice, Access::Register),
+            Err(Refusal::Forbidden(_))
+        ));
+        assert!(matches!(
+            decide(&alice, Access::OwnNode),
+            Err(Refusal::Forbidden(_))
+        ));
         let root = user("root", None, Role::Admin);
         assert_eq!(decide(&root, Access::Admin), Ok(()));
-        assert!(matches!(decide(&root, Access::OwnNode), Err(Refusal::Forbidden(_))));
+        assert!(matches!(
+            decide(&root, Access::OwnNode),
+            Err(Refusal::Forbidden(_))
+        ));
     }
 
     #[test]
@@ -175,12 +192,24 @@ mod tests {
         };
         assert_eq!(decide(&node, Access::OwnNode), Ok(()));
         assert_eq!(decide(&node, Access::Register), Ok(()));
-        assert!(matches!(decide(&node, Access::User), Err(Refusal::Forbidden(_))));
-        assert!(matches!(decide(&node, Access::Admin), Err(Refusal::Forbidden(_))));
+        assert!(matches!(
+            decide(&node, Access::User),
+            Err(Refusal::Forbidden(_))
+        ));
+        assert!(matches!(
+            decide(&node, Access::Admin),
+            Err(Refusal::Forbidden(_))
+        ));
         let joiner = Caller::Joiner { token: 3 };
         assert_eq!(decide(&joiner, Access::Register), Ok(()));
-        assert!(matches!(decide(&joiner, Access::OwnNode), Err(Refusal::Forbidden(_))));
-        assert!(matches!(decide(&joiner, Access::User), Err(Refusal::Forbidden(_))));
+        assert!(matches!(
+            decide(&joiner, Access::OwnNode),
+            Err(Refusal::Forbidden(_))
+        ));
+        assert!(matches!(
+            decide(&joiner, Access::User),
+            Err(Refusal::Forbidden(_))
+        ));
     }
 
     #[test]

@@ -487,3 +487,28 @@ pub async fn snapshot_owners_per_user_and_snapshot(store: &dyn Store) {
             .unwrap()
     );
 }
+
+pub async fn chunk_owners_per_user_in_batches(store: &dyn Store) {
+    let hashes: Vec<String> = (0..1200).map(|i| format!("{i:064x}")).collect();
+    store
+        .add_chunk_owners("alice", &hashes[..700])
+        .await
+        .unwrap();
+    store
+        .add_chunk_owners("alice", &hashes[..10])
+        .await
+        .unwrap();
+    store
+        .add_chunk_owners("bob", &hashes[1000..])
+        .await
+        .unwrap();
+    let alice = store.owned_chunks("alice", &hashes).await.unwrap();
+    assert_eq!(alice.len(), 700);
+    assert!(alice.contains(&hashes[699]) && !alice.contains(&hashes[700]));
+    let bob = store.owned_chunks("bob", &hashes[..1000]).await.unwrap();
+    assert!(
+        bob.is_empty(),
+        "another user's upload proves nothing for bob"
+    );
+    assert!(store.owned_chunks("carol", &[]).await.unwrap().is_empty());
+}

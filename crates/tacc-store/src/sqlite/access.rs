@@ -303,3 +303,49 @@ pub(super) async fn is_snapshot_owner(
         .await?;
     Ok(row.is_some())
 }
+
+// ------------------------------------------------------------ chunk possession
+
+/// Hashes per statement: well under SQLite's limit on bound parameters.
+const HASHES_PER_QUERY: usize = 500;
+
+pub(super) async fn add_chunk_owners(
+    writer: &SqlitePool,
+    user: &str,
+    hashes: &[String],
+) -> Result<()> {
+    let mut tx = writer.begin().await?;
+    for hash in hashes {
+        sqlx::query(
+            "INSERT INTO chunk_owners (user_name, hash) VALUES (?, ?) \
+             ON CONFLICT (user_name, hash) DO NOTHING",
+        )
+        .bind(user)
+        .bind(hash)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+pub(super) async fn owned_chunks(
+    reader: &SqlitePool,
+    user: &str,
+    hashes: &[String],
+) -> Result<std::collections::BTreeSet<String>> {
+    let mut owned = std::collections::BTreeSet::new();
+    for batch in hashes.chunks(HASHES_PER_QUERY) {
+        let marks = vec!["?"; batch.len()].join(", ");
+        let sql =
+            format!("SELECT hash FROM chunk_owners WHERE user_name = ? AND hash IN ({marks})");
+        let mut query = sqlx::query(&sql).bind(user);
+        for hash in batch {
+            query = query.bind(hash);
+        }
+        for row in query.fetch_all(reader).await? {
+            owned.insert(row.try_get::<String, _>("hash")?);
+        }
+    }
+    Ok(owned)
+}
