@@ -203,6 +203,21 @@ pub async fn ensure_local_admin(
         .map_err(|e| ServerError::Internal(format!("cannot write {}: {e}", token_file.display())))
 }
 
+impl crate::Control {
+    /// The embedded cluster's identities: its local admin (token in `admin_token_file`)
+    /// and a short-lived join token for its own agent, returned.
+    pub async fn provision_local(
+        &self,
+        admin: &str,
+        admin_token_file: &Path,
+    ) -> Result<String, ServerError> {
+        let now = crate::now();
+        ensure_local_admin(self.store.as_ref(), admin, admin_token_file, now).await?;
+        let join = issue_join_token(self.store.as_ref(), admin, Some(3600), now).await?;
+        Ok(join.secret)
+    }
+}
+
 /// Write `secret` to `path` readable by its owner only, replacing it atomically.
 pub fn write_secret_file(path: &Path, secret: &str) -> std::io::Result<()> {
     use std::io::Write;

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 pub use api::{RouteRule, route_rules};
 pub use control::{Control, DEFAULT_POLICY, ServerConfig, now};
+pub use limits::UserLimits;
 use tacc_core::{NodeId, TaskId};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

@@ -54,6 +54,7 @@ fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
 pub async fn run(
     server: &str,
     data_dir: &Path,
+    join_token: Option<String>,
     args: SlurmArgs,
     keep_workdirs: bool,
     shutdown: CancellationToken,
@@ -106,7 +107,16 @@ pub async fn run(
             // backend requires on the shared file system.
             env_cache_bytes: tacc_core::ByteSize::gib(50).as_bytes(),
         };
-        let client = tacc_client::Client::new(server);
+        // Each Slurm node registers once with the join token and keeps its own credential.
+        let credential = tacc_agent::stored_credential(&config.data_dir)?.or(join_token.clone());
+        let Some(credential) = credential else {
+            bail!(
+                "node {}: no credential; give the agent a join token (`--token`, from \
+                 `taccd admin agent-token`)",
+                node.name
+            );
+        };
+        let client = tacc_client::Client::new(server).with_token(credential);
         let agent = Agent::new(client, config, Arc::new(backend.executor_for(&node.name)))?;
         agents.spawn(agent.run(shutdown.clone()));
     }
