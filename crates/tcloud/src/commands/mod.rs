@@ -1,16 +1,20 @@
 //! One module per group of commands; each function is one subcommand.
 
+pub mod admin;
+pub mod auth;
 pub mod cluster;
 pub mod compiler;
 pub mod config_cmd;
 pub mod quickstart;
+pub mod secret;
 pub mod submit;
 pub mod tasks;
 
 use anyhow::Result;
 use tacc_client::Client;
 
-use crate::config::{Config, default_user};
+use crate::config::{self, Cluster, Config};
+use crate::errors::{AuthContext, TokenSource, set_auth_context};
 
 /// What every command that talks to a server needs.
 #[derive(Debug, Clone)]
@@ -19,30 +23,100 @@ pub struct Ctx {
     pub server: Option<String>,
 }
 
+/// The server a command talks to and the token it sends.
+#[derive(Clone)]
+pub struct Target {
+    pub url: String,
+    /// The profile the URL belongs to: the current one, or with `--server` one whose URL
+    /// is that server's (none when no profile has it).
+    pub profile: Option<String>,
+    pub token: Option<String>,
+    pub source: TokenSource,
+}
+
+/// Never prints the token itself.
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("url", &self.url)
+            .field("profile", &self.profile)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+fn same_url(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
+/// The profile for an explicit server URL: the current profile when it points there,
+/// else the first (by name) that does. A profile's token is only ever sent to its URL.
+pub fn profile_for_url(config: &Config, url: &str) -> Option<(String, Cluster)> {
+    let current = config.current_name();
+    if let Some(cluster) = config.file.clusters.get(current) {
+        if same_url(&cluster.url, url) {
+            return Some((current.to_string(), cluster.clone()));
+        }
+    }
+    config
+        .file
+        .clusters
+        .iter()
+        .find(|(_, cluster)| same_url(&cluster.url, url))
+        .map(|(name, cluster)| (name.clone(), cluster.clone()))
+}
+
 impl Ctx {
-    /// The server URL and user name in effect.
-    pub fn target(&self) -> Result<(String, String)> {
+    /// The server URL, its profile and the token in effect: `TACC_TOKEN` first, else the
+    /// profile's stored token.
+    pub fn target(&self) -> Result<Target> {
         let config = Config::load()?;
-        // An explicit server needs no valid profile; the user still comes from it if it has one.
-        let profile = match &self.server {
-            Some(_) => config.current().ok(),
-            None => Some(config.current()?),
+        if let Some(warning) = config.exposure_warning() {
+            eprintln!("{warning}");
+        }
+        let (url, profile) = match &self.server {
+            Some(url) => (url.clone(), profile_for_url(&config, url)),
+            None => {
+                let cluster = config.current()?;
+                (
+                    cluster.url.clone(),
+                    Some((config.current_name().to_string(), cluster)),
+                )
+            }
         };
-        let url = match (&self.server, &profile) {
-            (Some(url), _) => url.clone(),
-            (None, Some(profile)) => profile.url.clone(),
-            (None, None) => crate::config::default_url(),
+        let (token, source) = match (config::env_token(), &profile) {
+            (Some(token), _) => (Some(token), TokenSource::Env),
+            (None, Some((name, cluster))) => match cluster.token() {
+                Some(token) => (Some(token.to_string()), TokenSource::Profile(name.clone())),
+                None => (None, TokenSource::None),
+            },
+            (None, None) => (None, TokenSource::None),
         };
-        let user = profile
-            .and_then(|p| p.user)
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(default_user);
-        Ok((url, user))
+        Ok(Target {
+            url,
+            profile: profile.map(|(name, _)| name),
+            token,
+            source,
+        })
     }
 
+    /// A client for the server in effect, carrying the token in effect.
     pub fn client(&self) -> Result<Client> {
-        let (url, user) = self.target()?;
-        let _ = user;
-        Ok(Client::new(&url))
+        let target = self.target()?;
+        Ok(client_for(&target))
+    }
+}
+
+/// A client for `target`; records the target so that a 401 can say what to do.
+pub fn client_for(target: &Target) -> Client {
+    set_auth_context(AuthContext {
+        url: target.url.clone(),
+        profile: target.profile.clone(),
+        source: target.source.clone(),
+    });
+    let client = Client::new(&target.url);
+    match &target.token {
+        Some(token) => client.with_token(token.clone()),
+        None => client,
     }
 }
