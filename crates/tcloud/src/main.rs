@@ -334,8 +334,8 @@ enum SecretCommand {
     #[command(
         long_about = "Stores (or replaces) secret NAME. The value is read from stdin; on a \
 terminal it is asked for without echo. One trailing newline is removed (as `echo` adds one); \
-an empty value is refused. NAME becomes the environment variable's name: letters, digits \
-and `_`.",
+an empty value is refused. NAME becomes the environment variable's name: upper-case \
+letters, digits and `_` (names the platform sets, such as TACC_…, are refused).",
         after_help = "Examples:\n  tcloud secret set HF_TOKEN\n  tcloud secret set WANDB_API_KEY < ~/.wandb-key\n  printf %s \"$KEY\" | tcloud secret set KEY"
     )]
     Set { name: String },

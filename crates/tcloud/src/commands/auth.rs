@@ -8,7 +8,7 @@ use tacc_client::{Client, ClientError};
 
 use super::{Ctx, client_for, profile_for_url};
 use crate::config::{self, Config, TOKEN_ENV};
-use crate::errors::{CliError, INVALID, UNAUTHENTICATED};
+use crate::errors::{CliError, INVALID, UNAUTHENTICATED, UNREACHABLE, unreachable_message};
 use crate::format::{out, out_json};
 use crate::sanitize;
 
@@ -129,6 +129,17 @@ pub async fn login(ctx: &Ctx, token_stdin: bool, profile: Option<String>) -> Res
                     "the server at {url} has no `/v1/whoami`: it predates API tokens (upgrade taccd); nothing was stored"
                 ),
             )
+            .into());
+        }
+        Err(ClientError::Unreachable { url, reason }) => {
+            return Err(CliError {
+                code: UNREACHABLE,
+                message: format!(
+                    "{} The token could not be checked; nothing was stored.",
+                    unreachable_message(&url, &reason)
+                ),
+                raw: true,
+            }
             .into());
         }
         Err(e) => {

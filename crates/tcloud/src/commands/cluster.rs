@@ -143,10 +143,12 @@ pub fn find_taccd() -> Result<PathBuf> {
     )
 }
 
+/// The last lines of taccd's log, safe to print (it may quote what tasks wrote).
 fn log_tail(path: &Path, lines: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
+    let bytes = fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
     let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+    crate::sanitize::text(&all[all.len().saturating_sub(lines)..].join("\n")).into_owned()
 }
 
 /// Points the `local` profile at `url` and stores the local admin's `token` in it, when

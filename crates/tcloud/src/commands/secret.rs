@@ -11,18 +11,22 @@ use crate::format::{ago, now, out, out_json, print_table, table};
 use crate::sanitize;
 
 /// Names a task can list in `environment.secrets`: a secret reaches the task as the
-/// environment variable of that name, so letters, digits and `_`, not starting with a
-/// digit, at most 128 characters (which also keeps the name safe in a URL path).
+/// environment variable of that name, so upper-case letters, digits and `_`, not starting
+/// with a digit, at most 128 characters (the server checks the same, and refuses names the
+/// platform sets itself, such as `TACC_…`). Checked here too so that a name is never a
+/// malformed URL path.
 pub fn check_name(name: &str) -> Result<(), CliError> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !name.starts_with(|c: char| c.is_ascii_digit());
+    let mut chars = name.chars();
+    let ok = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_uppercase() || c == '_')
+        && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        && name.len() <= 128;
     if ok {
         Ok(())
     } else {
         Err(CliError::invalid(format!(
-            "`{}` is not a valid secret name: it becomes an environment variable, so use letters, digits and `_`, not starting with a digit (e.g. HF_TOKEN)",
+            "`{}` is not a valid secret name: it becomes an environment variable, so use upper-case letters, digits and `_`, not starting with a digit (e.g. WANDB_API_KEY)",
             sanitize::field(name)
         )))
     }
@@ -95,18 +99,19 @@ mod tests {
 
     #[test]
     fn names_are_checked() {
-        for good in ["HF_TOKEN", "wandb_key", "_x", "X1"] {
+        for good in ["HF_TOKEN", "WANDB_API_KEY", "_X", "X1"] {
             assert!(check_name(good).is_ok(), "{good}");
         }
         for bad in [
             "",
-            "a/b",
-            "../x",
+            "hf_token",
+            "A/B",
+            "../X",
             "1X",
-            "a-b",
-            "a b",
-            "a?b",
-            &"x".repeat(129),
+            "A-B",
+            "A B",
+            "A?B",
+            &"X".repeat(129),
         ] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
