@@ -335,3 +335,28 @@ pub async fn down() -> Result<()> {
     out(message)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_token_is_read_only_when_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read_admin_token(dir.path()), None, "missing");
+        let file = admin_token_file(dir.path());
+        fs::write(&file, "tacc_abc").unwrap();
+        assert_eq!(
+            read_admin_token(dir.path()),
+            None,
+            "a short line without its newline"
+        );
+        fs::write(&file, "tacc_abc\n").unwrap();
+        assert_eq!(read_admin_token(dir.path()).as_deref(), Some("tacc_abc"));
+        let full = format!("tacc_{}", "A".repeat(43));
+        fs::write(&file, &full).unwrap();
+        assert_eq!(read_admin_token(dir.path()), Some(full));
+        fs::write(&file, "\n").unwrap();
+        assert_eq!(read_admin_token(dir.path()), None, "empty");
+    }
+}

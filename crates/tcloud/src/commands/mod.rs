@@ -74,30 +74,7 @@ impl Ctx {
         if let Some(warning) = config.exposure_warning() {
             eprintln!("{warning}");
         }
-        let (url, profile) = match &self.server {
-            Some(url) => (url.clone(), profile_for_url(&config, url)),
-            None => {
-                let cluster = config.current()?;
-                (
-                    cluster.url.clone(),
-                    Some((config.current_name().to_string(), cluster)),
-                )
-            }
-        };
-        let (token, source) = match (config::env_token(), &profile) {
-            (Some(token), _) => (Some(token), TokenSource::Env),
-            (None, Some((name, cluster))) => match cluster.token() {
-                Some(token) => (Some(token.to_string()), TokenSource::Profile(name.clone())),
-                None => (None, TokenSource::None),
-            },
-            (None, None) => (None, TokenSource::None),
-        };
-        Ok(Target {
-            url,
-            profile: profile.map(|(name, _)| name),
-            token,
-            source,
-        })
+        resolve_target(&config, self.server.as_deref(), config::env_token())
     }
 
     /// A client for the server in effect, carrying the token in effect.
@@ -105,6 +82,38 @@ impl Ctx {
         let target = self.target()?;
         Ok(client_for(&target))
     }
+}
+
+/// [`Ctx::target`] given the configuration, `--server` and `TACC_TOKEN`.
+pub fn resolve_target(
+    config: &Config,
+    server: Option<&str>,
+    env_token: Option<String>,
+) -> Result<Target> {
+    let (url, profile) = match server {
+        Some(url) => (url.to_string(), profile_for_url(config, url)),
+        None => {
+            let cluster = config.current()?;
+            (
+                cluster.url.clone(),
+                Some((config.current_name().to_string(), cluster)),
+            )
+        }
+    };
+    let (token, source) = match (env_token, &profile) {
+        (Some(token), _) => (Some(token), TokenSource::Env),
+        (None, Some((name, cluster))) => match cluster.token() {
+            Some(token) => (Some(token.to_string()), TokenSource::Profile(name.clone())),
+            None => (None, TokenSource::None),
+        },
+        (None, None) => (None, TokenSource::None),
+    };
+    Ok(Target {
+        url,
+        profile: profile.map(|(name, _)| name),
+        token,
+        source,
+    })
 }
 
 /// A client for `target`; records the target so that a 401 can say what to do.
@@ -118,5 +127,59 @@ pub fn client_for(target: &Target) -> Client {
     match &target.token {
         Some(token) => client.with_token(token.clone()),
         None => client,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> (tempfile::TempDir, Config) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, text).unwrap();
+        let config = Config::load_from(&path).unwrap();
+        (dir, config)
+    }
+
+    const TEXT: &str = "current = \"lab\"\n[clusters.local]\nurl = \"http://127.0.0.1:8383\"\ntoken = \"tacc_local\"\n[clusters.lab]\nurl = \"https://lab:8383/\"\ntoken = \"tacc_lab\"\n[clusters.old]\nurl = \"https://old:1\"\nuser = \"alice\"\n";
+
+    #[test]
+    fn the_current_profiles_token_goes_to_its_url() {
+        let (_dir, config) = config(TEXT);
+        let target = resolve_target(&config, None, None).unwrap();
+        assert_eq!(target.url, "https://lab:8383/");
+        assert_eq!(target.token.as_deref(), Some("tacc_lab"));
+        assert_eq!(target.source, TokenSource::Profile("lab".into()));
+        assert!(
+            !format!("{target:?}").contains("tacc_lab"),
+            "Debug hides it"
+        );
+    }
+
+    #[test]
+    fn with_server_only_a_profile_of_that_url_lends_its_token() {
+        let (_dir, config) = config(TEXT);
+        let target = resolve_target(&config, Some("http://127.0.0.1:8383/"), None).unwrap();
+        assert_eq!(target.token.as_deref(), Some("tacc_local"));
+        assert_eq!(target.profile.as_deref(), Some("local"));
+        let target = resolve_target(&config, Some("http://evil.example"), None).unwrap();
+        assert_eq!(
+            target.token, None,
+            "no profile's token goes to another server"
+        );
+        assert_eq!(target.source, TokenSource::None);
+        assert_eq!(target.profile, None);
+    }
+
+    #[test]
+    fn tacc_token_overrides_and_a_user_key_sends_nothing() {
+        let (_dir, config) = config(TEXT);
+        let target = resolve_target(&config, None, Some("tacc_env".into())).unwrap();
+        assert_eq!(target.token.as_deref(), Some("tacc_env"));
+        assert_eq!(target.source, TokenSource::Env);
+        let target = resolve_target(&config, Some("https://old:1"), None).unwrap();
+        assert_eq!(target.profile.as_deref(), Some("old"));
+        assert_eq!(target.token, None);
     }
 }
