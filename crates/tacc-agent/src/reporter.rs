@@ -72,7 +72,17 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: ReportReceiver, shutdown: C
                 continue;
             };
             match shared.client.agent_reports(node, batch.clone()).await {
-                Ok(()) => break,
+                Ok(ack) => {
+                    if ack.rejected > 0 {
+                        tracing::warn!(
+                            "the server rejected {} of {} report(s) as not belonging to this \
+                             node's current attempts",
+                            ack.rejected,
+                            batch.len()
+                        );
+                    }
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(
                         "cannot deliver {} report(s) to the server, will retry: {e}",

@@ -435,13 +435,18 @@ impl Client {
         .await
     }
 
-    pub async fn agent_reports(&self, node: NodeId, reports: Vec<AgentReport>) -> Result<()> {
-        self.send(
+    /// Deliver reports in order; the answer counts those the server applied and those it
+    /// rejected as not belonging to one of this node's current attempts.
+    pub async fn agent_reports(
+        &self,
+        node: NodeId,
+        reports: Vec<AgentReport>,
+    ) -> Result<tacc_proto::ReportsAck> {
+        self.json(
             self.request(Method::POST, &format!("/v1/agents/{node}/reports"))
                 .json(&AgentReports { reports }),
         )
-        .await?;
-        Ok(())
+        .await
     }
 
     /// Upload one output file, streamed from disk.

@@ -132,8 +132,11 @@ fn file_entry(path: &str, chunk: &[u8]) -> serde_json::Value {
 }
 
 /// Sends `head` and `body` on a fresh connection, half-closes it and returns the answer.
-fn raw_http(url: &str, head: &str, body: &[u8]) -> String {
-    let address = url.trim_start_matches("http://");
+/// Send `head` (request line and headers, with the admin's bearer token added) and `body`.
+fn raw_http(server: &Daemon, head: &str, body: &[u8]) -> String {
+    let (line, rest) = head.split_once("\r\n").unwrap();
+    let head = format!("{line}\r\nAuthorization: Bearer {}\r\n{rest}", server.token);
+    let address = server.url.trim_start_matches("http://");
     let mut stream = std::net::TcpStream::connect(address).unwrap();
     stream
         .set_read_timeout(Some(std::time::Duration::from_secs(10)))
@@ -217,7 +220,7 @@ async fn upload_faults_are_rejected_and_nothing_lands_outside_the_store() {
     assert!(error.contains("bad zstd data"), "{error}");
     // A body cut short of its Content-Length: the connection ends mid-upload.
     let answer = raw_http(
-        &server.url,
+        &server,
         &format!(
             "PUT /v1/chunks/{hash} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
             chunk.len() + 1000
@@ -257,7 +260,15 @@ async fn upload_faults_are_rejected_and_nothing_lands_outside_the_store() {
     top.sort();
     assert_eq!(
         top,
-        ["chunks", "logs", "outputs", "server.log", "taccd.json"]
+        [
+            "admin.token",
+            "chunks",
+            "logs",
+            "outputs",
+            "secret.key",
+            "server.log",
+            "taccd.json"
+        ]
     );
     assert!(!dir.path().join("escape").exists() && !dir.path().join("escape.py").exists());
 }

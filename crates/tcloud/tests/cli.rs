@@ -519,7 +519,7 @@ fn escape_sequences_in_task_output_are_neutralised_unless_raw() {
     // carriage return that would overwrite the line.
     std::fs::write(
         dir.join("emit.sh"),
-        "printf '\\033]0;pwned\\007\\033[2J\\033]52;c;Zm9v\\007\\233x\\rFAKE\\nDONE\\n'\n",
+        "printf '\\033]0;pwned\\007\\033[2J\\033]52;c;Zm9v\\007\\302\\233x\\rFAKE\\nDONE\\n'\n",
     )
     .unwrap();
     std::fs::write(dir.join("task.yaml"), "name: esc\nrun: sh emit.sh\n").unwrap();
@@ -542,7 +542,7 @@ fn escape_sequences_in_task_output_are_neutralised_unless_raw() {
         "^[]0;pwned^G",
         "^[[2J",
         "^[]52;c;Zm9v^G",
-        "<0x9B>x",
+        "<U+009B>x",
         "^MFAKE",
         "DONE",
     ] {

@@ -79,6 +79,11 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         })
         .unwrap_or_default();
     let control = &app.control;
+    if access == Access::Public {
+        // Health checks must answer whatever credential a probe happens to carry.
+        request.extensions_mut().insert(Caller::Anonymous);
+        return next.run(request).await;
+    }
     let header = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)
@@ -106,15 +111,13 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
     let method = request.method().clone();
     let target = || format!("{method} {path}");
     if let Err(refusal) = decide(&caller, access) {
-        if !matches!(refusal, Refusal::Unauthenticated(_)) {
-            control.audit.record(
-                &caller,
-                "access.denied",
-                target(),
-                false,
-                format!("{refusal:?}"),
-            );
-        }
+        let action = match refusal {
+            Refusal::Unauthenticated(_) => "auth.failed",
+            _ => "access.denied",
+        };
+        control
+            .audit
+            .record(&caller, action, target(), false, format!("{refusal:?}"));
         return refusal_error(refusal, "it").into_response();
     }
     if let Err(error) = check_object(&app, &caller, access, &params).await {
