@@ -36,7 +36,14 @@ start_taccd() { # DATA_DIR -> sets URL and PID
     sleep 0.1
   done
   URL=$(jq -r .url "$1/taccd.json")
+  for _ in $(seq 1 300); do
+    [ -s "$1/admin.token" ] && break
+    sleep 0.1
+  done
+  # The embedded cluster's admin token: tcloud reads TACC_TOKEN, curl gets a header.
+  export TACC_TOKEN; TACC_TOKEN=$(cat "$1/admin.token")
 }
+api() { curl -s -H "Authorization: Bearer $TACC_TOKEN" "$@"; }
 
 # ------------------------------------------------------------------ project
 python3 - "$WORK/project" <<'EOF'
@@ -149,14 +156,14 @@ overhead() { # submit the small project, print ms from `starting` to the first l
   local id
   id=$("$BIN/tcloud" --server "$URL" submit "$WORK/small" --json | jq .task_id)
   for _ in $(seq 1 600); do
-    state=$(curl -s "$URL/v1/tasks/$id" | jq -r .state)
+    state=$(api "$URL/v1/tasks/$id" | jq -r .state)
     case $state in succeeded|failed|cancelled|lost) break;; esac
     sleep 0.1
   done
-  [ "$state" = succeeded ] || { echo "task $id $state" >&2; curl -s "$URL/v1/tasks/$id/logs" >&2; exit 1; }
+  [ "$state" = succeeded ] || { echo "task $id $state" >&2; api "$URL/v1/tasks/$id/logs" >&2; exit 1; }
   local starting first
-  starting=$(curl -s "$URL/v1/tasks/$id/events" | jq '[.[] | select(.state == "starting")][0].at')
-  first=$(curl -s "$URL/v1/tasks/$id/logs" | awk '/^first-line/ {print $2; exit}')
+  starting=$(api "$URL/v1/tasks/$id/events" | jq '[.[] | select(.state == "starting")][0].at')
+  first=$(api "$URL/v1/tasks/$id/logs" | awk '/^first-line/ {print $2; exit}')
   echo $(( first - starting ))
 }
 COLD=$(overhead)
