@@ -105,6 +105,8 @@ pub async fn run(
             // Environments are built under the agent's data directory, which a Slurm
             // backend requires on the shared file system.
             env_cache_bytes: tacc_core::ByteSize::gib(50).as_bytes(),
+            // Slurm jobs are submitted as the agent's user: the agent says so at start.
+            task_uid_base: tacc_agent::DEFAULT_TASK_UID_BASE,
         };
         let client = tacc_client::Client::new(server);
         let agent = Agent::new(client, config, Arc::new(backend.executor_for(&node.name)))?;
