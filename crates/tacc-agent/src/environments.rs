@@ -223,7 +223,7 @@ impl EnvCache {
         match plan {
             EnvPlan::Conda { .. } => {
                 for tool in ["mamba", "conda"] {
-                    if let Some(path) = on_path(tool) {
+                    for path in on_path(tool) {
                         let Some(version) = capture(&path, &["--version"], who).await else {
                             continue;
                         };
@@ -247,35 +247,39 @@ impl EnvCache {
                 }
                 candidates.extend(["python3".to_string(), "python".to_string()]);
                 let mut found = Vec::new();
+                // Every match on PATH, in order: the first ones may be out of reach of
+                // the task's account (say under root's home).
                 for name in candidates {
-                    let Some(path) = on_path(&name) else { continue };
-                    let Some(version) = capture(
-                        &path,
-                        &["-c", "import platform; print(platform.python_version())"],
-                        who,
-                    )
-                    .await
-                    else {
-                        continue;
-                    };
-                    let version = version.trim().to_string();
-                    let fits = python
-                        .as_deref()
-                        .is_none_or(|v| version == v || version.starts_with(&format!("{v}.")));
-                    if fits {
-                        let uv = match on_path("uv") {
-                            Some(uv) if capture(&uv, &["--version"], who).await.is_some() => {
-                                Some(uv)
-                            }
-                            _ => None,
+                    for path in on_path(&name) {
+                        let Some(version) = capture(
+                            &path,
+                            &["-c", "import platform; print(platform.python_version())"],
+                            who,
+                        )
+                        .await
+                        else {
+                            continue;
                         };
-                        return Ok(Builder::Python {
-                            interpreter: path,
-                            version,
-                            uv,
-                        });
+                        let version = version.trim().to_string();
+                        let fits = python
+                            .as_deref()
+                            .is_none_or(|v| version == v || version.starts_with(&format!("{v}.")));
+                        if fits {
+                            let mut uv = None;
+                            for candidate in on_path("uv") {
+                                if capture(&candidate, &["--version"], who).await.is_some() {
+                                    uv = Some(candidate);
+                                    break;
+                                }
+                            }
+                            return Ok(Builder::Python {
+                                interpreter: path,
+                                version,
+                                uv,
+                            });
+                        }
+                        found.push(format!("{} is {version}", path.display()));
                     }
-                    found.push(format!("{name} is {version}"));
                 }
                 Err(match python {
                     Some(v) => format!(
@@ -283,13 +287,14 @@ impl EnvCache {
                          have in `environment.python`, or install Python {v} there",
                         self.node_name,
                         if found.is_empty() {
-                            "no Python on PATH at all".to_string()
+                            "no Python on PATH that tasks may run".to_string()
                         } else {
                             found.join(", ")
                         }
                     ),
                     None => format!(
-                        "node {} has no `python3` on its PATH to build the environment with",
+                        "node {} has no `python3` on its PATH that tasks may run, to build the \
+                         environment with",
                         self.node_name
                     ),
                 })
@@ -493,15 +498,19 @@ impl EnvCache {
     }
 }
 
-fn on_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
+/// Every executable named `program` on the agent's PATH, in PATH order.
+fn on_path(program: &str) -> Vec<PathBuf> {
+    let Some(path) = std::env::var_os("PATH") else {
+        return Vec::new();
+    };
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
-        .find(|candidate| {
+        .filter(|candidate| {
             use std::os::unix::fs::PermissionsExt;
             std::fs::metadata(candidate)
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
+        .collect()
 }
 
 /// A program's stdout when run as `who`, `None` if it could not run or failed.
