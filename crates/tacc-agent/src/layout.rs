@@ -6,7 +6,7 @@
 //! ```text
 //! DATA/                 0711 root   tasks may pass through, not list
 //!   run/ chunks/ files/ 0700 root   the agent's alone: process records, every user's code
-//!   task-uids.json      0600 root
+//!   node.token task-uids.json 0600 root
 //!   work/ users/        0711 root   tasks reach their own directory by name ...
 //!     <attempt>/ <user>/ 0700 task  ... which only their uid may enter
 //!   envs/ datasets/     0711 root   the caches tasks read through known paths ...
@@ -27,6 +27,8 @@ use tacc_exec::RunAs;
 
 /// Directories only the agent uses.
 const PRIVATE_DIRS: &[&str] = &["run", "chunks", "files"];
+/// Files only the agent reads (the node credential, the task uid table).
+const PRIVATE_FILES: &[&str] = &["node.token", crate::identity::UID_TABLE_FILE];
 /// Directories tasks pass through to reach what is theirs or shared.
 const TRAVERSED_DIRS: &[&str] = &["work", "users", "envs", "datasets"];
 
@@ -48,6 +50,12 @@ pub(crate) fn prepare(data_dir: &Path, tasks_switch: bool) -> std::io::Result<()
         let path = data_dir.join(dir);
         std::fs::create_dir_all(&path)?;
         set_mode(&path, TRAVERSE_ONLY_MODE)?;
+    }
+    for file in PRIVATE_FILES {
+        let path = data_dir.join(file);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file()) {
+            set_mode(&path, 0o600)?;
+        }
     }
     if tasks_switch {
         grant_search_above(data_dir)?;

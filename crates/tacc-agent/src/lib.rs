@@ -43,6 +43,44 @@ pub enum AgentError {
     },
 }
 
+/// Where an agent keeps its node credential (mode 0600).
+pub fn credential_path(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("node.token")
+}
+
+/// The node credential an earlier registration left in `data_dir`, if any.
+pub fn stored_credential(data_dir: &std::path::Path) -> Result<Option<String>, AgentError> {
+    let path = credential_path(data_dir);
+    match std::fs::read_to_string(&path) {
+        Ok(text) if !text.trim().is_empty() => Ok(Some(text.trim().to_string())),
+        Ok(_) => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(AgentError::DataDir {
+            path: path.display().to_string(),
+            source,
+        }),
+    }
+}
+
+/// Write `secret` readable by this account only, replacing any earlier file atomically.
+fn write_private(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let partial = path.with_extension("partial");
+    let _ = std::fs::remove_file(&partial);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&partial)?;
+    file.write_all(secret.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&partial, path)
+}
+
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub name: String,
@@ -262,6 +300,20 @@ impl Agent {
             };
             match self.shared.client.register_agent(&registration).await {
                 Ok(registered) => {
+                    if let Some(credential) = &registered.node_token {
+                        // Kept before use: a restart must find it, or the node could
+                        // never register under its name again.
+                        let path = credential_path(&self.shared.config.data_dir);
+                        if let Err(e) = write_private(&path, credential) {
+                            tracing::error!(
+                                "cannot keep this node's credential in {}: {e}",
+                                path.display()
+                            );
+                            backoff.wait(shutdown).await.ok()?;
+                            continue;
+                        }
+                        self.shared.client.set_token(credential.clone());
+                    }
                     *self.shared.node.lock().unwrap() = Some(registered.node_id);
                     tracing::info!(
                         "registered as node {} ({}) with {}",

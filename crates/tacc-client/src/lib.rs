@@ -53,7 +53,9 @@ pub struct Client {
     base: String,
     /// The bearer token sent with every request; `None` only for anonymous calls
     /// (health, or a test proving that the server refuses them).
-    token: Option<String>,
+    /// Shared by clones, so an agent that receives its node credential switches every
+    /// clone of its client at once.
+    token: std::sync::Arc<std::sync::RwLock<Option<String>>>,
     http: reqwest::Client,
 }
 
@@ -76,15 +78,20 @@ impl Client {
             .expect("HTTP client configuration is static");
         Client {
             base: base.trim_end_matches('/').to_string(),
-            token: None,
+            token: Default::default(),
             http,
         }
     }
 
     /// The same server, with `token` (`tacc_…`) sent as `Authorization: Bearer`.
     pub fn with_token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        self.token = std::sync::Arc::new(std::sync::RwLock::new(Some(token.into())));
         self
+    }
+
+    /// Replace the token of this client and of every clone of it.
+    pub fn set_token(&self, token: impl Into<String>) {
+        *self.token.write().unwrap() = Some(token.into());
     }
 
     pub fn base_url(&self) -> &str {
@@ -93,7 +100,7 @@ impl Client {
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
         let request = self.http.request(method, format!("{}{path}", self.base));
-        match &self.token {
+        match self.token.read().unwrap().as_deref() {
             Some(token) => request.bearer_auth(token),
             None => request,
         }

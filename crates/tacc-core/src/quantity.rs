@@ -186,15 +186,23 @@ impl FromStr for ByteSize {
         if number_end == 0 {
             return Err(err("expected a number first"));
         }
-        let number: f64 = text[..number_end]
-            .parse()
-            .map_err(|_| err("the number is malformed"))?;
+        let number_text = &text[..number_end];
         let unit = text[number_end..].trim().to_ascii_lowercase();
         let scale = SIZE_UNITS
             .iter()
             .find(|(name, _)| *name == unit)
             .map(|(_, scale)| *scale)
             .ok_or_else(|| err(&format!("unknown unit `{unit}`")))?;
+        // Whole numbers are multiplied exactly (an `f64` is not, past 2^53).
+        if let Ok(whole) = number_text.parse::<u64>() {
+            return whole
+                .checked_mul(scale)
+                .map(ByteSize::from_bytes)
+                .ok_or_else(|| err("the size is too large"));
+        }
+        let number: f64 = number_text
+            .parse()
+            .map_err(|_| err("the number is malformed"))?;
         let bytes = number * scale as f64;
         if !bytes.is_finite() || bytes >= u64::MAX as f64 {
             return Err(err("the size is too large"));
@@ -213,8 +221,15 @@ impl TryFrom<String> for ByteSize {
 }
 
 impl From<ByteSize> for String {
+    /// Exact, unlike `Display`, which rounds to one decimal for people: a size sent as JSON
+    /// (a task spec from the CLI to the server) must arrive as the same number of bytes.
     fn from(value: ByteSize) -> Self {
-        value.to_string()
+        let shown = value.to_string();
+        if shown.parse::<ByteSize>().ok() == Some(value) {
+            shown
+        } else {
+            format!("{}B", value.bytes)
+        }
     }
 }
 
@@ -320,5 +335,41 @@ mod tests {
             );
         }
         assert_eq!(ByteSize::gib(64).to_string(), "64GiB");
+    }
+
+    #[test]
+    fn sizes_serialise_exactly() {
+        for bytes in [
+            0,
+            1,
+            1536,
+            100_000_000,
+            2_000_000_000_000,
+            64 << 30,
+            (1 << 53) + 1,
+            u64::MAX,
+        ] {
+            let size = ByteSize::from_bytes(bytes);
+            let json = serde_json::to_string(&size).unwrap();
+            assert_eq!(
+                serde_json::from_str::<ByteSize>(&json).unwrap(),
+                size,
+                "{json}"
+            );
+        }
+        assert_eq!(String::from(ByteSize::gib(64)), "64GiB");
+        assert_eq!(
+            String::from(ByteSize::from_bytes(2_000_000_000_000)),
+            "2000000000000B"
+        );
+        assert_eq!(
+            "18446744073709551615"
+                .parse::<ByteSize>()
+                .unwrap()
+                .as_bytes(),
+            u64::MAX
+        );
+        assert!("18446744073709551616".parse::<ByteSize>().is_err());
+        assert!("16777216TiB".parse::<ByteSize>().is_err());
     }
 }

@@ -386,3 +386,12 @@ pub struct SecretView {
     pub name: String,
     pub updated_at: Timestamp,
 }
+
+/// The answer to an agent's report batch: reports that did not belong to one of the
+/// node's current attempts (another node's, a stale attempt's, a replayed ending) are
+/// rejected one by one, audited, and counted here; the rest were applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ReportsAck {
+    pub accepted: u32,
+    pub rejected: u32,
+}

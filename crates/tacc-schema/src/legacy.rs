@@ -606,15 +606,23 @@ fn slurm_time(text: &str) -> Option<u64> {
                 [h, m, s] => (*h, *m, *s),
                 _ => return None,
             };
-            Some(days * 86_400 + hours * 3600 + minutes * 60 + seconds)
+            seconds_of(days, hours, minutes, seconds)
         }
         None => match numbers(text)?.as_slice() {
-            [m] => Some(m * 60),
-            [m, s] => Some(m * 60 + s),
-            [h, m, s] => Some(h * 3600 + m * 60 + s),
+            [m] => seconds_of(0, 0, *m, 0),
+            [m, s] => seconds_of(0, 0, *m, *s),
+            [h, m, s] => seconds_of(0, *h, *m, *s),
             _ => None,
         },
     }
+}
+
+/// The total in seconds, or `None` past `u64` (the file's numbers are arbitrary).
+fn seconds_of(days: u64, hours: u64, minutes: u64, seconds: u64) -> Option<u64> {
+    days.checked_mul(86_400)?
+        .checked_add(hours.checked_mul(3600)?)?
+        .checked_add(minutes.checked_mul(60)?)?
+        .checked_add(seconds)
 }
 
 #[cfg(test)]
@@ -633,7 +641,17 @@ mod tests {
         ] {
             assert_eq!(slurm_time(text), Some(secs), "{text}");
         }
-        for bad in ["", "1:2:3:4", "x", "1-", "UNLIMITED"] {
+        for bad in [
+            "",
+            "1:2:3:4",
+            "x",
+            "1-",
+            "UNLIMITED",
+            "307445734561825861",
+            "0-5124095576030432",
+            "213503982334602-0",
+            "1-0:0:18446744073709551615",
+        ] {
             assert_eq!(slurm_time(bad), None, "{bad}");
         }
     }

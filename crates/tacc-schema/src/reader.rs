@@ -11,9 +11,10 @@ use std::str::FromStr;
 use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
 use marked_yaml::{LoadError, LoaderOptions, Node};
 use tacc_core::{ByteSize, HumanDuration, Priority};
+use yaml_rust2::Event as YamlEvent;
 
 use crate::SchemaError;
-use crate::spans::{Location, Spans};
+use crate::spans::{Location, Spans, yaml_lines};
 use crate::spec::{
     CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
     ResourceSpec, RetryOn, RetrySpec, Runtime, TaskSpec,
@@ -39,8 +40,15 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
 pub(crate) const RESOURCE_FIELDS: &[&str] =
     &["nodes", "gpus", "gpu_type", "cpus", "memory", "time_limit"];
 pub(crate) const CODE_FIELDS: &[&str] = &["dir", "exclude"];
-pub(crate) const ENVIRONMENT_FIELDS: &[&str] =
-    &["python", "pip", "requirements", "conda", "image", "vars"];
+pub(crate) const ENVIRONMENT_FIELDS: &[&str] = &[
+    "python",
+    "pip",
+    "requirements",
+    "conda",
+    "image",
+    "vars",
+    "secrets",
+];
 pub(crate) const CONDA_FIELDS: &[&str] = &["name", "channels", "dependencies"];
 pub(crate) const DATASET_FIELDS: &[&str] = &["name", "source", "mount"];
 pub(crate) const RETRY_FIELDS: &[&str] = &["max_attempts", "on"];
@@ -78,16 +86,13 @@ const ALIASES: &[(&str, &str)] = &[
 /// Parse YAML text into a node tree, turning the loader's errors into located diagnostics.
 pub(crate) fn load_yaml(text: &str, spans: &Spans) -> Result<Node> {
     reject_second_document(text, spans)?;
+    reject_deep_nesting(text, spans)?;
     let options = LoaderOptions::default()
         .error_on_duplicate_keys(true)
         // Keep `may_coerce` false for quoted scalars, so `"null"` stays text while `null` is null.
         .prevent_coercion(true);
     marked_yaml::parse_yaml_with_options(0, text, options).map_err(|error| {
-        let at = |marker: &marked_yaml::Marker| Location {
-            line: marker.line().max(1),
-            column: marker.column().max(1),
-            width: 1,
-        };
+        let at = |marker: &marked_yaml::Marker| spans.marker_position(marker);
         match error {
             LoadError::TopLevelMustBeMapping(marker) => spans.error_at_location(
                 at(&marker),
@@ -139,7 +144,8 @@ pub(crate) fn load_yaml(text: &str, spans: &Spans) -> Result<Node> {
 /// marked-yaml reads only the first document of a stream and would silently drop the rest.
 fn reject_second_document(text: &str, spans: &Spans) -> Result<()> {
     let mut seen_content = false;
-    for (index, line) in text.lines().enumerate() {
+    // Lines as the parser counts them: a `---` after a lone `\r` starts a document too.
+    for (index, line) in yaml_lines(text).enumerate() {
         let is_separator = line == "---" || line.starts_with("--- ");
         if is_separator && seen_content {
             return Err(spans.error_at_location(
@@ -155,6 +161,45 @@ fn reject_second_document(text: &str, spans: &Spans) -> Result<()> {
         let trimmed = line.trim();
         if !(trimmed.is_empty() || trimmed.starts_with('#') || is_separator) {
             seen_content = true;
+        }
+    }
+    Ok(())
+}
+
+/// Far deeper than any task file needs: the deepest value, a `tuxiv.conf`'s `pip:` list
+/// inside `environment.dependencies`, sits five levels down.
+const MAX_NESTING: usize = 32;
+
+/// The YAML parser builds nodes recursively, a few stack frames per level of block nesting,
+/// so a few kilobytes of `- - - - …` overflowed the stack and aborted the process (it caps
+/// flow nesting, `[[[…`, itself). Its events come out of an explicit state machine, so
+/// walking them first is safe: refuse the document once it nests past [`MAX_NESTING`].
+/// Syntax errors are left to the loader, which reports them the same way.
+fn reject_deep_nesting(text: &str, spans: &Spans) -> Result<()> {
+    let mut parser = yaml_rust2::parser::Parser::new_from_str(text);
+    let mut depth = 0usize;
+    while let Ok((event, marker)) = parser.next_token() {
+        match event {
+            YamlEvent::SequenceStart(..) | YamlEvent::MappingStart(..) => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    let marker = marked_yaml::Marker::new(
+                        0,
+                        marker.index(),
+                        marker.line(),
+                        marker.col() + 1,
+                    );
+                    return Err(spans.error_at_location(
+                        spans.marker_position(&marker),
+                        format!("the task file nests lists and mappings more than {MAX_NESTING} levels deep"),
+                        Some("a task file needs only a few levels; check the indentation and the `-` list markers".into()),
+                    ));
+                }
+            }
+            YamlEvent::SequenceEnd | YamlEvent::MappingEnd => depth = depth.saturating_sub(1),
+            // Only the first document is loaded (a second one is refused before this).
+            YamlEvent::DocumentEnd | YamlEvent::StreamEnd => break,
+            _ => {}
         }
     }
     Ok(())
@@ -732,6 +777,10 @@ fn read_environment<'n>(
     }
     if let Some(node) = fields.get("vars") {
         environment.vars = read_vars(reader, node)?;
+    }
+    if let Some(node) = fields.get("secrets") {
+        environment.secrets =
+            reader.texts(node, "environment.secrets", "secrets: [WANDB_API_KEY]")?;
     }
     Ok(environment)
 }

@@ -31,7 +31,7 @@ impl Spans {
     pub(crate) fn new(source_name: &str, text: &str) -> Self {
         Spans {
             source_name: source_name.to_string(),
-            lines: text.lines().map(str::to_string).collect(),
+            lines: yaml_lines(text).map(str::to_string).collect(),
             fields: BTreeMap::new(),
         }
     }
@@ -148,8 +148,7 @@ impl Spans {
                 width: 1,
             };
         };
-        let line = marker.line().max(1);
-        let column = marker.column().max(1);
+        let Location { line, column, .. } = self.marker_position(marker);
         let width = self
             .lines
             .get(line - 1)
@@ -161,6 +160,50 @@ impl Spans {
             width,
         }
     }
+
+    /// Where `marker` is, one character wide, kept inside the text. The YAML scanner
+    /// places the end of input one line past the last when the text does not end with a
+    /// line break (and may count a block scalar's columns in bytes): such places are
+    /// reported at the end of the last line, or of their own line.
+    pub(crate) fn marker_position(&self, marker: &Marker) -> Location {
+        let last_line = self.lines.len().max(1);
+        let line = marker.line().clamp(1, last_line);
+        let line_width = self
+            .lines
+            .get(line - 1)
+            .map_or(0, |source_line| source_line.chars().count());
+        let column = if marker.line() > last_line {
+            line_width + 1
+        } else {
+            marker.column().clamp(1, line_width + 1)
+        };
+        Location {
+            line,
+            column,
+            width: 1,
+        }
+    }
+}
+
+/// The lines of `text` as YAML counts them: broken at `\r\n`, `\n` or a lone `\r`.
+/// (`str::lines` does not break at a lone `\r`, so its line numbers would drift from the
+/// parser's.) A line break at the very end does not start another line.
+pub(crate) fn yaml_lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (line, after) = match rest.find(['\r', '\n']) {
+            Some(at) => {
+                let break_len = if rest[at..].starts_with("\r\n") { 2 } else { 1 };
+                (&rest[..at], &rest[at + break_len..])
+            }
+            None => (rest, ""),
+        };
+        rest = after;
+        Some(line)
+    })
 }
 
 /// How many characters the token starting at `column` spans, so the caret underlines it all.

@@ -178,9 +178,40 @@ pub struct EnvironmentSpec {
     /// A container image; selects the container runtime. Not together with `conda`.
     #[serde(default)]
     pub image: Option<String>,
-    /// Environment variables set for `setup` and `run`.
+    /// Environment variables set for `setup` and `run`. They are part of the task's
+    /// spec, visible to whoever may read the task: never put a secret here.
     #[serde(default)]
     pub vars: BTreeMap<String, String>,
+    /// Names of the submitter's secrets (`tcloud secret set NAME`) to put into the
+    /// task's environment under the same names; their values never appear in the spec,
+    /// the API or the logs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
+}
+
+/// Variables the platform sets for every task; a task's `vars` or `secrets` cannot
+/// replace them.
+pub const PLATFORM_VARIABLES: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "NODE_RANK",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "CUDA_VISIBLE_DEVICES",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+];
+
+/// Whether the platform owns the variable `name` (every `TACC_*` and
+/// [`PLATFORM_VARIABLES`]).
+pub fn is_platform_variable(name: &str) -> bool {
+    name.starts_with("TACC_") || PLATFORM_VARIABLES.contains(&name)
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -634,6 +665,29 @@ fn check_environment(environment: &EnvironmentSpec, runtime: Runtime) -> Option<
                 format!("environment.vars.{name}"),
                 format!("`{name}` is not a valid environment variable name"),
                 "use letters, digits and `_`, not starting with a digit, e.g. `OMP_NUM_THREADS`",
+            ));
+        }
+    }
+    for (index, name) in environment.secrets.iter().enumerate() {
+        if !is_shell_identifier(name) {
+            return Some(problem(
+                format!("environment.secrets.{index}"),
+                format!("`{name}` is not a valid secret name"),
+                "name a secret set with `tcloud secret set NAME`, e.g. `WANDB_API_KEY`",
+            ));
+        }
+        if is_platform_variable(name) {
+            return Some(problem(
+                format!("environment.secrets.{index}"),
+                format!("`{name}` is set by the platform and cannot be a secret"),
+                "store the secret under another name",
+            ));
+        }
+        if environment.vars.contains_key(name) {
+            return Some(problem(
+                format!("environment.secrets.{index}"),
+                format!("`{name}` is both in `vars` and in `secrets`"),
+                "remove it from `vars`: a secret must not be written in the task file",
             ));
         }
     }

@@ -39,6 +39,12 @@ pub struct ServerConfig {
     pub datasets: BTreeMap<String, String>,
     /// Chunks no committed snapshot references are deleted once unused for this long.
     pub chunk_retention: Duration,
+    /// Per-user submission rate, queue and log limits.
+    pub limits: crate::limits::UserLimits,
+    /// Operator mapping of TACC users to Unix accounts on the nodes (`[users.NAME]
+    /// unix_user` in the configuration file); unmapped users run as the agent's
+    /// unprivileged task account.
+    pub unix_users: BTreeMap<String, String>,
 }
 
 impl ServerConfig {
@@ -50,6 +56,8 @@ impl ServerConfig {
             scheduler: SchedulerConfig::default(),
             datasets: BTreeMap::new(),
             chunk_retention: Duration::from_secs(7 * 24 * 3600),
+            limits: crate::limits::UserLimits::default(),
+            unix_users: BTreeMap::new(),
         }
     }
 }
@@ -68,20 +76,20 @@ pub fn now() -> Timestamp {
 }
 
 #[derive(Debug)]
-struct LiveNode {
+pub(crate) struct LiveNode {
     record: NodeRecord,
     online: bool,
     last_seen: Instant,
     version: watch::Sender<u64>,
-    assignments: BTreeMap<AttemptRef, Assignment>,
+    pub(crate) assignments: BTreeMap<AttemptRef, Assignment>,
     /// Attempts withdrawn by a cancel, until the agent confirms they are not running.
     cancelling: BTreeSet<AttemptRef>,
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct Inner {
     scheduler: Scheduler,
-    nodes: BTreeMap<NodeId, LiveNode>,
+    pub(crate) nodes: BTreeMap<NodeId, LiveNode>,
     /// Queued tasks not yet given to the scheduler because no node is online: the
     /// scheduler would reject them as never fitting an empty cluster.
     held: BTreeSet<TaskId>,
@@ -98,7 +106,12 @@ pub struct Control {
     pub(crate) chunks: DirChunkStore,
     pub(crate) outputs_dir: PathBuf,
     pub(crate) config: ServerConfig,
-    inner: Mutex<Inner>,
+    pub(crate) auth: crate::auth::Authenticator,
+    pub(crate) audit: crate::auth::AuditTrail,
+    pub(crate) secret_box: crate::secrets::SecretBox,
+    pub(crate) submit_buckets: crate::limits::SubmitBuckets,
+    pub(crate) chunk_sets: crate::agent_access::ChunkSets,
+    pub(crate) inner: Mutex<Inner>,
 }
 
 fn spec_of(record: &TaskRecord) -> Result<TaskSpec, ServerError> {
@@ -168,7 +181,7 @@ impl Control {
         config: ServerConfig,
     ) -> Result<Arc<Control>, ServerError> {
         let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
-        let logs = LogBook::open(config.data_dir.join("logs"))
+        let logs = LogBook::open(config.data_dir.join("logs"), config.limits.max_log_bytes)
             .map_err(|e| io("cannot create the log directory", e))?;
         let chunks = DirChunkStore::open(config.data_dir.join("chunks"))
             .map_err(|e| ServerError::Internal(format!("cannot open the chunk store: {e}")))?;
@@ -184,7 +197,13 @@ impl Control {
         }
         let scheduler = Scheduler::by_name(&config.policy, config.scheduler.clone())
             .map_err(|e| ServerError::Config(e.to_string()))?;
+        let secret_box = crate::secrets::SecretBox::open(&config.data_dir.join("secret.key"))?;
         let control = Arc::new(Control {
+            auth: crate::auth::Authenticator::new(store.clone()),
+            audit: crate::auth::AuditTrail::start(store.clone()),
+            secret_box,
+            submit_buckets: Default::default(),
+            chunk_sets: Default::default(),
             store,
             logs,
             chunks,
@@ -233,7 +252,14 @@ impl Control {
             if record.state == TaskState::Queued {
                 inner.held.insert(record.id);
             } else if !record.cancel_requested {
-                let assignments = assignments_for(&record, &spec, &inner.nodes);
+                let secrets = self.task_secrets(&record, &spec).await;
+                let assignments = assignments_for(
+                    &record,
+                    &spec,
+                    &inner.nodes,
+                    self.config.unix_users.get(&record.user),
+                    &secrets,
+                );
                 for (node, assignment) in assignments {
                     if let Some(live) = inner.nodes.get_mut(&node) {
                         live.assignments.insert(assignment.attempt, assignment);
@@ -260,6 +286,14 @@ impl Control {
         spec.validate()
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
         unsupported(&spec)?;
+        for name in &spec.environment.secrets {
+            if self.store.get_secret(user, name).await?.is_none() {
+                return Err(ServerError::InvalidTask(format!(
+                    "environment.secrets names `{name}`, but you have no secret of that name; \
+                     set it with `tcloud secret set {name}` (the value is read from stdin)"
+                )));
+            }
+        }
         let spec = self.resolve_registered_datasets(spec)?;
         if self.store.get_snapshot(&snapshot).await?.is_none() {
             return Err(ServerError::InvalidTask(format!(
@@ -387,7 +421,11 @@ impl Control {
             let Some(spec) = inner.specs.get(&record.id) else {
                 continue;
             };
-            for (node, assignment) in assignments_for(&record, spec, &inner.nodes) {
+            let secrets = self.task_secrets(&record, spec).await;
+            let unix_user = self.config.unix_users.get(&record.user);
+            for (node, assignment) in
+                assignments_for(&record, spec, &inner.nodes, unix_user, &secrets)
+            {
                 if let Some(live) = inner.nodes.get_mut(&node) {
                     live.assignments.insert(assignment.attempt, assignment);
                     live.version.send_modify(|v| *v += 1);
@@ -683,13 +721,43 @@ impl Control {
         &self,
         node: NodeId,
         reports: Vec<AgentReport>,
-    ) -> Result<(), ServerError> {
+    ) -> Result<tacc_proto::ReportsAck, ServerError> {
         let mut inner = self.inner.lock().await;
         match inner.nodes.get_mut(&node) {
             Some(live) => live.last_seen = Instant::now(),
             None => return Err(ServerError::NodeNotFound(node)),
         }
+        let mut ack = tacc_proto::ReportsAck::default();
         for report in reports {
+            // Never trust the other side: a report counts only for an attempt of this
+            // node's own, and an ending only while the attempt has not ended yet.
+            let (attempt, ending) = match &report {
+                AgentReport::Log { attempt, .. } | AgentReport::RuntimeChosen { attempt, .. } => {
+                    (*attempt, false)
+                }
+                AgentReport::Started { attempt, .. } => (*attempt, false),
+                AgentReport::Finished { attempt, .. } => (*attempt, true),
+            };
+            if !self.attempt_is_on_node(node, attempt, !ending).await? {
+                ack.rejected += 1;
+                self.audit.record_as(
+                    format!("node:{node}"),
+                    "report.rejected",
+                    format!("task:{}/{}", attempt.task, attempt.attempt),
+                    false,
+                    format!(
+                        "{} report for an attempt this node does not run{}",
+                        report_kind(&report),
+                        if ending {
+                            " (or that already ended)"
+                        } else {
+                            ""
+                        }
+                    ),
+                );
+                continue;
+            }
+            ack.accepted += 1;
             match report {
                 AgentReport::Log { attempt, text } => {
                     self.logs.append(attempt.task, &text).map_err(|e| {
@@ -742,7 +810,7 @@ impl Control {
                 }
             }
         }
-        Ok(())
+        Ok(ack)
     }
 
     /// An attempt's node vanished: the attempt is lost (and maybe retried).
@@ -1075,14 +1143,17 @@ fn assignments_for(
     record: &TaskRecord,
     spec: &TaskSpec,
     nodes: &BTreeMap<NodeId, LiveNode>,
+    unix_user: Option<&String>,
+    secrets: &BTreeMap<String, String>,
 ) -> Vec<(NodeId, Assignment)> {
-    let instruction: Instruction = tacc_compiler::compile(
+    let mut instruction: Instruction = tacc_compiler::compile(
         record.id,
         record.attempt,
         &record.user,
         spec,
         record.snapshot.clone(),
     );
+    instruction.unix_user = unix_user.cloned();
     let instruction = serde_json::to_value(&instruction).expect("instructions serialise");
     let master_addr = record
         .placements
@@ -1106,11 +1177,20 @@ fn assignments_for(
                     gpu_indices: placement.gpu_indices.clone(),
                     master_addr: master_addr.clone(),
                     master_port: MASTER_PORT,
-                    secrets: Default::default(),
+                    secrets: secrets.clone(),
                 },
             )
         })
         .collect()
+}
+
+fn report_kind(report: &AgentReport) -> &'static str {
+    match report {
+        AgentReport::Log { .. } => "log",
+        AgentReport::Started { .. } => "started",
+        AgentReport::Finished { .. } => "finished",
+        AgentReport::RuntimeChosen { .. } => "runtime",
+    }
 }
 
 /// Fields the task file accepts but this server cannot honour yet.

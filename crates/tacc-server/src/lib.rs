@@ -7,15 +7,22 @@
 //! itself (agents do, through `tacc-exec`) and takes an already-bound listener and a
 //! cancellation token so tests bind port 0 and stop it cleanly.
 
+pub mod accounts;
+mod agent_access;
 mod api;
 mod artifacts;
+pub mod auth;
 mod control;
+mod limits;
 mod logs;
+pub mod secrets;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use api::{RouteRule, route_rules};
 pub use control::{Control, DEFAULT_POLICY, ServerConfig, now};
+pub use limits::UserLimits;
 use tacc_core::{NodeId, TaskId};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -37,6 +44,19 @@ pub enum ServerError {
     BadRequest(String),
     #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Unauthenticated(String),
+    #[error("not allowed: {0}")]
+    Forbidden(String),
+    #[error("{message}")]
+    TooManyRequests {
+        message: String,
+        retry_after_secs: u64,
+    },
+    #[error("{0}")]
+    Unavailable(String),
     #[error(transparent)]
     Store(#[from] tacc_store::StoreError),
     #[error("invalid server configuration: {0}")]

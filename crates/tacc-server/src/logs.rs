@@ -13,14 +13,20 @@ use tokio::sync::Notify;
 pub struct LogBook {
     dir: PathBuf,
     watchers: Mutex<BTreeMap<TaskId, Arc<Notify>>>,
+    /// Bytes kept per task; what comes past it is dropped after one marker line.
+    max_bytes: u64,
 }
 
+/// The line that ends a log cut at the cap.
+pub const TRUNCATED_MARKER: &str = "[tacc] log truncated: this task wrote more than";
+
 impl LogBook {
-    pub fn open(dir: PathBuf) -> std::io::Result<Self> {
+    pub fn open(dir: PathBuf, max_bytes: u64) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
         Ok(LogBook {
             dir,
             watchers: Mutex::new(BTreeMap::new()),
+            max_bytes,
         })
     }
 
@@ -35,7 +41,27 @@ impl LogBook {
             .create(true)
             .append(true)
             .open(self.path(task))?;
-        file.write_all(text.as_bytes())?;
+        let size = file.metadata()?.len();
+        if size >= self.max_bytes {
+            // Already cut (the marker was written when the cap was reached).
+            return Ok(());
+        }
+        let room = usize::try_from(self.max_bytes - size).unwrap_or(usize::MAX);
+        if text.len() < room {
+            file.write_all(text.as_bytes())?;
+        } else {
+            let mut cut = room;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            file.write_all(&text.as_bytes()[..cut])?;
+            let marker = format!(
+                "\n{TRUNCATED_MARKER} {} bytes; the rest of its output was dropped \
+                 (taccd server --max-log)\n",
+                self.max_bytes
+            );
+            file.write_all(marker.as_bytes())?;
+        }
         self.wake(task);
         Ok(())
     }
@@ -67,5 +93,23 @@ impl LogBook {
         let mut buffer = Vec::new();
         file.take(max as u64).read_to_end(&mut buffer)?;
         Ok(buffer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_past_its_cap_is_cut_once_with_a_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let book = LogBook::open(dir.path().to_path_buf(), 10).unwrap();
+        book.append(TaskId(1), "12345\n").unwrap();
+        book.append(TaskId(1), "67890abc\n").unwrap();
+        book.append(TaskId(1), "more\n").unwrap();
+        let text = String::from_utf8(book.read(TaskId(1), 0, usize::MAX).unwrap()).unwrap();
+        assert!(text.starts_with("12345\n6789"), "{text}");
+        assert_eq!(text.matches(TRUNCATED_MARKER).count(), 1, "{text}");
+        assert!(!text.contains("more"), "{text}");
     }
 }

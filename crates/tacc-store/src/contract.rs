@@ -1,6 +1,11 @@
-//! The behaviour every [`Store`](crate::Store) implementation must show. Each
-//! implementation's tests call these functions, so the fake and the real stores cannot
-//! drift apart.
+//! The behaviour every [`Store`](crate::Store) implementation must show, one public
+//! function per behaviour, each expecting a fresh, empty store. Each implementation's tests
+//! run all of them through [`store_contract_tests!`](crate::store_contract_tests), so the
+//! fake and the real stores cannot drift apart.
+
+mod access;
+
+pub use access::*;
 
 use std::collections::BTreeMap;
 
@@ -34,14 +39,59 @@ fn change(t: Transition) -> TaskChange {
     TaskChange::Transition(t)
 }
 
-/// Run every check below against one store. The store must start empty.
-pub async fn run_all(store: &dyn Store) {
-    tasks_get_ids_in_order_and_round_trip(store).await;
-    lifecycle_records_every_transition(store).await;
-    apply_is_all_or_nothing(store).await;
-    list_filters_by_state_and_user(store).await;
-    nodes_keep_their_id_when_re_registered(store).await;
-    snapshots_and_outputs(store).await;
+/// One `#[tokio::test]` per behaviour of the contract, each on a fresh store, so one
+/// failure does not hide the others.
+///
+/// `$fresh` names an async function returning `(store, guard)`: a new, empty store and
+/// whatever must outlive it (its temporary directory, or `()`). Invoke it once per
+/// implementation, inside a module named after it:
+///
+/// ```ignore
+/// mod sqlite {
+///     tacc_store::store_contract_tests!(super::fresh_sqlite);
+/// }
+/// ```
+///
+/// A new check in this module must be added to the list below, or it never runs.
+#[macro_export]
+macro_rules! store_contract_tests {
+    ($fresh:path) => {
+        $crate::store_contract_tests!(@each $fresh;
+            tasks_get_ids_in_order_and_round_trip,
+            lifecycle_records_every_transition,
+            apply_is_all_or_nothing,
+            list_filters_by_state_and_user,
+            nodes_keep_their_id_when_re_registered,
+            snapshots_and_outputs,
+            users_round_trip_and_list_by_name,
+            users_duplicate_name_refused,
+            tokens_found_by_hash_and_id,
+            tokens_duplicate_hash_refused,
+            tokens_listed_by_user,
+            tokens_revoke_once,
+            tokens_expire,
+            audit_lists_oldest_first,
+            audit_since_is_inclusive,
+            audit_limit_keeps_the_newest,
+            secrets_round_trip,
+            secrets_put_replaces,
+            secrets_listed_by_name,
+            secrets_delete_once,
+            secrets_isolated_per_user,
+            snapshot_owners_idempotent,
+            snapshot_owners_per_user_and_snapshot,
+            chunk_owners_per_user_in_batches,
+        );
+    };
+    (@each $fresh:path; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let (store, _guard) = $fresh().await;
+                $crate::contract::$check(&store).await;
+            }
+        )+
+    };
 }
 
 pub async fn tasks_get_ids_in_order_and_round_trip(store: &dyn Store) {

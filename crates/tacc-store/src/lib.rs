@@ -134,4 +134,12 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Record that `user` committed `snapshot` (idempotent).
     async fn add_snapshot_owner(&self, owner: SnapshotOwner) -> Result<()>;
     async fn is_snapshot_owner(&self, snapshot: &SnapshotId, user: &str) -> Result<bool>;
+    /// Record that `user` uploaded these chunks (idempotent): proof they hold the bytes.
+    async fn add_chunk_owners(&self, user: &str, hashes: &[String]) -> Result<()>;
+    /// Which of `hashes` `user` uploaded.
+    async fn owned_chunks(
+        &self,
+        user: &str,
+        hashes: &[String],
+    ) -> Result<std::collections::BTreeSet<String>>;
 }

@@ -28,6 +28,7 @@ struct Inner {
     audit: Vec<AuditEntry>,
     secrets: BTreeMap<(String, String), SecretRecord>,
     snapshot_owners: std::collections::BTreeSet<(SnapshotId, String)>,
+    chunk_owners: std::collections::BTreeSet<(String, String)>,
 }
 
 impl MemoryStore {
@@ -400,5 +401,30 @@ impl Store for MemoryStore {
         Ok(inner
             .snapshot_owners
             .contains(&(snapshot.clone(), user.to_string())))
+    }
+
+    async fn add_chunk_owners(&self, user: &str, hashes: &[String]) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        for hash in hashes {
+            inner.chunk_owners.insert((user.to_string(), hash.clone()));
+        }
+        Ok(())
+    }
+
+    async fn owned_chunks(
+        &self,
+        user: &str,
+        hashes: &[String],
+    ) -> Result<std::collections::BTreeSet<String>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(hashes
+            .iter()
+            .filter(|h| {
+                inner
+                    .chunk_owners
+                    .contains(&(user.to_string(), (*h).clone()))
+            })
+            .cloned()
+            .collect())
     }
 }

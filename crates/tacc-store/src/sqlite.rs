@@ -1,3 +1,6 @@
+//! The embedded store in SQLite: tasks, nodes, snapshots and outputs here, the access
+//! records (users, tokens, audit, secrets, snapshot owners) in [`access`].
+
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
@@ -10,9 +13,12 @@ use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 use crate::memory::{apply_transition, change_task};
 use crate::{
-    NewNode, NewTask, NodeRecord, OutputRecord, Result, Store, StoreError, TaskChange, TaskEvent,
-    TaskFilter, TaskRecord,
+    AuditEntry, NewAuditEntry, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
+    SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskRecord,
+    TokenRecord, UserRecord,
 };
+
+mod access;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -347,57 +353,79 @@ impl Store for SqliteStore {
             .collect()
     }
 
-    // TODO(store helper): SQLite implementation of the access records.
-    async fn create_user(&self, _user: crate::UserRecord) -> Result<()> {
-        unimplemented!("sqlite access records")
+    async fn create_user(&self, user: UserRecord) -> Result<()> {
+        access::create_user(&self.writer, user).await
     }
-    async fn get_user(&self, _name: &str) -> Result<Option<crate::UserRecord>> {
-        unimplemented!("sqlite access records")
+
+    async fn get_user(&self, name: &str) -> Result<Option<UserRecord>> {
+        access::get_user(&self.reader, name).await
     }
-    async fn list_users(&self) -> Result<Vec<crate::UserRecord>> {
-        unimplemented!("sqlite access records")
+
+    async fn list_users(&self) -> Result<Vec<UserRecord>> {
+        access::list_users(&self.reader).await
     }
-    async fn create_token(&self, _token: crate::NewToken) -> Result<crate::TokenRecord> {
-        unimplemented!("sqlite access records")
+
+    async fn create_token(&self, token: NewToken) -> Result<TokenRecord> {
+        access::create_token(&self.writer, token).await
     }
-    async fn token_by_hash(&self, _hash: &str) -> Result<Option<crate::TokenRecord>> {
-        unimplemented!("sqlite access records")
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        access::token_by_hash(&self.reader, hash).await
     }
-    async fn get_token(&self, _id: u64) -> Result<Option<crate::TokenRecord>> {
-        unimplemented!("sqlite access records")
+
+    async fn get_token(&self, id: u64) -> Result<Option<TokenRecord>> {
+        access::get_token(&self.reader, id).await
     }
-    async fn list_tokens(&self, _user: Option<&str>) -> Result<Vec<crate::TokenRecord>> {
-        unimplemented!("sqlite access records")
+
+    async fn list_tokens(&self, user: Option<&str>) -> Result<Vec<TokenRecord>> {
+        access::list_tokens(&self.reader, user).await
     }
-    async fn revoke_token(&self, _id: u64, _at: Timestamp) -> Result<bool> {
-        unimplemented!("sqlite access records")
+
+    async fn revoke_token(&self, id: u64, at: Timestamp) -> Result<bool> {
+        access::revoke_token(&self.writer, id, at).await
     }
-    async fn append_audit(&self, _entry: crate::NewAuditEntry) -> Result<()> {
-        unimplemented!("sqlite access records")
+
+    async fn append_audit(&self, entry: NewAuditEntry) -> Result<()> {
+        access::append_audit(&self.writer, entry).await
     }
-    async fn list_audit(
+
+    async fn list_audit(&self, since: Option<Timestamp>, limit: u32) -> Result<Vec<AuditEntry>> {
+        access::list_audit(&self.reader, since, limit).await
+    }
+
+    async fn put_secret(&self, secret: SecretRecord) -> Result<()> {
+        access::put_secret(&self.writer, secret).await
+    }
+
+    async fn get_secret(&self, user: &str, name: &str) -> Result<Option<SecretRecord>> {
+        access::get_secret(&self.reader, user, name).await
+    }
+
+    async fn list_secrets(&self, user: &str) -> Result<Vec<SecretRecord>> {
+        access::list_secrets(&self.reader, user).await
+    }
+
+    async fn delete_secret(&self, user: &str, name: &str) -> Result<bool> {
+        access::delete_secret(&self.writer, user, name).await
+    }
+
+    async fn add_snapshot_owner(&self, owner: SnapshotOwner) -> Result<()> {
+        access::add_snapshot_owner(&self.writer, owner).await
+    }
+
+    async fn is_snapshot_owner(&self, snapshot: &SnapshotId, user: &str) -> Result<bool> {
+        access::is_snapshot_owner(&self.reader, snapshot, user).await
+    }
+
+    async fn add_chunk_owners(&self, user: &str, hashes: &[String]) -> Result<()> {
+        access::add_chunk_owners(&self.writer, user, hashes).await
+    }
+
+    async fn owned_chunks(
         &self,
-        _since: Option<Timestamp>,
-        _limit: u32,
-    ) -> Result<Vec<crate::AuditEntry>> {
-        unimplemented!("sqlite access records")
-    }
-    async fn put_secret(&self, _secret: crate::SecretRecord) -> Result<()> {
-        unimplemented!("sqlite access records")
-    }
-    async fn get_secret(&self, _user: &str, _name: &str) -> Result<Option<crate::SecretRecord>> {
-        unimplemented!("sqlite access records")
-    }
-    async fn list_secrets(&self, _user: &str) -> Result<Vec<crate::SecretRecord>> {
-        unimplemented!("sqlite access records")
-    }
-    async fn delete_secret(&self, _user: &str, _name: &str) -> Result<bool> {
-        unimplemented!("sqlite access records")
-    }
-    async fn add_snapshot_owner(&self, _owner: crate::SnapshotOwner) -> Result<()> {
-        unimplemented!("sqlite access records")
-    }
-    async fn is_snapshot_owner(&self, _snapshot: &SnapshotId, _user: &str) -> Result<bool> {
-        unimplemented!("sqlite access records")
+        user: &str,
+        hashes: &[String],
+    ) -> Result<std::collections::BTreeSet<String>> {
+        access::owned_chunks(&self.reader, user, hashes).await
     }
 }

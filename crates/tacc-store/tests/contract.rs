@@ -1,29 +1,36 @@
-//! The shared store contract, run against every implementation.
+//! The shared store contract, one test per behaviour and implementation, plus what only
+//! the SQLite store promises (durability across reopen, a clear open error).
 
 use tacc_store::{MemoryStore, SqliteStore, Store, contract};
 
-#[tokio::test]
-async fn memory_store_meets_the_contract() {
-    contract::run_all(&MemoryStore::new()).await;
+async fn fresh_memory() -> (MemoryStore, ()) {
+    (MemoryStore::new(), ())
 }
 
-#[tokio::test]
-async fn sqlite_store_meets_the_contract() {
+async fn fresh_sqlite() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(&dir.path().join("tacc.db"))
         .await
         .unwrap();
-    contract::run_all(&store).await;
+    (store, dir)
+}
+
+mod memory {
+    tacc_store::store_contract_tests!(super::fresh_memory);
+}
+
+mod sqlite {
+    tacc_store::store_contract_tests!(super::fresh_sqlite);
 }
 
 #[tokio::test]
 async fn sqlite_store_keeps_everything_across_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tacc.db");
-    let id = {
+    let (id, token) = {
         let store = SqliteStore::open(&path).await.unwrap();
         contract::tasks_get_ids_in_order_and_round_trip(&store).await;
-        store
+        let id = store
             .create_task(tacc_store::NewTask {
                 name: "durable".into(),
                 user: "alice".into(),
@@ -34,7 +41,29 @@ async fn sqlite_store_keeps_everything_across_reopen() {
             })
             .await
             .unwrap()
-            .id
+            .id;
+        store
+            .create_user(tacc_store::UserRecord {
+                name: "alice".into(),
+                group: None,
+                role: tacc_core::Role::Admin,
+                created_at: tacc_core::Timestamp(1),
+            })
+            .await
+            .unwrap();
+        let token = store
+            .create_token(tacc_store::NewToken {
+                kind: tacc_store::TokenKind::User,
+                hash: "0".repeat(64),
+                user: Some("alice".into()),
+                node: None,
+                created_at: tacc_core::Timestamp(1),
+                expires_at: None,
+                label: "durable".into(),
+            })
+            .await
+            .unwrap();
+        (id, token)
     };
     let reopened = SqliteStore::open(&path).await.unwrap();
     let task = reopened
@@ -44,6 +73,12 @@ async fn sqlite_store_keeps_everything_across_reopen() {
         .expect("task survives reopen");
     assert_eq!(task.name, "durable");
     assert_eq!(reopened.task_events(id).await.unwrap().len(), 1);
+    let user = reopened.get_user("alice").await.unwrap();
+    assert_eq!(user.map(|u| u.role), Some(tacc_core::Role::Admin));
+    assert_eq!(
+        reopened.token_by_hash(&token.hash).await.unwrap(),
+        Some(token)
+    );
 }
 
 #[tokio::test]

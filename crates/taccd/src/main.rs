@@ -3,6 +3,7 @@
 //! `tcloud up` starts). A thin binary: all behaviour lives in `tacc-server` and
 //! `tacc-agent`.
 
+mod admin_accounts;
 mod modes;
 mod slurm_agent;
 
@@ -43,6 +44,21 @@ enum Command {
         server: ServerArgs,
         #[command(flatten)]
         agent: NodeArgs,
+        /// The local admin the embedded cluster creates; its token is written to
+        /// DATA_DIR/admin.token (mode 0600), where `tcloud up` picks it up.
+        #[arg(long, env = "USER", default_value = "admin")]
+        admin_user: String,
+    },
+    /// Manage users, tokens and agent join tokens directly in a data directory (run on the
+    /// server's machine, as the account that owns the data directory).
+    ///
+    /// Example: taccd admin --data-dir /var/lib/tacc user add alice --group vision
+    Admin {
+        /// The server's data directory.
+        #[arg(long, env = "TACC_DATA_DIR")]
+        data_dir: PathBuf,
+        #[command(subcommand)]
+        command: admin_accounts::AdminCommand,
     },
     /// The control plane alone; agents on other machines connect to it.
     ///
@@ -53,11 +69,15 @@ enum Command {
     },
     /// A node agent that runs tasks for the server at --server.
     ///
-    /// Example: taccd agent --server http://head:8383 --data-dir /var/lib/tacc-agent
+    /// Example: taccd agent --server http://head:8383 --data-dir /var/lib/tacc-agent --token JOIN_TOKEN
     Agent {
         /// URL of the control plane.
         #[arg(long, env = "TACC_SERVER")]
         server: String,
+        /// Join token from `taccd admin agent-token` (needed once: the node's own credential
+        /// is then kept in DATA_DIR/node.token and used from then on).
+        #[arg(long, env = "TACC_AGENT_TOKEN", hide_env_values = true)]
+        token: Option<String>,
         /// Where the agent keeps working directories and caches.
         #[arg(long)]
         data_dir: PathBuf,
@@ -74,6 +94,18 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct ServerArgs {
+    /// Submissions per second one user may sustain (beyond it: 429 Too Many Requests).
+    #[arg(long, default_value_t = 50.0)]
+    submit_rate: f64,
+    /// Submissions one user may make at once after being idle.
+    #[arg(long, default_value_t = 500)]
+    submit_burst: u32,
+    /// Queued tasks one user may have at once.
+    #[arg(long, default_value_t = 10_000)]
+    max_queued: u32,
+    /// Log kept per task; past it the log says it was truncated.
+    #[arg(long, default_value = "1GiB")]
+    max_log: ByteSize,
     /// Where the database, logs, chunks and outputs live.
     #[arg(long)]
     data_dir: PathBuf,
@@ -127,15 +159,21 @@ struct ConfigFile {
     scheduler: toml::Table,
 }
 
-fn load_config(args: &ServerArgs) -> Result<(String, tacc_scheduler::SchedulerConfig)> {
-    let (mut policy, scheduler) = match &args.config {
-        None => (None, tacc_scheduler::SchedulerConfig::default()),
+fn load_config(args: &ServerArgs) -> Result<LoadedConfig> {
+    let (mut policy, scheduler, unix_users) = match &args.config {
+        None => (
+            None,
+            tacc_scheduler::SchedulerConfig::default(),
+            BTreeMap::new(),
+        ),
         Some(path) => {
             let text = std::fs::read_to_string(path).with_context(|| {
                 format!("cannot read the configuration file {}", path.display())
             })?;
-            let file: ConfigFile = toml::from_str(&text)
+            let mut file: ConfigFile = toml::from_str(&text)
                 .with_context(|| format!("{} is not valid TOML", path.display()))?;
+            let unix_users = take_unix_users(&mut file.scheduler)
+                .with_context(|| format!("{}: invalid [users] settings", path.display()))?;
             let scheduler =
                 tacc_scheduler::SchedulerConfig::deserialize(toml::Value::Table(file.scheduler))
                     .with_context(|| {
@@ -144,16 +182,49 @@ fn load_config(args: &ServerArgs) -> Result<(String, tacc_scheduler::SchedulerCo
                             path.display()
                         )
                     })?;
-            (file.policy, scheduler)
+            (file.policy, scheduler, unix_users)
         }
     };
     if args.policy.is_some() {
         policy = args.policy.clone();
     }
-    Ok((
-        policy.unwrap_or_else(|| tacc_server::DEFAULT_POLICY.to_string()),
+    Ok(LoadedConfig {
+        policy: policy.unwrap_or_else(|| tacc_server::DEFAULT_POLICY.to_string()),
         scheduler,
-    ))
+        unix_users,
+    })
+}
+
+#[derive(Debug)]
+struct LoadedConfig {
+    policy: String,
+    scheduler: tacc_scheduler::SchedulerConfig,
+    unix_users: BTreeMap<String, String>,
+}
+
+/// `[users.NAME] unix_user = "…"`: the Unix account NAME's tasks run as on the nodes. It
+/// belongs to the server, not the scheduler, so it is taken out before the scheduler
+/// reads the table.
+fn take_unix_users(table: &mut toml::Table) -> Result<BTreeMap<String, String>> {
+    let mut mapping = BTreeMap::new();
+    let Some(toml::Value::Table(users)) = table.get_mut("users") else {
+        return Ok(mapping);
+    };
+    for (name, settings) in users.iter_mut() {
+        let Some(settings) = settings.as_table_mut() else {
+            continue;
+        };
+        match settings.remove("unix_user") {
+            None => {}
+            Some(toml::Value::String(account)) if !account.is_empty() && account != "root" => {
+                mapping.insert(name.clone(), account);
+            }
+            Some(other) => anyhow::bail!(
+                "users.{name}.unix_user must be the name of an unprivileged Unix account, not {other}"
+            ),
+        }
+    }
+    Ok(mapping)
 }
 
 #[derive(Debug, Args)]
@@ -243,19 +314,33 @@ fn main() -> Result<()> {
         let shutdown = CancellationToken::new();
         spawn_signal_handler(shutdown.clone());
         match cli.command {
-            Command::Dev { server, agent } => run_dev(server, agent, shutdown).await,
+            Command::Dev {
+                server,
+                agent,
+                admin_user,
+            } => run_dev(server, agent, admin_user, shutdown).await,
+            Command::Admin { data_dir, command } => admin_accounts::run(&data_dir, command).await,
             Command::Server { server } => run_server(server, shutdown).await.map(|_| ()),
             Command::Agent {
                 server,
+                token,
                 data_dir,
                 node,
                 backend,
                 slurm,
             } => match backend.as_str() {
                 "slurm" => {
-                    slurm_agent::run(&server, &data_dir, slurm, node.keep_workdirs, shutdown).await
+                    slurm_agent::run(
+                        &server,
+                        &data_dir,
+                        token,
+                        slurm,
+                        node.keep_workdirs,
+                        shutdown,
+                    )
+                    .await
                 }
-                _ => run_agent(&server, &data_dir, node, shutdown).await,
+                _ => run_agent(&server, &data_dir, token, node, shutdown).await,
             },
         }
     })
@@ -279,20 +364,37 @@ fn spawn_signal_handler(shutdown: CancellationToken) {
     });
 }
 
+/// A started control plane.
+struct Started {
+    url: String,
+    control: Arc<Control>,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
 /// Start the control plane; returns its URL and the serving task.
 async fn start_server(
     args: &ServerArgs,
     hosts_agent: bool,
     shutdown: CancellationToken,
-) -> Result<(String, tokio::task::JoinHandle<std::io::Result<()>>)> {
+) -> Result<Started> {
     modes::secure_server_dir(&args.data_dir, hosts_agent)?;
     let store = SqliteStore::open(&args.data_dir.join("tacc.db")).await?;
     let mut config = ServerConfig::new(args.data_dir.clone());
     config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
-    (config.policy, config.scheduler) = load_config(args)?;
+    let loaded = load_config(args)?;
+    config.policy = loaded.policy;
+    config.scheduler = loaded.scheduler;
+    config.unix_users = loaded.unix_users;
+    config.limits = tacc_server::UserLimits {
+        submit_rate: args.submit_rate,
+        submit_burst: args.submit_burst,
+        max_queued: args.max_queued,
+        max_log_bytes: args.max_log.as_bytes(),
+    };
     config.datasets = args.datasets.iter().cloned().collect();
     config.chunk_retention = Duration::from_secs(args.chunk_retention.as_secs());
     let control = Control::open(Arc::new(store), config).await?;
+    let served = control.clone();
     let listener = TcpListener::bind(args.listen).await.with_context(|| {
         format!(
             "cannot listen on {}: is another taccd running there? Pick another address with --listen",
@@ -303,8 +405,12 @@ async fn start_server(
     let url = format!("http://{address}");
     write_endpoint(&args.data_dir, &url)?;
     tracing::info!("control plane listening on {url}");
-    let serving = tokio::spawn(tacc_server::serve(control, listener, shutdown));
-    Ok((url, serving))
+    let serving = tokio::spawn(tacc_server::serve(served, listener, shutdown));
+    Ok(Started {
+        url,
+        control,
+        serving,
+    })
 }
 
 /// Tell clients where we listen (matters when port 0 was asked for).
@@ -325,17 +431,31 @@ fn serde_json_string(text: &str) -> String {
 }
 
 async fn run_server(args: ServerArgs, shutdown: CancellationToken) -> Result<()> {
-    let (_, serving) = start_server(&args, false, shutdown).await?;
-    serving.await??;
+    let started = start_server(&args, false, shutdown).await?;
+    started.serving.await??;
     Ok(())
 }
 
-async fn run_dev(server: ServerArgs, node: NodeArgs, shutdown: CancellationToken) -> Result<()> {
-    let (url, serving) = start_server(&server, true, shutdown.clone()).await?;
+/// The embedded cluster provisions its own identities: a local admin whose token it
+/// writes to DATA_DIR/admin.token (0600) for `tcloud up`, and a join token for its agent.
+async fn run_dev(
+    server: ServerArgs,
+    node: NodeArgs,
+    admin_user: String,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let Started {
+        url,
+        control,
+        serving,
+    } = start_server(&server, true, shutdown.clone()).await?;
+    let join = control
+        .provision_local(&admin_user, &server.data_dir.join("admin.token"))
+        .await?;
     let agent_dir = server.data_dir.join("agent");
     let agent = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { run_agent(&url, &agent_dir, node, shutdown).await }
+        async move { run_agent(&url, &agent_dir, Some(join), node, shutdown).await }
     });
     serving.await??;
     shutdown.cancel();
@@ -346,6 +466,7 @@ async fn run_dev(server: ServerArgs, node: NodeArgs, shutdown: CancellationToken
 async fn run_agent(
     server: &str,
     data_dir: &Path,
+    join_token: Option<String>,
     node: NodeArgs,
     shutdown: CancellationToken,
 ) -> Result<()> {
@@ -375,6 +496,13 @@ async fn run_agent(
         task_uid_base: node.task_uid_base,
     };
     let client = tacc_client::Client::new(server);
+    let client = match tacc_agent::stored_credential(data_dir)?.or(join_token) {
+        Some(token) => client.with_token(token),
+        None => anyhow::bail!(
+            "this agent has no credential: give it a join token (`taccd agent --token T`; an \
+             admin makes one with `taccd admin agent-token`)"
+        ),
+    };
     let mut agent = Agent::new(client, config, Arc::new(tacc_exec::ProcessExecutor::new()))?;
     if let Some(docker) = container_runtime(&node, data_dir).await {
         tracing::info!("container runtime: Docker engine at the configured socket");

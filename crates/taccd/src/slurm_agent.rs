@@ -54,6 +54,7 @@ fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
 pub async fn run(
     server: &str,
     data_dir: &Path,
+    join_token: Option<String>,
     args: SlurmArgs,
     keep_workdirs: bool,
     shutdown: CancellationToken,
@@ -108,7 +109,16 @@ pub async fn run(
             // Slurm jobs are submitted as the agent's user: the agent says so at start.
             task_uid_base: tacc_agent::DEFAULT_TASK_UID_BASE,
         };
-        let client = tacc_client::Client::new(server);
+        // Each Slurm node registers once with the join token and keeps its own credential.
+        let credential = tacc_agent::stored_credential(&config.data_dir)?.or(join_token.clone());
+        let Some(credential) = credential else {
+            bail!(
+                "node {}: no credential; give the agent a join token (`--token`, from \
+                 `taccd admin agent-token`)",
+                node.name
+            );
+        };
+        let client = tacc_client::Client::new(server).with_token(credential);
         let agent = Agent::new(client, config, Arc::new(backend.executor_for(&node.name)))?;
         agents.spawn(agent.run(shutdown.clone()));
     }

@@ -70,7 +70,7 @@ async fn cancel_while_starting_never_runs_the_task() {
     let dir = tempfile::tempdir().unwrap();
     let server = start("server", &dir.path().join("s"), &[]).await;
     let client = server.client();
-    let agent = start_agent(&server.url, &dir.path().join("a"), &["--name", "frozen"]);
+    let agent = start_agent(&server, &dir.path().join("a"), &["--name", "frozen"]);
     wait_nodes(&client, 1).await;
     // A stopped agent cannot act on its assignment: the task stays `starting`.
     kill(Pid::from_raw(agent.pid() as i32), Signal::SIGSTOP).unwrap();
@@ -213,7 +213,7 @@ async fn a_silent_agent_is_lost_after_the_heartbeat_timeout() {
     )
     .await;
     let client = server.client();
-    let mut agent = start_agent(&server.url, &dir.path().join("a"), &["--name", "doomed"]);
+    let mut agent = start_agent(&server, &dir.path().join("a"), &["--name", "doomed"]);
     wait_nodes(&client, 1).await;
     let marker = format!("silent-{}", std::process::id());
     let task = submit(&client, dir.path(), "orphan", &sleeper(&marker, 300), &[]).await;
@@ -231,7 +231,7 @@ async fn a_silent_agent_is_lost_after_the_heartbeat_timeout() {
     let nodes = client.list_nodes().await.unwrap();
     assert_eq!(nodes[0].state, "down");
     // The restarted agent cleans up what its previous life left running.
-    let _agent = start_agent(&server.url, &dir.path().join("a"), &["--name", "doomed"]);
+    let _agent = start_agent(&server, &dir.path().join("a"), &["--name", "doomed"]);
     wait_no_processes(&marker).await;
 }
 
@@ -240,8 +240,8 @@ async fn a_two_node_gang_runs_every_rank() {
     let dir = tempfile::tempdir().unwrap();
     let server = start("server", &dir.path().join("s"), &[]).await;
     let client = server.client();
-    let _a = start_agent(&server.url, &dir.path().join("a"), &["--name", "node-a"]);
-    let _b = start_agent(&server.url, &dir.path().join("b"), &["--name", "node-b"]);
+    let _a = start_agent(&server, &dir.path().join("a"), &["--name", "node-a"]);
+    let _b = start_agent(&server, &dir.path().join("b"), &["--name", "node-b"]);
     wait_nodes(&client, 2).await;
     let task = submit(
         &client,

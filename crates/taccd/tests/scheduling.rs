@@ -4,7 +4,6 @@
 mod common;
 
 use common::*;
-use tacc_client::Client;
 use tacc_core::TaskState;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -22,7 +21,7 @@ async fn user_limits_from_the_configuration_hold_tasks_with_a_reason_and_an_esti
         &["--config", config.to_str().unwrap()],
     )
     .await;
-    let alice = Client::new(&daemon.url);
+    let alice = daemon.user_client("alice", Some("vision"), "user").await;
     let marker = format!("limits-{}", std::process::id());
     let yaml = format!(
         "name: limited\nresources: {{cpus: 0.5, time_limit: 2m}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: sleep 300\n"
@@ -59,7 +58,7 @@ async fn user_limits_from_the_configuration_hold_tasks_with_a_reason_and_an_esti
         "{why:?}"
     );
     // A different user is not held back by alice's limit.
-    let bob = Client::new(&daemon.url);
+    let bob = daemon.user_client("bob", None, "user").await;
     let bobs = submit(
         &bob,
         dir.path(),

@@ -67,7 +67,7 @@ async fn cluster(dir: &std::path::Path, name: &str) -> SlurmCluster {
     let server = start("server", &dir.join("server"), &[]).await;
     let tag = format!("t{}-{name}", std::process::id());
     let agent_dir = dir.join("agent");
-    let agent = start_slurm_agent(&server.url, &agent_dir, &tag);
+    let agent = start_slurm_agent(&server, &agent_dir, &tag);
     let client = server.client();
     wait_nodes(&client, 2).await;
     SlurmCluster {
@@ -79,9 +79,9 @@ async fn cluster(dir: &std::path::Path, name: &str) -> SlurmCluster {
     }
 }
 
-fn start_slurm_agent(url: &str, dir: &std::path::Path, tag: &str) -> Daemon {
+fn start_slurm_agent(server: &Daemon, dir: &std::path::Path, tag: &str) -> Daemon {
     start_agent(
-        url,
+        server,
         dir,
         &[
             "--backend",
@@ -313,7 +313,7 @@ async fn slurm_agent_restart_refinds_the_running_job() {
     .await;
     wait_log(&c.client, task, "before restart").await;
     c.agent.kill9();
-    c.agent = start_slurm_agent(&c.client_url(), &c.agent_dir, &c.tag);
+    c.agent = start_slurm_agent(&c._server, &c.agent_dir, &c.tag);
     let view = wait_terminal(&c.client, task).await;
     let log = log_text(&c.client, task).await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}\n{log}");
@@ -322,12 +322,6 @@ async fn slurm_agent_restart_refinds_the_running_job() {
     assert_eq!(log.matches("after restart").count(), 1, "{log}");
     let jobs = jobs_of(&c.tag);
     assert_eq!(jobs.len(), 1, "re-found, not resubmitted: {jobs:?}");
-}
-
-impl SlurmCluster {
-    fn client_url(&self) -> String {
-        self.agent.url.clone()
-    }
 }
 
 /// The executor contract, run directly against the Slurm executor.

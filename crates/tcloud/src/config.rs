@@ -1,10 +1,19 @@
 //! Cluster profiles: `$TACC_HOME/config.toml` (or `<config dir>/tacc/config.toml`).
 //!
 //! The file is edited line by line rather than re-serialised, so that a user's comments,
-//! ordering and spacing survive `tcloud config use` and `tcloud config add`.
+//! ordering and spacing survive `tcloud config use`, `config add`, `login` and `up`.
+//!
+//! A profile holds the cluster's URL and the API token tcloud sends to it
+//! (`token = "tacc_…"`, written by `tcloud login` and `tcloud up`). Because of the token
+//! the file is private: tcloud writes it with mode 0600 (tightening a looser existing file
+//! before it writes) and creates its directory with mode 0700. The `user` key of earlier
+//! versions is still read but ignored: the token says who you are.
 
 use std::collections::BTreeMap;
-use std::fs;
+use std::fmt;
+use std::fs::{self, DirBuilder, OpenOptions, Permissions};
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -15,6 +24,12 @@ use crate::errors::CliError;
 /// The profile a missing config file stands for.
 pub const DEFAULT_PROFILE: &str = "local";
 pub const DEFAULT_PORT: u16 = 8383;
+/// The environment variable whose token overrides the profile's.
+pub const TOKEN_ENV: &str = "TACC_TOKEN";
+/// The mode of the configuration file (it holds tokens).
+pub const FILE_MODE: u32 = 0o600;
+/// The mode of a configuration directory tcloud creates.
+pub const DIR_MODE: u32 = 0o700;
 
 pub fn default_url() -> String {
     format!("http://127.0.0.1:{DEFAULT_PORT}")
@@ -24,21 +39,55 @@ pub fn default_url() -> String {
 pub fn default_file_text() -> String {
     format!(
         "# tcloud configuration: one [clusters.NAME] section per cluster; `current` picks one.\n\
-         # Switch with `tcloud config use NAME`, add with `tcloud config add NAME URL`.\n\
+         # Switch with `tcloud config use NAME`, add with `tcloud config add NAME URL`,\n\
+         # store a cluster's token with `tcloud login` (`tcloud up` does it for `local`).\n\
+         # This file holds API tokens: keep it private (tcloud writes it with mode 0600).\n\
          current = \"{DEFAULT_PROFILE}\"\n\
          \n\
          [clusters.{DEFAULT_PROFILE}]\n\
-         url = \"{}\"\n\
-         # user = \"alice\"   (optional; default $USER)\n",
+         url = \"{}\"\n",
         default_url()
     )
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cluster {
     pub url: String,
+    /// The API token sent as `Authorization: Bearer` (`tacc_…`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// Deprecated: the user name of versions before tokens. Read, never sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+}
+
+impl Cluster {
+    pub fn new(url: impl Into<String>) -> Self {
+        Cluster {
+            url: url.into(),
+            token: None,
+            user: None,
+        }
+    }
+
+    /// The stored token, when there is a non-empty one.
+    pub fn token(&self) -> Option<&str> {
+        self.token
+            .as_deref()
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+    }
+}
+
+/// Never prints the token itself.
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cluster")
+            .field("url", &self.url)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("user", &self.user)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -84,19 +133,27 @@ pub fn local_data_dir() -> Result<PathBuf> {
     Ok(dir.join("tacc").join("local"))
 }
 
-/// The user name sent to servers when the profile names none: `$USER`, else the name
-/// of the account this process runs as.
-pub fn default_user() -> String {
-    std::env::var("USER")
+/// `TACC_TOKEN`, when set to something.
+pub fn env_token() -> Option<String> {
+    std::env::var(TOKEN_ENV)
         .ok()
-        .filter(|u| !u.is_empty())
-        .or_else(|| {
-            nix::unistd::User::from_uid(nix::unistd::getuid())
-                .ok()
-                .flatten()
-                .map(|user| user.name)
-        })
-        .unwrap_or_else(|| "anonymous".to_string())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+}
+
+/// Writes `text` to `path`, private to this user: a new file is created 0600 and an
+/// existing one is tightened to 0600 before anything is written into it.
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(FILE_MODE)
+        .open(path)?;
+    file.set_permissions(Permissions::from_mode(FILE_MODE))?;
+    file.set_len(0)?;
+    file.write_all(text.as_bytes())?;
+    file.flush()
 }
 
 impl Config {
@@ -138,10 +195,7 @@ impl Config {
             return Ok(cluster.clone());
         }
         if name == DEFAULT_PROFILE {
-            return Ok(Cluster {
-                url: default_url(),
-                user: None,
-            });
+            return Ok(Cluster::new(default_url()));
         }
         Err(CliError::invalid(format!(
             "the current cluster `{name}` is not defined in {}; add it with `tcloud config add {name} URL` or switch with `tcloud config use NAME` (known: {})",
@@ -162,15 +216,33 @@ impl Config {
     fn write(&mut self, text: String) -> Result<()> {
         // Refuse to write something we could not read back.
         let file = parse(&text).context("internal error: edited configuration does not parse")?;
-        if let Some(parent) = self.path.parent() {
-            fs::create_dir_all(parent)
+        if let Some(parent) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            DirBuilder::new()
+                .recursive(true)
+                .mode(DIR_MODE)
+                .create(parent)
                 .with_context(|| format!("cannot create {}", parent.display()))?;
         }
-        fs::write(&self.path, &text)
+        write_private(&self.path, &text)
             .with_context(|| format!("cannot write {}", self.path.display()))?;
         self.text = Some(text);
         self.file = file;
         Ok(())
+    }
+
+    /// A warning when the file holds a token but other accounts may read it.
+    pub fn exposure_warning(&self) -> Option<String> {
+        if !self.file.clusters.values().any(|c| c.token().is_some()) {
+            return None;
+        }
+        let mode = fs::metadata(&self.path).ok()?.permissions().mode() & 0o777;
+        (mode & 0o077 != 0).then(|| {
+            format!(
+                "warning: {} holds API tokens but its mode is {mode:04o}; make it private with `chmod 600 {}`",
+                self.path.display(),
+                self.path.display()
+            )
+        })
     }
 
     /// `tcloud config use NAME`.
@@ -190,19 +262,54 @@ impl Config {
         self.write(text)
     }
 
-    /// `tcloud config add NAME URL [--user U]`: adds the profile, or updates its fields.
-    pub fn set_cluster(&mut self, name: &str, url: &str, user: Option<&str>) -> Result<()> {
-        if !valid_profile_name(name) {
-            bail!(CliError::invalid(format!(
-                "`{name}` is not a valid cluster name; use letters, digits, `-` and `_`"
-            )));
-        }
-        let mut text = set_in_section(&self.text_or_default(), name, "url", url);
-        if let Some(user) = user {
-            text = set_in_section(&text, name, "user", user);
-        }
+    /// `tcloud config add NAME URL`: adds the profile, or updates its URL.
+    pub fn set_cluster(&mut self, name: &str, url: &str) -> Result<()> {
+        check_profile_name(name)?;
+        let text = set_in_section(&self.text_or_default(), name, "url", url);
         self.write(text)
     }
+
+    /// Stores `token` in profile `name` (which is created with `url` when missing). A
+    /// deprecated `user = ...` line of that profile becomes a comment saying so.
+    pub fn set_token(&mut self, name: &str, url: &str, token: &str) -> Result<()> {
+        check_profile_name(name)?;
+        let mut text = self.text_or_default();
+        if !self.file.clusters.contains_key(name) {
+            text = set_in_section(&text, name, "url", url);
+        }
+        let text = set_in_section(&text, name, "token", token);
+        let text = edit_key_in_section(&text, name, "user", |line| {
+            Some(format!(
+                "# {}   (ignored: the token says who you are)",
+                line.trim()
+            ))
+        });
+        self.write(text)
+    }
+
+    /// Removes profile `name`'s token; false when it had none.
+    pub fn remove_token(&mut self, name: &str) -> Result<bool> {
+        let had = self
+            .file
+            .clusters
+            .get(name)
+            .is_some_and(|c| c.token.is_some());
+        if !had {
+            return Ok(false);
+        }
+        let text = edit_key_in_section(&self.text_or_default(), name, "token", |_| None);
+        self.write(text)?;
+        Ok(true)
+    }
+}
+
+fn check_profile_name(name: &str) -> Result<()> {
+    if !valid_profile_name(name) {
+        bail!(CliError::invalid(format!(
+            "`{name}` is not a valid cluster name; use letters, digits, `-` and `_`"
+        )));
+    }
+    Ok(())
 }
 
 pub fn valid_profile_name(name: &str) -> bool {
@@ -287,15 +394,51 @@ pub fn set_current(text: &str, name: &str) -> String {
     out
 }
 
+/// The line range of `[clusters.NAME]`: its header's index and the index past its end.
+fn section_range(lines: &[&str], name: &str) -> Option<(usize, usize)> {
+    let start = lines
+        .iter()
+        .position(|line| cluster_header_name(line).as_deref() == Some(name))?;
+    let end = lines[start + 1..]
+        .iter()
+        .position(|line| is_header(line))
+        .map(|offset| start + 1 + offset)
+        .unwrap_or(lines.len());
+    Some((start, end))
+}
+
+/// Replaces the `key = ...` line inside `[clusters.NAME]` by what `edit` makes of it
+/// (`None` removes it), keeping every other byte. Unchanged when there is no such line.
+pub fn edit_key_in_section(
+    text: &str,
+    name: &str,
+    key: &str,
+    edit: impl Fn(&str) -> Option<String>,
+) -> String {
+    let lines: Vec<&str> = text.split_inclusive('\n').collect();
+    let Some((start, end)) = section_range(&lines, name) else {
+        return text.to_string();
+    };
+    let mut out = String::with_capacity(text.len());
+    for (i, line) in lines.iter().enumerate() {
+        if i > start && i < end && is_key_line(line, key) {
+            if let Some(new_line) = edit(line.trim_end_matches(['\r', '\n'])) {
+                out.push_str(&new_line);
+                out.push('\n');
+            }
+            continue;
+        }
+        out.push_str(line);
+    }
+    out
+}
+
 /// Sets `key = "value"` inside `[clusters.NAME]`, replacing the key's line when present,
 /// else inserting it after the header; appends the section when it does not exist.
 pub fn set_in_section(text: &str, name: &str, key: &str, value: &str) -> String {
     let new_line = format!("{key} = {}", toml_string(value));
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
-    let start = lines
-        .iter()
-        .position(|line| cluster_header_name(line).as_deref() == Some(name));
-    let Some(start) = start else {
+    let Some((start, end)) = section_range(&lines, name) else {
         let mut out = text.to_string();
         if !out.is_empty() && !out.ends_with('\n') {
             out.push('\n');
@@ -306,11 +449,6 @@ pub fn set_in_section(text: &str, name: &str, key: &str, value: &str) -> String 
         out.push_str(&format!("[clusters.{name}]\n{new_line}\n"));
         return out;
     };
-    let end = lines[start + 1..]
-        .iter()
-        .position(|line| is_header(line))
-        .map(|offset| start + 1 + offset)
-        .unwrap_or(lines.len());
     let mut out = String::with_capacity(text.len() + new_line.len());
     let existing = (start + 1..end).find(|&i| is_key_line(lines[i], key));
     // A new key goes after the section's last key, else right after its header.
@@ -398,12 +536,113 @@ mod tests {
         let err = config.use_profile("nope").unwrap_err().to_string();
         assert!(err.contains("known clusters: local"), "{err}");
         assert!(!path.exists());
-        config
-            .set_cluster("lab", "https://lab:8383", Some("ann"))
-            .unwrap();
+        config.set_cluster("lab", "https://lab:8383").unwrap();
         config.use_profile("lab").unwrap();
         let config = Config::load_from(&path).unwrap();
         assert_eq!(config.current_name(), "lab");
-        assert_eq!(config.current().unwrap().user.as_deref(), Some("ann"));
+        assert_eq!(config.current().unwrap().url, "https://lab:8383");
+    }
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn tokens_round_trip_and_keep_every_other_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        fs::write(&path, SAMPLE).unwrap();
+        let mut config = Config::load_from(&path).unwrap();
+        config
+            .set_token("lab", "https://ignored:1", "tacc_abc-DEF_123")
+            .unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        let config = Config::load_from(&path).unwrap();
+        let lab = &config.file.clusters["lab"];
+        assert_eq!(lab.token(), Some("tacc_abc-DEF_123"));
+        assert_eq!(lab.url, "https://tacc.lab:8383", "an existing URL is kept");
+        assert_eq!(lab.user, None, "the deprecated user line is now a comment");
+        assert!(text.contains("# user = \"alice\"   (ignored: the token says who you are)"));
+        for kept in [
+            "# my clusters",
+            "# a comment",
+            "url = \"https://tacc.lab:8383\" # the lab",
+        ] {
+            assert!(text.contains(kept), "{kept} lost: {text}");
+        }
+        assert_eq!(config.file.clusters["local"].token(), None);
+
+        // Replacing a token rewrites its one line; removing it removes only that line.
+        let mut config = config;
+        config.set_token("lab", "", "tacc_new").unwrap();
+        let replaced = fs::read_to_string(&path).unwrap();
+        assert_eq!(replaced.lines().count(), text.lines().count());
+        assert!(config.remove_token("lab").unwrap());
+        assert!(!config.remove_token("lab").unwrap());
+        let removed = fs::read_to_string(&path).unwrap();
+        assert_eq!(removed.lines().count(), text.lines().count() - 1);
+        assert!(!removed.contains("tacc_"), "{removed}");
+        assert!(removed.contains("# a comment"));
+    }
+
+    #[test]
+    fn a_token_for_a_new_profile_creates_it_with_its_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("config.toml");
+        let mut config = Config::load_from(&path).unwrap();
+        config
+            .set_token("gpu", "https://gpu:8383", "tacc_x")
+            .unwrap();
+        let config = Config::load_from(&path).unwrap();
+        assert_eq!(config.file.clusters["gpu"].url, "https://gpu:8383");
+        assert_eq!(config.file.clusters["gpu"].token(), Some("tacc_x"));
+        // The default profile came along with the file's default text.
+        assert_eq!(config.file.clusters["local"].url, default_url());
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+    }
+
+    #[test]
+    fn the_file_is_written_0600_and_a_looser_one_is_tightened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        let mut config = Config::load_from(&path).unwrap();
+        config.set_cluster("lab", "https://lab:1").unwrap();
+        assert_eq!(mode(&path), 0o600, "created private");
+
+        fs::set_permissions(&path, Permissions::from_mode(0o644)).unwrap();
+        let mut config = Config::load_from(&path).unwrap();
+        config
+            .set_token("lab", "https://lab:1", "tacc_secret")
+            .unwrap();
+        assert_eq!(mode(&path), 0o600, "tightened when written");
+        assert!(config.exposure_warning().is_none());
+        fs::set_permissions(&path, Permissions::from_mode(0o640)).unwrap();
+        let config = Config::load_from(&path).unwrap();
+        let warning = config.exposure_warning().unwrap();
+        assert!(
+            warning.contains("0640") && warning.contains("chmod 600"),
+            "{warning}"
+        );
+    }
+
+    #[test]
+    fn old_files_with_user_still_parse_and_debug_hides_tokens() {
+        let parsed = parse(SAMPLE).unwrap();
+        assert_eq!(parsed.clusters["lab"].user.as_deref(), Some("alice"));
+        let mut cluster = Cluster::new("http://x");
+        cluster.token = Some("tacc_very_secret".into());
+        let debug = format!("{cluster:?}");
+        assert!(!debug.contains("very_secret"), "{debug}");
+        cluster.token = Some("  ".into());
+        assert_eq!(cluster.token(), None, "a blank token is no token");
+    }
+
+    #[test]
+    fn edit_key_only_touches_that_section() {
+        let text = "[clusters.a]\ntoken = \"t1\"\n\n[clusters.b]\ntoken = \"t2\"\n";
+        let out = edit_key_in_section(text, "b", "token", |_| None);
+        assert_eq!(out, "[clusters.a]\ntoken = \"t1\"\n\n[clusters.b]\n");
+        assert_eq!(edit_key_in_section(text, "c", "token", |_| None), text);
     }
 }

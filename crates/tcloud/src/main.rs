@@ -1,6 +1,9 @@
 //! `tcloud`: the user's CLI of TACC. Researchers check and submit task files, watch their
 //! tasks (`ps`, `show`, `logs`), cancel them, download their outputs, switch between
 //! clusters with config profiles, and start a single-machine cluster with `tcloud up`.
+//! They log in with an API token (`tcloud login`), keep per-user secrets (`tcloud secret`),
+//! and administrators manage users and tokens (`tcloud admin`). Text that comes from tasks
+//! or other users is made safe for the terminal before it is printed ([`sanitize`]).
 //!
 //! It is a thin binary over `tacc-client` (all HTTP), `tacc-schema` (reading task files)
 //! and `tacc-compiler` (code snapshots). It must not depend on `tacc-server`,
@@ -11,13 +14,14 @@ mod commands;
 mod config;
 mod errors;
 mod format;
+mod sanitize;
 mod upload;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tacc_core::{TaskId, TaskState};
+use tacc_core::{HumanDuration, Role, TaskId, TaskState};
 
 /// Accepts `12` and `#12`.
 fn parse_task_id(text: &str) -> Result<TaskId, String> {
@@ -26,6 +30,14 @@ fn parse_task_id(text: &str) -> Result<TaskId, String> {
 
 fn parse_state(text: &str) -> Result<TaskState, String> {
     text.trim().parse::<TaskState>().map_err(|e| e.to_string())
+}
+
+fn parse_role(text: &str) -> Result<Role, String> {
+    text.trim().parse::<Role>().map_err(|e| e.to_string())
+}
+
+fn parse_duration(text: &str) -> Result<HumanDuration, String> {
+    text.parse::<HumanDuration>().map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Parser)]
@@ -39,9 +51,9 @@ with `tcloud quickstart`, run a cluster on this machine with `tcloud up`, then \
 `tcloud submit DIR -f`.",
     after_help = "Examples:\n  tcloud quickstart && tcloud up && tcloud submit tacc-quickstart -f\n  tcloud ps --all\n  tcloud logs -f 12\n\nConfiguration: $TACC_HOME/config.toml (see `tcloud config --help`).",
     after_long_help = concat!(
-        "Examples:\n  tcloud quickstart && tcloud up && tcloud submit tacc-quickstart -f\n  tcloud ps --all\n  tcloud logs -f 12\n\n",
-        "Environment:\n  TACC_SERVER  server URL, overrides the current profile (same as --server)\n  TACC_HOME    directory holding config.toml and the local cluster's data\n  TACC_TACCD   path of the taccd binary `tcloud up` starts\n\n",
-        "Exit codes:\n  0  success\n  1  other failure\n  2  invalid input (bad task file or arguments)\n  3  the server cannot be reached\n  4  not found (unknown task id)\n  5  the task ran but did not succeed (submit -f, logs -f)"
+        "Examples:\n  tcloud quickstart && tcloud up && tcloud submit tacc-quickstart -f\n  tcloud ps --all\n  tcloud logs -f 12\n  tcloud config add lab https://tacc.lab.example:8383 && tcloud login --profile lab\n\n",
+        "Environment:\n  TACC_SERVER  server URL, overrides the current profile (same as --server)\n  TACC_TOKEN   API token, overrides the profile's stored token\n  TACC_HOME    directory holding config.toml and the local cluster's data\n  TACC_TACCD   path of the taccd binary `tcloud up` starts\n\n",
+        "Exit codes:\n  0  success\n  1  other failure\n  2  invalid input (bad task file or arguments)\n  3  the server cannot be reached\n  4  not found (unknown task id)\n  5  the task ran but did not succeed (submit -f, logs -f)\n  6  not logged in, or the token expired or was revoked (run `tcloud login`; `tcloud up` for the local cluster)\n  7  not allowed: the server knows you, and this is not yours to do"
     )
 )]
 struct Cli {
@@ -141,8 +153,13 @@ time limit), the group and limits that apply, and the scheduling policy in force
     /// Print a task's log
     #[command(
         long_about = "Prints a task's log (all nodes). With -f, keeps streaming until the task \
-ends, reconnecting if the server restarts, and exits 0 if the task succeeded, 5 otherwise.",
-        after_help = "Examples:\n  tcloud logs 12\n  tcloud logs -f 12"
+ends, reconnecting if the server restarts, and exits 0 if the task succeeded, 5 otherwise.\n\n\
+Control characters in the log are shown, not executed: an escape sequence prints as `^[[2J` \
+instead of clearing your screen, a carriage return as `^M`, a C1 control as `<U+009B>`, a byte \
+that is not UTF-8 as `<0x9B>`. A task's output cannot retitle your window, write your \
+clipboard or overwrite earlier lines. --raw prints the bytes as they are (e.g. to keep \
+progress bars, or to save the log to a file).",
+        after_help = "Examples:\n  tcloud logs 12\n  tcloud logs -f 12\n  tcloud logs 12 --raw > task-12.log"
     )]
     Logs {
         #[arg(value_parser = parse_task_id)]
@@ -150,6 +167,9 @@ ends, reconnecting if the server restarts, and exits 0 if the task succeeded, 5 
         /// Stream until the task ends
         #[arg(short, long)]
         follow: bool,
+        /// Print the log's bytes unchanged, escape sequences included (trust the task first)
+        #[arg(long)]
+        raw: bool,
     },
     /// Cancel tasks
     #[command(
@@ -233,12 +253,194 @@ tcloud, or on PATH.",
     /// Manage cluster profiles
     #[command(
         long_about = "Cluster profiles live in $TACC_HOME/config.toml (or your configuration \
-directory's tacc/config.toml):\n\n  current = \"local\"\n  [clusters.local]\n  url = \"http://127.0.0.1:8383\"\n  # user = \"alice\"   (default $USER)\n\n--server / TACC_SERVER overrides the profile's URL for one command.",
-        after_help = "Examples:\n  tcloud config add lab https://tacc.lab.example:8383 --user alice\n  tcloud config use lab\n  tcloud config ls"
+directory's tacc/config.toml), written with mode 0600 because they hold API tokens:\n\n  current = \"local\"\n  [clusters.local]\n  url = \"http://127.0.0.1:8383\"\n  token = \"tacc_…\"   (written by `tcloud login`, or `tcloud up`)\n\n--server / TACC_SERVER overrides the profile's URL for one command (the token of a \
+profile is only sent to that profile's URL); TACC_TOKEN overrides the token.",
+        after_help = "Examples:\n  tcloud config add lab https://tacc.lab.example:8383\n  tcloud login --profile lab\n  tcloud config use lab\n  tcloud config ls"
     )]
     Config {
         #[command(subcommand)]
         command: ConfigCommand,
+    },
+    /// Log in to a cluster: check an API token and store it in the profile
+    #[command(
+        long_about = "Reads an API token (from its administrator, who created it with `tcloud \
+admin user add` or `taccd admin user add`), checks it with the server, and stores it in the \
+profile (the current one unless --profile; the configuration file is written with mode \
+0600). The token is asked for without echo when stdin is a terminal, else read from stdin; it \
+is never an argument, where `ps` and your shell history would keep it. A token the server \
+refuses is not stored (exit 6).\n\nThe local cluster needs no login: `tcloud up` stores its \
+admin token.",
+        after_help = "Examples:\n  tcloud login                                   # paste the token at the prompt\n  tcloud login --profile lab < ~/lab-token.txt\n  pass show tacc/lab | tcloud login --token-stdin --profile lab\n  tcloud --server https://tacc.new.example:8383 login --profile new"
+    )]
+    Login {
+        /// Read the token from stdin even when it is a terminal (no prompt)
+        #[arg(long)]
+        token_stdin: bool,
+        /// Store the token in this profile (default: the current one). With --server, the
+        /// profile is created or pointed at that URL.
+        #[arg(long, value_name = "NAME")]
+        profile: Option<String>,
+    },
+    /// Show who the server takes you for
+    #[command(
+        long_about = "Asks the server whom the token in effect belongs to: your user name, \
+role (user, group_admin or admin) and group.",
+        after_help = "Examples:\n  tcloud whoami\n  tcloud whoami --json"
+    )]
+    Whoami {
+        /// Print {\"name\", \"group\", \"role\", \"server\", \"profile\"} as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the stored token of a profile
+    #[command(
+        long_about = "Removes the token from the profile (the current one unless --profile). \
+The token itself stays valid on the server until it expires or an administrator revokes it.",
+        after_help = "Examples:\n  tcloud logout\n  tcloud logout --profile lab"
+    )]
+    Logout {
+        #[arg(long, value_name = "NAME")]
+        profile: Option<String>,
+    },
+    /// Your secrets: values a task gets in its environment, never shown again
+    #[command(
+        long_about = "A secret is a value (an API key, a password) kept encrypted by the server \
+for you alone. A task that lists it in its task file gets it as an environment variable:\n\n  \
+environment:\n    secrets: [HF_TOKEN]\n\nValues are read from stdin (or typed without \
+echo), never from an argument, and never printed by any command. Unlike secrets, \
+`environment.vars` are not secret: anyone who may read the task sees them.",
+        after_help = "Examples:\n  tcloud secret set HF_TOKEN               # type it (not shown)\n  printf %s \"$WANDB_API_KEY\" | tcloud secret set WANDB_API_KEY\n  tcloud secret ls\n  tcloud secret rm HF_TOKEN"
+    )]
+    Secret {
+        #[command(subcommand)]
+        command: SecretCommand,
+    },
+    /// Administer the cluster: users, tokens, agent join tokens, audit log (admin token)
+    #[command(
+        long_about = "Administration through the API; the token in effect must be an admin's \
+(the local cluster's, after `tcloud up`, is). Otherwise the server answers `not allowed` \
+(exit 7). On the server machine `taccd admin …` does the same against the data directory.",
+        after_help = "Examples:\n  tcloud admin user add alice --group vision\n  tcloud admin user ls\n  tcloud admin token revoke 7\n  tcloud admin agent-token --ttl 1h\n  tcloud admin audit --limit 20"
+    )]
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SecretCommand {
+    /// Store a secret (the value is read from stdin, or typed without echo)
+    #[command(
+        long_about = "Stores (or replaces) secret NAME. The value is read from stdin; on a \
+terminal it is asked for without echo. One trailing newline is removed (as `echo` adds one); \
+an empty value is refused. NAME becomes the environment variable's name: upper-case \
+letters, digits and `_` (names the platform sets, such as TACC_…, are refused).",
+        after_help = "Examples:\n  tcloud secret set HF_TOKEN\n  tcloud secret set WANDB_API_KEY < ~/.wandb-key\n  printf %s \"$KEY\" | tcloud secret set KEY"
+    )]
+    Set { name: String },
+    /// List your secrets: names and when they were set, never values
+    #[command(after_help = "Examples:\n  tcloud secret ls\n  tcloud secret ls --json")]
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a secret
+    #[command(after_help = "Examples:\n  tcloud secret rm HF_TOKEN")]
+    Rm { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Users: add one (and get their token), list them
+    #[command(
+        after_help = "Examples:\n  tcloud admin user add alice --group vision\n  tcloud admin user ls"
+    )]
+    User {
+        #[command(subcommand)]
+        command: AdminUserCommand,
+    },
+    /// API tokens: list them, revoke one
+    #[command(after_help = "Examples:\n  tcloud admin token ls\n  tcloud admin token revoke 7")]
+    Token {
+        #[command(subcommand)]
+        command: AdminTokenCommand,
+    },
+    /// Issue a join token with which a new node's agent registers
+    #[command(
+        long_about = "Issues a join token: `taccd agent --server URL --token TOKEN` on a new \
+node registers it with this token and receives a credential of its own, bound to that node. \
+The token is printed once, alone on stdout.",
+        after_help = "Examples:\n  tcloud admin agent-token\n  tcloud admin agent-token --ttl 1h\n  TOKEN=$(tcloud admin agent-token --ttl 30m)"
+    )]
+    AgentToken {
+        /// How long the join token stays valid (e.g. 30m, 1h, 2d); default: the server's
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        ttl: Option<HumanDuration>,
+        /// Print {\"id\", \"token\", \"expires_at\"} as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// The audit log: who did what, newest first
+    #[command(
+        long_about = "Lists the audit log: user, token, node and admin actions and \
+authentication failures, with time, actor, target and outcome.",
+        after_help = "Examples:\n  tcloud admin audit\n  tcloud admin audit --limit 200 --json"
+    )]
+    Audit {
+        /// At most N entries
+        #[arg(long, value_name = "N", default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminUserCommand {
+    /// Create a user and print their first API token, once
+    #[command(
+        long_about = "Creates user NAME and prints their first API token, alone on stdout and \
+only this once (the server keeps only a hash of it); pass it on privately. Roles: user (own \
+tasks), group_admin (also the group's tasks), admin (everything).",
+        after_help = "Examples:\n  tcloud admin user add alice\n  tcloud admin user add bob --group vision --role group_admin\n  TOKEN=$(tcloud admin user add carol --ttl 90d)"
+    )]
+    Add {
+        name: String,
+        /// The user's group (fair share and group admins work per group)
+        #[arg(long, value_name = "G")]
+        group: Option<String>,
+        /// user, group_admin or admin
+        #[arg(long, value_name = "R", default_value = "user", value_parser = parse_role)]
+        role: Role,
+        /// Lifetime of the token (e.g. 90d); default: until revoked
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        ttl: Option<HumanDuration>,
+        /// Print the user and token as JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// List users
+    #[command(after_help = "Examples:\n  tcloud admin user ls\n  tcloud admin user ls --json")]
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminTokenCommand {
+    /// List API, agent join and node tokens (never their secrets)
+    #[command(after_help = "Examples:\n  tcloud admin token ls\n  tcloud admin token ls --json")]
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token: requests carrying it are refused from now on
+    #[command(after_help = "Examples:\n  tcloud admin token revoke 7")]
+    Revoke {
+        /// The token's id (from `tcloud admin token ls`)
+        id: u64,
     },
 }
 
@@ -257,14 +459,15 @@ enum ConfigCommand {
     /// Switch the current cluster
     #[command(after_help = "Examples:\n  tcloud config use lab")]
     Use { name: String },
-    /// Add a cluster profile (or update its URL and user)
+    /// Add a cluster profile (or update its URL); then `tcloud login --profile NAME`
     #[command(
-        after_help = "Examples:\n  tcloud config add lab https://tacc.lab.example:8383 --user alice"
+        after_help = "Examples:\n  tcloud config add lab https://tacc.lab.example:8383\n  tcloud login --profile lab"
     )]
     Add {
         name: String,
         url: String,
-        #[arg(long)]
+        /// Deprecated and ignored: the token says who you are
+        #[arg(long, hide = true)]
         user: Option<String>,
     },
     /// List cluster profiles; the current one is marked with *
@@ -304,7 +507,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             instruction,
         } => tasks::show(&ctx, id, json, instruction).await,
         Command::Why { id, json } => tasks::why(&ctx, id, json).await,
-        Command::Logs { id, follow } => tasks::logs(&ctx, id, follow).await,
+        Command::Logs { id, follow, raw } => tasks::logs(&ctx, id, follow, raw).await,
         Command::Cancel { ids, no_wait, json } => tasks::cancel(&ctx, &ids, !no_wait, json).await,
         Command::Download { id, dest, attempt } => tasks::download(&ctx, id, dest, attempt).await,
         Command::Nodes { json } => tasks::nodes(&ctx, json).await,
@@ -320,6 +523,35 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             ConfigCommand::Add { name, url, user } => config_cmd::add(&name, &url, user.as_deref()),
             ConfigCommand::Ls { json } => config_cmd::ls(json),
             ConfigCommand::Show => config_cmd::show(&ctx),
+        },
+        Command::Login {
+            token_stdin,
+            profile,
+        } => auth::login(&ctx, token_stdin, profile).await,
+        Command::Whoami { json } => auth::whoami(&ctx, json).await,
+        Command::Logout { profile } => auth::logout(&ctx, profile),
+        Command::Secret { command } => match command {
+            SecretCommand::Set { name } => secret::set(&ctx, &name).await,
+            SecretCommand::Ls { json } => secret::ls(&ctx, json).await,
+            SecretCommand::Rm { name } => secret::rm(&ctx, &name).await,
+        },
+        Command::Admin { command } => match command {
+            AdminCommand::User { command } => match command {
+                AdminUserCommand::Add {
+                    name,
+                    group,
+                    role,
+                    ttl,
+                    json,
+                } => admin::user_add(&ctx, &name, group, role, ttl, json).await,
+                AdminUserCommand::Ls { json } => admin::user_ls(&ctx, json).await,
+            },
+            AdminCommand::Token { command } => match command {
+                AdminTokenCommand::Ls { json } => admin::token_ls(&ctx, json).await,
+                AdminTokenCommand::Revoke { id } => admin::token_revoke(&ctx, id).await,
+            },
+            AdminCommand::AgentToken { ttl, json } => admin::agent_token(&ctx, ttl, json).await,
+            AdminCommand::Audit { limit, json } => admin::audit(&ctx, limit, json).await,
         },
     }
 }
@@ -357,31 +589,84 @@ mod tests {
     use super::*;
     use clap::CommandFactory;
 
-    #[test]
-    fn cli_is_well_formed_and_every_command_has_an_example() {
-        Cli::command().debug_assert();
-        for sub in Cli::command().get_subcommands() {
-            assert!(sub.get_about().is_some(), "{} lacks about", sub.get_name());
+    /// Every command at every depth has an about line and an example.
+    fn check_examples(command: &clap::Command, path: &str) {
+        for sub in command.get_subcommands() {
+            let path = format!("{path} {}", sub.get_name());
+            assert!(sub.get_about().is_some(), "`{path}` lacks about");
             let help = sub
                 .get_after_help()
                 .map(|h| h.to_string())
                 .unwrap_or_default();
-            let nested_ok = sub.get_subcommands().all(|s| {
-                s.get_after_help()
-                    .is_some_and(|h| h.to_string().contains("tcloud"))
-            });
-            assert!(
-                help.contains("tcloud") && nested_ok,
-                "{} lacks examples",
-                sub.get_name()
-            );
+            assert!(help.contains("tcloud"), "`{path}` lacks examples");
+            check_examples(sub, &path);
         }
+    }
+
+    #[test]
+    fn cli_is_well_formed_and_every_command_has_an_example() {
+        Cli::command().debug_assert();
+        check_examples(&Cli::command(), "tcloud");
         let long = Cli::command().render_long_help().to_string();
         assert!(
             long.contains("5  the task ran but did not succeed"),
             "{long}"
         );
-        assert!(long.contains("TACC_TACCD"));
+        assert!(long.contains("6  not logged in"), "{long}");
+        assert!(long.contains("7  not allowed"), "{long}");
+        assert!(long.contains("TACC_TACCD") && long.contains("TACC_TOKEN"));
+    }
+
+    #[test]
+    fn new_commands_parse() {
+        let cli =
+            Cli::try_parse_from(["tcloud", "login", "--token-stdin", "--profile", "lab"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Login { token_stdin: true, profile: Some(ref p) } if p == "lab"
+        ));
+        let cli = Cli::try_parse_from([
+            "tcloud",
+            "admin",
+            "user",
+            "add",
+            "bob",
+            "--group",
+            "g",
+            "--role",
+            "group-admin",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Admin {
+                command:
+                    AdminCommand::User {
+                        command:
+                            AdminUserCommand::Add {
+                                name, group, role, ..
+                            },
+                    },
+            } => {
+                assert_eq!(name, "bob");
+                assert_eq!(group.as_deref(), Some("g"));
+                assert_eq!(role, Role::GroupAdmin);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(
+            Cli::try_parse_from(["tcloud", "admin", "user", "add", "x", "--role", "root"]).is_err()
+        );
+        let cli = Cli::try_parse_from(["tcloud", "admin", "agent-token", "--ttl", "1h"]).unwrap();
+        match cli.command {
+            Command::Admin {
+                command: AdminCommand::AgentToken { ttl, .. },
+            } => assert_eq!(ttl.map(HumanDuration::as_secs), Some(3600)),
+            other => panic!("parsed as {other:?}"),
+        }
+        // A secret's value is never an argument.
+        assert!(Cli::try_parse_from(["tcloud", "secret", "set", "K", "value"]).is_err());
+        let cli = Cli::try_parse_from(["tcloud", "logs", "3", "--raw"]).unwrap();
+        assert!(matches!(cli.command, Command::Logs { raw: true, .. }));
     }
 
     #[test]

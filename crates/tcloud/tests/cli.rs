@@ -1,9 +1,15 @@
 //! The real `tcloud` binary against a real embedded cluster (`taccd dev`, started by
 //! `tcloud up`), as a user would drive it. `taccd` must be built first (`scripts/test.sh`
 //! does `cargo build --workspace --bins`).
+//!
+//! `tcloud up` logs in as the local cluster's admin (the token `taccd dev` writes to its
+//! data directory); other identities are created with `tcloud admin user add` and log in
+//! from a TACC_HOME of their own.
 
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -42,15 +48,42 @@ impl User {
     }
 
     fn tcloud(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_tcloud"))
+        self.tcloud_with(args, None, &[])
+    }
+
+    /// `tcloud ARGS` with `stdin` piped in (else none) and extra environment variables.
+    fn tcloud_with(&self, args: &[&str], stdin: Option<&[u8]>, env: &[(&str, &str)]) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tcloud"));
+        command
             .args(args)
             .current_dir(repo_root())
             .env("TACC_HOME", self.home.path())
             .env("TACC_TACCD", taccd_binary())
             .env("USER", "alice")
             .env_remove("TACC_SERVER")
-            .output()
-            .unwrap()
+            .env_remove("TACC_TOKEN")
+            .envs(env.iter().copied())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        if let Some(input) = stdin {
+            let mut pipe = child.stdin.take().unwrap();
+            pipe.write_all(input).unwrap();
+        }
+        child.wait_with_output().unwrap()
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn config_text(&self) -> String {
+        std::fs::read_to_string(self.home.path().join("config.toml")).unwrap_or_default()
     }
 
     fn ok(&self, args: &[&str]) -> String {
@@ -84,6 +117,37 @@ impl Drop for User {
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// A second person at the same cluster: their own TACC_HOME and profile `lab`.
+fn colleague(admin: &User, name: &str, role: &str) -> (User, String) {
+    let token = admin
+        .ok(&["admin", "user", "add", name, "--role", role])
+        .trim()
+        .to_string();
+    assert!(token.starts_with("tacc_"), "{token}");
+    let other = User::new();
+    other.ok(&["config", "add", "lab", &admin.url()]);
+    other.ok(&["config", "use", "lab"]);
+    let out = other.tcloud_with(
+        &["login", "--token-stdin", "--profile", "lab"],
+        Some(format!("{token}\n").as_bytes()),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out).trim(),
+        format!("Logged in to {} as {name} ({role})", admin.url())
+    );
+    (other, token)
 }
 
 #[test]
@@ -298,4 +362,197 @@ fn config_use_switches_the_cluster_by_one_line() {
         "lists the known profiles: {}",
         stderr(&out)
     );
+}
+
+// ------------------------------------------------------------ without a server
+
+#[test]
+fn config_is_private_and_secrets_and_tokens_are_never_arguments() {
+    let user = User::new();
+    user.ok(&["config", "add", "lab", "http://127.0.0.1:9"]);
+    let path = user.home.path().join("config.toml");
+    assert_eq!(mode(&path), 0o600);
+
+    // A looser file is tightened the next time tcloud writes it.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    user.ok(&["config", "use", "lab"]);
+    assert_eq!(mode(&path), 0o600);
+
+    // Values are read from stdin, never taken as arguments.
+    let out = user.tcloud(&["secret", "set", "KEY", "value"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = user.tcloud_with(&["secret", "set", "KEY"], Some(b"\n"), &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("empty"), "{}", stderr(&out));
+    let out = user.tcloud_with(&["login", "--token-stdin"], Some(b""), &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+
+    // A token that cannot be checked is not stored.
+    let out = user.tcloud_with(&["login", "--token-stdin"], Some(b"tacc_x\n"), &[]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing was stored"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!user.config_text().contains("tacc_x"));
+
+    let out = user.tcloud(&["whoami"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+}
+
+// ------------------------------------------------------------ needs server-side auth
+
+#[test]
+fn up_logs_in_as_the_local_admin_in_a_private_config() {
+    let user = User::new();
+    user.up();
+    let path = user.home.path().join("config.toml");
+    assert_eq!(mode(&path), 0o600);
+    let text = user.config_text();
+    assert!(text.contains("token = \"tacc_"), "{text}");
+    let me = user.json(&["whoami", "--json"]);
+    assert_eq!(me["role"], "admin", "{me}");
+    assert_eq!(me["server"], user.url());
+    // Already running: up again keeps working and keeps the token.
+    user.up();
+    assert_eq!(user.json(&["whoami", "--json"])["role"], "admin");
+
+    // Logged out, the server refuses; the message says how to get back in.
+    user.ok(&["logout"]);
+    assert!(!user.config_text().contains("tacc_"));
+    let out = user.tcloud(&["ps"]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stderr(&out).contains("tcloud up"), "{}", stderr(&out));
+    user.up();
+    user.ok(&["ps"]);
+
+    // TACC_TOKEN overrides the profile.
+    let out = user.tcloud_with(&["ps"], None, &[("TACC_TOKEN", "tacc_bogus")]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stderr(&out).contains("TACC_TOKEN"), "{}", stderr(&out));
+}
+
+#[test]
+fn login_admin_and_secrets_through_the_cli() {
+    let admin = User::new();
+    admin.up();
+    let (bob, _) = colleague(&admin, "bob", "user");
+    let me = bob.json(&["whoami", "--json"]);
+    assert_eq!(me["name"], "bob", "{me}");
+    assert_eq!(me["role"], "user", "{me}");
+    assert_eq!(mode(&bob.home.path().join("config.toml")), 0o600);
+
+    // A bad token is refused and not stored.
+    let before = bob.config_text();
+    let out = bob.tcloud_with(
+        &["login", "--token-stdin", "--profile", "lab"],
+        Some(b"tacc_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n"),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nothing was stored"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(bob.config_text(), before);
+
+    // Admin commands are not bob's.
+    let out = bob.tcloud(&["admin", "user", "ls"]);
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    assert!(stderr(&out).contains("not allowed"), "{}", stderr(&out));
+
+    // Secrets: the value goes in on stdin and never comes out.
+    let value = "s3cr3t-value-0123456789";
+    let out = bob.tcloud_with(
+        &["secret", "set", "HF_TOKEN"],
+        Some(format!("{value}\n").as_bytes()),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let listed = bob.ok(&["secret", "ls"]);
+    assert!(
+        listed.contains("HF_TOKEN") && !listed.contains(value),
+        "{listed}"
+    );
+    let listed = bob.json(&["secret", "ls", "--json"]);
+    assert_eq!(listed[0]["name"], "HF_TOKEN", "{listed}");
+    assert!(!listed.to_string().contains(value));
+    bob.ok(&["secret", "rm", "HF_TOKEN"]);
+    assert_eq!(bob.json(&["secret", "ls", "--json"]), serde_json::json!([]));
+
+    // Admin views; revoking bob's token logs him out.
+    let users = admin.ok(&["admin", "user", "ls"]);
+    assert!(users.contains("bob") && users.contains("ROLE"), "{users}");
+    let tokens = admin.json(&["admin", "token", "ls", "--json"]);
+    let bobs = tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["user"] == "bob")
+        .unwrap_or_else(|| panic!("no token of bob in {tokens}"));
+    assert!(
+        !tokens.to_string().contains("tacc_"),
+        "tokens are never listed"
+    );
+    let id = bobs["id"].as_u64().unwrap().to_string();
+    admin.ok(&["admin", "token", "revoke", &id]);
+    let out = bob.tcloud(&["whoami"]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    assert!(stderr(&out).contains("tcloud login"), "{}", stderr(&out));
+
+    let join = admin.ok(&["admin", "agent-token", "--ttl", "1h"]);
+    assert!(join.trim().starts_with("tacc_"), "{join}");
+    let audit = admin.json(&["admin", "audit", "--json", "--limit", "100"]);
+    assert!(!audit.as_array().unwrap().is_empty(), "{audit}");
+    assert!(admin.ok(&["admin", "audit"]).contains("ACTION"));
+}
+
+#[test]
+fn escape_sequences_in_task_output_are_neutralised_unless_raw() {
+    let user = User::new();
+    user.up();
+    let dir = user.home.path().join("esc");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Window title, screen clear, clipboard write (OSC 52), a raw 8-bit CSI byte, and a
+    // carriage return that would overwrite the line.
+    std::fs::write(
+        dir.join("emit.sh"),
+        "printf '\\033]0;pwned\\007\\033[2J\\033]52;c;Zm9v\\007\\233x\\rFAKE\\nDONE\\n'\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("task.yaml"), "name: esc\nrun: sh emit.sh\n").unwrap();
+    let task = user.json(&["submit", dir.to_str().unwrap(), "--json"])["task_id"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let out = user.tcloud(&["logs", "-f", &task]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let shown = out.stdout.clone();
+    for forbidden in [0x1bu8, 0x07, 0x9b, b'\r'] {
+        assert!(
+            !shown.contains(&forbidden),
+            "byte {forbidden:#x} reached the terminal: {:?}",
+            String::from_utf8_lossy(&shown)
+        );
+    }
+    let text = String::from_utf8(shown).unwrap();
+    for visible in [
+        "^[]0;pwned^G",
+        "^[[2J",
+        "^[]52;c;Zm9v^G",
+        "<0x9B>x",
+        "^MFAKE",
+        "DONE",
+    ] {
+        assert!(text.contains(visible), "{visible} not shown in {text:?}");
+    }
+    let plain = user.ok(&["logs", &task]);
+    assert!(
+        !plain.contains('\u{1b}') && plain.contains("^[[2J"),
+        "{plain:?}"
+    );
+    let raw = user.tcloud(&["logs", &task, "--raw"]);
+    assert!(raw.stdout.contains(&0x1b) && raw.stdout.contains(&0x9b));
 }

@@ -17,6 +17,8 @@ pub struct Daemon {
     pub child: Child,
     pub url: String,
     pub data_dir: PathBuf,
+    /// An admin's API token (servers and dev clusters; empty for agents).
+    pub token: String,
 }
 
 impl Drop for Daemon {
@@ -27,8 +29,31 @@ impl Drop for Daemon {
 }
 
 impl Daemon {
+    /// A client acting as this cluster's admin.
     pub fn client(&self) -> Client {
-        Client::new(&self.url)
+        Client::new(&self.url).with_token(self.token.clone())
+    }
+
+    /// Create user `name` (role `role`, group `group`) through the admin API and return a
+    /// client acting as them.
+    pub async fn user_client(&self, name: &str, group: Option<&str>, role: &str) -> Client {
+        let created = self
+            .client()
+            .create_user(&tacc_proto::CreateUser {
+                name: name.into(),
+                group: group.map(Into::into),
+                role: role.parse().unwrap(),
+                token_ttl_secs: None,
+            })
+            .await
+            .unwrap();
+        Client::new(&self.url).with_token(created.token.token)
+    }
+
+    /// Run `taccd admin --data-dir DATA ARGS…` against this server's data directory and
+    /// return what it printed on stdout.
+    pub fn admin(&self, args: &[&str]) -> String {
+        admin(&self.data_dir, args)
     }
 
     pub fn kill9(&mut self) {
@@ -43,6 +68,23 @@ impl Daemon {
 
 fn taccd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_taccd"))
+}
+
+/// `taccd admin --data-dir DATA ARGS…`; panics with its stderr when it fails.
+pub fn admin(data_dir: &Path, args: &[&str]) -> String {
+    let out = taccd()
+        .arg("admin")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "taccd admin {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// Poll `check` every 20 ms until it returns `Some`, or fail after `deadline`.
@@ -86,10 +128,25 @@ pub async fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
         }
     })
     .await;
+    // A dev cluster provisions its own admin; a plain server is given one by the operator.
+    let token_file = data_dir.join("admin.token");
+    if mode != "dev" && !token_file.exists() {
+        let token = admin(data_dir, &["user", "add", "tester", "--role", "admin"]);
+        std::fs::write(&token_file, token.trim()).unwrap();
+    }
+    let token = eventually("the admin token", DEADLINE, || {
+        let token_file = token_file.clone();
+        async move {
+            let text = std::fs::read_to_string(&token_file).ok()?;
+            (!text.trim().is_empty()).then(|| text.trim().to_string())
+        }
+    })
+    .await;
     let daemon = Daemon {
         child,
         url,
         data_dir: data_dir.to_path_buf(),
+        token,
     };
     let client = daemon.client();
     eventually("the server to answer", DEADLINE, || {
@@ -100,13 +157,16 @@ pub async fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
     daemon
 }
 
-/// Start a separate agent process for the server at `url`.
-pub fn start_agent(url: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
+/// Start a separate agent process for `server`, with a join token the operator issued.
+pub fn start_agent(server: &Daemon, data_dir: &Path, extra: &[&str]) -> Daemon {
     std::fs::create_dir_all(data_dir).unwrap();
+    let url = server.url.as_str();
+    let join = server.admin(&["agent-token", "--ttl", "1h"]);
     let log = std::fs::File::create(data_dir.join("agent.log")).unwrap();
     let child = taccd()
         .args(["agent", "--server", url, "--data-dir"])
         .arg(data_dir)
+        .args(["--token", join.trim()])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(log)
@@ -116,6 +176,7 @@ pub fn start_agent(url: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
         child,
         url: url.to_string(),
         data_dir: data_dir.to_path_buf(),
+        token: String::new(),
     }
 }
 

@@ -1,7 +1,12 @@
 //! `tcloud up` and `tcloud down`: the embedded single-machine cluster (`taccd dev`).
+//!
+//! `taccd dev` provisions a local admin identity and writes its token to
+//! `DATA_DIR/admin.token` (mode 0600). `tcloud up` waits for that file and stores the token
+//! in the `local` profile, so every command works right after `tcloud up`.
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, DirBuilder, OpenOptions};
 use std::net::TcpListener;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -11,7 +16,7 @@ use anyhow::{Context, Result, bail};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use tacc_client::Client;
+use tacc_client::{Client, ClientError};
 
 use crate::config::{self, Config, DEFAULT_PROFILE};
 use crate::errors::CliError;
@@ -26,6 +31,50 @@ fn pid_file(dir: &Path) -> PathBuf {
 }
 fn url_file(dir: &Path) -> PathBuf {
     dir.join("taccd.url")
+}
+/// Where `taccd dev` writes the local admin's token.
+pub fn admin_token_file(dir: &Path) -> PathBuf {
+    dir.join("admin.token")
+}
+
+/// The token in `admin.token`, once the file holds a whole one: a line that ends in a
+/// newline, or a full-length `tacc_` token (43 characters of base64 after the prefix).
+pub fn read_admin_token(dir: &Path) -> Option<String> {
+    let text = fs::read_to_string(admin_token_file(dir)).ok()?;
+    let token = text.trim();
+    let complete = text.ends_with('\n') || token.len() >= "tacc_".len() + 43;
+    (complete && !token.is_empty()).then(|| token.to_string())
+}
+
+/// Waits until `taccd` at `url` has written an admin token that it accepts (a file left
+/// by an earlier run may be about to be replaced).
+async fn wait_for_admin_token(dir: &Path, url: &str, deadline: Instant) -> Result<String> {
+    let path = admin_token_file(dir);
+    loop {
+        let refused = match read_admin_token(dir) {
+            Some(token) => match Client::new(url).with_token(token.clone()).whoami().await {
+                Err(ClientError::Api { status: 401, .. }) => true,
+                // Accepted, or a failure that the next command will report better.
+                _ => return Ok(token),
+            },
+            None => false,
+        };
+        if Instant::now() >= deadline {
+            if refused {
+                bail!(
+                    "the local cluster refuses the admin token in {}; see {}, or restart it with `tcloud down && tcloud up`",
+                    path.display(),
+                    dir.join("taccd.log").display()
+                );
+            }
+            bail!(
+                "the local cluster answers but has not written its admin token to {}; is this taccd older than tcloud? See {}",
+                path.display(),
+                dir.join("taccd.log").display()
+            );
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 fn read_pid(dir: &Path) -> Option<i32> {
@@ -94,25 +143,42 @@ pub fn find_taccd() -> Result<PathBuf> {
     )
 }
 
+/// The last lines of taccd's log, safe to print (it may quote what tasks wrote).
 fn log_tail(path: &Path, lines: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
+    let bytes = fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes);
     let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
+    crate::sanitize::text(&all[all.len().saturating_sub(lines)..].join("\n")).into_owned()
 }
 
-/// Points the `local` profile at `url` when it says otherwise.
-fn sync_local_profile(url: &str) -> Result<()> {
+/// Points the `local` profile at `url` and stores the local admin's `token` in it, when
+/// it says otherwise.
+fn sync_local_profile(url: &str, token: &str) -> Result<()> {
     let mut config = Config::load()?;
-    let configured = match config.file.clusters.get(DEFAULT_PROFILE) {
+    let configured = config.file.clusters.get(DEFAULT_PROFILE).cloned();
+    let configured_url = match &configured {
         Some(cluster) => cluster.url.clone(),
         None if config.text.is_none() => config::default_url(),
         None => String::new(),
     };
-    if configured.trim_end_matches('/') != url {
-        config.set_cluster(DEFAULT_PROFILE, url, None)?;
+    if configured_url.trim_end_matches('/') != url {
+        config.set_cluster(DEFAULT_PROFILE, url)?;
         eprintln!(
             "Updated the `{DEFAULT_PROFILE}` profile in {} to {url}",
             config.path.display()
+        );
+    }
+    if configured.as_ref().and_then(|c| c.token()) != Some(token) {
+        config.set_token(DEFAULT_PROFILE, url, token)?;
+        eprintln!(
+            "Logged in to the local cluster as its admin (token stored in {})",
+            config.path.display()
+        );
+    }
+    if config::env_token().is_some() {
+        eprintln!(
+            "note: {} is set and overrides the local admin token; unset it to use the local cluster",
+            config::TOKEN_ENV
         );
     }
     if config.current_name() != DEFAULT_PROFILE {
@@ -126,7 +192,11 @@ fn sync_local_profile(url: &str) -> Result<()> {
 
 pub async fn up(port: u16) -> Result<()> {
     let dir = config::local_data_dir()?;
-    fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    DirBuilder::new()
+        .recursive(true)
+        .mode(config::DIR_MODE)
+        .create(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
     let url = format!("http://127.0.0.1:{port}");
 
     if let Some(pid) = read_pid(&dir) {
@@ -135,10 +205,12 @@ pub async fn up(port: u16) -> Result<()> {
                 .map(|u| u.trim().to_string())
                 .unwrap_or_else(|_| url.clone());
             if healthy(&running_url).await {
+                let deadline = Instant::now() + START_DEADLINE;
+                let token = wait_for_admin_token(&dir, &running_url, deadline).await?;
                 out(format!(
                     "A local cluster is already running at {running_url} (pid {pid})"
                 ))?;
-                sync_local_profile(&running_url)?;
+                sync_local_profile(&running_url, &token)?;
                 return Ok(());
             }
             bail!(
@@ -169,6 +241,7 @@ pub async fn up(port: u16) -> Result<()> {
     let log = OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(&log_path)
         .with_context(|| format!("cannot open {}", log_path.display()))?;
     let log_err = log
@@ -214,9 +287,10 @@ pub async fn up(port: u16) -> Result<()> {
         }
         tokio::time::sleep(POLL).await;
     }
+    let token = wait_for_admin_token(&dir, &url, deadline).await?;
     out(format!("Local cluster running at {url} (pid {pid})"))?;
     eprintln!("  data and log: {}", dir.display());
-    sync_local_profile(&url)?;
+    sync_local_profile(&url, &token)?;
     eprintln!("Next: `tcloud submit DIR -f` to run a task, `tcloud down` to stop the cluster.");
     Ok(())
 }
@@ -260,4 +334,29 @@ pub async fn down() -> Result<()> {
     let _ = fs::remove_file(url_file(&dir));
     out(message)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_token_is_read_only_when_complete() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read_admin_token(dir.path()), None, "missing");
+        let file = admin_token_file(dir.path());
+        fs::write(&file, "tacc_abc").unwrap();
+        assert_eq!(
+            read_admin_token(dir.path()),
+            None,
+            "a short line without its newline"
+        );
+        fs::write(&file, "tacc_abc\n").unwrap();
+        assert_eq!(read_admin_token(dir.path()).as_deref(), Some("tacc_abc"));
+        let full = format!("tacc_{}", "A".repeat(43));
+        fs::write(&file, &full).unwrap();
+        assert_eq!(read_admin_token(dir.path()), Some(full));
+        fs::write(&file, "\n").unwrap();
+        assert_eq!(read_admin_token(dir.path()), None, "empty");
+    }
 }

@@ -8,6 +8,7 @@ use tacc_core::TaskId;
 use super::Ctx;
 use super::tasks::follow_to_end;
 use crate::format::{out, out_json, table};
+use crate::sanitize::field;
 
 pub async fn rerun(ctx: &Ctx, id: TaskId, follow: bool, as_json: bool) -> Result<()> {
     let client = ctx.client()?;
@@ -48,7 +49,7 @@ pub async fn dataset_ls(ctx: &Ctx, as_json: bool) -> Result<()> {
     }
     let mut t = table(["NAME", "SOURCE"]);
     for dataset in &datasets {
-        t.add_row([dataset.name.clone(), dataset.source.clone()]);
+        t.add_row([field(&dataset.name), field(&dataset.source)]);
     }
     out(t.to_string())?;
     Ok(())

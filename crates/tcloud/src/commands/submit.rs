@@ -11,6 +11,7 @@ use super::Ctx;
 use super::tasks::follow_to_end;
 use crate::errors::{CliError, INVALID};
 use crate::format::{self, out, out_json};
+use crate::sanitize::{self, field};
 use crate::upload::upload_snapshot;
 
 fn load(path: &Path) -> Result<LoadedTask> {
@@ -19,7 +20,7 @@ fn load(path: &Path) -> Result<LoadedTask> {
 
 fn print_warnings(task: &LoadedTask) {
     for warning in &task.warnings {
-        eprintln!("warning: {warning}");
+        eprintln!("warning: {}", sanitize::text(warning));
     }
 }
 
@@ -64,12 +65,14 @@ pub fn check(path: &Path, as_json: bool) -> Result<()> {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| task.source.display().to_string());
+            // A task file may come from someone else's repository: show, never execute.
             out(format!(
-                "{file} is valid: {}, {} node(s) × ({}), run: {}",
-                task.spec.name,
+                "{} is valid: {}, {} node(s) × ({}), run: {}",
+                field(&file),
+                field(&task.spec.name),
                 task.spec.resources.nodes,
-                describe_resources(&task.spec),
-                first_line(&task.spec.run)
+                field(&describe_resources(&task.spec)),
+                field(&first_line(&task.spec.run))
             ))?;
             Ok(())
         }
@@ -136,7 +139,7 @@ pub async fn submit(
     } else {
         out(format!(
             "Submitted task {id} ({}) — snapshot {}, uploaded {} of {} ({} of {} chunks)",
-            task.spec.name,
+            field(&task.spec.name),
             report.snapshot.short(),
             format::size(report.uploaded_bytes),
             format::size(report.total_bytes),

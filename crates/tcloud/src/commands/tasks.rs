@@ -1,5 +1,10 @@
 //! Commands about tasks that already exist: `ps`, `show`, `logs`, `cancel`, `download`,
 //! and `nodes`.
+//!
+//! Every text field here may have been written by a task or by another user (names,
+//! reasons, node names, output paths, the log itself): it goes through [`crate::sanitize`]
+//! before it reaches the terminal. `--json` output needs nothing: JSON escapes control
+//! characters.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -18,6 +23,7 @@ use crate::errors::{CliError, FAILURE, NOT_FOUND, TASK_FAILED};
 use crate::format::{
     self, ago, now, out, out_json, precise_duration, print_table, short_duration, table,
 };
+use crate::sanitize::{LogSanitizer, field, opt_field};
 use crate::upload::byte_bar;
 
 /// How long `logs -f` keeps trying to reconnect after the stream broke.
@@ -73,8 +79,8 @@ pub async fn ps(
     for task in &tasks {
         t.add_row([
             task.id.to_string(),
-            task.name.clone(),
-            task.user.clone(),
+            field(&task.name),
+            field(&task.user),
             task.state.to_string(),
             short_duration(now.millis_since(task.submitted_at)),
             runtime(task, now)
@@ -82,7 +88,7 @@ pub async fn ps(
                 .unwrap_or_else(|| "-".into()),
             nodes_text(task),
             estimated_start_text(task.estimated_start, now),
-            task.reason.clone().unwrap_or_default(),
+            opt_field(task.reason.as_deref()),
         ]);
     }
     print_table(&t)?;
@@ -113,7 +119,7 @@ pub async fn why(ctx: &Ctx, id: TaskId, as_json: bool) -> Result<()> {
         } else {
             "reason"
         };
-        lines.push(format!("{label}: {reason}"));
+        lines.push(format!("{label}: {}", field(reason)));
     }
     if let Some(position) = explanation.queue_position {
         lines.push(format!(
@@ -130,9 +136,9 @@ pub async fn why(ctx: &Ctx, id: TaskId, as_json: bool) -> Result<()> {
             None => "estimated start: unknown".to_string(),
         });
     }
-    lines.push(format!("policy: {}", explanation.policy));
+    lines.push(format!("policy: {}", field(&explanation.policy)));
     for detail in &explanation.details {
-        lines.push(format!("- {detail}"));
+        lines.push(format!("- {}", field(detail)));
     }
     out(lines.join("\n"))?;
     Ok(())
@@ -148,7 +154,7 @@ fn nodes_text(task: &TaskView) -> String {
     if task.nodes.is_empty() {
         format!("({})", task.num_nodes)
     } else {
-        task.nodes.join(",")
+        field(&task.nodes.join(","))
     }
 }
 
@@ -174,8 +180,8 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
     let now = now();
     let mut rows: Vec<(&str, String)> = vec![
         ("id", task.id.to_string()),
-        ("name", task.name.clone()),
-        ("user", task.user.clone()),
+        ("name", field(&task.name)),
+        ("user", field(&task.user)),
         ("state", {
             let mut state = task.state.to_string();
             if task.cancel_requested && !task.state.is_terminal() {
@@ -185,7 +191,7 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
         }),
     ];
     if let Some(reason) = &task.reason {
-        rows.push(("reason", reason.clone()));
+        rows.push(("reason", field(reason)));
     }
     if let Some(code) = task.exit_code {
         rows.push(("exit code", code.to_string()));
@@ -195,7 +201,7 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
         if task.nodes.is_empty() {
             format!("{} (not placed yet)", task.num_nodes)
         } else {
-            format!("{} ({})", task.num_nodes, task.nodes.join(", "))
+            format!("{} ({})", task.num_nodes, field(&task.nodes.join(", ")))
         }
     }));
     if task.gpus.iter().any(|g| !g.is_empty()) {
@@ -218,7 +224,7 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
     ));
     rows.push(("snapshot", task.snapshot.short().to_string()));
     if let Some(source) = &task.source {
-        rows.push(("source", source.clone()));
+        rows.push(("source", field(source)));
     }
     rows.push(("submitted", ago(task.submitted_at, now)));
     if let Some(started) = task.started_at {
@@ -259,7 +265,7 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
                 ago(event.at, now),
                 event.attempt.to_string(),
                 event.state.to_string(),
-                event.reason.clone().unwrap_or_default(),
+                opt_field(event.reason.as_deref()),
             ]);
         }
         print_table(&t)?;
@@ -273,7 +279,7 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
         let mut t = table(["PATH", "SIZE", "ATTEMPT"]);
         for file in &outputs {
             t.add_row([
-                file.path.clone(),
+                field(&file.path),
                 format::size(file.size),
                 file.attempt.to_string(),
             ]);
@@ -286,7 +292,42 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
 
 // ---------------------------------------------------------------- logs
 
+/// How log bytes reach the terminal: made safe, or as they are (`--raw`).
+#[derive(Debug)]
+pub struct LogWriter {
+    to_stderr: bool,
+    /// `None` with `--raw`.
+    sanitizer: Option<LogSanitizer>,
+}
+
+impl LogWriter {
+    pub fn new(to_stderr: bool, raw: bool) -> Self {
+        LogWriter {
+            to_stderr,
+            sanitizer: (!raw).then(LogSanitizer::new),
+        }
+    }
+
+    pub fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match &mut self.sanitizer {
+            Some(sanitizer) => write_log(sanitizer.push(bytes).as_bytes(), self.to_stderr),
+            None => write_log(bytes, self.to_stderr),
+        }
+    }
+
+    /// The end of the log: a UTF-8 sequence cut off at the end is shown byte by byte.
+    pub fn finish(&mut self) -> std::io::Result<()> {
+        match &mut self.sanitizer {
+            Some(sanitizer) => write_log(sanitizer.finish().as_bytes(), self.to_stderr),
+            None => Ok(()),
+        }
+    }
+}
+
 fn write_log(bytes: &[u8], to_stderr: bool) -> std::io::Result<()> {
+    if bytes.is_empty() {
+        return Ok(());
+    }
     if to_stderr {
         let mut err = std::io::stderr().lock();
         err.write_all(bytes)?;
@@ -300,7 +341,7 @@ fn write_log(bytes: &[u8], to_stderr: bool) -> std::io::Result<()> {
 
 /// Streams the log from the start until the task has ended, reconnecting from the offset
 /// reached when the stream breaks (a server restart), for up to 30 s at a time.
-pub async fn stream_logs(client: &Client, id: TaskId, to_stderr: bool) -> Result<TaskView> {
+pub async fn stream_logs(client: &Client, id: TaskId, writer: &mut LogWriter) -> Result<TaskView> {
     let mut offset = 0u64;
     let mut broken_since: Option<Instant> = None;
     loop {
@@ -315,7 +356,7 @@ pub async fn stream_logs(client: &Client, id: TaskId, to_stderr: bool) -> Result
                 while let Some(item) = stream.next().await {
                     match item {
                         Ok(bytes) => {
-                            write_log(&bytes, to_stderr)?;
+                            writer.write(&bytes)?;
                             offset += bytes.len() as u64;
                         }
                         Err(_) => {
@@ -332,8 +373,9 @@ pub async fn stream_logs(client: &Client, id: TaskId, to_stderr: bool) -> Result
             Ok(task) if task.state.is_terminal() => {
                 // Output may have landed after the stream ended.
                 if let Ok((tail, _)) = client.logs(id, offset).await {
-                    write_log(&tail, to_stderr)?;
+                    writer.write(&tail)?;
                 }
+                writer.finish()?;
                 return Ok(task);
             }
             Ok(_) if clean_end => {
@@ -387,7 +429,7 @@ pub fn outcome_line(task: &TaskView) -> String {
     if let Some(reason) = &task.reason {
         let repeats_code = task.exit_code.is_some() && reason.starts_with("exit code");
         if task.state != TaskState::Succeeded && !repeats_code {
-            line.push_str(&format!(": {reason}"));
+            line.push_str(&format!(": {}", field(reason)));
         }
     }
     line
@@ -402,9 +444,14 @@ pub fn outcome_code(state: TaskState) -> u8 {
     }
 }
 
-/// Follows the log to the end, prints the outcome, and fails with exit 5 unless it succeeded.
+/// Follows the log (made safe for the terminal) to the end, prints the outcome, and fails
+/// with exit 5 unless it succeeded.
 pub async fn follow_to_end(client: &Client, id: TaskId, log_to_stderr: bool) -> Result<()> {
-    let task = stream_logs(client, id, log_to_stderr).await?;
+    follow_to_end_with(client, id, &mut LogWriter::new(log_to_stderr, false)).await
+}
+
+async fn follow_to_end_with(client: &Client, id: TaskId, writer: &mut LogWriter) -> Result<()> {
+    let task = stream_logs(client, id, writer).await?;
     eprintln!("{}", outcome_line(&task));
     match outcome_code(task.state) {
         0 => Ok(()),
@@ -412,13 +459,15 @@ pub async fn follow_to_end(client: &Client, id: TaskId, log_to_stderr: bool) -> 
     }
 }
 
-pub async fn logs(ctx: &Ctx, id: TaskId, follow: bool) -> Result<()> {
+pub async fn logs(ctx: &Ctx, id: TaskId, follow: bool, raw: bool) -> Result<()> {
     let client = ctx.client()?;
+    let mut writer = LogWriter::new(false, raw);
     if follow {
-        return follow_to_end(&client, id, false).await;
+        return follow_to_end_with(&client, id, &mut writer).await;
     }
     let (bytes, _) = client.logs(id, 0).await?;
-    write_log(&bytes, false)?;
+    writer.write(&bytes)?;
+    writer.finish()?;
     Ok(())
 }
 
@@ -442,7 +491,7 @@ pub async fn cancel(ctx: &Ctx, ids: &[TaskId], wait: bool, as_json: bool) -> Res
                     FAILURE
                 };
                 worst = worst.max(code);
-                results.insert(id, (None, false, Some(e.to_string())));
+                results.insert(id, (None, false, Some(field(&e.to_string()))));
             }
         }
     }
@@ -568,7 +617,7 @@ pub async fn download(
             bar.suspend(|| {
                 eprintln!(
                     "warning: refusing output path `{}`: it would escape {}",
-                    file.path,
+                    field(&file.path),
                     dest.display()
                 )
             });
@@ -585,7 +634,7 @@ pub async fn download(
                 bar.suspend(|| {
                     eprintln!(
                         "warning: refusing output path `{}`: it would escape {}",
-                        file.path,
+                        field(&file.path),
                         dest.display()
                     )
                 });
@@ -601,7 +650,11 @@ pub async fn download(
     }
     bar.finish_and_clear();
     for (path, size) in &written {
-        out(format!("{}  ({})", path.display(), format::size(*size)))?;
+        out(format!(
+            "{}  ({})",
+            field(&path.display().to_string()),
+            format::size(*size)
+        ))?;
     }
     eprintln!(
         "Downloaded {} file(s), {}, of task {id} attempt {chosen} into {}",
@@ -636,7 +689,7 @@ pub async fn nodes(ctx: &Ctx, as_json: bool) -> Result<()> {
     for node in &nodes {
         let mut gpus = format!("{}/{}", node.allocated.gpus, node.capacity.gpus);
         if let Some(kind) = &node.gpu_type {
-            gpus.push_str(&format!(" {kind}"));
+            gpus.push_str(&format!(" {}", field(kind)));
         }
         let tasks = if node.running_tasks.is_empty() {
             "-".to_string()
@@ -648,8 +701,8 @@ pub async fn nodes(ctx: &Ctx, as_json: bool) -> Result<()> {
                 .join(",")
         };
         t.add_row([
-            node.name.clone(),
-            node.state.clone(),
+            field(&node.name),
+            field(&node.state),
             format!(
                 "{}/{}",
                 format::cpus(node.allocated.cpu_millis),

@@ -1,0 +1,247 @@
+//! What a node's credential lets it do: register under its own name only, report on and
+//! upload outputs of its own current attempts only, and read the code snapshots (and
+//! their chunks) of those attempts only. Also the submission gate that applies per-user
+//! limits, and the secrets an attempt's assignment carries.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tacc_compiler::{ChunkHash, Manifest};
+use tacc_core::{NodeId, SnapshotId, TaskState};
+use tacc_proto::{AttemptRef, RegisterAgent};
+use tacc_schema::TaskSpec;
+use tacc_store::{NodeRecord, TaskFilter, TaskRecord, TokenKind};
+
+use crate::auth::{Caller, UserCaller};
+use crate::{Control, ServerError};
+
+/// Chunk sets of recently read snapshots, so a node fetching a snapshot's chunks does not
+/// make the server parse the manifest once per chunk.
+#[derive(Debug, Default)]
+pub struct ChunkSets {
+    sets: Mutex<HashMap<SnapshotId, Arc<HashSet<String>>>>,
+}
+
+/// Snapshots whose chunk sets are kept at most.
+const CHUNK_SETS_KEPT: usize = 64;
+
+impl Control {
+    /// Whether `attempt` is the current attempt of its task and placed on `node`; with
+    /// `ended_ok` false it must also still be starting or running.
+    pub(crate) async fn attempt_is_on_node(
+        &self,
+        node: NodeId,
+        attempt: AttemptRef,
+        ended_ok: bool,
+    ) -> Result<bool, ServerError> {
+        let Some(record) = self.store.get_task(attempt.task).await? else {
+            return Ok(false);
+        };
+        Ok(record.attempt == attempt.attempt
+            && record.placements.iter().any(|p| p.node == node)
+            && (ended_ok || record.state.is_active()))
+    }
+
+    /// Whether `node` has an attempt assigned whose code is `snapshot`.
+    pub(crate) async fn node_runs_snapshot(&self, node: NodeId, snapshot: &SnapshotId) -> bool {
+        self.snapshots_of_node(node).await.contains(snapshot)
+    }
+
+    async fn snapshots_of_node(&self, node: NodeId) -> HashSet<SnapshotId> {
+        let inner = self.inner.lock().await;
+        inner
+            .nodes
+            .get(&node)
+            .map(|live| {
+                live.assignments
+                    .values()
+                    .filter_map(|a| a.instruction.get("snapshot"))
+                    .filter_map(|v| serde_json::from_value::<SnapshotId>(v.clone()).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether a chunk belongs to a snapshot of one of `node`'s assigned attempts.
+    pub(crate) async fn node_may_read_chunk(
+        &self,
+        node: NodeId,
+        hash: &ChunkHash,
+    ) -> Result<bool, ServerError> {
+        let wanted = hash.to_string();
+        for snapshot in self.snapshots_of_node(node).await {
+            if self.chunk_set(&snapshot).await?.contains(&wanted) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    async fn chunk_set(&self, snapshot: &SnapshotId) -> Result<Arc<HashSet<String>>, ServerError> {
+        if let Some(set) = self.chunk_sets.sets.lock().unwrap().get(snapshot) {
+            return Ok(set.clone());
+        }
+        let Some(value) = self.store.get_snapshot(snapshot).await? else {
+            return Ok(Arc::default());
+        };
+        let manifest: Manifest = serde_json::from_value(value).map_err(|e| {
+            ServerError::Internal(format!(
+                "stored manifest of snapshot {snapshot} is unreadable: {e}"
+            ))
+        })?;
+        let set: Arc<HashSet<String>> =
+            Arc::new(manifest.chunk_set().iter().map(|h| h.to_string()).collect());
+        let mut sets = self.chunk_sets.sets.lock().unwrap();
+        if sets.len() >= CHUNK_SETS_KEPT {
+            sets.clear();
+        }
+        sets.insert(snapshot.clone(), set.clone());
+        Ok(set)
+    }
+
+    /// May `caller` register `registration`? `Some(())` when the node must be issued a
+    /// credential (it came with a join token).
+    pub(crate) async fn admit_registration(
+        &self,
+        caller: &Caller,
+        registration: &RegisterAgent,
+    ) -> Result<Option<()>, ServerError> {
+        let existing: Option<NodeRecord> = self
+            .store
+            .list_nodes()
+            .await?
+            .into_iter()
+            .find(|n| n.name == registration.name);
+        match caller {
+            Caller::Node { node, .. } => match existing {
+                Some(record) if record.id == *node => Ok(None),
+                _ => {
+                    self.audit.record(
+                        caller,
+                        "node.register",
+                        format!("node:{}", registration.name),
+                        false,
+                        "a node credential tried to register another node's name".into(),
+                    );
+                    Err(ServerError::Forbidden(format!(
+                        "this credential belongs to node {node}, not to `{}`",
+                        registration.name
+                    )))
+                }
+            },
+            Caller::Joiner { .. } => {
+                if let Some(record) = existing {
+                    let now = crate::now();
+                    let held = self.store.list_tokens(None).await?.into_iter().any(|t| {
+                        t.kind == TokenKind::Node && t.node == Some(record.id) && t.is_valid_at(now)
+                    });
+                    if held {
+                        self.audit.record(
+                            caller,
+                            "node.register",
+                            format!("node:{}", registration.name),
+                            false,
+                            "a join token tried to take over a registered node's name".into(),
+                        );
+                        return Err(ServerError::Conflict(format!(
+                            "node `{}` is already registered with its own credential; a \
+                             restarted agent keeps using that credential (its data \
+                             directory's node.token). To replace the machine, revoke the \
+                             node's credential first (`taccd admin token ls`, then \
+                             `taccd admin token revoke ID`)",
+                            registration.name
+                        )));
+                    }
+                }
+                Ok(Some(()))
+            }
+            _ => Err(ServerError::Forbidden(
+                "registering a node needs a join token (`taccd admin agent-token`)".into(),
+            )),
+        }
+    }
+
+    /// Issue the credential of a node that registered with a join token.
+    pub(crate) async fn issue_node_credential(
+        &self,
+        caller: &Caller,
+        record: &NodeRecord,
+    ) -> Result<String, ServerError> {
+        let issued = crate::accounts::issue_node_token(
+            self.store.as_ref(),
+            record.id,
+            &record.name,
+            crate::now(),
+        )
+        .await?;
+        self.audit.record(
+            caller,
+            "node.register",
+            format!("node:{}", record.name),
+            true,
+            format!("node {} issued credential {}", record.id, issued.record.id),
+        );
+        Ok(issued.secret)
+    }
+
+    /// The per-user gate in front of every submission: the rate limit, then the cap on
+    /// queued tasks.
+    pub(crate) async fn admit_submission(&self, user: &UserCaller) -> Result<(), ServerError> {
+        let limits = &self.config.limits;
+        self.submit_buckets
+            .take(&user.name, limits, Instant::now())?;
+        let queued = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Queued],
+                user: Some(user.name.clone()),
+                limit: Some(limits.max_queued),
+            })
+            .await?
+            .len();
+        if queued >= limits.max_queued as usize {
+            return Err(ServerError::TooManyRequests {
+                message: format!(
+                    "user {} already has {queued} queued tasks, the most this cluster allows; \
+                     wait for some to start or cancel some",
+                    user.name
+                ),
+                retry_after_secs: 30,
+            });
+        }
+        Ok(())
+    }
+
+    /// The values of the secrets a task names, for its assignments. A secret deleted
+    /// since the submission is left out, and the task's log says so.
+    pub(crate) async fn task_secrets(
+        &self,
+        record: &TaskRecord,
+        spec: &TaskSpec,
+    ) -> BTreeMap<String, String> {
+        let mut values = BTreeMap::new();
+        for name in &spec.environment.secrets {
+            let opened = match self.store.get_secret(&record.user, name).await {
+                Ok(Some(sealed)) => self.secret_box.open_value(&sealed),
+                Ok(None) => Err(ServerError::NotFound(format!(
+                    "secret {name} no longer exists (set it again with `tcloud secret set {name}`)"
+                ))),
+                Err(e) => Err(e.into()),
+            };
+            match opened {
+                Ok(value) => {
+                    values.insert(name.clone(), value);
+                }
+                Err(e) => {
+                    let line =
+                        format!("[tacc] secret {name} is not available to this attempt: {e}\n");
+                    if let Err(io) = self.logs.append(record.id, &line) {
+                        tracing::error!("cannot write the log of task {}: {io}", record.id);
+                    }
+                }
+            }
+        }
+        values
+    }
+}

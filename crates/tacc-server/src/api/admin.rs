@@ -1,0 +1,183 @@
+//! Admin routes: users, API tokens, agent join tokens and the audit trail. Every change
+//! is audited with the admin who made it.
+
+use tacc_proto::{
+    AuditView, CreateToken, CreateUser, TokenIssued, TokenView, UserCreated, UserView,
+};
+use tacc_store::{TokenRecord, UserRecord};
+
+use super::prelude::*;
+use crate::accounts;
+
+fn user_view(user: UserRecord) -> UserView {
+    UserView {
+        name: user.name,
+        group: user.group,
+        role: user.role,
+        created_at: user.created_at,
+    }
+}
+
+pub(crate) fn token_view(token: TokenRecord) -> TokenView {
+    TokenView {
+        id: token.id,
+        kind: token.kind.as_str().to_string(),
+        user: token.user,
+        node: token.node,
+        label: token.label,
+        created_at: token.created_at,
+        expires_at: token.expires_at,
+        revoked_at: token.revoked_at,
+    }
+}
+
+pub(super) async fn list_users(State(app): State<AppState>) -> ApiResult<Json<Vec<UserView>>> {
+    let users = app.control.store.list_users().await?;
+    Ok(Json(users.into_iter().map(user_view).collect()))
+}
+
+pub(super) async fn create_user(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<CreateUser>,
+) -> ApiResult<(StatusCode, Json<UserCreated>)> {
+    let (user, token) = accounts::create_user(
+        app.control.store.as_ref(),
+        &body.name,
+        body.group.as_deref(),
+        body.role,
+        body.token_ttl_secs,
+        crate::now(),
+    )
+    .await?;
+    app.control.audit.record(
+        &caller,
+        "user.add",
+        format!("user:{}", user.name),
+        true,
+        format!(
+            "role {}, group {}",
+            user.role,
+            user.group.as_deref().unwrap_or("-")
+        ),
+    );
+    Ok((
+        StatusCode::CREATED,
+        Json(UserCreated {
+            user: user_view(user),
+            token: token.view(),
+        }),
+    ))
+}
+
+pub(super) async fn list_tokens(State(app): State<AppState>) -> ApiResult<Json<Vec<TokenView>>> {
+    let tokens = app.control.store.list_tokens(None).await?;
+    Ok(Json(tokens.into_iter().map(token_view).collect()))
+}
+
+pub(super) async fn create_token(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<CreateToken>,
+) -> ApiResult<(StatusCode, Json<TokenIssued>)> {
+    let issued = accounts::issue_user_token(
+        app.control.store.as_ref(),
+        &body.user,
+        &body.label,
+        body.ttl_secs,
+        crate::now(),
+    )
+    .await?;
+    app.control.audit.record(
+        &caller,
+        "token.create",
+        format!("user:{}", body.user),
+        true,
+        format!("token {}", issued.record.id),
+    );
+    Ok((StatusCode::CREATED, Json(issued.view())))
+}
+
+pub(super) async fn revoke_token(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> ApiResult<StatusCode> {
+    let revoked = app.control.store.revoke_token(id, crate::now()).await?;
+    if !revoked {
+        return Err(ServerError::NotFound(format!(
+            "token {id} does not exist or was already revoked (list them with `tcloud admin token ls`)"
+        )));
+    }
+    app.control.auth.forget();
+    app.control.audit.record(
+        &caller,
+        "token.revoke",
+        format!("token:{id}"),
+        true,
+        String::new(),
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct AgentTokenQuery {
+    ttl_secs: Option<u64>,
+}
+
+pub(super) async fn create_agent_token(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(query): Query<AgentTokenQuery>,
+) -> ApiResult<(StatusCode, Json<TokenIssued>)> {
+    let issuer = user_of(&caller)?.name.clone();
+    let issued = accounts::issue_join_token(
+        app.control.store.as_ref(),
+        &issuer,
+        query.ttl_secs,
+        crate::now(),
+    )
+    .await?;
+    app.control.audit.record(
+        &caller,
+        "agent_token.create",
+        format!("token:{}", issued.record.id),
+        true,
+        String::new(),
+    );
+    Ok((StatusCode::CREATED, Json(issued.view())))
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct AuditQuery {
+    limit: Option<u32>,
+    since: Option<u64>,
+}
+
+pub(super) async fn audit(
+    State(app): State<AppState>,
+    Query(query): Query<AuditQuery>,
+) -> ApiResult<Json<Vec<AuditView>>> {
+    let entries = app
+        .control
+        .store
+        .list_audit(
+            query.since.map(tacc_core::Timestamp),
+            query.limit.unwrap_or(100).clamp(1, 10_000),
+        )
+        .await?;
+    Ok(Json(
+        entries
+            .into_iter()
+            .map(|e| AuditView {
+                id: e.id,
+                at: e.at,
+                actor: e.actor,
+                action: e.action,
+                target: e.target,
+                outcome: e.outcome,
+                detail: e.detail,
+            })
+            .collect(),
+    ))
+}

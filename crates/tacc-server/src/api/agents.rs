@@ -1,0 +1,60 @@
+//! The agent protocol: registration, the work long poll, reports.
+
+use super::prelude::*;
+
+/// Longest a work poll is held open before answering "no change".
+const MAX_POLL_WAIT: Duration = Duration::from_secs(30);
+
+/// Register with a join token (a new node: the answer carries the node's credential) or
+/// with the node's own credential (an agent restart).
+pub(super) async fn register_agent(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<RegisterAgent>,
+) -> ApiResult<Json<AgentRegistered>> {
+    let node_token = app.control.admit_registration(&caller, &body).await?;
+    let record = app.control.register_agent(body).await?;
+    let node_token = match node_token {
+        Some(()) => Some(app.control.issue_node_credential(&caller, &record).await?),
+        None => None,
+    };
+    Ok(Json(AgentRegistered {
+        node_id: record.id,
+        heartbeat_timeout_ms: app.control.config.heartbeat_timeout.as_millis() as u64,
+        node_token,
+    }))
+}
+
+/// Long poll: answers at once when the node's work changed since `after`, otherwise when
+/// it changes or the wait is over.
+pub(super) async fn agent_work(
+    State(app): State<AppState>,
+    Path(node): Path<u64>,
+    Json(poll): Json<WorkPoll>,
+) -> ApiResult<Json<tacc_proto::DesiredWork>> {
+    let node = NodeId(node);
+    let (work, mut changes) = app.control.desired_work(node, &poll.running).await?;
+    if poll.after != Some(work.version) {
+        return Ok(Json(work));
+    }
+    let wait = Duration::from_millis(poll.wait_ms).min(MAX_POLL_WAIT);
+    tokio::select! {
+        _ = changes.changed() => {}
+        _ = tokio::time::sleep(wait) => {}
+        _ = app.shutdown.cancelled() => {}
+    }
+    let (work, _) = app.control.desired_work(node, &poll.running).await?;
+    Ok(Json(work))
+}
+
+pub(super) async fn agent_reports(
+    State(app): State<AppState>,
+    Path(node): Path<u64>,
+    Json(body): Json<AgentReports>,
+) -> ApiResult<Json<tacc_proto::ReportsAck>> {
+    Ok(Json(
+        app.control
+            .agent_reports(NodeId(node), body.reports)
+            .await?,
+    ))
+}

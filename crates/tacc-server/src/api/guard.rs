@@ -1,0 +1,222 @@
+//! The guard every request passes before its handler: authenticate the bearer token,
+//! look up the matched route's [`Access`] rule, and decide — including whether the task,
+//! snapshot or chunk the path names belongs to the caller. A refusal is audited; the
+//! admitted [`Caller`] travels to the handler as a request extension.
+
+use std::collections::HashMap;
+
+use axum::extract::{FromRequestParts, MatchedPath, RawPathParams, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tacc_core::{NodeId, SnapshotId, TaskId};
+
+use super::AppState;
+use crate::ServerError;
+use crate::auth::{Access, Caller, Refusal, decide, may_act_for};
+
+fn refusal_error(refusal: Refusal, what: &str) -> ServerError {
+    match refusal {
+        Refusal::Unauthenticated(why) => ServerError::Unauthenticated(why),
+        Refusal::Forbidden(why) => ServerError::Forbidden(why),
+        Refusal::Hidden => ServerError::NotFound(format!("{what} does not exist")),
+        Refusal::Unavailable => ServerError::Unavailable(
+            "the server cannot check credentials right now (its database is unavailable); \
+             try again shortly"
+                .into(),
+        ),
+    }
+}
+
+pub(super) async fn guard(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let params = RawPathParams::from_request_parts(&mut parts, &())
+        .await
+        .ok();
+    let matched = parts.extensions.get::<MatchedPath>().cloned();
+    let mut request = Request::from_parts(parts, body);
+    let Some(matched) = matched else {
+        return ServerError::NotFound("no such route".into()).into_response();
+    };
+    let path: &str = matched.as_str();
+    let Some(access) = app
+        .rules
+        .get(&(request.method().clone(), path))
+        .copied()
+        .or_else(|| {
+            // HEAD is answered by the GET handler.
+            (request.method() == axum::http::Method::HEAD)
+                .then(|| app.rules.get(&(axum::http::Method::GET, path)).copied())
+                .flatten()
+        })
+    else {
+        // A route without a declared rule is refused to everyone.
+        return ServerError::Forbidden(format!("route {path} has no access rule")).into_response();
+    };
+    if let Some(limit) = super::body_limit(path) {
+        let declared = request
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|length| length > limit as u64) {
+            return (
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                axum::Json(tacc_proto::ApiError {
+                    code: "payload_too_large".into(),
+                    message: format!(
+                        "the request body is larger than this route accepts ({limit} bytes)"
+                    ),
+                }),
+            )
+                .into_response();
+        }
+    }
+    let params: HashMap<String, String> = params
+        .map(|p| {
+            p.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let control = &app.control;
+    let header = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .cloned();
+    let caller = match control
+        .auth
+        .authenticate(header.as_ref(), crate::now())
+        .await
+    {
+        Ok(caller) => caller,
+        Err(refusal) => {
+            control.audit.record_as(
+                "anonymous".into(),
+                "auth.failed",
+                format!("{} {path}", request.method()),
+                false,
+                match &refusal {
+                    Refusal::Unauthenticated(why) => why.clone(),
+                    other => format!("{other:?}"),
+                },
+            );
+            return refusal_error(refusal, "it").into_response();
+        }
+    };
+    let method = request.method().clone();
+    let target = || format!("{method} {path}");
+    if let Err(refusal) = decide(&caller, access) {
+        if !matches!(refusal, Refusal::Unauthenticated(_)) {
+            control.audit.record(
+                &caller,
+                "access.denied",
+                target(),
+                false,
+                format!("{refusal:?}"),
+            );
+        }
+        return refusal_error(refusal, "it").into_response();
+    }
+    if let Err(error) = check_object(&app, &caller, access, &params).await {
+        if !matches!(
+            error,
+            ServerError::NotFound(_) | ServerError::TaskNotFound(_)
+        ) {
+            control
+                .audit
+                .record(&caller, "access.denied", target(), false, error.to_string());
+        }
+        return error.into_response();
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+fn param<'a>(params: &'a HashMap<String, String>, name: &str) -> Result<&'a str, ServerError> {
+    params
+        .get(name)
+        .map(String::as_str)
+        .ok_or_else(|| ServerError::Internal(format!("route has no `{name}` parameter")))
+}
+
+/// The object-level half of the decision: is the named task, snapshot, chunk or node the
+/// caller's? A user is told an object that is not theirs does not exist.
+async fn check_object(
+    app: &AppState,
+    caller: &Caller,
+    access: Access,
+    params: &HashMap<String, String>,
+) -> Result<(), ServerError> {
+    let control = &app.control;
+    match access {
+        Access::Task => {
+            let text = param(params, "id")?;
+            let id: u64 = text
+                .parse()
+                .map_err(|_| ServerError::BadRequest(format!("`{text}` is not a task id")))?;
+            let hidden = || ServerError::TaskNotFound(TaskId(id));
+            let Caller::User(user) = caller else {
+                return Err(hidden());
+            };
+            let record = control
+                .store
+                .get_task(TaskId(id))
+                .await?
+                .ok_or_else(hidden)?;
+            let group = control.auth.group_of(&record.user).await?;
+            if may_act_for(user, &record.user, group.as_deref()) {
+                Ok(())
+            } else {
+                Err(hidden())
+            }
+        }
+        Access::Snapshot => {
+            let text = param(params, "id")?;
+            let id: SnapshotId = text
+                .parse()
+                .map_err(|e: tacc_core::CoreError| ServerError::BadRequest(e.to_string()))?;
+            let hidden = || ServerError::NotFound(format!("snapshot {id} does not exist"));
+            let allowed = match caller {
+                Caller::User(user) if user.role == tacc_core::Role::Admin => true,
+                Caller::User(user) => control.store.is_snapshot_owner(&id, &user.name).await?,
+                Caller::Node { node, .. } => control.node_runs_snapshot(*node, &id).await,
+                _ => false,
+            };
+            if allowed { Ok(()) } else { Err(hidden()) }
+        }
+        Access::Chunk => {
+            let text = param(params, "hash")?;
+            let hash: tacc_compiler::ChunkHash = text
+                .parse()
+                .map_err(|e| ServerError::BadRequest(format!("{e}")))?;
+            let allowed = match caller {
+                Caller::User(_) => true, // admins only, by the route rule
+                Caller::Node { node, .. } => control.node_may_read_chunk(*node, &hash).await?,
+                _ => false,
+            };
+            if allowed {
+                Ok(())
+            } else {
+                Err(ServerError::NotFound(format!(
+                    "chunk {hash} does not exist"
+                )))
+            }
+        }
+        Access::OwnNode => {
+            let text = param(params, "node")?;
+            let Caller::Node { node, .. } = caller else {
+                return Err(ServerError::Forbidden(
+                    "agent routes need a node credential".into(),
+                ));
+            };
+            if text.parse::<u64>().ok().map(NodeId) == Some(*node) {
+                Ok(())
+            } else {
+                Err(ServerError::Forbidden(format!(
+                    "this credential belongs to node {node}, not to node {text}"
+                )))
+            }
+        }
+        Access::Public | Access::User | Access::Admin | Access::Register => Ok(()),
+    }
+}

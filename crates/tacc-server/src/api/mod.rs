@@ -1,0 +1,339 @@
+//! HTTP routes of API v1, one file per resource. Every route is declared once, in
+//! [`declare`], with the [`Access`] rule it requires; the [`guard`] enforces that rule
+//! before any handler runs, so a route cannot exist without a check. Handlers translate
+//! between wire types (`tacc-proto`) and the control plane and hold no state of their own.
+
+mod admin;
+mod agents;
+mod cluster;
+mod guard;
+mod logs;
+mod outputs;
+mod secrets;
+mod snapshots;
+mod tasks;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, delete, get, post, put};
+use tacc_proto::ApiError;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::Access;
+use crate::{Control, ServerError};
+
+/// What handler modules share.
+mod prelude {
+    pub(super) use std::path::{Component, Path as FsPath, PathBuf};
+    pub(super) use std::time::Duration;
+
+    pub(super) use axum::Extension;
+    pub(super) use axum::Json;
+    pub(super) use axum::body::{Body, Bytes};
+    pub(super) use axum::extract::{Path, Query, State};
+    pub(super) use axum::http::{HeaderMap, HeaderValue, StatusCode};
+    pub(super) use axum::response::{IntoResponse, Response};
+    pub(super) use serde::Deserialize;
+    pub(super) use tacc_compiler::{ChunkHash, Manifest};
+    pub(super) use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState};
+    pub(super) use tacc_proto::{
+        AgentRegistered, AgentReports, CancelReply, Health, OutputFile, RegisterAgent,
+        SnapshotCommitted, SnapshotOffer, SnapshotOfferReply, SubmitReply, SubmitTask,
+        TaskEventView, TaskView, WorkPoll,
+    };
+    pub(super) use tacc_schema::TaskSpec;
+    pub(super) use tacc_store::{OutputRecord, TaskFilter, TaskRecord};
+
+    pub(super) use super::{ApiResult, AppState};
+    pub(super) use crate::auth::{Caller, UserCaller};
+    pub(super) use crate::{Control, ServerError};
+
+    /// The authenticated user of a route the guard admitted only for users.
+    pub(super) fn user_of(caller: &Caller) -> ApiResult<&UserCaller> {
+        caller.user().ok_or_else(|| {
+            ServerError::Forbidden("this route is for users, not for node credentials".into())
+        })
+    }
+}
+
+/// Longest a body of a JSON request may be (task specs, manifests of large projects).
+pub(crate) const MAX_JSON_BYTES: usize = 32 << 20;
+/// Largest chunk upload accepted (the chunker's maximum is 256 KiB; zstd can only shrink
+/// it, and a compressed chunk that grows past this is refused before decompression).
+pub(crate) const MAX_CHUNK_BYTES: usize = 1 << 20;
+/// Largest secret value body.
+pub(crate) const MAX_SECRET_BODY: usize = crate::secrets::MAX_SECRET_BYTES;
+
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub(crate) control: Arc<Control>,
+    pub(crate) shutdown: CancellationToken,
+    rules: Arc<HashMap<(Method, &'static str), Access>>,
+}
+
+/// One route as declared: method, path pattern and the access rule the guard enforces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRule {
+    pub method: Method,
+    pub path: &'static str,
+    pub access: Access,
+}
+
+type Declared = (RouteRule, MethodRouter<AppState>);
+
+fn rule(
+    method: Method,
+    path: &'static str,
+    access: Access,
+    handler: MethodRouter<AppState>,
+) -> Declared {
+    (
+        RouteRule {
+            method,
+            path,
+            access,
+        },
+        handler,
+    )
+}
+
+/// Every route of the API with its access rule: the single list the router is built from.
+fn declare() -> Vec<Declared> {
+    use Access::*;
+    use Method as M;
+    vec![
+        rule(M::GET, "/v1/health", Public, get(cluster::health)),
+        rule(M::GET, "/v1/whoami", User, get(cluster::whoami)),
+        rule(M::POST, "/v1/tasks", User, post(tasks::submit)),
+        rule(M::GET, "/v1/tasks", User, get(tasks::list_tasks)),
+        rule(M::GET, "/v1/tasks/{id}", Task, get(tasks::get_task)),
+        rule(
+            M::GET,
+            "/v1/tasks/{id}/events",
+            Task,
+            get(tasks::task_events),
+        ),
+        rule(
+            M::POST,
+            "/v1/tasks/{id}/cancel",
+            Task,
+            post(tasks::cancel_task),
+        ),
+        rule(M::GET, "/v1/tasks/{id}/logs", Task, get(logs::task_logs)),
+        rule(
+            M::GET,
+            "/v1/tasks/{id}/instruction",
+            Task,
+            get(tasks::task_instruction),
+        ),
+        rule(M::GET, "/v1/tasks/{id}/why", Task, get(tasks::explain_task)),
+        rule(
+            M::POST,
+            "/v1/tasks/{id}/rerun",
+            Task,
+            post(tasks::rerun_task),
+        ),
+        rule(
+            M::GET,
+            "/v1/tasks/{id}/outputs",
+            Task,
+            get(outputs::list_outputs),
+        ),
+        rule(
+            M::GET,
+            "/v1/tasks/{id}/outputs/{attempt}/{*path}",
+            Task,
+            get(outputs::get_output),
+        ),
+        rule(
+            M::POST,
+            "/v1/snapshots/offer",
+            User,
+            post(snapshots::offer_snapshot),
+        ),
+        rule(
+            M::POST,
+            "/v1/snapshots/commit",
+            User,
+            post(snapshots::commit_snapshot),
+        ),
+        rule(
+            M::GET,
+            "/v1/snapshots/{id}",
+            Snapshot,
+            get(snapshots::get_snapshot),
+        ),
+        rule(M::PUT, "/v1/chunks/{hash}", User, put(snapshots::put_chunk)),
+        rule(
+            M::GET,
+            "/v1/chunks/{hash}",
+            Chunk,
+            get(snapshots::get_chunk),
+        ),
+        rule(M::GET, "/v1/datasets", User, get(cluster::list_datasets)),
+        rule(M::GET, "/v1/nodes", User, get(cluster::list_nodes)),
+        rule(M::GET, "/v1/secrets", User, get(secrets::list_secrets)),
+        rule(M::PUT, "/v1/secrets/{name}", User, put(secrets::put_secret)),
+        rule(
+            M::DELETE,
+            "/v1/secrets/{name}",
+            User,
+            delete(secrets::delete_secret),
+        ),
+        rule(
+            M::POST,
+            "/v1/admin/gc",
+            Admin,
+            post(cluster::collect_garbage),
+        ),
+        rule(M::GET, "/v1/admin/users", Admin, get(admin::list_users)),
+        rule(M::POST, "/v1/admin/users", Admin, post(admin::create_user)),
+        rule(M::GET, "/v1/admin/tokens", Admin, get(admin::list_tokens)),
+        rule(
+            M::POST,
+            "/v1/admin/tokens",
+            Admin,
+            post(admin::create_token),
+        ),
+        rule(
+            M::POST,
+            "/v1/admin/tokens/{id}/revoke",
+            Admin,
+            post(admin::revoke_token),
+        ),
+        rule(
+            M::POST,
+            "/v1/admin/agent-tokens",
+            Admin,
+            post(admin::create_agent_token),
+        ),
+        rule(M::GET, "/v1/admin/audit", Admin, get(admin::audit)),
+        rule(
+            M::POST,
+            "/v1/agents/register",
+            Register,
+            post(agents::register_agent),
+        ),
+        rule(
+            M::POST,
+            "/v1/agents/{node}/work",
+            OwnNode,
+            post(agents::agent_work),
+        ),
+        rule(
+            M::POST,
+            "/v1/agents/{node}/reports",
+            OwnNode,
+            post(agents::agent_reports),
+        ),
+        rule(
+            M::PUT,
+            "/v1/agents/{node}/outputs/{task}/{attempt}/{*path}",
+            OwnNode,
+            put(outputs::put_output),
+        ),
+    ]
+}
+
+/// The declared routes and their rules (what the authorisation tests enumerate).
+pub fn route_rules() -> Vec<RouteRule> {
+    declare().into_iter().map(|(rule, _)| rule).collect()
+}
+
+/// Request bodies past these sizes are refused with 413 before they are read: from the
+/// `Content-Length` header at once, or as soon as a streamed body passes the limit.
+pub(crate) fn body_limit(path: &str) -> Option<usize> {
+    match path {
+        "/v1/chunks/{hash}" => Some(MAX_CHUNK_BYTES),
+        "/v1/secrets/{name}" => Some(MAX_SECRET_BODY),
+        // Outputs stream to disk: bounded by the node's own disk, not by memory.
+        "/v1/agents/{node}/outputs/{task}/{attempt}/{*path}" => None,
+        _ => Some(MAX_JSON_BYTES),
+    }
+}
+
+pub fn router(control: Arc<Control>, shutdown: CancellationToken) -> Router {
+    let declared = declare();
+    let rules = declared
+        .iter()
+        .map(|(rule, _)| ((rule.method.clone(), rule.path), rule.access))
+        .collect();
+    let state = AppState {
+        control,
+        shutdown,
+        rules: Arc::new(rules),
+    };
+    let mut router = Router::new();
+    for (rule, handler) in declared {
+        // The guard refuses a declared length past the limit before reading anything;
+        // this bounds bodies sent without a length while they are read.
+        let handler = match body_limit(rule.path) {
+            Some(limit) => handler.layer(axum::extract::DefaultBodyLimit::max(limit)),
+            None => handler.layer(axum::extract::DefaultBodyLimit::disable()),
+        };
+        router = router.route(rule.path, handler);
+    }
+    router
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::guard,
+        ))
+        .with_state(state)
+}
+
+impl IntoResponse for ServerError {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            ServerError::TaskNotFound(_)
+            | ServerError::NodeNotFound(_)
+            | ServerError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ServerError::NodeNotRegistered(_) => (StatusCode::CONFLICT, "node_not_registered"),
+            ServerError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ServerError::InvalidTask(_) => (StatusCode::UNPROCESSABLE_ENTITY, "invalid_task"),
+            ServerError::Unsupported(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unsupported"),
+            ServerError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            ServerError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated"),
+            ServerError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ServerError::TooManyRequests { .. } => {
+                (StatusCode::TOO_MANY_REQUESTS, "too_many_requests")
+            }
+            ServerError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ServerError::Store(_) | ServerError::Internal(_) | ServerError::Config(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+            }
+        };
+        if status.is_server_error() {
+            tracing::error!("{self}");
+        }
+        let retry_after = match &self {
+            ServerError::TooManyRequests {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
+            _ => None,
+        };
+        let body = ApiError {
+            code: code.into(),
+            message: self.to_string(),
+        };
+        let mut response = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tacc\""),
+            );
+        }
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+pub(crate) type ApiResult<T> = Result<T, ServerError>;

@@ -1,0 +1,248 @@
+//! Task routes: submit, list, show, events, cancel, explain, instruction, rerun.
+
+use super::prelude::*;
+
+pub(super) async fn task_view(control: &Control, record: TaskRecord) -> TaskView {
+    let names = control.node_names().await;
+    let spec: Option<TaskSpec> = serde_json::from_value(record.spec.clone()).ok();
+    TaskView {
+        id: record.id,
+        name: record.name,
+        user: record.user,
+        state: record.state,
+        reason: record.reason,
+        exit_code: record.exit_code,
+        attempt: record.attempt,
+        max_attempts: spec.as_ref().map_or(1, |s| s.retry.max_attempts),
+        nodes: record
+            .placements
+            .iter()
+            .map(|p| {
+                names
+                    .get(&p.node)
+                    .cloned()
+                    .unwrap_or_else(|| format!("node-{}", p.node))
+            })
+            .collect(),
+        gpus: record
+            .placements
+            .iter()
+            .map(|p| p.gpu_indices.clone())
+            .collect(),
+        snapshot: record.snapshot,
+        per_node: spec
+            .as_ref()
+            .map(|s| s.resources.per_node())
+            .unwrap_or_default(),
+        num_nodes: spec.as_ref().map_or(1, |s| s.resources.nodes),
+        time_limit_secs: spec
+            .as_ref()
+            .and_then(|s| s.resources.time_limit.map(|t| t.as_secs())),
+        submitted_at: record.submitted_at,
+        started_at: record.started_at,
+        finished_at: record.finished_at,
+        cancel_requested: record.cancel_requested,
+        source: record.source,
+        estimated_start: if record.state == TaskState::Queued {
+            control.estimated_start(record.id).await
+        } else {
+            None
+        },
+        spec: record.spec,
+    }
+}
+
+pub(super) async fn load(control: &Control, id: TaskId) -> ApiResult<TaskRecord> {
+    control
+        .store
+        .get_task(id)
+        .await?
+        .ok_or(ServerError::TaskNotFound(id))
+}
+
+pub(super) async fn submit(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<SubmitTask>,
+) -> ApiResult<(StatusCode, Json<SubmitReply>)> {
+    let user = user_of(&caller)?;
+    let spec: TaskSpec = serde_json::from_value(body.spec)
+        .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;
+    app.control.admit_submission(user).await?;
+    // Knowing a snapshot's id is not a capability: only who uploaded it may run it.
+    if user.role != tacc_core::Role::Admin
+        && !app
+            .control
+            .store
+            .is_snapshot_owner(&body.snapshot, &user.name)
+            .await?
+    {
+        return Err(ServerError::InvalidTask(format!(
+            "snapshot {} is unknown to this server: upload the code first (tcloud submit does this)",
+            body.snapshot
+        )));
+    }
+    let record = app
+        .control
+        .submit(&user.name, spec, body.snapshot, body.source)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SubmitReply {
+            task_id: record.id,
+            state: record.state,
+        }),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct ListQuery {
+    /// Comma-separated states.
+    state: Option<String>,
+    user: Option<String>,
+    limit: Option<u32>,
+}
+
+pub(super) async fn list_tasks(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Query(query): Query<ListQuery>,
+) -> ApiResult<Json<Vec<TaskView>>> {
+    let user = user_of(&caller)?;
+    let states = match &query.state {
+        None => Vec::new(),
+        Some(text) => text
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<TaskState>()
+                    .map_err(|e| ServerError::BadRequest(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    // A plain user lists only their own tasks; a group admin their group's; an admin all.
+    let only_own = user.role == tacc_core::Role::User;
+    let filter = TaskFilter {
+        states,
+        user: if only_own {
+            Some(user.name.clone())
+        } else {
+            query.user
+        },
+        limit: if user.role == tacc_core::Role::GroupAdmin {
+            None
+        } else {
+            query.limit
+        },
+    };
+    let records = app.control.store.list_tasks(&filter).await?;
+    let mut views = Vec::with_capacity(records.len());
+    for record in records {
+        if user.role == tacc_core::Role::GroupAdmin {
+            let group = app.control.auth.group_of(&record.user).await?;
+            if !crate::auth::may_act_for(user, &record.user, group.as_deref()) {
+                continue;
+            }
+            if query
+                .limit
+                .is_some_and(|limit| views.len() >= limit as usize)
+            {
+                break;
+            }
+        }
+        views.push(task_view(&app.control, record).await);
+    }
+    Ok(Json(views))
+}
+
+pub(super) async fn get_task(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<TaskView>> {
+    let record = load(&app.control, TaskId(id)).await?;
+    Ok(Json(task_view(&app.control, record).await))
+}
+
+pub(super) async fn task_events(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<Vec<TaskEventView>>> {
+    load(&app.control, TaskId(id)).await?;
+    let events = app.control.store.task_events(TaskId(id)).await?;
+    Ok(Json(
+        events
+            .into_iter()
+            .map(|e| TaskEventView {
+                at: e.at,
+                attempt: e.attempt,
+                state: e.state,
+                reason: e.reason,
+            })
+            .collect(),
+    ))
+}
+
+pub(super) async fn cancel_task(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<CancelReply>> {
+    let before = load(&app.control, TaskId(id)).await?;
+    let after = app.control.cancel(TaskId(id)).await?;
+    Ok(Json(CancelReply {
+        task_id: after.id,
+        state: after.state,
+        changed: !before.state.is_terminal(),
+    }))
+}
+
+pub(super) async fn explain_task(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<tacc_proto::TaskExplanation>> {
+    Ok(Json(app.control.explain(TaskId(id)).await?))
+}
+
+pub(super) async fn task_instruction(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let record = load(&app.control, TaskId(id)).await?;
+    let spec: TaskSpec = serde_json::from_value(record.spec.clone())
+        .map_err(|e| ServerError::Internal(e.to_string()))?;
+    let instruction = tacc_compiler::compile(
+        record.id,
+        record.attempt,
+        &record.user,
+        &spec,
+        record.snapshot,
+    );
+    Ok(Json(
+        serde_json::to_value(instruction).map_err(|e| ServerError::Internal(e.to_string()))?,
+    ))
+}
+
+/// Submit a task again: same snapshot, spec, environment and datasets; a new task id.
+pub(super) async fn rerun_task(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<u64>,
+) -> ApiResult<(StatusCode, Json<SubmitReply>)> {
+    let user = user_of(&caller)?;
+    app.control.admit_submission(user).await?;
+    let record = app.control.rerun(TaskId(id), &user.name).await?;
+    // The rerun's owner may read the code it runs.
+    app.control
+        .store
+        .add_snapshot_owner(tacc_store::SnapshotOwner {
+            snapshot: record.snapshot.clone(),
+            user: user.name.clone(),
+        })
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SubmitReply {
+            task_id: record.id,
+            state: record.state,
+        }),
+    ))
+}
