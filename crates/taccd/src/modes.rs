@@ -22,6 +22,9 @@ const SERVER_PRIVATE: &[&str] = &[
     "logs",
     "chunks",
     "outputs",
+    "secret.key",
+    "admin.token",
+    "tls",
 ];
 
 /// Creates the server's data directory, and makes it and what an earlier version left
