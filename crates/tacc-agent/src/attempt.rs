@@ -438,7 +438,10 @@ fn user_dir_name(user: &str) -> String {
         return clean;
     }
     let hash = blake3::hash(user.as_bytes()).to_hex();
-    format!("{clean}-{}", &hash[..12])
+    let visible = clean
+        .strip_prefix('.')
+        .map_or(clean.clone(), |rest| format!("_{rest}"));
+    format!("{visible}-{}", &hash[..12])
 }
 
 /// Build the working directory from the snapshot, fetching only chunks this node lacks.
@@ -601,5 +604,39 @@ fn collect_files(root: &Path, path: &Path, out: &mut Vec<(String, PathBuf)>) {
         for entry in entries {
             collect_files(root, &entry, out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_directories_never_collide_or_escape() {
+        assert_eq!(user_dir_name("alice"), "alice");
+        assert_eq!(user_dir_name("a.b-c_d"), "a.b-c_d");
+        let slashed = user_dir_name("a/b");
+        let underscored = user_dir_name("a_b");
+        assert_ne!(slashed, underscored);
+        assert!(slashed.starts_with("a_b-"), "{slashed}");
+        for odd in ["..", ".", "", "../etc"] {
+            let name = user_dir_name(odd);
+            assert!(
+                !name.starts_with('.') && !name.contains('/'),
+                "{odd}: {name}"
+            );
+            assert!(name.len() > 12, "{odd}: {name}");
+        }
+    }
+
+    #[test]
+    fn log_lines_are_masked_then_prefixed() {
+        let secrets = ["s3cr3t-value".to_string()];
+        let lines = LogLines {
+            prefix: Some("[1] ".into()),
+            mask: Arc::new(SecretMask::new(&secrets)),
+        };
+        assert_eq!(lines.format("key=s3cr3t-value"), "[1] key=***\n");
+        assert_eq!(LogLines::default().format("plain"), "plain\n");
     }
 }
