@@ -1,8 +1,11 @@
-//! One node's share of one attempt: prepare the working directory from the pinned
-//! snapshot, run `setup` then `run` through the executor, stream output, upload outputs,
-//! and report how it ended.
+//! One node's share of one attempt: decide who it runs as, prepare the working directory
+//! from the pinned snapshot (private to that identity), run `setup` then `run` through the
+//! executor, stream output (with the task's secrets masked), upload outputs, and report
+//! how it ended.
 
 use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -19,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Shared;
 use crate::now;
 use crate::orphans::GroupRecord;
+use crate::secrets::SecretMask;
 
 /// Variables of the agent's own environment that tasks inherit.
 const INHERITED_VARS: &[&str] = &[
@@ -117,6 +121,19 @@ async fn execute(
             ),
         );
     }
+    if let Err(message) = crate::secrets::check_names(&assignment.secrets) {
+        return launch_failed("launch_failed", message);
+    }
+    // Never root: the mapped account, the user's own task uid, or (an agent that is not
+    // root) the agent itself.
+    let identity = match shared
+        .identities
+        .for_task(&instruction.user, instruction.unix_user.as_deref())
+    {
+        Ok(identity) => identity,
+        Err(message) => return launch_failed("launch_failed", message),
+    };
+    let mask = Arc::new(SecretMask::new(assignment.secrets.values()));
     let started = Instant::now();
     let prepared = tokio::select! {
         prepared = prepare_workdir(shared, &instruction.snapshot, workdir) => prepared,
@@ -133,17 +150,49 @@ async fn execute(
             shared,
             AgentReport::Log {
                 attempt,
-                text: format!("{line}\n"),
+                text: format!("{}\n", mask.apply(&line)),
             },
         )
     };
+    // The user's directory on this node (their HOME when the account has none): private
+    // to their identity, like the working directory.
+    let userdir = shared
+        .config
+        .data_dir
+        .join("users")
+        .join(user_dir_name(&instruction.user));
+    if let Err(e) = crate::layout::private_dir(&userdir, identity.run_as) {
+        return launch_failed(
+            "launch_failed",
+            format!("cannot create {}: {e}", userdir.display()),
+        );
+    }
+    let step = identity.step(&userdir);
     if !instruction.datasets.is_empty() {
         let mounted = tokio::select! {
-            mounted = shared.datasets.mount_all(&instruction.datasets, workdir, &log_line) => mounted,
+            mounted = shared.datasets.mount_all(&instruction.datasets, workdir, &step, &log_line) => mounted,
             _ = cancel.cancelled() => return AttemptOutcome::Cancelled,
         };
         if let Err(message) = mounted {
             return launch_failed("dataset_fetch_failed", message);
+        }
+    }
+    // Built by the agent so far, and unreachable by any task; now the task's own.
+    if let Some(run_as) = identity.run_as {
+        let dir = workdir.to_path_buf();
+        let given = tokio::task::spawn_blocking(move || crate::layout::give_tree(&dir, run_as))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
+        if let Err(e) = given {
+            return launch_failed(
+                "launch_failed",
+                format!(
+                    "cannot hand the working directory {} to uid {}: {e}",
+                    workdir.display(),
+                    run_as.uid
+                ),
+            );
         }
     }
     // Held until the attempt ends: an environment in use is never evicted.
@@ -151,7 +200,7 @@ async fn execute(
         None => None,
         Some(wanted) => {
             let acquired = tokio::select! {
-                acquired = shared.envs.acquire(wanted, workdir, &log_line) => acquired,
+                acquired = shared.envs.acquire(wanted, workdir, &step, &log_line) => acquired,
                 _ = cancel.cancelled() => return AttemptOutcome::Cancelled,
             };
             match acquired {
@@ -160,17 +209,6 @@ async fn execute(
             }
         }
     };
-    let userdir = shared
-        .config
-        .data_dir
-        .join("users")
-        .join(sanitize(&instruction.user));
-    if let Err(e) = std::fs::create_dir_all(&userdir) {
-        return launch_failed(
-            "launch_failed",
-            format!("cannot create {}: {e}", userdir.display()),
-        );
-    }
     // Runtimes that failed to launch this attempt for an infrastructure reason.
     let mut failed_runtimes = BTreeMap::new();
     let mut runtime = match crate::runtimes::choose(shared, &instruction, &failed_runtimes).await {
@@ -188,15 +226,20 @@ async fn execute(
         workdir: workdir.to_path_buf(),
         userdir,
     };
-    let base: BTreeMap<String, String> = INHERITED_VARS
+    let mut base: BTreeMap<String, String> = INHERITED_VARS
         .iter()
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .collect();
+    base.extend(identity.vars(&node.userdir));
     let mut env = instruction.environment(&node, &base);
     if let Some(lease) = &environment {
         activate(&mut env, lease);
     }
-    let prefix = (instruction.num_nodes > 1).then(|| format!("[{}] ", assignment.node_rank));
+    crate::secrets::inject(&mut env, &assignment.secrets);
+    let lines = LogLines {
+        prefix: (instruction.num_nodes > 1).then(|| format!("[{}] ", assignment.node_rank)),
+        mask,
+    };
     let limit = instruction.time_limit_secs.map(Duration::from_secs);
     let remaining = |limit: Option<Duration>| limit.map(|l| l.saturating_sub(started.elapsed()));
     let grace = Duration::from_secs(instruction.kill_grace_secs);
@@ -213,6 +256,7 @@ async fn execute(
             (data_dir.join("envs"), false),
         ],
         owner: Some((attempt.task, attempt.attempt, assignment.node_rank)),
+        run_as: identity.run_as,
     };
 
     if let Some(setup) = &instruction.setup {
@@ -232,7 +276,7 @@ async fn execute(
             &mut failed_runtimes,
             spec,
             attempt,
-            prefix.clone(),
+            lines.clone(),
             cancel,
             &format!("{name}-setup"),
         )
@@ -271,7 +315,7 @@ async fn execute(
         &mut failed_runtimes,
         spec,
         attempt,
-        prefix,
+        lines,
         cancel,
         name,
     )
@@ -317,13 +361,34 @@ pub(crate) fn outcome_of(outcome: ExitOutcome) -> AttemptOutcome {
     }
 }
 
+/// How a task's output lines are written into its log: the node's prefix in a
+/// multi-node attempt, and the task's secret values masked.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LogLines {
+    pub prefix: Option<String>,
+    pub mask: Arc<SecretMask>,
+}
+
+impl LogLines {
+    fn format(&self, line: &str) -> String {
+        let line = self.mask.apply(line);
+        let mut text = String::with_capacity(line.len() + 8);
+        if let Some(prefix) = &self.prefix {
+            text.push_str(prefix);
+        }
+        text.push_str(&line);
+        text.push('\n');
+        text
+    }
+}
+
 /// Run one script to its end, forwarding its output; `Err` when it could not start.
 pub(crate) async fn launch(
     shared: &Arc<Shared>,
     executor: &dyn Executor,
     spec: LaunchSpec,
     attempt: AttemptRef,
-    prefix: Option<String>,
+    lines: LogLines,
     cancel: &CancellationToken,
     record_name: &str,
 ) -> Result<ExitOutcome, ExecError> {
@@ -336,12 +401,7 @@ pub(crate) async fn launch(
         let shared = shared.clone();
         tokio::spawn(async move {
             while let Some(line) = rx.recv().await {
-                let mut text = String::with_capacity(line.text.len() + 8);
-                if let Some(prefix) = &prefix {
-                    text.push_str(prefix);
-                }
-                text.push_str(&line.text);
-                text.push('\n');
+                let text = lines.format(&line.text);
                 report(&shared, AgentReport::Log { attempt, text });
             }
         })
@@ -361,8 +421,11 @@ pub(crate) async fn launch(
     Ok(outcome)
 }
 
-fn sanitize(user: &str) -> String {
-    user.chars()
+/// The name of a user's directory under `users/`: the user name where it is a plain file
+/// name, else a cleaned form with a hash of the real name (two users never share one).
+fn user_dir_name(user: &str) -> String {
+    let clean: String = user
+        .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
                 c
@@ -370,7 +433,15 @@ fn sanitize(user: &str) -> String {
                 '_'
             }
         })
-        .collect()
+        .collect();
+    if clean == user && !clean.is_empty() && !clean.starts_with('.') {
+        return clean;
+    }
+    let hash = blake3::hash(user.as_bytes()).to_hex();
+    let visible = clean
+        .strip_prefix('.')
+        .map_or(clean.clone(), |rest| format!("_{rest}"));
+    format!("{visible}-{}", &hash[..12])
 }
 
 /// Build the working directory from the snapshot, fetching only chunks this node lacks.
@@ -426,16 +497,23 @@ async fn prepare_workdir(
             .put(&hash, &bytes)
             .map_err(|e| format!("chunk {hash}: {e}"))?;
     }
-    if workdir.exists() {
+    if workdir.symlink_metadata().is_ok() {
         let dir = workdir.to_path_buf();
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
     }
+    // Private from the start: nobody but the agent may enter it until it is handed over.
+    std::fs::DirBuilder::new()
+        .mode(crate::layout::PRIVATE_DIR_MODE)
+        .create(workdir)
+        .map_err(|e| format!("cannot create {}: {e}", workdir.display()))?;
     let shared = shared.clone();
     let workdir = workdir.to_path_buf();
     tokio::task::spawn_blocking(move || {
         let source: &dyn ChunkSource = &shared.snapshots.chunks;
-        // Hard links share one inode between working directories; only a non-root task
-        // is stopped by the read-only mode from writing through them, so root gets copies.
+        // Hard links share one inode between working directories; only a task that is
+        // not the cache's owner is stopped by the read-only mode from writing through
+        // them, so an agent running as root (whose tasks get the tree as their own, to
+        // write in) makes copies.
         let result = if nix::unistd::geteuid().is_root() {
             tacc_compiler::materialize(&manifest, source, &workdir)
         } else {
@@ -463,10 +541,11 @@ async fn upload_outputs(
         let root = workdir.join(output);
         collect_files(workdir, &root, &mut files);
     }
+    let real_workdir = std::fs::canonicalize(workdir).map_err(|e| e.to_string())?;
     let mut problems = Vec::new();
     for (relative, path) in files {
-        let file = match tokio::fs::File::open(&path).await {
-            Ok(file) => file,
+        let file = match open_output(&path, &real_workdir) {
+            Ok(file) => tokio::fs::File::from_std(file),
             Err(e) => {
                 problems.push(format!("{relative}: {e}"));
                 continue;
@@ -485,6 +564,25 @@ async fn upload_outputs(
     } else {
         Err(problems.join("; "))
     }
+}
+
+/// Opens an output file for upload. The working directory belongs to the task, and a
+/// process it left behind could swap a listed file for a link to something only the
+/// agent may read: the file is opened without following a final link, must be a regular
+/// file, and must really lie inside the working directory (which also catches a
+/// directory on the way swapped for a link).
+fn open_output(path: &Path, real_workdir: &Path) -> std::io::Result<std::fs::File> {
+    let file = crate::layout::open_no_follow(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+    if !real.starts_with(real_workdir) {
+        return Err(std::io::Error::other(
+            "it does not lie inside the working directory",
+        ));
+    }
+    Ok(file)
 }
 
 /// Regular files under `path` (a file or a directory), as paths relative to `root`.
@@ -506,5 +604,39 @@ fn collect_files(root: &Path, path: &Path, out: &mut Vec<(String, PathBuf)>) {
         for entry in entries {
             collect_files(root, &entry, out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_directories_never_collide_or_escape() {
+        assert_eq!(user_dir_name("alice"), "alice");
+        assert_eq!(user_dir_name("a.b-c_d"), "a.b-c_d");
+        let slashed = user_dir_name("a/b");
+        let underscored = user_dir_name("a_b");
+        assert_ne!(slashed, underscored);
+        assert!(slashed.starts_with("a_b-"), "{slashed}");
+        for odd in ["..", ".", "", "../etc"] {
+            let name = user_dir_name(odd);
+            assert!(
+                !name.starts_with('.') && !name.contains('/'),
+                "{odd}: {name}"
+            );
+            assert!(name.len() > 12, "{odd}: {name}");
+        }
+    }
+
+    #[test]
+    fn log_lines_are_masked_then_prefixed() {
+        let secrets = ["s3cr3t-value".to_string()];
+        let lines = LogLines {
+            prefix: Some("[1] ".into()),
+            mask: Arc::new(SecretMask::new(&secrets)),
+        };
+        assert_eq!(lines.format("key=s3cr3t-value"), "[1] key=***\n");
+        assert_eq!(LogLines::default().format("plain"), "plain\n");
     }
 }

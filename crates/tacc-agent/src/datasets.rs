@@ -2,19 +2,36 @@
 //! of a directory or file on shared storage, or the body of an http(s) URL), then exposed
 //! to every task that names it as a symbolic link at its `mount` in the working directory.
 //!
-//! The copy is made read-only (mode 0444/0555) and is keyed by the source text alone: a
-//! source that changes later is not fetched again (register a new name, or a new path).
-//! Linking rather than copying into each working directory keeps task start fast; an
-//! agent running as root is not stopped by the modes, so tasks must treat data as
-//! read-only by convention there.
+//! The copy is made read-only (mode 0444/0555, owned by the agent) and is keyed by the
+//! source text: a source that changes later is not fetched again (register a new name,
+//! or a new path). Linking rather than copying into each working directory keeps task
+//! start fast; tasks, which never run as the agent, cannot write through the link.
+//!
+//! A path is read with the task's own rights: the copy runs as the task's identity (a
+//! user cannot name a file only root may read, like the server's database, and get it
+//! copied), and, since anything running as that identity could change the copy while
+//! it is made, a copy of a path is shared only by tasks of that identity (the uid is
+//! part of its key). A URL is downloaded by the agent and shared by everyone.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use tacc_compiler::{DatasetMount, DatasetSource, dataset_cache_key};
 use tokio::io::AsyncWriteExt;
+
+use crate::identity::StepIdentity;
+use crate::layout::{SealError, SealModes};
+
+/// A fetched dataset: the agent's, read-only to everyone.
+const READ_ONLY: SealModes = SealModes {
+    top: 0o755,
+    dir: 0o555,
+    file: 0o444,
+    executable: 0o555,
+};
 
 /// The node's dataset copies.
 #[derive(Debug)]
@@ -46,10 +63,11 @@ impl DatasetCache {
         &self,
         datasets: &[DatasetMount],
         workdir: &Path,
+        who: &StepIdentity,
         log: &(dyn Fn(String) + Sync),
     ) -> Result<(), String> {
         for dataset in datasets {
-            let cached = self.fetch(dataset, log).await?;
+            let cached = self.fetch(dataset, who, log).await?;
             let link = workdir.join(&dataset.mount);
             if link.symlink_metadata().is_ok() {
                 return Err(format!(
@@ -81,9 +99,14 @@ impl DatasetCache {
     async fn fetch(
         &self,
         dataset: &DatasetMount,
+        who: &StepIdentity,
         log: &(dyn Fn(String) + Sync),
     ) -> Result<PathBuf, String> {
-        let key = dataset_cache_key(&dataset.source);
+        let kind = DatasetSource::of(&dataset.source);
+        let mut key = dataset_cache_key(&dataset.source);
+        if let (DatasetSource::Path, Some(run_as)) = (&kind, who.run_as) {
+            key.push_str(&format!("-u{}", run_as.uid));
+        }
         let lock = self
             .fetches
             .lock()
@@ -106,16 +129,26 @@ impl DatasetCache {
         ));
         let staging = self.root.join(format!(".fetch-{key}"));
         let _ = make_writable_and_remove(&staging);
-        std::fs::create_dir_all(&staging)
+        // Written only by the identity that fetches (the task's, for a path).
+        let fetcher = match kind {
+            DatasetSource::Path => who.run_as,
+            _ => None,
+        };
+        crate::layout::private_dir(&staging, fetcher)
             .map_err(|e| format!("cannot create {}: {e}", staging.display()))?;
         let target = staging.join("data");
-        let fetched = match DatasetSource::of(&dataset.source) {
+        let fetched = match kind {
+            DatasetSource::Path if who.run_as.is_some() => {
+                copy_as(who, Path::new(&dataset.source), &target).await
+            }
             DatasetSource::Path => {
                 let source = PathBuf::from(&dataset.source);
+                let target = target.clone();
                 tokio::task::spawn_blocking(move || copy_read_only(&source, &target))
                     .await
                     .map_err(|e| e.to_string())
                     .and_then(|r| r)
+                    .map(|_| ())
             }
             DatasetSource::Url => self.download(&dataset.source, &target).await,
             DatasetSource::Registered => Err(format!(
@@ -124,12 +157,19 @@ impl DatasetCache {
                 dataset.source
             )),
         };
-        let finished = fetched.and_then(|bytes| {
-            std::fs::write(staging.join("source"), &dataset.source)
-                .and_then(|()| std::fs::rename(&staging, self.root.join(&key)))
-                .map(|()| bytes)
-                .map_err(|e| e.to_string())
-        });
+        let builder = fetcher.map_or_else(|| nix::unistd::geteuid().as_raw(), |r| r.uid);
+        let finished = fetched
+            .and_then(|()| {
+                // The agent's from here on: nothing can change the copy any more.
+                crate::layout::seal(&staging, builder, READ_ONLY)
+                    .map_err(|e| seal_message(e, &target, &dataset.source))
+            })
+            .and_then(|bytes| {
+                std::fs::write(staging.join("source"), &dataset.source)
+                    .and_then(|()| std::fs::rename(&staging, self.root.join(&key)))
+                    .map(|()| bytes)
+                    .map_err(|e| e.to_string())
+            });
         match finished {
             Ok(bytes) => {
                 log(format!(
@@ -148,7 +188,7 @@ impl DatasetCache {
         }
     }
 
-    async fn download(&self, url: &str, target: &Path) -> Result<u64, String> {
+    async fn download(&self, url: &str, target: &Path) -> Result<(), String> {
         let mut response = self
             .http
             .get(url)
@@ -182,9 +222,55 @@ impl DatasetCache {
             ));
         }
         file.sync_all().await.map_err(|e| e.to_string())?;
-        std::fs::set_permissions(target, std::fs::Permissions::from_mode(0o444))
-            .map_err(|e| e.to_string())?;
-        Ok(received)
+        Ok(())
+    }
+}
+
+/// Copies `source` to `target` as `who` (with `cp`, symbolic links copied as links), so
+/// only what that identity may read is copied.
+async fn copy_as(who: &StepIdentity, source: &Path, target: &Path) -> Result<(), String> {
+    let output = who
+        .command("cp")
+        .arg("-R")
+        .arg("-P")
+        .arg("--")
+        .arg(source)
+        .arg(target)
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("cannot run cp: {e}"))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let why = String::from_utf8_lossy(&output.stderr);
+    let why = why.trim();
+    Err(format!(
+        "`{}` cannot be read by the task's account on this node: {}",
+        source.display(),
+        if why.is_empty() { "cp failed" } else { why }
+    ))
+}
+
+/// The user's message for a copy that could not be sealed.
+fn seal_message(error: SealError, target: &Path, source: &str) -> String {
+    match error {
+        SealError::Special(path) => {
+            let shown = match path.strip_prefix(target) {
+                Ok(rest) if rest.as_os_str().is_empty() => source.to_string(),
+                Ok(rest) => format!("{source}/{}", rest.display()),
+                Err(_) => path.display().to_string(),
+            };
+            format!(
+                "`{shown}` is not a file or directory (a device, socket or FIFO cannot be a \
+                 dataset)"
+            )
+        }
+        other => other.to_string(),
     }
 }
 

@@ -3,8 +3,17 @@
 //!
 //! Layout under `DATA/envs/`: `<key>/` is a finished environment (it holds the
 //! `.tacc-env-ready` marker, whose mtime is the last use, and `.tacc-env-size`), `<key>.log`
-//! the log of its last build, `.build-<key>` a build in progress (renamed into place only
-//! when complete, so a crash never leaves a half-built environment that looks ready).
+//! the log of its last build (0600: it is the user's output), `.build-<key>/env` a build
+//! in progress (renamed into place only when complete, so a crash never leaves a
+//! half-built environment that looks ready).
+//!
+//! Builds run the task's package installers, which run code from the packages: they run
+//! as the task's own identity ([`StepIdentity`]), never as the agent (root), and with
+//! the interpreter that identity can execute. A finished environment is then sealed
+//! (owned by the agent, read-only to tasks, see [`crate::layout::seal`]). Since anything
+//! running as that identity could have changed the environment while it was being
+//! built, an environment is only ever shared by tasks of the same identity: the uid is
+//! part of the env key whenever tasks run as other accounts.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -12,9 +21,12 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
+use std::os::unix::fs::OpenOptionsExt;
+
 use tacc_compiler::{EnvPlan, InstructionEnvironment, env_key};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
+
+use crate::identity::StepIdentity;
 
 const READY_MARKER: &str = ".tacc-env-ready";
 const SIZE_FILE: &str = ".tacc-env-size";
@@ -118,9 +130,10 @@ impl EnvCache {
         self: &Arc<Self>,
         wanted: &InstructionEnvironment,
         workdir: &Path,
+        who: &StepIdentity,
         log: &(dyn Fn(String) + Sync),
     ) -> Result<EnvLease, String> {
-        let builder = self.find_builder(&wanted.plan).await?;
+        let builder = self.find_builder(&wanted.plan, who).await?;
         let requirements = match wanted.plan.requirements() {
             None => None,
             Some(file) => Some(std::fs::read(workdir.join(file)).map_err(|e| {
@@ -134,7 +147,11 @@ impl EnvCache {
             Builder::Python { version, .. } => (format!("python {version}"), "venv"),
             Builder::Conda { version, .. } => (version.clone(), "conda"),
         };
-        let platform = format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH);
+        let mut platform = format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH);
+        if let Some(run_as) = who.run_as {
+            // Only this identity's tasks may use what this identity built.
+            platform.push_str(&format!(" uid={}", run_as.uid));
+        }
         let key = env_key(
             &wanted.spec_key,
             requirements.as_deref(),
@@ -162,7 +179,7 @@ impl EnvCache {
             ));
             let started = Instant::now();
             let size = self
-                .build(&builder, &wanted.plan, &key, workdir, log)
+                .build(&builder, &wanted.plan, &key, workdir, who, log)
                 .await?;
             log(format!(
                 "tacc: environment {key} ready in {:.1}s",
@@ -201,12 +218,15 @@ impl EnvCache {
         })
     }
 
-    async fn find_builder(&self, plan: &EnvPlan) -> Result<Builder, String> {
+    /// The tool to build `plan` with: the first on the agent's PATH that `who` can run.
+    async fn find_builder(&self, plan: &EnvPlan, who: &StepIdentity) -> Result<Builder, String> {
         match plan {
             EnvPlan::Conda { .. } => {
                 for tool in ["mamba", "conda"] {
-                    if let Some(path) = on_path(tool) {
-                        let version = capture(&path, &["--version"]).await.unwrap_or_default();
+                    for path in on_path(tool) {
+                        let Some(version) = capture(&path, &["--version"], who).await else {
+                            continue;
+                        };
                         return Ok(Builder::Conda {
                             tool: path,
                             version: version.trim().to_string(),
@@ -227,28 +247,39 @@ impl EnvCache {
                 }
                 candidates.extend(["python3".to_string(), "python".to_string()]);
                 let mut found = Vec::new();
+                // Every match on PATH, in order: the first ones may be out of reach of
+                // the task's account (say under root's home).
                 for name in candidates {
-                    let Some(path) = on_path(&name) else { continue };
-                    let Some(version) = capture(
-                        &path,
-                        &["-c", "import platform; print(platform.python_version())"],
-                    )
-                    .await
-                    else {
-                        continue;
-                    };
-                    let version = version.trim().to_string();
-                    let fits = python
-                        .as_deref()
-                        .is_none_or(|v| version == v || version.starts_with(&format!("{v}.")));
-                    if fits {
-                        return Ok(Builder::Python {
-                            interpreter: path,
-                            version,
-                            uv: on_path("uv"),
-                        });
+                    for path in on_path(&name) {
+                        let Some(version) = capture(
+                            &path,
+                            &["-c", "import platform; print(platform.python_version())"],
+                            who,
+                        )
+                        .await
+                        else {
+                            continue;
+                        };
+                        let version = version.trim().to_string();
+                        let fits = python
+                            .as_deref()
+                            .is_none_or(|v| version == v || version.starts_with(&format!("{v}.")));
+                        if fits {
+                            let mut uv = None;
+                            for candidate in on_path("uv") {
+                                if capture(&candidate, &["--version"], who).await.is_some() {
+                                    uv = Some(candidate);
+                                    break;
+                                }
+                            }
+                            return Ok(Builder::Python {
+                                interpreter: path,
+                                version,
+                                uv,
+                            });
+                        }
+                        found.push(format!("{} is {version}", path.display()));
                     }
-                    found.push(format!("{name} is {version}"));
                 }
                 Err(match python {
                     Some(v) => format!(
@@ -256,13 +287,14 @@ impl EnvCache {
                          have in `environment.python`, or install Python {v} there",
                         self.node_name,
                         if found.is_empty() {
-                            "no Python on PATH at all".to_string()
+                            "no Python on PATH that tasks may run".to_string()
                         } else {
                             found.join(", ")
                         }
                     ),
                     None => format!(
-                        "node {} has no `python3` on its PATH to build the environment with",
+                        "node {} has no `python3` on its PATH that tasks may run, to build the \
+                         environment with",
                         self.node_name
                     ),
                 })
@@ -270,19 +302,33 @@ impl EnvCache {
         }
     }
 
-    /// Builds into `.build-<key>`, then renames it to `<key>`. Returns its size.
+    /// Builds into `.build-<key>/env` as `who`, seals it, then renames it to `<key>`.
+    /// Returns its size.
     async fn build(
         &self,
         builder: &Builder,
         plan: &EnvPlan,
         key: &str,
         workdir: &Path,
+        who: &StepIdentity,
         log: &(dyn Fn(String) + Sync),
     ) -> Result<u64, String> {
-        let staging = self.root.join(format!(".build-{key}"));
-        let _ = std::fs::remove_dir_all(&staging);
+        let build_dir = self.root.join(format!(".build-{key}"));
+        let _ = std::fs::remove_dir_all(&build_dir);
+        // The builder's own directory, where only it may write.
+        crate::layout::private_dir(&build_dir, who.run_as)
+            .map_err(|e| format!("cannot create {}: {e}", build_dir.display()))?;
+        let staging = build_dir.join("env");
         let log_path = self.root.join(format!("{key}.log"));
-        let log_file = Mutex::new(std::fs::File::create(&log_path).ok());
+        let _ = std::fs::remove_file(&log_path);
+        let log_file = Mutex::new(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&log_path)
+                .ok(),
+        );
         let log_both = |line: String| {
             if let Some(file) = log_file.lock().unwrap().as_mut() {
                 use std::io::Write;
@@ -291,7 +337,7 @@ impl EnvCache {
             log(line);
         };
         let failed = |what: &str, why: String| {
-            let _ = std::fs::remove_dir_all(&staging);
+            let _ = std::fs::remove_dir_all(&build_dir);
             format!(
                 "{what} failed: {why} (the build log is in the task's log, `tcloud logs`, and on \
                  node {} at {})",
@@ -307,6 +353,7 @@ impl EnvCache {
         let context = BuildContext {
             workdir,
             vars: plan.build_vars(),
+            who,
             log: &log_both,
         };
         let staging_text = staging.display().to_string();
@@ -392,11 +439,23 @@ impl EnvCache {
                 }
             }
         }
-        let size = tree_size(&staging);
+        // Everything the build left is the agent's now, and read-only to tasks.
+        let builder_uid = who
+            .run_as
+            .map_or_else(|| nix::unistd::geteuid().as_raw(), |r| r.uid);
+        let size = crate::layout::seal(&build_dir, builder_uid, crate::layout::SHARED)
+            .map_err(|e| failed("sealing the environment", e.to_string()))?;
+        if !staging.is_dir() {
+            return Err(failed(
+                "the build",
+                format!("it left no environment at {}", staging.display()),
+            ));
+        }
         let written = std::fs::write(staging.join(SIZE_FILE), size.to_string())
             .and_then(|()| std::fs::write(staging.join(READY_MARKER), b""))
             .and_then(|()| std::fs::rename(&staging, self.root.join(key)));
         written.map_err(|e| failed("finishing the environment", e.to_string()))?;
+        let _ = std::fs::remove_dir_all(&build_dir);
         Ok(size)
     }
 
@@ -439,21 +498,27 @@ impl EnvCache {
     }
 }
 
-fn on_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
+/// Every executable named `program` on the agent's PATH, in PATH order.
+fn on_path(program: &str) -> Vec<PathBuf> {
+    let Some(path) = std::env::var_os("PATH") else {
+        return Vec::new();
+    };
     std::env::split_paths(&path)
         .map(|dir| dir.join(program))
-        .find(|candidate| {
+        .filter(|candidate| {
             use std::os::unix::fs::PermissionsExt;
             std::fs::metadata(candidate)
                 .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         })
+        .collect()
 }
 
-/// A program's stdout, `None` if it could not run or failed.
-async fn capture(program: &Path, args: &[&str]) -> Option<String> {
-    let output = Command::new(program)
+/// A program's stdout when run as `who`, `None` if it could not run or failed.
+async fn capture(program: &Path, args: &[&str], who: &StepIdentity) -> Option<String> {
+    let output = who
+        .command(program)
         .args(args)
+        .current_dir("/")
         .stdin(Stdio::null())
         .output()
         .await
@@ -474,6 +539,7 @@ async fn capture(program: &Path, args: &[&str]) -> Option<String> {
 struct BuildContext<'a> {
     workdir: &'a Path,
     vars: &'a BTreeMap<String, String>,
+    who: &'a StepIdentity,
     log: &'a (dyn Fn(String) + Sync),
 }
 
@@ -481,24 +547,41 @@ struct BuildContext<'a> {
 async fn run_logged(program: &Path, args: &[&str], build: &BuildContext<'_>) -> Result<(), String> {
     let log = build.log;
     log(format!("$ {} {}", program.display(), args.join(" ")));
-    let mut child = Command::new(program)
+    let mut child = build
+        .who
+        .command(program)
         .args(args)
         .envs(build.vars)
         .current_dir(build.workdir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        // Its own group, so whatever it starts in the background ends with it.
+        .process_group(0)
         // A cancelled attempt drops this future: the build must not outlive it.
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+    let group = child.id().map(|pid| nix::unistd::Pid::from_raw(pid as i32));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
-    let (_, _, status) = tokio::join!(
-        forward_lines(stdout, log),
-        forward_lines(stderr, log),
-        child.wait()
-    );
+    let forward = async {
+        tokio::join!(forward_lines(stdout, log), forward_lines(stderr, log));
+    };
+    tokio::pin!(forward);
+    let (status, forwarded) = tokio::select! {
+        status = child.wait() => (status, false),
+        () = &mut forward => (child.wait().await, true),
+    };
+    // The step is over: what it left running in its group goes too, and with it the
+    // pipes it held, so the rest of its output drains (bounded, for a process that
+    // escaped the group).
+    if let Some(group) = group {
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+    }
+    if !forwarded {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut forward).await;
+    }
     let status = status.map_err(|e| e.to_string())?;
     if status.success() {
         Ok(())
@@ -517,27 +600,6 @@ async fn forward_lines<R: tokio::io::AsyncRead + Unpin>(
             log(format!("[env] {line}"));
         }
     }
-}
-
-fn tree_size(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else {
-                total += meta.len();
-            }
-        }
-    }
-    total
 }
 
 #[cfg(test)]
@@ -567,9 +629,10 @@ mod tests {
         let lines = Mutex::new(Vec::new());
         let log = |line: String| lines.lock().unwrap().push(line);
         let empty = plan(&[]);
+        let me = StepIdentity::agent();
         let (a, b) = tokio::join!(
-            cache.acquire(&empty, &work, &log),
-            cache.acquire(&empty, &work, &log)
+            cache.acquire(&empty, &work, &me, &log),
+            cache.acquire(&empty, &work, &me, &log)
         );
         let (a, b) = (a.unwrap(), b.unwrap());
         assert_eq!(a.key, b.key);
@@ -588,7 +651,7 @@ mod tests {
 
         // In use: a second environment's build must not evict the first.
         let other = plan(&["--version-is-not-a-package-but-pip-accepts-no-such-flag"]);
-        let failed = cache.acquire(&other, &work, &log).await.unwrap_err();
+        let failed = cache.acquire(&other, &work, &me, &log).await.unwrap_err();
         assert!(failed.contains("`pip install` failed"), "{failed}");
         assert_eq!(cache.keys(), vec![a.key.clone()]);
         assert!(a.bin_dir.exists());
@@ -600,7 +663,7 @@ mod tests {
             spec_key: "another".into(),
             ..third
         };
-        let lease = cache.acquire(&third, &work, &log).await.unwrap();
+        let lease = cache.acquire(&third, &work, &me, &log).await.unwrap();
         assert_eq!(cache.keys(), vec![lease.key.clone()]);
         assert!(!dir.path().join("envs").join(&key).exists());
     }

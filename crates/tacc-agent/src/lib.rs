@@ -13,9 +13,12 @@ mod attempt;
 mod capacity;
 mod datasets;
 mod environments;
+mod identity;
+mod layout;
 mod orphans;
 mod reporter;
 mod runtimes;
+mod secrets;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -23,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use capacity::{detect_capacity, detect_gpus};
+pub use identity::DEFAULT_TASK_UID_BASE;
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
 use tacc_exec::{DockerExecutor, Executor};
@@ -92,6 +96,9 @@ pub struct AgentConfig {
     pub keep_workdirs: bool,
     /// Total size of managed environments past which idle ones are evicted (LRU).
     pub env_cache_bytes: u64,
+    /// The first uid (and gid) an agent running as root gives a user's tasks that have no
+    /// mapped Unix account ([`DEFAULT_TASK_UID_BASE`] by default).
+    pub task_uid_base: u32,
 }
 
 /// What the attempt runners share.
@@ -107,6 +114,8 @@ pub(crate) struct Shared {
     pub snapshots: attempt::SnapshotCache,
     pub envs: Arc<environments::EnvCache>,
     pub datasets: datasets::DatasetCache,
+    /// Who each attempt runs as.
+    pub identities: identity::Identities,
 }
 
 impl Shared {
@@ -136,23 +145,25 @@ impl Agent {
         config: AgentConfig,
         executor: Arc<dyn Executor>,
     ) -> Result<Agent, AgentError> {
-        for dir in ["work", "chunks", "files", "users", "run"] {
-            let path = config.data_dir.join(dir);
-            std::fs::create_dir_all(&path).map_err(|source| AgentError::DataDir {
-                path: path.display().to_string(),
-                source,
-            })?;
-        }
+        let data_dir_error = |source: std::io::Error| AgentError::DataDir {
+            path: config.data_dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(&config.data_dir).map_err(data_dir_error)?;
+        let identities = identity::Identities::open(
+            &config.data_dir,
+            config.task_uid_base,
+            &config.name,
+            executor.honours_run_as(),
+        )
+        .map_err(data_dir_error)?;
+        layout::prepare(&config.data_dir, identities.switches()).map_err(data_dir_error)?;
         let (reports, reports_rx) = reporter::channel();
         let snapshots =
             attempt::SnapshotCache::open(&config.data_dir).map_err(|e| AgentError::DataDir {
                 path: config.data_dir.display().to_string(),
                 source: std::io::Error::other(e.to_string()),
             })?;
-        let data_dir_error = |source: std::io::Error| AgentError::DataDir {
-            path: config.data_dir.display().to_string(),
-            source,
-        };
         let envs = environments::EnvCache::open(
             config.data_dir.join("envs"),
             config.env_cache_bytes,
@@ -172,6 +183,7 @@ impl Agent {
                 snapshots,
                 envs: Arc::new(envs),
                 datasets,
+                identities,
             }),
             attempts: Arc::new(Mutex::new(Attempts::default())),
             reports_rx: Some(reports_rx),

@@ -116,7 +116,7 @@ pub(crate) async fn launch_with_failover(
     failed: &mut BTreeMap<RuntimeKind, String>,
     spec: LaunchSpec,
     attempt: AttemptRef,
-    prefix: Option<String>,
+    lines: crate::attempt::LogLines,
     cancel: &CancellationToken,
     record_name: &str,
 ) -> Result<ExitOutcome, AttemptOutcome> {
@@ -127,7 +127,7 @@ pub(crate) async fn launch_with_failover(
             executor.as_ref(),
             spec.clone(),
             attempt,
-            prefix.clone(),
+            lines.clone(),
             cancel,
             record_name,
         )

@@ -209,13 +209,17 @@ impl DockerExecutor {
                 ..Default::default()
             }]
         });
-        // Files the task writes into the bind-mounted directories must belong to the
-        // agent's user, so it can upload and clean them up.
-        let user = format!(
-            "{}:{}",
-            nix::unistd::geteuid().as_raw(),
-            nix::unistd::getegid().as_raw()
-        );
+        // The task's own identity when the agent gave one (its working directory belongs
+        // to it); else the agent's, so files the task writes into the bind-mounted
+        // directories can be uploaded and cleaned up. Never the image's default (root).
+        let user = match placement.run_as {
+            Some(run_as) => format!("{}:{}", run_as.uid, run_as.gid),
+            None => format!(
+                "{}:{}",
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw()
+            ),
+        };
         ContainerCreateBody {
             image: Some(image.to_string()),
             // bash when the image has it (the process runtime's shell), else POSIX sh.
@@ -288,6 +292,10 @@ async fn remove(docker: &Docker, id: &str) -> Result<(), DockerError> {
 impl Executor for DockerExecutor {
     fn name(&self) -> &'static str {
         "container"
+    }
+
+    fn honours_run_as(&self) -> bool {
+        true
     }
 
     async fn launch(
@@ -532,6 +540,27 @@ mod tests {
             "{env:?}"
         );
         assert!(!env.iter().any(|e| e.starts_with("LANG=")), "{env:?}");
+    }
+
+    #[test]
+    fn a_container_runs_as_the_task_s_identity_when_given_one() {
+        let executor = DockerExecutor::new("/nonexistent.sock", "agent-a");
+        let mut spec = crate::contract::spec(std::path::Path::new("/w"), "true");
+        spec.placement.run_as = Some(crate::RunAs {
+            uid: 200_007,
+            gid: 200_007,
+        });
+        let body = executor.container_body(&spec, "img", &[]);
+        assert_eq!(body.user.as_deref(), Some("200007:200007"));
+        // Without one, the agent's own identity (never the image's default, root).
+        spec.placement.run_as = None;
+        let body = executor.container_body(&spec, "img", &[]);
+        let me = format!(
+            "{}:{}",
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw()
+        );
+        assert_eq!(body.user.as_deref(), Some(me.as_str()));
     }
 
     #[test]

@@ -27,6 +27,11 @@ impl Executor for FakeExecutor {
         "fake"
     }
 
+    /// Nothing runs, so any identity is "honoured".
+    fn honours_run_as(&self) -> bool {
+        true
+    }
+
     async fn launch(
         &self,
         spec: LaunchSpec,

@@ -43,9 +43,19 @@ pub struct LaunchSpec {
     pub time_limit: Option<Duration>,
     /// How long to wait after SIGTERM before SIGKILL on cancel or time limit.
     pub kill_grace: Duration,
-    /// What a runtime that isolates the execution (a container) needs to know; the
-    /// process runtime ignores it.
+    /// What a runtime that isolates the execution (a container) needs to know, and the
+    /// identity every runtime that [honours it](Executor::honours_run_as) runs it as.
     pub placement: Placement,
+}
+
+/// The Unix identity an execution runs as: the process runtime switches to it in the
+/// child before `exec` (supplementary groups dropped, then gid, then uid); a container
+/// gets it as `--user uid:gid`. Never root: the agent refuses uid or gid 0 before it
+/// builds one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// The image, resource limits, GPUs and owner of one execution, for runtimes that
@@ -65,6 +75,8 @@ pub struct Placement {
     pub extra_mounts: Vec<(PathBuf, bool)>,
     /// Which attempt this is, so a restarted agent can find what it left behind.
     pub owner: Option<(TaskId, AttemptNo, u32)>,
+    /// Who the execution runs as; `None` is the agent's own identity.
+    pub run_as: Option<RunAs>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,6 +207,13 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
         spec: LaunchSpec,
         output: mpsc::UnboundedSender<OutputLine>,
     ) -> Result<ExecutionHandle, ExecError>;
+
+    /// Whether executions run as [`Placement::run_as`]. A runtime that cannot switch
+    /// identities (Slurm jobs are submitted as the agent's user) says `false`, and the
+    /// agent then runs every task as itself.
+    fn honours_run_as(&self) -> bool {
+        false
+    }
 
     /// Executions that outlived a previous agent (a backend whose work runs outside the
     /// agent's process tree, like Slurm, finds them again). Taken once, at start.

@@ -34,6 +34,10 @@ impl Executor for ProcessExecutor {
         "process"
     }
 
+    fn honours_run_as(&self) -> bool {
+        true
+    }
+
     async fn launch(
         &self,
         spec: LaunchSpec,
@@ -56,6 +60,12 @@ impl Executor for ProcessExecutor {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        if let Some(run_as) = spec.placement.run_as {
+            // std drops the supplementary groups (setgroups(0, NULL)) when a uid is set,
+            // then calls setgid before setuid; the working directory is entered after
+            // the switch, so it must be reachable by that identity.
+            command.uid(run_as.uid).gid(run_as.gid);
+        }
         let mut child = command.spawn().map_err(|source| ExecError::Spawn {
             program: "bash".into(),
             workdir: spec.workdir.display().to_string(),

@@ -4,6 +4,7 @@
 //! `tacc-agent`.
 
 mod admin_accounts;
+mod modes;
 mod slurm_agent;
 
 use std::collections::BTreeMap;
@@ -260,6 +261,11 @@ struct NodeArgs {
     /// is down they run as processes, and the task's log says so).
     #[arg(long)]
     container_image: Option<String>,
+    /// An agent running as root runs each user's tasks as an unprivileged uid (and gid)
+    /// of their own, allocated from this one upwards (users the operator mapped to a Unix
+    /// account run as that account). Tasks never run as root.
+    #[arg(long, default_value_t = tacc_agent::DEFAULT_TASK_UID_BASE, value_parser = clap::value_parser!(u32).range(1..))]
+    task_uid_base: u32,
 }
 
 const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
@@ -291,6 +297,8 @@ async fn container_runtime(node: &NodeArgs, data_dir: &Path) -> Option<tacc_exec
 }
 
 fn main() -> Result<()> {
+    // Before anything is created: the daemon's files are its own (see `modes`).
+    modes::private_umask();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -364,13 +372,12 @@ struct Started {
 }
 
 /// Start the control plane; returns its URL and the serving task.
-async fn start_server(args: &ServerArgs, shutdown: CancellationToken) -> Result<Started> {
-    std::fs::create_dir_all(&args.data_dir).with_context(|| {
-        format!(
-            "cannot create the data directory {}",
-            args.data_dir.display()
-        )
-    })?;
+async fn start_server(
+    args: &ServerArgs,
+    hosts_agent: bool,
+    shutdown: CancellationToken,
+) -> Result<Started> {
+    modes::secure_server_dir(&args.data_dir, hosts_agent)?;
     let store = SqliteStore::open(&args.data_dir.join("tacc.db")).await?;
     let mut config = ServerConfig::new(args.data_dir.clone());
     config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
@@ -424,7 +431,7 @@ fn serde_json_string(text: &str) -> String {
 }
 
 async fn run_server(args: ServerArgs, shutdown: CancellationToken) -> Result<()> {
-    let started = start_server(&args, shutdown).await?;
+    let started = start_server(&args, false, shutdown).await?;
     started.serving.await??;
     Ok(())
 }
@@ -441,7 +448,7 @@ async fn run_dev(
         url,
         control,
         serving,
-    } = start_server(&server, shutdown.clone()).await?;
+    } = start_server(&server, true, shutdown.clone()).await?;
     let join = control
         .provision_local(&admin_user, &server.data_dir.join("admin.token"))
         .await?;
@@ -486,6 +493,7 @@ async fn run_agent(
         poll_wait: Duration::from_secs(20),
         keep_workdirs: node.keep_workdirs,
         env_cache_bytes: node.env_cache_size.as_bytes(),
+        task_uid_base: node.task_uid_base,
     };
     let client = tacc_client::Client::new(server);
     let client = match tacc_agent::stored_credential(data_dir)?.or(join_token) {
