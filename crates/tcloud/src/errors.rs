@@ -105,6 +105,7 @@ pub fn render(error: &anyhow::Error) -> (Option<String>, u8) {
                     (Some(format!("error: {error:#}")), code_for_api(code))
                 }
                 ClientError::Protocol { .. } => (Some(format!("error: {error:#}")), FAILURE),
+                ClientError::Tls { .. } => (Some(format!("error: {client}")), UNREACHABLE),
             };
         }
         if let Some(schema) = cause.downcast_ref::<SchemaError>() {
