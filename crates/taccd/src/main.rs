@@ -3,7 +3,9 @@
 //! `tcloud up` starts). A thin binary: all behaviour lives in `tacc-server` and
 //! `tacc-agent`.
 
+mod admin;
 mod slurm_agent;
+mod tls;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -45,18 +47,21 @@ enum Command {
     },
     /// The control plane alone; agents on other machines connect to it.
     ///
-    /// Example: taccd server --data-dir /var/lib/tacc --listen 0.0.0.0:8383
+    /// Example: taccd server --data-dir /var/lib/tacc --listen 0.0.0.0:8383 \
+    ///   --tls-cert /var/lib/tacc/tls/cert.pem --tls-key /var/lib/tacc/tls/key.pem
     Server {
         #[command(flatten)]
         server: ServerArgs,
     },
     /// A node agent that runs tasks for the server at --server.
     ///
-    /// Example: taccd agent --server http://head:8383 --data-dir /var/lib/tacc-agent
+    /// Example: taccd agent --server https://head:8383 --server-fingerprint HEX --data-dir /var/lib/tacc-agent
     Agent {
         /// URL of the control plane.
         #[arg(long, env = "TACC_SERVER")]
         server: String,
+        #[command(flatten)]
+        tls: tls::AgentTlsArgs,
         /// Where the agent keeps working directories and caches.
         #[arg(long)]
         data_dir: PathBuf,
@@ -69,6 +74,9 @@ enum Command {
         #[command(flatten)]
         slurm: slurm_agent::SlurmArgs,
     },
+    /// Operator commands on a server's data directory.
+    #[command(subcommand)]
+    Admin(admin::Admin),
 }
 
 #[derive(Debug, Args)]
@@ -96,6 +104,8 @@ struct ServerArgs {
     /// How long chunks no committed snapshot references are kept (e.g. 7d, 12h, 30s).
     #[arg(long, default_value = "7d")]
     chunk_retention: HumanDuration,
+    #[command(flatten)]
+    tls: tls::ServerTlsArgs,
 }
 
 /// `NAME=SOURCE` where SOURCE is an absolute path or an http(s) URL.
@@ -239,16 +249,22 @@ fn main() -> Result<()> {
             Command::Server { server } => run_server(server, shutdown).await.map(|_| ()),
             Command::Agent {
                 server,
+                tls,
                 data_dir,
                 node,
                 backend,
                 slurm,
-            } => match backend.as_str() {
-                "slurm" => {
-                    slurm_agent::run(&server, &data_dir, slurm, node.keep_workdirs, shutdown).await
+            } => {
+                let client = tls.client(&server)?;
+                match backend.as_str() {
+                    "slurm" => {
+                        slurm_agent::run(client, &data_dir, slurm, node.keep_workdirs, shutdown)
+                            .await
+                    }
+                    _ => run_agent(client, &data_dir, node, shutdown).await,
                 }
-                _ => run_agent(&server, &data_dir, node, shutdown).await,
-            },
+            }
+            Command::Admin(command) => admin::run(command).await,
         }
     })
 }
@@ -276,6 +292,8 @@ async fn start_server(
     args: &ServerArgs,
     shutdown: CancellationToken,
 ) -> Result<(String, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    args.tls.check_exposure(args.listen, &args.data_dir)?;
+    let tls = args.tls.load()?;
     std::fs::create_dir_all(&args.data_dir).with_context(|| {
         format!(
             "cannot create the data directory {}",
@@ -296,10 +314,24 @@ async fn start_server(
         )
     })?;
     let address = listener.local_addr()?;
-    let url = format!("http://{address}");
+    let url = format!(
+        "{}://{address}",
+        if tls.is_some() { "https" } else { "http" }
+    );
     write_endpoint(&args.data_dir, &url)?;
-    tracing::info!("control plane listening on {url}");
-    let serving = tokio::spawn(tacc_server::serve(control, listener, shutdown));
+    let serving = match tls {
+        Some(tls) => {
+            let fingerprint = tacc_client::tls::fingerprint(tls.certificate_der());
+            tracing::info!(
+                "control plane listening on {url} (certificate SHA-256 fingerprint {fingerprint})"
+            );
+            tokio::spawn(tacc_server::serve_tls(control, listener, tls, shutdown))
+        }
+        None => {
+            tracing::info!("control plane listening on {url}");
+            tokio::spawn(tacc_server::serve(control, listener, shutdown))
+        }
+    };
     Ok((url, serving))
 }
 
@@ -328,10 +360,11 @@ async fn run_server(args: ServerArgs, shutdown: CancellationToken) -> Result<()>
 
 async fn run_dev(server: ServerArgs, node: NodeArgs, shutdown: CancellationToken) -> Result<()> {
     let (url, serving) = start_server(&server, shutdown.clone()).await?;
+    let client = server.tls.local_client(&url)?;
     let agent_dir = server.data_dir.join("agent");
     let agent = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { run_agent(&url, &agent_dir, node, shutdown).await }
+        async move { run_agent(client, &agent_dir, node, shutdown).await }
     });
     serving.await??;
     shutdown.cancel();
@@ -340,7 +373,7 @@ async fn run_dev(server: ServerArgs, node: NodeArgs, shutdown: CancellationToken
 }
 
 async fn run_agent(
-    server: &str,
+    client: tacc_client::Client,
     data_dir: &Path,
     node: NodeArgs,
     shutdown: CancellationToken,
@@ -369,7 +402,6 @@ async fn run_agent(
         keep_workdirs: node.keep_workdirs,
         env_cache_bytes: node.env_cache_size.as_bytes(),
     };
-    let client = tacc_client::Client::new(server);
     let mut agent = Agent::new(client, config, Arc::new(tacc_exec::ProcessExecutor::new()))?;
     if let Some(docker) = container_runtime(&node, data_dir).await {
         tracing::info!("container runtime: Docker engine at the configured socket");

@@ -52,7 +52,7 @@ fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
 }
 
 pub async fn run(
-    server: &str,
+    client: tacc_client::Client,
     data_dir: &Path,
     args: SlurmArgs,
     keep_workdirs: bool,
@@ -106,8 +106,11 @@ pub async fn run(
             // backend requires on the shared file system.
             env_cache_bytes: tacc_core::ByteSize::gib(50).as_bytes(),
         };
-        let client = tacc_client::Client::new(server);
-        let agent = Agent::new(client, config, Arc::new(backend.executor_for(&node.name)))?;
+        let agent = Agent::new(
+            client.clone(),
+            config,
+            Arc::new(backend.executor_for(&node.name)),
+        )?;
         agents.spawn(agent.run(shutdown.clone()));
     }
     while agents.join_next().await.is_some() {}
