@@ -47,8 +47,9 @@ enum Command {
     },
     /// The control plane alone; agents on other machines connect to it.
     ///
-    /// Example: taccd server --data-dir /var/lib/tacc --listen 0.0.0.0:8383 \
-    ///   --tls-cert /var/lib/tacc/tls/cert.pem --tls-key /var/lib/tacc/tls/key.pem
+    /// Example: taccd server --data-dir /var/lib/tacc --listen 0.0.0.0:8383 --tls-cert
+    /// /var/lib/tacc/tls/cert.pem --tls-key /var/lib/tacc/tls/key.pem (see `taccd admin
+    /// tls-init`)
     Server {
         #[command(flatten)]
         server: ServerArgs,
