@@ -2,6 +2,10 @@
 //!
 //! It speaks only the wire types of `tacc-proto` and knows nothing of the scheduler, the
 //! store or how tasks run. Every error says which server it tried and what to do next.
+//! `https://` servers are trusted by the web PKI, by a given CA, or by a pinned
+//! certificate fingerprint (see [`tls`]).
+
+pub mod tls;
 
 use std::time::Duration;
 
@@ -29,6 +33,10 @@ pub enum ClientError {
     },
     #[error("unexpected answer from {url}: {reason}")]
     Protocol { url: String, reason: String },
+    /// TLS failed or is misconfigured: an untrusted or unpinned certificate, a bad pin.
+    /// Retrying does not help; the trust settings must change.
+    #[error("no secure connection to the TACC server at {url}: {reason}")]
+    Tls { url: String, reason: String },
 }
 
 impl ClientError {
@@ -71,15 +79,52 @@ impl Client {
     /// `base` is the server's URL, e.g. `http://127.0.0.1:8383`. Requests are anonymous
     /// until a token is given with [`Client::with_token`].
     pub fn new(base: &str) -> Self {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .build()
-            .expect("HTTP client configuration is static");
         Client {
             base: base.trim_end_matches('/').to_string(),
             token: Default::default(),
-            http,
+            http: http_client(None),
+        }
+    }
+
+    /// The same server, trusted only if it presents exactly the certificate whose DER
+    /// has this SHA-256 `fingerprint` (hex, `:` separators allowed): the way to trust a
+    /// self-signed certificate made by `taccd admin tls-init`. Needs an `https://` URL.
+    pub fn with_pinned_fingerprint(mut self, fingerprint: &str) -> Result<Self> {
+        let config = tls::parse_fingerprint(fingerprint)
+            .and_then(|pin| self.require_https().map(|()| pin))
+            .and_then(tls::pinned_config)
+            .map_err(|reason| self.tls_error(reason))?;
+        self.http = http_client(Some(config));
+        Ok(self)
+    }
+
+    /// The same server, trusted only if its certificate is signed by a CA in `pem` (PEM
+    /// text, one or more certificates) instead of the web PKI. Needs an `https://` URL.
+    pub fn with_ca(mut self, pem: &[u8]) -> Result<Self> {
+        let config = self
+            .require_https()
+            .and_then(|()| tls::ca_config(pem))
+            .map_err(|reason| self.tls_error(reason))?;
+        self.http = http_client(Some(config));
+        Ok(self)
+    }
+
+    /// A pin or CA on a plain-HTTP URL would protect nothing while seeming to.
+    fn require_https(&self) -> std::result::Result<(), String> {
+        if self.base.starts_with("https://") {
+            Ok(())
+        } else {
+            Err(format!(
+                "a pinned certificate or CA needs an https:// URL, not {}",
+                self.base
+            ))
+        }
+    }
+
+    fn tls_error(&self, reason: String) -> ClientError {
+        ClientError::Tls {
+            url: self.base.clone(),
+            reason,
         }
     }
 
@@ -107,6 +152,9 @@ impl Client {
     }
 
     fn unreachable(&self, error: reqwest::Error) -> ClientError {
+        if let Some(reason) = tls::explain(&error) {
+            return self.tls_error(reason);
+        }
         let reason = if error.is_connect() {
             "connection refused or host unreachable".to_string()
         } else if error.is_timeout() {
@@ -472,6 +520,20 @@ impl Client {
         self.send(request).await?;
         Ok(())
     }
+}
+
+/// The HTTP client: `tls` replaces the default trust (the web PKI roots) when given.
+fn http_client(tls: Option<rustls::ClientConfig>) -> reqwest::Client {
+    let builder = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true);
+    let builder = match tls {
+        Some(config) => builder.use_preconfigured_tls(config),
+        None => builder,
+    };
+    builder
+        .build()
+        .expect("HTTP client configuration is static")
 }
 
 fn status_code_name(status: StatusCode) -> String {

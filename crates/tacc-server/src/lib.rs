@@ -5,7 +5,8 @@
 //!
 //! It sits above all four layers and wires them together; it must not run user code
 //! itself (agents do, through `tacc-exec`) and takes an already-bound listener and a
-//! cancellation token so tests bind port 0 and stop it cleanly.
+//! cancellation token so tests bind port 0 and stop it cleanly. [`serve`] speaks plain
+//! HTTP, [`serve_tls`] HTTPS (rustls); both run the same API and background tasks.
 
 pub mod accounts;
 mod agent_access;
@@ -16,6 +17,7 @@ mod control;
 mod limits;
 mod logs;
 pub mod secrets;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +26,7 @@ pub use api::{RouteRule, route_rules};
 pub use control::{Control, DEFAULT_POLICY, ServerConfig, now};
 pub use limits::UserLimits;
 use tacc_core::{NodeId, TaskId};
+pub use tls::TlsConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -65,12 +68,45 @@ pub enum ServerError {
     Internal(String),
 }
 
-/// Serve the API on `listener` until `shutdown` is cancelled.
+/// Serve the API in plain HTTP on `listener` until `shutdown` is cancelled.
 pub async fn serve(
     control: Arc<Control>,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
+    let listener = axum::serve::ListenerExt::tap_io(listener, set_nodelay);
+    serve_on(control, listener, shutdown).await
+}
+
+/// Serve the API in HTTPS on `listener`, with `tls`'s certificate, until `shutdown` is
+/// cancelled.
+pub async fn serve_tls(
+    control: Arc<Control>,
+    listener: TcpListener,
+    tls: TlsConfig,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let listener = tls::TlsListener::new(listener, &tls)?;
+    serve_on(control, listener, shutdown).await
+}
+
+/// Without TCP_NODELAY a streamed response (log follow, long poll) can wait out the peer's
+/// delayed ACK: ~40 ms added to every small exchange.
+fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::warn!("cannot set TCP_NODELAY: {e}");
+    }
+}
+
+/// The API and the background tasks (liveness, garbage collection) on any listener.
+async fn serve_on<L>(
+    control: Arc<Control>,
+    listener: L,
+    shutdown: CancellationToken,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+{
     let liveness = {
         let control = control.clone();
         let shutdown = shutdown.clone();
@@ -90,13 +126,6 @@ pub async fn serve(
     };
     let gc = tokio::spawn(artifacts::run_gc(control.clone(), shutdown.clone()));
     let app = api::router(control, shutdown.clone());
-    // Without TCP_NODELAY a streamed response (log follow, long poll) can wait out the
-    // peer's delayed ACK: ~40 ms added to every small exchange.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::warn!("cannot set TCP_NODELAY: {e}");
-        }
-    });
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;

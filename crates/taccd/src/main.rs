@@ -3,9 +3,11 @@
 //! `tcloud up` starts). A thin binary: all behaviour lives in `tacc-server` and
 //! `tacc-agent`.
 
+mod admin;
 mod admin_accounts;
 mod modes;
 mod slurm_agent;
+mod tls;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -49,27 +51,29 @@ enum Command {
         #[arg(long, env = "USER", default_value = "admin")]
         admin_user: String,
     },
-    /// Manage users, tokens and agent join tokens directly in a data directory (run on the
-    /// server's machine, as the account that owns the data directory).
+    /// Operator commands on a server's data directory (run on the server's machine, as
+    /// the account that owns it): TLS set-up, users, tokens, agent join tokens, audit.
     ///
     /// Example: taccd admin --data-dir /var/lib/tacc user add alice --group vision
     Admin {
         /// The server's data directory.
-        #[arg(long, env = "TACC_DATA_DIR")]
+        #[arg(long, env = "TACC_DATA_DIR", global = true)]
         data_dir: PathBuf,
         #[command(subcommand)]
-        command: admin_accounts::AdminCommand,
+        command: admin::Admin,
     },
     /// The control plane alone; agents on other machines connect to it.
     ///
-    /// Example: taccd server --data-dir /var/lib/tacc --listen 0.0.0.0:8383
+    /// Example: taccd server --data-dir /var/lib/tacc --listen 0.0.0.0:8383 --tls-cert
+    /// /var/lib/tacc/tls/cert.pem --tls-key /var/lib/tacc/tls/key.pem (see `taccd admin
+    /// tls-init`)
     Server {
         #[command(flatten)]
         server: ServerArgs,
     },
     /// A node agent that runs tasks for the server at --server.
     ///
-    /// Example: taccd agent --server http://head:8383 --data-dir /var/lib/tacc-agent --token JOIN_TOKEN
+    /// Example: taccd agent --server https://head:8383 --server-fingerprint HEX --data-dir /var/lib/tacc-agent --token JOIN_TOKEN
     Agent {
         /// URL of the control plane.
         #[arg(long, env = "TACC_SERVER")]
@@ -78,6 +82,8 @@ enum Command {
         /// is then kept in DATA_DIR/node.token and used from then on).
         #[arg(long, env = "TACC_AGENT_TOKEN", hide_env_values = true)]
         token: Option<String>,
+        #[command(flatten)]
+        tls: tls::AgentTlsArgs,
         /// Where the agent keeps working directories and caches.
         #[arg(long)]
         data_dir: PathBuf,
@@ -129,6 +135,8 @@ struct ServerArgs {
     /// How long chunks no committed snapshot references are kept (e.g. 7d, 12h, 30s).
     #[arg(long, default_value = "7d")]
     chunk_retention: HumanDuration,
+    #[command(flatten)]
+    tls: tls::ServerTlsArgs,
 }
 
 /// `NAME=SOURCE` where SOURCE is an absolute path or an http(s) URL.
@@ -319,29 +327,33 @@ fn main() -> Result<()> {
                 agent,
                 admin_user,
             } => run_dev(server, agent, admin_user, shutdown).await,
-            Command::Admin { data_dir, command } => admin_accounts::run(&data_dir, command).await,
+            Command::Admin { data_dir, command } => admin::run(&data_dir, command).await,
             Command::Server { server } => run_server(server, shutdown).await.map(|_| ()),
             Command::Agent {
                 server,
                 token,
+                tls,
                 data_dir,
                 node,
                 backend,
                 slurm,
-            } => match backend.as_str() {
-                "slurm" => {
-                    slurm_agent::run(
-                        &server,
-                        &data_dir,
-                        token,
-                        slurm,
-                        node.keep_workdirs,
-                        shutdown,
-                    )
-                    .await
+            } => {
+                let client = tls.client(&server)?;
+                match backend.as_str() {
+                    "slurm" => {
+                        slurm_agent::run(
+                            client,
+                            &data_dir,
+                            token,
+                            slurm,
+                            node.keep_workdirs,
+                            shutdown,
+                        )
+                        .await
+                    }
+                    _ => run_agent(client, &data_dir, token, node, shutdown).await,
                 }
-                _ => run_agent(&server, &data_dir, token, node, shutdown).await,
-            },
+            }
         }
     })
 }
@@ -377,6 +389,8 @@ async fn start_server(
     hosts_agent: bool,
     shutdown: CancellationToken,
 ) -> Result<Started> {
+    args.tls.check_exposure(args.listen, &args.data_dir)?;
+    let tls = args.tls.load()?;
     modes::secure_server_dir(&args.data_dir, hosts_agent)?;
     let store = SqliteStore::open(&args.data_dir.join("tacc.db")).await?;
     let mut config = ServerConfig::new(args.data_dir.clone());
@@ -402,10 +416,24 @@ async fn start_server(
         )
     })?;
     let address = listener.local_addr()?;
-    let url = format!("http://{address}");
+    let url = format!(
+        "{}://{address}",
+        if tls.is_some() { "https" } else { "http" }
+    );
     write_endpoint(&args.data_dir, &url)?;
-    tracing::info!("control plane listening on {url}");
-    let serving = tokio::spawn(tacc_server::serve(served, listener, shutdown));
+    let serving = match tls {
+        Some(tls) => {
+            let fingerprint = tacc_client::tls::fingerprint(tls.certificate_der());
+            tracing::info!(
+                "control plane listening on {url} (certificate SHA-256 fingerprint {fingerprint})"
+            );
+            tokio::spawn(tacc_server::serve_tls(served, listener, tls, shutdown))
+        }
+        None => {
+            tracing::info!("control plane listening on {url}");
+            tokio::spawn(tacc_server::serve(served, listener, shutdown))
+        }
+    };
     Ok(Started {
         url,
         control,
@@ -452,10 +480,11 @@ async fn run_dev(
     let join = control
         .provision_local(&admin_user, &server.data_dir.join("admin.token"))
         .await?;
+    let client = server.tls.local_client(&url)?;
     let agent_dir = server.data_dir.join("agent");
     let agent = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { run_agent(&url, &agent_dir, Some(join), node, shutdown).await }
+        async move { run_agent(client, &agent_dir, Some(join), node, shutdown).await }
     });
     serving.await??;
     shutdown.cancel();
@@ -464,7 +493,7 @@ async fn run_dev(
 }
 
 async fn run_agent(
-    server: &str,
+    client: tacc_client::Client,
     data_dir: &Path,
     join_token: Option<String>,
     node: NodeArgs,
@@ -495,7 +524,6 @@ async fn run_agent(
         env_cache_bytes: node.env_cache_size.as_bytes(),
         task_uid_base: node.task_uid_base,
     };
-    let client = tacc_client::Client::new(server);
     let client = match tacc_agent::stored_credential(data_dir)?.or(join_token) {
         Some(token) => client.with_token(token),
         None => anyhow::bail!(

@@ -52,7 +52,7 @@ fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
 }
 
 pub async fn run(
-    server: &str,
+    client: tacc_client::Client,
     data_dir: &Path,
     join_token: Option<String>,
     args: SlurmArgs,
@@ -118,8 +118,13 @@ pub async fn run(
                 node.name
             );
         };
-        let client = tacc_client::Client::new(server).with_token(credential);
-        let agent = Agent::new(client, config, Arc::new(backend.executor_for(&node.name)))?;
+        // A client of its own: the node credential it receives must not replace another's.
+        let agent_client = client.clone().with_token(credential);
+        let agent = Agent::new(
+            agent_client,
+            config,
+            Arc::new(backend.executor_for(&node.name)),
+        )?;
         agents.spawn(agent.run(shutdown.clone()));
     }
     while agents.join_next().await.is_some() {}

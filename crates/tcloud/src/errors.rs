@@ -196,6 +196,7 @@ pub fn render_with(error: &anyhow::Error, auth: Option<&AuthContext>) -> (Option
                     (Some(format!("error: {error:#}")), code_for_api(code))
                 }
                 ClientError::Protocol { .. } => (Some(format!("error: {error:#}")), FAILURE),
+                ClientError::Tls { .. } => (Some(format!("error: {client}")), UNREACHABLE),
             };
         }
         if let Some(schema) = cause.downcast_ref::<SchemaError>() {
