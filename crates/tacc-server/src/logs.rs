@@ -106,10 +106,10 @@ mod tests {
         let book = LogBook::open(dir.path().to_path_buf(), 10).unwrap();
         book.append(TaskId(1), "12345\n").unwrap();
         book.append(TaskId(1), "67890abc\n").unwrap();
-        book.append(TaskId(1), "more\n").unwrap();
+        book.append(TaskId(1), "extra\n").unwrap();
         let text = String::from_utf8(book.read(TaskId(1), 0, usize::MAX).unwrap()).unwrap();
         assert!(text.starts_with("12345\n6789"), "{text}");
         assert_eq!(text.matches(TRUNCATED_MARKER).count(), 1, "{text}");
-        assert!(!text.contains("more"), "{text}");
+        assert!(!text.contains("extra"), "{text}");
     }
 }

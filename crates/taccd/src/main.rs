@@ -56,9 +56,9 @@ enum Command {
     ///
     /// Example: taccd admin --data-dir /var/lib/tacc user add alice --group vision
     Admin {
-        /// The server's data directory.
+        /// The server's data directory (required).
         #[arg(long, env = "TACC_DATA_DIR", global = true)]
-        data_dir: PathBuf,
+        data_dir: Option<PathBuf>,
         #[command(subcommand)]
         command: admin::Admin,
     },
@@ -327,7 +327,12 @@ fn main() -> Result<()> {
                 agent,
                 admin_user,
             } => run_dev(server, agent, admin_user, shutdown).await,
-            Command::Admin { data_dir, command } => admin::run(&data_dir, command).await,
+            Command::Admin { data_dir, command } => {
+                let data_dir = data_dir.context(
+                    "taccd admin needs the server's data directory: --data-dir DIR (or TACC_DATA_DIR)",
+                )?;
+                admin::run(&data_dir, command).await
+            }
             Command::Server { server } => run_server(server, shutdown).await.map(|_| ()),
             Command::Agent {
                 server,
@@ -546,4 +551,14 @@ fn host_name() -> String {
         .ok()
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".to_string())
+}
+
+#[cfg(test)]
+mod cli_tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
 }

@@ -59,6 +59,10 @@ pub struct Cluster {
     /// Deprecated: the user name of versions before tokens. Read, never sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// SHA-256 fingerprint (hex) of the server's self-signed TLS certificate: the
+    /// server is trusted only if it presents exactly that certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fingerprint: Option<String>,
 }
 
 impl Cluster {
@@ -67,6 +71,7 @@ impl Cluster {
             url: url.into(),
             token: None,
             user: None,
+            fingerprint: None,
         }
     }
 
@@ -266,6 +271,13 @@ impl Config {
     pub fn set_cluster(&mut self, name: &str, url: &str) -> Result<()> {
         check_profile_name(name)?;
         let text = set_in_section(&self.text_or_default(), name, "url", url);
+        self.write(text)
+    }
+
+    /// Pins profile `name` to the certificate with this SHA-256 `fingerprint`.
+    pub fn set_fingerprint(&mut self, name: &str, fingerprint: &str) -> Result<()> {
+        check_profile_name(name)?;
+        let text = set_in_section(&self.text_or_default(), name, "fingerprint", fingerprint);
         self.write(text)
     }
 
@@ -545,6 +557,23 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_pinned_fingerprint_round_trips_beside_the_token() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        fs::write(&path, SAMPLE).unwrap();
+        let mut config = Config::load_from(&path).unwrap();
+        config.set_fingerprint("lab", &"ab".repeat(32)).unwrap();
+        config
+            .set_token("lab", "https://ignored:1", "tacc_abc")
+            .unwrap();
+        let config = Config::load_from(&path).unwrap();
+        let lab = &config.file.clusters["lab"];
+        assert_eq!(lab.fingerprint.as_deref(), Some("ab".repeat(32).as_str()));
+        assert_eq!(lab.token(), Some("tacc_abc"));
+        assert_eq!(config.file.clusters["local"].fingerprint, None);
     }
 
     #[test]

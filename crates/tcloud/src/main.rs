@@ -461,11 +461,15 @@ enum ConfigCommand {
     Use { name: String },
     /// Add a cluster profile (or update its URL); then `tcloud login --profile NAME`
     #[command(
-        after_help = "Examples:\n  tcloud config add lab https://tacc.lab.example:8383\n  tcloud login --profile lab"
+        after_help = "Examples:\n  tcloud config add lab https://tacc.lab.example:8383\n  tcloud config add lab https://head:8383 --fingerprint 3f9a…(from taccd admin tls-init)\n  tcloud login --profile lab"
     )]
     Add {
         name: String,
         url: String,
+        /// SHA-256 fingerprint of the server's self-signed certificate (printed by
+        /// `taccd admin tls-init`): trust exactly that certificate
+        #[arg(long, value_name = "HEX")]
+        fingerprint: Option<String>,
         /// Deprecated and ignored: the token says who you are
         #[arg(long, hide = true)]
         user: Option<String>,
@@ -520,7 +524,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quickstart { dir } => quickstart::quickstart(&dir),
         Command::Config { command } => match command {
             ConfigCommand::Use { name } => config_cmd::use_profile(&name),
-            ConfigCommand::Add { name, url, user } => config_cmd::add(&name, &url, user.as_deref()),
+            ConfigCommand::Add {
+                name,
+                url,
+                fingerprint,
+                user,
+            } => config_cmd::add(&name, &url, fingerprint.as_deref(), user.as_deref()),
             ConfigCommand::Ls { json } => config_cmd::ls(json),
             ConfigCommand::Show => config_cmd::show(&ctx),
         },

@@ -4,7 +4,7 @@ use std::io::{IsTerminal, Read};
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use tacc_client::{Client, ClientError};
+use tacc_client::ClientError;
 
 use super::{Ctx, client_for, profile_for_url};
 use crate::config::{self, Config, TOKEN_ENV};
@@ -107,7 +107,13 @@ pub async fn login(ctx: &Ctx, token_stdin: bool, profile: Option<String>) -> Res
         read_hidden_or_stdin(format!("API token for {url}: "), token_stdin, "token").await?;
     let token = parse_token(&input)?;
 
-    let me = match Client::new(&url).with_token(token.clone()).whoami().await {
+    let fingerprint = config
+        .file
+        .clusters
+        .get(&name)
+        .and_then(|c| c.fingerprint.clone());
+    let client = super::pinned_client(&url, fingerprint.as_deref())?;
+    let me = match client.with_token(token.clone()).whoami().await {
         Ok(me) => me,
         Err(ClientError::Api {
             status: 401,
@@ -180,7 +186,7 @@ pub async fn login(ctx: &Ctx, token_stdin: bool, profile: Option<String>) -> Res
 /// `tcloud whoami [--json]`.
 pub async fn whoami(ctx: &Ctx, as_json: bool) -> Result<()> {
     let target = ctx.target()?;
-    let me = client_for(&target).whoami().await?;
+    let me = client_for(&target)?.whoami().await?;
     if as_json {
         return out_json(&json!({
             "name": me.name,

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::Ctx;
 use crate::config::{Config, TOKEN_ENV};
-use crate::errors::TokenSource;
+use crate::errors::{CliError, TokenSource};
 use crate::format::{out, out_json, print_table, table};
 
 pub fn use_profile(name: &str) -> Result<()> {
@@ -21,7 +21,7 @@ pub fn use_profile(name: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn add(name: &str, url: &str, user: Option<&str>) -> Result<()> {
+pub fn add(name: &str, url: &str, fingerprint: Option<&str>, user: Option<&str>) -> Result<()> {
     if user.is_some() {
         eprintln!(
             "warning: --user is ignored: the server knows you by your token (`tcloud login --profile {name}`)"
@@ -30,6 +30,17 @@ pub fn add(name: &str, url: &str, user: Option<&str>) -> Result<()> {
     let mut config = Config::load()?;
     let existed = config.file.clusters.contains_key(name);
     config.set_cluster(name, url)?;
+    if let Some(fingerprint) = fingerprint {
+        tacc_client::tls::parse_fingerprint(fingerprint)
+            .map_err(|why| CliError::invalid(format!("--fingerprint: {why}")))?;
+        if !url.starts_with("https://") {
+            return Err(CliError::invalid(format!(
+                "--fingerprint pins a TLS certificate, so the URL must be https://, not {url}"
+            ))
+            .into());
+        }
+        config.set_fingerprint(name, fingerprint)?;
+    }
     let verb = if existed { "Updated" } else { "Added" };
     out(format!(
         "{verb} cluster `{name}` ({url}) in {}",

@@ -32,6 +32,8 @@ pub struct Target {
     pub profile: Option<String>,
     pub token: Option<String>,
     pub source: TokenSource,
+    /// The pinned certificate fingerprint of the profile, if any.
+    pub fingerprint: Option<String>,
 }
 
 /// Never prints the token itself.
@@ -80,7 +82,7 @@ impl Ctx {
     /// A client for the server in effect, carrying the token in effect.
     pub fn client(&self) -> Result<Client> {
         let target = self.target()?;
-        Ok(client_for(&target))
+        client_for(&target)
     }
 }
 
@@ -108,26 +110,37 @@ pub fn resolve_target(
         },
         (None, None) => (None, TokenSource::None),
     };
+    let fingerprint = profile.as_ref().and_then(|(_, c)| c.fingerprint.clone());
     Ok(Target {
         url,
         profile: profile.map(|(name, _)| name),
         token,
         source,
+        fingerprint,
     })
 }
 
 /// A client for `target`; records the target so that a 401 can say what to do.
-pub fn client_for(target: &Target) -> Client {
+pub fn client_for(target: &Target) -> Result<Client> {
     set_auth_context(AuthContext {
         url: target.url.clone(),
         profile: target.profile.clone(),
         source: target.source.clone(),
     });
-    let client = Client::new(&target.url);
-    match &target.token {
+    let client = pinned_client(&target.url, target.fingerprint.as_deref())?;
+    Ok(match &target.token {
         Some(token) => client.with_token(token.clone()),
         None => client,
-    }
+    })
+}
+
+/// A client for `url`, trusting only the certificate with `fingerprint` when one is given.
+pub fn pinned_client(url: &str, fingerprint: Option<&str>) -> Result<Client> {
+    let client = Client::new(url);
+    Ok(match fingerprint {
+        Some(fingerprint) => client.with_pinned_fingerprint(fingerprint)?,
+        None => client,
+    })
 }
 
 #[cfg(test)]
