@@ -479,6 +479,34 @@ fn login_admin_and_secrets_through_the_cli() {
     let listed = bob.json(&["secret", "ls", "--json"]);
     assert_eq!(listed[0]["name"], "HF_TOKEN", "{listed}");
     assert!(!listed.to_string().contains(value));
+    // A task that uses it: the CLI shows the secret's name, never its value.
+    let dir = bob.home.path().join("uses-secret");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("task.yaml"),
+        "name: uses-secret\nenvironment:\n  secrets: [HF_TOKEN]\nrun: echo \"token is $HF_TOKEN\"\n",
+    )
+    .unwrap();
+    let task = bob.json(&["submit", dir.to_str().unwrap(), "--json"])["task_id"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let logs = bob.ok(&["logs", "-f", &task]);
+    assert!(logs.contains("token is ***"), "{logs}");
+    for args in [
+        vec!["show", task.as_str()],
+        vec!["show", task.as_str(), "--json"],
+        vec!["show", "--instruction", task.as_str()],
+        vec!["logs", task.as_str()],
+        vec!["ps", "--all", "--json"],
+    ] {
+        let out = bob.tcloud(&args);
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+        assert!(
+            !text.contains(value),
+            "`tcloud {args:?}` shows the secret: {text}"
+        );
+    }
     bob.ok(&["secret", "rm", "HF_TOKEN"]);
     assert_eq!(bob.json(&["secret", "ls", "--json"]), serde_json::json!([]));
 

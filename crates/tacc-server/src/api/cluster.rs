@@ -36,8 +36,30 @@ pub(super) async fn list_datasets(
     )
 }
 
-pub(super) async fn list_nodes(State(app): State<AppState>) -> Json<Vec<tacc_proto::NodeView>> {
-    Json(app.control.node_views().await)
+/// Every node, like `sinfo`; a node's running tasks are listed only where the caller
+/// may see them (the ids of other users' tasks are not theirs to know).
+pub(super) async fn list_nodes(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult<Json<Vec<tacc_proto::NodeView>>> {
+    let user = user_of(&caller)?;
+    let mut views = app.control.node_views().await;
+    if user.role != tacc_core::Role::Admin {
+        for view in &mut views {
+            let mut visible = Vec::with_capacity(view.running_tasks.len());
+            for task in &view.running_tasks {
+                let Some(record) = app.control.store.get_task(*task).await? else {
+                    continue;
+                };
+                let group = app.control.auth.group_of(&record.user).await?;
+                if crate::auth::may_act_for(user, &record.user, group.as_deref()) {
+                    visible.push(*task);
+                }
+            }
+            view.running_tasks = visible;
+        }
+    }
+    Ok(Json(views))
 }
 
 /// Run one chunk garbage-collection pass now (it also runs periodically).
