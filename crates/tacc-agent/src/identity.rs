@@ -10,8 +10,6 @@
 //!   agent's files; the agent's own modes still keep them from other local accounts).
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -287,19 +285,7 @@ impl UidTable {
             users: users.clone(),
         })
         .map_err(std::io::Error::other)?;
-        let partial = self.path.with_extension("json.partial");
-        let _ = std::fs::remove_file(&partial);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&partial)?;
-        file.write_all(&text)?;
-        file.sync_all()?;
-        std::fs::rename(&partial, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)?.sync_all()?;
-        }
+        crate::write_private(&self.path, &text)?;
         Ok(())
     }
 }

@@ -62,8 +62,9 @@ pub fn stored_credential(data_dir: &std::path::Path) -> Result<Option<String>, A
     }
 }
 
-/// Write `secret` readable by this account only, replacing any earlier file atomically.
-fn write_private(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
+/// Write `bytes` readable by this account only (0600), replacing any earlier file
+/// atomically and durably (the file, then its directory, are synced).
+pub(crate) fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     if let Some(dir) = path.parent() {
@@ -76,9 +77,13 @@ fn write_private(path: &std::path::Path, secret: &str) -> std::io::Result<()> {
         .create_new(true)
         .mode(0o600)
         .open(&partial)?;
-    file.write_all(secret.as_bytes())?;
+    file.write_all(bytes)?;
     file.sync_all()?;
-    std::fs::rename(&partial, path)
+    std::fs::rename(&partial, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -304,7 +309,7 @@ impl Agent {
                         // Kept before use: a restart must find it, or the node could
                         // never register under its name again.
                         let path = credential_path(&self.shared.config.data_dir);
-                        if let Err(e) = write_private(&path, credential) {
+                        if let Err(e) = write_private(&path, credential.as_bytes()) {
                             tracing::error!(
                                 "cannot keep this node's credential in {}: {e}",
                                 path.display()

@@ -7,7 +7,7 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::*;
 use futures::StreamExt;
@@ -59,46 +59,8 @@ fn pinned(url: &str, fingerprint: &str) -> Client {
 /// Start `taccd MODE --data-dir DIR ARGS…` and wait for the URL it writes; the daemon is
 /// not asked anything (its certificate may not be trusted by the default client).
 async fn spawn(mode: &str, data_dir: &Path, args: &[String]) -> Daemon {
-    std::fs::create_dir_all(data_dir).unwrap();
-    let log = std::fs::File::create(data_dir.join(format!("{mode}.log"))).unwrap();
-    let child = taccd()
-        .arg(mode)
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let endpoint = data_dir.join("taccd.json");
-    let url = eventually("taccd to write its endpoint", DEADLINE, || {
-        let endpoint = endpoint.clone();
-        async move {
-            let text = std::fs::read_to_string(&endpoint).ok()?;
-            let value: serde_json::Value = serde_json::from_str(&text).ok()?;
-            Some(value["url"].as_str()?.to_string())
-        }
-    })
-    .await;
-    let token_file = data_dir.join("admin.token");
-    if mode != "dev" {
-        let token = admin(data_dir, &["user", "add", "tester", "--role", "admin"]);
-        std::fs::write(&token_file, token.trim()).unwrap();
-    }
-    let token = eventually("the admin token", DEADLINE, || {
-        let token_file = token_file.clone();
-        async move {
-            let text = std::fs::read_to_string(&token_file).ok()?;
-            (!text.trim().is_empty()).then(|| text.trim().to_string())
-        }
-    })
-    .await;
-    Daemon {
-        child,
-        url,
-        data_dir: data_dir.to_path_buf(),
-        token,
-    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    launch(mode, data_dir, &args).await
 }
 
 async fn healthy(client: &Client) {

@@ -105,6 +105,22 @@ where
 
 /// Start `taccd ARGS --data-dir DIR --listen 127.0.0.1:0` and wait until it answers.
 pub async fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
+    let mut args = vec!["--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    let daemon = launch(mode, data_dir, &args).await;
+    let client = daemon.client();
+    eventually("the server to answer", DEADLINE, || {
+        let client = client.clone();
+        async move { client.health().await.ok() }
+    })
+    .await;
+    daemon
+}
+
+/// Start `taccd MODE --data-dir DIR ARGS` and wait for its endpoint and an admin token
+/// (a dev cluster writes its own; a plain server gets one from `taccd admin`), without
+/// asking it anything (a TLS server is not trusted by the default client).
+pub async fn launch(mode: &str, data_dir: &Path, args: &[&str]) -> Daemon {
     let _ = std::fs::remove_file(data_dir.join("taccd.json"));
     std::fs::create_dir_all(data_dir).unwrap();
     let log = std::fs::File::create(data_dir.join(format!("{mode}.log"))).unwrap();
@@ -112,8 +128,7 @@ pub async fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
         .arg(mode)
         .arg("--data-dir")
         .arg(data_dir)
-        .args(["--listen", "127.0.0.1:0"])
-        .args(extra)
+        .args(args)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -142,19 +157,12 @@ pub async fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
         }
     })
     .await;
-    let daemon = Daemon {
+    Daemon {
         child,
         url,
         data_dir: data_dir.to_path_buf(),
         token,
-    };
-    let client = daemon.client();
-    eventually("the server to answer", DEADLINE, || {
-        let client = client.clone();
-        async move { client.health().await.ok() }
-    })
-    .await;
-    daemon
+    }
 }
 
 /// Start a separate agent process for `server`, with a join token the operator issued.
