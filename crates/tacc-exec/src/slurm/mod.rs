@@ -326,14 +326,18 @@ impl SlurmBackend {
         gang_name: String,
         ranks: BTreeMap<u32, RankSlot>,
     ) -> Result<(), ExecError> {
-        let dir = self.gang_dir(&gang_name);
+        // Each submission gets a directory (and comment) of its own: a gang of the same
+        // task phase submitted again must not find the files of the last one, nor have
+        // them removed under it by the last one's clean-up.
+        let job_name = format!("{gang_name}-{}", submission_suffix());
+        let dir = self.gang_dir(&job_name);
         let first = ranks.values().next().expect("a gang has a rank");
         let options = SubmitOptions::from_spec(
             &first.spec,
             ranks.len() as u32,
             ranks.values().map(|r| r.node.clone()).collect(),
             &self.config,
-            &gang_name,
+            &job_name,
         );
         let prepared = script::write_gang(
             &dir,
@@ -549,6 +553,17 @@ fn fail_ranks(ranks: BTreeMap<u32, RankSlot>, error: ExecError) -> ExecError {
         });
     }
     error
+}
+
+/// Unique per submission, also across restarts of the agent: milliseconds since the epoch
+/// and a counter, in hex.
+fn submission_suffix() -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{millis:x}{count:x}")
 }
 
 fn remove_gang_dir(dir: &Path) {
