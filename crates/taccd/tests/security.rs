@@ -684,6 +684,7 @@ async fn oversized_bodies_and_a_zstd_bomb_are_refused_fast() {
     assert!(took < Duration::from_secs(1), "413 took {took:?}");
     eprintln!("figure: 100 MB announced -> 413 in {took:?}");
     let grown = rss_kib(server.pid()).saturating_sub(before);
+    eprintln!("figure: taccd RSS grew {grown} KiB on the 100 MB request");
     assert!(
         grown < 50 * 1024,
         "taccd grew by {grown} KiB on a 100 MB request"
@@ -701,6 +702,7 @@ async fn oversized_bodies_and_a_zstd_bomb_are_refused_fast() {
     eprintln!("figure: zstd bomb ({bomb_bytes} bytes -> 64 MiB) refused in {took:?}");
     assert!(took < Duration::from_secs(1));
     let grown = rss_kib(server.pid()).saturating_sub(before);
+    eprintln!("figure: taccd RSS grew {grown} KiB in all after the zstd bomb");
     assert!(
         grown < 50 * 1024,
         "taccd grew by {grown} KiB on a zstd bomb"
