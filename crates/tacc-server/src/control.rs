@@ -97,6 +97,23 @@ pub(crate) struct Inner {
     specs: BTreeMap<TaskId, TaskSpec>,
     /// Tasks told to stop by a preemption, until their attempt has ended.
     preempting: BTreeSet<TaskId>,
+    /// The group of each task owner's identity (users the configuration file gives no
+    /// group are accounted to this one).
+    identity_groups: BTreeMap<String, Option<String>>,
+}
+
+impl Inner {
+    fn group_for(&self, config: &ServerConfig, user: &str) -> Option<String> {
+        let configured = config
+            .scheduler
+            .users
+            .get(user)
+            .is_some_and(|u| u.group.is_some());
+        if configured {
+            return None;
+        }
+        self.identity_groups.get(user).cloned().flatten()
+    }
 }
 
 #[derive(Debug)]
@@ -123,8 +140,16 @@ fn spec_of(record: &TaskRecord) -> Result<TaskSpec, ServerError> {
     })
 }
 
-fn request_of(spec: &TaskSpec, record: &TaskRecord, at: Timestamp) -> TaskRequest {
+/// What the scheduler is told about a task. `group` is the owner's group from their
+/// identity, used where the configuration file does not name one for them.
+fn request_of(
+    spec: &TaskSpec,
+    record: &TaskRecord,
+    at: Timestamp,
+    group: Option<String>,
+) -> TaskRequest {
     TaskRequest {
+        group,
         user: tacc_core::UserName::new(record.user.clone()),
         per_node: spec.resources.per_node(),
         nodes: spec.resources.nodes,
@@ -215,6 +240,7 @@ impl Control {
                 held: BTreeSet::new(),
                 specs: BTreeMap::new(),
                 preempting: BTreeSet::new(),
+                identity_groups: BTreeMap::new(),
             }),
         });
         control.recover().await?;
@@ -266,6 +292,10 @@ impl Control {
                     }
                 }
             }
+            if !inner.identity_groups.contains_key(&record.user) {
+                let group = self.auth.group_of(&record.user).await?;
+                inner.identity_groups.insert(record.user.clone(), group);
+            }
             inner.specs.insert(record.id, spec);
         }
         Ok(())
@@ -313,8 +343,11 @@ impl Control {
                 submitted_at: now(),
             })
             .await?;
+        let group = self.auth.group_of(user).await?;
         let mut inner = self.inner.lock().await;
-        let request = request_of(&spec, &record, record.submitted_at);
+        inner.identity_groups.insert(user.to_string(), group);
+        let group = inner.group_for(&self.config, user);
+        let request = request_of(&spec, &record, record.submitted_at, group);
         inner.specs.insert(record.id, spec);
         if inner.nodes.values().any(|n| n.online) {
             self.drive(
@@ -476,7 +509,8 @@ impl Control {
             let Some(spec) = inner.specs.get(&record.id) else {
                 continue;
             };
-            let request = request_of(spec, &record, record.submitted_at);
+            let group = inner.group_for(&self.config, &record.user);
+            let request = request_of(spec, &record, record.submitted_at, group);
             events.push(if record.state == TaskState::Queued {
                 Event::TaskSubmitted {
                     task: record.id,
@@ -628,9 +662,10 @@ impl Control {
                     continue;
                 }
                 if let Some(spec) = inner.specs.get(&task.id) {
+                    let group = inner.group_for(&self.config, &task.user);
                     let event = Event::TaskRestored {
                         task: task.id,
-                        request: request_of(spec, &task, task.submitted_at),
+                        request: request_of(spec, &task, task.submitted_at, group),
                         placements: placements_of(&task.placements),
                     };
                     self.drive(&mut inner, event).await;
@@ -655,7 +690,8 @@ impl Control {
                 let Some(spec) = inner.specs.get(&task) else {
                     continue;
                 };
-                let request = request_of(spec, &record, record.submitted_at);
+                let group = inner.group_for(&self.config, &record.user);
+                let request = request_of(spec, &record, record.submitted_at, group);
                 self.drive(&mut inner, Event::TaskSubmitted { task, request })
                     .await;
             }
@@ -942,7 +978,8 @@ impl Control {
         self.drive(inner, Event::TaskEnded(task)).await;
         match (retry, spec) {
             (true, Some(spec)) => {
-                let request = request_of(&spec, &record, at);
+                let group = inner.group_for(&self.config, &record.user);
+                let request = request_of(&spec, &record, at, group);
                 if inner.nodes.values().any(|n| n.online) {
                     self.drive(inner, Event::TaskSubmitted { task, request })
                         .await;

@@ -198,3 +198,57 @@ async fn a_high_priority_task_preempts_a_preemptible_one_which_is_requeued() {
     );
     wait_no_processes(&marker).await;
 }
+
+/// A user the configuration file does not list is accounted to the group of their
+/// identity (`taccd admin user add NAME --group G`): the group's limits hold them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_limits_apply_to_the_group_of_a_users_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tacc.toml");
+    std::fs::write(
+        &config,
+        "policy = \"fairshare\"\n\n[groups.vision]\nmax_running_tasks = 1\n",
+    )
+    .unwrap();
+    let daemon = start(
+        "dev",
+        &dir.path().join("d"),
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    let carol = daemon.user_client("carol", Some("vision"), "user").await;
+    let dave = daemon.user_client("dave", Some("vision"), "user").await;
+    let erin = daemon.user_client("erin", Some("nlp"), "user").await;
+    let yaml = "name: held\nresources: {cpus: 0.5, time_limit: 2m}\nrun: sleep 300\n";
+    let first = submit(&carol, dir.path(), "first", yaml, &[]).await;
+    wait_state(&carol, first, &[TaskState::Running]).await;
+    let second = submit(&dave, dir.path(), "second", yaml, &[]).await;
+    let view = eventually("dave's pending reason", DEADLINE, || {
+        let dave = dave.clone();
+        async move {
+            let view = dave.get_task(second).await.ok()?;
+            view.reason.is_some().then_some(view)
+        }
+    })
+    .await;
+    assert_eq!(view.state, TaskState::Queued);
+    let reason = view.reason.unwrap();
+    assert!(reason.contains("group"), "{reason}");
+    // Another group is not held back.
+    let other = submit(
+        &erin,
+        dir.path(),
+        "other",
+        "name: other\nresources: {cpus: 0.5}\nrun: echo hi\n",
+        &[],
+    )
+    .await;
+    assert_eq!(
+        wait_terminal(&erin, other).await.state,
+        TaskState::Succeeded
+    );
+    carol.cancel(first).await.unwrap();
+    wait_state(&dave, second, &[TaskState::Running]).await;
+    dave.cancel(second).await.unwrap();
+    wait_terminal(&dave, second).await;
+}
