@@ -66,6 +66,9 @@ pub trait Cgroups: Send + Sync + Debug {
     /// An existing execution cgroup, to kill and remove it.
     fn open(&self, name: &str) -> Option<Box<dyn Cgroup>>;
 
+    /// Remove this agent's (empty) root, when the agent stops.
+    fn close(&self) {}
+
     /// Kill and remove every execution cgroup a previous life of the agent left behind
     /// (call before the agent runs anything); returns how many processes it killed.
     fn remove_stale(&self) -> usize {

@@ -90,6 +90,12 @@ impl Cgroups for V1Cgroups {
         Ok(Some(Box::new(cgroup)))
     }
 
+    fn close(&self) {
+        for (_, root) in &self.roots {
+            let _ = std::fs::remove_dir(root);
+        }
+    }
+
     fn existing(&self) -> Vec<String> {
         self.root("memory").map(subdirs).unwrap_or_default()
     }

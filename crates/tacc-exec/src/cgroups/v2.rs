@@ -75,6 +75,10 @@ impl Cgroups for V2Cgroups {
         Ok(Some(Box::new(cgroup)))
     }
 
+    fn close(&self) {
+        let _ = std::fs::remove_dir(&self.root);
+    }
+
     fn existing(&self) -> Vec<String> {
         subdirs(&self.root)
     }
