@@ -14,6 +14,7 @@ mod docker;
 mod fake;
 mod process;
 
+pub mod cgroups;
 pub mod contract;
 pub mod runtime;
 pub mod slurm;
@@ -163,6 +164,13 @@ pub enum ExecError {
     },
     #[error("the container runtime refused the task: {0}")]
     Container(String),
+    /// A cgroup of the process runtime could not be found, created, limited or joined.
+    #[error("cgroup: cannot {action} {path}: {detail}")]
+    Cgroup {
+        action: &'static str,
+        path: String,
+        detail: String,
+    },
 }
 
 impl ExecError {
@@ -171,6 +179,7 @@ impl ExecError {
         match self {
             ExecError::ImageNotFound { .. } => "image_not_found",
             ExecError::RuntimeUnavailable { .. } => "runtime_unavailable",
+            ExecError::Cgroup { .. } => "cgroup_failed",
             _ => "launch_failed",
         }
     }

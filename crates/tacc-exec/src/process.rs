@@ -1,13 +1,18 @@
 use std::os::unix::process::ExitStatusExt;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
+use crate::cgroups::{
+    Cgroup, Cgroups, DEFAULT_PIDS_MAX, KILL_DEADLINE, KillReport, Limits, NoCgroups,
+};
 use crate::{
     ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Stream, handle_parts,
 };
@@ -17,15 +22,86 @@ use crate::{
 /// rather than hang.
 const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
+/// How a process joins its cgroup before the task's code runs, without `unsafe`
+/// (`pre_exec`): the child starts as this tiny `sh` script, which blocks reading its
+/// stdin. The parent (the agent, privileged) writes the child's pid into the cgroup's
+/// `cgroup.procs` file(s), then writes `go`; only then does the script `exec` the task's
+/// `bash` (same pid, so the process group and the cgroup carry over), with stdin from
+/// `/dev/null`. Nothing of the task runs before it is in its cgroup; if the parent fails
+/// or dies first, the script reads something else or end of file and exits 125 without
+/// running the task. The parent moves the pid rather than the child joining itself
+/// because the child has already dropped to the task's identity ([`crate::RunAs`]),
+/// which may not write the cgroup's files.
+const JOIN_SCRIPT: &str = r#"IFS= read -r go && [ "$go" = go ] && exec "$@" </dev/null; exit 125"#;
+
+/// Tells executions' cgroups apart (with the agent's pid) under one agent root.
+static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
 /// Runs each execution as a `bash -c` process in its own process group, so cancel, the
 /// time limit and the end of the main process reach every process the task started.
-#[derive(Debug, Default, Clone)]
-pub struct ProcessExecutor;
+/// With a cgroup hierarchy ([`ProcessExecutor::with_cgroups`]) each execution also gets
+/// a cgroup of its own: the placement's CPU and memory limits and a pids limit apply,
+/// and the kill reaches processes that left the process group (`setsid`).
+#[derive(Debug, Clone)]
+pub struct ProcessExecutor {
+    cgroups: Arc<dyn Cgroups>,
+    pids_max: u64,
+}
+
+impl Default for ProcessExecutor {
+    fn default() -> Self {
+        ProcessExecutor::new()
+    }
+}
 
 impl ProcessExecutor {
+    /// Process groups only, no cgroups.
     pub fn new() -> Self {
-        ProcessExecutor
+        ProcessExecutor {
+            cgroups: Arc::new(NoCgroups),
+            pids_max: DEFAULT_PIDS_MAX,
+        }
     }
+
+    /// Each execution in a cgroup of its own under `cgroups`.
+    pub fn with_cgroups(cgroups: Arc<dyn Cgroups>) -> Self {
+        ProcessExecutor {
+            cgroups,
+            pids_max: DEFAULT_PIDS_MAX,
+        }
+    }
+
+    /// The pids limit of each execution's cgroup (default [`DEFAULT_PIDS_MAX`]).
+    pub fn with_pids_max(mut self, pids_max: u64) -> Self {
+        self.pids_max = pids_max;
+        self
+    }
+
+    /// The cgroup hierarchy executions run under (`none` when they get no cgroup).
+    pub fn cgroups(&self) -> &Arc<dyn Cgroups> {
+        &self.cgroups
+    }
+}
+
+/// A cgroup name from an execution's label: letters, digits, `-`, `_` and `.` only.
+fn cgroup_name(label: &str) -> String {
+    let clean: String = label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    let clean = clean.trim_start_matches('.');
+    format!(
+        "{clean}-{}-{}",
+        std::process::id(),
+        SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 #[async_trait::async_trait]
@@ -48,7 +124,26 @@ impl Executor for ProcessExecutor {
                 spec.workdir.display().to_string(),
             ));
         }
-        let mut command = Command::new("bash");
+        let cgroup = self.cgroups.create(
+            &cgroup_name(&spec.label),
+            &Limits {
+                cpu_millis: spec.placement.cpu_millis,
+                memory_bytes: spec.placement.memory_bytes,
+                pids_max: self.pids_max,
+            },
+        )?;
+        let mut command = match &cgroup {
+            None => Command::new("bash"),
+            Some(_) => {
+                let mut wrapper = Command::new("/bin/sh");
+                wrapper
+                    .arg("-c")
+                    .arg(JOIN_SCRIPT)
+                    .arg("tacc-join")
+                    .arg("bash");
+                wrapper
+            }
+        };
         command
             .arg("-c")
             .arg(&spec.script)
@@ -56,7 +151,11 @@ impl Executor for ProcessExecutor {
             .current_dir(&spec.workdir)
             .env_clear()
             .envs(&spec.env)
-            .stdin(Stdio::null())
+            .stdin(if cgroup.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
@@ -66,12 +165,27 @@ impl Executor for ProcessExecutor {
             // the switch, so it must be reachable by that identity.
             command.uid(run_as.uid).gid(run_as.gid);
         }
-        let mut child = command.spawn().map_err(|source| ExecError::Spawn {
-            program: "bash".into(),
-            workdir: spec.workdir.display().to_string(),
-            source,
-        })?;
+        let mut child = match command.spawn() {
+            Ok(child) => child,
+            Err(source) => {
+                if let Some(cgroup) = &cgroup {
+                    let _ = cgroup.remove();
+                }
+                return Err(ExecError::Spawn {
+                    program: "bash".into(),
+                    workdir: spec.workdir.display().to_string(),
+                    source,
+                });
+            }
+        };
         let pid = child.id();
+        if let Some(cgroup) = &cgroup {
+            if let Err(error) = join(&mut child, cgroup.as_ref()).await {
+                let _ = child.kill().await;
+                let _ = cgroup.remove();
+                return Err(error);
+            }
+        }
         let readers = [
             child
                 .stdout
@@ -80,32 +194,49 @@ impl Executor for ProcessExecutor {
             child
                 .stderr
                 .take()
-                .map(|err| tokio::spawn(forward_lines(err, Stream::Stderr, output))),
+                .map(|err| tokio::spawn(forward_lines(err, Stream::Stderr, output.clone()))),
         ];
         let (cancel, exit_tx, exit_rx) = handle_parts();
         let token = cancel.clone();
+        let memory_bytes = spec.placement.memory_bytes;
         tokio::spawn(async move {
             let group = pid.map(|p| Pid::from_raw(p as i32));
+            let cgroup: Option<Arc<dyn Cgroup>> = cgroup.map(Arc::from);
             let time_limit = async {
                 match spec.time_limit {
                     Some(limit) => tokio::time::sleep(limit).await,
                     None => std::future::pending().await,
                 }
             };
-            let outcome = tokio::select! {
+            let mut hard = KillReport::default();
+            let mut outcome = tokio::select! {
                 status = child.wait() => status.map(outcome_of).unwrap_or(ExitOutcome::Signalled(9)),
                 _ = token.cancelled() => {
-                    terminate(&mut child, group, spec.kill_grace).await;
+                    hard = terminate(&mut child, group, cgroup.as_ref(), spec.kill_grace).await;
                     ExitOutcome::Cancelled
                 }
                 _ = time_limit => {
-                    terminate(&mut child, group, spec.kill_grace).await;
+                    hard = terminate(&mut child, group, cgroup.as_ref(), spec.kill_grace).await;
                     ExitOutcome::TimeLimit
                 }
             };
-            // The main process is gone; whatever it left behind in its group goes too.
+            // The main process is gone; whatever it left behind in its group (and its
+            // cgroup, where it has one: `setsid` does not leave that) goes too.
             if let Some(group) = group {
                 let _ = killpg(group, Signal::SIGKILL);
+            }
+            if let Some(cgroup) = &cgroup {
+                let last = kill_cgroup(cgroup).await;
+                hard.killed.extend(last.killed);
+                hard.empty = last.empty;
+                if matches!(outcome, ExitOutcome::Exited(code) if code != 0)
+                    || matches!(outcome, ExitOutcome::Signalled(_))
+                {
+                    let kills = cgroup.oom_kills();
+                    if kills > 0 {
+                        outcome = out_of_memory(kills, memory_bytes);
+                    }
+                }
             }
             for reader in readers.into_iter().flatten() {
                 let abort = reader.abort_handle();
@@ -116,10 +247,83 @@ impl Executor for ProcessExecutor {
                     abort.abort();
                 }
             }
+            if let Some(cgroup) = &cgroup {
+                // Checked: the cgroup is empty after the kill, else it is said.
+                let mut notes = Vec::new();
+                if !hard.killed.is_empty() {
+                    notes.push(format!("tacc: killed {}", hard.describe()));
+                }
+                if !hard.empty {
+                    notes.push(format!(
+                        "tacc: processes remain in {} after the kill: {:?}",
+                        cgroup.path().display(),
+                        cgroup.procs()
+                    ));
+                }
+                for text in notes {
+                    tracing::info!("{}: {text}", spec.label);
+                    let _ = output.send(OutputLine {
+                        stream: Stream::Stderr,
+                        text,
+                    });
+                }
+                if hard.empty {
+                    if let Err(error) = cgroup.remove() {
+                        tracing::warn!("{}: {error}", spec.label);
+                    }
+                }
+            }
+            drop(output);
             let _ = exit_tx.send(outcome);
         });
         Ok(ExecutionHandle::new(pid, cancel, exit_rx))
     }
+}
+
+/// Put the freshly spawned wrapper (see [`JOIN_SCRIPT`]) into its cgroup, then let it
+/// `exec` the task.
+async fn join(child: &mut Child, cgroup: &dyn Cgroup) -> Result<(), ExecError> {
+    let pid = child.id().ok_or_else(|| ExecError::Cgroup {
+        action: "join",
+        path: cgroup.path().display().to_string(),
+        detail: "the process ended before it joined".into(),
+    })?;
+    for file in cgroup.join_files() {
+        crate::cgroups::write_file(&file, &pid.to_string())?;
+    }
+    let mut stdin = child.stdin.take().ok_or_else(|| ExecError::Cgroup {
+        action: "join",
+        path: cgroup.path().display().to_string(),
+        detail: "no pipe to the process".into(),
+    })?;
+    // A failed write means the wrapper already died; its exit status tells the rest.
+    let _ = stdin.write_all(b"go\n").await;
+    drop(stdin);
+    Ok(())
+}
+
+/// The outcome of an execution the kernel's OOM killer hit.
+fn out_of_memory(kills: u64, memory_bytes: u64) -> ExitOutcome {
+    let limit = if memory_bytes > 0 {
+        format!("its memory limit of {} MiB", memory_bytes.div_ceil(1 << 20))
+    } else {
+        "the memory it could get".to_string()
+    };
+    let noun = if kills == 1 { "process" } else { "processes" };
+    ExitOutcome::Infrastructure {
+        reason: "out_of_memory".into(),
+        message: format!(
+            "the kernel killed {kills} {noun} of the task for using more than {limit}"
+        ),
+    }
+}
+
+/// Kill what is left in a cgroup (blocking file I/O and short sleeps: off the runtime).
+async fn kill_cgroup(cgroup: &Arc<dyn Cgroup>) -> KillReport {
+    let cgroup = cgroup.clone();
+    tokio::task::spawn_blocking(move || cgroup.kill_all(KILL_DEADLINE))
+        .await
+        .unwrap_or_default()
 }
 
 fn outcome_of(status: ExitStatus) -> ExitOutcome {
@@ -130,17 +334,36 @@ fn outcome_of(status: ExitStatus) -> ExitOutcome {
     }
 }
 
-/// SIGTERM to the whole group, then SIGKILL once the grace period is over.
-async fn terminate(child: &mut Child, group: Option<Pid>, grace: Duration) {
+/// SIGTERM to the whole group (and every process of the cgroup), then SIGKILL once the
+/// grace period is over; says what it had to kill hard.
+async fn terminate(
+    child: &mut Child,
+    group: Option<Pid>,
+    cgroup: Option<&Arc<dyn Cgroup>>,
+    grace: Duration,
+) -> KillReport {
     if let Some(group) = group {
         let _ = killpg(group, Signal::SIGTERM);
     }
+    if let Some(cgroup) = cgroup {
+        cgroup.signal_all(Signal::SIGTERM);
+    }
+    let mut report = KillReport {
+        empty: true,
+        ..KillReport::default()
+    };
     if tokio::time::timeout(grace, child.wait()).await.is_err() {
-        if let Some(group) = group {
-            let _ = killpg(group, Signal::SIGKILL);
+        match cgroup {
+            Some(cgroup) => report = kill_cgroup(cgroup).await,
+            None => {
+                if let Some(group) = group {
+                    let _ = killpg(group, Signal::SIGKILL);
+                }
+            }
         }
         let _ = child.wait().await;
     }
+    report
 }
 
 async fn forward_lines(

@@ -536,13 +536,34 @@ async fn run_agent(
              admin makes one with `taccd admin agent-token`)"
         ),
     };
-    let mut agent = Agent::new(client, config, Arc::new(tacc_exec::ProcessExecutor::new()))?;
+    let cgroups: Arc<dyn tacc_exec::cgroups::Cgroups> = Arc::from(agent_cgroups(data_dir));
+    let processes = tacc_exec::ProcessExecutor::with_cgroups(cgroups.clone());
+    let mut agent = Agent::new(client, config, Arc::new(processes))?;
     if let Some(docker) = container_runtime(&node, data_dir).await {
         tracing::info!("container runtime: Docker engine at the configured socket");
         agent = agent.with_container_runtime(docker);
     }
     agent.run(shutdown).await;
+    cgroups.close();
     Ok(())
+}
+
+/// This agent's part of the machine's cgroup hierarchy, `tacc/agent-<H(data dir)>` (one
+/// per agent data directory, the same across restarts), with what a previous life left
+/// there killed and removed before anything runs. Where no hierarchy is writable, tasks
+/// run in process groups only (said once in the log).
+fn agent_cgroups(data_dir: &Path) -> Box<dyn tacc_exec::cgroups::Cgroups> {
+    let canonical = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let hash = blake3::hash(canonical.as_os_str().as_encoded_bytes()).to_hex();
+    let cgroups = tacc_exec::cgroups::detect(&format!("tacc/agent-{}", &hash[..12]));
+    let killed = cgroups.remove_stale();
+    if killed > 0 {
+        tracing::warn!("killed {killed} processes left in the cgroups of a previous run");
+    }
+    tracing::info!("task cgroups: {}", cgroups.version());
+    cgroups
 }
 
 fn host_name() -> String {

@@ -1,0 +1,325 @@
+//! cgroup v1: one hierarchy per controller (`<mount>/memory`, `<mount>/cpu`, …). An
+//! execution's cgroup is a directory of the same name in each controller it uses, and a
+//! process joins by writing its pid to `cgroup.procs` in each.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::{
+    CPU_PERIOD_US, Cgroup, Cgroups, KillReport, Limits, cpu_quota_us, keyed_value, kill_loop,
+    make_dir, read_pids, remove_dir, subdirs, write_file,
+};
+use crate::ExecError;
+
+/// The controllers used, in the order their directories are created.
+const CONTROLLERS: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "freezer"];
+
+/// One agent's root in each mounted v1 controller.
+#[derive(Debug, Clone)]
+pub struct V1Cgroups {
+    /// `(controller, <mount>/<controller>/<agent root>)`; co-mounted controllers
+    /// (`cpu,cpuacct`) share a directory.
+    roots: Vec<(&'static str, PathBuf)>,
+}
+
+impl V1Cgroups {
+    /// The agent root `name` (e.g. `tacc/agent-1f2e`) under the v1 controllers mounted
+    /// in `base`, created if missing. The memory controller is required.
+    pub fn open(base: &Path, name: &str) -> Result<V1Cgroups, ExecError> {
+        let mut roots = Vec::new();
+        for controller in CONTROLLERS {
+            let mount = base.join(controller);
+            if !mount.join("cgroup.procs").is_file() {
+                continue;
+            }
+            // `cpu` and `cpuacct` are often links to one `cpu,cpuacct` mount.
+            let mount = mount.canonicalize().unwrap_or(mount);
+            let root = mount.join(name);
+            make_dir(&root)?;
+            roots.push((controller, root));
+        }
+        if !roots.iter().any(|(c, _)| *c == "memory") {
+            return Err(ExecError::Cgroup {
+                action: "find",
+                path: base.join("memory").display().to_string(),
+                detail: "the v1 memory controller is not mounted".into(),
+            });
+        }
+        Ok(V1Cgroups { roots })
+    }
+
+    fn root(&self, controller: &str) -> Option<&Path> {
+        self.roots
+            .iter()
+            .find(|(c, _)| *c == controller)
+            .map(|(_, root)| root.as_path())
+    }
+
+    fn cgroup(&self, name: &str) -> V1Cgroup {
+        let mut dirs: Vec<PathBuf> = Vec::new();
+        for (_, root) in &self.roots {
+            let dir = root.join(name);
+            if !dirs.contains(&dir) {
+                dirs.push(dir);
+            }
+        }
+        let at = |controller| self.root(controller).map(|root| root.join(name));
+        V1Cgroup {
+            memory: at("memory").unwrap_or_default(),
+            cpu: at("cpu"),
+            cpuacct: at("cpuacct"),
+            pids: at("pids"),
+            freezer: at("freezer"),
+            dirs,
+        }
+    }
+}
+
+impl Cgroups for V1Cgroups {
+    fn version(&self) -> &'static str {
+        "v1"
+    }
+
+    fn create(&self, name: &str, limits: &Limits) -> Result<Option<Box<dyn Cgroup>>, ExecError> {
+        let cgroup = self.cgroup(name);
+        let made = cgroup.apply(limits);
+        if let Err(error) = made {
+            let _ = cgroup.remove();
+            return Err(error);
+        }
+        Ok(Some(Box::new(cgroup)))
+    }
+
+    fn close(&self) {
+        for (_, root) in &self.roots {
+            let _ = std::fs::remove_dir(root);
+        }
+    }
+
+    fn existing(&self) -> Vec<String> {
+        self.root("memory").map(subdirs).unwrap_or_default()
+    }
+
+    fn open(&self, name: &str) -> Option<Box<dyn Cgroup>> {
+        let cgroup = self.cgroup(name);
+        cgroup
+            .memory
+            .is_dir()
+            .then(|| Box::new(cgroup) as Box<dyn Cgroup>)
+    }
+}
+
+/// One execution's directories in the v1 controllers.
+#[derive(Debug, Clone)]
+pub struct V1Cgroup {
+    /// Every distinct directory, memory's first.
+    dirs: Vec<PathBuf>,
+    memory: PathBuf,
+    cpu: Option<PathBuf>,
+    cpuacct: Option<PathBuf>,
+    pids: Option<PathBuf>,
+    freezer: Option<PathBuf>,
+}
+
+impl V1Cgroup {
+    fn apply(&self, limits: &Limits) -> Result<(), ExecError> {
+        for dir in &self.dirs {
+            make_dir(dir)?;
+        }
+        if limits.memory_bytes > 0 {
+            let bytes = limits.memory_bytes.to_string();
+            write_file(&self.memory.join("memory.limit_in_bytes"), &bytes)?;
+            // Memory + swap, where the kernel accounts swap (it must be at least the
+            // memory limit, hence second); else keep the cgroup off swap.
+            let memsw = self.memory.join("memory.memsw.limit_in_bytes");
+            if memsw.is_file() {
+                write_file(&memsw, &bytes)?;
+            } else {
+                write_file(&self.memory.join("memory.swappiness"), "0")?;
+            }
+        }
+        if let Some(cpu) = &self.cpu {
+            if limits.cpu_millis > 0 {
+                write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                write_file(
+                    &cpu.join("cpu.cfs_quota_us"),
+                    &cpu_quota_us(limits.cpu_millis).to_string(),
+                )?;
+            }
+        }
+        if let Some(pids) = &self.pids {
+            if limits.pids_max > 0 {
+                write_file(&pids.join("pids.max"), &limits.pids_max.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn freeze(&self, frozen: bool) {
+        let Some(freezer) = &self.freezer else {
+            return;
+        };
+        let state = freezer.join("freezer.state");
+        let wanted = if frozen { "FROZEN" } else { "THAWED" };
+        if write_file(&state, wanted).is_err() {
+            return;
+        }
+        // Freezing takes effect asynchronously; wait briefly for it.
+        let until = Instant::now() + Duration::from_millis(200);
+        while std::fs::read_to_string(&state).is_ok_and(|s| s.trim() != wanted)
+            && Instant::now() < until
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Cgroup for V1Cgroup {
+    fn path(&self) -> &Path {
+        &self.memory
+    }
+
+    fn join_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    fn procs(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .dirs
+            .iter()
+            .flat_map(|d| read_pids(&d.join("cgroup.procs")))
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    fn oom_kills(&self) -> u64 {
+        keyed_value(&self.memory.join("memory.oom_control"), "oom_kill").unwrap_or(0)
+    }
+
+    fn cpu_usage(&self) -> Option<Duration> {
+        let text = std::fs::read_to_string(self.cpuacct.as_ref()?.join("cpuacct.usage")).ok()?;
+        text.trim().parse().ok().map(Duration::from_nanos)
+    }
+
+    fn kill_all(&self, deadline: Duration) -> KillReport {
+        let report = kill_loop(|| self.procs(), |frozen| self.freeze(frozen), deadline);
+        self.freeze(false);
+        report
+    }
+
+    fn remove(&self) -> Result<(), ExecError> {
+        let mut result = Ok(());
+        for dir in &self.dirs {
+            if let Err(error) = remove_dir(dir) {
+                result = Err(error);
+            }
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroups::tests::limits;
+
+    /// A fake v1 mount: a directory per controller with a `cgroup.procs`.
+    fn fake(controllers: &[&str]) -> tempfile::TempDir {
+        let base = tempfile::tempdir().unwrap();
+        for c in controllers {
+            std::fs::create_dir(base.path().join(c)).unwrap();
+            std::fs::write(base.path().join(c).join("cgroup.procs"), "").unwrap();
+        }
+        base
+    }
+
+    fn read(path: PathBuf) -> String {
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn limits_are_written_to_each_controller() {
+        let base = fake(&["memory", "cpu", "cpuacct", "pids", "freezer"]);
+        let cgroups = crate::cgroups::detect_at(base.path(), "tacc/agent-1").unwrap();
+        assert_eq!(cgroups.version(), "v1");
+        let cgroup = cgroups.create("t1-a1", &limits()).unwrap().unwrap();
+        let at = |c: &str, f: &str| base.path().join(c).join("tacc/agent-1/t1-a1").join(f);
+        assert_eq!(read(at("memory", "memory.limit_in_bytes")), "67108864");
+        // No memsw file in this hierarchy: swap is turned off instead.
+        assert_eq!(read(at("memory", "memory.swappiness")), "0");
+        assert_eq!(read(at("cpu", "cpu.cfs_period_us")), "100000");
+        assert_eq!(read(at("cpu", "cpu.cfs_quota_us")), "50000");
+        assert_eq!(read(at("pids", "pids.max")), "100");
+        let joins = cgroup.join_files();
+        assert_eq!(joins.len(), 5);
+        assert!(joins.iter().all(|f| f.ends_with("t1-a1/cgroup.procs")));
+        assert_eq!(cgroups.existing(), vec!["t1-a1".to_string()]);
+    }
+
+    #[test]
+    fn memsw_is_limited_where_the_kernel_accounts_swap() {
+        let base = fake(&["memory"]);
+        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
+        let dir = base.path().join("memory/tacc/a/x");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.memsw.limit_in_bytes"), "").unwrap();
+        cgroups.create("x", &limits()).unwrap().unwrap();
+        assert_eq!(read(dir.join("memory.memsw.limit_in_bytes")), "67108864");
+        assert!(!dir.join("memory.swappiness").exists());
+    }
+
+    #[test]
+    fn no_limits_write_no_limit_files() {
+        let base = fake(&["memory", "cpu", "pids"]);
+        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
+        let none = Limits {
+            cpu_millis: 0,
+            memory_bytes: 0,
+            pids_max: 0,
+        };
+        cgroups.create("x", &none).unwrap().unwrap();
+        let dir = base.path().join("memory/tacc/a/x");
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn oom_kills_and_usage_are_read_from_their_files() {
+        let base = fake(&["memory", "cpuacct"]);
+        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
+        let cgroup = cgroups.create("x", &limits()).unwrap().unwrap();
+        assert_eq!(cgroup.oom_kills(), 0);
+        std::fs::write(
+            base.path().join("memory/tacc/a/x/memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+        )
+        .unwrap();
+        assert_eq!(cgroup.oom_kills(), 1);
+        std::fs::write(
+            base.path().join("cpuacct/tacc/a/x/cpuacct.usage"),
+            "2500000000\n",
+        )
+        .unwrap();
+        assert_eq!(cgroup.cpu_usage(), Some(Duration::from_millis(2500)));
+    }
+
+    #[test]
+    fn co_mounted_controllers_share_one_directory() {
+        let base = fake(&["memory", "cpu,cpuacct"]);
+        std::os::unix::fs::symlink("cpu,cpuacct", base.path().join("cpu")).unwrap();
+        std::os::unix::fs::symlink("cpu,cpuacct", base.path().join("cpuacct")).unwrap();
+        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
+        let cgroup = cgroups.create("x", &limits()).unwrap().unwrap();
+        assert_eq!(cgroup.join_files().len(), 2);
+    }
+
+    #[test]
+    fn the_memory_controller_is_required() {
+        let base = fake(&["cpu"]);
+        assert!(V1Cgroups::open(base.path(), "tacc/a").is_err());
+    }
+}

@@ -1,0 +1,128 @@
+//! Resource limits of the process runtime through a real `taccd dev`: each attempt runs
+//! in a cgroup of its own, so a task over its `memory:` ends with `out_of_memory`, and
+//! cancel kills processes that left the task's process group with `setsid`.
+//!
+//! Needs root and a writable cgroup hierarchy: elsewhere the tests say SKIPPED loudly and
+//! pass, except in CI (`CI=true`), where they fail.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use tacc_core::TaskState;
+
+fn cgroups_or_skip(test: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    let mount = Path::new("/sys/fs/cgroup");
+    let hierarchy =
+        mount.join("cgroup.controllers").is_file() || mount.join("memory/cgroup.procs").is_file();
+    if root && hierarchy {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: needs root and a cgroup hierarchy in CI (root: {root})");
+    }
+    eprintln!(
+        "\n######## SKIPPED {test}: not root or no cgroup hierarchy, so tasks get no cgroups.\n######## Run the tests as root on Linux (scripts/test.sh in CI does).\n"
+    );
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_over_its_memory_limit_fails_with_out_of_memory() {
+    if !cgroups_or_skip("a_task_over_its_memory_limit_fails_with_out_of_memory") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "1"]).await;
+    let client = daemon.client();
+    let hog = submit(
+        &client,
+        dir.path(),
+        "hog",
+        "name: hog\nresources: {cpus: 1, memory: 64MiB}\nrun: |\n  echo allocating\n  head -c 300M /dev/zero | tail > /dev/null\n",
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&client, hog).await;
+    assert_eq!(view.state, TaskState::Failed, "{view:?}");
+    let reason = view.reason.unwrap_or_default();
+    assert!(reason.starts_with("out_of_memory: "), "{reason}");
+    assert!(reason.contains("64 MiB"), "{reason}");
+    let log = log_text(&client, hog).await;
+    assert!(log.contains("allocating"), "{log}");
+    // The same work under the limit succeeds.
+    let fits = submit(
+        &client,
+        dir.path(),
+        "fits",
+        "name: fits\nresources: {cpus: 1, memory: 64MiB}\nrun: head -c 16M /dev/zero | tail > /dev/null\n",
+        &[],
+    )
+    .await;
+    assert_eq!(
+        wait_terminal(&client, fits).await.state,
+        TaskState::Succeeded
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_kills_what_left_the_process_group() {
+    if !cgroups_or_skip("cancel_kills_what_left_the_process_group") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "1"]).await;
+    let client = daemon.client();
+    let marker = format!("setsid-{}", std::process::id());
+    let task = submit(
+        &client,
+        dir.path(),
+        "escaper",
+        &format!(
+            "name: escaper\nresources: {{cpus: 1}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  setsid bash -c 'trap \"\" TERM; exec sleep 300' &\n  echo started\n  sleep 300\n"
+        ),
+        &[],
+    )
+    .await;
+    eventually("the task's output", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            log_text(&client, task)
+                .await
+                .contains("started")
+                .then_some(())
+        }
+    })
+    .await;
+    // The script (bash runs its last command in its own process) and the `sleep` in a
+    // session of its own.
+    let processes = eventually("the escaped process", DEADLINE, || {
+        let marker = marker.clone();
+        async move {
+            let pids = task_processes(&marker);
+            (pids.len() >= 2).then_some(pids)
+        }
+    })
+    .await;
+    let sessions: std::collections::BTreeSet<_> = processes
+        .iter()
+        .filter_map(|&p| nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(p as i32))).ok())
+        .collect();
+    assert!(sessions.len() >= 2, "no process left the session");
+    client.cancel(task).await.unwrap();
+    assert_eq!(
+        wait_terminal(&client, task).await.state,
+        TaskState::Cancelled
+    );
+    wait_no_processes(&marker).await;
+    eventually("the kill report in the log", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let log = log_text(&client, task).await;
+            log.contains("tacc: killed").then_some(())
+        }
+    })
+    .await;
+}
