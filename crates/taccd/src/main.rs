@@ -246,9 +246,14 @@ struct NodeArgs {
     /// Memory offered to tasks, e.g. 16GiB (default: all).
     #[arg(long)]
     memory: Option<ByteSize>,
-    /// GPUs offered to tasks (default: as found by nvidia-smi).
+    /// GPUs offered to tasks (default: as found by nvidia-smi). On a machine without
+    /// GPUs this offers N fake ones (tasks see CUDA_VISIBLE_DEVICES all the same).
     #[arg(long)]
     gpus: Option<u32>,
+    /// The model of the GPUs offered, as task files name it in `gpu_type` (e.g. A100);
+    /// overrides what nvidia-smi reports. On a machine without GPUs it needs --gpus N.
+    #[arg(long, value_name = "TYPE", value_parser = parse_gpu_type)]
+    gpu_type: Option<String>,
     /// Address other nodes reach this one at (default: 127.0.0.1).
     #[arg(long, default_value = "127.0.0.1")]
     address: String,
@@ -477,6 +482,13 @@ async fn run_dev(
     admin_user: String,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    // Checked before the server starts: the agent's own failure would only be logged.
+    if node.gpu_type.is_some() && node.gpus.is_none() {
+        let (found, found_type) = tacc_agent::detect_gpus();
+        gpu_type_offered(None, found, found_type, &node.gpu_type)?;
+    } else {
+        gpu_type_offered(node.gpus, 0, None, &node.gpu_type)?;
+    }
     let Started {
         url,
         control,
@@ -506,12 +518,14 @@ async fn run_agent(
 ) -> Result<()> {
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("cannot create {}", data_dir.display()))?;
-    let (detected, gpu_type) = tacc_agent::detect_capacity();
+    let (detected, detected_type) = tacc_agent::detect_capacity();
+    let gpus = node.gpus.unwrap_or(detected.gpus);
+    let gpu_type = gpu_type_offered(node.gpus, detected.gpus, detected_type, &node.gpu_type)?;
     let capacity = Resources::new(
         node.cpus
             .map_or(detected.cpu_millis, |c| (c * 1000.0).round() as u64),
         node.memory.map_or(detected.memory_bytes, |m| m.as_bytes()),
-        node.gpus.unwrap_or(detected.gpus),
+        gpus,
     );
     let name = match node.name.clone() {
         Some(name) => name,
@@ -548,6 +562,43 @@ async fn run_agent(
     Ok(())
 }
 
+/// `--gpu-type`: a model name as task files write it (letters, digits, `-`, `_`, `.`).
+fn parse_gpu_type(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.is_empty()
+        || !text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(format!(
+            "`{text}` is not a GPU model name like A100 or H100 (letters, digits, `-`, `_`, `.`)"
+        ));
+    }
+    Ok(text.to_string())
+}
+
+/// The GPU type the node offers: `--gpu-type` when given (it needs GPUs to describe:
+/// found by nvidia-smi, or `--gpus N` fake ones), else what nvidia-smi reported.
+fn gpu_type_offered(
+    asked_gpus: Option<u32>,
+    detected_gpus: u32,
+    detected_type: Option<String>,
+    asked_type: &Option<String>,
+) -> Result<Option<String>> {
+    let Some(asked) = asked_type else {
+        return Ok(detected_type);
+    };
+    match asked_gpus {
+        Some(0) => anyhow::bail!(
+            "--gpu-type {asked} names the model of the GPUs offered, but --gpus is 0; drop --gpu-type or offer some GPUs with --gpus N"
+        ),
+        None if detected_gpus == 0 => anyhow::bail!(
+            "--gpu-type {asked} needs GPUs to describe, and nvidia-smi found none on this machine; offer fake ones with --gpus N --gpu-type {asked}"
+        ),
+        _ => Ok(Some(asked.clone())),
+    }
+}
+
 /// This agent's part of the machine's cgroup hierarchy, `tacc/agent-<H(data dir)>` (one
 /// per agent data directory, the same across restarts), with what a previous life left
 /// there killed and removed before anything runs. Where no hierarchy is writable, tasks
@@ -581,5 +632,26 @@ mod cli_tests {
     #[test]
     fn the_command_line_is_well_formed() {
         super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_gpu_type_needs_gpus_to_describe() {
+        use super::gpu_type_offered as offered;
+        let a100 = Some("A100".to_string());
+        let h100 = Some("H100".to_string());
+        assert_eq!(offered(None, 0, None, &None).unwrap(), None);
+        assert_eq!(offered(None, 8, h100.clone(), &None).unwrap(), h100);
+        assert_eq!(offered(Some(2), 0, None, &a100).unwrap(), a100);
+        assert_eq!(offered(None, 8, h100.clone(), &a100).unwrap(), a100);
+        let error = offered(None, 0, None, &a100).unwrap_err().to_string();
+        assert!(
+            error.contains("--gpus N") && error.contains("nvidia-smi"),
+            "{error}"
+        );
+        let error = offered(Some(0), 8, h100, &a100).unwrap_err().to_string();
+        assert!(error.contains("--gpus is 0"), "{error}");
+        assert!(super::parse_gpu_type("A100").is_ok());
+        assert!(super::parse_gpu_type("a 100").is_err());
+        assert!(super::parse_gpu_type("").is_err());
     }
 }

@@ -63,6 +63,98 @@ pub struct Cluster {
     /// server is trusted only if it presents exactly that certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fingerprint: Option<String>,
+    /// What a plain `tcloud up` starts the local cluster with (`up_*` keys, written by
+    /// `tcloud up --save`; only the `local` profile's are read).
+    #[serde(flatten)]
+    pub up: UpOptions,
+}
+
+/// The options of the embedded cluster, as `tcloud up` flags and as `up_*` keys of the
+/// `local` profile.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpOptions {
+    /// The scheduler configuration file (an absolute path).
+    #[serde(default, rename = "up_config", skip_serializing_if = "Option::is_none")]
+    pub config: Option<PathBuf>,
+    /// GPUs the local node offers (fake ones where the machine has none).
+    #[serde(default, rename = "up_gpus", skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    /// The model of those GPUs, as task files name it in `gpu_type`.
+    #[serde(
+        default,
+        rename = "up_gpu_type",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub gpu_type: Option<String>,
+    /// Registered datasets, `NAME=SOURCE` each.
+    #[serde(default, rename = "up_datasets", skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<String>,
+    /// The scheduling policy (overrides the configuration file's).
+    #[serde(default, rename = "up_policy", skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
+}
+
+impl UpOptions {
+    pub fn is_empty(&self) -> bool {
+        self == &UpOptions::default()
+    }
+
+    /// These options, each one missing taken from `fallback` (the datasets as a whole).
+    pub fn or(self, fallback: &UpOptions) -> UpOptions {
+        UpOptions {
+            config: self.config.or_else(|| fallback.config.clone()),
+            gpus: self.gpus.or(fallback.gpus),
+            gpu_type: self.gpu_type.or_else(|| fallback.gpu_type.clone()),
+            datasets: if self.datasets.is_empty() {
+                fallback.datasets.clone()
+            } else {
+                self.datasets
+            },
+            policy: self.policy.or_else(|| fallback.policy.clone()),
+        }
+    }
+
+    /// The `taccd dev` (and `tcloud up`) arguments that give these options.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(config) = &self.config {
+            args.extend(["--config".to_string(), config.display().to_string()]);
+        }
+        if let Some(gpus) = self.gpus {
+            args.extend(["--gpus".to_string(), gpus.to_string()]);
+        }
+        if let Some(kind) = &self.gpu_type {
+            args.extend(["--gpu-type".to_string(), kind.clone()]);
+        }
+        for dataset in &self.datasets {
+            args.extend(["--dataset".to_string(), dataset.clone()]);
+        }
+        if let Some(policy) = &self.policy {
+            args.extend(["--policy".to_string(), policy.clone()]);
+        }
+        args
+    }
+
+    /// The `up_*` keys of a profile section, each with its TOML value (`None`: no key).
+    fn keys(&self) -> [(&'static str, Option<toml::Value>); 5] {
+        let string = |s: &str| toml::Value::String(s.to_string());
+        [
+            (
+                "up_config",
+                self.config
+                    .as_ref()
+                    .map(|p| string(&p.display().to_string())),
+            ),
+            ("up_gpus", self.gpus.map(|n| toml::Value::Integer(n.into()))),
+            ("up_gpu_type", self.gpu_type.as_deref().map(string)),
+            (
+                "up_datasets",
+                (!self.datasets.is_empty())
+                    .then(|| toml::Value::Array(self.datasets.iter().map(|d| string(d)).collect())),
+            ),
+            ("up_policy", self.policy.as_deref().map(string)),
+        ]
+    }
 }
 
 impl Cluster {
@@ -72,6 +164,7 @@ impl Cluster {
             token: None,
             user: None,
             fingerprint: None,
+            up: UpOptions::default(),
         }
     }
 
@@ -299,6 +392,20 @@ impl Config {
         self.write(text)
     }
 
+    /// Stores `options` as profile `name`'s `up_*` keys: each key set is written, each
+    /// unset one removed. The profile must exist.
+    pub fn set_up_options(&mut self, name: &str, options: &UpOptions) -> Result<()> {
+        check_profile_name(name)?;
+        let mut text = self.text_or_default();
+        for (key, value) in options.keys() {
+            text = match value {
+                Some(value) => set_raw_in_section(&text, name, key, &value.to_string()),
+                None => edit_key_in_section(&text, name, key, |_| None),
+            };
+        }
+        self.write(text)
+    }
+
     /// Removes profile `name`'s token; false when it had none.
     pub fn remove_token(&mut self, name: &str) -> Result<bool> {
         let had = self
@@ -448,7 +555,12 @@ pub fn edit_key_in_section(
 /// Sets `key = "value"` inside `[clusters.NAME]`, replacing the key's line when present,
 /// else inserting it after the header; appends the section when it does not exist.
 pub fn set_in_section(text: &str, name: &str, key: &str, value: &str) -> String {
-    let new_line = format!("{key} = {}", toml_string(value));
+    set_raw_in_section(text, name, key, &toml_string(value))
+}
+
+/// [`set_in_section`] with a value already written as TOML (a number, an array).
+fn set_raw_in_section(text: &str, name: &str, key: &str, value: &str) -> String {
+    let new_line = format!("{key} = {value}");
     let lines: Vec<&str> = text.split_inclusive('\n').collect();
     let Some((start, end)) = section_range(&lines, name) else {
         let mut out = text.to_string();
@@ -557,6 +669,46 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn up_options_round_trip_as_up_keys_and_flags_win_over_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        fs::write(&path, SAMPLE).unwrap();
+        let mut config = Config::load_from(&path).unwrap();
+        let saved = UpOptions {
+            config: Some(PathBuf::from("/etc/tacc.toml")),
+            gpus: Some(2),
+            gpu_type: Some("A100".into()),
+            datasets: vec!["mnist=/data/mnist".into(), "c=https://h/c.tgz".into()],
+            policy: Some("fifo".into()),
+        };
+        config.set_up_options("local", &saved).unwrap();
+        let text = fs::read_to_string(&path).unwrap();
+        assert!(text.contains("up_gpus = 2\n"), "{text}");
+        assert!(text.contains("# a comment"), "{text}");
+        let config = Config::load_from(&path).unwrap();
+        assert_eq!(config.file.clusters["local"].up, saved);
+        assert!(config.file.clusters["lab"].up.is_empty());
+
+        let flags = UpOptions {
+            gpus: Some(4),
+            ..UpOptions::default()
+        };
+        let merged = flags.clone().or(&saved);
+        assert_eq!(merged.gpus, Some(4));
+        assert_eq!(merged.gpu_type.as_deref(), Some("A100"));
+        assert_eq!(
+            merged.args()[..4],
+            ["--config", "/etc/tacc.toml", "--gpus", "4"]
+        );
+
+        // Saving fewer options removes the others' keys.
+        let mut config = Config::load_from(&path).unwrap();
+        config.set_up_options("local", &flags).unwrap();
+        let config = Config::load_from(&path).unwrap();
+        assert_eq!(config.file.clusters["local"].up, flags);
     }
 
     #[test]

@@ -233,13 +233,18 @@ when the task was first submitted). The new task gets a new id.",
     #[command(
         long_about = "Starts `taccd dev` (control plane and a local agent in one process) in the \
 background, keeping its data and log (taccd.log) in $TACC_HOME/local, and waits until it \
-answers. Does nothing if it is already running. The binary is found via $TACC_TACCD, next to \
-tcloud, or on PATH.",
-        after_help = "Examples:\n  tcloud up\n  tcloud up --port 8390"
+answers. Does nothing if it is already running (and says so when it runs with other options \
+than asked for: restart it with `tcloud down && tcloud up ...`). The cluster's options \
+(--config, --gpus, --gpu-type, --dataset, --policy) are passed on to `taccd dev`; those not \
+given are taken from the `up_*` keys of the `local` profile, which --save writes. The binary \
+is found via $TACC_TACCD, next to tcloud, or on PATH.",
+        after_help = "Examples:\n  tcloud up\n  tcloud up --port 8390\n  tcloud up --gpus 2 --gpu-type A100 --save\n  tcloud up --config tacc.toml --dataset mnist=/data/mnist"
     )]
     Up {
         #[arg(long, default_value_t = config::DEFAULT_PORT)]
         port: u16,
+        #[command(flatten)]
+        options: commands::cluster::UpArgs,
     },
     /// Stop the cluster started by `tcloud up`
     #[command(after_help = "Examples:\n  tcloud down")]
@@ -519,7 +524,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Dataset { command } => match command {
             DatasetCommand::Ls { json } => compiler::dataset_ls(&ctx, json).await,
         },
-        Command::Up { port } => cluster::up(port).await,
+        Command::Up { port, options } => cluster::up(port, options).await,
         Command::Down => cluster::down().await,
         Command::Quickstart { dir } => quickstart::quickstart(&dir),
         Command::Config { command } => match command {

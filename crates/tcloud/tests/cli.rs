@@ -78,6 +78,43 @@ impl User {
         child.wait_with_output().unwrap()
     }
 
+    /// `tcloud ARGS` run from directory `cwd`.
+    fn tcloud_in(&self, cwd: &Path, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_tcloud"))
+            .args(args)
+            .current_dir(cwd)
+            .env("TACC_HOME", self.home.path())
+            .env("TACC_TACCD", taccd_binary())
+            .env("USER", "alice")
+            .env_remove("TACC_SERVER")
+            .env_remove("TACC_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// The nodes, once the local agent has registered.
+    fn nodes(&self) -> Vec<serde_json::Value> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let nodes = self.json(&["nodes", "--json"]);
+            let nodes = nodes.as_array().unwrap().clone();
+            if !nodes.is_empty() {
+                return nodes;
+            }
+            assert!(std::time::Instant::now() < deadline, "no node registered");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// A directory with `task.yaml` holding `yaml`.
+    fn task_dir(&self, name: &str, yaml: &str) -> String {
+        let dir = self.home.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("task.yaml"), yaml).unwrap();
+        dir.to_str().unwrap().to_string()
+    }
+
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -583,4 +620,109 @@ fn escape_sequences_in_task_output_are_neutralised_unless_raw() {
     );
     let raw = user.tcloud(&["logs", &task, "--raw"]);
     assert!(raw.stdout.contains(&0x1b) && raw.stdout.contains(&0x9b));
+}
+
+#[test]
+fn up_offers_typed_fake_gpus_and_tasks_are_placed_by_gpu_type() {
+    let user = User::new();
+    let port = user.port.to_string();
+    user.ok(&["up", "--port", &port, "--gpus", "2", "--gpu-type", "A100"]);
+    let nodes = user.nodes();
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert_eq!(nodes[0]["capacity"]["gpus"], 2, "{nodes:?}");
+    assert_eq!(nodes[0]["gpu_type"], "A100", "{nodes:?}");
+
+    let a100 = user.task_dir(
+        "a100",
+        "name: a100\nresources: {cpus: 0.5, gpus: 1, gpu_type: A100}\nrun: echo gpus=$CUDA_VISIBLE_DEVICES\n",
+    );
+    let ran = user.ok(&["submit", &a100, "-f"]);
+    assert!(ran.contains("gpus=0") || ran.contains("gpus=1"), "{ran}");
+
+    let h100 = user.task_dir(
+        "h100",
+        "name: h100\nresources: {cpus: 0.5, gpus: 1, gpu_type: H100}\nrun: echo h100-ran\n",
+    );
+    let out = user.tcloud(&["submit", &h100, "-f"]);
+    assert_ne!(out.status.code(), Some(0), "{}", stdout(&out));
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        said.contains("H100") && !said.contains("h100-ran"),
+        "{said}"
+    );
+
+    // Running with other options: said so, with how to restart, and not a success.
+    let out = user.tcloud(&["up", "--port", &port, "--gpus", "4"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--gpus 2 --gpu-type A100")
+            && err.contains("tcloud down && tcloud up --gpus 4"),
+        "{err}"
+    );
+    // The same options again, or none: it just runs.
+    user.ok(&["up", "--port", &port, "--gpus", "2", "--gpu-type", "A100"]);
+    user.up();
+}
+
+#[test]
+fn up_save_stores_the_options_in_the_profile_and_a_plain_up_repeats_them() {
+    let user = User::new();
+    let port = user.port.to_string();
+    let home = user.home.path();
+    std::fs::write(home.join("sched.toml"), "policy = \"fifo\"\n").unwrap();
+    // A relative --config is taken from the current directory and stored absolute.
+    let out = user.tcloud_in(
+        home,
+        &[
+            "up",
+            "--port",
+            &port,
+            "--config",
+            "sched.toml",
+            "--gpus",
+            "1",
+            "--gpu-type",
+            "T4",
+            "--save",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = user.config_text();
+    let absolute = home.join("sched.toml");
+    assert!(
+        text.contains(&format!("up_config = \"{}\"", absolute.display()))
+            && text.contains("up_gpus = 1")
+            && text.contains("up_gpu_type = \"T4\""),
+        "{text}"
+    );
+    assert!(text.contains("token = "), "{text}");
+
+    user.ok(&["down"]);
+    user.up();
+    let nodes = user.nodes();
+    assert_eq!(nodes[0]["gpu_type"], "T4", "{nodes:?}");
+    let long = user.task_dir("long", "name: long\nrun: sleep 300\n");
+    let task = user.json(&["submit", &long, "--json"])["task_id"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let why = user.ok(&["why", &task]);
+    assert!(why.contains("policy: fifo"), "{why}");
+    user.ok(&["cancel", &task]);
+
+    // A flag wins over the profile.
+    user.ok(&["down"]);
+    user.ok(&["up", "--port", &port, "--gpu-type", "V100"]);
+    assert_eq!(user.nodes()[0]["gpu_type"], "V100");
+
+    // A missing configuration file is refused before anything starts.
+    user.ok(&["down"]);
+    let out = user.tcloud_in(home, &["up", "--port", &port, "--config", "missing.toml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&home.join("missing.toml").display().to_string()),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -18,7 +18,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tacc_client::{Client, ClientError};
 
-use crate::config::{self, Config, DEFAULT_PROFILE};
+use crate::config::{self, Config, DEFAULT_PROFILE, UpOptions};
 use crate::errors::CliError;
 use crate::format::out;
 
@@ -31,6 +31,126 @@ fn pid_file(dir: &Path) -> PathBuf {
 }
 fn url_file(dir: &Path) -> PathBuf {
     dir.join("taccd.url")
+}
+/// The options the running cluster was started with (JSON; none when missing).
+fn options_file(dir: &Path) -> PathBuf {
+    dir.join("up-options.json")
+}
+
+/// `tcloud up`'s options for the cluster, passed on to `taccd dev`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct UpArgs {
+    /// Scheduler configuration file (TOML, see docs/SCHEDULING.md); a relative path is
+    /// taken from the current directory
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// GPUs the local node offers; on a machine without GPUs, N fake ones (tasks see
+    /// CUDA_VISIBLE_DEVICES all the same)
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u32>,
+    /// The model of those GPUs, as task files name it in `gpu_type` (e.g. A100); needs
+    /// --gpus on a machine without GPUs
+    #[arg(long, value_name = "TYPE")]
+    pub gpu_type: Option<String>,
+    /// Register a dataset tasks can name as `source: NAME` (repeatable)
+    #[arg(long = "dataset", value_name = "NAME=SOURCE")]
+    pub datasets: Vec<String>,
+    /// Scheduling policy (overrides the configuration file's)
+    #[arg(long, value_name = "POLICY")]
+    pub policy: Option<String>,
+    /// Store these options in the `local` profile, so that a plain `tcloud up` repeats them
+    #[arg(long)]
+    pub save: bool,
+}
+
+impl UpArgs {
+    /// The options given on the command line, a relative `--config` made absolute.
+    fn options(&self) -> Result<UpOptions> {
+        let config = match &self.config {
+            None => None,
+            Some(path) => Some(std::path::absolute(path).with_context(|| {
+                format!("cannot make --config {} an absolute path", path.display())
+            })?),
+        };
+        Ok(UpOptions {
+            config,
+            gpus: self.gpus,
+            gpu_type: self.gpu_type.clone(),
+            datasets: self.datasets.clone(),
+            policy: self.policy.clone(),
+        })
+    }
+}
+
+/// The options as `tcloud up` flags, for messages.
+fn flags(options: &UpOptions) -> String {
+    let args = options.args();
+    if args.is_empty() {
+        return "no options".to_string();
+    }
+    args.iter()
+        .map(|arg| {
+            if !arg.is_empty()
+                && arg
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,@+".contains(c))
+            {
+                arg.clone()
+            } else {
+                format!("'{}'", arg.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn read_running_options(dir: &Path) -> UpOptions {
+    fs::read_to_string(options_file(dir))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default()
+}
+
+/// Checks what the daemon would only report in its log: the configuration file exists,
+/// datasets are NAME=SOURCE.
+fn check_options(options: &UpOptions, from_profile: bool) -> Result<()> {
+    let origin = |flag: &str, key: &str| {
+        if from_profile {
+            format!("`{key}` of the `{DEFAULT_PROFILE}` profile")
+        } else {
+            flag.to_string()
+        }
+    };
+    if let Some(path) = &options.config
+        && !path.is_file()
+    {
+        bail!(CliError::invalid(format!(
+            "the scheduler configuration file {} ({}) does not exist",
+            path.display(),
+            origin("--config", "up_config")
+        )));
+    }
+    for dataset in &options.datasets {
+        if !dataset.contains('=') {
+            bail!(CliError::invalid(format!(
+                "dataset `{dataset}` ({}) is not NAME=SOURCE, e.g. mnist=/shared/datasets/mnist",
+                origin("--dataset", "up_datasets")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Stores `options` in the `local` profile (`tcloud up --save`).
+fn save_options(options: &UpOptions) -> Result<()> {
+    let mut config = Config::load()?;
+    config.set_up_options(DEFAULT_PROFILE, options)?;
+    eprintln!(
+        "Saved {} in the `{DEFAULT_PROFILE}` profile of {}; a plain `tcloud up` repeats them",
+        flags(options),
+        config.path.display()
+    );
+    Ok(())
 }
 /// Where `taccd dev` writes the local admin's token.
 pub fn admin_token_file(dir: &Path) -> PathBuf {
@@ -190,7 +310,17 @@ fn sync_local_profile(url: &str, token: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn up(port: u16) -> Result<()> {
+pub async fn up(port: u16, args: UpArgs) -> Result<()> {
+    let given = args.options()?;
+    let saved = Config::load()?
+        .file
+        .clusters
+        .get(DEFAULT_PROFILE)
+        .map(|cluster| cluster.up.clone())
+        .unwrap_or_default();
+    let options = given.clone().or(&saved);
+    check_options(&given, false)?;
+    check_options(&options, true)?;
     let dir = config::local_data_dir()?;
     DirBuilder::new()
         .recursive(true)
@@ -211,6 +341,24 @@ pub async fn up(port: u16) -> Result<()> {
                     "A local cluster is already running at {running_url} (pid {pid})"
                 ))?;
                 sync_local_profile(&running_url, &token)?;
+                if args.save {
+                    save_options(&options)?;
+                }
+                let running = read_running_options(&dir);
+                if running != options {
+                    let message = format!(
+                        "the local cluster runs with {}, not with {}; restart it to change them: `tcloud down && tcloud up {}`",
+                        flags(&running),
+                        flags(&options),
+                        flags(&options)
+                    );
+                    // Asked for on the command line: not done, so not a success.
+                    if given.is_empty() {
+                        eprintln!("note: {message}");
+                    } else {
+                        bail!(CliError::new(crate::errors::FAILURE, message));
+                    }
+                }
                 return Ok(());
             }
             bail!(
@@ -253,6 +401,7 @@ pub async fn up(port: u16) -> Result<()> {
         .arg(&dir)
         .arg("--listen")
         .arg(format!("127.0.0.1:{port}"))
+        .args(options.args())
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)
@@ -264,6 +413,8 @@ pub async fn up(port: u16) -> Result<()> {
         .with_context(|| format!("cannot write {}", pid_file(&dir).display()))?;
     fs::write(url_file(&dir), format!("{url}\n"))
         .with_context(|| format!("cannot write {}", url_file(&dir).display()))?;
+    fs::write(options_file(&dir), serde_json::to_string(&options)? + "\n")
+        .with_context(|| format!("cannot write {}", options_file(&dir).display()))?;
 
     let deadline = Instant::now() + START_DEADLINE;
     loop {
@@ -290,7 +441,13 @@ pub async fn up(port: u16) -> Result<()> {
     let token = wait_for_admin_token(&dir, &url, deadline).await?;
     out(format!("Local cluster running at {url} (pid {pid})"))?;
     eprintln!("  data and log: {}", dir.display());
+    if !options.is_empty() {
+        eprintln!("  options: {}", flags(&options));
+    }
     sync_local_profile(&url, &token)?;
+    if args.save {
+        save_options(&options)?;
+    }
     eprintln!("Next: `tcloud submit DIR -f` to run a task, `tcloud down` to stop the cluster.");
     Ok(())
 }
@@ -332,6 +489,7 @@ pub async fn down() -> Result<()> {
     };
     let _ = fs::remove_file(pid_file(&dir));
     let _ = fs::remove_file(url_file(&dir));
+    let _ = fs::remove_file(options_file(&dir));
     out(message)?;
     Ok(())
 }
