@@ -411,6 +411,20 @@ impl Client {
         Ok(())
     }
 
+    /// Drain a node (`resume: false`) or let it take tasks again (`resume: true`).
+    pub async fn drain_node(&self, name: &str, resume: bool) -> Result<NodeView> {
+        let verb = if resume { "resume" } else { "drain" };
+        self.json(self.request(Method::POST, &format!("/v1/admin/nodes/{name}/{verb}")))
+            .await
+    }
+
+    /// Forget a node and revoke its credential.
+    pub async fn remove_node(&self, name: &str) -> Result<()> {
+        self.send(self.request(Method::DELETE, &format!("/v1/admin/nodes/{name}")))
+            .await?;
+        Ok(())
+    }
+
     /// A join token with which a new agent can register its node.
     pub async fn create_agent_token(
         &self,

@@ -82,6 +82,15 @@ impl Cluster {
         }
     }
 
+    pub fn resume(&mut self, id: NodeId) {
+        if let Some(node) = self.nodes.get_mut(&id)
+            && !node.schedulable
+        {
+            node.schedulable = true;
+            self.by_free_gpus.insert((node.free.gpus, id));
+        }
+    }
+
     pub fn contains(&self, id: NodeId) -> bool {
         self.nodes.contains_key(&id)
     }

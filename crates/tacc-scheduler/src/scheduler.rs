@@ -20,6 +20,8 @@ pub enum Event {
     NodeDown(NodeId),
     /// The node finishes what runs on it but takes no new tasks.
     NodeDrained(NodeId),
+    /// A drained node takes new tasks again.
+    NodeResumed(NodeId),
     TaskSubmitted {
         task: TaskId,
         request: TaskRequest,
@@ -347,6 +349,7 @@ impl Scheduler {
             Event::NodeUp(spec) => self.cluster.add(spec)?,
             Event::NodeDown(node) => self.cluster.remove(node),
             Event::NodeDrained(node) => self.cluster.drain(node),
+            Event::NodeResumed(node) => self.cluster.resume(node),
             Event::TaskSubmitted { task, request } => {
                 if self.tasks.contains_key(&task) {
                     return Err(SchedulerError::DuplicateTask(task));
@@ -1604,6 +1607,23 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn a_drained_node_takes_nothing_new_until_resumed() {
+        let mut s = fifo();
+        s.handle(Timestamp(0), node(1, 4, 0)).unwrap();
+        assert_eq!(
+            started(&submit(&mut s, 1, request(1, 0, 1, 1))),
+            vec![TaskId(1)]
+        );
+        s.handle(Timestamp(2), Event::NodeDrained(NodeId(1)))
+            .unwrap();
+        assert!(started(&submit(&mut s, 2, request(1, 0, 1, 3))).is_empty());
+        let plan = s
+            .handle(Timestamp(4), Event::NodeResumed(NodeId(1)))
+            .unwrap();
+        assert_eq!(started(&plan), vec![TaskId(2)]);
     }
 
     #[test]

@@ -495,7 +495,14 @@ impl Control {
             .nodes
             .values()
             .filter(|n| n.online)
-            .map(|live| Event::NodeUp(node_spec(&live.record)))
+            .flat_map(|live| {
+                let up = Event::NodeUp(node_spec(&live.record));
+                if live.record.drained {
+                    vec![up, Event::NodeDrained(live.record.id)]
+                } else {
+                    vec![up]
+                }
+            })
             .collect();
         let open = self
             .store
@@ -635,6 +642,9 @@ impl Control {
         if !was_online {
             self.drive(&mut inner, Event::NodeUp(node_spec(&record)))
                 .await;
+            if record.drained {
+                self.drive(&mut inner, Event::NodeDrained(record.id)).await;
+            }
         }
 
         let active = self
@@ -1055,16 +1065,119 @@ impl Control {
                     capacity: live.record.capacity,
                     allocated,
                     gpu_type: live.record.gpu_type.clone(),
-                    state: if live.online {
-                        "up".into()
-                    } else {
-                        "down".into()
+                    state: match (live.online, live.record.drained) {
+                        (false, _) => "down".into(),
+                        (true, false) => "up".into(),
+                        (true, true) if live.assignments.is_empty() => "drained".into(),
+                        (true, true) => "draining".into(),
                     },
-                    last_seen: now().plus_secs(0),
+                    last_seen: Timestamp(
+                        now()
+                            .0
+                            .saturating_sub(live.last_seen.elapsed().as_millis() as u64),
+                    ),
                     running_tasks: live.assignments.keys().map(|a| a.task).collect(),
                 }
             })
             .collect()
+    }
+
+    fn node_named(inner: &Inner, name: &str) -> Result<NodeId, ServerError> {
+        inner
+            .nodes
+            .iter()
+            .find(|(_, n)| n.record.name == name)
+            .map(|(id, _)| *id)
+            .ok_or_else(|| {
+                ServerError::NotFound(format!(
+                    "no node is named `{name}` (list them with `tcloud nodes`)"
+                ))
+            })
+    }
+
+    /// Drain a node: what runs on it finishes, nothing new is placed there. The mark is
+    /// durable, so a restarted server keeps the node drained until it is resumed.
+    pub async fn drain_node(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
+        self.set_drained(name, true).await
+    }
+
+    /// Let a drained node take new tasks again.
+    pub async fn resume_node(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
+        self.set_drained(name, false).await
+    }
+
+    async fn set_drained(
+        &self,
+        name: &str,
+        drained: bool,
+    ) -> Result<tacc_proto::NodeView, ServerError> {
+        {
+            let mut inner = self.inner.lock().await;
+            let id = Self::node_named(&inner, name)?;
+            self.store.set_node_drained(id, drained).await?;
+            let live = inner.nodes.get_mut(&id).expect("found above");
+            let changed = live.record.drained != drained;
+            live.record.drained = drained;
+            if changed && live.online {
+                let event = if drained {
+                    Event::NodeDrained(id)
+                } else {
+                    Event::NodeResumed(id)
+                };
+                self.drive(&mut inner, event).await;
+            }
+        }
+        self.node_views()
+            .await
+            .into_iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| ServerError::NotFound(format!("node `{name}` vanished")))
+    }
+
+    /// Forget a node and revoke its credential: it must join again with a join token.
+    /// A node that is up and still runs tasks is refused (drain it first); the attempts
+    /// of a down node are lost.
+    pub async fn remove_node(&self, name: &str) -> Result<(), ServerError> {
+        let mut inner = self.inner.lock().await;
+        let id = Self::node_named(&inner, name)?;
+        let (online, attempts) = {
+            let live = &inner.nodes[&id];
+            let attempts: Vec<AttemptRef> = live.assignments.keys().copied().collect();
+            (live.online, attempts)
+        };
+        if online && !attempts.is_empty() {
+            return Err(ServerError::Conflict(format!(
+                "node `{name}` still runs {} task(s); drain it (`tcloud admin node drain {name}`) \
+                 and wait until they end, or remove it once it is down",
+                attempts.len()
+            )));
+        }
+        if online {
+            self.drive(&mut inner, Event::NodeDown(id)).await;
+        }
+        for attempt in attempts {
+            let outcome = AttemptOutcome::LaunchFailed {
+                reason: "node_removed".into(),
+                message: format!("node {name} was removed by an administrator"),
+            };
+            self.lose_attempt(&mut inner, attempt, outcome).await?;
+        }
+        if let Some(live) = inner.nodes.remove(&id) {
+            // Wake a waiting poll so the agent hears at once that its node is gone.
+            live.version.send_modify(|v| *v += 1);
+        }
+        self.store.remove_node(id).await?;
+        let at = now();
+        for token in self.store.list_tokens(None).await? {
+            if token.kind == tacc_store::TokenKind::Node
+                && token.node == Some(id)
+                && token.revoked_at.is_none()
+            {
+                self.store.revoke_token(token.id, at).await?;
+            }
+        }
+        self.auth.forget();
+        Ok(())
     }
 
     /// Why a task is where it is, in the scheduler's words and the store's.

@@ -62,6 +62,7 @@ macro_rules! store_contract_tests {
             apply_is_all_or_nothing,
             list_filters_by_state_and_user,
             nodes_keep_their_id_when_re_registered,
+            nodes_drain_persists_and_remove_forgets,
             snapshots_and_outputs,
             users_round_trip_and_list_by_name,
             users_duplicate_name_refused,
@@ -361,6 +362,37 @@ pub async fn nodes_keep_their_id_when_re_registered(store: &dyn Store) {
     let nodes = store.list_nodes().await.unwrap();
     assert_eq!(nodes.len(), 2);
     assert_eq!(nodes[0].labels["rack"], "r1");
+}
+
+pub async fn nodes_drain_persists_and_remove_forgets(store: &dyn Store) {
+    let node = |name: &str| NewNode {
+        name: name.into(),
+        capacity: Resources::new(8000, 16 << 30, 1),
+        gpu_type: None,
+        labels: BTreeMap::new(),
+        address: "10.0.0.1".into(),
+        registered_at: Timestamp(500),
+    };
+    let first = store.register_node(node("n1")).await.unwrap();
+    let second = store.register_node(node("n2")).await.unwrap();
+    assert!(!first.drained, "a new node is not drained");
+    assert!(store.set_node_drained(first.id, true).await.unwrap());
+    let again = store.register_node(node("n1")).await.unwrap();
+    assert!(again.drained, "re-registering keeps the drain");
+    let nodes = store.list_nodes().await.unwrap();
+    assert!(nodes.iter().find(|n| n.id == first.id).unwrap().drained);
+    assert!(!nodes.iter().find(|n| n.id == second.id).unwrap().drained);
+    assert!(store.set_node_drained(first.id, false).await.unwrap());
+    assert!(!store.list_nodes().await.unwrap()[0].drained);
+    assert!(!store.set_node_drained(NodeId(999), true).await.unwrap());
+
+    assert!(store.remove_node(second.id).await.unwrap());
+    assert!(!store.remove_node(second.id).await.unwrap());
+    let nodes = store.list_nodes().await.unwrap();
+    assert_eq!(nodes.len(), 1);
+    let back = store.register_node(node("n2")).await.unwrap();
+    assert_ne!(back.id, second.id, "a removed node's id is not reused");
+    assert!(!back.drained);
 }
 
 pub async fn snapshots_and_outputs(store: &dyn Store) {

@@ -25,7 +25,7 @@ pub use records::{
 };
 pub use sqlite::SqliteStore;
 
-use tacc_core::{SnapshotId, TaskId};
+use tacc_core::{NodeId, SnapshotId, TaskId};
 
 /// The crate's errors.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +76,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Insert the node or, when its name is known, update it and keep its id.
     async fn register_node(&self, node: NewNode) -> Result<NodeRecord>;
     async fn list_nodes(&self) -> Result<Vec<NodeRecord>>;
+    /// Mark a node drained (or not); false when the node is unknown. A re-registration
+    /// keeps the mark.
+    async fn set_node_drained(&self, node: NodeId, drained: bool) -> Result<bool>;
+    /// Forget a node; false when it is unknown. Its name registers afresh later.
+    async fn remove_node(&self, node: NodeId) -> Result<bool>;
 
     /// Record a committed snapshot's manifest (idempotent).
     async fn put_snapshot(

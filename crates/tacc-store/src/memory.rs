@@ -21,6 +21,7 @@ struct Inner {
     tasks: BTreeMap<TaskId, TaskRecord>,
     events: BTreeMap<TaskId, Vec<TaskEvent>>,
     nodes: BTreeMap<NodeId, NodeRecord>,
+    last_node_id: u64,
     snapshots: BTreeMap<SnapshotId, serde_json::Value>,
     outputs: BTreeMap<(TaskId, AttemptNo, String), OutputRecord>,
     users: BTreeMap<String, UserRecord>,
@@ -181,9 +182,12 @@ impl Store for MemoryStore {
             .nodes
             .values()
             .find(|n| n.name == node.name)
-            .map(|n| n.id);
-        let id = existing
-            .unwrap_or_else(|| NodeId(inner.nodes.keys().next_back().map_or(1, |l| l.0 + 1)));
+            .map(|n| (n.id, n.drained));
+        let (id, drained) = existing.unwrap_or_else(|| {
+            // Ids are never reused, not even a removed node's (as AUTOINCREMENT in SQLite).
+            inner.last_node_id += 1;
+            (NodeId(inner.last_node_id), false)
+        });
         let record = NodeRecord {
             id,
             name: node.name,
@@ -192,6 +196,7 @@ impl Store for MemoryStore {
             labels: node.labels,
             address: node.address,
             registered_at: node.registered_at,
+            drained,
         };
         inner.nodes.insert(id, record.clone());
         Ok(record)
@@ -199,6 +204,19 @@ impl Store for MemoryStore {
 
     async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
         Ok(self.inner.lock().unwrap().nodes.values().cloned().collect())
+    }
+
+    async fn set_node_drained(&self, node: NodeId, drained: bool) -> Result<bool> {
+        let mut inner = self.inner.lock().unwrap();
+        Ok(inner
+            .nodes
+            .get_mut(&node)
+            .map(|n| n.drained = drained)
+            .is_some())
+    }
+
+    async fn remove_node(&self, node: NodeId) -> Result<bool> {
+        Ok(self.inner.lock().unwrap().nodes.remove(&node).is_some())
     }
 
     async fn put_snapshot(

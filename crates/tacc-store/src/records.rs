@@ -148,6 +148,8 @@ pub struct NodeRecord {
     pub labels: BTreeMap<String, String>,
     pub address: String,
     pub registered_at: Timestamp,
+    /// An administrator drained the node: it takes no new tasks until resumed.
+    pub drained: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

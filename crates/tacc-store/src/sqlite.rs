@@ -115,6 +115,7 @@ fn node_from_row(row: &SqliteRow) -> Result<NodeRecord> {
         labels: serde_json::from_str(&labels).map_err(corrupt)?,
         address: row.try_get("address")?,
         registered_at: Timestamp(row.try_get::<i64, _>("registered_at")? as u64),
+        drained: row.try_get::<i64, _>("drained")? != 0,
     })
 }
 
@@ -252,7 +253,7 @@ impl Store for SqliteStore {
             "INSERT INTO nodes (name, capacity, gpu_type, labels, address, registered_at) VALUES (?, ?, ?, ?, ?, ?) \
              ON CONFLICT (name) DO UPDATE SET capacity = excluded.capacity, gpu_type = excluded.gpu_type, \
              labels = excluded.labels, address = excluded.address, registered_at = excluded.registered_at \
-             RETURNING id, name, capacity, gpu_type, labels, address, registered_at",
+             RETURNING id, name, capacity, gpu_type, labels, address, registered_at, drained",
         )
         .bind(&node.name)
         .bind(serde_json::to_string(&node.capacity).map_err(corrupt)?)
@@ -266,10 +267,27 @@ impl Store for SqliteStore {
     }
 
     async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
-        let rows = sqlx::query("SELECT id, name, capacity, gpu_type, labels, address, registered_at FROM nodes ORDER BY id")
+        let rows = sqlx::query("SELECT id, name, capacity, gpu_type, labels, address, registered_at, drained FROM nodes ORDER BY id")
             .fetch_all(&self.reader)
             .await?;
         rows.iter().map(node_from_row).collect()
+    }
+
+    async fn set_node_drained(&self, node: NodeId, drained: bool) -> Result<bool> {
+        let done = sqlx::query("UPDATE nodes SET drained = ? WHERE id = ?")
+            .bind(i64::from(drained))
+            .bind(node.0 as i64)
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn remove_node(&self, node: NodeId) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM nodes WHERE id = ?")
+            .bind(node.0 as i64)
+            .execute(&self.writer)
+            .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn put_snapshot(

@@ -13,6 +13,12 @@ pub enum Admin {
     ///
     /// Example: taccd admin tls-init --data-dir /var/lib/tacc --host head.lab.example
     TlsInit(crate::tls::TlsInitArgs),
+    /// Nodes: drain, resume, remove (through the running server's admin API, with
+    /// DATA_DIR/admin.token).
+    ///
+    /// Example: taccd admin --data-dir /var/lib/tacc node drain gpu-01
+    #[command(subcommand)]
+    Node(crate::admin_nodes::NodeCommand),
     #[command(flatten)]
     Accounts(crate::admin_accounts::AdminCommand),
 }
@@ -23,6 +29,7 @@ pub async fn run(data_dir: &Path, command: Admin) -> Result<()> {
             args.data_dir = data_dir.to_path_buf();
             crate::tls::init(args)
         }
+        Admin::Node(command) => crate::admin_nodes::run(data_dir, command).await,
         Admin::Accounts(command) => crate::admin_accounts::run(data_dir, command).await,
     }
 }

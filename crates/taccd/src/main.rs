@@ -5,6 +5,7 @@
 
 mod admin;
 mod admin_accounts;
+mod admin_nodes;
 mod modes;
 mod slurm_agent;
 mod tls;

@@ -386,6 +386,14 @@ The token is printed once, alone on stdout.",
         #[arg(long)]
         json: bool,
     },
+    /// Nodes: drain one, resume it, remove it
+    #[command(
+        after_help = "Examples:\n  tcloud admin node drain gpu-01\n  tcloud admin node resume gpu-01\n  tcloud admin node remove gpu-01"
+    )]
+    Node {
+        #[command(subcommand)]
+        command: AdminNodeCommand,
+    },
     /// The audit log: who did what, newest first
     #[command(
         long_about = "Lists the audit log: user, token, node and admin actions and \
@@ -431,6 +439,24 @@ tasks), group_admin (also the group's tasks), admin (everything).",
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminNodeCommand {
+    /// Let the node's running tasks finish and place nothing new on it (survives restarts)
+    #[command(after_help = "Examples:\n  tcloud admin node drain gpu-01")]
+    Drain { name: String },
+    /// Let a drained node take new tasks again
+    #[command(after_help = "Examples:\n  tcloud admin node resume gpu-01")]
+    Resume { name: String },
+    /// Forget a node and revoke its credential; it must join again with a join token
+    #[command(
+        long_about = "Forgets a node and revokes its credential; its agent must join again \
+with a new join token (`tcloud admin agent-token`). Refused while the node is up and runs \
+tasks: drain it first and wait, or remove it once it is down (its tasks are then lost).",
+        after_help = "Examples:\n  tcloud admin node remove gpu-01"
+    )]
+    Remove { name: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -566,6 +592,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             },
             AdminCommand::AgentToken { ttl, json } => admin::agent_token(&ctx, ttl, json).await,
             AdminCommand::Audit { limit, json } => admin::audit(&ctx, limit, json).await,
+            AdminCommand::Node { command } => match command {
+                AdminNodeCommand::Drain { name } => admin::node_drain(&ctx, &name, false).await,
+                AdminNodeCommand::Resume { name } => admin::node_drain(&ctx, &name, true).await,
+                AdminNodeCommand::Remove { name } => admin::node_remove(&ctx, &name).await,
+            },
         },
     }
 }

@@ -181,3 +181,51 @@ pub(super) async fn audit(
             .collect(),
     ))
 }
+
+pub(super) async fn drain_node(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<tacc_proto::NodeView>> {
+    let view = app.control.drain_node(&name).await?;
+    app.control.audit.record(
+        &caller,
+        "node.drain",
+        format!("node:{name}"),
+        true,
+        String::new(),
+    );
+    Ok(Json(view))
+}
+
+pub(super) async fn resume_node(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<tacc_proto::NodeView>> {
+    let view = app.control.resume_node(&name).await?;
+    app.control.audit.record(
+        &caller,
+        "node.resume",
+        format!("node:{name}"),
+        true,
+        String::new(),
+    );
+    Ok(Json(view))
+}
+
+pub(super) async fn remove_node(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    app.control.remove_node(&name).await?;
+    app.control.audit.record(
+        &caller,
+        "node.remove",
+        format!("node:{name}"),
+        true,
+        "its node credential is revoked".into(),
+    );
+    Ok(StatusCode::NO_CONTENT)
+}

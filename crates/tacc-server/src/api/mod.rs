@@ -215,6 +215,24 @@ fn declare() -> Vec<Declared> {
         rule(M::GET, "/v1/admin/audit", Admin, get(admin::audit)),
         rule(
             M::POST,
+            "/v1/admin/nodes/{name}/drain",
+            Admin,
+            post(admin::drain_node),
+        ),
+        rule(
+            M::POST,
+            "/v1/admin/nodes/{name}/resume",
+            Admin,
+            post(admin::resume_node),
+        ),
+        rule(
+            M::DELETE,
+            "/v1/admin/nodes/{name}",
+            Admin,
+            delete(admin::remove_node),
+        ),
+        rule(
+            M::POST,
             "/v1/agents/register",
             Register,
             post(agents::register_agent),

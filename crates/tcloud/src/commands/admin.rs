@@ -134,6 +134,29 @@ pub async fn token_revoke(ctx: &Ctx, id: u64) -> Result<()> {
     Ok(())
 }
 
+pub async fn node_drain(ctx: &Ctx, name: &str, resume: bool) -> Result<()> {
+    let view = ctx.client()?.drain_node(name, resume).await?;
+    let name = field(&view.name);
+    out(match (resume, view.state.as_str()) {
+        (true, _) => format!("Resumed node {name}: it takes new tasks again"),
+        (false, "draining") => format!(
+            "Draining node {name}: its {} running task(s) finish, nothing new is placed there",
+            view.running_tasks.len()
+        ),
+        (false, _) => format!("Drained node {name}: nothing new is placed there"),
+    })?;
+    Ok(())
+}
+
+pub async fn node_remove(ctx: &Ctx, name: &str) -> Result<()> {
+    ctx.client()?.remove_node(name).await?;
+    out(format!(
+        "Removed node {}: its credential is revoked; to bring it back, start its agent with a new join token (`tcloud admin agent-token`)",
+        field(name)
+    ))?;
+    Ok(())
+}
+
 pub async fn agent_token(ctx: &Ctx, ttl: Option<HumanDuration>, as_json: bool) -> Result<()> {
     let client = ctx.client()?;
     let issued = client
