@@ -544,7 +544,18 @@ async fn run_agent(
         env_cache_bytes: node.env_cache_size.as_bytes(),
         task_uid_base: node.task_uid_base,
     };
-    let client = match tacc_agent::stored_credential(data_dir)?.or(join_token) {
+    let stored = tacc_agent::stored_credential(data_dir)?;
+    let token = match (stored, join_token) {
+        (Some(stored), Some(join)) if credential_refused(&client, &stored).await => {
+            tracing::warn!(
+                "the server refuses this node's stored credential (an admin removed the node, \
+                 or revoked it): registering again with the join token"
+            );
+            Some(join)
+        }
+        (stored, join) => stored.or(join),
+    };
+    let client = match token {
         Some(token) => client.with_token(token),
         None => anyhow::bail!(
             "this agent has no credential: give it a join token (`taccd agent --token T`; an \
@@ -561,6 +572,16 @@ async fn run_agent(
     agent.run(shutdown).await;
     cgroups.close();
     Ok(())
+}
+
+/// True when the server answers that `credential` is not valid (revoked or unknown); an
+/// unreachable server or any other answer keeps the credential.
+async fn credential_refused(client: &tacc_client::Client, credential: &str) -> bool {
+    let probe = client.clone().with_token(credential.to_string());
+    matches!(
+        probe.whoami().await,
+        Err(tacc_client::ClientError::Api { status: 401, .. })
+    )
 }
 
 /// `--gpu-type`: a model name as task files write it (letters, digits, `-`, `_`, `.`).

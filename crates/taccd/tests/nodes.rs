@@ -120,6 +120,19 @@ async fn taccd_admin_node_says_when_no_server_runs() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no server is running"), "{stderr}");
+
+    // A server that runs but left no admin token: say so.
+    let server = start("server", &dir.path().join("s"), &[]).await;
+    std::fs::remove_file(server.data_dir.join("admin.token")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_taccd"))
+        .args(["admin", "--data-dir"])
+        .arg(&server.data_dir)
+        .args(["node", "drain", "gpu-01"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no admin token"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,6 +172,12 @@ async fn a_removed_down_node_is_gone_and_its_credential_revoked() {
     );
     let again = client.remove_node("doomed").await.unwrap_err();
     assert_eq!(again.code(), Some("not_found"), "{again}");
+
+    // The machine comes back: its old credential is refused, so it joins again with the
+    // join token it is given, as a new node.
+    let _back = start_agent(&server, &dir.path().join("a"), &["--name", "doomed"]);
+    let back = wait_node_state(&client, "doomed", "up").await;
+    assert_ne!(back.id, id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
