@@ -25,6 +25,85 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A killed daemon leaves its tasks' cgroups (and any process still in them) for
+        // nobody to clean, unless another daemon runs on the same data directory (a test's
+        // restart, which sweeps them itself and whose tasks must live on): sweep them, so
+        // no test leaves processes or cgroups behind for the next run on this machine.
+        if !data_dir_in_use(&self.data_dir) {
+            for agent_dir in [self.data_dir.clone(), self.data_dir.join("agent")] {
+                sweep_task_cgroups(&agent_dir);
+            }
+        }
+    }
+}
+
+/// Whether a live `taccd` process names `data_dir` on its command line.
+fn data_dir_in_use(data_dir: &Path) -> bool {
+    let wanted = data_dir.as_os_str().as_encoded_bytes();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            return false;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            return false;
+        };
+        let mut args = cmdline.split(|b| *b == 0);
+        let is_taccd = args
+            .next()
+            .is_some_and(|program| program.ends_with(b"taccd"));
+        is_taccd && process_alive(pid) && args.any(|arg| arg == wanted)
+    })
+}
+
+/// Kill every process in the task cgroups of the agent whose data directory is
+/// `agent_dir` (`tacc/agent-<H(canonical dir)>`, as `taccd` names them) and remove them.
+fn sweep_task_cgroups(agent_dir: &Path) {
+    let canonical = agent_dir
+        .canonicalize()
+        .unwrap_or_else(|_| agent_dir.to_path_buf());
+    let hash = blake3::hash(canonical.as_os_str().as_encoded_bytes()).to_hex();
+    let name = format!("agent-{}", &hash[..12]);
+    let mount = Path::new("/sys/fs/cgroup");
+    let mut roots = vec![mount.join("tacc").join(&name)];
+    if let Ok(controllers) = std::fs::read_dir(mount) {
+        roots.extend(
+            controllers
+                .flatten()
+                .map(|c| c.path().join("tacc").join(&name)),
+        );
+    }
+    for root in roots.into_iter().filter(|r| r.is_dir()) {
+        let attempts: Vec<PathBuf> = std::fs::read_dir(&root)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for dir in attempts.iter().chain(std::iter::once(&root)) {
+            let end = Instant::now() + Duration::from_secs(5);
+            loop {
+                let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                for pid in procs
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok())
+                {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                if std::fs::remove_dir(dir).is_ok() || !dir.exists() || Instant::now() > end {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
     }
 }
 
