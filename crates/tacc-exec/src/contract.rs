@@ -35,6 +35,28 @@ async fn collect(mut rx: mpsc::UnboundedReceiver<OutputLine>) -> Vec<OutputLine>
     lines
 }
 
+/// Whether `pid` is a live process (a zombie has exited; only a live process counts).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// Wait (polling, 10 s deadline) until `pid` is no live process; panics past it.
+pub async fn wait_gone(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while process_alive(pid) {
+        assert!(Instant::now() < deadline, "process {pid} still running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub async fn run_all(executor: &dyn Executor, workdir: &Path) {
     output_and_exit_code(executor, workdir).await;
     success_is_exit_zero(executor, workdir).await;

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use tacc_exec::cgroups::{self, Cgroups};
+use tacc_exec::contract::wait_gone;
 use tacc_exec::{
     ExecutionHandle, Executor, ExitOutcome, OutputLine, ProcessExecutor, RunAs, contract,
 };
@@ -65,26 +66,6 @@ fn hierarchy_or_skip(test: &str) -> Option<Hierarchy> {
 
 fn executor(h: &Hierarchy) -> ProcessExecutor {
     ProcessExecutor::with_cgroups(h.cgroups.clone())
-}
-
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
-    }
-}
-
-async fn wait_gone(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pid) {
-        assert!(Instant::now() < deadline, "process {pid} still running");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// The directory of `pid`'s cgroup in the memory controller (v1) or the unified

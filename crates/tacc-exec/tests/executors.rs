@@ -1,9 +1,10 @@
 //! The executor contract against every backend, plus what only real processes can show.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tacc_exec::{Executor, ExitOutcome, FakeExecutor, ProcessExecutor, contract};
+use tacc_exec::contract::{self, process_alive, wait_gone};
+use tacc_exec::{Executor, ExitOutcome, FakeExecutor, ProcessExecutor};
 use tokio::sync::mpsc;
 
 #[tokio::test]
@@ -16,27 +17,6 @@ async fn fake_executor_meets_the_contract() {
 async fn process_executor_meets_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     contract::run_all(&ProcessExecutor::new(), dir.path()).await;
-}
-
-fn alive(pid: u32) -> bool {
-    // A zombie has exited; only a live process counts.
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
-    }
-}
-
-async fn wait_gone(pid: u32) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pid) {
-        assert!(Instant::now() < deadline, "process {pid} still running");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// Start a script that puts a `sleep` in the background and prints its pid.
@@ -54,7 +34,7 @@ async fn launch_with_child(
         .expect("pid printed")
         .expect("pid line");
     let child: u32 = line.text.trim().parse().expect("numeric pid");
-    assert!(alive(child));
+    assert!(process_alive(child));
     (handle, child)
 }
 

@@ -315,44 +315,9 @@ fn hostile_scalar() -> impl Strategy<Value = String> {
     ]
 }
 
-/// Every key the task file knows, in every section, the aliases it suggests for, and a
-/// few it does not know.
-const KEYS: &[&str] = &[
-    "name",
-    "resources",
-    "priority",
-    "preemptible",
-    "code",
-    "environment",
-    "datasets",
-    "setup",
-    "run",
-    "outputs",
-    "retry",
-    "checkpoint",
-    "runtime",
-    "nodes",
-    "gpus",
-    "gpu_type",
-    "cpus",
-    "memory",
-    "time_limit",
-    "dir",
-    "exclude",
-    "python",
-    "pip",
-    "requirements",
-    "conda",
-    "image",
-    "vars",
-    "channels",
-    "dependencies",
-    "source",
-    "mount",
-    "max_attempts",
-    "on",
-    "signal",
-    "grace",
+/// Keys that are not the task file's own: the legacy and Slurm names it suggests
+/// aliases for, near misses, and hostile spellings.
+const OTHER_KEYS: &[&str] = &[
     "entrypoint",
     "job",
     "general",
@@ -371,9 +336,34 @@ const KEYS: &[&str] = &[
     "*k",
 ];
 
+/// Every key of every section, read from the task file's JSON Schema (so a field added
+/// to the spec is fuzzed without touching this file), and [`OTHER_KEYS`].
+fn known_keys() -> Vec<String> {
+    fn walk(value: &serde_json::Value, keys: &mut std::collections::BTreeSet<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(serde_json::Value::Object(properties)) = map.get("properties") {
+                    keys.extend(properties.keys().cloned());
+                }
+                map.values().for_each(|v| walk(v, keys));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| walk(v, keys)),
+            _ => {}
+        }
+    }
+    let mut keys = std::collections::BTreeSet::new();
+    walk(&tacc_schema::json_schema(), &mut keys);
+    assert!(
+        keys.contains("secrets") && keys.contains("time_limit"),
+        "{keys:?}"
+    );
+    keys.extend(OTHER_KEYS.iter().map(|k| k.to_string()));
+    keys.into_iter().collect()
+}
+
 fn key() -> impl Strategy<Value = String> {
     prop_oneof![
-        8 => prop::sample::select(KEYS).prop_map(str::to_string),
+        8 => prop::sample::select(known_keys()),
         1 => "[a-zA-Z_][a-zA-Z0-9_.-]{0,12}",
         1 => hostile_scalar(),
     ]

@@ -265,6 +265,17 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
         "wrong answers:\n{}",
         failures.join("\n")
     );
+    // A method a path does not serve is 405, whoever asks.
+    let status = http(
+        &daemon.url,
+        Method::DELETE,
+        "/v1/tasks",
+        Some(&daemon.token),
+        None,
+    )
+    .await
+    .status();
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
 }
 
 /// The bearer token a [`Client`] made by `user_client` carries (tests need it raw).

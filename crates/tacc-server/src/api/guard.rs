@@ -14,11 +14,10 @@ use super::AppState;
 use crate::ServerError;
 use crate::auth::{Access, Caller, Refusal, decide, may_act_for};
 
-fn refusal_error(refusal: Refusal, what: &str) -> ServerError {
+fn refusal_error(refusal: Refusal) -> ServerError {
     match refusal {
         Refusal::Unauthenticated(why) => ServerError::Unauthenticated(why),
         Refusal::Forbidden(why) => ServerError::Forbidden(why),
-        Refusal::Hidden => ServerError::NotFound(format!("{what} does not exist")),
         Refusal::Unavailable => ServerError::Unavailable(
             "the server cannot check credentials right now (its database is unavailable); \
              try again shortly"
@@ -49,8 +48,16 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
                 .flatten()
         })
     else {
-        // A route without a declared rule is refused to everyone.
-        return ServerError::Forbidden(format!("route {path} has no access rule")).into_response();
+        // Every route is built from its declared rule, so only a method the path does not
+        // serve gets here.
+        return (
+            axum::http::StatusCode::METHOD_NOT_ALLOWED,
+            axum::Json(tacc_proto::ApiError {
+                code: "method_not_allowed".into(),
+                message: format!("{} is not served at {path}", request.method()),
+            }),
+        )
+            .into_response();
     };
     if let Some(limit) = super::body_limit(path) {
         let declared = request
@@ -105,7 +112,7 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
                     other => format!("{other:?}"),
                 },
             );
-            return refusal_error(refusal, "it").into_response();
+            return refusal_error(refusal).into_response();
         }
     };
     let method = request.method().clone();
@@ -118,7 +125,7 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         control
             .audit
             .record(&caller, action, target(), false, format!("{refusal:?}"));
-        return refusal_error(refusal, "it").into_response();
+        return refusal_error(refusal).into_response();
     }
     if let Err(error) = check_object(&app, &caller, access, &params).await {
         if !matches!(

@@ -77,14 +77,13 @@ pub enum Refusal {
     Unauthenticated(String),
     /// 403: authenticated, not allowed.
     Forbidden(String),
-    /// 404: the object is not the caller's (its existence is not revealed).
-    Hidden,
     /// 503: the credential could not be checked (the database is unavailable).
     Unavailable,
 }
 
 /// The route-level decision; object checks (`Task`, `Snapshot`, `Chunk`) need the object
-/// and happen after it was loaded, through [`may_act_for`] and the node's attempts.
+/// and happen after it was loaded, through [`may_act_for`] and the node's attempts (an
+/// object that is not the caller's then answers 404, so its existence is not revealed).
 pub fn decide(caller: &Caller, access: Access) -> Result<(), Refusal> {
     let unauthenticated = || {
         Refusal::Unauthenticated(

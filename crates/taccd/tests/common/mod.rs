@@ -352,17 +352,7 @@ pub async fn log_text(client: &Client, task: TaskId) -> String {
     String::from_utf8(client.logs(task, 0).await.unwrap().0.to_vec()).unwrap()
 }
 
-pub fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat
-            .rsplit(')')
-            .next()
-            .unwrap_or("")
-            .trim_start()
-            .starts_with('Z'),
-        Err(_) => false,
-    }
-}
+pub use tacc_exec::contract::process_alive;
 
 /// Every live process whose environment carries `MARKER=<marker>` (tests put a unique
 /// marker in each task's `environment.vars`, since task ids repeat across test servers).
