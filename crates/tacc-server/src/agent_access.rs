@@ -193,14 +193,13 @@ impl Control {
             .take(&user.name, limits, Instant::now())?;
         let queued = self
             .store
-            .list_tasks(&TaskFilter {
+            .count_tasks(&TaskFilter {
                 states: vec![TaskState::Queued],
                 user: Some(user.name.clone()),
-                limit: Some(limits.max_queued),
+                limit: None,
             })
-            .await?
-            .len();
-        if queued >= limits.max_queued as usize {
+            .await?;
+        if queued >= u64::from(limits.max_queued) {
             return Err(ServerError::TooManyRequests {
                 message: format!(
                     "user {} already has {queued} queued tasks, the most this cluster allows; \

@@ -24,8 +24,8 @@ pub struct UserLimits {
 impl Default for UserLimits {
     fn default() -> Self {
         UserLimits {
-            submit_rate: 50.0,
-            submit_burst: 500,
+            submit_rate: 500.0,
+            submit_burst: 5_000,
             max_queued: 10_000,
             max_log_bytes: 1 << 30,
         }

@@ -313,6 +313,24 @@ pub async fn list_filters_by_state_and_user(store: &dyn Store) {
         })
         .await
         .unwrap();
+    let counted = store
+        .count_tasks(&TaskFilter {
+            user: Some("carol".into()),
+            limit: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(counted, 2, "a count ignores the limit");
+    let queued = store
+        .count_tasks(&TaskFilter {
+            states: vec![TaskState::Queued],
+            user: Some("carol".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(queued, 1);
     assert_eq!(
         mine.iter().map(|t| t.id).collect::<Vec<_>>(),
         vec![carol2, carol],

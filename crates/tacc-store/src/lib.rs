@@ -69,6 +69,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>>;
     /// Tasks matching the filter, newest first.
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>>;
+    /// How many tasks match the filter (its `limit` is ignored).
+    async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64>;
     async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEvent>>;
     /// Apply all changes atomically, or none.
     async fn apply(&self, changes: &[TaskChange]) -> Result<()>;

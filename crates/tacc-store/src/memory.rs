@@ -147,6 +147,11 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner.tasks.values().filter(|t| matches(filter, t)).count() as u64)
+    }
+
     async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEvent>> {
         Ok(self
             .inner

@@ -67,6 +67,19 @@ impl SqliteStore {
 const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
      placements, cancel_requested, submitted_at, started_at, finished_at";
 
+/// The `WHERE` clause of a task filter; binds states, then the user.
+fn filter_sql(filter: &TaskFilter) -> String {
+    let mut sql = String::from(" WHERE 1 = 1");
+    if !filter.states.is_empty() {
+        let marks = vec!["?"; filter.states.len()].join(", ");
+        sql.push_str(&format!(" AND state IN ({marks})"));
+    }
+    if filter.user.is_some() {
+        sql.push_str(" AND user_name = ?");
+    }
+    sql
+}
+
 fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(what.to_string())
 }
@@ -154,14 +167,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>> {
-        let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks WHERE 1 = 1");
-        if !filter.states.is_empty() {
-            let marks = vec!["?"; filter.states.len()].join(", ");
-            sql.push_str(&format!(" AND state IN ({marks})"));
-        }
-        if filter.user.is_some() {
-            sql.push_str(" AND user_name = ?");
-        }
+        let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks{}", filter_sql(filter));
         sql.push_str(" ORDER BY id DESC");
         if filter.limit.is_some() {
             sql.push_str(" LIMIT ?");
@@ -178,6 +184,18 @@ impl Store for SqliteStore {
         }
         let rows = query.fetch_all(&self.reader).await?;
         rows.iter().map(task_from_row).collect()
+    }
+
+    async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64> {
+        let sql = format!("SELECT COUNT(*) FROM tasks{}", filter_sql(filter));
+        let mut query = sqlx::query_scalar::<_, i64>(&sql);
+        for state in &filter.states {
+            query = query.bind(state.as_str());
+        }
+        if let Some(user) = &filter.user {
+            query = query.bind(user);
+        }
+        Ok(query.fetch_one(&self.reader).await? as u64)
     }
 
     async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEvent>> {

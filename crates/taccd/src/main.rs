@@ -102,10 +102,10 @@ enum Command {
 #[derive(Debug, Args)]
 struct ServerArgs {
     /// Submissions per second one user may sustain (beyond it: 429 Too Many Requests).
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = 500.0)]
     submit_rate: f64,
     /// Submissions one user may make at once after being idle.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 5_000)]
     submit_burst: u32,
     /// Queued tasks one user may have at once.
     #[arg(long, default_value_t = 10_000)]

@@ -59,13 +59,16 @@ pub(super) async fn commit_snapshot(
         )));
     }
     let id = manifest.id();
-    app.control
-        .store
-        .add_snapshot_owner(tacc_store::SnapshotOwner {
-            snapshot: id.clone(),
-            user: user.name.clone(),
-        })
-        .await?;
+    // Resubmitting unchanged code commits again: a read, not another durable write.
+    if !app.control.store.is_snapshot_owner(&id, &user.name).await? {
+        app.control
+            .store
+            .add_snapshot_owner(tacc_store::SnapshotOwner {
+                snapshot: id.clone(),
+                user: user.name.clone(),
+            })
+            .await?;
+    }
     // A resubmission of unchanged code commits a snapshot the server already has.
     if app.control.store.get_snapshot(&id).await?.is_some() {
         return Ok(Json(SnapshotCommitted { snapshot: id }));
