@@ -19,16 +19,29 @@ use tokio::sync::Mutex;
 static CLUSTER: Mutex<()> = Mutex::const_new(());
 
 /// Whether Slurm answers with at least two usable nodes; panics in CI when it does not.
-fn slurm_ready(test: &str) -> bool {
-    let output = Command::new("sinfo")
-        .args(["-h", "-N", "-o", "%N %t"])
-        .output();
-    let usable = match &output {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter(|l| l.contains("idle") || l.contains("mix") || l.contains("alloc"))
-            .count(),
-        _ => 0,
+/// Nodes an earlier test left `completing` (or otherwise busy) are waited for, up to a
+/// deadline: that state passes, it does not mean Slurm is missing.
+async fn slurm_ready(test: &str) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (output, usable) = loop {
+        let output = Command::new("sinfo")
+            .args(["-h", "-N", "-o", "%N %t"])
+            .output();
+        let (listed, usable) = match &output {
+            Ok(out) if out.status.success() => {
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                let usable = text
+                    .lines()
+                    .filter(|l| l.contains("idle") || l.contains("mix") || l.contains("alloc"))
+                    .count();
+                (text.lines().count(), usable)
+            }
+            _ => (0, 0),
+        };
+        if usable >= 2 || listed < 2 || Instant::now() > deadline {
+            break (output, usable);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     };
     if usable >= 2 {
         return true;
@@ -127,7 +140,7 @@ async fn wait_log(client: &tacc_client::Client, task: TaskId, needle: &str) -> S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_single_node_task_streams_logs_live() {
-    if !slurm_ready("slurm_single_node_task_streams_logs_live") {
+    if !slurm_ready("slurm_single_node_task_streams_logs_live").await {
         return;
     }
     let _one = CLUSTER.lock().await;
@@ -172,7 +185,7 @@ async fn slurm_single_node_task_streams_logs_live() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_multi_node_task_has_every_rank_in_the_log() {
-    if !slurm_ready("slurm_multi_node_task_has_every_rank_in_the_log") {
+    if !slurm_ready("slurm_multi_node_task_has_every_rank_in_the_log").await {
         return;
     }
     let _one = CLUSTER.lock().await;
@@ -202,7 +215,7 @@ async fn slurm_multi_node_task_has_every_rank_in_the_log() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_cancel_of_a_running_and_of_a_pending_job() {
-    if !slurm_ready("slurm_cancel_of_a_running_and_of_a_pending_job") {
+    if !slurm_ready("slurm_cancel_of_a_running_and_of_a_pending_job").await {
         return;
     }
     let _one = CLUSTER.lock().await;
@@ -269,7 +282,7 @@ async fn slurm_cancel_of_a_running_and_of_a_pending_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_time_limit_stops_the_job() {
-    if !slurm_ready("slurm_time_limit_stops_the_job") {
+    if !slurm_ready("slurm_time_limit_stops_the_job").await {
         return;
     }
     let _one = CLUSTER.lock().await;
@@ -297,7 +310,7 @@ async fn slurm_time_limit_stops_the_job() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_agent_restart_refinds_the_running_job() {
-    if !slurm_ready("slurm_agent_restart_refinds_the_running_job") {
+    if !slurm_ready("slurm_agent_restart_refinds_the_running_job").await {
         return;
     }
     let _one = CLUSTER.lock().await;
@@ -327,7 +340,7 @@ async fn slurm_agent_restart_refinds_the_running_job() {
 /// The executor contract, run directly against the Slurm executor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_executor_meets_the_contract() {
-    if !slurm_ready("slurm_executor_meets_the_contract") {
+    if !slurm_ready("slurm_executor_meets_the_contract").await {
         return;
     }
     let _one = CLUSTER.lock().await;
@@ -349,7 +362,7 @@ async fn slurm_executor_meets_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark; run explicitly"]
 async fn slurm_benchmark() {
-    if !slurm_ready("slurm_benchmark") {
+    if !slurm_ready("slurm_benchmark").await {
         return;
     }
     let _one = CLUSTER.lock().await;
