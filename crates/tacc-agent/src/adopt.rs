@@ -61,5 +61,6 @@ pub(crate) async fn run(
         attempt,
         at: now(),
         outcome: crate::attempt::outcome_of(outcome),
+        rank: None,
     });
 }

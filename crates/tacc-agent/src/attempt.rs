@@ -68,7 +68,16 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     let workdir = shared.config.data_dir.join("work").join(&name);
     // Once a process runs, cancelling is the executor's job (SIGTERM, grace, SIGKILL of
     // the group): dropping the future here would orphan the process.
-    let outcome = execute(&shared, &assignment, &workdir, &name, &cancel).await;
+    let mut failed_rank = None;
+    let outcome = execute(
+        &shared,
+        &assignment,
+        &workdir,
+        &name,
+        &cancel,
+        &mut failed_rank,
+    )
+    .await;
     if !shared.config.keep_workdirs {
         let dir = workdir.clone();
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
@@ -79,6 +88,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
             attempt,
             at: now(),
             outcome,
+            rank: failed_rank,
         },
     );
 }
@@ -101,6 +111,7 @@ async fn execute(
     workdir: &Path,
     name: &str,
     cancel: &CancellationToken,
+    failed_rank: &mut Option<u32>,
 ) -> AttemptOutcome {
     let attempt = assignment.attempt;
     let instruction: Instruction = match serde_json::from_value(assignment.instruction.clone()) {
@@ -220,6 +231,7 @@ async fn execute(
 
     let node = NodeContext {
         node_rank: assignment.node_rank,
+        local_rank: 0,
         gpu_indices: assignment.gpu_indices.clone(),
         master_addr: assignment.master_addr.clone(),
         master_port: assignment.master_port,
@@ -231,15 +243,27 @@ async fn execute(
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
         .collect();
     base.extend(identity.vars(&node.userdir));
-    let mut env = instruction.environment(&node, &base);
-    if let Some(lease) = &environment {
-        activate(&mut env, lease);
-    }
-    crate::secrets::inject(&mut env, &assignment.secrets);
-    let lines = LogLines {
-        prefix: (instruction.num_nodes > 1).then(|| format!("[{}] ", assignment.node_rank)),
-        mask,
+    let processes = instruction.processes_per_node.max(1);
+    let env_of = |local_rank: u32| {
+        let node = NodeContext {
+            local_rank,
+            ..node.clone()
+        };
+        let mut env = instruction.environment(&node, &base);
+        if let Some(lease) = &environment {
+            activate(&mut env, lease);
+        }
+        crate::secrets::inject(&mut env, &assignment.secrets);
+        env
     };
+    let env = env_of(0);
+    // Lines carry the process's RANK wherever there is more than one.
+    let several = instruction.num_nodes * processes > 1;
+    let lines_of = |rank: u32| LogLines {
+        prefix: several.then(|| format!("[{rank}] ")),
+        mask: mask.clone(),
+    };
+    let lines = lines_of(assignment.node_rank * processes);
     let limit = instruction.time_limit_secs.map(Duration::from_secs);
     let remaining = |limit: Option<Duration>| limit.map(|l| l.saturating_sub(started.elapsed()));
     let grace = Duration::from_secs(instruction.kill_grace_secs);
@@ -299,30 +323,67 @@ async fn execute(
     if cancel.is_cancelled() {
         return AttemptOutcome::Cancelled;
     }
-    let spec = LaunchSpec {
-        label: format!("tacc-{name}"),
-        workdir: workdir.to_path_buf(),
-        script: instruction.run.clone(),
-        env,
-        time_limit: remaining(limit),
-        kill_grace: grace,
-        placement,
-    };
-    let outcome = match crate::runtimes::launch_with_failover(
-        shared,
-        &instruction,
-        &mut runtime,
-        &mut failed_runtimes,
-        spec,
-        attempt,
-        lines,
-        cancel,
-        name,
-    )
-    .await
-    {
-        Ok(outcome) => outcome_of(outcome),
-        Err(outcome) => return outcome,
+    let outcome = if processes > 1 {
+        let launches = (0..processes)
+            .map(|local_rank| {
+                let rank = assignment.node_rank * processes + local_rank;
+                crate::processes::RankLaunch {
+                    rank,
+                    spec: LaunchSpec {
+                        label: format!("tacc-{name}-p{local_rank}"),
+                        workdir: workdir.to_path_buf(),
+                        script: instruction.run.clone(),
+                        env: env_of(local_rank),
+                        time_limit: remaining(limit),
+                        kill_grace: grace,
+                        placement: Placement {
+                            cpu_millis: crate::processes::share_of(placement.cpu_millis, processes),
+                            memory_bytes: crate::processes::share_of(
+                                placement.memory_bytes,
+                                processes,
+                            ),
+                            ..placement.clone()
+                        },
+                    },
+                    lines: lines_of(rank),
+                    record_name: format!("{name}-p{local_rank}"),
+                }
+            })
+            .collect();
+        let executor = crate::runtimes::executor(shared, runtime.runtime);
+        let ended =
+            match crate::processes::run_ranks(shared, executor, attempt, launches, cancel).await {
+                Ok(ended) => ended,
+                Err(outcome) => return outcome,
+            };
+        *failed_rank = ended.failed_rank;
+        outcome_of(ended.outcome)
+    } else {
+        let spec = LaunchSpec {
+            label: format!("tacc-{name}"),
+            workdir: workdir.to_path_buf(),
+            script: instruction.run.clone(),
+            env,
+            time_limit: remaining(limit),
+            kill_grace: grace,
+            placement,
+        };
+        match crate::runtimes::launch_with_failover(
+            shared,
+            &instruction,
+            &mut runtime,
+            &mut failed_runtimes,
+            spec,
+            attempt,
+            lines,
+            cancel,
+            name,
+        )
+        .await
+        {
+            Ok(outcome) => outcome_of(outcome),
+            Err(outcome) => return outcome,
+        }
     };
     if outcome != AttemptOutcome::Cancelled && assignment.node_rank == 0 {
         if let Err(message) = upload_outputs(shared, &instruction, workdir).await {

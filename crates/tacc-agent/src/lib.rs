@@ -16,6 +16,7 @@ mod environments;
 mod identity;
 mod layout;
 mod orphans;
+mod processes;
 mod reporter;
 mod runtimes;
 mod secrets;

@@ -14,11 +14,15 @@ use crate::environment::{DatasetMount, EnvPlan, InstructionEnvironment, resolve_
 /// Bumped whenever a field's meaning changes, so an old agent refuses a new instruction.
 /// Version 2 added `environment` and `datasets`, which an older agent would silently skip.
 /// Version 3 added `image` and `runtime`; an instruction without them stays version 2, so
-/// agents of version 2 still run every task that does not need a container.
-pub const INSTRUCTION_FORMAT: u32 = 3;
+/// agents of version 2 still run every task that does not need a container. Version 4
+/// added `processes_per_node`; only an instruction with more than one process per node
+/// needs it (an older agent would start one process where the task asked for several).
+pub const INSTRUCTION_FORMAT: u32 = 4;
 
 /// The format of an instruction that uses nothing newer than version 2.
 const FORMAT_WITHOUT_RUNTIME: u32 = 2;
+/// The format of an instruction that uses nothing newer than version 3.
+const FORMAT_WITH_RUNTIME: u32 = 3;
 
 /// How long a task gets between SIGTERM and SIGKILL when no checkpoint grace is set.
 const DEFAULT_KILL_GRACE_SECS: u64 = 10;
@@ -34,6 +38,10 @@ pub struct Instruction {
     /// The exact code the task runs.
     pub snapshot: SnapshotId,
     pub num_nodes: u32,
+    /// Copies of `run` each node starts (`resources.processes`); each has its own
+    /// `LOCAL_RANK` and `RANK`, and `WORLD_SIZE` counts them all.
+    #[serde(default = "one_process")]
+    pub processes_per_node: u32,
     pub per_node: Resources,
     pub time_limit_secs: Option<u64>,
     /// Runs once per node before `run`; its failure fails the attempt as `setup_failed`.
@@ -67,14 +75,20 @@ pub struct Instruction {
     pub unix_user: Option<String>,
 }
 
+fn one_process() -> u32 {
+    1
+}
+
 fn default_priority() -> String {
     "normal".to_string()
 }
 
-/// What differs between the nodes of one attempt.
+/// What differs between the nodes of one attempt, and between the processes of a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeContext {
     pub node_rank: u32,
+    /// Which of the node's processes (0 when it starts one).
+    pub local_rank: u32,
     pub gpu_indices: Vec<u32>,
     pub master_addr: String,
     pub master_port: u16,
@@ -93,9 +107,12 @@ pub fn compile(
     let image = spec.environment.image.clone();
     let runtime =
         (spec.runtime != tacc_schema::Runtime::Auto).then(|| spec.runtime.as_str().to_string());
+    let processes_per_node = spec.resources.processes_per_node();
     Instruction {
-        format_version: if image.is_some() || runtime.is_some() {
+        format_version: if processes_per_node > 1 {
             INSTRUCTION_FORMAT
+        } else if image.is_some() || runtime.is_some() {
+            FORMAT_WITH_RUNTIME
         } else {
             FORMAT_WITHOUT_RUNTIME
         },
@@ -105,6 +122,7 @@ pub fn compile(
         user: user.to_string(),
         snapshot,
         num_nodes: spec.resources.nodes,
+        processes_per_node,
         per_node: spec.resources.per_node(),
         time_limit_secs: spec.resources.time_limit.map(|t| t.as_secs()),
         setup: spec.setup.clone().filter(|s| !s.trim().is_empty()),
@@ -170,6 +188,10 @@ impl Instruction {
             .map(u32::to_string)
             .collect::<Vec<_>>()
             .join(",");
+        let local_world_size = self.processes_per_node.max(1);
+        let world_size = (self.num_nodes * local_world_size).to_string();
+        let rank = (node.node_rank * local_world_size + node.local_rank).to_string();
+        let local_world_size = local_world_size.to_string();
         let platform = [
             ("TACC_TASK_ID", self.task.to_string()),
             ("TACC_TASK_NAME", self.name.clone()),
@@ -181,10 +203,19 @@ impl Instruction {
             ("TACC_NODE_RANK", node.node_rank.to_string()),
             ("TACC_MASTER_ADDR", node.master_addr.clone()),
             ("TACC_MASTER_PORT", node.master_port.to_string()),
+            ("TACC_WORLD_SIZE", world_size.clone()),
+            ("TACC_RANK", rank.clone()),
+            ("TACC_LOCAL_RANK", node.local_rank.to_string()),
+            ("TACC_LOCAL_WORLD_SIZE", local_world_size.clone()),
+            // The names torch.distributed (and torchrun's children) read.
             ("MASTER_ADDR", node.master_addr.clone()),
             ("MASTER_PORT", node.master_port.to_string()),
-            ("WORLD_SIZE", self.num_nodes.to_string()),
+            ("WORLD_SIZE", world_size),
+            ("RANK", rank),
+            ("LOCAL_RANK", node.local_rank.to_string()),
+            ("LOCAL_WORLD_SIZE", local_world_size),
             ("NODE_RANK", node.node_rank.to_string()),
+            ("GROUP_RANK", node.node_rank.to_string()),
             // What each node was given, for the task and for backends that request it
             // from another scheduler (Slurm).
             (
@@ -241,6 +272,7 @@ mod tests {
         let instruction = compile(TaskId(7), AttemptNo(2), "alice", &spec(), snapshot);
         let node = NodeContext {
             node_rank: 1,
+            local_rank: 0,
             gpu_indices: vec![2, 3],
             master_addr: "10.0.0.1".into(),
             master_port: 29500,
@@ -255,7 +287,56 @@ mod tests {
         assert_eq!(env["WORLD_SIZE"], "2");
         assert_eq!(env["NODE_RANK"], "1");
         assert_eq!(env["MASTER_PORT"], "29500");
+        assert_eq!(env["RANK"], "1");
+        assert_eq!(env["LOCAL_RANK"], "0");
+        assert_eq!(env["LOCAL_WORLD_SIZE"], "1");
         assert_eq!(env["A"], "b");
         assert_eq!(env["PATH"], "/bin");
+    }
+
+    #[test]
+    fn one_process_per_gpu_counts_processes_in_world_size_and_rank() {
+        let (spec, _) = tacc_schema::parse_task(
+            "task.yaml",
+            "name: t\nresources: {nodes: 3, gpus: 4, processes: per_gpu}\nrun: python train.py\n",
+        )
+        .unwrap();
+        let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
+        let instruction = compile(TaskId(7), AttemptNo(1), "alice", &spec, snapshot);
+        assert_eq!(instruction.processes_per_node, 4);
+        assert_eq!(instruction.format_version, INSTRUCTION_FORMAT);
+        let node = NodeContext {
+            node_rank: 2,
+            local_rank: 3,
+            gpu_indices: vec![0, 1, 2, 3],
+            master_addr: "10.0.0.1".into(),
+            master_port: 29517,
+            workdir: "/w".into(),
+            userdir: "/u".into(),
+        };
+        let env = instruction.environment(&node, &BTreeMap::new());
+        assert_eq!(env["WORLD_SIZE"], "12");
+        assert_eq!(env["TACC_WORLD_SIZE"], "12");
+        assert_eq!(env["RANK"], "11");
+        assert_eq!(env["LOCAL_RANK"], "3");
+        assert_eq!(env["LOCAL_WORLD_SIZE"], "4");
+        assert_eq!(env["NODE_RANK"], "2");
+        assert_eq!(env["TACC_NUM_NODES"], "3");
+        assert_eq!(env["MASTER_PORT"], "29517");
+        // torchrun leaves every GPU of the node visible and lets LOCAL_RANK pick one.
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "0,1,2,3");
+    }
+
+    #[test]
+    fn an_instruction_needs_format_four_only_with_several_processes() {
+        let (spec, _) = tacc_schema::parse_task("task.yaml", "name: t\nrun: echo\n").unwrap();
+        let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
+        let instruction = compile(TaskId(1), AttemptNo(1), "alice", &spec, snapshot);
+        assert_eq!(instruction.processes_per_node, 1);
+        assert_eq!(instruction.format_version, 2);
+        let mut json = serde_json::to_value(&instruction).unwrap();
+        json.as_object_mut().unwrap().remove("processes_per_node");
+        let old: Instruction = serde_json::from_value(json).unwrap();
+        assert_eq!(old.processes_per_node, 1);
     }
 }

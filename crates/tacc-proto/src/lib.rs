@@ -228,6 +228,10 @@ pub enum AgentReport {
         attempt: AttemptRef,
         at: Timestamp,
         outcome: AttemptOutcome,
+        /// Of a node that starts several processes (`resources.processes`): the `RANK` of
+        /// the process whose end decided the outcome (the first to fail).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rank: Option<u32>,
     },
     /// The runtime the node runs the attempt in (`process`, `container`, …) and why,
     /// saying so when it switched away from a better one; shown as the task's reason.

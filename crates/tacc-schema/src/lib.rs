@@ -9,6 +9,7 @@
 
 mod error;
 mod legacy;
+mod processes;
 mod reader;
 mod schema;
 mod spans;
@@ -18,6 +19,7 @@ use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 pub use error::{Diagnostic, SchemaError};
+pub use processes::{MAX_PROCESSES_PER_NODE, Processes};
 pub use schema::json_schema;
 pub use spans::{Location, Spans};
 pub use spec::{

@@ -14,6 +14,7 @@ use tacc_core::{ByteSize, HumanDuration, Priority};
 use yaml_rust2::Event as YamlEvent;
 
 use crate::SchemaError;
+use crate::processes::{MAX_PROCESSES_PER_NODE, Processes};
 use crate::spans::{Location, Spans, yaml_lines};
 use crate::spec::{
     CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
@@ -37,8 +38,15 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "checkpoint",
     "runtime",
 ];
-pub(crate) const RESOURCE_FIELDS: &[&str] =
-    &["nodes", "gpus", "gpu_type", "cpus", "memory", "time_limit"];
+pub(crate) const RESOURCE_FIELDS: &[&str] = &[
+    "nodes",
+    "gpus",
+    "gpu_type",
+    "cpus",
+    "memory",
+    "time_limit",
+    "processes",
+];
 pub(crate) const CODE_FIELDS: &[&str] = &["dir", "exclude"];
 pub(crate) const ENVIRONMENT_FIELDS: &[&str] = &[
     "python",
@@ -542,6 +550,44 @@ impl<'s> Reader<'s> {
         Ok(values)
     }
 
+    /// `resources.processes`: `per_node`, `per_gpu` or a number of processes.
+    pub fn processes(&self, node: &Node) -> Result<Processes> {
+        const PATH: &str = "resources.processes";
+        let scalar = self.scalar(
+            node,
+            PATH,
+            "`per_node`, `per_gpu` or a number",
+            "processes: per_gpu",
+        )?;
+        if scalar
+            .as_str()
+            .trim()
+            .starts_with(|c: char| c.is_ascii_digit() || c == '-')
+        {
+            let count = self.count(node, PATH, "processes: 4")?;
+            if count == 0 || count > MAX_PROCESSES_PER_NODE {
+                return Err(self.error_at_node(
+                    node,
+                    format!(
+                        "`processes` must be between 1 and {MAX_PROCESSES_PER_NODE}, found {count}"
+                    ),
+                    "write the processes each node starts, e.g. `processes: 4` or `processes: per_gpu`"
+                        .to_string(),
+                ));
+            }
+            return Ok(Processes::Count(count));
+        }
+        self.choice(
+            node,
+            PATH,
+            "process layout",
+            &[
+                ("per_node", Processes::PerNode),
+                ("per_gpu", Processes::PerGpu),
+            ],
+        )
+    }
+
     /// One of a fixed set of names, with a did-you-mean when it is close to one.
     pub fn choice<T: Copy>(
         &self,
@@ -705,6 +751,9 @@ fn read_resources<'n>(
     if let Some(node) = fields.get("time_limit") {
         resources.time_limit =
             Some(reader.duration(node, "resources.time_limit", "time_limit: 4h")?);
+    }
+    if let Some(node) = fields.get("processes") {
+        resources.processes = reader.processes(node)?;
     }
     Ok(resources)
 }

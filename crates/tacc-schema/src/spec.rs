@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tacc_core::{ByteSize, HumanDuration, Priority, Resources};
 
 use crate::SchemaError;
+use crate::processes::Processes;
 
 pub const MAX_NODES: u32 = 4096;
 pub const MAX_GPUS_PER_NODE: u32 = 1024;
@@ -99,6 +100,15 @@ pub struct ResourceSpec {
     #[serde(default)]
     #[schemars(with = "Option<String>", example = "4h")]
     pub time_limit: Option<HumanDuration>,
+    /// Copies of `run` each node starts: `per_node` (default), `per_gpu` (one per GPU, as
+    /// torchrun does) or a number. Sets `WORLD_SIZE`, `RANK` and `LOCAL_RANK`.
+    #[serde(default, skip_serializing_if = "is_per_node")]
+    #[schemars(with = "crate::processes::ProcessesSchema")]
+    pub processes: Processes,
+}
+
+fn is_per_node(processes: &Processes) -> bool {
+    *processes == Processes::PerNode
 }
 
 fn default_nodes() -> u32 {
@@ -120,11 +130,17 @@ impl Default for ResourceSpec {
             cpus: default_cpus(),
             memory: default_memory(),
             time_limit: None,
+            processes: Processes::PerNode,
         }
     }
 }
 
 impl ResourceSpec {
+    /// Processes each node starts (see [`Processes`]).
+    pub fn processes_per_node(&self) -> u32 {
+        self.processes.per_node(self.gpus)
+    }
+
     /// What one node of the task holds, as the scheduler counts it.
     pub fn per_node(&self) -> Resources {
         Resources::new(
@@ -203,6 +219,7 @@ pub const PLATFORM_VARIABLES: &[&str] = &[
     "RANK",
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
     "CUDA_VISIBLE_DEVICES",
     "VIRTUAL_ENV",
     "CONDA_PREFIX",
@@ -512,6 +529,13 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
             "resources.memory",
             format!("`memory` is only {memory}; did you forget the unit?"),
             "write memory per node with a unit, e.g. `memory: 64GiB` or `memory: 512MiB`",
+        ));
+    }
+    if resources.processes == Processes::PerGpu && resources.gpus == 0 {
+        return Some(problem(
+            "resources.processes",
+            "`processes: per_gpu` starts one process per GPU, but `gpus` is 0",
+            "add `gpus: N` to `resources`, or write a number such as `processes: 4`",
         ));
     }
     if let Some(limit) = resources.time_limit

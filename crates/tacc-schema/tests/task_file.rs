@@ -160,7 +160,7 @@ error: unknown field `memroy` in `resources`
    |
  5 |   memroy: 64GiB
    |   ^^^^^^
-   = help: did you mean `memory`? Valid fields: nodes, gpus, gpu_type, cpus, memory, time_limit";
+   = help: did you mean `memory`? Valid fields: nodes, gpus, gpu_type, cpus, memory, time_limit, processes";
     assert_eq!(rejected(text), expected);
 }
 
@@ -478,4 +478,35 @@ fn specs_round_trip_through_json_and_validate() {
     let minimal: TaskSpec = serde_json::from_str(r#"{"name":"a","run":"x"}"#).unwrap();
     assert_eq!(minimal.resources.memory, ByteSize::gib(1));
     minimal.validate().unwrap();
+}
+
+#[test]
+fn processes_per_node_accept_names_and_numbers_and_refuse_the_rest_where_written() {
+    use tacc_schema::Processes;
+    let spec = parse("run: x\nresources: { gpus: 4, processes: per_gpu }\n").unwrap();
+    assert_eq!(spec.resources.processes, Processes::PerGpu);
+    assert_eq!(spec.resources.processes_per_node(), 4);
+    let spec = parse("run: x\nresources: { processes: 3 }\n").unwrap();
+    assert_eq!(spec.resources.processes_per_node(), 3);
+    let spec = parse("run: x\n").unwrap();
+    assert_eq!(spec.resources.processes_per_node(), 1);
+    let cases = [
+        ("resources: { processes: 0 }", 25, "between 1 and 1024"),
+        ("resources: { processes: 2000 }", 25, "between 1 and 1024"),
+        ("resources: { processes: -2 }", 25, "cannot be negative"),
+        ("resources: { processes: per_gpus }", 25, "per_gpu"),
+        ("resources: { processes: per_gpu }", 25, "`gpus` is 0"),
+    ];
+    for (line, column, why) in cases {
+        let rendered = rejected(&format!("run: x\n{line}\n"));
+        assert!(rendered.contains(why), "{line}: {rendered}");
+        assert!(
+            rendered.contains(&format!("--> {FILE}:2:{column}\n")),
+            "{line}: {rendered}"
+        );
+    }
+    // The same spec sent as JSON (what the server receives) round-trips.
+    let spec = parse("run: x\nresources: { gpus: 2, processes: per_gpu }\n").unwrap();
+    let back: TaskSpec = serde_json::from_value(serde_json::to_value(&spec).unwrap()).unwrap();
+    assert_eq!(back, spec);
 }

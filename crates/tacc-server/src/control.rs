@@ -23,8 +23,9 @@ use tokio::sync::{Mutex, watch};
 use crate::ServerError;
 use crate::logs::LogBook;
 
-/// Port the master (rank 0) node of a multi-node task listens on, as in PyTorch.
-const MASTER_PORT: u16 = 29500;
+/// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
+/// PyTorch's default up, one per attempt whose rank 0 shares the node.
+const MASTER_PORTS: std::ops::Range<u16> = 29500..30500;
 
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
@@ -97,6 +98,9 @@ pub(crate) struct Inner {
     specs: BTreeMap<TaskId, TaskSpec>,
     /// Tasks told to stop by a preemption, until their attempt has ended.
     preempting: BTreeSet<TaskId>,
+    /// Node ranks of multi-node attempts that already ended successfully; the attempt
+    /// succeeds when every rank has.
+    finished_ranks: BTreeMap<AttemptRef, BTreeSet<u32>>,
     /// The group of each task owner's identity (users the configuration file gives no
     /// group are accounted to this one).
     identity_groups: BTreeMap<String, Option<String>>,
@@ -240,6 +244,7 @@ impl Control {
                 held: BTreeSet::new(),
                 specs: BTreeMap::new(),
                 preempting: BTreeSet::new(),
+                finished_ranks: BTreeMap::new(),
                 identity_groups: BTreeMap::new(),
             }),
         });
@@ -833,8 +838,9 @@ impl Control {
                     attempt,
                     at,
                     outcome,
+                    rank,
                 } => {
-                    self.finish_attempt(&mut inner, attempt, outcome, at)
+                    self.rank_finished(&mut inner, node, attempt, outcome, rank, at)
                         .await?;
                 }
                 AgentReport::RuntimeChosen {
@@ -885,12 +891,84 @@ impl Control {
             .await
     }
 
+    /// One node's part of an attempt ended. A multi-node attempt succeeds when every node
+    /// rank has; the first part that does not succeed ends it for all (the others are
+    /// withdrawn, so their agents stop them), named in the reason.
+    async fn rank_finished(
+        &self,
+        inner: &mut Inner,
+        node: NodeId,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+        process_rank: Option<u32>,
+        at: Timestamp,
+    ) -> Result<(), ServerError> {
+        let Some(record) = self.store.get_task(attempt.task).await? else {
+            return Ok(());
+        };
+        if record.attempt != attempt.attempt || !record.state.is_active() {
+            return Ok(());
+        }
+        let nodes = record.placements.len() as u32;
+        let node_rank = record
+            .placements
+            .iter()
+            .position(|p| p.node == node)
+            .map_or(0, |r| r as u32);
+        if nodes > 1
+            && outcome == (AttemptOutcome::Exited { code: 0 })
+            && !record.cancel_requested
+            && !inner.preempting.contains(&record.id)
+        {
+            let done = inner.finished_ranks.entry(attempt).or_default();
+            done.insert(node_rank);
+            if (done.len() as u32) < nodes {
+                return Ok(());
+            }
+        }
+        let processes = inner
+            .specs
+            .get(&record.id)
+            .map_or(1, |spec| spec.resources.processes_per_node());
+        let blame = (nodes * processes > 1).then(|| {
+            let rank = process_rank.unwrap_or(node_rank * processes);
+            let name = inner
+                .nodes
+                .get(&node)
+                .map_or_else(|| node.to_string(), |n| n.record.name.clone());
+            if processes > 1 {
+                format!(
+                    "rank {rank} (node {name}, local rank {})",
+                    rank.saturating_sub(node_rank * processes)
+                )
+            } else {
+                format!("rank {rank} (node {name})")
+            }
+        });
+        self.finish_attempt_blaming(inner, attempt, outcome, at, blame)
+            .await
+    }
+
     async fn finish_attempt(
         &self,
         inner: &mut Inner,
         attempt: AttemptRef,
         outcome: AttemptOutcome,
         at: Timestamp,
+    ) -> Result<(), ServerError> {
+        self.finish_attempt_blaming(inner, attempt, outcome, at, None)
+            .await
+    }
+
+    /// End an attempt as `outcome` says; `blame` names the rank whose end it was when the
+    /// attempt had several, and goes into the reason of a failure.
+    async fn finish_attempt_blaming(
+        &self,
+        inner: &mut Inner,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+        at: Timestamp,
+        blame: Option<String>,
     ) -> Result<(), ServerError> {
         let Some(record) = self.store.get_task(attempt.task).await? else {
             return Ok(());
@@ -903,6 +981,12 @@ impl Control {
             return self.requeue_preempted(inner, record, at).await;
         }
         let (state, reason, exit_code) = final_state(&outcome, record.cancel_requested);
+        let reason = match (state, blame, reason) {
+            (TaskState::Failed, Some(blame), Some(reason)) => {
+                Some(format!("{blame}: {reason}; the other ranks were stopped"))
+            }
+            (_, _, reason) => reason,
+        };
         self.end_attempt(inner, record, state, reason, exit_code, at, false)
             .await
     }
@@ -953,6 +1037,10 @@ impl Control {
     ) -> Result<(), ServerError> {
         let task = record.id;
         inner.preempting.remove(&task);
+        inner.finished_ranks.remove(&AttemptRef {
+            task,
+            attempt: record.attempt,
+        });
         let spec = inner.specs.get(&task).cloned();
         let retry = spec.as_ref().is_some_and(|spec| {
             let wanted = match state {
@@ -1019,10 +1107,25 @@ impl Control {
             .collect();
         for node in silent {
             let (name, attempts, was_online) = {
-                let live = inner.nodes.get_mut(&node).expect("listed above");
+                let Inner {
+                    nodes,
+                    finished_ranks,
+                    ..
+                } = &mut *inner;
+                let live = nodes.get_mut(&node).expect("listed above");
                 let was_online = live.online;
                 live.online = false;
-                let attempts: Vec<AttemptRef> = live.assignments.keys().copied().collect();
+                // A rank that already finished its part lost nothing with its node.
+                let attempts: Vec<AttemptRef> = live
+                    .assignments
+                    .values()
+                    .filter(|a| {
+                        !finished_ranks
+                            .get(&a.attempt)
+                            .is_some_and(|done| done.contains(&a.node_rank))
+                    })
+                    .map(|a| a.attempt)
+                    .collect();
                 (live.record.name.clone(), attempts, was_online)
             };
             tracing::warn!("node {name} missed its heartbeat for {timeout:?}: marking it offline");
@@ -1305,11 +1408,15 @@ fn assignments_for(
     );
     instruction.unix_user = unix_user.cloned();
     let instruction = serde_json::to_value(&instruction).expect("instructions serialise");
-    let master_addr = record
-        .placements
-        .first()
-        .and_then(|p| nodes.get(&p.node))
+    let master = record.placements.first().map(|p| p.node);
+    let master_addr = master
+        .and_then(|node| nodes.get(&node))
         .map_or_else(|| "127.0.0.1".to_string(), |n| n.record.address.clone());
+    let attempt = AttemptRef {
+        task: record.id,
+        attempt: record.attempt,
+    };
+    let master_port = free_master_port(nodes, master, attempt);
     record
         .placements
         .iter()
@@ -1318,20 +1425,48 @@ fn assignments_for(
             (
                 placement.node,
                 Assignment {
-                    attempt: AttemptRef {
-                        task: record.id,
-                        attempt: record.attempt,
-                    },
+                    attempt,
                     instruction: instruction.clone(),
                     node_rank: rank as u32,
                     gpu_indices: placement.gpu_indices.clone(),
                     master_addr: master_addr.clone(),
-                    master_port: MASTER_PORT,
+                    master_port,
                     secrets: secrets.clone(),
                 },
             )
         })
         .collect()
+}
+
+/// A rendezvous port for `attempt` on its rank 0's node that no other attempt whose rank
+/// 0 runs there holds. The search starts at a point derived from the attempt, so the
+/// same attempt gets the same port when a restarted server rebuilds its assignments.
+fn free_master_port(
+    nodes: &BTreeMap<NodeId, LiveNode>,
+    master: Option<NodeId>,
+    attempt: AttemptRef,
+) -> u16 {
+    let taken: BTreeSet<u16> = master
+        .and_then(|node| nodes.get(&node))
+        .map(|live| {
+            live.assignments
+                .values()
+                .filter(|a| a.node_rank == 0 && a.attempt != attempt)
+                .map(|a| a.master_port)
+                .collect()
+        })
+        .unwrap_or_default();
+    let span = u64::from(MASTER_PORTS.end - MASTER_PORTS.start);
+    let start = attempt
+        .task
+        .0
+        .wrapping_mul(31)
+        .wrapping_add(u64::from(attempt.attempt.0))
+        % span;
+    (0..span)
+        .map(|i| MASTER_PORTS.start + ((start + i) % span) as u16)
+        .find(|port| !taken.contains(port))
+        .unwrap_or(MASTER_PORTS.start)
 }
 
 fn report_kind(report: &AgentReport) -> &'static str {

@@ -255,9 +255,10 @@ struct NodeArgs {
     /// overrides what nvidia-smi reports. On a machine without GPUs it needs --gpus N.
     #[arg(long, value_name = "TYPE", value_parser = parse_gpu_type)]
     gpu_type: Option<String>,
-    /// Address other nodes reach this one at (default: 127.0.0.1).
-    #[arg(long, default_value = "127.0.0.1")]
-    address: String,
+    /// Address other nodes reach this one at, e.g. rank 0's MASTER_ADDR (default: the
+    /// address this machine reaches the server from).
+    #[arg(long)]
+    address: Option<String>,
     /// Keep attempts' working directories after they end.
     #[arg(long)]
     keep_workdirs: bool,
@@ -538,7 +539,10 @@ async fn run_agent(
         capacity,
         gpu_type,
         labels: BTreeMap::new(),
-        address: node.address.clone(),
+        address: match &node.address {
+            Some(address) => address.clone(),
+            None => address_towards(client.base_url())?,
+        },
         poll_wait: Duration::from_secs(20),
         keep_workdirs: node.keep_workdirs,
         env_cache_bytes: node.env_cache_size.as_bytes(),
@@ -572,6 +576,40 @@ async fn run_agent(
     agent.run(shutdown).await;
     cgroups.close();
     Ok(())
+}
+
+/// The local address this machine's traffic to the server at `url` leaves from: the
+/// address the server (and so the other nodes of its network) reach this node at.
+fn address_towards(url: &str) -> Result<String> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .with_context(|| format!("the server URL `{url}` has no scheme (http:// or https://)"))?;
+    let authority = rest.split('/').next().unwrap_or_default();
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) if !port.contains(']') => (
+            host,
+            port.parse::<u16>()
+                .with_context(|| format!("bad port in the server URL `{url}`"))?,
+        ),
+        _ => (authority, if scheme == "https" { 443 } else { 80 }),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let server = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .with_context(|| format!("cannot resolve the server's host `{host}`"))?
+        .next()
+        .with_context(|| format!("the server's host `{host}` has no address"))?;
+    let unspecified: std::net::SocketAddr = if server.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    // Connecting a UDP socket sends nothing; it only asks the kernel for the route.
+    let socket = std::net::UdpSocket::bind(unspecified)?;
+    socket.connect(server).with_context(|| {
+        format!("no route to the server at {server}; give this node's address with --address")
+    })?;
+    Ok(socket.local_addr()?.ip().to_string())
 }
 
 /// True when the server answers that `credential` is not valid (revoked or unknown); an

@@ -459,6 +459,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
         attempt,
         at: Timestamp(1),
         outcome: AttemptOutcome::Exited { code: 0 },
+        rank: None,
     };
     let ack = evil_client
         .agent_reports(
@@ -524,6 +525,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
         attempt,
         at: Timestamp(2),
         outcome: AttemptOutcome::Exited { code: 1 },
+        rank: None,
     };
     let ack = real_client.agent_reports(real, vec![replay]).await.unwrap();
     assert_eq!(ack.rejected, 1, "a replayed ending is rejected");
