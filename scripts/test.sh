@@ -37,6 +37,16 @@ if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
   fi
 fi
 
+# A multi-host network for the multi-machine tests (crates/taccd/tests/netns.rs): agents
+# in their own network namespaces, reaching the server over a bridge. In CI a network that
+# does not come up is a failure; elsewhere those tests say SKIPPED loudly.
+if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
+  if ! bash scripts/ci/setup-netns.sh; then
+    echo "error: could not create the test network namespaces (scripts/ci/setup-netns.sh)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+
 if [ "${CI:-}" = "true" ]; then
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --quiet -- -D warnings

@@ -78,6 +78,18 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
         &mut failed_rank,
     )
     .await;
+    let outcome = if shared.fenced.lock().unwrap().remove(&attempt) {
+        launch_failed(
+            "node_fenced",
+            format!(
+                "node {} lost contact with the server and stopped the attempt itself, so that \
+                 it never runs twice",
+                shared.config.name
+            ),
+        )
+    } else {
+        outcome
+    };
     if !shared.config.keep_workdirs {
         let dir = workdir.clone();
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
@@ -266,7 +278,9 @@ async fn execute(
     let lines = lines_of(assignment.node_rank * processes);
     let limit = instruction.time_limit_secs.map(Duration::from_secs);
     let remaining = |limit: Option<Duration>| limit.map(|l| l.saturating_sub(started.elapsed()));
-    let grace = Duration::from_secs(instruction.kill_grace_secs);
+    let grace = shared
+        .lease
+        .cap_grace(Duration::from_secs(instruction.kill_grace_secs));
     let data_dir = &shared.config.data_dir;
     let placement = Placement {
         image: instruction.image.clone(),

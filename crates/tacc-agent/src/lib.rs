@@ -13,6 +13,7 @@ mod attempt;
 mod capacity;
 mod datasets;
 mod environments;
+mod fencing;
 mod identity;
 mod layout;
 mod orphans;
@@ -31,7 +32,7 @@ pub use identity::DEFAULT_TASK_UID_BASE;
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
 use tacc_exec::{DockerExecutor, Executor};
-use tacc_proto::{Assignment, AttemptRef, RegisterAgent};
+use tacc_proto::{AgentReport, Assignment, AttemptRef, RegisterAgent};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +123,10 @@ pub(crate) struct Shared {
     pub datasets: datasets::DatasetCache,
     /// Who each attempt runs as.
     pub identities: identity::Identities,
+    /// The server's heartbeat lease, renewed by every answer.
+    pub lease: fencing::Lease,
+    /// Attempts this agent stopped because it lost contact with the server.
+    pub fenced: Mutex<BTreeSet<AttemptRef>>,
 }
 
 impl Shared {
@@ -190,6 +195,8 @@ impl Agent {
                 envs: Arc::new(envs),
                 datasets,
                 identities,
+                lease: fencing::Lease::new(std::time::Instant::now()),
+                fenced: Mutex::new(BTreeSet::new()),
             }),
             attempts: Arc::new(Mutex::new(Attempts::default())),
             reports_rx: Some(reports_rx),
@@ -229,21 +236,25 @@ impl Agent {
             self.reports_rx.take().expect("run is called once"),
             shutdown.clone(),
         ));
+        let fencing = tokio::spawn(fence_when_cut_off(
+            self.shared.clone(),
+            self.attempts.clone(),
+            shutdown.clone(),
+        ));
         let mut version = None;
         let mut node = node;
         let mut backoff = Backoff::default();
         loop {
             let running = self.running_attempts();
-            let poll =
-                self.shared
-                    .client
-                    .agent_work(node, version, self.shared.config.poll_wait, running);
+            let wait = self.shared.lease.poll_wait(self.shared.config.poll_wait);
+            let poll = self.shared.client.agent_work(node, version, wait, running);
             let work = tokio::select! {
                 _ = shutdown.cancelled() => break,
                 work = poll => work,
             };
             match work {
                 Ok(work) => {
+                    self.shared.lease.renewed(std::time::Instant::now());
                     backoff.reset();
                     version = Some(work.version);
                     self.reconcile(work.assignments);
@@ -259,6 +270,12 @@ impl Agent {
                     version = None;
                 }
                 Err(e) => {
+                    // Nothing listens at the server's address: the server is down, and a
+                    // server that starts again gives every node a fresh heartbeat period
+                    // before it retries anything, so there is nobody to fence against.
+                    if e.is_refused() {
+                        self.shared.lease.renewed(std::time::Instant::now());
+                    }
                     tracing::warn!("polling for work failed: {e}");
                     if backoff.wait(&shutdown).await.is_err() {
                         break;
@@ -277,6 +294,7 @@ impl Agent {
         for token in running {
             token.cancel();
         }
+        let _ = fencing.await;
         let _ = reporter.await;
     }
 
@@ -321,6 +339,10 @@ impl Agent {
                         self.shared.client.set_token(credential.clone());
                     }
                     *self.shared.node.lock().unwrap() = Some(registered.node_id);
+                    self.shared.lease.granted(
+                        Duration::from_millis(registered.heartbeat_timeout_ms),
+                        std::time::Instant::now(),
+                    );
                     tracing::info!(
                         "registered as node {} ({}) with {}",
                         registered.node_id,
@@ -384,6 +406,48 @@ impl Agent {
                 attempts.running.remove(&key);
                 attempts.finished.insert(key);
             });
+        }
+    }
+}
+
+/// Stop every running attempt once the server has been silent for too long (see
+/// [`fencing`]); their ends are reported as `node_fenced` when the server is back.
+async fn fence_when_cut_off(
+    shared: Arc<Shared>,
+    attempts: Arc<Mutex<Attempts>>,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(silence) = shared.lease.expired(std::time::Instant::now()) else {
+            continue;
+        };
+        let attempts = attempts.lock().unwrap();
+        let mut fenced = shared.fenced.lock().unwrap();
+        for (attempt, token) in &attempts.running {
+            if token.is_cancelled() || !fenced.insert(*attempt) {
+                continue;
+            }
+            tracing::warn!(
+                "no answer from the server for {}s: stopping task {} attempt {} so that it \
+                 never runs twice (the server retries it elsewhere)",
+                silence.as_secs(),
+                attempt.task,
+                attempt.attempt
+            );
+            let _ = shared.reports.send(AgentReport::Log {
+                attempt: *attempt,
+                text: format!(
+                    "tacc: this node lost contact with the server for {}s; the attempt was \
+                     stopped here so that it never runs twice\n",
+                    silence.as_secs()
+                ),
+            });
+            token.cancel();
         }
     }
 }

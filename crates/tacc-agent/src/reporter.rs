@@ -73,6 +73,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: ReportReceiver, shutdown: C
             };
             match shared.client.agent_reports(node, batch.clone()).await {
                 Ok(ack) => {
+                    shared.lease.renewed(std::time::Instant::now());
                     if ack.rejected > 0 {
                         tracing::warn!(
                             "the server rejected {} of {} report(s) as not belonging to this \

@@ -24,7 +24,13 @@ use tacc_proto::{
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot reach the TACC server at {url}: {reason}")]
-    Unreachable { url: String, reason: String },
+    Unreachable {
+        url: String,
+        reason: String,
+        /// The server's host answered that nothing listens there: the server is down,
+        /// not cut off by the network.
+        refused: bool,
+    },
     #[error("{message}")]
     Api {
         status: u16,
@@ -43,6 +49,11 @@ impl ClientError {
     /// True when the server could not be contacted at all.
     pub fn is_unreachable(&self) -> bool {
         matches!(self, ClientError::Unreachable { .. })
+    }
+    /// True when the server's host refused the connection (no server runs there now),
+    /// as opposed to a network that does not carry the request.
+    pub fn is_refused(&self) -> bool {
+        matches!(self, ClientError::Unreachable { refused: true, .. })
     }
     /// The API error code (`not_found`, `invalid_task`, …), when the server answered.
     pub fn code(&self) -> Option<&str> {
@@ -65,6 +76,20 @@ pub struct Client {
     /// clone of its client at once.
     token: std::sync::Arc<std::sync::RwLock<Option<String>>>,
     http: reqwest::Client,
+}
+
+/// Whether the innermost cause of `error` is a refused connection.
+fn refused(error: &reqwest::Error) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(error);
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// Filter of [`Client::list_tasks`].
@@ -155,7 +180,10 @@ impl Client {
         if let Some(reason) = tls::explain(&error) {
             return self.tls_error(reason);
         }
-        let reason = if error.is_connect() {
+        let refused = refused(&error);
+        let reason = if refused {
+            "connection refused (is the server running?)".to_string()
+        } else if error.is_connect() {
             "connection refused or host unreachable".to_string()
         } else if error.is_timeout() {
             "timed out".to_string()
@@ -170,6 +198,7 @@ impl Client {
         ClientError::Unreachable {
             url: self.base.clone(),
             reason,
+            refused,
         }
     }
 
@@ -347,6 +376,7 @@ impl Client {
         let base = self.base.clone();
         Ok(response.bytes_stream().map(move |item| {
             item.map_err(|e| ClientError::Unreachable {
+                refused: false,
                 url: base.clone(),
                 reason: format!("the log stream broke: {e}"),
             })

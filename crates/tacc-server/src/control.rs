@@ -38,6 +38,9 @@ pub struct ServerConfig {
     pub scheduler: SchedulerConfig,
     /// Datasets an administrator registered: name → absolute path or http(s) URL.
     pub datasets: BTreeMap<String, String>,
+    /// A node lost [`FLAP_LOSSES`] times within [`FLAP_WINDOW`] that comes back gets no
+    /// work until it has stayed up this long.
+    pub node_stable_after: Duration,
     /// Chunks no committed snapshot references are deleted once unused for this long.
     pub chunk_retention: Duration,
     /// Per-user submission rate, queue and log limits.
@@ -53,6 +56,7 @@ impl ServerConfig {
         ServerConfig {
             data_dir,
             heartbeat_timeout: Duration::from_secs(30),
+            node_stable_after: Duration::from_secs(60),
             policy: DEFAULT_POLICY.to_string(),
             scheduler: SchedulerConfig::default(),
             datasets: BTreeMap::new(),
@@ -62,6 +66,14 @@ impl ServerConfig {
         }
     }
 }
+
+/// How often the server checks node liveness ([`Control::check_liveness`]).
+pub const LIVENESS_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// How often within [`FLAP_WINDOW`] a node must have been lost to count as flapping.
+pub const FLAP_LOSSES: usize = 2;
+/// The window in which losses of a node count towards flapping.
+pub const FLAP_WINDOW: Duration = Duration::from_secs(600);
 
 /// The production default: multifactor fair share with EASY backfill.
 pub const DEFAULT_POLICY: &str = "fairshare";
@@ -85,6 +97,43 @@ pub(crate) struct LiveNode {
     pub(crate) assignments: BTreeMap<AttemptRef, Assignment>,
     /// Attempts withdrawn by a cancel, until the agent confirms they are not running.
     cancelling: BTreeSet<AttemptRef>,
+    /// When the node was lost recently (heartbeat timeouts), oldest first.
+    losses: Vec<Instant>,
+    /// A flapping node that came back is up but gets no work before this instant.
+    held_back_until: Option<Instant>,
+    /// Attempts the agent claimed at registration that are not (or no longer) its to
+    /// run: until it has stopped them, it gets no new work.
+    stale_claims: BTreeSet<AttemptRef>,
+}
+
+impl LiveNode {
+    fn new(record: NodeRecord) -> LiveNode {
+        LiveNode {
+            record,
+            online: false,
+            last_seen: Instant::now(),
+            version: watch::channel(0).0,
+            assignments: BTreeMap::new(),
+            cancelling: BTreeSet::new(),
+            losses: Vec::new(),
+            held_back_until: None,
+            stale_claims: BTreeSet::new(),
+        }
+    }
+
+    /// Whether the scheduler may place work on the node (it knows the node as up).
+    fn schedulable(&self) -> bool {
+        self.online && self.held_back_until.is_none()
+    }
+
+    /// Whether the node was lost often enough lately to count as flapping.
+    fn flapping(&self) -> bool {
+        self.losses
+            .iter()
+            .filter(|at| at.elapsed() < FLAP_WINDOW)
+            .count()
+            >= FLAP_LOSSES
+    }
 }
 
 #[derive(Debug)]
@@ -101,6 +150,8 @@ pub(crate) struct Inner {
     /// Node ranks of multi-node attempts that already ended successfully; the attempt
     /// succeeds when every rank has.
     finished_ranks: BTreeMap<AttemptRef, BTreeSet<u32>>,
+    /// When node liveness was last checked (to tell a stalled server from silent nodes).
+    last_liveness_check: Instant,
     /// The group of each task owner's identity (users the configuration file gives no
     /// group are accounted to this one).
     identity_groups: BTreeMap<String, Option<String>>,
@@ -245,6 +296,7 @@ impl Control {
                 specs: BTreeMap::new(),
                 preempting: BTreeSet::new(),
                 finished_ranks: BTreeMap::new(),
+                last_liveness_check: Instant::now(),
                 identity_groups: BTreeMap::new(),
             }),
         });
@@ -258,18 +310,7 @@ impl Control {
     async fn recover(&self) -> Result<(), ServerError> {
         let mut inner = self.inner.lock().await;
         for record in self.store.list_nodes().await? {
-            let (version, _) = watch::channel(0);
-            inner.nodes.insert(
-                record.id,
-                LiveNode {
-                    record,
-                    online: false,
-                    last_seen: Instant::now(),
-                    version,
-                    assignments: BTreeMap::new(),
-                    cancelling: BTreeSet::new(),
-                },
-            );
+            inner.nodes.insert(record.id, LiveNode::new(record));
         }
         let open = self
             .store
@@ -354,7 +395,7 @@ impl Control {
         let group = inner.group_for(&self.config, user);
         let request = request_of(&spec, &record, record.submitted_at, group);
         inner.specs.insert(record.id, spec);
-        if inner.nodes.values().any(|n| n.online) {
+        if inner.nodes.values().any(LiveNode::schedulable) {
             self.drive(
                 &mut inner,
                 Event::TaskSubmitted {
@@ -499,7 +540,7 @@ impl Control {
         let mut events: Vec<Event> = inner
             .nodes
             .values()
-            .filter(|n| n.online)
+            .filter(|n| n.schedulable())
             .flat_map(|live| {
                 let up = Event::NodeUp(node_spec(&live.record));
                 if live.record.drained {
@@ -633,23 +674,27 @@ impl Control {
         // the heartbeat timeout) is already known to the scheduler with its allocations.
         let was_online = inner.nodes.get(&record.id).is_some_and(|n| n.online);
         let claimed: BTreeSet<AttemptRef> = registration.running.iter().copied().collect();
-        let live = inner.nodes.entry(record.id).or_insert_with(|| LiveNode {
-            record: record.clone(),
-            online: false,
-            last_seen: Instant::now(),
-            version: watch::channel(0).0,
-            assignments: BTreeMap::new(),
-            cancelling: BTreeSet::new(),
-        });
+        let stable_after = self.config.node_stable_after;
+        let live = inner
+            .nodes
+            .entry(record.id)
+            .or_insert_with(|| LiveNode::new(record.clone()));
         live.record = record.clone();
         live.online = true;
         live.last_seen = Instant::now();
-        if !was_online {
-            self.drive(&mut inner, Event::NodeUp(node_spec(&record)))
-                .await;
-            if record.drained {
-                self.drive(&mut inner, Event::NodeDrained(record.id)).await;
-            }
+        if !was_online && live.flapping() {
+            tracing::warn!(
+                "node {} came back after being lost {} times in {}s: no work for it until it has \
+                 stayed up for {}s",
+                record.name,
+                live.losses.len(),
+                FLAP_WINDOW.as_secs(),
+                stable_after.as_secs()
+            );
+            live.held_back_until = Some(Instant::now() + stable_after);
+        }
+        if !was_online && live.held_back_until.is_none() {
+            self.node_joins_scheduler(&mut inner, record.id).await;
         }
 
         let active = self
@@ -696,22 +741,20 @@ impl Control {
                 self.lose_attempt(&mut inner, attempt, outcome).await?;
             }
         }
-        if !inner.held.is_empty() {
-            let held: Vec<TaskId> = std::mem::take(&mut inner.held).into_iter().collect();
-            for task in held {
-                let Some(record) = self.store.get_task(task).await? else {
-                    continue;
-                };
-                let Some(spec) = inner.specs.get(&task) else {
-                    continue;
-                };
-                let group = inner.group_for(&self.config, &record.user);
-                let request = request_of(spec, &record, record.submitted_at, group);
-                self.drive(&mut inner, Event::TaskSubmitted { task, request })
-                    .await;
+        self.release_held(&mut inner).await?;
+        if let Some(live) = inner.nodes.get_mut(&record.id) {
+            live.stale_claims = claimed
+                .into_iter()
+                .filter(|attempt| !live.assignments.contains_key(attempt))
+                .collect();
+            if !live.stale_claims.is_empty() {
+                tracing::warn!(
+                    "node {} still runs {} attempt(s) that ended or moved while it was away: \
+                     they are stopped before it gets new work",
+                    record.name,
+                    live.stale_claims.len()
+                );
             }
-        }
-        if let Some(live) = inner.nodes.get(&record.id) {
             live.version.send_modify(|v| *v += 1);
         }
         Ok(record)
@@ -751,11 +794,29 @@ impl Control {
             .nodes
             .get_mut(&node)
             .ok_or(ServerError::NodeNotFound(node))?;
+        if !live.stale_claims.is_empty() {
+            live.stale_claims
+                .retain(|attempt| running.contains(attempt));
+            if live.stale_claims.is_empty() {
+                // Answer the next poll at once with the work that was held back.
+                live.version.send_modify(|v| *v += 1);
+            }
+        }
+        let assignments = if live.stale_claims.is_empty() {
+            live.assignments.values().cloned().collect()
+        } else {
+            // What it already runs and may keep; nothing new until the stale are gone.
+            live.assignments
+                .values()
+                .filter(|a| running.contains(&a.attempt))
+                .cloned()
+                .collect()
+        };
         let receiver = live.version.subscribe();
         Ok((
             DesiredWork {
                 version: *live.version.borrow(),
-                assignments: live.assignments.values().cloned().collect(),
+                assignments,
             },
             receiver,
         ))
@@ -903,6 +964,12 @@ impl Control {
         process_rank: Option<u32>,
         at: Timestamp,
     ) -> Result<(), ServerError> {
+        // A node that stopped an attempt because it lost contact with the server failed as
+        // a node, not the task: the attempt is lost and follows the retry policy.
+        if matches!(&outcome, AttemptOutcome::LaunchFailed { reason, .. } if reason == "node_fenced")
+        {
+            return self.lose_attempt(inner, attempt, outcome).await;
+        }
         let Some(record) = self.store.get_task(attempt.task).await? else {
             return Ok(());
         };
@@ -1078,7 +1145,7 @@ impl Control {
             (true, Some(spec)) => {
                 let group = inner.group_for(&self.config, &record.user);
                 let request = request_of(&spec, &record, at, group);
-                if inner.nodes.values().any(|n| n.online) {
+                if inner.nodes.values().any(LiveNode::schedulable) {
                     self.drive(inner, Event::TaskSubmitted { task, request })
                         .await;
                 } else {
@@ -1093,10 +1160,79 @@ impl Control {
         Ok(())
     }
 
-    /// Mark silent nodes offline and their attempts lost. Called periodically.
+    /// Give the scheduler the tasks held while it knew no node, once it knows one.
+    async fn release_held(&self, inner: &mut Inner) -> Result<(), ServerError> {
+        if inner.held.is_empty() || !inner.nodes.values().any(LiveNode::schedulable) {
+            return Ok(());
+        }
+        let held: Vec<TaskId> = std::mem::take(&mut inner.held).into_iter().collect();
+        for task in held {
+            let Some(record) = self.store.get_task(task).await? else {
+                continue;
+            };
+            let Some(spec) = inner.specs.get(&task) else {
+                continue;
+            };
+            let group = inner.group_for(&self.config, &record.user);
+            let request = request_of(spec, &record, record.submitted_at, group);
+            self.drive(inner, Event::TaskSubmitted { task, request })
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Tell the scheduler a node is up (and drained, if it is).
+    async fn node_joins_scheduler(&self, inner: &mut Inner, node: NodeId) {
+        let Some(live) = inner.nodes.get(&node) else {
+            return;
+        };
+        let record = live.record.clone();
+        self.drive(inner, Event::NodeUp(node_spec(&record))).await;
+        if record.drained {
+            self.drive(inner, Event::NodeDrained(record.id)).await;
+        }
+    }
+
+    /// Mark silent nodes offline and their attempts lost, and hand flapping nodes that
+    /// stayed up long enough back to the scheduler. Called periodically.
     pub async fn check_liveness(&self) -> Result<(), ServerError> {
         let mut inner = self.inner.lock().await;
         let timeout = self.config.heartbeat_timeout;
+        // A server that was stalled (stopped, swapped out, a long lock) heard from nobody
+        // meanwhile; that silence is its own, not the nodes': their clocks start again.
+        let since_last_check = inner.last_liveness_check.elapsed();
+        inner.last_liveness_check = Instant::now();
+        if since_last_check > LIVENESS_CHECK_EVERY * 3 {
+            tracing::warn!(
+                "the server did not check node liveness for {}s (was it stopped?): giving \
+                 every node a fresh heartbeat period",
+                since_last_check.as_secs()
+            );
+            for live in inner.nodes.values_mut() {
+                live.last_seen = Instant::now();
+            }
+        }
+        let stable: Vec<NodeId> = inner
+            .nodes
+            .iter()
+            .filter(|(_, n)| {
+                n.online
+                    && n.held_back_until
+                        .is_some_and(|until| Instant::now() >= until)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for node in stable {
+            if let Some(live) = inner.nodes.get_mut(&node) {
+                live.held_back_until = None;
+                tracing::info!(
+                    "node {} has been stable: it gets work again",
+                    live.record.name
+                );
+            }
+            self.node_joins_scheduler(&mut inner, node).await;
+            self.release_held(&mut inner).await?;
+        }
         let silent: Vec<NodeId> = inner
             .nodes
             .iter()
@@ -1113,8 +1249,13 @@ impl Control {
                     ..
                 } = &mut *inner;
                 let live = nodes.get_mut(&node).expect("listed above");
-                let was_online = live.online;
+                let was_online = live.schedulable();
+                if live.online {
+                    live.losses.retain(|at| at.elapsed() < FLAP_WINDOW);
+                    live.losses.push(Instant::now());
+                }
                 live.online = false;
+                live.held_back_until = None;
                 // A rank that already finished its part lost nothing with its node.
                 let attempts: Vec<AttemptRef> = live
                     .assignments
@@ -1170,6 +1311,7 @@ impl Control {
                     gpu_type: live.record.gpu_type.clone(),
                     state: match (live.online, live.record.drained) {
                         (false, _) => "down".into(),
+                        (true, _) if live.held_back_until.is_some() => "flapping".into(),
                         (true, false) => "up".into(),
                         (true, true) if live.assignments.is_empty() => "drained".into(),
                         (true, true) => "draining".into(),
@@ -1221,7 +1363,7 @@ impl Control {
             let live = inner.nodes.get_mut(&id).expect("found above");
             let changed = live.record.drained != drained;
             live.record.drained = drained;
-            if changed && live.online {
+            if changed && live.schedulable() {
                 let event = if drained {
                     Event::NodeDrained(id)
                 } else {
@@ -1243,10 +1385,10 @@ impl Control {
     pub async fn remove_node(&self, name: &str) -> Result<(), ServerError> {
         let mut inner = self.inner.lock().await;
         let id = Self::node_named(&inner, name)?;
-        let (online, attempts) = {
+        let (online, scheduled, attempts) = {
             let live = &inner.nodes[&id];
             let attempts: Vec<AttemptRef> = live.assignments.keys().copied().collect();
-            (live.online, attempts)
+            (live.online, live.schedulable(), attempts)
         };
         if online && !attempts.is_empty() {
             return Err(ServerError::Conflict(format!(
@@ -1255,7 +1397,7 @@ impl Control {
                 attempts.len()
             )));
         }
-        if online {
+        if scheduled {
             self.drive(&mut inner, Event::NodeDown(id)).await;
         }
         for attempt in attempts {

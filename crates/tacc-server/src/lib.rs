@@ -20,7 +20,6 @@ pub mod secrets;
 mod tls;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 pub use api::{RouteRule, route_rules};
 pub use control::{Control, DEFAULT_POLICY, ServerConfig, now};
@@ -111,7 +110,7 @@ where
         let control = control.clone();
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            let mut tick = tokio::time::interval(control::LIVENESS_CHECK_EVERY);
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => break,

@@ -119,9 +119,16 @@ struct ServerArgs {
     /// Address to listen on; port 0 picks a free port (written to DATA_DIR/taccd.json).
     #[arg(long, default_value = "127.0.0.1:8383")]
     listen: SocketAddr,
-    /// Seconds without a poll after which an agent, and what it ran, is lost.
-    #[arg(long, default_value_t = 30)]
+    /// Seconds without a poll after which an agent, and what it ran, is lost. An agent
+    /// cut off from the server stops its tasks itself after a third of it, and a task's
+    /// kill grace is capped at a third of it, so a lost node's tasks are gone before
+    /// they are retried elsewhere.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     heartbeat_timeout: u64,
+    /// Seconds a node that was lost twice within 10 minutes must stay up after it comes
+    /// back before it gets work again (a flapping node).
+    #[arg(long, default_value_t = 60)]
+    node_stable_after: u64,
     /// Scheduler configuration (TOML): `policy`, `[users.NAME]`, `[groups.NAME]`,
     /// `[fairshare]`, `[preemption]`; see docs/SCHEDULING.md.
     #[arg(long)]
@@ -407,6 +414,7 @@ async fn start_server(
     let store = SqliteStore::open(&args.data_dir.join("tacc.db")).await?;
     let mut config = ServerConfig::new(args.data_dir.clone());
     config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
+    config.node_stable_after = Duration::from_secs(args.node_stable_after);
     let loaded = load_config(args)?;
     config.policy = loaded.policy;
     config.scheduler = loaded.scheduler;

@@ -118,12 +118,26 @@ async fn the_first_failing_rank_is_named_and_the_others_are_stopped() {
     );
     wait_nodes(&client, 2).await;
     let marker = format!("tacc-rank-marker-{}", std::process::id());
+    // Rank 3 fails once every other rank is up (the tasks run as unprivileged users).
+    let barrier = dir.path().join("barrier");
+    std::fs::create_dir(&barrier).unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &barrier,
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
     let task = submit(
         &client,
         dir.path(),
         "failing",
         &format!(
-            "name: failing\nresources: {{nodes: 2, cpus: 2, processes: 2}}\nrun: |\n  if [ \"$RANK\" = 3 ]; then sleep 1; echo giving up; exit 7; fi\n  exec -a {marker} sleep 300\n"
+            "name: failing\nresources: {{nodes: 2, cpus: 2, processes: 2}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  if [ \"$RANK\" = 3 ]; then\n    until [ \"$(ls {barrier} | wc -l)\" -ge 3 ]; do sleep 0.05; done\n    echo giving up; exit 7\n  fi\n  touch {barrier}/$RANK\n  exec sleep 300\n",
+            barrier = barrier.display()
         ),
         &[],
     )

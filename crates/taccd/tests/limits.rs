@@ -98,19 +98,24 @@ async fn cancel_kills_what_left_the_process_group() {
     .await;
     // The script (bash runs its last command in its own process) and the `sleep` in a
     // session of its own.
-    let processes = eventually("the escaped process", DEADLINE, || {
-        let marker = marker.clone();
-        async move {
-            let pids = task_processes(&marker);
-            (pids.len() >= 2).then_some(pids)
-        }
-    })
+    // (`setsid` runs in the forked child, so wait until it has: a session of its own.)
+    eventually(
+        "the escaped process in a session of its own",
+        DEADLINE,
+        || {
+            let marker = marker.clone();
+            async move {
+                let sessions: std::collections::BTreeSet<_> = task_processes(&marker)
+                    .iter()
+                    .filter_map(|&p| {
+                        nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(p as i32))).ok()
+                    })
+                    .collect();
+                (sessions.len() >= 2).then_some(())
+            }
+        },
+    )
     .await;
-    let sessions: std::collections::BTreeSet<_> = processes
-        .iter()
-        .filter_map(|&p| nix::unistd::getsid(Some(nix::unistd::Pid::from_raw(p as i32))).ok())
-        .collect();
-    assert!(sessions.len() >= 2, "no process left the session");
     client.cancel(task).await.unwrap();
     assert_eq!(
         wait_terminal(&client, task).await.state,

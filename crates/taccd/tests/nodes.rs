@@ -204,3 +204,50 @@ async fn cancel_of_a_task_on_a_down_node_completes_at_once() {
     let reply = client.cancel(task).await.unwrap();
     assert_eq!(reply.state, TaskState::Cancelled, "{reply:?}");
 }
+
+/// A node lost twice within the flap window that comes back is shown as `flapping` and
+/// gets no work until it has stayed up for `--node-stable-after`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flapping_node_gets_work_only_once_it_has_been_stable() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        "server",
+        &dir.path().join("s"),
+        &["--heartbeat-timeout", "1", "--node-stable-after", "4"],
+    )
+    .await;
+    let client = server.client();
+    let agent = start_agent(&server, &dir.path().join("a"), &["--name", "flappy"]);
+    wait_node_state(&client, "flappy", "up").await;
+    let pid = Pid::from_raw(agent.pid() as i32);
+    for _ in 0..2 {
+        // A stopped agent misses its heartbeats; continued, it registers again.
+        kill(pid, Signal::SIGSTOP).unwrap();
+        wait_node_state(&client, "flappy", "down").await;
+        kill(pid, Signal::SIGCONT).unwrap();
+        let state = eventually("the node back", DEADLINE, || {
+            let client = client.clone();
+            async move {
+                let state = node(&client, "flappy").await?.state;
+                (state != "down").then_some(state)
+            }
+        })
+        .await;
+        assert!(state == "up" || state == "flapping", "{state}");
+    }
+    let back = wait_node_state(&client, "flappy", "flapping").await;
+    let task = submit(&client, dir.path(), "patient", &sleeper("patient", 0), &[]).await;
+    let queued = client.get_task(task).await.unwrap();
+    assert_eq!(queued.state, TaskState::Queued, "{queued:?}");
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    let started = view.started_at.unwrap();
+    assert!(
+        started.millis_since(back.last_seen) >= 3_000,
+        "the node got work {} ms after it came back",
+        started.millis_since(back.last_seen)
+    );
+    assert_eq!(node(&client, "flappy").await.unwrap().state, "up");
+}

@@ -176,7 +176,7 @@ pub fn render_with(error: &anyhow::Error, auth: Option<&AuthContext>) -> (Option
         }
         if let Some(client) = cause.downcast_ref::<ClientError>() {
             return match client {
-                ClientError::Unreachable { url, reason } => {
+                ClientError::Unreachable { url, reason, .. } => {
                     (Some(unreachable_message(url, reason)), UNREACHABLE)
                 }
                 ClientError::Api {
@@ -223,6 +223,7 @@ mod tests {
         let err: anyhow::Error = ClientError::Unreachable {
             url: "http://127.0.0.1:8383".into(),
             reason: "connection refused or host unreachable".into(),
+            refused: true,
         }
         .into();
         let err = err.context("listing tasks");

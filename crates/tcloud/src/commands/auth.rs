@@ -137,7 +137,7 @@ pub async fn login(ctx: &Ctx, token_stdin: bool, profile: Option<String>) -> Res
             )
             .into());
         }
-        Err(ClientError::Unreachable { url, reason }) => {
+        Err(ClientError::Unreachable { url, reason, .. }) => {
             return Err(CliError {
                 code: UNREACHABLE,
                 message: format!(

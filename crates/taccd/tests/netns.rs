@@ -1,0 +1,491 @@
+//! A real multi-machine cluster: the server listens on a bridge, every agent runs in a
+//! network namespace of its own (its own address, reaching the server over the bridge and
+//! advertising the address it reaches it from), over TLS with a pinned certificate, as
+//! on separate machines. The network comes from scripts/ci/setup-netns.sh.
+//!
+//! Without those namespaces these tests say SKIPPED loudly and pass — except in CI
+//! (`CI=true`), where a missing network is a failure.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tacc_client::Client;
+use tacc_core::{TaskId, TaskState};
+
+const BRIDGE_ADDRESS: &str = "10.250.78.1";
+
+fn namespace(host: u32) -> String {
+    format!("tacc-h{host}")
+}
+
+/// Whether the test network is here; panics in CI when it is not.
+fn network_ready(test: &str) -> bool {
+    let missing: Vec<String> = (1..=4)
+        .map(namespace)
+        .filter(|ns| !Path::new("/var/run/netns").join(ns).exists())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let why = format!("network namespaces {} are missing", missing.join(", "));
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!(
+            "{test}: the multi-host network is required in CI ({why}); run scripts/ci/setup-netns.sh"
+        );
+    }
+    eprintln!(
+        "\n######## SKIPPED {test}: no multi-host network here ({why}).\n######## Run `sudo scripts/ci/setup-netns.sh` (or scripts/test.sh as root).\n"
+    );
+    false
+}
+
+/// A TLS server on the bridge, its certificate's fingerprint, and a pinned admin client.
+struct Cluster {
+    server: Daemon,
+    fingerprint: String,
+    client: Client,
+    root: PathBuf,
+}
+
+impl Cluster {
+    async fn start(root: &Path, extra: &[&str]) -> Cluster {
+        let data = root.join("server");
+        let out = Command::new(env!("CARGO_BIN_EXE_taccd"))
+            .args(["admin", "tls-init", "--data-dir"])
+            .arg(&data)
+            .args(["--host", BRIDGE_ADDRESS])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let fingerprint = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("SHA-256 fingerprint: "))
+            .unwrap()
+            .to_string();
+        let tls = data.join("tls");
+        let (cert, key) = (
+            tls.join("cert.pem").display().to_string(),
+            tls.join("key.pem").display().to_string(),
+        );
+        let mut args = vec![
+            "--listen",
+            "10.250.78.1:0",
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ];
+        args.extend_from_slice(extra);
+        let server = launch("server", &data, &args).await;
+        let client = Client::new(&server.url)
+            .with_pinned_fingerprint(&fingerprint)
+            .unwrap()
+            .with_token(server.token.clone());
+        eventually("the server to answer over the bridge", DEADLINE, || {
+            let client = client.clone();
+            async move { client.health().await.ok() }
+        })
+        .await;
+        Cluster {
+            server,
+            fingerprint,
+            client,
+            root: root.to_path_buf(),
+        }
+    }
+
+    /// An agent on host `host` (its own network namespace) named `name`.
+    fn agent(&self, host: u32, name: &str, extra: &[&str]) -> Daemon {
+        let data_dir = self.root.join(name);
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let join = self.server.admin(&["agent-token", "--ttl", "1h"]);
+        let log = std::fs::File::create(data_dir.join("agent.log")).unwrap();
+        // nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup hierarchy.
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/var/run/netns/{}", namespace(host)))
+            .arg(env!("CARGO_BIN_EXE_taccd"))
+            .args(["agent", "--server", &self.server.url, "--data-dir"])
+            .arg(&data_dir)
+            .args([
+                "--token",
+                join.trim(),
+                "--server-fingerprint",
+                &self.fingerprint,
+            ])
+            .args(["--name", name])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Daemon {
+            child,
+            url: self.server.url.clone(),
+            data_dir,
+            token: String::new(),
+        }
+    }
+
+    async fn submit(&self, name: &str, yaml: &str) -> TaskId {
+        submit(&self.client, &self.root, name, yaml, &[]).await
+    }
+}
+
+/// Take host `host`'s link to the bridge down (`up: false`) or up again.
+fn set_link(host: u32, up: bool) {
+    let status = Command::new("ip")
+        .args(["link", "set", &format!("veth-{}", namespace(host))])
+        .arg(if up { "up" } else { "down" })
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Brings a host's link back up however the test ends.
+struct LinkGuard(u32);
+
+impl Drop for LinkGuard {
+    fn drop(&mut self) {
+        set_link(self.0, true);
+    }
+}
+
+/// Ranks meet at MASTER_ADDR:MASTER_PORT over TCP: every other rank sends 10 × its rank to
+/// rank 0, which answers with the sum.
+const RENDEZVOUS: &str = r#"import os, socket, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+mine = [a for a in os.popen("hostname -I").read().split() if a.startswith("10.250.78.")]
+if rank == 0:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", port))
+    server.listen()
+    total, peers = 0, []
+    for _ in range(world - 1):
+        conn, _ = server.accept()
+        total += int(conn.recv(64))
+        peers.append(conn)
+    for conn in peers:
+        conn.sendall(str(total).encode())
+        conn.close()
+    print(f"rank 0 at {mine} served {addr}:{port} sum {total}", flush=True)
+else:
+    deadline = time.time() + 60
+    while True:
+        try:
+            conn = socket.create_connection((addr, port), timeout=5)
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.1)
+    conn.sendall(str(10 * rank).encode())
+    print(f"rank {rank} at {mine} got {conn.recv(64).decode()} from {addr}:{port}", flush=True)
+"#;
+
+fn gang_yaml(name: &str) -> String {
+    let script = RENDEZVOUS
+        .lines()
+        .map(|l| format!("  {l}\n"))
+        .collect::<String>();
+    format!(
+        "name: {name}\nresources: {{nodes: 3, cpus: 1, memory: 256MiB}}\nrun: |\n  python3 - <<'EOF'\n{script}  EOF\n"
+    )
+}
+
+/// The address of host `host` on the bridge.
+fn host_address(host: u32) -> String {
+    format!("10.250.78.{}", 10 + host)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_meets_at_rank_zeros_address_across_hosts() {
+    if !network_ready("a_gang_meets_at_rank_zeros_address_across_hosts") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &[]).await;
+    let _agents: Vec<Daemon> = (1..=3)
+        .map(|h| cluster.agent(h, &format!("gang-h{h}"), &["--cpus", "2"]))
+        .collect();
+    wait_nodes(&cluster.client, 3).await;
+    let task = cluster.submit("gang", &gang_yaml("gang")).await;
+    let view = wait_terminal(&cluster.client, task).await;
+    let log = log_text(&cluster.client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}\n{log}");
+    // Rank 0's address is its host's address on the bridge, never loopback.
+    let master_host: u32 = view.nodes[0].trim_start_matches("gang-h").parse().unwrap();
+    let master = format!("{}:", host_address(master_host));
+    assert!(
+        log.contains(&format!("[0] rank 0 at ['{}']", host_address(master_host))),
+        "{log}"
+    );
+    for rank in 1..3 {
+        let line = log
+            .lines()
+            .find(|l| l.starts_with(&format!("[{rank}] rank {rank} at ")))
+            .unwrap_or_else(|| panic!("no line of rank {rank}:\n{log}"));
+        assert!(
+            line.contains(" got 30 from ") && line.contains(&master),
+            "{line}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gangs_with_rank_zero_on_one_host_run_at_once() {
+    if !network_ready("two_gangs_with_rank_zero_on_one_host_run_at_once") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &[]).await;
+    let _agents: Vec<Daemon> = (1..=3)
+        .map(|h| cluster.agent(h, &format!("two-h{h}"), &["--cpus", "2"]))
+        .collect();
+    wait_nodes(&cluster.client, 3).await;
+    let first = cluster.submit("gang-a", &gang_yaml("gang-a")).await;
+    let second = cluster.submit("gang-b", &gang_yaml("gang-b")).await;
+    let a = wait_terminal(&cluster.client, first).await;
+    let b = wait_terminal(&cluster.client, second).await;
+    assert_eq!(a.state, TaskState::Succeeded, "{a:?}");
+    assert_eq!(b.state, TaskState::Succeeded, "{b:?}");
+    // Both ran at once (each needs every host), with rank 0 on the same host.
+    assert!(a.started_at.unwrap() < b.finished_at.unwrap());
+    assert!(b.started_at.unwrap() < a.finished_at.unwrap());
+    assert_eq!(a.nodes[0], b.nodes[0], "{a:?} {b:?}");
+    let port = |log: String| {
+        let line = log
+            .lines()
+            .find(|l| l.starts_with("[0] rank 0"))
+            .unwrap()
+            .to_string();
+        line.rsplit_once(':')
+            .unwrap()
+            .1
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let (port_a, port_b) = (
+        port(log_text(&cluster.client, first).await),
+        port(log_text(&cluster.client, second).await),
+    );
+    assert_ne!(port_a, port_b, "two rendezvous on one host need two ports");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_of_every_rank_arrive_while_the_task_runs() {
+    if !network_ready("logs_of_every_rank_arrive_while_the_task_runs") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &[]).await;
+    let _agents: Vec<Daemon> = (1..=3)
+        .map(|h| cluster.agent(h, &format!("logs-h{h}"), &[]))
+        .collect();
+    wait_nodes(&cluster.client, 3).await;
+    let release = dir.path().join("release");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let task = cluster
+        .submit(
+            "chatty",
+            &format!(
+                "name: chatty\nresources: {{nodes: 3, cpus: 0.5}}\nrun: |\n  i=0\n  until [ -e {} ]; do echo \"tick $i from rank $RANK\"; i=$((i+1)); sleep 0.1; done\n",
+                release.display()
+            ),
+        )
+        .await;
+    eventually("a line of every rank while the task runs", DEADLINE, || {
+        let client = cluster.client.clone();
+        async move {
+            let log = log_text(&client, task).await;
+            (0..3)
+                .all(|r| log.contains(&format!("[{r}] tick 2 from rank {r}")))
+                .then_some(())
+        }
+    })
+    .await;
+    let view = cluster.client.get_task(task).await.unwrap();
+    assert_eq!(view.state, TaskState::Running);
+    std::fs::write(&release, "").unwrap();
+    assert_eq!(
+        wait_terminal(&cluster.client, task).await.state,
+        TaskState::Succeeded
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_every_rank_on_every_host_with_setsid_children() {
+    if !network_ready("cancel_stops_every_rank_on_every_host_with_setsid_children") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &[]).await;
+    let _agents: Vec<Daemon> = (1..=3)
+        .map(|h| cluster.agent(h, &format!("cancel-h{h}"), &[]))
+        .collect();
+    wait_nodes(&cluster.client, 3).await;
+    let marker = format!("netns-cancel-{}", std::process::id());
+    let task = cluster
+        .submit(
+            "escape",
+            &format!(
+                "name: escape\nresources: {{nodes: 3, cpus: 0.5}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  setsid sleep 600 &\n  echo \"rank $RANK started its escapee\"\n  sleep 600\n"
+            ),
+        )
+        .await;
+    eventually("every rank and its escapee running", DEADLINE, || {
+        let marker = marker.clone();
+        async move { (task_processes(&marker).len() >= 6).then_some(()) }
+    })
+    .await;
+    cluster.client.cancel(task).await.unwrap();
+    let view = wait_terminal(&cluster.client, task).await;
+    assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
+    wait_no_processes(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agents_task_is_retried_on_another_host() {
+    if !network_ready("a_killed_agents_task_is_retried_on_another_host") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &["--heartbeat-timeout", "3"]).await;
+    let mut first = cluster.agent(2, "kill-h2", &[]);
+    wait_nodes(&cluster.client, 1).await;
+    let marker = format!("netns-kill-{}", std::process::id());
+    let task = cluster
+        .submit(
+            "survivor",
+            &format!(
+                "name: survivor\nresources: {{cpus: 0.5}}\nretry: {{max_attempts: 2, on: [node_failure]}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  echo \"attempt $TACC_ATTEMPT on $(hostname -I)\"\n  if [ \"$TACC_ATTEMPT\" = 1 ]; then sleep 600; fi\n"
+            ),
+        )
+        .await;
+    wait_state(&cluster.client, task, &[TaskState::Running]).await;
+    let _second = cluster.agent(3, "kill-h3", &[]);
+    wait_nodes(&cluster.client, 2).await;
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+    let view = wait_terminal(&cluster.client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt.0, 2);
+    assert_eq!(view.nodes, vec!["kill-h3".to_string()]);
+    let log = log_text(&cluster.client, task).await;
+    assert!(
+        log.contains(&format!("attempt 2 on {}", host_address(3))),
+        "{log}"
+    );
+    // The killed agent, started again, kills what its previous life left running.
+    let _again = cluster.agent(2, "kill-h2", &[]);
+    wait_no_processes(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins() {
+    if !network_ready("a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let timeout = 3;
+    let cluster = Cluster::start(dir.path(), &["--heartbeat-timeout", &timeout.to_string()]).await;
+    // Host 4 is this test's alone: its link goes down.
+    let _cut = cluster.agent(4, "cut-h4", &[]);
+    wait_nodes(&cluster.client, 1).await;
+    let marker = format!("netns-cut-{}", std::process::id());
+    let task = cluster
+        .submit(
+            "fenced",
+            &format!(
+                "name: fenced\nresources: {{cpus: 0.5}}\nretry: {{max_attempts: 2, on: [node_failure]}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  if [ \"$TACC_ATTEMPT\" = 1 ]; then exec sleep 7001; fi\n  echo \"attempt 2 sees $(ps -eo args | grep -c '^sleep 7001') sleeper(s)\"\n"
+            ),
+        )
+        .await;
+    wait_state(&cluster.client, task, &[TaskState::Running]).await;
+    eventually("attempt 1 running on the cut-off host", DEADLINE, || {
+        let marker = marker.clone();
+        async move { (!task_processes(&marker).is_empty()).then_some(()) }
+    })
+    .await;
+    let _other = cluster.agent(1, "cut-h1", &[]);
+    wait_nodes(&cluster.client, 2).await;
+
+    let guard = LinkGuard(4);
+    set_link(4, false);
+    let cut_at = Instant::now();
+    // The cut-off agent stops its attempt by itself, before the server may retry it.
+    wait_no_processes(&marker).await;
+    let fenced_after = cut_at.elapsed();
+    assert!(
+        fenced_after < Duration::from_secs(timeout),
+        "self-fencing took {fenced_after:?}, longer than the {timeout}s heartbeat timeout"
+    );
+    let view = wait_terminal(&cluster.client, task).await;
+    let log = log_text(&cluster.client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}\n{log}");
+    assert_eq!(view.attempt.0, 2);
+    assert_eq!(view.nodes, vec!["cut-h1".to_string()]);
+    assert!(log.contains("attempt 2 sees 0 sleeper(s)"), "{log}");
+    let events = cluster.client.task_events(task).await.unwrap();
+    assert!(
+        events.iter().any(|e| e.state == TaskState::Lost),
+        "{events:?}"
+    );
+
+    // Healed, the host joins again and takes work; nothing of the old attempt returns.
+    drop(guard);
+    eventually("the healed host back up", DEADLINE, || {
+        let client = cluster.client.clone();
+        async move {
+            let nodes = client.list_nodes().await.ok()?;
+            nodes
+                .iter()
+                .any(|n| n.name == "cut-h4" && n.state == "up")
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(task_processes(&marker).is_empty());
+    let after = cluster.client.get_task(task).await.unwrap();
+    assert_eq!(after.state, TaskState::Succeeded);
+    assert_eq!(after.attempt.0, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_fake_gpus_place_tasks_on_the_host_with_that_model() {
+    if !network_ready("typed_fake_gpus_place_tasks_on_the_host_with_that_model") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &[]).await;
+    let _a100 = cluster.agent(1, "gpu-h1", &["--gpus", "2", "--gpu-type", "A100"]);
+    let _h100 = cluster.agent(2, "gpu-h2", &["--gpus", "2", "--gpu-type", "H100"]);
+    wait_nodes(&cluster.client, 2).await;
+    let task = cluster
+        .submit(
+            "typed",
+            "name: typed\nresources: {gpus: 1, gpu_type: H100, cpus: 0.5}\nrun: echo \"gpus $CUDA_VISIBLE_DEVICES on $(hostname -I)\"\n",
+        )
+        .await;
+    let view = wait_terminal(&cluster.client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.nodes, vec!["gpu-h2".to_string()]);
+    let log = log_text(&cluster.client, task).await;
+    assert!(log.contains(&host_address(2)), "{log}");
+}
