@@ -15,7 +15,9 @@ mod datasets;
 mod environments;
 mod identity;
 mod layout;
+mod live_files;
 mod orphans;
+mod outputs;
 mod reporter;
 mod runtimes;
 mod secrets;
@@ -30,7 +32,7 @@ pub use identity::DEFAULT_TASK_UID_BASE;
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
 use tacc_exec::{DockerExecutor, Executor};
-use tacc_proto::{Assignment, AttemptRef, RegisterAgent};
+use tacc_proto::{Assignment, AttemptRef, NodeRequest, RegisterAgent};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +137,8 @@ impl Shared {
 struct Attempts {
     running: BTreeMap<AttemptRef, CancellationToken>,
     finished: BTreeSet<AttemptRef>,
+    /// Working directories of the running attempts (for the server's questions).
+    workdirs: BTreeMap<AttemptRef, PathBuf>,
 }
 
 #[derive(Debug)]
@@ -246,6 +250,7 @@ impl Agent {
                     backoff.reset();
                     version = Some(work.version);
                     self.reconcile(work.assignments);
+                    self.answer(node, work.requests);
                 }
                 Err(e)
                     if e.code() == Some("node_not_registered") || e.code() == Some("not_found") =>
@@ -375,14 +380,38 @@ impl Agent {
             }
             let token = CancellationToken::new();
             attempts.running.insert(key, token.clone());
+            attempts
+                .workdirs
+                .insert(key, attempt::workdir_of(&self.shared, &assignment));
             let shared = self.shared.clone();
             let registry = self.attempts.clone();
             tokio::spawn(async move {
                 attempt::run(shared, assignment, token).await;
                 let mut attempts = registry.lock().unwrap();
                 attempts.running.remove(&key);
+                attempts.workdirs.remove(&key);
                 attempts.finished.insert(key);
             });
+        }
+    }
+
+    /// Answer the server's questions about running attempts, each on its own task so a
+    /// slow one holds up neither the others nor the poll.
+    fn answer(&self, node: NodeId, requests: Vec<NodeRequest>) {
+        for request in requests {
+            let workdir = self
+                .attempts
+                .lock()
+                .unwrap()
+                .workdirs
+                .get(&request.attempt)
+                .cloned();
+            tokio::spawn(live_files::answer(
+                self.shared.clone(),
+                node,
+                request,
+                workdir,
+            ));
         }
     }
 }
