@@ -102,6 +102,14 @@ fn open(workdir: &Path, relative: &str) -> Result<std::fs::File, Reply> {
                 "bad_request",
                 format!("`{shown}` is a symbolic link; links are listed, never followed"),
             ),
+            // `open_inside`'s own refusal: the real path lies elsewhere.
+            std::io::ErrorKind::Other => failed(
+                "bad_request",
+                format!(
+                    "`{shown}` leads outside the task's working directory; links are not \
+                     followed out of it"
+                ),
+            ),
             _ => failed("bad_request", format!("`{shown}` cannot be read: {e}")),
         }
     })
