@@ -116,7 +116,6 @@ async fn execute(
     name: &str,
     cancel: &CancellationToken,
 ) -> AttemptOutcome {
-    let attempt = assignment.attempt;
     let instruction: Instruction = match serde_json::from_value(assignment.instruction.clone()) {
         Ok(instruction) => instruction,
         Err(e) => {
@@ -159,7 +158,44 @@ async fn execute(
     }
     // From here on the working directory exists: whatever becomes of the attempt, its
     // outputs are kept once nothing runs any more.
-    let outcome = async {
+    let outcome = run_in_workdir(
+        shared,
+        assignment,
+        &instruction,
+        &identity,
+        mask,
+        started,
+        workdir,
+        name,
+        cancel,
+    )
+    .await;
+    crate::outputs::keep(
+        shared,
+        &instruction,
+        workdir,
+        assignment.node_rank,
+        &outcome,
+    )
+    .await;
+    outcome
+}
+
+/// Everything after the working directory was built: datasets, environment, runtime,
+/// `setup`, then `run`, to the attempt's end.
+#[allow(clippy::too_many_arguments)]
+async fn run_in_workdir(
+    shared: &Arc<Shared>,
+    assignment: &Assignment,
+    instruction: &Instruction,
+    identity: &crate::identity::TaskIdentity,
+    mask: Arc<SecretMask>,
+    started: Instant,
+    workdir: &Path,
+    name: &str,
+    cancel: &CancellationToken,
+) -> AttemptOutcome {
+    let attempt = assignment.attempt;
     // Preparation lines (dataset fetches, environment builds) go to the task's log, so a
     // failed build can be read with `tcloud logs`.
     let log_line = |line: String| {
@@ -228,7 +264,7 @@ async fn execute(
     };
     // Runtimes that failed to launch this attempt for an infrastructure reason.
     let mut failed_runtimes = BTreeMap::new();
-    let mut runtime = match crate::runtimes::choose(shared, &instruction, &failed_runtimes).await {
+    let mut runtime = match crate::runtimes::choose(shared, instruction, &failed_runtimes).await {
         Ok(choice) => choice,
         Err(message) => return launch_failed("runtime_unavailable", message),
     };
@@ -288,7 +324,7 @@ async fn execute(
         };
         match crate::runtimes::launch_with_failover(
             shared,
-            &instruction,
+            instruction,
             &mut runtime,
             &mut failed_runtimes,
             spec,
@@ -325,9 +361,9 @@ async fn execute(
         kill_grace: grace,
         placement,
     };
-    let outcome = match crate::runtimes::launch_with_failover(
+    match crate::runtimes::launch_with_failover(
         shared,
-        &instruction,
+        instruction,
         &mut runtime,
         &mut failed_runtimes,
         spec,
@@ -339,20 +375,8 @@ async fn execute(
     .await
     {
         Ok(outcome) => outcome_of(outcome),
-        Err(outcome) => return outcome,
-    };
-    outcome
+        Err(outcome) => outcome,
     }
-    .await;
-    crate::outputs::keep(
-        shared,
-        &instruction,
-        workdir,
-        assignment.node_rank,
-        &outcome,
-    )
-    .await;
-    outcome
 }
 
 /// Put the environment's `bin` first on PATH and set its marker variable, as `activate` does.

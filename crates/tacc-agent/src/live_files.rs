@@ -64,7 +64,12 @@ pub(crate) async fn answer(
                 .answer_node_request(node, request.id, &answer)
                 .await
         }
-        Reply::File(bytes) => shared.client.answer_node_file(node, request.id, bytes).await,
+        Reply::File(bytes) => {
+            shared
+                .client
+                .answer_node_file(node, request.id, bytes)
+                .await
+        }
     };
     if let Err(e) = sent {
         tracing::warn!("cannot answer the server's request {}: {e}", request.id);
@@ -131,7 +136,11 @@ fn entry_of(name: String, meta: &std::fs::Metadata) -> FileEntry {
     FileEntry {
         name,
         kind,
-        size: if kind == FileKind::File { meta.len() } else { 0 },
+        size: if kind == FileKind::File {
+            meta.len()
+        } else {
+            0
+        },
         mtime,
     }
 }
@@ -249,9 +258,11 @@ mod tests {
 
         let (root, truncated) = listing(list(&work, ""));
         assert!(!truncated);
-        let names: Vec<(&str, FileKind)> =
-            root.iter().map(|e| (e.name.as_str(), e.kind)).collect();
-        assert_eq!(names, vec![("escape", FileKind::Link), ("out", FileKind::Dir)]);
+        let names: Vec<(&str, FileKind)> = root.iter().map(|e| (e.name.as_str(), e.kind)).collect();
+        assert_eq!(
+            names,
+            vec![("escape", FileKind::Link), ("out", FileKind::Dir)]
+        );
         let (out, _) = listing(list(&work, "out/"));
         let a = out.iter().find(|e| e.name == "a.txt").unwrap();
         assert_eq!((a.kind, a.size), (FileKind::File, 3));

@@ -163,13 +163,10 @@ async fn upload(
                 continue;
             }
         };
-        let put = shared.client.put_output(
-            node,
-            instruction.task,
-            instruction.attempt,
-            &relative,
-            file,
-        );
+        let put =
+            shared
+                .client
+                .put_output(node, instruction.task, instruction.attempt, &relative, file);
         match tokio::time::timeout_at(deadline, put).await {
             Ok(Ok(())) => {
                 kept.files += 1;
@@ -238,7 +235,9 @@ mod tests {
         let kept = Kept {
             files: 2,
             bytes: 2048,
-            late: (0..25).map(|i| (format!("ckpt/{i}.bin"), 1 << 20)).collect(),
+            late: (0..25)
+                .map(|i| (format!("ckpt/{i}.bin"), 1 << 20))
+                .collect(),
             failed: vec![("out/x".into(), "permission denied".into())],
         };
         let text = kept.log_text(1, STOPPED_DEADLINE, true).unwrap();
@@ -246,7 +245,10 @@ mod tests {
             text.contains("rank 1 kept 2 output file(s) (2KiB) within the 60 s"),
             "{text}"
         );
-        assert!(text.contains("not kept: 25 file(s), 25MiB: ckpt/0.bin"), "{text}");
+        assert!(
+            text.contains("not kept: 25 file(s), 25MiB: ckpt/0.bin"),
+            "{text}"
+        );
         assert!(text.contains("and 5 more"), "{text}");
         assert!(!text.contains("ckpt/24.bin"), "{text}");
         assert!(
@@ -268,7 +270,10 @@ mod tests {
         let real = std::fs::canonicalize(&work).unwrap();
         assert!(open_inside(&work.join("out/a.txt"), &real).is_ok());
         assert!(open_inside(&work.join("out"), &real).is_ok());
-        assert!(open_inside(&work.join("out/link"), &real).is_err(), "final link");
+        assert!(
+            open_inside(&work.join("out/link"), &real).is_err(),
+            "final link"
+        );
         assert!(
             open_inside(&work.join("up/secret"), &real).is_err(),
             "a directory link leading out"

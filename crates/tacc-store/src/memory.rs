@@ -261,7 +261,12 @@ impl Store for MemoryStore {
         if !inner.tasks.contains_key(&output.task) {
             return Err(StoreError::TaskNotFound(output.task));
         }
-        let key = (output.task, output.attempt, output.rank, output.path.clone());
+        let key = (
+            output.task,
+            output.attempt,
+            output.rank,
+            output.path.clone(),
+        );
         inner.outputs.insert(key, output);
         Ok(())
     }

@@ -207,7 +207,10 @@ async fn every_rank_keeps_its_outputs_and_paths_they_share_are_rank_qualified() 
     let rank1 = alice.json(&["ls", &id, "out", "--rank", "1", "--json"]);
     assert_eq!(names(&rank1), vec!["only1.txt", "same.txt"]);
     let table = alice.ok(&["ls", &id, "rank-1/out"]);
-    assert!(table.contains("same.txt") && table.contains("file"), "{table}");
+    assert!(
+        table.contains("same.txt") && table.contains("file"),
+        "{table}"
+    );
     let shown = alice.ok(&["show", &id]);
     assert!(
         shown.contains("rank-1/out/same.txt") && shown.contains("RANK"),
@@ -240,7 +243,11 @@ async fn a_cancelled_task_keeps_the_checkpoint_it_wrote() {
     );
     let outputs = alice.client.list_outputs(task).await.unwrap();
     let kept: Vec<&str> = outputs.iter().map(|o| o.path.as_str()).collect();
-    assert_eq!(kept, vec!["ckpt/state.txt"], "kept before it was reported cancelled");
+    assert_eq!(
+        kept,
+        vec!["ckpt/state.txt"],
+        "kept before it was reported cancelled"
+    );
     let dest = alice.home.path().join("got");
     alice.ok(&["download", &task.to_string(), "-o", dest.to_str().unwrap()]);
     assert_eq!(read(dest.join("ckpt/state.txt")), "step-41\n");
@@ -326,7 +333,10 @@ async fn ls_and_download_reach_a_running_tasks_files_on_every_node_and_nothing_e
     let link = entries.iter().find(|e| e["name"] == "root").unwrap();
     assert_eq!(link["kind"], "link", "links are listed, not followed");
     let table = alice.ok(&["ls", &id, "work/", "--rank", "1"]);
-    assert!(table.contains("live.txt") && table.contains("13B"), "{table}");
+    assert!(
+        table.contains("live.txt") && table.contains("13B"),
+        "{table}"
+    );
 
     let dest = alice.home.path().join("live");
     alice.ok(&[
@@ -372,10 +382,17 @@ async fn ls_and_download_reach_a_running_tasks_files_on_every_node_and_nothing_e
     let silent = alice.fails(&["ls", &id, "--rank", "1"], 1);
     nix::sys::signal::kill(stopped, nix::sys::signal::Signal::SIGCONT).unwrap();
     assert!(
-        silent.contains(&format!("node {} did not answer within 10 s", view.nodes[1])),
+        silent.contains(&format!(
+            "node {} did not answer within 10 s",
+            view.nodes[1]
+        )),
         "{silent}"
     );
-    assert!(asked.elapsed() < Duration::from_secs(20), "{:?}", asked.elapsed());
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        asked.elapsed()
+    );
 
     alice.ok(&["cancel", &id]);
     let view = wait_terminal(&alice.client, task).await;
@@ -428,7 +445,11 @@ impl HandNode {
     }
 
     async fn report(&self, report: tacc_proto::AgentReport) -> (u32, u32) {
-        let ack = self.client.agent_reports(self.id, vec![report]).await.unwrap();
+        let ack = self
+            .client
+            .agent_reports(self.id, vec![report])
+            .await
+            .unwrap();
         (ack.accepted, ack.rejected)
     }
 }
@@ -479,6 +500,51 @@ async fn a_node_keeps_uploading_for_the_attempt_it_held_until_it_reports_its_end
     assert_eq!(rank0.report(started(1)).await, (1, 0));
     wait_state(&alice.client, task, &[TaskState::Running]).await;
 
+    // A question about rank 1's files reaches rank 1's node only, and only it answers.
+    let asking = {
+        let client = alice.client.clone();
+        tokio::spawn(async move { client.list_files(task, "out/", Some(1), None).await })
+    };
+    let request = eventually("the question to reach rank 1", DEADLINE, || async move {
+        rank1.poll(vec![attempt]).await.requests.into_iter().next()
+    })
+    .await;
+    assert_eq!(request.attempt, attempt);
+    assert_eq!(
+        request.kind,
+        tacc_proto::NodeRequestKind::List { path: "out".into() }
+    );
+    let listing = |name: &str| tacc_proto::NodeAnswer::Listing {
+        entries: vec![tacc_proto::FileEntry {
+            name: name.into(),
+            kind: tacc_proto::FileKind::File,
+            size: 3,
+            mtime: None,
+        }],
+        truncated: false,
+    };
+    let forged = rank0
+        .client
+        .answer_node_request(rank0.id, request.id, &listing("forged"))
+        .await
+        .unwrap_err();
+    assert_eq!(forged.code(), Some("not_found"), "{forged}");
+    let as_other = rank0
+        .client
+        .answer_node_request(rank1.id, request.id, &listing("forged"))
+        .await
+        .unwrap_err();
+    assert_eq!(as_other.code(), Some("forbidden"), "{as_other}");
+    rank1
+        .client
+        .answer_node_request(rank1.id, request.id, &listing("x.txt"))
+        .await
+        .unwrap();
+    let answered = asking.await.unwrap().unwrap();
+    assert!(answered.live && answered.rank == Some(1), "{answered:?}");
+    let names: Vec<&str> = answered.entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, vec!["x.txt"]);
+
     // Rank 0 ends the attempt: the task is over, rank 1 is still stopping.
     let ended = |code| AgentReport::Finished {
         attempt,
@@ -492,7 +558,11 @@ async fn a_node_keeps_uploading_for_the_attempt_it_held_until_it_reports_its_end
     let work = rank1.poll(vec![attempt]).await;
     assert_eq!(rank_of(&work), None, "withdrawn from rank 1");
     let (_, pending) = alice.client.list_outputs_pending(task).await.unwrap();
-    assert_eq!(pending, vec![(AttemptNo(1), 1)], "rank 1 has not reported its end");
+    assert_eq!(
+        pending,
+        vec![(AttemptNo(1), 1)],
+        "rank 1 has not reported its end"
+    );
 
     // Rank 1 still uploads what it wrote, and its last lines count; rank 0, done, not.
     rank1.upload(task, "out/same.txt", "one").await.unwrap();
@@ -519,7 +589,11 @@ async fn a_node_keeps_uploading_for_the_attempt_it_held_until_it_reports_its_end
     assert_eq!(rank1.report(stopped).await, (0, 1), "a replayed end");
     let view = alice.client.get_task(task).await.unwrap();
     assert_eq!(view.state, TaskState::Succeeded);
-    assert!(log_text(&alice.client, task).await.contains("[1] tacc: stopped"));
+    assert!(
+        log_text(&alice.client, task)
+            .await
+            .contains("[1] tacc: stopped")
+    );
 
     let (outputs, pending) = alice.client.list_outputs_pending(task).await.unwrap();
     assert!(pending.is_empty());

@@ -62,7 +62,11 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
             "own_node",
         ),
         ("POST", "/v1/agents/{node}/answers/{request}", "own_node"),
-        ("PUT", "/v1/agents/{node}/answers/{request}/file", "own_node"),
+        (
+            "PUT",
+            "/v1/agents/{node}/answers/{request}/file",
+            "own_node",
+        ),
     ]
     .into_iter()
     .map(|(method, path, class)| ((method.to_string(), path), class))

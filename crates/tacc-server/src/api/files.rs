@@ -127,7 +127,9 @@ pub(super) async fn list_files(
     let record = super::tasks::load(&app.control, TaskId(id)).await?;
     let path = clean_path(&query.path)?;
     let Some((node, name, rank)) = live_target(&app.control, &record, &query).await? else {
-        return Ok(Json(kept_listing(&app.control, &record, &path, &query).await?));
+        return Ok(Json(
+            kept_listing(&app.control, &record, &path, &query).await?,
+        ));
     };
     let kind = NodeRequestKind::List { path: path.clone() };
     match ask(&app.control, &record, node, &name, kind).await? {
@@ -160,7 +162,11 @@ async fn kept_listing(
     let names = listed_names(&outputs);
     let attempt = match query.attempt {
         Some(attempt) => AttemptNo(attempt),
-        None => outputs.iter().map(|o| o.attempt).max().unwrap_or(record.attempt),
+        None => outputs
+            .iter()
+            .map(|o| o.attempt)
+            .max()
+            .unwrap_or(record.attempt),
     };
     // Entry name → (kind, size, newest mtime).
     let mut children: BTreeMap<String, (FileKind, u64, Option<tacc_core::Timestamp>)> =
@@ -197,9 +203,7 @@ async fn kept_listing(
             Some((dir, _)) => (dir, FileKind::Dir),
             None => (rest, FileKind::File),
         };
-        let entry = children
-            .entry(head.to_string())
-            .or_insert((kind, 0, None));
+        let entry = children.entry(head.to_string()).or_insert((kind, 0, None));
         entry.1 += output.size;
         entry.2 = entry.2.max(mtime);
     }

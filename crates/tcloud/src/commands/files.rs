@@ -77,9 +77,7 @@ pub async fn ls(
         print_table(&t)?;
     }
     if listing.truncated {
-        eprintln!(
-            "(only the first {MAX_LISTING_ENTRIES} entries are listed: list a subdirectory)"
-        );
+        eprintln!("(only the first {MAX_LISTING_ENTRIES} entries are listed: list a subdirectory)");
     }
     Ok(())
 }
@@ -234,10 +232,7 @@ fn write_inside(dest: &Path, target: &Path, bytes: &[u8]) -> Result<PathBuf> {
 }
 
 /// Wait (bounded) for ranks of an ended task that are still uploading their outputs.
-async fn settled_outputs(
-    client: &Client,
-    task: &tacc_proto::TaskView,
-) -> Result<Vec<OutputFile>> {
+async fn settled_outputs(client: &Client, task: &tacc_proto::TaskView) -> Result<Vec<OutputFile>> {
     let end = Instant::now() + PENDING_DEADLINE;
     let mut told = false;
     loop {
