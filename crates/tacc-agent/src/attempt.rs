@@ -1,10 +1,9 @@
 //! One node's share of one attempt: decide who it runs as, prepare the working directory
 //! from the pinned snapshot (private to that identity), run `setup` then `run` through the
-//! executor, stream output (with the task's secrets masked), upload outputs, and report
-//! how it ended.
+//! executor, stream output (with the task's secrets masked), keep its outputs (every
+//! rank, however it ended: [`crate::outputs`]), and report how it ended.
 
 use std::collections::BTreeMap;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -59,13 +58,28 @@ pub(crate) fn report(shared: &Shared, report: AgentReport) {
     let _ = shared.reports.send(report);
 }
 
-pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: CancellationToken) {
+/// The name of an assignment's working directory under the agent's `work/`.
+fn workdir_name(assignment: &Assignment) -> String {
     let attempt = assignment.attempt;
-    let name = format!(
+    format!(
         "{}-{}-r{}",
         attempt.task, attempt.attempt, assignment.node_rank
-    );
-    let workdir = shared.config.data_dir.join("work").join(&name);
+    )
+}
+
+/// Where an assignment's working directory lies (while its attempt runs here).
+pub(crate) fn workdir_of(shared: &Shared, assignment: &Assignment) -> PathBuf {
+    shared
+        .config
+        .data_dir
+        .join("work")
+        .join(workdir_name(assignment))
+}
+
+pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: CancellationToken) {
+    let attempt = assignment.attempt;
+    let name = workdir_name(&assignment);
+    let workdir = workdir_of(&shared, &assignment);
     // Once a process runs, cancelling is the executor's job (SIGTERM, grace, SIGKILL of
     // the group): dropping the future here would orphan the process.
     let mut failed_rank = None;
@@ -125,7 +139,6 @@ async fn execute(
     cancel: &CancellationToken,
     failed_rank: &mut Option<u32>,
 ) -> AttemptOutcome {
-    let attempt = assignment.attempt;
     let instruction: Instruction = match serde_json::from_value(assignment.instruction.clone()) {
         Ok(instruction) => instruction,
         Err(e) => {
@@ -166,6 +179,48 @@ async fn execute(
     if let Err(message) = prepared {
         return launch_failed("snapshot_fetch_failed", message);
     }
+    // From here on the working directory exists: whatever becomes of the attempt, its
+    // outputs are kept once nothing runs any more.
+    let outcome = run_in_workdir(
+        shared,
+        assignment,
+        &instruction,
+        &identity,
+        mask,
+        started,
+        workdir,
+        name,
+        cancel,
+        failed_rank,
+    )
+    .await;
+    crate::outputs::keep(
+        shared,
+        &instruction,
+        workdir,
+        assignment.node_rank,
+        &outcome,
+    )
+    .await;
+    outcome
+}
+
+/// Everything after the working directory was built: datasets, environment, runtime,
+/// `setup`, then `run`, to the attempt's end.
+#[allow(clippy::too_many_arguments)]
+async fn run_in_workdir(
+    shared: &Arc<Shared>,
+    assignment: &Assignment,
+    instruction: &Instruction,
+    identity: &crate::identity::TaskIdentity,
+    mask: Arc<SecretMask>,
+    started: Instant,
+    workdir: &Path,
+    name: &str,
+    cancel: &CancellationToken,
+    failed_rank: &mut Option<u32>,
+) -> AttemptOutcome {
+    let attempt = assignment.attempt;
     // Preparation lines (dataset fetches, environment builds) go to the task's log, so a
     // failed build can be read with `tcloud logs`.
     let log_line = |line: String| {
@@ -234,7 +289,7 @@ async fn execute(
     };
     // Runtimes that failed to launch this attempt for an infrastructure reason.
     let mut failed_runtimes = BTreeMap::new();
-    let mut runtime = match crate::runtimes::choose(shared, &instruction, &failed_runtimes).await {
+    let mut runtime = match crate::runtimes::choose(shared, instruction, &failed_runtimes).await {
         Ok(choice) => choice,
         Err(message) => return launch_failed("runtime_unavailable", message),
     };
@@ -309,7 +364,7 @@ async fn execute(
         };
         match crate::runtimes::launch_with_failover(
             shared,
-            &instruction,
+            instruction,
             &mut runtime,
             &mut failed_runtimes,
             spec,
@@ -337,7 +392,7 @@ async fn execute(
     if cancel.is_cancelled() {
         return AttemptOutcome::Cancelled;
     }
-    let outcome = if processes > 1 {
+    if processes > 1 {
         let launches = (0..processes)
             .map(|local_rank| {
                 let rank = assignment.node_rank * processes + local_rank;
@@ -384,7 +439,7 @@ async fn execute(
         };
         match crate::runtimes::launch_with_failover(
             shared,
-            &instruction,
+            instruction,
             &mut runtime,
             &mut failed_runtimes,
             spec,
@@ -396,21 +451,9 @@ async fn execute(
         .await
         {
             Ok(outcome) => outcome_of(outcome),
-            Err(outcome) => return outcome,
-        }
-    };
-    if outcome != AttemptOutcome::Cancelled && assignment.node_rank == 0 {
-        if let Err(message) = upload_outputs(shared, &instruction, workdir).await {
-            report(
-                shared,
-                AgentReport::Log {
-                    attempt,
-                    text: format!("tacc: could not keep all outputs: {message}\n"),
-                },
-            );
+            Err(outcome) => outcome,
         }
     }
-    outcome
 }
 
 /// Put the environment's `bin` first on PATH and set its marker variable, as `activate` does.
@@ -600,86 +643,6 @@ async fn prepare_workdir(
     })
     .await
     .map_err(|e| e.to_string())?
-}
-
-/// Upload every file under the instruction's output paths (relative to the workdir).
-async fn upload_outputs(
-    shared: &Arc<Shared>,
-    instruction: &Instruction,
-    workdir: &Path,
-) -> Result<(), String> {
-    let Some(node) = shared.node() else {
-        return Ok(());
-    };
-    let mut files = Vec::new();
-    for output in &instruction.outputs {
-        let root = workdir.join(output);
-        collect_files(workdir, &root, &mut files);
-    }
-    let real_workdir = std::fs::canonicalize(workdir).map_err(|e| e.to_string())?;
-    let mut problems = Vec::new();
-    for (relative, path) in files {
-        let file = match open_output(&path, &real_workdir) {
-            Ok(file) => tokio::fs::File::from_std(file),
-            Err(e) => {
-                problems.push(format!("{relative}: {e}"));
-                continue;
-            }
-        };
-        if let Err(e) = shared
-            .client
-            .put_output(node, instruction.task, instruction.attempt, &relative, file)
-            .await
-        {
-            problems.push(format!("{relative}: {e}"));
-        }
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(problems.join("; "))
-    }
-}
-
-/// Opens an output file for upload. The working directory belongs to the task, and a
-/// process it left behind could swap a listed file for a link to something only the
-/// agent may read: the file is opened without following a final link, must be a regular
-/// file, and must really lie inside the working directory (which also catches a
-/// directory on the way swapped for a link).
-fn open_output(path: &Path, real_workdir: &Path) -> std::io::Result<std::fs::File> {
-    let file = crate::layout::open_no_follow(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
-    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))?;
-    if !real.starts_with(real_workdir) {
-        return Err(std::io::Error::other(
-            "it does not lie inside the working directory",
-        ));
-    }
-    Ok(file)
-}
-
-/// Regular files under `path` (a file or a directory), as paths relative to `root`.
-/// Symbolic links are not followed, so outputs cannot reach outside the working directory.
-fn collect_files(root: &Path, path: &Path, out: &mut Vec<(String, PathBuf)>) {
-    let Ok(meta) = std::fs::symlink_metadata(path) else {
-        return;
-    };
-    if meta.is_file() {
-        if let Ok(relative) = path.strip_prefix(root) {
-            out.push((relative.to_string_lossy().into_owned(), path.to_path_buf()));
-        }
-    } else if meta.is_dir() {
-        let Ok(entries) = std::fs::read_dir(path) else {
-            return;
-        };
-        let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
-        entries.sort();
-        for entry in entries {
-            collect_files(root, &entry, out);
-        }
-    }
 }
 
 #[cfg(test)]

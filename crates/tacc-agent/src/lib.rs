@@ -16,7 +16,9 @@ mod environments;
 mod fencing;
 mod identity;
 mod layout;
+mod live_files;
 mod orphans;
+mod outputs;
 mod processes;
 mod reporter;
 mod runtimes;
@@ -32,7 +34,7 @@ pub use identity::DEFAULT_TASK_UID_BASE;
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
 use tacc_exec::{DockerExecutor, Executor};
-use tacc_proto::{AgentReport, Assignment, AttemptRef, RegisterAgent};
+use tacc_proto::{AgentReport, Assignment, AttemptRef, NodeRequest, RegisterAgent};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
@@ -141,6 +143,8 @@ impl Shared {
 struct Attempts {
     running: BTreeMap<AttemptRef, CancellationToken>,
     finished: BTreeSet<AttemptRef>,
+    /// Working directories of the running attempts (for the server's questions).
+    workdirs: BTreeMap<AttemptRef, PathBuf>,
 }
 
 #[derive(Debug)]
@@ -258,6 +262,7 @@ impl Agent {
                     backoff.reset();
                     version = Some(work.version);
                     self.reconcile(work.assignments);
+                    self.answer(node, work.requests);
                 }
                 Err(e)
                     if e.code() == Some("node_not_registered") || e.code() == Some("not_found") =>
@@ -398,14 +403,38 @@ impl Agent {
             }
             let token = CancellationToken::new();
             attempts.running.insert(key, token.clone());
+            attempts
+                .workdirs
+                .insert(key, attempt::workdir_of(&self.shared, &assignment));
             let shared = self.shared.clone();
             let registry = self.attempts.clone();
             tokio::spawn(async move {
                 attempt::run(shared, assignment, token).await;
                 let mut attempts = registry.lock().unwrap();
                 attempts.running.remove(&key);
+                attempts.workdirs.remove(&key);
                 attempts.finished.insert(key);
             });
+        }
+    }
+
+    /// Answer the server's questions about running attempts, each on its own task so a
+    /// slow one holds up neither the others nor the poll.
+    fn answer(&self, node: NodeId, requests: Vec<NodeRequest>) {
+        for request in requests {
+            let workdir = self
+                .attempts
+                .lock()
+                .unwrap()
+                .workdirs
+                .get(&request.attempt)
+                .cloned();
+            tokio::spawn(live_files::answer(
+                self.shared.clone(),
+                node,
+                request,
+                workdir,
+            ));
         }
     }
 }
@@ -417,13 +446,27 @@ async fn fence_when_cut_off(
     attempts: Arc<Mutex<Attempts>>,
     shutdown: CancellationToken,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    const EVERY: Duration = Duration::from_millis(200);
+    let mut tick = tokio::time::interval(EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_tick = std::time::Instant::now();
+    let mut resumed_at: Option<std::time::Instant> = None;
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let Some(silence) = shared.lease.expired(std::time::Instant::now()) else {
+        let now = std::time::Instant::now();
+        // This agent itself was stalled (stopped, starved): the server's answer may be
+        // waiting unread. Give the poll a moment to renew the lease before judging it.
+        if now.duration_since(last_tick) > EVERY * 5 {
+            resumed_at = Some(now);
+        }
+        last_tick = now;
+        if resumed_at.is_some_and(|at| now.duration_since(at) < Duration::from_secs(1)) {
+            continue;
+        }
+        let Some(silence) = shared.lease.expired(now) else {
             continue;
         };
         let attempts = attempts.lock().unwrap();

@@ -398,6 +398,97 @@ impl Client {
         response.bytes().await.map_err(|e| self.unreachable(e))
     }
 
+    /// The outputs, and the `(attempt, rank)` pairs whose node has not yet reported the
+    /// end of its share (their outputs may still be arriving).
+    pub async fn list_outputs_pending(
+        &self,
+        id: TaskId,
+    ) -> Result<(Vec<OutputFile>, Vec<(AttemptNo, u32)>)> {
+        let response = self
+            .send(self.request(Method::GET, &format!("/v1/tasks/{id}/outputs")))
+            .await?;
+        let pending = response
+            .headers()
+            .get(tacc_proto::OUTPUTS_PENDING_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                v.split(',')
+                    .filter_map(|pair| {
+                        let (attempt, rank) = pair.split_once(':')?;
+                        Some((AttemptNo(attempt.parse().ok()?), rank.parse().ok()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let url = response.url().to_string();
+        let body = response.bytes().await.map_err(|e| self.unreachable(e))?;
+        let files = serde_json::from_slice(&body).map_err(|e| ClientError::Protocol {
+            url,
+            reason: e.to_string(),
+        })?;
+        Ok((files, pending))
+    }
+
+    /// One kept output of one rank.
+    pub async fn get_rank_output(
+        &self,
+        id: TaskId,
+        attempt: AttemptNo,
+        rank: u32,
+        path: &str,
+    ) -> Result<Bytes> {
+        let response = self
+            .send(
+                self.request(
+                    Method::GET,
+                    &format!("/v1/tasks/{id}/outputs/{attempt}/{path}"),
+                )
+                .query(&[("rank", rank)]),
+            )
+            .await?;
+        response.bytes().await.map_err(|e| self.unreachable(e))
+    }
+
+    /// A directory of a task: the running attempt's live working directory on the node
+    /// of `rank` (0 by default), or the outputs it kept once it has ended (or of
+    /// `attempt`).
+    pub async fn list_files(
+        &self,
+        id: TaskId,
+        path: &str,
+        rank: Option<u32>,
+        attempt: Option<AttemptNo>,
+    ) -> Result<tacc_proto::FileListing> {
+        let mut query = vec![("path", path.to_string())];
+        if let Some(rank) = rank {
+            query.push(("rank", rank.to_string()));
+        }
+        if let Some(attempt) = attempt {
+            query.push(("attempt", attempt.to_string()));
+        }
+        self.json(
+            self.request(Method::GET, &format!("/v1/tasks/{id}/files"))
+                .query(&query),
+        )
+        .await
+    }
+
+    /// One file of a running task's live working directory (bounded in size by the
+    /// server: [`tacc_proto::MAX_LIVE_FILE_BYTES`]).
+    pub async fn get_live_file(&self, id: TaskId, path: &str, rank: Option<u32>) -> Result<Bytes> {
+        let mut query = vec![("path", path.to_string())];
+        if let Some(rank) = rank {
+            query.push(("rank", rank.to_string()));
+        }
+        let response = self
+            .send(
+                self.request(Method::GET, &format!("/v1/tasks/{id}/files/content"))
+                    .query(&query),
+            )
+            .await?;
+        response.bytes().await.map_err(|e| self.unreachable(e))
+    }
+
     pub async fn list_nodes(&self) -> Result<Vec<NodeView>> {
         self.json(self.request(Method::GET, "/v1/nodes")).await
     }
@@ -539,6 +630,42 @@ impl Client {
                 .json(&AgentReports { reports }),
         )
         .await
+    }
+
+    /// Answer one of the server's questions with a listing or a refusal.
+    pub async fn answer_node_request(
+        &self,
+        node: NodeId,
+        request: tacc_proto::NodeRequestId,
+        answer: &tacc_proto::NodeAnswer,
+    ) -> Result<()> {
+        self.send(
+            self.request(
+                Method::POST,
+                &format!("/v1/agents/{node}/answers/{request}"),
+            )
+            .json(answer),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Answer one of the server's questions with a file's bytes.
+    pub async fn answer_node_file(
+        &self,
+        node: NodeId,
+        request: tacc_proto::NodeRequestId,
+        bytes: Vec<u8>,
+    ) -> Result<()> {
+        self.send(
+            self.request(
+                Method::PUT,
+                &format!("/v1/agents/{node}/answers/{request}/file"),
+            )
+            .body(bytes),
+        )
+        .await?;
+        Ok(())
     }
 
     /// Upload one output file, streamed from disk.

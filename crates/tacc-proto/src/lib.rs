@@ -5,8 +5,11 @@
 //! stay stable while internals change. It depends on `tacc-core` only (ids, resources,
 //! states) and must not depend on the schema, scheduler, store or any runtime crate.
 
+mod files;
+
 use std::collections::BTreeMap;
 
+pub use files::*;
 use serde::{Deserialize, Serialize};
 use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};
 
@@ -129,10 +132,17 @@ pub struct TaskEventView {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputFile {
-    /// Path relative to the task's working directory.
+    /// Path relative to the working directory of the rank that wrote it.
     pub path: String,
     pub size: u64,
     pub attempt: AttemptNo,
+    /// The node rank that wrote it (0 from servers that kept rank 0's outputs only).
+    #[serde(default)]
+    pub rank: u32,
+    /// How it is listed and downloaded: `path` when no other rank of the attempt wrote
+    /// the same path, else `rank-R/path` (empty from servers before per-rank outputs).
+    #[serde(default)]
+    pub name: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,6 +219,10 @@ pub struct DesiredWork {
     /// Changes whenever the set changes; pass it back to wait for the next change.
     pub version: u64,
     pub assignments: Vec<Assignment>,
+    /// Questions about the node's running attempts (`tcloud ls`, a live file), each
+    /// answered once with a POST to `/v1/agents/{node}/answers/{id}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<NodeRequest>,
 }
 
 /// Agent → server, in the order things happened.

@@ -183,6 +183,10 @@ pub struct Control {
     pub(crate) secret_box: crate::secrets::SecretBox,
     pub(crate) submit_buckets: crate::limits::SubmitBuckets,
     pub(crate) chunk_sets: crate::agent_access::ChunkSets,
+    /// Attempts each node holds until it reports their end (late outputs are accepted).
+    pub(crate) node_attempts: crate::node_attempts::NodeAttempts,
+    /// Questions to nodes about their running attempts (`tcloud ls`, live files).
+    pub(crate) node_requests: crate::node_requests::NodeRequests,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -284,6 +288,8 @@ impl Control {
             secret_box,
             submit_buckets: Default::default(),
             chunk_sets: Default::default(),
+            node_attempts: Default::default(),
+            node_requests: Default::default(),
             store,
             logs,
             chunks,
@@ -681,6 +687,8 @@ impl Control {
             .or_insert_with(|| LiveNode::new(record.clone()));
         live.record = record.clone();
         live.online = true;
+        self.node_attempts
+            .forget_node(record.id, &registration.running);
         live.last_seen = Instant::now();
         if !was_online && live.flapping() {
             tracing::warn!(
@@ -817,6 +825,7 @@ impl Control {
             DesiredWork {
                 version: *live.version.borrow(),
                 assignments,
+                requests: Vec::new(),
             },
             receiver,
         ))
@@ -850,7 +859,27 @@ impl Control {
                 AgentReport::Started { attempt, .. } => (*attempt, false),
                 AgentReport::Finished { attempt, .. } => (*attempt, true),
             };
-            if !self.attempt_is_on_node(node, attempt, !ending).await? {
+            let current = self.attempt_is_on_node(node, attempt, !ending).await?;
+            // The node's own end of an attempt it held, and its last lines, count even
+            // when the task has moved on (another rank ended it, a retry, a preemption).
+            let held = if ending {
+                self.node_attempts.finish(node, attempt)
+            } else {
+                self.node_attempts.rank_of(node, attempt).is_some()
+            };
+            if !current && held {
+                ack.accepted += 1;
+                if let AgentReport::Log { attempt, text } = &report {
+                    self.logs.append(attempt.task, text).map_err(|e| {
+                        ServerError::Internal(format!(
+                            "cannot write the log of task {}: {e}",
+                            attempt.task
+                        ))
+                    })?;
+                }
+                continue;
+            }
+            if !current {
                 ack.rejected += 1;
                 self.audit.record_as(
                     format!("node:{node}"),
@@ -1083,7 +1112,11 @@ impl Control {
             attempt: record.attempt,
         };
         for live in inner.nodes.values_mut() {
-            live.assignments.remove(&attempt);
+            // Wake the node's poll: its part of the attempt is withdrawn, so it stops it
+            // now (a rank still running when another ended the attempt).
+            if live.assignments.remove(&attempt).is_some() {
+                live.version.send_modify(|v| *v += 1);
+            }
             live.cancelling.remove(&attempt);
         }
         self.drive(inner, Event::TaskPreempted(task)).await;
@@ -1137,7 +1170,11 @@ impl Control {
             attempt: record.attempt,
         };
         for live in inner.nodes.values_mut() {
-            live.assignments.remove(&attempt);
+            // Wake the node's poll: its part of the attempt is withdrawn, so it stops it
+            // now (a rank still running when another ended the attempt).
+            if live.assignments.remove(&attempt).is_some() {
+                live.version.send_modify(|v| *v += 1);
+            }
             live.cancelling.remove(&attempt);
         }
         self.drive(inner, Event::TaskEnded(task)).await;
@@ -1270,6 +1307,7 @@ impl Control {
                 (live.record.name.clone(), attempts, was_online)
             };
             tracing::warn!("node {name} missed its heartbeat for {timeout:?}: marking it offline");
+            self.node_attempts.forget_node(node, &[]);
             if was_online {
                 self.drive(&mut inner, Event::NodeDown(node)).await;
             }
@@ -1407,6 +1445,7 @@ impl Control {
             };
             self.lose_attempt(&mut inner, attempt, outcome).await?;
         }
+        self.node_attempts.forget_node(id, &[]);
         if let Some(live) = inner.nodes.remove(&id) {
             // Wake a waiting poll so the agent hears at once that its node is gone.
             live.version.send_modify(|v| *v += 1);

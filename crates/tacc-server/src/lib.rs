@@ -16,6 +16,8 @@ pub mod auth;
 mod control;
 mod limits;
 mod logs;
+mod node_attempts;
+mod node_requests;
 pub mod secrets;
 mod tls;
 
@@ -59,6 +61,9 @@ pub enum ServerError {
     },
     #[error("{0}")]
     Unavailable(String),
+    /// A node did not answer a question about its attempt in time.
+    #[error("{0}")]
+    NodeTimeout(String),
     #[error(transparent)]
     Store(#[from] tacc_store::StoreError),
     #[error("invalid server configuration: {0}")]

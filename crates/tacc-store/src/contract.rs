@@ -4,8 +4,10 @@
 //! fake and the real stores cannot drift apart.
 
 mod access;
+mod outputs;
 
 pub use access::*;
+pub use outputs::*;
 
 use std::collections::BTreeMap;
 
@@ -64,6 +66,9 @@ macro_rules! store_contract_tests {
             nodes_keep_their_id_when_re_registered,
             nodes_drain_persists_and_remove_forgets,
             snapshots_and_outputs,
+            outputs_kept_per_rank,
+            outputs_listed_by_attempt_rank_and_path,
+            outputs_same_rank_and_path_replaced,
             users_round_trip_and_list_by_name,
             users_duplicate_name_refused,
             tokens_found_by_hash_and_id,
@@ -447,6 +452,7 @@ pub async fn snapshots_and_outputs(store: &dyn Store) {
             .add_output(OutputRecord {
                 task,
                 attempt: AttemptNo::FIRST,
+                rank: 0,
                 path: path.into(),
                 size,
             })
@@ -464,6 +470,7 @@ pub async fn snapshots_and_outputs(store: &dyn Store) {
         .add_output(OutputRecord {
             task: TaskId(777_777),
             attempt: AttemptNo::FIRST,
+            rank: 0,
             path: "x".into(),
             size: 1,
         })

@@ -96,7 +96,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Every committed snapshot's id (what the chunk garbage collector must keep).
     async fn list_snapshots(&self) -> Result<Vec<SnapshotId>>;
 
+    /// Record one kept file of one rank of an attempt; the same (attempt, rank, path)
+    /// again replaces its size (an upload repeated).
     async fn add_output(&self, output: OutputRecord) -> Result<()>;
+    /// A task's outputs of every attempt and rank, by attempt, rank, then path.
     async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>>;
 
     // ------------------------------------------------------------ identities

@@ -23,7 +23,8 @@ struct Inner {
     nodes: BTreeMap<NodeId, NodeRecord>,
     last_node_id: u64,
     snapshots: BTreeMap<SnapshotId, serde_json::Value>,
-    outputs: BTreeMap<(TaskId, AttemptNo, String), OutputRecord>,
+    /// By task, attempt, rank and path: the order `list_outputs` promises.
+    outputs: BTreeMap<(TaskId, AttemptNo, u32, String), OutputRecord>,
     users: BTreeMap<String, UserRecord>,
     tokens: BTreeMap<u64, TokenRecord>,
     audit: Vec<AuditEntry>,
@@ -260,9 +261,13 @@ impl Store for MemoryStore {
         if !inner.tasks.contains_key(&output.task) {
             return Err(StoreError::TaskNotFound(output.task));
         }
-        inner
-            .outputs
-            .insert((output.task, output.attempt, output.path.clone()), output);
+        let key = (
+            output.task,
+            output.attempt,
+            output.rank,
+            output.path.clone(),
+        );
+        inner.outputs.insert(key, output);
         Ok(())
     }
 

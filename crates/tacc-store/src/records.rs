@@ -156,6 +156,9 @@ pub struct NodeRecord {
 pub struct OutputRecord {
     pub task: TaskId,
     pub attempt: AttemptNo,
+    /// The node rank that produced the file: every rank of an attempt keeps its own.
+    pub rank: u32,
+    /// Relative to that rank's working directory.
     pub path: String,
     pub size: u64,
 }

@@ -353,11 +353,12 @@ impl Store for SqliteStore {
 
     async fn add_output(&self, output: OutputRecord) -> Result<()> {
         let result = sqlx::query(
-            "INSERT INTO outputs (task_id, attempt, path, size) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (task_id, attempt, path) DO UPDATE SET size = excluded.size",
+            "INSERT INTO outputs (task_id, attempt, node_rank, path, size) VALUES (?, ?, ?, ?, ?) \
+             ON CONFLICT (task_id, attempt, node_rank, path) DO UPDATE SET size = excluded.size",
         )
         .bind(output.task.0 as i64)
         .bind(output.attempt.0 as i64)
+        .bind(i64::from(output.rank))
         .bind(&output.path)
         .bind(output.size as i64)
         .execute(&self.writer)
@@ -372,7 +373,8 @@ impl Store for SqliteStore {
 
     async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>> {
         let rows = sqlx::query(
-            "SELECT attempt, path, size FROM outputs WHERE task_id = ? ORDER BY attempt, path",
+            "SELECT attempt, node_rank, path, size FROM outputs WHERE task_id = ? \
+             ORDER BY attempt, node_rank, path",
         )
         .bind(task.0 as i64)
         .fetch_all(&self.reader)
@@ -382,6 +384,7 @@ impl Store for SqliteStore {
                 Ok(OutputRecord {
                     task,
                     attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
+                    rank: row.try_get::<i64, _>("node_rank")? as u32,
                     path: row.try_get("path")?,
                     size: row.try_get::<i64, _>("size")? as u64,
                 })

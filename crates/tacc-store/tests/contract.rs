@@ -91,3 +91,62 @@ async fn sqlite_open_names_the_path_when_it_cannot_create_the_file() {
         "{err}"
     );
 }
+
+/// A database written before outputs were kept per rank opens with its outputs intact,
+/// as rank 0's (the only rank whose outputs earlier versions kept).
+#[tokio::test]
+async fn sqlite_outputs_of_earlier_versions_become_rank_0s() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tacc.db");
+    // The schema as it was before per-rank outputs: the migrations up to 0004.
+    let earlier = dir.path().join("migrations");
+    std::fs::create_dir(&earlier).unwrap();
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations/sqlite");
+    for entry in std::fs::read_dir(&all).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.as_str() < "0005" {
+            std::fs::copy(entry.path(), earlier.join(&name)).unwrap();
+        }
+    }
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true);
+    let mut conn = sqlx::SqliteConnection::connect_with(&options)
+        .await
+        .unwrap();
+    sqlx::migrate::Migrator::new(earlier.as_path())
+        .await
+        .unwrap()
+        .run(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO tasks (id, name, user_name, spec, snapshot, source, state, attempt, \
+         submitted_at) VALUES (7, 'old', 'alice', '{}', ?, NULL, 'succeeded', 1, 1)",
+    )
+    .bind("ab".repeat(32))
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO outputs (task_id, attempt, path, size) VALUES (7, 1, 'results/m.json', 14)",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    conn.close().await.unwrap();
+
+    let store = SqliteStore::open(&path).await.unwrap();
+    let outputs = store.list_outputs(tacc_core::TaskId(7)).await.unwrap();
+    assert_eq!(
+        outputs,
+        vec![tacc_store::OutputRecord {
+            task: tacc_core::TaskId(7),
+            attempt: tacc_core::AttemptNo(1),
+            rank: 0,
+            path: "results/m.json".into(),
+            size: 14,
+        }]
+    );
+}

@@ -30,6 +30,8 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("POST", "/v1/tasks/{id}/rerun", "task"),
         ("GET", "/v1/tasks/{id}/outputs", "task"),
         ("GET", "/v1/tasks/{id}/outputs/{attempt}/{*path}", "task"),
+        ("GET", "/v1/tasks/{id}/files", "task"),
+        ("GET", "/v1/tasks/{id}/files/content", "task"),
         ("POST", "/v1/snapshots/offer", "user"),
         ("POST", "/v1/snapshots/commit", "user"),
         ("GET", "/v1/snapshots/{id}", "snapshot"),
@@ -57,6 +59,12 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         (
             "PUT",
             "/v1/agents/{node}/outputs/{task}/{attempt}/{*path}",
+            "own_node",
+        ),
+        ("POST", "/v1/agents/{node}/answers/{request}", "own_node"),
+        (
+            "PUT",
+            "/v1/agents/{node}/answers/{request}/file",
             "own_node",
         ),
     ]
@@ -239,6 +247,7 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
             .replace("{hash}", &chunk)
             .replace("{node}", &node.0.to_string())
             .replace("{task}", &task.0.to_string())
+            .replace("{request}", "1")
             .replace("{name}", "PROBE_SECRET");
         let method: Method = method.parse().unwrap();
         let body = (method == Method::POST || method == Method::PUT).then(|| b"{}".to_vec());

@@ -186,19 +186,54 @@ progress bars, or to save the log to a file).",
         #[arg(long)]
         json: bool,
     },
-    /// Download a task's outputs
+    /// Download a task's outputs, or one file of a running task
     #[command(
-        long_about = "Fetches the files a task kept (its `outputs:`) from the latest attempt, \
-or the one given, into DEST (default ./tacc-outputs/ID/).",
-        after_help = "Examples:\n  tcloud download 12\n  tcloud download 12 results/ --attempt 1"
+        long_about = "Fetches the files a task kept (its `outputs:`, from every rank) from the \
+latest attempt, or the one given, into DEST (default ./tacc-outputs/ID/); PATH limits it to \
+one file or directory. A path that several ranks wrote is saved as rank-R/PATH; --rank R \
+takes one rank's files under their own paths. On a running task, `download ID PATH` fetches \
+that file from the live working directory now (rank 0's node, or --rank R's; at most 32MiB: \
+declare bigger files in `outputs:` to get them when the task ends).",
+        after_help = "Examples:\n  tcloud download 12\n  tcloud download 12 results/ --attempt 1 --dest ./r\n  tcloud download 12 out/same.txt --rank 1\n  tcloud download 12 logs/train.csv     # while it runs"
     )]
     Download {
         #[arg(value_parser = parse_task_id)]
         id: TaskId,
-        dest: Option<PathBuf>,
+        /// Only this file or directory (relative to the working directory)
+        path: Option<String>,
+        /// Only this node rank's files, under their own paths
+        #[arg(long, value_name = "R")]
+        rank: Option<u32>,
         /// Which attempt's outputs (default: the latest that has any)
         #[arg(long, value_name = "N")]
         attempt: Option<u32>,
+        /// Where to put them (default ./tacc-outputs/ID/)
+        #[arg(short = 'o', long, value_name = "DIR")]
+        dest: Option<PathBuf>,
+    },
+    /// List a task's files: a running task's live working directory, or what it kept
+    #[command(
+        long_about = "Lists a directory of a running task's live working directory (name, \
+size, modification time, type) on the node of rank 0, or of --rank R; links are shown, never \
+followed, and paths must stay inside the working directory. For a task that has ended (or \
+with --attempt N) it lists the outputs that attempt kept, every rank's, with paths several \
+ranks wrote shown as rank-R/PATH (or one rank's with --rank R). At most 10000 entries.",
+        after_help = "Examples:\n  tcloud ls 12\n  tcloud ls 12 out/ --rank 1\n  tcloud ls 12 --attempt 1 --json"
+    )]
+    Ls {
+        #[arg(value_parser = parse_task_id)]
+        id: TaskId,
+        /// A directory (or file), relative to the working directory
+        path: Option<String>,
+        /// The node rank whose files to list (default 0)
+        #[arg(long, value_name = "R")]
+        rank: Option<u32>,
+        /// An earlier attempt's kept outputs
+        #[arg(long, value_name = "N")]
+        attempt: Option<u32>,
+        /// Print the listing as one JSON object
+        #[arg(long)]
+        json: bool,
     },
     /// Submit a task again: same code snapshot, environment and datasets, new task id
     #[command(
@@ -544,7 +579,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Why { id, json } => tasks::why(&ctx, id, json).await,
         Command::Logs { id, follow, raw } => tasks::logs(&ctx, id, follow, raw).await,
         Command::Cancel { ids, no_wait, json } => tasks::cancel(&ctx, &ids, !no_wait, json).await,
-        Command::Download { id, dest, attempt } => tasks::download(&ctx, id, dest, attempt).await,
+        Command::Download {
+            id,
+            path,
+            rank,
+            attempt,
+            dest,
+        } => files::download(&ctx, id, path, rank, attempt, dest).await,
+        Command::Ls {
+            id,
+            path,
+            rank,
+            attempt,
+            json,
+        } => files::ls(&ctx, id, path, rank, attempt, json).await,
         Command::Nodes { json } => tasks::nodes(&ctx, json).await,
         Command::Rerun { id, follow, json } => compiler::rerun(&ctx, id, follow, json).await,
         Command::Dataset { command } => match command {

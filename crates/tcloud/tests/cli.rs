@@ -230,7 +230,12 @@ fn quickstart_runs_end_to_end_and_a_resubmission_uploads_nothing() {
     );
 
     let dest = user.home.path().join("downloaded");
-    user.ok(&["download", &task.to_string(), dest.to_str().unwrap()]);
+    user.ok(&[
+        "download",
+        &task.to_string(),
+        "--dest",
+        dest.to_str().unwrap(),
+    ]);
     let metrics: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dest.join("results/metrics.json")).unwrap())
             .unwrap();

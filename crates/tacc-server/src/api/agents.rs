@@ -25,25 +25,36 @@ pub(super) async fn register_agent(
     }))
 }
 
-/// Long poll: answers at once when the node's work changed since `after`, otherwise when
-/// it changes or the wait is over.
+/// Long poll: answers at once when the node's work changed since `after` or a question
+/// about its files waits, otherwise when either happens or the wait is over.
 pub(super) async fn agent_work(
     State(app): State<AppState>,
     Path(node): Path<u64>,
     Json(poll): Json<WorkPoll>,
 ) -> ApiResult<Json<tacc_proto::DesiredWork>> {
     let node = NodeId(node);
-    let (work, mut changes) = app.control.desired_work(node, &poll.running).await?;
-    if poll.after != Some(work.version) {
+    let control = &app.control;
+    let mut asked = control.node_requests.subscribe(node);
+    let (mut work, mut changes) = control.desired_work(node, &poll.running).await?;
+    control
+        .node_attempts
+        .sync(node, &poll.running, &work.assignments);
+    work.requests = control.node_requests.take(node);
+    if poll.after != Some(work.version) || !work.requests.is_empty() {
         return Ok(Json(work));
     }
     let wait = Duration::from_millis(poll.wait_ms).min(MAX_POLL_WAIT);
     tokio::select! {
         _ = changes.changed() => {}
+        _ = asked.changed() => {}
         _ = tokio::time::sleep(wait) => {}
         _ = app.shutdown.cancelled() => {}
     }
-    let (work, _) = app.control.desired_work(node, &poll.running).await?;
+    let (mut work, _) = control.desired_work(node, &poll.running).await?;
+    control
+        .node_attempts
+        .sync(node, &poll.running, &work.assignments);
+    work.requests = control.node_requests.take(node);
     Ok(Json(work))
 }
 

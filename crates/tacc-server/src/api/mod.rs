@@ -6,6 +6,7 @@
 mod admin;
 mod agents;
 mod cluster;
+mod files;
 mod guard;
 mod logs;
 mod outputs;
@@ -150,6 +151,13 @@ fn declare() -> Vec<Declared> {
             Task,
             get(outputs::get_output),
         ),
+        rule(M::GET, "/v1/tasks/{id}/files", Task, get(files::list_files)),
+        rule(
+            M::GET,
+            "/v1/tasks/{id}/files/content",
+            Task,
+            get(files::get_file),
+        ),
         rule(
             M::POST,
             "/v1/snapshots/offer",
@@ -255,6 +263,18 @@ fn declare() -> Vec<Declared> {
             OwnNode,
             put(outputs::put_output),
         ),
+        rule(
+            M::POST,
+            "/v1/agents/{node}/answers/{request}",
+            OwnNode,
+            post(files::post_answer),
+        ),
+        rule(
+            M::PUT,
+            "/v1/agents/{node}/answers/{request}/file",
+            OwnNode,
+            put(files::put_answer_file),
+        ),
     ]
 }
 
@@ -271,6 +291,9 @@ pub(crate) fn body_limit(path: &str) -> Option<usize> {
         "/v1/secrets/{name}" => Some(MAX_SECRET_BODY),
         // Outputs stream to disk: bounded by the node's own disk, not by memory.
         "/v1/agents/{node}/outputs/{task}/{attempt}/{*path}" => None,
+        "/v1/agents/{node}/answers/{request}/file" => {
+            Some(tacc_proto::MAX_LIVE_FILE_BYTES as usize)
+        }
         _ => Some(MAX_JSON_BYTES),
     }
 }
@@ -321,6 +344,7 @@ impl IntoResponse for ServerError {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_requests")
             }
             ServerError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ServerError::NodeTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "node_timeout"),
             ServerError::Store(_) | ServerError::Internal(_) | ServerError::Config(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal")
             }

@@ -1,9 +1,17 @@
-//! Output routes: listing and downloading a task's kept files, and the agent's upload.
+//! Output routes: listing and downloading a task's kept files, and the agents' uploads.
+//!
+//! Every rank of every attempt keeps its own files, under `outputs/<task>/<attempt>/`
+//! for rank 0 (where earlier versions kept rank 0's, so those stay readable) and
+//! `outputs/<task>/<attempt>-r<rank>/` for the others. A file is listed under its plain
+//! path when it is the only one of its attempt with that path, and as `rank-R/path` when
+//! several ranks wrote the same path (see [`listed_names`]).
+
+use std::collections::BTreeMap;
 
 use super::prelude::*;
 
 /// A path inside an output or snapshot tree: relative, no `..`, no empty parts.
-fn safe_relative(path: &str) -> ApiResult<PathBuf> {
+pub(super) fn safe_relative(path: &str) -> ApiResult<PathBuf> {
     let candidate = FsPath::new(path);
     let ok = !path.is_empty()
         && candidate
@@ -18,38 +26,93 @@ fn safe_relative(path: &str) -> ApiResult<PathBuf> {
     }
 }
 
+/// Where the kept files of one rank of one attempt lie.
+pub(super) fn rank_dir(control: &Control, task: TaskId, attempt: AttemptNo, rank: u32) -> PathBuf {
+    let dir = control.outputs_dir.join(task.to_string());
+    if rank == 0 {
+        dir.join(attempt.to_string())
+    } else {
+        dir.join(format!("{attempt}-r{rank}"))
+    }
+}
+
+/// The name each output is listed and downloaded under: its path, unless another rank of
+/// the same attempt kept the same path, in which case every such file is
+/// `rank-R/path`.
+pub(super) fn listed_names(outputs: &[OutputRecord]) -> Vec<String> {
+    let mut writers: BTreeMap<(AttemptNo, &str), u32> = BTreeMap::new();
+    for output in outputs {
+        *writers
+            .entry((output.attempt, output.path.as_str()))
+            .or_default() += 1;
+    }
+    outputs
+        .iter()
+        .map(|o| {
+            if writers[&(o.attempt, o.path.as_str())] > 1 {
+                format!("rank-{}/{}", o.rank, o.path)
+            } else {
+                o.path.clone()
+            }
+        })
+        .collect()
+}
+
 pub(super) async fn list_outputs(
     State(app): State<AppState>,
     Path(id): Path<u64>,
-) -> ApiResult<Json<Vec<OutputFile>>> {
-    super::tasks::load(&app.control, TaskId(id)).await?;
-    let outputs = app.control.store.list_outputs(TaskId(id)).await?;
-    Ok(Json(
-        outputs
-            .into_iter()
-            .map(|o| OutputFile {
-                path: o.path,
-                size: o.size,
-                attempt: o.attempt,
-            })
-            .collect(),
-    ))
+) -> ApiResult<Response> {
+    let task = TaskId(id);
+    super::tasks::load(&app.control, task).await?;
+    let outputs = app.control.store.list_outputs(task).await?;
+    let names = listed_names(&outputs);
+    let files: Vec<OutputFile> = outputs
+        .into_iter()
+        .zip(names)
+        .map(|(o, name)| OutputFile {
+            path: o.path,
+            size: o.size,
+            attempt: o.attempt,
+            rank: o.rank,
+            name,
+        })
+        .collect();
+    let mut response = Json(files).into_response();
+    let pending = app.control.node_attempts.unfinished_ranks(task);
+    if !pending.is_empty() {
+        let value = pending
+            .iter()
+            .map(|(attempt, rank)| format!("{attempt}:{rank}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response
+                .headers_mut()
+                .insert(tacc_proto::OUTPUTS_PENDING_HEADER, value);
+        }
+    }
+    Ok(response)
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct RankQuery {
+    /// The rank whose file is wanted (rank 0 when absent).
+    #[serde(default)]
+    rank: u32,
 }
 
 pub(super) async fn get_output(
     State(app): State<AppState>,
     Path((id, attempt, path)): Path<(u64, u32, String)>,
+    Query(query): Query<RankQuery>,
 ) -> ApiResult<Response> {
     let relative = safe_relative(&path)?;
-    let file = app
-        .control
-        .outputs_dir
-        .join(id.to_string())
-        .join(attempt.to_string())
-        .join(relative);
+    let rank = query.rank;
+    let file = rank_dir(&app.control, TaskId(id), AttemptNo(attempt), rank).join(relative);
     let opened = tokio::fs::File::open(&file).await.map_err(|_| {
         ServerError::NotFound(format!(
-            "task {id} attempt {attempt} has no output `{path}`"
+            "task {id} attempt {attempt} rank {rank} has no output `{path}` (list them with \
+             `tcloud show {id}`)"
         ))
     })?;
     let length = opened.metadata().await.map(|m| m.len()).unwrap_or(0);
@@ -59,6 +122,30 @@ pub(super) async fn get_output(
         HeaderValue::from(length),
     );
     Ok(response)
+}
+
+/// The rank `node` ran `attempt` as, if it may upload that attempt's outputs: it holds
+/// the attempt (until it reports its end, however the task moved on), or the attempt is
+/// its task's current one and placed on the node.
+async fn uploading_rank(
+    control: &Control,
+    node: NodeId,
+    attempt: tacc_proto::AttemptRef,
+) -> ApiResult<Option<u32>> {
+    if let Some(rank) = control.node_attempts.rank_of(node, attempt) {
+        return Ok(Some(rank));
+    }
+    if !control.attempt_is_on_node(node, attempt, false).await? {
+        return Ok(None);
+    }
+    let Some(record) = control.store.get_task(attempt.task).await? else {
+        return Ok(None);
+    };
+    Ok(record
+        .placements
+        .iter()
+        .position(|p| p.node == node)
+        .map(|rank| rank as u32))
 }
 
 /// Store one output file, streamed to disk (outputs such as checkpoints can be large).
@@ -76,11 +163,7 @@ pub(super) async fn put_output(
         task: TaskId(task),
         attempt: AttemptNo(attempt),
     };
-    if !app
-        .control
-        .attempt_is_on_node(NodeId(node), attempt_ref, false)
-        .await?
-    {
+    let Some(rank) = uploading_rank(&app.control, NodeId(node), attempt_ref).await? else {
         app.control.audit.record_as(
             format!("node:{node}"),
             "output.rejected",
@@ -91,20 +174,19 @@ pub(super) async fn put_output(
         return Err(ServerError::Forbidden(format!(
             "task {task} attempt {attempt} is not running on node {node}; its outputs cannot come from here"
         )));
-    }
-    let dir = app
-        .control
-        .outputs_dir
-        .join(task.to_string())
-        .join(attempt.to_string());
-    let file = dir.join(&relative);
+    };
+    let file = rank_dir(&app.control, TaskId(task), AttemptNo(attempt), rank).join(&relative);
     let internal = |e: std::io::Error| {
         ServerError::Internal(format!("cannot store output `{path}` of task {task}: {e}"))
     };
     if let Some(parent) = file.parent() {
         tokio::fs::create_dir_all(parent).await.map_err(internal)?;
     }
-    let partial = file.with_extension("tacc-partial");
+    // Beside the file and named after all of its name: two outputs that differ only in
+    // their extension never share one.
+    let mut partial = file.clone().into_os_string();
+    partial.push(".tacc-partial");
+    let partial = PathBuf::from(partial);
     let mut out = tokio::fs::File::create(&partial).await.map_err(internal)?;
     let mut stream = body.into_data_stream();
     let mut size = 0u64;
@@ -122,9 +204,45 @@ pub(super) async fn put_output(
         .record_output(OutputRecord {
             task: TaskId(task),
             attempt: AttemptNo(attempt),
+            rank,
             path,
             size,
         })
         .await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn output(attempt: u32, rank: u32, path: &str) -> OutputRecord {
+        OutputRecord {
+            task: TaskId(1),
+            attempt: AttemptNo(attempt),
+            rank,
+            path: path.into(),
+            size: 1,
+        }
+    }
+
+    #[test]
+    fn only_paths_several_ranks_wrote_are_rank_qualified() {
+        let outputs = [
+            output(1, 0, "out/same.txt"),
+            output(1, 1, "out/only1.txt"),
+            output(1, 1, "out/same.txt"),
+            // Another attempt's file of the same path is no collision.
+            output(2, 0, "out/only1.txt"),
+        ];
+        assert_eq!(
+            listed_names(&outputs),
+            vec![
+                "rank-0/out/same.txt",
+                "out/only1.txt",
+                "rank-1/out/same.txt",
+                "out/only1.txt",
+            ]
+        );
+    }
 }

@@ -5,6 +5,7 @@ pub mod auth;
 pub mod cluster;
 pub mod compiler;
 pub mod config_cmd;
+pub mod files;
 pub mod quickstart;
 pub mod secret;
 pub mod submit;

@@ -1,5 +1,5 @@
-//! Commands about tasks that already exist: `ps`, `show`, `logs`, `cancel`, `download`,
-//! and `nodes`.
+//! Commands about tasks that already exist: `ps`, `show`, `logs`, `cancel`, and `nodes`
+//! (their files: [`super::files`]).
 //!
 //! Every text field here may have been written by a task or by another user (names,
 //! reasons, node names, output paths, the log itself): it goes through [`crate::sanitize`]
@@ -8,14 +8,13 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use futures::StreamExt;
 use serde_json::json;
 use tacc_client::{Client, ClientError, TaskQuery};
-use tacc_core::{AttemptNo, TaskId, TaskState};
+use tacc_core::{TaskId, TaskState};
 use tacc_proto::TaskView;
 
 use super::Ctx;
@@ -24,15 +23,12 @@ use crate::format::{
     self, ago, now, out, out_json, precise_duration, print_table, short_duration, table,
 };
 use crate::sanitize::{LogSanitizer, field, opt_field};
-use crate::upload::byte_bar;
 
 /// How long `logs -f` keeps trying to reconnect after the stream broke.
 const RECONNECT_DEADLINE: Duration = Duration::from_secs(30);
 /// How long `cancel` waits for tasks to stop.
 const CANCEL_DEADLINE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(200);
-/// Files at least this large (in total) get a download progress bar.
-const BAR_THRESHOLD: u64 = 8 << 20;
 
 // ---------------------------------------------------------------- ps
 
@@ -276,12 +272,19 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
     if outputs.is_empty() {
         out("  (none)")?;
     } else {
-        let mut t = table(["PATH", "SIZE", "ATTEMPT"]);
+        // A path several ranks wrote is listed once per rank, as `rank-R/PATH`.
+        let mut t = table(["PATH", "SIZE", "ATTEMPT", "RANK"]);
         for file in &outputs {
+            let name = if file.name.is_empty() {
+                &file.path
+            } else {
+                &file.name
+            };
             t.add_row([
-                field(&file.path),
+                field(name),
                 format::size(file.size),
                 file.attempt.to_string(),
+                file.rank.to_string(),
             ]);
         }
         print_table(&t)?;
@@ -550,126 +553,6 @@ pub async fn cancel(ctx: &Ctx, ids: &[TaskId], wait: bool, as_json: bool) -> Res
     Ok(())
 }
 
-// ---------------------------------------------------------------- download
-
-/// `dest` joined with the server-given relative `path`, or `None` when the path is empty,
-/// absolute or climbs out of `dest` with `..`.
-pub fn safe_join(dest: &Path, path: &str) -> Option<PathBuf> {
-    let mut joined = dest.to_path_buf();
-    let mut depth = 0;
-    for component in Path::new(path).components() {
-        match component {
-            Component::Normal(part) => {
-                joined.push(part);
-                depth += 1;
-            }
-            Component::CurDir => {}
-            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
-        }
-    }
-    (depth > 0).then_some(joined)
-}
-
-pub async fn download(
-    ctx: &Ctx,
-    id: TaskId,
-    dest: Option<PathBuf>,
-    attempt: Option<u32>,
-) -> Result<()> {
-    let client = ctx.client()?;
-    let outputs = client.list_outputs(id).await?;
-    if outputs.is_empty() {
-        let task = client.get_task(id).await?;
-        let note = if task.state.is_terminal() {
-            "it declared none, or none of them existed when it ended"
-        } else {
-            "outputs are collected when it ends"
-        };
-        out(format!("task {id} ({}) has no outputs: {note}", task.state))?;
-        return Ok(());
-    }
-    let latest = outputs.iter().map(|o| o.attempt.0).max().unwrap_or(1);
-    let chosen = attempt.unwrap_or(latest);
-    let files: Vec<_> = outputs.iter().filter(|o| o.attempt.0 == chosen).collect();
-    if files.is_empty() {
-        let mut attempts: Vec<u32> = outputs.iter().map(|o| o.attempt.0).collect();
-        attempts.dedup();
-        return Err(CliError::not_found(format!(
-            "attempt {chosen} of task {id} has no outputs; attempts with outputs: {}",
-            attempts
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-        .into());
-    }
-    let dest = dest.unwrap_or_else(|| PathBuf::from("tacc-outputs").join(id.to_string()));
-    std::fs::create_dir_all(&dest).with_context(|| format!("cannot create {}", dest.display()))?;
-    let dest_real = std::fs::canonicalize(&dest)
-        .with_context(|| format!("cannot resolve {}", dest.display()))?;
-    let total: u64 = files.iter().map(|f| f.size).sum();
-    let bar = byte_bar(total, total >= BAR_THRESHOLD, "downloading");
-    let mut written = Vec::new();
-    let mut refused = 0;
-    for file in &files {
-        let Some(target) = safe_join(&dest, &file.path) else {
-            bar.suspend(|| {
-                eprintln!(
-                    "warning: refusing output path `{}`: it would escape {}",
-                    field(&file.path),
-                    dest.display()
-                )
-            });
-            refused += 1;
-            continue;
-        };
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("cannot create {}", parent.display()))?;
-            // A symlink inside DEST must not lead the write elsewhere.
-            let parent_real = std::fs::canonicalize(parent)
-                .with_context(|| format!("cannot resolve {}", parent.display()))?;
-            if !parent_real.starts_with(&dest_real) {
-                bar.suspend(|| {
-                    eprintln!(
-                        "warning: refusing output path `{}`: it would escape {}",
-                        field(&file.path),
-                        dest.display()
-                    )
-                });
-                refused += 1;
-                continue;
-            }
-        }
-        let bytes = client.get_output(id, AttemptNo(chosen), &file.path).await?;
-        std::fs::write(&target, &bytes)
-            .with_context(|| format!("cannot write {}", target.display()))?;
-        bar.inc(file.size);
-        written.push((target, bytes.len() as u64));
-    }
-    bar.finish_and_clear();
-    for (path, size) in &written {
-        out(format!(
-            "{}  ({})",
-            field(&path.display().to_string()),
-            format::size(*size)
-        ))?;
-    }
-    eprintln!(
-        "Downloaded {} file(s), {}, of task {id} attempt {chosen} into {}",
-        written.len(),
-        format::size(written.iter().map(|(_, s)| s).sum()),
-        dest.display()
-    );
-    if refused > 0 {
-        return Err(
-            CliError::new(FAILURE, format!("refused {refused} unsafe output path(s)")).into(),
-        );
-    }
-    Ok(())
-}
-
 // ---------------------------------------------------------------- nodes
 
 pub async fn nodes(ctx: &Ctx, as_json: bool) -> Result<()> {
@@ -725,21 +608,6 @@ pub async fn nodes(ctx: &Ctx, as_json: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn safe_join_refuses_escapes() {
-        let dest = Path::new("/tmp/out");
-        assert_eq!(
-            safe_join(dest, "results/m.json"),
-            Some(PathBuf::from("/tmp/out/results/m.json"))
-        );
-        assert_eq!(safe_join(dest, "./a"), Some(PathBuf::from("/tmp/out/a")));
-        assert_eq!(safe_join(dest, "../etc/passwd"), None);
-        assert_eq!(safe_join(dest, "a/../../b"), None);
-        assert_eq!(safe_join(dest, "/etc/passwd"), None);
-        assert_eq!(safe_join(dest, ""), None);
-        assert_eq!(safe_join(dest, "."), None);
-    }
 
     #[test]
     fn outcome_codes() {
