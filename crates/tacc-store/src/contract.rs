@@ -4,8 +4,10 @@
 //! fake and the real stores cannot drift apart.
 
 mod access;
+mod usage;
 
 pub use access::*;
+pub use usage::*;
 
 use std::collections::BTreeMap;
 
@@ -82,6 +84,9 @@ macro_rules! store_contract_tests {
             snapshot_owners_idempotent,
             snapshot_owners_per_user_and_snapshot,
             chunk_owners_per_user_in_batches,
+            usage_peaks_keep_each_measure_s_maximum,
+            usage_peaks_listed_by_attempt_then_rank_per_task,
+            usage_peak_of_an_unknown_task_refused,
         );
     };
     (@each $fresh:path; $($check:ident),+ $(,)?) => {
