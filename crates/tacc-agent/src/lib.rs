@@ -13,11 +13,13 @@ mod attempt;
 mod capacity;
 mod datasets;
 mod environments;
+mod gpus;
 mod identity;
 mod layout;
 mod orphans;
 mod reporter;
 mod runtimes;
+mod sampler;
 mod secrets;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,7 +27,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use capacity::{detect_capacity, detect_gpus};
+pub use capacity::detect_capacity;
+pub use gpus::{FakeGpus, GpuProbe, NvmlProbe, choose_probe, detect_gpus};
 pub use identity::DEFAULT_TASK_UID_BASE;
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
@@ -121,6 +124,10 @@ pub(crate) struct Shared {
     pub datasets: datasets::DatasetCache,
     /// Who each attempt runs as.
     pub identities: identity::Identities,
+    /// The node's GPUs, for registration and the sampler.
+    pub gpus: Arc<dyn gpus::GpuProbe>,
+    /// Running attempts as the resource sampler sees them.
+    pub sampling: sampler::Sampling,
 }
 
 impl Shared {
@@ -189,6 +196,8 @@ impl Agent {
                 envs: Arc::new(envs),
                 datasets,
                 identities,
+                gpus: Arc::new(gpus::FakeGpus::default()),
+                sampling: sampler::Sampling::default(),
             }),
             attempts: Arc::new(Mutex::new(Attempts::default())),
             reports_rx: Some(reports_rx),
@@ -201,6 +210,15 @@ impl Agent {
         Arc::get_mut(&mut self.shared)
             .expect("configured before the agent runs")
             .container = Some(Arc::new(docker));
+        self
+    }
+
+    /// Describe and sample the node's GPUs with `probe` (NVML, or fakes for `--gpus N`;
+    /// none by default).
+    pub fn with_gpu_probe(mut self, probe: Arc<dyn GpuProbe>) -> Agent {
+        Arc::get_mut(&mut self.shared)
+            .expect("configured before the agent runs")
+            .gpus = probe;
         self
     }
 
@@ -228,6 +246,7 @@ impl Agent {
             self.reports_rx.take().expect("run is called once"),
             shutdown.clone(),
         ));
+        let sampler = tokio::spawn(sampler::run(self.shared.clone(), shutdown.clone()));
         let mut version = None;
         let mut node = node;
         let mut backoff = Backoff::default();
@@ -276,6 +295,7 @@ impl Agent {
         for token in running {
             token.cancel();
         }
+        let _ = sampler.await;
         let _ = reporter.await;
     }
 
@@ -302,6 +322,7 @@ impl Agent {
                 labels: self.shared.config.labels.clone(),
                 running,
                 address: self.shared.config.address.clone(),
+                gpus: self.shared.gpus.devices(),
             };
             match self.shared.client.register_agent(&registration).await {
                 Ok(registered) => {
