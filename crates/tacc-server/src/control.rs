@@ -45,6 +45,9 @@ pub struct ServerConfig {
     /// unix_user` in the configuration file); unmapped users run as the agent's
     /// unprivileged task account.
     pub unix_users: BTreeMap<String, String>,
+    /// A running rank with no output (and no CPU use, where measured) for this long is
+    /// flagged silent in its task's usage (`tcloud top`).
+    pub silent_after: Duration,
 }
 
 impl ServerConfig {
@@ -58,6 +61,7 @@ impl ServerConfig {
             chunk_retention: Duration::from_secs(7 * 24 * 3600),
             limits: crate::limits::UserLimits::default(),
             unix_users: BTreeMap::new(),
+            silent_after: Duration::from_secs(300),
         }
     }
 }
@@ -128,6 +132,7 @@ pub struct Control {
     pub(crate) secret_box: crate::secrets::SecretBox,
     pub(crate) submit_buckets: crate::limits::SubmitBuckets,
     pub(crate) chunk_sets: crate::agent_access::ChunkSets,
+    pub(crate) usage: crate::usage::UsageBook,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -229,6 +234,7 @@ impl Control {
             secret_box,
             submit_buckets: Default::default(),
             chunk_sets: Default::default(),
+            usage: Default::default(),
             store,
             logs,
             chunks,
@@ -775,6 +781,22 @@ impl Control {
         }
         let mut ack = tacc_proto::ReportsAck::default();
         for report in reports {
+            if let AgentReport::Usage(sample) = report {
+                let attempt = sample.attempt;
+                if self.accept_usage(node, sample).await? {
+                    ack.accepted += 1;
+                } else {
+                    ack.rejected += 1;
+                    self.audit.record_as(
+                        format!("node:{node}"),
+                        "report.rejected",
+                        format!("task:{}/{}", attempt.task, attempt.attempt),
+                        false,
+                        "usage report for a rank this node does not run".into(),
+                    );
+                }
+                continue;
+            }
             // Never trust the other side: a report counts only for an attempt of this
             // node's own, and an ending only while the attempt has not ended yet.
             let (attempt, ending) = match &report {
@@ -783,6 +805,7 @@ impl Control {
                 }
                 AgentReport::Started { attempt, .. } => (*attempt, false),
                 AgentReport::Finished { attempt, .. } => (*attempt, true),
+                AgentReport::Usage(sample) => (sample.attempt, false),
             };
             if !self.attempt_is_on_node(node, attempt, !ending).await? {
                 ack.rejected += 1;
@@ -834,9 +857,11 @@ impl Control {
                     at,
                     outcome,
                 } => {
+                    self.note_rank_finished(node, attempt, &outcome, at).await?;
                     self.finish_attempt(&mut inner, attempt, outcome, at)
                         .await?;
                 }
+                AgentReport::Usage(_) => {}
                 AgentReport::RuntimeChosen {
                     attempt,
                     runtime,
@@ -1077,6 +1102,7 @@ impl Control {
                             .saturating_sub(live.last_seen.elapsed().as_millis() as u64),
                     ),
                     running_tasks: live.assignments.keys().map(|a| a.task).collect(),
+                    gpus: self.usage.node_gpus(live.record.id),
                 }
             })
             .collect()
@@ -1340,6 +1366,7 @@ fn report_kind(report: &AgentReport) -> &'static str {
         AgentReport::Started { .. } => "started",
         AgentReport::Finished { .. } => "finished",
         AgentReport::RuntimeChosen { .. } => "runtime",
+        AgentReport::Usage(_) => "usage",
     }
 }
 

@@ -18,6 +18,7 @@ mod limits;
 mod logs;
 pub mod secrets;
 mod tls;
+mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;

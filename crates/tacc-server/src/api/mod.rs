@@ -12,6 +12,7 @@ mod outputs;
 mod secrets;
 mod snapshots;
 mod tasks;
+mod usage;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -132,6 +133,7 @@ fn declare() -> Vec<Declared> {
             get(tasks::task_instruction),
         ),
         rule(M::GET, "/v1/tasks/{id}/why", Task, get(tasks::explain_task)),
+        rule(M::GET, "/v1/tasks/{id}/usage", Task, get(usage::task_usage)),
         rule(
             M::POST,
             "/v1/tasks/{id}/rerun",
