@@ -126,7 +126,11 @@ impl Entry {
         at: Timestamp,
         gpus: &dyn GpuProbe,
     ) -> UsageSample {
-        let usage = self.reader.as_ref().map(UsageReader::read).unwrap_or_default();
+        let usage = self
+            .reader
+            .as_ref()
+            .map(UsageReader::read)
+            .unwrap_or_default();
         let cpu_millis_used = match (usage.cpu, self.previous) {
             (Some(cpu), Some((then, before))) if now > then => {
                 let used = cpu.saturating_sub(before).as_secs_f64();
@@ -170,11 +174,14 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
         let shared = shared.clone();
         // Cgroup files and NVML are blocking reads.
         let _ = tokio::task::spawn_blocking(move || {
-            shared
-                .sampling
-                .sample_all(Instant::now(), crate::now(), shared.gpus.as_ref(), |sample| {
+            shared.sampling.sample_all(
+                Instant::now(),
+                crate::now(),
+                shared.gpus.as_ref(),
+                |sample| {
                     let _ = shared.reports.send(AgentReport::Usage(sample));
-                });
+                },
+            );
         })
         .await;
     }
@@ -298,7 +305,10 @@ mod tests {
             if sample.cpu_millis_used.is_some_and(|m| m > 300) {
                 break sample;
             }
-            assert!(Instant::now() < deadline, "the loop never showed: {sample:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the loop never showed: {sample:?}"
+            );
             window_start = Instant::now();
         };
         eprintln!("busy loop sampled as {sample:?}");
@@ -311,8 +321,13 @@ mod tests {
         let after = collect(&sampling, Instant::now(), &gpus).remove(0);
         assert_eq!(after.cpu_millis_used, None);
         cgroups.close();
-        let _ = std::fs::remove_dir(std::path::Path::new(tacc_exec::cgroups::CGROUP_MOUNT).join(&name));
-        for mount in std::fs::read_dir(tacc_exec::cgroups::CGROUP_MOUNT).into_iter().flatten().flatten() {
+        let _ =
+            std::fs::remove_dir(std::path::Path::new(tacc_exec::cgroups::CGROUP_MOUNT).join(&name));
+        for mount in std::fs::read_dir(tacc_exec::cgroups::CGROUP_MOUNT)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let _ = std::fs::remove_dir(mount.path().join(&name));
         }
     }

@@ -209,7 +209,9 @@ async fn the_usage_of_a_busy_loop_is_read_from_its_cgroup() {
     spec.placement.memory_bytes = 256 << 20;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let handle = executor(&h).launch(spec, tx).await.unwrap();
-    let reader = handle.usage_reader().expect("a cgroup execution has a usage reader");
+    let reader = handle
+        .usage_reader()
+        .expect("a cgroup execution has a usage reader");
     assert_eq!(first_line(&mut rx).await, "ready");
     // CPU cores used over a window of at least a second, polled until the loop shows or
     // the deadline passes (a loaded machine may give it little at first).

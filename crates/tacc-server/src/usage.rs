@@ -112,11 +112,18 @@ impl UsageBook {
             book.pruned = Some(received);
         }
         let name = Self::node_name(&book, node);
-        let key = (sample.attempt.task, sample.attempt.attempt, sample.node_rank);
+        let key = (
+            sample.attempt.task,
+            sample.attempt.attempt,
+            sample.node_rank,
+        );
         // The agent's times, moved to the server's clock by their distance from `at`.
-        let to_server = |t: Timestamp| Timestamp(now.0.saturating_sub(sample.at.0.saturating_sub(t.0)));
+        let to_server =
+            |t: Timestamp| Timestamp(now.0.saturating_sub(sample.at.0.saturating_sub(t.0)));
         let last_output_at = sample.last_output_at.map(to_server);
-        let busy = sample.cpu_millis_used.is_some_and(|m| m >= CPU_ACTIVE_MILLIS)
+        let busy = sample
+            .cpu_millis_used
+            .is_some_and(|m| m >= CPU_ACTIVE_MILLIS)
             || sample.gpus.iter().any(|g| g.utilization_percent > 0);
         let previous = book.ranks.get(&key);
         let mut alive_at = to_server(sample.started_at);
@@ -187,7 +194,14 @@ impl UsageBook {
     }
 
     /// Rank `node_rank` on `node` failed first in its attempt (later ones are ignored).
-    fn note_failure(&self, attempt: AttemptRef, node_rank: u32, node: NodeId, at: Timestamp, what: String) {
+    fn note_failure(
+        &self,
+        attempt: AttemptRef,
+        node_rank: u32,
+        node: NodeId,
+        at: Timestamp,
+        what: String,
+    ) {
         let mut book = self.book.lock().unwrap();
         let name = Self::node_name(&book, node);
         book.failures
@@ -243,7 +257,13 @@ impl UsageBook {
             let quiet = Duration::from_millis(now.millis_since(rank.alive_at));
             let node = name_of(rank.node);
             if state == TaskState::Running && quiet >= silent_after {
-                flags.push(silent_flag(attempt, *node_rank, &node, rank.alive_at, quiet));
+                flags.push(silent_flag(
+                    attempt,
+                    *node_rank,
+                    &node,
+                    rank.alive_at,
+                    quiet,
+                ));
             }
             ranks.push(RankUsage {
                 node_rank: *node_rank,
@@ -576,7 +596,12 @@ mod tests {
         let now = 10_000_000;
         book.record(
             NodeId(3),
-            sample(now - skew, now - skew - 5_000, Some(now - skew - 1_000), Some(0)),
+            sample(
+                now - skew,
+                now - skew - 5_000,
+                Some(now - skew - 1_000),
+                Some(0),
+            ),
             Timestamp(now),
             Instant::now(),
         );

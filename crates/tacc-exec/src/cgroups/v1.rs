@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use super::usage::number;
 use super::{
-    CPU_PERIOD_US, Cgroup, CgroupUsage, Cgroups, KillReport, Limits, cpu_quota_us, keyed_value, kill_loop,
-    make_dir, read_pids, remove_dir, subdirs, write_file,
+    CPU_PERIOD_US, Cgroup, CgroupUsage, Cgroups, KillReport, Limits, cpu_quota_us, keyed_value,
+    kill_loop, make_dir, read_pids, remove_dir, subdirs, write_file,
 };
 use crate::ExecError;
 

@@ -21,7 +21,11 @@ fn peak(task: TaskId, attempt: u32, rank: u32, cpu: u64, memory: u64, at: u64) -
 }
 
 pub async fn usage_peaks_keep_each_measure_s_maximum(store: &dyn Store) {
-    let task = store.create_task(new_task("p", "alice", 1)).await.unwrap().id;
+    let task = store
+        .create_task(new_task("p", "alice", 1))
+        .await
+        .unwrap()
+        .id;
     store
         .record_usage_peak(peak(task, 1, 0, 900, 100, 10))
         .await
@@ -52,7 +56,11 @@ pub async fn usage_peaks_keep_each_measure_s_maximum(store: &dyn Store) {
 }
 
 pub async fn usage_peaks_listed_by_attempt_then_rank_per_task(store: &dyn Store) {
-    let task = store.create_task(new_task("p", "alice", 1)).await.unwrap().id;
+    let task = store
+        .create_task(new_task("p", "alice", 1))
+        .await
+        .unwrap()
+        .id;
     let other = store.create_task(new_task("q", "bob", 2)).await.unwrap().id;
     for (attempt, rank) in [(2, 1), (1, 1), (2, 0), (1, 0)] {
         store

@@ -128,7 +128,11 @@ fn render(usages: &[TaskUsage], listed: bool, refresh: Option<Duration>) -> Resu
     print_table(&t)?;
     for usage in usages {
         for flag in &usage.flags {
-            out(format!("! task {}: {}", usage.task_id, field(&flag.message)))?;
+            out(format!(
+                "! task {}: {}",
+                usage.task_id,
+                field(&flag.message)
+            ))?;
         }
     }
     Ok(())
@@ -189,7 +193,15 @@ pub fn print_peaks(peaks: &[UsagePeakView], flags: &[UsageFlag]) -> Result<()> {
     if peaks.is_empty() {
         out("  (none measured)")?;
     } else {
-        let mut t = table(["ATTEMPT", "RANK", "NODE", "CPU", "MEMORY", "GPU", "GPU MEMORY"]);
+        let mut t = table([
+            "ATTEMPT",
+            "RANK",
+            "NODE",
+            "CPU",
+            "MEMORY",
+            "GPU",
+            "GPU MEMORY",
+        ]);
         for peak in peaks {
             t.add_row([
                 peak.attempt.to_string(),
@@ -245,7 +257,10 @@ mod tests {
             quiet_secs: 5,
         };
         let row = rank_row(&usage, &rank, Timestamp(10_000));
-        assert!(!row.iter().any(|cell| cell.contains('\x1b') || cell.contains('\r')));
+        assert!(
+            !row.iter()
+                .any(|cell| cell.contains('\x1b') || cell.contains('\r'))
+        );
         assert_eq!(row[4], "n^M2");
         assert_eq!(row[5], "1.5/2");
         assert_eq!(row[6], "512MiB/4GiB");
