@@ -104,6 +104,8 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     } else {
         outcome
     };
+    // No sample of the attempt may follow its end in the report stream.
+    shared.sampling.end(attempt);
     if !shared.config.keep_workdirs {
         let dir = workdir.clone();
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
@@ -294,6 +296,12 @@ async fn run_in_workdir(
         Err(message) => return launch_failed("runtime_unavailable", message),
     };
     report(shared, AgentReport::Started { attempt, at: now() });
+    shared.sampling.begin(
+        attempt,
+        assignment.node_rank,
+        assignment.gpu_indices.clone(),
+        now(),
+    );
     crate::runtimes::announce(shared, attempt, &runtime);
 
     let node = NodeContext {
@@ -515,10 +523,17 @@ pub(crate) async fn launch(
     let _record = handle.pid.and_then(|pid| {
         GroupRecord::write(&shared.config.data_dir.join("run"), record_name, pid).ok()
     });
+    if let Some(reader) = handle.usage_reader() {
+        shared.sampling.attach(attempt, reader, Instant::now());
+    }
+    let output_clock = shared.sampling.output_clock(attempt);
     let forwarder = {
         let shared = shared.clone();
         tokio::spawn(async move {
             while let Some(line) = rx.recv().await {
+                if let Some(clock) = &output_clock {
+                    clock.store(now().0, std::sync::atomic::Ordering::Relaxed);
+                }
                 let text = lines.format(&line.text);
                 report(&shared, AgentReport::Log { attempt, text });
             }
@@ -534,6 +549,7 @@ pub(crate) async fn launch(
             wait.await
         }
     };
+    shared.sampling.detach(attempt);
     // Every line is forwarded before the attempt's end is reported.
     let _ = forwarder.await;
     Ok(outcome)

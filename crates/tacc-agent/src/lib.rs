@@ -14,6 +14,7 @@ mod capacity;
 mod datasets;
 mod environments;
 mod fencing;
+mod gpus;
 mod identity;
 mod layout;
 mod live_files;
@@ -22,6 +23,7 @@ mod outputs;
 mod processes;
 mod reporter;
 mod runtimes;
+mod sampler;
 mod secrets;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,7 +31,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use capacity::{detect_capacity, detect_gpus};
+pub use capacity::detect_capacity;
+pub use gpus::{FakeGpus, GpuProbe, NvmlProbe, choose_probe, detect_gpus};
 pub use identity::DEFAULT_TASK_UID_BASE;
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
@@ -129,6 +132,10 @@ pub(crate) struct Shared {
     pub lease: fencing::Lease,
     /// Attempts this agent stopped because it lost contact with the server.
     pub fenced: Mutex<BTreeSet<AttemptRef>>,
+    /// The node's GPUs, for registration and the sampler.
+    pub gpus: Arc<dyn gpus::GpuProbe>,
+    /// Running attempts as the resource sampler sees them.
+    pub sampling: sampler::Sampling,
 }
 
 impl Shared {
@@ -201,6 +208,8 @@ impl Agent {
                 identities,
                 lease: fencing::Lease::new(std::time::Instant::now()),
                 fenced: Mutex::new(BTreeSet::new()),
+                gpus: Arc::new(gpus::FakeGpus::default()),
+                sampling: sampler::Sampling::default(),
             }),
             attempts: Arc::new(Mutex::new(Attempts::default())),
             reports_rx: Some(reports_rx),
@@ -213,6 +222,15 @@ impl Agent {
         Arc::get_mut(&mut self.shared)
             .expect("configured before the agent runs")
             .container = Some(Arc::new(docker));
+        self
+    }
+
+    /// Describe and sample the node's GPUs with `probe` (NVML, or fakes for `--gpus N`;
+    /// none by default).
+    pub fn with_gpu_probe(mut self, probe: Arc<dyn GpuProbe>) -> Agent {
+        Arc::get_mut(&mut self.shared)
+            .expect("configured before the agent runs")
+            .gpus = probe;
         self
     }
 
@@ -245,6 +263,7 @@ impl Agent {
             self.attempts.clone(),
             shutdown.clone(),
         ));
+        let sampler = tokio::spawn(sampler::run(self.shared.clone(), shutdown.clone()));
         let mut version = None;
         let mut node = node;
         let mut backoff = Backoff::default();
@@ -300,6 +319,7 @@ impl Agent {
             token.cancel();
         }
         let _ = fencing.await;
+        let _ = sampler.await;
         let _ = reporter.await;
     }
 
@@ -326,6 +346,7 @@ impl Agent {
                 labels: self.shared.config.labels.clone(),
                 running,
                 address: self.shared.config.address.clone(),
+                gpus: self.shared.gpus.devices(),
             };
             match self.shared.client.register_agent(&registration).await {
                 Ok(registered) => {

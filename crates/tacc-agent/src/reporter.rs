@@ -74,6 +74,11 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: ReportReceiver, shutdown: C
             match shared.client.agent_reports(node, batch.clone()).await {
                 Ok(ack) => {
                     shared.lease.renewed(std::time::Instant::now());
+                    let samples = batch
+                        .iter()
+                        .filter(|r| matches!(r, AgentReport::Usage(_)))
+                        .count();
+                    shared.sampling.delivered(samples);
                     if ack.rejected > 0 {
                         tracing::warn!(
                             "the server rejected {} of {} report(s) as not belonging to this \

@@ -309,6 +309,12 @@ impl Client {
             .await
     }
 
+    /// What the task's ranks use now, their peaks, and its flags (`tcloud top`).
+    pub async fn task_usage(&self, id: TaskId) -> Result<tacc_proto::TaskUsage> {
+        self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/usage")))
+            .await
+    }
+
     pub async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEventView>> {
         self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/events")))
             .await

@@ -117,6 +117,8 @@ pub struct ExecutionHandle {
     pub pid: Option<u32>,
     cancel: CancellationToken,
     exit: oneshot::Receiver<ExitOutcome>,
+    /// Reads the execution's cgroup, where it has one (the process runtime with cgroups).
+    usage: Option<cgroups::UsageReader>,
 }
 
 impl ExecutionHandle {
@@ -128,6 +130,12 @@ impl ExecutionHandle {
     /// A token that cancels this execution when cancelled.
     pub fn cancel_token(&self) -> CancellationToken {
         self.cancel.clone()
+    }
+
+    /// Reads what the execution uses (CPU, memory) while it runs; `None` where the
+    /// runtime does not account it per execution.
+    pub fn usage_reader(&self) -> Option<cgroups::UsageReader> {
+        self.usage.clone()
     }
 
     /// Wait for the end. All output lines have been sent before this returns.
@@ -246,6 +254,16 @@ impl ExecutionHandle {
         cancel: CancellationToken,
         exit: oneshot::Receiver<ExitOutcome>,
     ) -> Self {
-        ExecutionHandle { pid, cancel, exit }
+        ExecutionHandle {
+            pid,
+            cancel,
+            exit,
+            usage: None,
+        }
+    }
+
+    pub(crate) fn with_usage(mut self, usage: Option<cgroups::UsageReader>) -> Self {
+        self.usage = usage;
+        self
     }
 }

@@ -11,7 +11,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 use crate::cgroups::{
-    Cgroup, Cgroups, DEFAULT_PIDS_MAX, KILL_DEADLINE, KillReport, Limits, NoCgroups,
+    Cgroup, Cgroups, DEFAULT_PIDS_MAX, KILL_DEADLINE, KillReport, Limits, NoCgroups, UsageReader,
 };
 use crate::{
     ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Stream, handle_parts,
@@ -199,9 +199,10 @@ impl Executor for ProcessExecutor {
         let (cancel, exit_tx, exit_rx) = handle_parts();
         let token = cancel.clone();
         let memory_bytes = spec.placement.memory_bytes;
+        let cgroup: Option<Arc<dyn Cgroup>> = cgroup.map(Arc::from);
+        let usage = cgroup.clone().map(UsageReader::new);
         tokio::spawn(async move {
             let group = pid.map(|p| Pid::from_raw(p as i32));
-            let cgroup: Option<Arc<dyn Cgroup>> = cgroup.map(Arc::from);
             let time_limit = async {
                 match spec.time_limit {
                     Some(limit) => tokio::time::sleep(limit).await,
@@ -276,7 +277,7 @@ impl Executor for ProcessExecutor {
             drop(output);
             let _ = exit_tx.send(outcome);
         });
-        Ok(ExecutionHandle::new(pid, cancel, exit_rx))
+        Ok(ExecutionHandle::new(pid, cancel, exit_rx).with_usage(usage))
     }
 }
 

@@ -199,6 +199,54 @@ async fn half_a_cpu_is_half_a_cpu() {
 }
 
 #[tokio::test]
+async fn the_usage_of_a_busy_loop_is_read_from_its_cgroup() {
+    let Some(h) = hierarchy_or_skip("the_usage_of_a_busy_loop_is_read_from_its_cgroup") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = contract::spec(dir.path(), "echo ready\nwhile :; do :; done");
+    spec.placement.cpu_millis = 1000;
+    spec.placement.memory_bytes = 256 << 20;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let handle = executor(&h).launch(spec, tx).await.unwrap();
+    let reader = handle
+        .usage_reader()
+        .expect("a cgroup execution has a usage reader");
+    assert_eq!(first_line(&mut rx).await, "ready");
+    // CPU cores used over a window of at least a second, polled until the loop shows or
+    // the deadline passes (a loaded machine may give it little at first).
+    let first = reader.read();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(20);
+    let (share, last) = loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = reader.read();
+        let elapsed = started.elapsed();
+        let used = now.cpu.unwrap() - first.cpu.unwrap();
+        let share = used.as_secs_f64() / elapsed.as_secs_f64();
+        if elapsed >= Duration::from_secs(1) && share > 0.3 {
+            break (share, now);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the busy loop used only {share:.3} cores over {elapsed:?}"
+        );
+    };
+    eprintln!("busy loop with cpus: 1 read as {share:.3} cores; {last:?}");
+    let memory = last.memory_bytes.expect("memory is accounted");
+    assert!(memory > 0, "{last:?}");
+    if let Some(peak) = last.memory_peak_bytes {
+        assert!(peak >= memory, "{last:?}");
+    }
+    // `throttled` is accounted where the cpu controller is (a quota was set).
+    assert!(last.throttled.is_some(), "{last:?}");
+    handle.cancel();
+    assert_eq!(handle.wait().await, ExitOutcome::Cancelled);
+    // A reader of a removed cgroup reads nothing, without failing.
+    assert_eq!(reader.read().cpu, None);
+}
+
+#[tokio::test]
 async fn cancel_kills_a_setsid_child_and_leaves_the_cgroup_empty() {
     let Some(h) = hierarchy_or_skip("cancel_kills_a_setsid_child_and_leaves_the_cgroup_empty")
     else {

@@ -166,6 +166,9 @@ pub struct RegisterAgent {
     pub running: Vec<AttemptRef>,
     /// Address other nodes can reach this one at, for multi-node tasks.
     pub address: String,
+    /// The node's GPUs as found (NVML) or faked (`--gpus N --gpu-type T`), by index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuDevice>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -254,6 +257,8 @@ pub enum AgentReport {
         runtime: String,
         why: String,
     },
+    /// What one rank of a running attempt uses now (sampled every few seconds).
+    Usage(UsageSample),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -290,6 +295,9 @@ pub struct NodeView {
     pub state: String,
     pub last_seen: Timestamp,
     pub running_tasks: Vec<TaskId>,
+    /// The GPUs its agent registered (index, UUID, model, memory, health).
+    #[serde(default)]
+    pub gpus: Vec<GpuDevice>,
 }
 
 // ---------------------------------------------------------------- compiler layer
@@ -412,4 +420,124 @@ pub struct SecretView {
 pub struct ReportsAck {
     pub accepted: u32,
     pub rejected: u32,
+}
+
+// ---------------------------------------------------------------- monitoring
+
+/// One GPU of a node, as its agent found it (through NVML) or faked it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuDevice {
+    /// The index tasks see it under (`CUDA_VISIBLE_DEVICES`).
+    pub index: u32,
+    /// NVML's UUID (`GPU-…`); `fake-N` for a GPU offered with `--gpus N`.
+    pub uuid: String,
+    /// The model as NVML names it (`NVIDIA H100 80GB HBM3`), or the `--gpu-type` of a fake.
+    pub model: String,
+    #[serde(default)]
+    pub memory_total_bytes: u64,
+    /// `ok`, `retired pages pending`, `unreadable: …`, or `fake`.
+    pub health: String,
+}
+
+/// What one GPU of an attempt used at a sample.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSample {
+    pub index: u32,
+    /// Percent of the last sample period a kernel ran on it.
+    pub utilization_percent: u32,
+    pub memory_used_bytes: u64,
+    #[serde(default)]
+    pub memory_total_bytes: u64,
+}
+
+/// Agent → server: one rank of a running attempt at one moment. Times are the agent's
+/// clock; the server compares them with `at`, never with its own clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageSample {
+    pub attempt: AttemptRef,
+    pub node_rank: u32,
+    pub at: Timestamp,
+    /// When this rank's execution started on the node.
+    pub started_at: Timestamp,
+    /// When it last wrote a line of output; `None`: not yet.
+    #[serde(default)]
+    pub last_output_at: Option<Timestamp>,
+    /// Thousandths of a CPU used on average since the previous sample; `None` where the
+    /// runtime does not account CPU per execution.
+    #[serde(default)]
+    pub cpu_millis_used: Option<u64>,
+    /// Time the CPU quota held the execution back since it started.
+    #[serde(default)]
+    pub cpu_throttled_ms: Option<u64>,
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// The most memory the current execution used so far.
+    #[serde(default)]
+    pub memory_peak_bytes: Option<u64>,
+    #[serde(default)]
+    pub gpus: Vec<GpuSample>,
+}
+
+/// `GET /v1/tasks/{id}/usage`: what a task's ranks use now, the peaks of every attempt,
+/// and what looks wrong.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskUsage {
+    pub task_id: TaskId,
+    pub name: String,
+    pub state: TaskState,
+    pub attempt: AttemptNo,
+    /// What each rank may use (the task's per-node resources).
+    pub allocated: Resources,
+    /// The latest sample of each rank of the current attempt, while it runs.
+    pub ranks: Vec<RankUsage>,
+    /// The highest use seen of each rank of each attempt (kept after the task ends).
+    pub peaks: Vec<UsagePeakView>,
+    /// The first failed rank, and ranks silent for longer than the server's threshold.
+    pub flags: Vec<UsageFlag>,
+    /// A rank with no output (and no CPU use) for this long is flagged silent.
+    pub silent_after_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankUsage {
+    pub node_rank: u32,
+    pub node: String,
+    /// When the sample was taken (the server's clock).
+    pub at: Timestamp,
+    pub cpu_millis_used: Option<u64>,
+    pub cpu_throttled_ms: Option<u64>,
+    pub memory_bytes: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+    pub gpus: Vec<GpuSample>,
+    /// When the rank last wrote output (the server's clock); `None`: not yet.
+    pub last_output_at: Option<Timestamp>,
+    /// How long the rank has written nothing and (where measured) used no CPU.
+    pub quiet_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsagePeakView {
+    pub attempt: AttemptNo,
+    pub node_rank: u32,
+    pub node: String,
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    pub gpu_utilization_percent: u32,
+    pub gpu_memory_bytes: u64,
+    /// When a peak last rose.
+    pub at: Timestamp,
+}
+
+/// Something about a rank that a person should look at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageFlag {
+    /// `failed` (the first rank that failed) or `silent`.
+    pub kind: String,
+    pub attempt: AttemptNo,
+    pub node_rank: u32,
+    pub node: String,
+    /// Since when: the failure, or the last sign of life.
+    pub since: Timestamp,
+    /// `rank 2 on n3 silent for 5m`, `rank 1 on n2 failed first: exit code 3`.
+    pub message: String,
 }

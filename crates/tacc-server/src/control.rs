@@ -49,6 +49,9 @@ pub struct ServerConfig {
     /// unix_user` in the configuration file); unmapped users run as the agent's
     /// unprivileged task account.
     pub unix_users: BTreeMap<String, String>,
+    /// A running rank with no output (and no CPU use, where measured) for this long is
+    /// flagged silent in its task's usage (`tcloud top`).
+    pub silent_after: Duration,
 }
 
 impl ServerConfig {
@@ -63,6 +66,7 @@ impl ServerConfig {
             chunk_retention: Duration::from_secs(7 * 24 * 3600),
             limits: crate::limits::UserLimits::default(),
             unix_users: BTreeMap::new(),
+            silent_after: Duration::from_secs(300),
         }
     }
 }
@@ -187,6 +191,7 @@ pub struct Control {
     pub(crate) node_attempts: crate::node_attempts::NodeAttempts,
     /// Questions to nodes about their running attempts (`tcloud ls`, live files).
     pub(crate) node_requests: crate::node_requests::NodeRequests,
+    pub(crate) usage: crate::usage::UsageBook,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -290,6 +295,7 @@ impl Control {
             chunk_sets: Default::default(),
             node_attempts: Default::default(),
             node_requests: Default::default(),
+            usage: Default::default(),
             store,
             logs,
             chunks,
@@ -850,6 +856,22 @@ impl Control {
         }
         let mut ack = tacc_proto::ReportsAck::default();
         for report in reports {
+            if let AgentReport::Usage(sample) = report {
+                let attempt = sample.attempt;
+                if self.accept_usage(node, sample).await? {
+                    ack.accepted += 1;
+                } else {
+                    ack.rejected += 1;
+                    self.audit.record_as(
+                        format!("node:{node}"),
+                        "report.rejected",
+                        format!("task:{}/{}", attempt.task, attempt.attempt),
+                        false,
+                        "usage report for a rank this node does not run".into(),
+                    );
+                }
+                continue;
+            }
             // Never trust the other side: a report counts only for an attempt of this
             // node's own, and an ending only while the attempt has not ended yet.
             let (attempt, ending) = match &report {
@@ -858,6 +880,7 @@ impl Control {
                 }
                 AgentReport::Started { attempt, .. } => (*attempt, false),
                 AgentReport::Finished { attempt, .. } => (*attempt, true),
+                AgentReport::Usage(sample) => (sample.attempt, false),
             };
             let current = self.attempt_is_on_node(node, attempt, !ending).await?;
             // The node's own end of an attempt it held, and its last lines, count even
@@ -930,9 +953,11 @@ impl Control {
                     outcome,
                     rank,
                 } => {
+                    self.note_rank_finished(node, attempt, &outcome, at).await?;
                     self.rank_finished(&mut inner, node, attempt, outcome, rank, at)
                         .await?;
                 }
+                AgentReport::Usage(_) => {}
                 AgentReport::RuntimeChosen {
                     attempt,
                     runtime,
@@ -1360,6 +1385,7 @@ impl Control {
                             .saturating_sub(live.last_seen.elapsed().as_millis() as u64),
                     ),
                     running_tasks: live.assignments.keys().map(|a| a.task).collect(),
+                    gpus: self.usage.node_gpus(live.record.id),
                 }
             })
             .collect()
@@ -1656,6 +1682,7 @@ fn report_kind(report: &AgentReport) -> &'static str {
         AgentReport::Started { .. } => "started",
         AgentReport::Finished { .. } => "finished",
         AgentReport::RuntimeChosen { .. } => "runtime",
+        AgentReport::Usage(_) => "usage",
     }
 }
 

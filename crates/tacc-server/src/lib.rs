@@ -20,6 +20,7 @@ mod node_attempts;
 mod node_requests;
 pub mod secrets;
 mod tls;
+mod usage;
 
 use std::sync::Arc;
 

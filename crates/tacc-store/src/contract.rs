@@ -5,9 +5,11 @@
 
 mod access;
 mod outputs;
+mod usage;
 
 pub use access::*;
 pub use outputs::*;
+pub use usage::*;
 
 use std::collections::BTreeMap;
 
@@ -87,6 +89,9 @@ macro_rules! store_contract_tests {
             snapshot_owners_idempotent,
             snapshot_owners_per_user_and_snapshot,
             chunk_owners_per_user_in_batches,
+            usage_peaks_keep_each_measure_s_maximum,
+            usage_peaks_listed_by_attempt_then_rank_per_task,
+            usage_peak_of_an_unknown_task_refused,
         );
     };
     (@each $fresh:path; $($check:ident),+ $(,)?) => {

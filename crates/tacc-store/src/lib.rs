@@ -21,7 +21,7 @@ pub use access::{
 pub use memory::MemoryStore;
 pub use records::{
     NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
-    TaskRecord, Transition,
+    TaskRecord, Transition, UsagePeak,
 };
 pub use sqlite::SqliteStore;
 
@@ -101,6 +101,15 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn add_output(&self, output: OutputRecord) -> Result<()>;
     /// A task's outputs of every attempt and rank, by attempt, rank, then path.
     async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>>;
+
+    // ------------------------------------------------------------ usage
+
+    /// Raise the kept peak of `peak`'s task, attempt and rank to at least `peak`, each
+    /// measure on its own (a lower value never lowers a kept one). `TaskNotFound` when
+    /// the task does not exist.
+    async fn record_usage_peak(&self, peak: UsagePeak) -> Result<()>;
+    /// A task's peaks by attempt, then rank.
+    async fn list_usage_peaks(&self, task: TaskId) -> Result<Vec<UsagePeak>>;
 
     // ------------------------------------------------------------ identities
 

@@ -6,7 +6,7 @@ use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 use crate::{
     AuditEntry, NewAuditEntry, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
     SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskRecord,
-    TokenRecord, Transition, UserRecord,
+    TokenRecord, Transition, UsagePeak, UserRecord,
 };
 
 /// An in-memory [`Store`] for tests of the layers above. It follows the same contract as
@@ -31,6 +31,7 @@ struct Inner {
     secrets: BTreeMap<(String, String), SecretRecord>,
     snapshot_owners: std::collections::BTreeSet<(SnapshotId, String)>,
     chunk_owners: std::collections::BTreeSet<(String, String)>,
+    usage_peaks: BTreeMap<(TaskId, AttemptNo, u32), UsagePeak>,
 }
 
 impl MemoryStore {
@@ -280,6 +281,31 @@ impl Store for MemoryStore {
             .values()
             .filter(|o| o.task == task)
             .cloned()
+            .collect())
+    }
+
+    async fn record_usage_peak(&self, peak: UsagePeak) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        if !inner.tasks.contains_key(&peak.task) {
+            return Err(StoreError::TaskNotFound(peak.task));
+        }
+        let key = (peak.task, peak.attempt, peak.node_rank);
+        let merged = match inner.usage_peaks.get(&key) {
+            Some(kept) => kept.merge(&peak),
+            None => peak,
+        };
+        inner.usage_peaks.insert(key, merged);
+        Ok(())
+    }
+
+    async fn list_usage_peaks(&self, task: TaskId) -> Result<Vec<UsagePeak>> {
+        Ok(self
+            .inner
+            .lock()
+            .unwrap()
+            .usage_peaks
+            .range((task, AttemptNo(0), 0)..=(task, AttemptNo(u32::MAX), u32::MAX))
+            .map(|(_, peak)| peak.clone())
             .collect())
     }
 

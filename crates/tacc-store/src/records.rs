@@ -162,3 +162,40 @@ pub struct OutputRecord {
     pub path: String,
     pub size: u64,
 }
+
+/// The highest use seen of one rank of one attempt: each measure's own maximum, so the
+/// CPU peak and the memory peak may come from different moments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsagePeak {
+    pub task: TaskId,
+    pub attempt: AttemptNo,
+    pub node_rank: u32,
+    /// The node's name (a removed node's peaks keep it).
+    pub node: String,
+    /// Thousandths of a CPU, averaged over one sample period.
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+    /// The busiest of the rank's GPUs.
+    pub gpu_utilization_percent: u32,
+    /// GPU memory used, summed over the rank's GPUs.
+    pub gpu_memory_bytes: u64,
+    /// When a measure last rose.
+    pub at: Timestamp,
+}
+
+impl UsagePeak {
+    /// The maxima of both, each measure on its own; the later time.
+    pub fn merge(&self, other: &UsagePeak) -> UsagePeak {
+        UsagePeak {
+            node: other.node.clone(),
+            cpu_millis: self.cpu_millis.max(other.cpu_millis),
+            memory_bytes: self.memory_bytes.max(other.memory_bytes),
+            gpu_utilization_percent: self
+                .gpu_utilization_percent
+                .max(other.gpu_utilization_percent),
+            gpu_memory_bytes: self.gpu_memory_bytes.max(other.gpu_memory_bytes),
+            at: self.at.max(other.at),
+            ..self.clone()
+        }
+    }
+}

@@ -15,7 +15,7 @@ use crate::memory::{apply_transition, change_task};
 use crate::{
     AuditEntry, NewAuditEntry, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
     SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskRecord,
-    TokenRecord, UserRecord,
+    TokenRecord, UsagePeak, UserRecord,
 };
 
 mod access;
@@ -387,6 +387,62 @@ impl Store for SqliteStore {
                     rank: row.try_get::<i64, _>("node_rank")? as u32,
                     path: row.try_get("path")?,
                     size: row.try_get::<i64, _>("size")? as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn record_usage_peak(&self, peak: UsagePeak) -> Result<()> {
+        let result = sqlx::query(
+            "INSERT INTO usage_peaks (task_id, attempt, node_rank, node, cpu_millis, memory_bytes, \
+             gpu_utilization_percent, gpu_memory_bytes, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (task_id, attempt, node_rank) DO UPDATE SET node = excluded.node, \
+             cpu_millis = MAX(cpu_millis, excluded.cpu_millis), \
+             memory_bytes = MAX(memory_bytes, excluded.memory_bytes), \
+             gpu_utilization_percent = MAX(gpu_utilization_percent, excluded.gpu_utilization_percent), \
+             gpu_memory_bytes = MAX(gpu_memory_bytes, excluded.gpu_memory_bytes), \
+             at = MAX(at, excluded.at)",
+        )
+        .bind(peak.task.0 as i64)
+        .bind(peak.attempt.0 as i64)
+        .bind(i64::from(peak.node_rank))
+        .bind(&peak.node)
+        .bind(peak.cpu_millis as i64)
+        .bind(peak.memory_bytes as i64)
+        .bind(i64::from(peak.gpu_utilization_percent))
+        .bind(peak.gpu_memory_bytes as i64)
+        .bind(millis(peak.at))
+        .execute(&self.writer)
+        .await;
+        match result {
+            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
+                Err(StoreError::TaskNotFound(peak.task))
+            }
+            other => other.map(|_| ()).map_err(Into::into),
+        }
+    }
+
+    async fn list_usage_peaks(&self, task: TaskId) -> Result<Vec<UsagePeak>> {
+        let rows = sqlx::query(
+            "SELECT attempt, node_rank, node, cpu_millis, memory_bytes, gpu_utilization_percent, \
+             gpu_memory_bytes, at FROM usage_peaks WHERE task_id = ? ORDER BY attempt, node_rank",
+        )
+        .bind(task.0 as i64)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(UsagePeak {
+                    task,
+                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
+                    node_rank: row.try_get::<i64, _>("node_rank")? as u32,
+                    node: row.try_get("node")?,
+                    cpu_millis: row.try_get::<i64, _>("cpu_millis")? as u64,
+                    memory_bytes: row.try_get::<i64, _>("memory_bytes")? as u64,
+                    gpu_utilization_percent: row.try_get::<i64, _>("gpu_utilization_percent")?
+                        as u32,
+                    gpu_memory_bytes: row.try_get::<i64, _>("gpu_memory_bytes")? as u64,
+                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
                 })
             })
             .collect()

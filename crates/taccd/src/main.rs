@@ -143,6 +143,10 @@ struct ServerArgs {
     /// How long chunks no committed snapshot references are kept (e.g. 7d, 12h, 30s).
     #[arg(long, default_value = "7d")]
     chunk_retention: HumanDuration,
+    /// A running rank that writes no output and uses no CPU for this long is flagged
+    /// silent in `tcloud top` (e.g. 5m, 30s).
+    #[arg(long, default_value = "5m")]
+    silent_after: HumanDuration,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
 }
@@ -254,12 +258,12 @@ struct NodeArgs {
     /// Memory offered to tasks, e.g. 16GiB (default: all).
     #[arg(long)]
     memory: Option<ByteSize>,
-    /// GPUs offered to tasks (default: as found by nvidia-smi). On a machine without
+    /// GPUs offered to tasks (default: as found through NVML). On a machine without
     /// GPUs this offers N fake ones (tasks see CUDA_VISIBLE_DEVICES all the same).
     #[arg(long)]
     gpus: Option<u32>,
     /// The model of the GPUs offered, as task files name it in `gpu_type` (e.g. A100);
-    /// overrides what nvidia-smi reports. On a machine without GPUs it needs --gpus N.
+    /// overrides what NVML reports. On a machine without GPUs it needs --gpus N.
     #[arg(long, value_name = "TYPE", value_parser = parse_gpu_type)]
     gpu_type: Option<String>,
     /// Address other nodes reach this one at, e.g. rank 0's MASTER_ADDR (default: the
@@ -427,6 +431,7 @@ async fn start_server(
     };
     config.datasets = args.datasets.iter().cloned().collect();
     config.chunk_retention = Duration::from_secs(args.chunk_retention.as_secs());
+    config.silent_after = Duration::from_secs(args.silent_after.as_secs());
     let control = Control::open(Arc::new(store), config).await?;
     let served = control.clone();
     let listener = TcpListener::bind(args.listen).await.with_context(|| {
@@ -576,7 +581,8 @@ async fn run_agent(
     };
     let cgroups: Arc<dyn tacc_exec::cgroups::Cgroups> = Arc::from(agent_cgroups(data_dir));
     let processes = tacc_exec::ProcessExecutor::with_cgroups(cgroups.clone());
-    let mut agent = Agent::new(client, config, Arc::new(processes))?;
+    let gpu_probe = tacc_agent::choose_probe(node.gpus, config.gpu_type.clone());
+    let mut agent = Agent::new(client, config, Arc::new(processes))?.with_gpu_probe(gpu_probe);
     if let Some(docker) = container_runtime(&node, data_dir).await {
         tracing::info!("container runtime: Docker engine at the configured socket");
         agent = agent.with_container_runtime(docker);
@@ -646,7 +652,7 @@ fn parse_gpu_type(text: &str) -> Result<String, String> {
 }
 
 /// The GPU type the node offers: `--gpu-type` when given (it needs GPUs to describe:
-/// found by nvidia-smi, or `--gpus N` fake ones), else what nvidia-smi reported.
+/// found through NVML, or `--gpus N` fake ones), else what NVML reported.
 fn gpu_type_offered(
     asked_gpus: Option<u32>,
     detected_gpus: u32,
@@ -661,7 +667,7 @@ fn gpu_type_offered(
             "--gpu-type {asked} names the model of the GPUs offered, but --gpus is 0; drop --gpu-type or offer some GPUs with --gpus N"
         ),
         None if detected_gpus == 0 => anyhow::bail!(
-            "--gpu-type {asked} needs GPUs to describe, and nvidia-smi found none on this machine; offer fake ones with --gpus N --gpu-type {asked}"
+            "--gpu-type {asked} needs GPUs to describe, and NVML found none on this machine; offer fake ones with --gpus N --gpu-type {asked}"
         ),
         _ => Ok(Some(asked.clone())),
     }
@@ -713,7 +719,7 @@ mod cli_tests {
         assert_eq!(offered(None, 8, h100.clone(), &a100).unwrap(), a100);
         let error = offered(None, 0, None, &a100).unwrap_err().to_string();
         assert!(
-            error.contains("--gpus N") && error.contains("nvidia-smi"),
+            error.contains("--gpus N") && error.contains("NVML"),
             "{error}"
         );
         let error = offered(Some(0), 8, h100, &a100).unwrap_err().to_string();

@@ -418,6 +418,7 @@ impl HandNode {
                 labels: Default::default(),
                 running: vec![],
                 address: "127.0.0.1".into(),
+                gpus: vec![],
             })
             .await
             .unwrap();

@@ -27,6 +27,7 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("GET", "/v1/tasks/{id}/logs", "task"),
         ("GET", "/v1/tasks/{id}/instruction", "task"),
         ("GET", "/v1/tasks/{id}/why", "task"),
+        ("GET", "/v1/tasks/{id}/usage", "task"),
         ("POST", "/v1/tasks/{id}/rerun", "task"),
         ("GET", "/v1/tasks/{id}/outputs", "task"),
         ("GET", "/v1/tasks/{id}/outputs/{attempt}/{*path}", "task"),
@@ -430,6 +431,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
         labels: Default::default(),
         running: vec![],
         address: "10.9.9.9".into(),
+        gpus: vec![],
     };
 
     // Without a join token nobody registers a node; a user token is not one either.
@@ -479,13 +481,25 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
                     attempt,
                     text: "forged line\n".into(),
                 },
+                AgentReport::Usage(tacc_proto::UsageSample {
+                    attempt,
+                    node_rank: 0,
+                    at: Timestamp(1),
+                    started_at: Timestamp(1),
+                    last_output_at: None,
+                    cpu_millis_used: Some(64_000),
+                    cpu_throttled_ms: None,
+                    memory_bytes: Some(1 << 40),
+                    memory_peak_bytes: Some(1 << 40),
+                    gpus: vec![],
+                }),
             ],
         )
         .await
         .unwrap();
     assert_eq!(
         (ack.accepted, ack.rejected),
-        (0, 2),
+        (0, 3),
         "reports for another node's attempt"
     );
     let other_node = evil_client
@@ -527,6 +541,12 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
     assert!(!log_text(&alice, task).await.contains("forged"));
     assert!(alice.list_outputs(task).await.unwrap().is_empty());
+    // The forged sample left no peak behind.
+    let usage = alice.task_usage(task).await.unwrap();
+    assert!(
+        usage.peaks.iter().all(|p| p.memory_bytes < 1 << 40),
+        "{usage:?}"
+    );
     // The real node replaying an ending after the fact changes nothing either.
     let real_token = std::fs::read_to_string(dir.path().join("a/node.token")).unwrap();
     let real_client = Client::new(&server.url).with_token(real_token.trim());

@@ -258,6 +258,29 @@ when the task was first submitted). The new task gets a new id.",
         #[command(subcommand)]
         command: DatasetCommand,
     },
+    /// What running tasks use, per rank, refreshed like `top`
+    #[command(
+        long_about = "Shows what running tasks use, per task and per rank: CPU cores used \
+against the cores allocated, memory used against the limit, each GPU's utilisation and \
+memory, the node, and when the rank last wrote output. Below the table: the first rank that \
+failed, and ranks silent (no output, no CPU use) for longer than the server's threshold. \
+Without IDs: every starting or running task you may see. Refreshes until Ctrl-C; --once \
+prints one table and exits.",
+        after_help = "Examples:\n  tcloud top\n  tcloud top 12 13\n  tcloud top --once --json"
+    )]
+    Top {
+        #[arg(value_parser = parse_task_id)]
+        ids: Vec<TaskId>,
+        /// One table (or JSON document), then exit
+        #[arg(long)]
+        once: bool,
+        /// Seconds between refreshes
+        #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
+        interval: f64,
+        /// JSON: a pretty array with --once, else one array a line per refresh
+        #[arg(long)]
+        json: bool,
+    },
     /// List the cluster's nodes and what they are running
     #[command(after_help = "Examples:\n  tcloud nodes\n  tcloud nodes --json")]
     Nodes {
@@ -594,6 +617,22 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             json,
         } => files::ls(&ctx, id, path, rank, attempt, json).await,
         Command::Nodes { json } => tasks::nodes(&ctx, json).await,
+        Command::Top {
+            ids,
+            once,
+            interval,
+            json,
+        } => {
+            let interval = std::time::Duration::try_from_secs_f64(interval)
+                .ok()
+                .filter(|i| *i >= std::time::Duration::from_millis(100))
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--interval {interval} is not a number of seconds of at least 0.1"
+                    )
+                })?;
+            top::top(&ctx, ids, json, once, interval).await
+        }
         Command::Rerun { id, follow, json } => compiler::rerun(&ctx, id, follow, json).await,
         Command::Dataset { command } => match command {
             DatasetCommand::Ls { json } => compiler::dataset_ls(&ctx, json).await,

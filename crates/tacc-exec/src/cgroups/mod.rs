@@ -9,6 +9,7 @@
 //! process-group behaviour; said once in the log). The file-writing logic of both takes
 //! a base directory, so the unit tests run it against a fake hierarchy in a temp dir.
 
+mod usage;
 mod v1;
 mod v2;
 
@@ -22,6 +23,7 @@ use nix::unistd::Pid;
 
 use crate::ExecError;
 
+pub use usage::{CgroupUsage, UsageReader};
 pub use v1::V1Cgroups;
 pub use v2::V2Cgroups;
 
@@ -103,6 +105,15 @@ pub trait Cgroup: Send + Sync + Debug {
 
     /// CPU time used by the cgroup's processes so far, where the hierarchy accounts it.
     fn cpu_usage(&self) -> Option<Duration>;
+
+    /// What the cgroup uses now: CPU time so far, memory now and at its peak, time
+    /// throttled by the CPU quota; each where the hierarchy accounts it.
+    fn usage(&self) -> CgroupUsage {
+        CgroupUsage {
+            cpu: self.cpu_usage(),
+            ..CgroupUsage::default()
+        }
+    }
 
     /// SIGKILL every process until the cgroup is empty or `deadline` passes (v2:
     /// `cgroup.kill`; v1: freeze, kill each, thaw, again). Says what it killed.

@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::usage::number;
 use super::{
-    CPU_PERIOD_US, Cgroup, Cgroups, KillReport, Limits, cpu_quota_us, keyed_value, kill_loop,
-    make_dir, read_pids, remove_dir, subdirs, write_file,
+    CPU_PERIOD_US, Cgroup, CgroupUsage, Cgroups, KillReport, Limits, cpu_quota_us, keyed_value,
+    kill_loop, make_dir, read_pids, remove_dir, subdirs, write_file,
 };
 use crate::ExecError;
 
@@ -199,8 +200,21 @@ impl Cgroup for V1Cgroup {
     }
 
     fn cpu_usage(&self) -> Option<Duration> {
-        let text = std::fs::read_to_string(self.cpuacct.as_ref()?.join("cpuacct.usage")).ok()?;
-        text.trim().parse().ok().map(Duration::from_nanos)
+        number(&self.cpuacct.as_ref()?.join("cpuacct.usage")).map(Duration::from_nanos)
+    }
+
+    fn usage(&self) -> CgroupUsage {
+        CgroupUsage {
+            cpu: self.cpu_usage(),
+            memory_bytes: number(&self.memory.join("memory.usage_in_bytes")),
+            memory_peak_bytes: number(&self.memory.join("memory.max_usage_in_bytes")),
+            // v1 `cpu.stat` counts throttled time in nanoseconds.
+            throttled: self
+                .cpu
+                .as_ref()
+                .and_then(|cpu| keyed_value(&cpu.join("cpu.stat"), "throttled_time"))
+                .map(Duration::from_nanos),
+        }
     }
 
     fn kill_all(&self, deadline: Duration) -> KillReport {
@@ -305,6 +319,32 @@ mod tests {
         )
         .unwrap();
         assert_eq!(cgroup.cpu_usage(), Some(Duration::from_millis(2500)));
+    }
+
+    #[test]
+    fn usage_is_read_from_the_memory_cpu_and_cpuacct_files() {
+        let base = fake(&["memory", "cpu", "cpuacct"]);
+        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
+        let cgroup = cgroups.create("x", &limits()).unwrap().unwrap();
+        let at = |c: &str, f: &str| base.path().join(c).join("tacc/a/x").join(f);
+        assert_eq!(cgroup.usage(), CgroupUsage::default());
+        std::fs::write(at("cpuacct", "cpuacct.usage"), "1000000000\n").unwrap();
+        std::fs::write(at("memory", "memory.usage_in_bytes"), "4096\n").unwrap();
+        std::fs::write(at("memory", "memory.max_usage_in_bytes"), "8192\n").unwrap();
+        std::fs::write(
+            at("cpu", "cpu.stat"),
+            "nr_periods 10\nnr_throttled 2\nthrottled_time 30000000\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cgroup.usage(),
+            CgroupUsage {
+                cpu: Some(Duration::from_secs(1)),
+                memory_bytes: Some(4096),
+                memory_peak_bytes: Some(8192),
+                throttled: Some(Duration::from_millis(30)),
+            }
+        );
     }
 
     #[test]

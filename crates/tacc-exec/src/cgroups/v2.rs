@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::usage::number;
 use super::{
-    CPU_PERIOD_US, Cgroup, Cgroups, KillReport, Limits, cpu_quota_us, keyed_value, kill_loop,
-    make_dir, read_pids, remove_dir, subdirs, wait_empty, write_file,
+    CPU_PERIOD_US, Cgroup, CgroupUsage, Cgroups, KillReport, Limits, cpu_quota_us, keyed_value,
+    kill_loop, make_dir, read_pids, remove_dir, subdirs, wait_empty, write_file,
 };
 use crate::ExecError;
 
@@ -147,6 +148,17 @@ impl Cgroup for V2Cgroup {
         keyed_value(&self.dir.join("cpu.stat"), "usage_usec").map(Duration::from_micros)
     }
 
+    fn usage(&self) -> CgroupUsage {
+        CgroupUsage {
+            cpu: self.cpu_usage(),
+            memory_bytes: number(&self.dir.join("memory.current")),
+            // `memory.peak` exists from Linux 5.19 on.
+            memory_peak_bytes: number(&self.dir.join("memory.peak")),
+            throttled: keyed_value(&self.dir.join("cpu.stat"), "throttled_usec")
+                .map(Duration::from_micros),
+        }
+    }
+
     fn kill_all(&self, deadline: Duration) -> KillReport {
         let kill_file = self.dir.join("cgroup.kill");
         if kill_file.is_file() {
@@ -237,6 +249,22 @@ mod tests {
         .unwrap();
         assert_eq!(cgroup.oom_kills(), 1);
         assert_eq!(cgroup.cpu_usage(), Some(Duration::from_millis(1500)));
+        std::fs::write(leaf.join("memory.current"), "65536\n").unwrap();
+        std::fs::write(
+            leaf.join("cpu.stat"),
+            "usage_usec 1500000\nnr_throttled 3\nthrottled_usec 2500\n",
+        )
+        .unwrap();
+        assert_eq!(
+            cgroup.usage(),
+            CgroupUsage {
+                cpu: Some(Duration::from_millis(1500)),
+                memory_bytes: Some(65536),
+                // No `memory.peak` on this (fake) kernel.
+                memory_peak_bytes: None,
+                throttled: Some(Duration::from_micros(2500)),
+            }
+        );
         // An empty cgroup needs no kill.
         let report = cgroup.kill_all(Duration::from_millis(50));
         assert!(report.empty && report.killed.is_empty());

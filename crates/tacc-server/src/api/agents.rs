@@ -13,7 +13,11 @@ pub(super) async fn register_agent(
     Json(body): Json<RegisterAgent>,
 ) -> ApiResult<Json<AgentRegistered>> {
     let node_token = app.control.admit_registration(&caller, &body).await?;
+    let gpus = body.gpus.clone();
     let record = app.control.register_agent(body).await?;
+    app.control
+        .usage
+        .register_node(record.id, record.name.clone(), gpus);
     let node_token = match node_token {
         Some(()) => Some(app.control.issue_node_credential(&caller, &record).await?),
         None => None,

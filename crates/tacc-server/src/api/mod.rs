@@ -13,6 +13,7 @@ mod outputs;
 mod secrets;
 mod snapshots;
 mod tasks;
+mod usage;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -133,6 +134,7 @@ fn declare() -> Vec<Declared> {
             get(tasks::task_instruction),
         ),
         rule(M::GET, "/v1/tasks/{id}/why", Task, get(tasks::explain_task)),
+        rule(M::GET, "/v1/tasks/{id}/usage", Task, get(usage::task_usage)),
         rule(
             M::POST,
             "/v1/tasks/{id}/rerun",

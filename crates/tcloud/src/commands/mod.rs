@@ -10,6 +10,7 @@ pub mod quickstart;
 pub mod secret;
 pub mod submit;
 pub mod tasks;
+pub mod top;
 
 use anyhow::Result;
 use tacc_client::Client;

@@ -165,11 +165,16 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
     let task = client.get_task(id).await?;
     let events = client.task_events(id).await?;
     let outputs = client.list_outputs(id).await?;
+    // A server without usage (older than `tcloud top`) shows none.
+    let usage = client.task_usage(id).await.ok();
+    let (peaks, flags) = usage.map(|u| (u.peaks, u.flags)).unwrap_or_default();
     if as_json {
         let mut value = serde_json::to_value(&task)?;
         if let Some(object) = value.as_object_mut() {
             object.insert("events".into(), serde_json::to_value(&events)?);
             object.insert("outputs".into(), serde_json::to_value(&outputs)?);
+            object.insert("peaks".into(), serde_json::to_value(&peaks)?);
+            object.insert("flags".into(), serde_json::to_value(&flags)?);
         }
         return out_json(&value);
     }
@@ -290,6 +295,7 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
         print_table(&t)?;
         out(format!("Download them with `tcloud download {id}`"))?;
     }
+    super::top::print_peaks(&peaks, &flags)?;
     Ok(())
 }
 

@@ -1,0 +1,274 @@
+//! The node's GPUs: what they are (index, UUID, model, memory, health) for registration,
+//! and what an attempt's GPUs use (utilisation, memory) for the sampler. Behind the
+//! [`GpuProbe`] trait: [`NvmlProbe`] asks NVML (`libnvidia-ml.so.1`, loaded at run
+//! time, so the agent builds and runs on machines without GPUs or drivers), and
+//! [`FakeGpus`] stands for `--gpus N --gpu-type T` on a machine without them (it
+//! describes them and measures nothing) and, with readings set, for tests.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, Once};
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::error::NvmlError;
+use tacc_proto::{GpuDevice, GpuSample};
+
+/// What the agent knows of its GPUs.
+pub trait GpuProbe: Send + Sync + Debug {
+    /// `nvml` or `fake`.
+    fn kind(&self) -> &'static str;
+
+    /// Every GPU offered to tasks, by index.
+    fn devices(&self) -> Vec<GpuDevice>;
+
+    /// What the GPUs `indices` use now; a GPU that cannot be read is left out (a fake
+    /// one is never read).
+    fn sample(&self, indices: &[u32]) -> Vec<GpuSample>;
+}
+
+/// The GPUs NVML finds, the first `limit` of them (`--gpus N` on a machine with more).
+#[derive(Debug)]
+pub struct NvmlProbe {
+    nvml: Nvml,
+    limit: u32,
+}
+
+impl NvmlProbe {
+    /// Load NVML; the error says why it cannot be used (no library, no driver, …).
+    pub fn open(limit: Option<u32>) -> Result<NvmlProbe, String> {
+        let nvml = Nvml::init().map_err(|e| match e {
+            NvmlError::LibloadingError(e) => format!("libnvidia-ml.so.1 cannot be loaded ({e})"),
+            other => format!("NVML does not start: {other}"),
+        })?;
+        let count = nvml
+            .device_count()
+            .map_err(|e| format!("NVML cannot count GPUs: {e}"))?;
+        Ok(NvmlProbe {
+            nvml,
+            limit: limit.map_or(count, |l| l.min(count)),
+        })
+    }
+
+    /// How many GPUs are offered.
+    pub fn count(&self) -> u32 {
+        self.limit
+    }
+
+    fn device(&self, index: u32) -> Result<GpuDevice, NvmlError> {
+        let device = self.nvml.device_by_index(index)?;
+        let memory = device.memory_info()?;
+        // Pages waiting to be retired mean uncorrectable memory errors: the GPU needs a
+        // reset. Consumer GPUs do not report it, which is no sign of trouble.
+        let health = match device.are_pages_pending_retired() {
+            Ok(true) => "retired pages pending".to_string(),
+            Ok(false) | Err(NvmlError::NotSupported) => "ok".to_string(),
+            Err(e) => format!("unreadable: {e}"),
+        };
+        Ok(GpuDevice {
+            index,
+            uuid: device.uuid()?,
+            model: device.name()?,
+            memory_total_bytes: memory.total,
+            health,
+        })
+    }
+
+    fn reading(&self, index: u32) -> Result<GpuSample, NvmlError> {
+        let device = self.nvml.device_by_index(index)?;
+        let memory = device.memory_info()?;
+        Ok(GpuSample {
+            index,
+            utilization_percent: device.utilization_rates()?.gpu,
+            memory_used_bytes: memory.used,
+            memory_total_bytes: memory.total,
+        })
+    }
+}
+
+impl GpuProbe for NvmlProbe {
+    fn kind(&self) -> &'static str {
+        "nvml"
+    }
+
+    fn devices(&self) -> Vec<GpuDevice> {
+        (0..self.limit)
+            .map(|index| {
+                self.device(index).unwrap_or_else(|e| GpuDevice {
+                    index,
+                    uuid: String::new(),
+                    model: String::new(),
+                    memory_total_bytes: 0,
+                    health: format!("unreadable: {e}"),
+                })
+            })
+            .collect()
+    }
+
+    fn sample(&self, indices: &[u32]) -> Vec<GpuSample> {
+        indices
+            .iter()
+            .filter(|&&i| i < self.limit)
+            .filter_map(|&i| self.reading(i).ok())
+            .collect()
+    }
+}
+
+/// GPUs that are not there: `--gpus N --gpu-type T` on a machine without them. They are
+/// described (UUID `fake-N`, health `fake`) and measure nothing, unless a test sets
+/// readings with [`FakeGpus::set_reading`].
+#[derive(Debug, Default)]
+pub struct FakeGpus {
+    count: u32,
+    model: String,
+    readings: Mutex<BTreeMap<u32, GpuSample>>,
+}
+
+impl FakeGpus {
+    pub fn new(count: u32, model: Option<String>) -> FakeGpus {
+        FakeGpus {
+            count,
+            model: model.unwrap_or_default(),
+            readings: Mutex::default(),
+        }
+    }
+
+    /// What GPU `index` reads as from now on (tests).
+    pub fn set_reading(&self, index: u32, utilization_percent: u32, memory_used_bytes: u64) {
+        self.readings.lock().unwrap().insert(
+            index,
+            GpuSample {
+                index,
+                utilization_percent,
+                memory_used_bytes,
+                memory_total_bytes: 0,
+            },
+        );
+    }
+}
+
+impl GpuProbe for FakeGpus {
+    fn kind(&self) -> &'static str {
+        "fake"
+    }
+
+    fn devices(&self) -> Vec<GpuDevice> {
+        (0..self.count)
+            .map(|index| GpuDevice {
+                index,
+                uuid: format!("fake-{index}"),
+                model: self.model.clone(),
+                memory_total_bytes: 0,
+                health: "fake".into(),
+            })
+            .collect()
+    }
+
+    fn sample(&self, indices: &[u32]) -> Vec<GpuSample> {
+        let readings = self.readings.lock().unwrap();
+        indices
+            .iter()
+            .filter_map(|i| readings.get(i).cloned())
+            .collect()
+    }
+}
+
+/// The probe of this node: NVML where it loads and finds GPUs (the first `asked` of
+/// them with `--gpus N`), else `asked` fake GPUs of model `model` (none without
+/// `--gpus`). Where NVML is unusable the log says so once.
+pub fn choose_probe(asked: Option<u32>, model: Option<String>) -> Arc<dyn GpuProbe> {
+    match NvmlProbe::open(asked) {
+        Ok(probe) if probe.count() > 0 => {
+            tracing::info!("NVML finds {} GPU(s) to offer", probe.count());
+            Arc::new(probe)
+        }
+        found => {
+            let why = match found {
+                Ok(_) => "NVML finds no GPU".to_string(),
+                Err(why) => why,
+            };
+            static SAID: Once = Once::new();
+            SAID.call_once(|| match asked {
+                Some(n) if n > 0 => tracing::info!(
+                    "no GPU through NVML ({why}): offering {n} fake GPU(s) as --gpus asks; they measure nothing"
+                ),
+                _ => tracing::info!("no GPU through NVML ({why}): this node offers no GPUs"),
+            });
+            Arc::new(FakeGpus::new(asked.unwrap_or(0), model))
+        }
+    }
+}
+
+/// NVML's count of GPUs and the model of the first, as task files name it in
+/// `gpu_type` (`NVIDIA H100 80GB HBM3` → `H100`); `(0, None)` without NVML.
+pub fn detect_gpus() -> (u32, Option<String>) {
+    let Ok(probe) = NvmlProbe::open(None) else {
+        return (0, None);
+    };
+    let model = probe.device(0).ok().map(|d| short_model(&d.model));
+    (probe.count(), model)
+}
+
+/// The model word of a GPU's name: the first that starts with a letter and holds a
+/// digit (`NVIDIA H100 80GB HBM3` → `H100`), else the whole name.
+pub(crate) fn short_model(name: &str) -> String {
+    name.split_whitespace()
+        .find(|word| {
+            word.chars().any(|c| c.is_ascii_digit())
+                && word.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        })
+        .unwrap_or(name)
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_model_is_the_short_name() {
+        assert_eq!(short_model("NVIDIA H100 80GB HBM3"), "H100");
+        assert_eq!(short_model("Tesla V100-SXM2-16GB"), "V100-SXM2-16GB");
+        assert_eq!(short_model("Odd"), "Odd");
+    }
+
+    #[test]
+    fn fake_gpus_are_described_and_measure_only_what_a_test_sets() {
+        let fake = FakeGpus::new(2, Some("A100".into()));
+        let devices = fake.devices();
+        assert_eq!(devices.len(), 2);
+        assert_eq!(devices[1].uuid, "fake-1");
+        assert_eq!(devices[1].model, "A100");
+        assert_eq!(devices[1].health, "fake");
+        assert!(fake.sample(&[0, 1]).is_empty());
+        fake.set_reading(1, 75, 3 << 30);
+        let samples = fake.sample(&[0, 1]);
+        assert_eq!(samples.len(), 1);
+        assert_eq!(samples[0].index, 1);
+        assert_eq!(samples[0].utilization_percent, 75);
+    }
+
+    #[test]
+    fn the_probe_is_nvml_where_it_finds_gpus_else_what_gpus_asks_for() {
+        match NvmlProbe::open(None) {
+            Ok(nvml) if nvml.count() > 0 => {
+                // A machine with GPUs: NVML describes and measures each.
+                for device in nvml.devices() {
+                    assert!(device.uuid.starts_with("GPU-"), "{device:?}");
+                    assert!(device.memory_total_bytes > 0, "{device:?}");
+                }
+                let samples = nvml.sample(&[0]);
+                assert_eq!(samples.len(), 1);
+                assert!(samples[0].utilization_percent <= 100);
+                assert_eq!(choose_probe(None, None).kind(), "nvml");
+                assert_eq!(detect_gpus().0, nvml.count());
+            }
+            _ => {
+                assert_eq!(choose_probe(None, None).devices().len(), 0);
+                let probe = choose_probe(Some(3), Some("T4".into()));
+                assert_eq!(probe.kind(), "fake");
+                assert_eq!(probe.devices().len(), 3);
+                assert_eq!(detect_gpus(), (0, None));
+            }
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! `GET /v1/tasks/{id}/usage`: what a task's ranks use now, their peaks, and the flags
+//! (first failed rank, silent ranks) — for `tcloud top` and `tcloud show`.
+
+use super::prelude::*;
+
+pub(super) async fn task_usage(
+    State(app): State<AppState>,
+    Path(id): Path<u64>,
+) -> ApiResult<Json<tacc_proto::TaskUsage>> {
+    Ok(Json(app.control.task_usage(TaskId(id)).await?))
+}

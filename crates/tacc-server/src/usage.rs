@@ -1,0 +1,681 @@
+//! What running tasks use, for `tcloud top` and `tcloud show`: the latest sample of each
+//! rank of each running attempt (in memory: a server restart loses only a few seconds of
+//! it), the peak of each rank of each attempt (durable, in the store), the GPUs each node
+//! registered, and two flags: the first rank that failed, and a rank that has written no
+//! output and used no CPU (where that is measured) for longer than
+//! [`ServerConfig::silent_after`](crate::ServerConfig::silent_after).
+//!
+//! Agents stamp samples with their own clock; only differences of the agent's times are
+//! used (`at` minus the last output), applied to the server's clock at receipt, so a
+//! node's skewed clock cannot make a rank look silent or alive.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tacc_core::{AttemptNo, NodeId, TaskId, TaskState, Timestamp};
+use tacc_proto::{
+    AttemptOutcome, AttemptRef, GpuDevice, RankUsage, TaskUsage, UsageFlag, UsagePeakView,
+    UsageSample,
+};
+use tacc_schema::TaskSpec;
+use tacc_store::UsagePeak;
+
+use crate::{Control, ServerError};
+
+/// Below this a rank counts as using no CPU (a process blocked on I/O or a lock uses
+/// almost none; a busy or computing one uses far more).
+pub(crate) const CPU_ACTIVE_MILLIS: u64 = 50;
+
+/// Samples of attempts that sent nothing for this long are dropped (their node is gone
+/// or the attempt ended without a report reaching us).
+const STALE_AFTER: Duration = Duration::from_secs(600);
+
+/// First failures kept at most (the oldest go first).
+const FAILURES_KEPT: usize = 10_000;
+
+/// The latest sample of one rank, in the server's clock.
+#[derive(Debug, Clone)]
+struct RankState {
+    node: NodeId,
+    received: Instant,
+    at: Timestamp,
+    sample: UsageSample,
+    last_output_at: Option<Timestamp>,
+    /// The last sign of life: start, output, or CPU or GPU use.
+    alive_at: Timestamp,
+    /// The highest use seen of this rank in this attempt, and what the store has.
+    peak: UsagePeak,
+    kept: Option<UsagePeak>,
+}
+
+/// The first rank of an attempt that failed.
+#[derive(Debug, Clone)]
+struct Failure {
+    node_rank: u32,
+    node: String,
+    at: Timestamp,
+    what: String,
+}
+
+#[derive(Debug, Default)]
+struct Book {
+    ranks: BTreeMap<(TaskId, AttemptNo, u32), RankState>,
+    failures: BTreeMap<(TaskId, AttemptNo), Failure>,
+    nodes: BTreeMap<NodeId, (String, Vec<GpuDevice>)>,
+    pruned: Option<Instant>,
+}
+
+/// The usage the server knows, shared by the report path and the API.
+#[derive(Debug, Default)]
+pub struct UsageBook {
+    book: Mutex<Book>,
+}
+
+impl UsageBook {
+    /// A node (re)registered with these GPUs.
+    pub(crate) fn register_node(&self, node: NodeId, name: String, gpus: Vec<GpuDevice>) {
+        self.book.lock().unwrap().nodes.insert(node, (name, gpus));
+    }
+
+    /// The GPUs `node` registered.
+    pub(crate) fn node_gpus(&self, node: NodeId) -> Vec<GpuDevice> {
+        let book = self.book.lock().unwrap();
+        book.nodes
+            .get(&node)
+            .map(|(_, gpus)| gpus.clone())
+            .unwrap_or_default()
+    }
+
+    fn node_name(book: &Book, node: NodeId) -> String {
+        book.nodes
+            .get(&node)
+            .map_or_else(|| format!("node-{node}"), |(name, _)| name.clone())
+    }
+
+    /// Take a sample of rank `node_rank` on `node`, received at `now`; the peak to keep
+    /// durably, when it rose enough to be worth a write.
+    fn record(
+        &self,
+        node: NodeId,
+        sample: UsageSample,
+        now: Timestamp,
+        received: Instant,
+    ) -> Option<UsagePeak> {
+        let mut book = self.book.lock().unwrap();
+        if book
+            .pruned
+            .is_none_or(|at| received.duration_since(at) > Duration::from_secs(60))
+        {
+            book.ranks
+                .retain(|_, rank| received.duration_since(rank.received) < STALE_AFTER);
+            book.pruned = Some(received);
+        }
+        let name = Self::node_name(&book, node);
+        let key = (
+            sample.attempt.task,
+            sample.attempt.attempt,
+            sample.node_rank,
+        );
+        // The agent's times, moved to the server's clock by their distance from `at`.
+        let to_server =
+            |t: Timestamp| Timestamp(now.0.saturating_sub(sample.at.0.saturating_sub(t.0)));
+        let last_output_at = sample.last_output_at.map(to_server);
+        let busy = sample
+            .cpu_millis_used
+            .is_some_and(|m| m >= CPU_ACTIVE_MILLIS)
+            || sample.gpus.iter().any(|g| g.utilization_percent > 0);
+        let previous = book.ranks.get(&key);
+        let mut alive_at = to_server(sample.started_at);
+        for seen in [
+            last_output_at,
+            busy.then_some(now),
+            previous.map(|p| p.alive_at),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            alive_at = alive_at.max(seen);
+        }
+        let observed = UsagePeak {
+            task: sample.attempt.task,
+            attempt: sample.attempt.attempt,
+            node_rank: sample.node_rank,
+            node: name,
+            cpu_millis: sample.cpu_millis_used.unwrap_or(0),
+            memory_bytes: sample
+                .memory_peak_bytes
+                .or(sample.memory_bytes)
+                .unwrap_or(0),
+            gpu_utilization_percent: sample
+                .gpus
+                .iter()
+                .map(|g| g.utilization_percent)
+                .max()
+                .unwrap_or(0),
+            gpu_memory_bytes: sample.gpus.iter().map(|g| g.memory_used_bytes).sum(),
+            at: now,
+        };
+        let peak = match previous {
+            Some(previous) => merge_rising(&previous.peak, &observed),
+            None => observed,
+        };
+        let kept = previous.and_then(|p| p.kept.clone());
+        let write = worth_keeping(kept.as_ref(), &peak).then(|| peak.clone());
+        book.ranks.insert(
+            key,
+            RankState {
+                node,
+                received,
+                at: now,
+                sample,
+                last_output_at,
+                alive_at,
+                peak,
+                kept: write.clone().or(kept),
+            },
+        );
+        write
+    }
+
+    /// The attempt ended: its peaks not yet kept (to write now), and its samples dropped.
+    fn end_attempt(&self, attempt: AttemptRef) -> Vec<UsagePeak> {
+        let mut book = self.book.lock().unwrap();
+        let keys: Vec<_> = book
+            .ranks
+            .range((attempt.task, attempt.attempt, 0)..=(attempt.task, attempt.attempt, u32::MAX))
+            .map(|(key, _)| *key)
+            .collect();
+        keys.into_iter()
+            .filter_map(|key| book.ranks.remove(&key))
+            .filter(|rank| rank.kept.as_ref() != Some(&rank.peak))
+            .map(|rank| rank.peak)
+            .collect()
+    }
+
+    /// Rank `node_rank` on `node` failed first in its attempt (later ones are ignored).
+    fn note_failure(
+        &self,
+        attempt: AttemptRef,
+        node_rank: u32,
+        node: NodeId,
+        at: Timestamp,
+        what: String,
+    ) {
+        let mut book = self.book.lock().unwrap();
+        let name = Self::node_name(&book, node);
+        book.failures
+            .entry((attempt.task, attempt.attempt))
+            .or_insert(Failure {
+                node_rank,
+                node: name,
+                at,
+                what,
+            });
+        while book.failures.len() > FAILURES_KEPT {
+            let oldest = book
+                .failures
+                .iter()
+                .min_by_key(|(_, f)| f.at)
+                .map(|(key, _)| *key);
+            match oldest {
+                Some(key) => book.failures.remove(&key),
+                None => break,
+            };
+        }
+    }
+
+    /// The latest samples of `attempt`'s ranks, its in-memory peaks, and the flags of
+    /// the task, as of `now`.
+    fn view(
+        &self,
+        task: TaskId,
+        attempt: AttemptNo,
+        state: TaskState,
+        now: Timestamp,
+        silent_after: Duration,
+        names: &BTreeMap<NodeId, String>,
+    ) -> (Vec<RankUsage>, Vec<UsagePeak>, Vec<UsageFlag>) {
+        let book = self.book.lock().unwrap();
+        let name_of = |node: NodeId| {
+            names
+                .get(&node)
+                .cloned()
+                .unwrap_or_else(|| Self::node_name(&book, node))
+        };
+        let mut ranks = Vec::new();
+        let mut peaks = Vec::new();
+        let mut flags = Vec::new();
+        for ((_, _, node_rank), rank) in book
+            .ranks
+            .range((task, attempt, 0)..=(task, attempt, u32::MAX))
+        {
+            peaks.push(rank.peak.clone());
+            if !state.is_active() {
+                continue;
+            }
+            let quiet = Duration::from_millis(now.millis_since(rank.alive_at));
+            let node = name_of(rank.node);
+            if state == TaskState::Running && quiet >= silent_after {
+                flags.push(silent_flag(
+                    attempt,
+                    *node_rank,
+                    &node,
+                    rank.alive_at,
+                    quiet,
+                ));
+            }
+            ranks.push(RankUsage {
+                node_rank: *node_rank,
+                node,
+                at: rank.at,
+                cpu_millis_used: rank.sample.cpu_millis_used,
+                cpu_throttled_ms: rank.sample.cpu_throttled_ms,
+                memory_bytes: rank.sample.memory_bytes,
+                memory_peak_bytes: rank.sample.memory_peak_bytes,
+                gpus: rank.sample.gpus.clone(),
+                last_output_at: rank.last_output_at,
+                quiet_secs: quiet.as_secs(),
+            });
+        }
+        for ((_, failed_attempt), failure) in book
+            .failures
+            .range((task, AttemptNo(0))..=(task, AttemptNo(u32::MAX)))
+        {
+            flags.insert(
+                0,
+                UsageFlag {
+                    kind: "failed".into(),
+                    attempt: *failed_attempt,
+                    node_rank: failure.node_rank,
+                    node: failure.node.clone(),
+                    since: failure.at,
+                    message: format!(
+                        "rank {} on {} failed first in attempt {}: {}",
+                        failure.node_rank, failure.node, failed_attempt, failure.what
+                    ),
+                },
+            );
+        }
+        (ranks, peaks, flags)
+    }
+}
+
+/// The maxima of `kept` and `seen`; `at` says when a measure last rose, not when the
+/// rank was last seen.
+fn merge_rising(kept: &UsagePeak, seen: &UsagePeak) -> UsagePeak {
+    let merged = kept.merge(seen);
+    let rose = merged.cpu_millis > kept.cpu_millis
+        || merged.memory_bytes > kept.memory_bytes
+        || merged.gpu_utilization_percent > kept.gpu_utilization_percent
+        || merged.gpu_memory_bytes > kept.gpu_memory_bytes;
+    UsagePeak {
+        at: if rose { seen.at } else { kept.at },
+        ..merged
+    }
+}
+
+/// Whether `peak` rose far enough above what the store has (5 %) to be written now;
+/// the exact peak is written when the attempt ends.
+fn worth_keeping(kept: Option<&UsagePeak>, peak: &UsagePeak) -> bool {
+    let Some(kept) = kept else {
+        return true;
+    };
+    let rose = |old: u64, new: u64| new > old && (new - old) * 20 > old;
+    rose(kept.cpu_millis, peak.cpu_millis)
+        || rose(kept.memory_bytes, peak.memory_bytes)
+        || rose(
+            u64::from(kept.gpu_utilization_percent),
+            u64::from(peak.gpu_utilization_percent),
+        )
+        || rose(kept.gpu_memory_bytes, peak.gpu_memory_bytes)
+}
+
+fn silent_flag(
+    attempt: AttemptNo,
+    node_rank: u32,
+    node: &str,
+    since: Timestamp,
+    quiet: Duration,
+) -> UsageFlag {
+    UsageFlag {
+        kind: "silent".into(),
+        attempt,
+        node_rank,
+        node: node.to_string(),
+        since,
+        message: format!(
+            "rank {node_rank} on {node} silent for {}",
+            human_duration(quiet)
+        ),
+    }
+}
+
+/// `45s`, `5 min`, `2h5m`: how long, for a person.
+pub(crate) fn human_duration(duration: Duration) -> String {
+    let secs = duration.as_secs();
+    match secs {
+        0..60 => format!("{secs}s"),
+        60..3600 if secs % 60 == 0 => format!("{} min", secs / 60),
+        60..3600 => format!("{}m{}s", secs / 60, secs % 60),
+        _ => format!("{}h{}m", secs / 3600, (secs % 3600) / 60),
+    }
+}
+
+/// How a failed rank ended, for its flag; `None` when it did not fail.
+fn failure_of(outcome: &AttemptOutcome) -> Option<String> {
+    match outcome {
+        AttemptOutcome::Exited { code: 0 } | AttemptOutcome::Cancelled => None,
+        AttemptOutcome::Exited { code } => Some(format!("exit code {code}")),
+        AttemptOutcome::Signalled { signal } => Some(format!("killed by signal {signal}")),
+        AttemptOutcome::TimeLimit => Some("time limit reached".into()),
+        AttemptOutcome::LaunchFailed { reason, message } => Some(format!("{reason}: {message}")),
+    }
+}
+
+fn peak_view(peak: &UsagePeak) -> UsagePeakView {
+    UsagePeakView {
+        attempt: peak.attempt,
+        node_rank: peak.node_rank,
+        node: peak.node.clone(),
+        cpu_millis: peak.cpu_millis,
+        memory_bytes: peak.memory_bytes,
+        gpu_utilization_percent: peak.gpu_utilization_percent,
+        gpu_memory_bytes: peak.gpu_memory_bytes,
+        at: peak.at,
+    }
+}
+
+impl Control {
+    /// An agent's usage sample: taken only for an attempt of the node's own that is
+    /// still starting or running, for the rank the node holds in it. `false`: refused.
+    pub(crate) async fn accept_usage(
+        &self,
+        node: NodeId,
+        sample: UsageSample,
+    ) -> Result<bool, ServerError> {
+        let Some(record) = self.store.get_task(sample.attempt.task).await? else {
+            return Ok(false);
+        };
+        let holds_rank = record
+            .placements
+            .get(sample.node_rank as usize)
+            .is_some_and(|p| p.node == node);
+        if record.attempt != sample.attempt.attempt || !record.state.is_active() || !holds_rank {
+            return Ok(false);
+        }
+        if let Some(peak) = self
+            .usage
+            .record(node, sample, crate::now(), Instant::now())
+        {
+            self.store.record_usage_peak(peak).await?;
+        }
+        Ok(true)
+    }
+
+    /// A node reported the end of its rank of `attempt` (an accepted report): the first
+    /// failure is flagged, and the attempt's peaks are kept exactly.
+    pub(crate) async fn note_rank_finished(
+        &self,
+        node: NodeId,
+        attempt: AttemptRef,
+        outcome: &AttemptOutcome,
+        at: Timestamp,
+    ) -> Result<(), ServerError> {
+        if let Some(what) = failure_of(outcome) {
+            let record = self.store.get_task(attempt.task).await?;
+            let rank = record
+                .as_ref()
+                .and_then(|r| r.placements.iter().position(|p| p.node == node));
+            if let Some(rank) = rank {
+                self.usage
+                    .note_failure(attempt, rank as u32, node, at, what);
+            }
+        }
+        for peak in self.usage.end_attempt(attempt) {
+            self.store.record_usage_peak(peak).await?;
+        }
+        Ok(())
+    }
+
+    /// `GET /v1/tasks/{id}/usage`.
+    pub async fn task_usage(&self, task: TaskId) -> Result<TaskUsage, ServerError> {
+        let record = self
+            .store
+            .get_task(task)
+            .await?
+            .ok_or(ServerError::TaskNotFound(task))?;
+        let allocated = serde_json::from_value::<TaskSpec>(record.spec.clone())
+            .map(|spec| spec.resources.per_node())
+            .unwrap_or(tacc_core::Resources::ZERO);
+        let names = self.node_names().await;
+        let silent_after = self.config.silent_after;
+        let (ranks, live_peaks, flags) = self.usage.view(
+            task,
+            record.attempt,
+            record.state,
+            crate::now(),
+            silent_after,
+            &names,
+        );
+        let mut peaks: BTreeMap<(AttemptNo, u32), UsagePeak> = self
+            .store
+            .list_usage_peaks(task)
+            .await?
+            .into_iter()
+            .map(|p| ((p.attempt, p.node_rank), p))
+            .collect();
+        for live in live_peaks {
+            let key = (live.attempt, live.node_rank);
+            let merged = match peaks.get(&key) {
+                Some(kept) => kept.merge(&live),
+                None => live,
+            };
+            peaks.insert(key, merged);
+        }
+        Ok(TaskUsage {
+            task_id: record.id,
+            name: record.name,
+            state: record.state,
+            attempt: record.attempt,
+            allocated,
+            ranks,
+            peaks: peaks.values().map(peak_view).collect(),
+            flags,
+            silent_after_secs: silent_after.as_secs(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(task: u64) -> AttemptRef {
+        AttemptRef {
+            task: TaskId(task),
+            attempt: AttemptNo(1),
+        }
+    }
+
+    fn sample(at: u64, started: u64, output: Option<u64>, cpu: Option<u64>) -> UsageSample {
+        UsageSample {
+            attempt: attempt(7),
+            node_rank: 2,
+            at: Timestamp(at),
+            started_at: Timestamp(started),
+            last_output_at: output.map(Timestamp),
+            cpu_millis_used: cpu,
+            cpu_throttled_ms: None,
+            memory_bytes: Some(100),
+            memory_peak_bytes: Some(150),
+            gpus: Vec::new(),
+        }
+    }
+
+    fn book() -> UsageBook {
+        let book = UsageBook::default();
+        book.register_node(NodeId(3), "n3".into(), Vec::new());
+        book
+    }
+
+    fn flags_at(book: &UsageBook, now: u64, after: Duration) -> Vec<UsageFlag> {
+        let names = BTreeMap::new();
+        book.view(
+            TaskId(7),
+            AttemptNo(1),
+            TaskState::Running,
+            Timestamp(now),
+            after,
+            &names,
+        )
+        .2
+    }
+
+    #[test]
+    fn a_rank_without_output_or_cpu_past_the_threshold_is_silent() {
+        let book = book();
+        let start = 1_000_000;
+        // Output at start + 10 s, then nothing, and no CPU.
+        book.record(
+            NodeId(3),
+            sample(start + 20_000, start, Some(start + 10_000), Some(0)),
+            Timestamp(start + 20_000),
+            Instant::now(),
+        );
+        let minutes = Duration::from_secs(300);
+        assert!(flags_at(&book, start + 10_000 + 299_000, minutes).is_empty());
+        let flags = flags_at(&book, start + 10_000 + 300_000, minutes);
+        assert_eq!(flags.len(), 1, "{flags:?}");
+        assert_eq!(flags[0].kind, "silent");
+        assert_eq!(flags[0].message, "rank 2 on n3 silent for 5 min");
+        assert_eq!(flags[0].since, Timestamp(start + 10_000));
+        // A task that is not running is not flagged silent.
+        let names = BTreeMap::new();
+        let (_, _, flags) = book.view(
+            TaskId(7),
+            AttemptNo(1),
+            TaskState::Starting,
+            Timestamp(start + 1_000_000),
+            minutes,
+            &names,
+        );
+        assert!(flags.is_empty());
+    }
+
+    #[test]
+    fn cpu_use_keeps_a_rank_that_prints_nothing_alive() {
+        let book = book();
+        let start = 1_000_000;
+        for at in [start + 2_000, start + 4_000, start + 6_000] {
+            book.record(
+                NodeId(3),
+                sample(at, start, None, Some(900)),
+                Timestamp(at),
+                Instant::now(),
+            );
+        }
+        let after = Duration::from_secs(3);
+        assert!(flags_at(&book, start + 8_000, after).is_empty());
+        // CPU use stopped: silent once the threshold has passed since the last use.
+        book.record(
+            NodeId(3),
+            sample(start + 8_000, start, None, Some(10)),
+            Timestamp(start + 8_000),
+            Instant::now(),
+        );
+        assert!(flags_at(&book, start + 8_999, after).is_empty());
+        assert_eq!(flags_at(&book, start + 9_000, after).len(), 1);
+    }
+
+    #[test]
+    fn an_agent_s_skewed_clock_does_not_count() {
+        let book = book();
+        // The agent's clock is an hour behind: its times only count relative to `at`.
+        let skew = 3_600_000;
+        let now = 10_000_000;
+        book.record(
+            NodeId(3),
+            sample(
+                now - skew,
+                now - skew - 5_000,
+                Some(now - skew - 1_000),
+                Some(0),
+            ),
+            Timestamp(now),
+            Instant::now(),
+        );
+        let (ranks, _, flags) = book.view(
+            TaskId(7),
+            AttemptNo(1),
+            TaskState::Running,
+            Timestamp(now + 1_000),
+            Duration::from_secs(60),
+            &BTreeMap::new(),
+        );
+        assert!(flags.is_empty());
+        assert_eq!(ranks[0].last_output_at, Some(Timestamp(now - 1_000)));
+        assert_eq!(ranks[0].quiet_secs, 2);
+    }
+
+    #[test]
+    fn the_first_failed_rank_is_flagged_and_later_ones_ignored() {
+        let book = book();
+        book.register_node(NodeId(4), "n4".into(), Vec::new());
+        let what = |o| failure_of(&o).unwrap();
+        book.note_failure(
+            attempt(7),
+            1,
+            NodeId(4),
+            Timestamp(5),
+            what(AttemptOutcome::Exited { code: 3 }),
+        );
+        book.note_failure(
+            attempt(7),
+            0,
+            NodeId(3),
+            Timestamp(6),
+            what(AttemptOutcome::Signalled { signal: 9 }),
+        );
+        let flags = flags_at(&book, 10, Duration::from_secs(60));
+        assert_eq!(flags.len(), 1);
+        assert_eq!(flags[0].kind, "failed");
+        assert_eq!(
+            flags[0].message,
+            "rank 1 on n4 failed first in attempt 1: exit code 3"
+        );
+        assert_eq!(failure_of(&AttemptOutcome::Exited { code: 0 }), None);
+        assert_eq!(failure_of(&AttemptOutcome::Cancelled), None);
+    }
+
+    #[test]
+    fn peaks_are_written_when_they_rise_enough_and_exactly_at_the_end() {
+        let book = book();
+        let record = |cpu: u64, memory: u64, at: u64| {
+            let mut s = sample(at, 0, None, Some(cpu));
+            s.memory_peak_bytes = Some(memory);
+            book.record(NodeId(3), s, Timestamp(at), Instant::now())
+        };
+        let first = record(500, 1000, 1).expect("the first peak is kept");
+        assert_eq!((first.cpu_millis, first.memory_bytes), (500, 1000));
+        // 2 % more memory: not worth a write yet.
+        assert!(record(400, 1020, 2).is_none());
+        // 10 % more CPU: written, with both maxima.
+        let written = record(550, 1000, 3).unwrap();
+        assert_eq!((written.cpu_millis, written.memory_bytes), (550, 1020));
+        assert!(record(100, 1030, 4).is_none());
+        let last = book.end_attempt(attempt(7));
+        assert_eq!(last.len(), 1);
+        assert_eq!((last[0].cpu_millis, last[0].memory_bytes), (550, 1030));
+        assert_eq!(last[0].at, Timestamp(4));
+        assert!(book.end_attempt(attempt(7)).is_empty());
+    }
+
+    #[test]
+    fn durations_read_as_people_say_them() {
+        assert_eq!(human_duration(Duration::from_secs(3)), "3s");
+        assert_eq!(human_duration(Duration::from_secs(300)), "5 min");
+        assert_eq!(human_duration(Duration::from_secs(312)), "5m12s");
+        assert_eq!(human_duration(Duration::from_secs(7_500)), "2h5m");
+    }
+}
