@@ -16,6 +16,7 @@ pub mod auth;
 mod control;
 mod limits;
 mod logs;
+mod node_selector;
 pub mod secrets;
 mod tls;
 
