@@ -103,7 +103,12 @@ mod tests {
 
     #[test]
     fn the_platform_owns_its_prefix() {
-        for key in [RUNTIME_PROCESS, RUNTIME_CONTAINER, RUNTIME_SLURM, SLURM_PARTITION] {
+        for key in [
+            RUNTIME_PROCESS,
+            RUNTIME_CONTAINER,
+            RUNTIME_SLURM,
+            SLURM_PARTITION,
+        ] {
             assert!(is_reserved(key), "{key}");
         }
         assert!(!is_reserved("gpu-gen"));

@@ -1734,10 +1734,12 @@ mod tests {
         // Nodes carry the label, but none of them could ever hold 8 CPUs.
         let plan = submit(&mut s, 1, selecting(8, 1, &[("kind", "slurm")]));
         match &plan.actions[..] {
-            [Action::Reject {
-                reason: PendingReason::CannotFit { detail },
-                ..
-            }] => assert!(detail.contains("labels"), "{detail}"),
+            [
+                Action::Reject {
+                    reason: PendingReason::CannotFit { detail },
+                    ..
+                },
+            ] => assert!(detail.contains("labels"), "{detail}"),
             other => panic!("{other:?}"),
         }
         // A gang of two waits while only one node carries the label.

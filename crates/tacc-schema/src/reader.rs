@@ -861,7 +861,10 @@ fn read_labels(reader: &mut Reader<'_>, node: &Node) -> Result<BTreeMap<String, 
             return Err(reader.spans.error_at_location(
                 reader.spans.scalar_location(key),
                 format!("label `{}` has no value", key.as_str()),
-                Some(format!("write the value the node carries, e.g. `{}: hopper`", key.as_str())),
+                Some(format!(
+                    "write the value the node carries, e.g. `{}: hopper`",
+                    key.as_str()
+                )),
             ));
         }
         let text = reader.text(value, &path, "gpu-gen: hopper")?;

@@ -756,7 +756,11 @@ fn check_placement(
 ) -> Option<Problem> {
     for (key, value) in &placement.labels {
         if let Some((message, _)) = placement_label_error(key, value) {
-            return Some(problem(format!("placement.labels.{key}"), message, LABEL_HELP));
+            return Some(problem(
+                format!("placement.labels.{key}"),
+                message,
+                LABEL_HELP,
+            ));
         }
     }
     let partition = placement.partition.as_deref()?;
@@ -780,7 +784,9 @@ fn check_placement(
     if environment.image.is_some() {
         return Some(problem(
             "placement.partition",
-            format!("`partition: {partition}` runs the task as a Slurm job, which cannot run `environment.image`"),
+            format!(
+                "`partition: {partition}` runs the task as a Slurm job, which cannot run `environment.image`"
+            ),
             "remove `partition`, or remove `image` and install the software on the Slurm nodes",
         ));
     }

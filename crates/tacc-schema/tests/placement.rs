@@ -68,8 +68,8 @@ fn labels_and_partition_are_read_as_written() {
 
 #[test]
 fn a_placement_survives_the_json_the_server_receives() {
-    let spec = parse("run: x\nruntime: slurm\nplacement: {labels: {a: b}, partition: gpu}\n")
-        .unwrap();
+    let spec =
+        parse("run: x\nruntime: slurm\nplacement: {labels: {a: b}, partition: gpu}\n").unwrap();
     assert_eq!(spec.runtime, Runtime::Slurm);
     let json = serde_json::to_string(&spec).unwrap();
     let back: TaskSpec = serde_json::from_str(&json).unwrap();
@@ -146,7 +146,10 @@ fn wrong_types_are_located_with_an_example() {
 #[test]
 fn bad_labels_point_at_the_key_or_the_value() {
     let no_value = rejected("run: x\nplacement:\n  labels:\n    gpu-gen:\n");
-    assert!(no_value.contains("label `gpu-gen` has no value"), "{no_value}");
+    assert!(
+        no_value.contains("label `gpu-gen` has no value"),
+        "{no_value}"
+    );
     assert_located(&no_value, 4, 5, "gpu-gen: hopper");
 
     let bad_key = rejected("run: x\nplacement:\n  labels: {\"gpu gen\": hopper}\n");
@@ -178,7 +181,8 @@ fn a_partition_means_slurm() {
     );
     assert_located(&process, 3, 24, "use `runtime: slurm`");
 
-    let image = rejected("run: x\nenvironment: {image: python:3.11}\nplacement: {partition: debug}\n");
+    let image =
+        rejected("run: x\nenvironment: {image: python:3.11}\nplacement: {partition: debug}\n");
     assert!(image.contains("cannot run `environment.image`"), "{image}");
     assert_located(&image, 3, 24, "remove `partition`");
 

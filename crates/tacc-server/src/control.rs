@@ -624,6 +624,15 @@ impl Control {
                 registered_at: now(),
             })
             .await?;
+        // Read before the node comes up: a queued task the scheduler places on it at once
+        // is new work for the agent, not an attempt its previous life left unclaimed.
+        let active = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await?;
         // A node that re-registers while still online (its agent restarted faster than
         // the heartbeat timeout) is already known to the scheduler with its allocations.
         let was_online = inner.nodes.get(&record.id).is_some_and(|n| n.online);
@@ -647,13 +656,6 @@ impl Control {
             }
         }
 
-        let active = self
-            .store
-            .list_tasks(&TaskFilter {
-                states: vec![TaskState::Starting, TaskState::Running],
-                ..Default::default()
-            })
-            .await?;
         for task in active
             .into_iter()
             .rev()
