@@ -33,13 +33,32 @@ async fn tasks_wait_for_a_node_with_their_labels_and_run_when_it_registers() {
     let dir = tempfile::tempdir().unwrap();
     let server = start("server", &dir.path().join("server"), &[]).await;
     let client = server.client();
+    // A socket named explicitly is offered even while no engine answers there.
+    let socket = dir.path().join("no-engine.sock").display().to_string();
     let _a = start_agent(
         &server,
         &dir.path().join("a"),
-        &["--name", "node-a", "--label", "pool=a", "--cpus", "2"],
+        &[
+            "--name",
+            "node-a",
+            "--label",
+            "pool=a",
+            "--cpus",
+            "2",
+            "--docker-socket",
+            &socket,
+        ],
     );
     wait_nodes(&client, 1).await;
     let nodes = client.list_nodes().await.unwrap();
+    assert_eq!(
+        nodes[0]
+            .labels
+            .get("tacc.io/runtime.container")
+            .map(String::as_str),
+        Some("true"),
+        "{nodes:?}"
+    );
     assert_eq!(
         nodes[0]
             .labels
