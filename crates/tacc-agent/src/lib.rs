@@ -343,7 +343,7 @@ impl Agent {
                 name: self.shared.config.name.clone(),
                 capacity: self.shared.config.capacity,
                 gpu_type: self.shared.config.gpu_type.clone(),
-                labels: self.shared.config.labels.clone(),
+                labels: runtimes::registration_labels(&self.shared),
                 running,
                 address: self.shared.config.address.clone(),
                 gpus: self.shared.gpus.devices(),

@@ -25,6 +25,33 @@ fn primary_kind(executor: &dyn Executor) -> RuntimeKind {
     }
 }
 
+/// The labels a node registers with: the configured ones, and one
+/// `tacc.io/runtime.<kind>=true` for each runtime it offers (its primary executor, and
+/// the container runtime when it has a Docker engine). The server selects on them for
+/// tasks that ask for a runtime, so they say only what this agent can really start.
+pub(crate) fn registration_labels(shared: &Shared) -> BTreeMap<String, String> {
+    let mut labels = shared.config.labels.clone();
+    let mut offered = BTreeSet::from([primary_kind(shared.executor.as_ref())]);
+    if shared.container.is_some() {
+        offered.insert(RuntimeKind::Container);
+    }
+    for kind in offered {
+        labels.insert(
+            runtime_label(kind).to_string(),
+            tacc_core::labels::OFFERED.to_string(),
+        );
+    }
+    labels
+}
+
+fn runtime_label(kind: RuntimeKind) -> &'static str {
+    match kind {
+        RuntimeKind::Process => tacc_core::labels::RUNTIME_PROCESS,
+        RuntimeKind::Container => tacc_core::labels::RUNTIME_CONTAINER,
+        RuntimeKind::Slurm => tacc_core::labels::RUNTIME_SLURM,
+    }
+}
+
 /// The executor that runs `runtime` on this node.
 pub(crate) fn executor(shared: &Shared, runtime: RuntimeKind) -> Arc<dyn Executor> {
     match (&shared.container, runtime) {

@@ -7,6 +7,7 @@
 
 mod identity;
 mod ids;
+pub mod labels;
 mod quantity;
 mod resources;
 mod state;

@@ -292,6 +292,10 @@ pub struct NodeView {
     pub capacity: Resources,
     pub allocated: Resources,
     pub gpu_type: Option<String>,
+    /// What the node offers (`tacc.io/runtime.*`, `tacc.io/slurm-partition`) and the
+    /// operator's `--label`s: what a task's `runtime` and `placement` select on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
     pub state: String,
     pub last_seen: Timestamp,
     pub running_tasks: Vec<TaskId>,

@@ -260,6 +260,46 @@ impl Cluster {
         })
     }
 
+    /// Why too few nodes carry the labels the request selects, if they do not (resources
+    /// and GPU model aside: that is [`Cluster::never_fits`]'s question). Nodes come and
+    /// go, so such a request waits rather than being rejected.
+    pub fn selector_unmet(&self, request: &TaskRequest) -> Option<String> {
+        if request.node_selector.is_empty() {
+            return None;
+        }
+        let needed = request.nodes.max(1) as usize;
+        let matching = self
+            .nodes
+            .values()
+            .filter(|node| {
+                request
+                    .node_selector
+                    .iter()
+                    .all(|(key, value)| node.spec.labels.get(key) == Some(value))
+            })
+            .take(needed)
+            .count();
+        if matching >= needed {
+            return None;
+        }
+        let wanted: Vec<String> = request
+            .node_selector
+            .iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect();
+        Some(format!(
+            "it needs {needed} node(s) labelled {}, and {} of the {} node(s) up {}; it waits until one registers",
+            wanted.join(", "),
+            if matching == 0 {
+                "none".to_string()
+            } else {
+                format!("only {matching}")
+            },
+            self.nodes.len(),
+            if matching == 1 { "is" } else { "are" },
+        ))
+    }
+
     /// Why the request could not fit even on an empty cluster, if it could not.
     pub fn never_fits(&self, request: &TaskRequest) -> Option<String> {
         if request.nodes == 0 {

@@ -125,6 +125,9 @@ pub enum PendingReason {
     LowerPriority { blocked_by: TaskId },
     /// A task it depends on has not ended yet.
     Dependency { on: TaskId },
+    /// Too few nodes of the cluster carry the labels its `node_selector` asks for; it
+    /// waits (without holding up the queue) until enough such nodes register.
+    NoMatchingNode { detail: String },
 }
 
 impl fmt::Display for PendingReason {
@@ -148,6 +151,9 @@ impl fmt::Display for PendingReason {
                 "lower priority: the free resources are held for task {blocked_by}"
             ),
             PendingReason::Dependency { on } => write!(f, "waiting for task {on} to end"),
+            PendingReason::NoMatchingNode { detail } => {
+                write!(f, "no node can run it yet: {detail}")
+            }
         }
     }
 }

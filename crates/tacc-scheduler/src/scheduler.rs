@@ -434,7 +434,11 @@ impl Scheduler {
         request: TaskRequest,
         actions: &mut Vec<Action>,
     ) {
-        if let Some(detail) = self.cluster.never_fits(&request) {
+        // A request no node's labels match yet waits for such a node (see `consider`);
+        // one that the matching nodes could never hold is rejected.
+        if self.cluster.selector_unmet(&request).is_none()
+            && let Some(detail) = self.cluster.never_fits(&request)
+        {
             actions.push(Action::Reject {
                 task,
                 reason: PendingReason::CannotFit { detail },
@@ -1073,6 +1077,12 @@ impl Scheduler {
             self.start(now, task, placements, Some(actions));
             return;
         }
+        // Too few nodes carry its labels: nothing running or reserved stands in its way,
+        // so it neither holds up the queue nor claims anything.
+        if let Some(detail) = self.cluster.selector_unmet(&self.tasks[&task].request) {
+            self.set_reason(task, PendingReason::NoMatchingNode { detail }, actions);
+            return;
+        }
         if (pass.reservation.is_some() || !pass.holds.is_empty())
             && let Some(placements) =
                 self.cluster
@@ -1389,10 +1399,17 @@ impl Scheduler {
             },
             Phase::Queued { reason } => {
                 let key = (Reverse(entry.rank), entry.request.submitted_at, task);
+                // No estimate for a task no node can run yet: it depends on a node
+                // registering, not on the timeline.
+                let waits_for_node = matches!(reason, Some(PendingReason::NoMatchingNode { .. }));
                 Explanation::Queued {
                     reason: reason.clone(),
                     position: self.queue.range(..key).count(),
-                    estimated_start: self.estimate_start(task),
+                    estimated_start: if waits_for_node {
+                        None
+                    } else {
+                        self.estimate_start(task)
+                    },
                     attempt: entry.attempt,
                 }
             }
@@ -1624,6 +1641,142 @@ mod tests {
             .handle(Timestamp(4), Event::NodeResumed(NodeId(1)))
             .unwrap();
         assert_eq!(started(&plan), vec![TaskId(2)]);
+    }
+
+    fn labelled(id: u64, cpus: u64, labels: &[(&str, &str)]) -> Event {
+        Event::NodeUp(NodeSpec {
+            id: NodeId(id),
+            capacity: Resources::new(cpus * 1000, 64 << 30, 0),
+            gpu_type: None,
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        })
+    }
+
+    fn selecting(cpus: u64, at: u64, selector: &[(&str, &str)]) -> TaskRequest {
+        TaskRequest {
+            node_selector: selector
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..request(cpus, 0, 1, at)
+        }
+    }
+
+    fn pending_reason(plan: &Plan, task: u64) -> Option<&PendingReason> {
+        plan.actions.iter().find_map(|a| match a {
+            Action::Pending { task: t, reason } if *t == TaskId(task) => Some(reason),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_selector_no_node_matches_waits_without_holding_up_the_queue() {
+        let mut s = fifo();
+        s.handle(Timestamp(0), labelled(1, 4, &[("kind", "process")]))
+            .unwrap();
+        let plan = submit(&mut s, 1, selecting(1, 1, &[("kind", "slurm")]));
+        let Some(PendingReason::NoMatchingNode { detail }) = pending_reason(&plan, 1) else {
+            panic!("{plan:?}");
+        };
+        assert!(
+            detail.contains("1 node(s) labelled kind=slurm, and none of the 1 node(s) up are"),
+            "{detail}"
+        );
+        assert!(
+            PendingReason::NoMatchingNode {
+                detail: detail.clone()
+            }
+            .to_string()
+            .starts_with("no node can run it yet: ")
+        );
+        assert!(
+            matches!(
+                s.explain(TaskId(1)),
+                Explanation::Queued {
+                    estimated_start: None,
+                    ..
+                }
+            ),
+            "no estimate while no node can run it"
+        );
+        // FIFO: a later task that can run is not kept behind it.
+        assert_eq!(
+            started(&submit(&mut s, 2, selecting(1, 2, &[("kind", "process")]))),
+            vec![TaskId(2)]
+        );
+        assert_eq!(
+            started(&submit(&mut s, 3, request(1, 0, 1, 3))),
+            vec![TaskId(3)]
+        );
+        // The node it waits for registers: it starts there.
+        let plan = s
+            .handle(Timestamp(4), labelled(2, 4, &[("kind", "slurm")]))
+            .unwrap();
+        match &plan.actions[..] {
+            [Action::Start { task, placements }] => {
+                assert_eq!(*task, TaskId(1));
+                assert_eq!(placements[0].node, NodeId(2));
+            }
+            other => panic!("{other:?}"),
+        }
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_selector_is_rejected_only_when_its_nodes_are_too_small() {
+        let mut s = fifo();
+        s.handle(Timestamp(0), labelled(1, 2, &[("kind", "slurm")]))
+            .unwrap();
+        s.handle(Timestamp(0), node(2, 64, 0)).unwrap();
+        // Nodes carry the label, but none of them could ever hold 8 CPUs.
+        let plan = submit(&mut s, 1, selecting(8, 1, &[("kind", "slurm")]));
+        match &plan.actions[..] {
+            [
+                Action::Reject {
+                    reason: PendingReason::CannotFit { detail },
+                    ..
+                },
+            ] => assert!(detail.contains("labels"), "{detail}"),
+            other => panic!("{other:?}"),
+        }
+        // A gang of two waits while only one node carries the label.
+        let mut gang = selecting(1, 2, &[("kind", "slurm")]);
+        gang.nodes = 2;
+        let plan = submit(&mut s, 2, gang);
+        let Some(PendingReason::NoMatchingNode { detail }) = pending_reason(&plan, 2) else {
+            panic!("{plan:?}");
+        };
+        assert!(
+            detail.contains("2 node(s) labelled kind=slurm, and only 1 of the 2 node(s) up is"),
+            "{detail}"
+        );
+    }
+
+    #[test]
+    fn a_queued_task_whose_nodes_went_down_waits_for_them() {
+        let mut s = fifo();
+        s.handle(Timestamp(0), labelled(1, 1, &[("kind", "slurm")]))
+            .unwrap();
+        assert_eq!(
+            started(&submit(&mut s, 1, selecting(1, 1, &[("kind", "slurm")]))),
+            vec![TaskId(1)]
+        );
+        let plan = submit(&mut s, 2, selecting(1, 2, &[("kind", "slurm")]));
+        assert_eq!(
+            pending_reason(&plan, 2),
+            Some(&PendingReason::WaitingForResources)
+        );
+        let plan = s.handle(Timestamp(3), Event::NodeDown(NodeId(1))).unwrap();
+        assert!(
+            matches!(
+                pending_reason(&plan, 2),
+                Some(PendingReason::NoMatchingNode { .. })
+            ),
+            "{plan:?}"
+        );
     }
 
     #[test]

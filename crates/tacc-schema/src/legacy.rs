@@ -44,6 +44,7 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
             retry: Default::default(),
             checkpoint: None,
             runtime: Default::default(),
+            placement: Default::default(),
         },
         slurm_job_name: None,
     };

@@ -18,7 +18,8 @@ use crate::processes::{MAX_PROCESSES_PER_NODE, Processes};
 use crate::spans::{Location, Spans, yaml_lines};
 use crate::spec::{
     CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
-    ResourceSpec, RetryOn, RetrySpec, Runtime, TaskSpec,
+    LABEL_HELP, PlacementSpec, ResourceSpec, RetryOn, RetrySpec, Runtime, TaskSpec,
+    placement_label_error,
 };
 
 type Result<T> = std::result::Result<T, SchemaError>;
@@ -37,6 +38,7 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "retry",
     "checkpoint",
     "runtime",
+    "placement",
 ];
 pub(crate) const RESOURCE_FIELDS: &[&str] = &[
     "nodes",
@@ -61,6 +63,7 @@ pub(crate) const CONDA_FIELDS: &[&str] = &["name", "channels", "dependencies"];
 pub(crate) const DATASET_FIELDS: &[&str] = &["name", "source", "mount"];
 pub(crate) const RETRY_FIELDS: &[&str] = &["max_attempts", "on"];
 pub(crate) const CHECKPOINT_FIELDS: &[&str] = &["signal", "grace"];
+pub(crate) const PLACEMENT_FIELDS: &[&str] = &["labels", "partition"];
 
 /// Sections whose fields people often write one level too high (`gpus:` at the top).
 const NESTED_SECTIONS: &[(&str, &[&str])] = &[
@@ -69,6 +72,7 @@ const NESTED_SECTIONS: &[(&str, &[&str])] = &[
     ("code", CODE_FIELDS),
     ("retry", RETRY_FIELDS),
     ("checkpoint", CHECKPOINT_FIELDS),
+    ("placement", PLACEMENT_FIELDS),
 ];
 
 /// Names other tools use for our fields.
@@ -89,6 +93,10 @@ const ALIASES: &[(&str, &str)] = &[
     ("docker", "image"),
     ("container", "image"),
     ("file_mounts", "datasets"),
+    ("node_selector", "labels"),
+    ("nodeselector", "labels"),
+    ("constraint", "labels"),
+    ("queue", "partition"),
 ];
 
 /// Parse YAML text into a node tree, turning the loader's errors into located diagnostics.
@@ -695,6 +703,10 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         )?,
         None => Runtime::default(),
     };
+    let placement = match top.get("placement") {
+        Some(node) => read_placement(&mut reader, node, top.map_key("placement"))?,
+        None => PlacementSpec::default(),
+    };
 
     let spec = TaskSpec {
         name,
@@ -710,6 +722,7 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         retry,
         checkpoint,
         runtime,
+        placement,
     };
     if let Some(problem) = spec.first_problem() {
         return Err(reader
@@ -858,6 +871,67 @@ fn read_vars(reader: &mut Reader<'_>, node: &Node) -> Result<BTreeMap<String, St
         vars.insert(key.as_str().to_string(), value);
     }
     Ok(vars)
+}
+
+fn read_placement<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<PlacementSpec> {
+    let fields = reader.fields(node, key, "placement", PLACEMENT_FIELDS)?;
+    let mut placement = PlacementSpec::default();
+    if let Some(node) = fields.get("labels") {
+        placement.labels = read_labels(reader, node)?;
+    }
+    if let Some(node) = fields.get("partition") {
+        placement.partition = Some(reader.text(node, "placement.partition", "partition: debug")?);
+    }
+    Ok(placement)
+}
+
+/// `placement.labels`: each pair checked here, where the key and the value each have a
+/// place in the file to point at.
+fn read_labels(reader: &mut Reader<'_>, node: &Node) -> Result<BTreeMap<String, String>> {
+    let Node::Mapping(map) = node else {
+        return Err(reader.error_at_node(
+            node,
+            format!(
+                "expected a mapping of label names to values for `placement.labels`, found {}",
+                describe_found(node)
+            ),
+            "write e.g. `labels: {gpu-gen: hopper}`",
+        ));
+    };
+    let mut labels = BTreeMap::new();
+    for (key, value) in map.iter() {
+        let path = format!("placement.labels.{}", key.as_str());
+        reader.spans.record_key(&path, key);
+        if is_null(value) {
+            return Err(reader.spans.error_at_location(
+                reader.spans.scalar_location(key),
+                format!("label `{}` has no value", key.as_str()),
+                Some(format!(
+                    "write the value the node carries, e.g. `{}: hopper`",
+                    key.as_str()
+                )),
+            ));
+        }
+        let text = reader.text(value, &path, "gpu-gen: hopper")?;
+        if let Some((message, about_key)) = placement_label_error(key.as_str(), &text) {
+            let location = if about_key {
+                reader.spans.scalar_location(key)
+            } else {
+                reader.spans.node_location(value)
+            };
+            return Err(reader.spans.error_at_location(
+                location,
+                message,
+                Some(LABEL_HELP.to_string()),
+            ));
+        }
+        labels.insert(key.as_str().to_string(), text);
+    }
+    Ok(labels)
 }
 
 fn read_datasets(reader: &mut Reader<'_>, node: &Node) -> Result<Vec<DatasetSpec>> {

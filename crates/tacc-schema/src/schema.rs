@@ -57,7 +57,7 @@ mod tests {
     #[test]
     fn reader_field_lists_match_the_schema() {
         let schema = json_schema();
-        let cases: [(&str, &[&str]); 8] = [
+        let cases: [(&str, &[&str]); 9] = [
             ("/properties", reader::TASK_FIELDS),
             ("/$defs/ResourceSpec/properties", reader::RESOURCE_FIELDS),
             ("/$defs/CodeSpec/properties", reader::CODE_FIELDS),
@@ -72,6 +72,7 @@ mod tests {
                 "/$defs/CheckpointSpec/properties",
                 reader::CHECKPOINT_FIELDS,
             ),
+            ("/$defs/PlacementSpec/properties", reader::PLACEMENT_FIELDS),
         ];
         for (pointer, fields) in cases {
             assert_eq!(properties(&schema, pointer), sorted(fields), "{pointer}");

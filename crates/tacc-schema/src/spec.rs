@@ -64,6 +64,9 @@ pub struct TaskSpec {
     pub checkpoint: Option<CheckpointSpec>,
     #[serde(default)]
     pub runtime: Runtime,
+    /// Which nodes may run the task, beyond what `resources` and `runtime` ask for.
+    #[serde(default, skip_serializing_if = "PlacementSpec::is_empty")]
+    pub placement: PlacementSpec,
 }
 
 // Mirrors `Priority` for the JSON Schema only, since tacc-core stays free of schemars.
@@ -369,6 +372,30 @@ impl Runtime {
     }
 }
 
+/// Which nodes may run the task. Every label must be carried by the node with exactly
+/// this value; `partition` picks the nodes of a Slurm agent that submits to that Slurm
+/// partition. A task no registered node matches stays queued, and `tcloud why` says
+/// which labels it waits for, until such a node registers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementSpec {
+    /// Node labels, as operators give them to agents (`taccd agent --label KEY=VALUE`),
+    /// e.g. `{gpu-gen: hopper}`. Keys under `tacc.io/` are the platform's: use `runtime`
+    /// and `partition` instead.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// A Slurm partition, e.g. `debug`: the task runs as a Slurm job there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<String>,
+}
+
+impl PlacementSpec {
+    /// True when it restricts nothing (the task file left `placement` out).
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.partition.is_none()
+    }
+}
+
 /// A semantic mistake, named by field path; the caller decides how to locate it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Problem {
@@ -412,6 +439,7 @@ impl TaskSpec {
             .or_else(|| check_resources(&self.resources))
             .or_else(|| check_code(&self.code))
             .or_else(|| check_environment(&self.environment, self.runtime))
+            .or_else(|| check_placement(&self.placement, self.runtime, &self.environment))
             .or_else(|| check_datasets(&self.datasets))
             .or_else(|| check_commands(self))
             .or_else(|| check_outputs(&self.outputs))
@@ -660,11 +688,17 @@ fn check_environment(environment: &EnvironmentSpec, runtime: Runtime) -> Option<
                 "install the conda packages in the image, or drop `image` and let TACC build the conda environment",
             ));
         }
-        if runtime == Runtime::Process {
+        if matches!(runtime, Runtime::Process | Runtime::Slurm) {
             return Some(problem(
                 "environment.image",
-                "`runtime: process` cannot run a container image",
-                "remove `runtime: process` (or use `runtime: container`), or remove `image`",
+                format!(
+                    "`runtime: {}` cannot run a container image",
+                    runtime.as_str()
+                ),
+                format!(
+                    "remove `runtime: {}` (or use `runtime: container`), or remove `image`",
+                    runtime.as_str()
+                ),
             ));
         }
     } else if runtime == Runtime::Container {
@@ -714,6 +748,71 @@ fn check_environment(environment: &EnvironmentSpec, runtime: Runtime) -> Option<
                 "remove it from `vars`: a secret must not be written in the task file",
             ));
         }
+    }
+    None
+}
+
+/// Why the label `key: value` of `placement.labels` is refused, if it is: the message and
+/// whether it is about the key (else the value).
+pub(crate) fn placement_label_error(key: &str, value: &str) -> Option<(String, bool)> {
+    use tacc_core::labels;
+    if let Some(why) = labels::key_error(key) {
+        return Some((why, true));
+    }
+    if labels::is_reserved(key) {
+        return Some((
+            format!(
+                "`{key}` is a label the platform sets itself (keys under `{}`)",
+                labels::RESERVED_PREFIX
+            ),
+            true,
+        ));
+    }
+    labels::value_error(value).map(|why| (why, false))
+}
+
+pub(crate) const LABEL_HELP: &str = "write a label the way the operator gave it to the agent (`taccd agent --label KEY=VALUE`), e.g. `labels: {gpu-gen: hopper}`; choose the runtime with `runtime:` and a Slurm partition with `partition:`";
+
+fn check_placement(
+    placement: &PlacementSpec,
+    runtime: Runtime,
+    environment: &EnvironmentSpec,
+) -> Option<Problem> {
+    for (key, value) in &placement.labels {
+        if let Some((message, _)) = placement_label_error(key, value) {
+            return Some(problem(
+                format!("placement.labels.{key}"),
+                message,
+                LABEL_HELP,
+            ));
+        }
+    }
+    let partition = placement.partition.as_deref()?;
+    if let Some(why) = tacc_core::labels::value_error(partition) {
+        return Some(problem(
+            "placement.partition",
+            why.replace("label value", "partition"),
+            "name a Slurm partition, e.g. `partition: debug` (`sinfo` lists them)",
+        ));
+    }
+    if matches!(runtime, Runtime::Process | Runtime::Container) {
+        return Some(problem(
+            "placement.partition",
+            format!(
+                "`partition: {partition}` runs the task as a Slurm job, but the task asks for `runtime: {}`",
+                runtime.as_str()
+            ),
+            "remove `partition`, or use `runtime: slurm` (or `runtime: auto`)",
+        ));
+    }
+    if environment.image.is_some() {
+        return Some(problem(
+            "placement.partition",
+            format!(
+                "`partition: {partition}` runs the task as a Slurm job, which cannot run `environment.image`"
+            ),
+            "remove `partition`, or remove `image` and install the software on the Slurm nodes",
+        ));
     }
     None
 }

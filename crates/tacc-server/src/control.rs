@@ -13,7 +13,7 @@ use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef, DesiredWor
 use tacc_scheduler::{
     Action, Event, Explanation, NodeSpec, Placement, Plan, Scheduler, SchedulerConfig, TaskRequest,
 };
-use tacc_schema::{RetryOn, Runtime, TaskSpec};
+use tacc_schema::{RetryOn, TaskSpec};
 use tacc_store::{
     NewNode, NewTask, NodeRecord, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter,
     TaskRecord, Transition,
@@ -222,6 +222,7 @@ fn request_of(
         preemptible: spec.preemptible,
         time_limit_secs: spec.resources.time_limit.map(|t| t.as_secs()),
         submitted_at: at,
+        node_selector: crate::node_selector::of(spec),
         ..TaskRequest::default()
     }
 }
@@ -373,7 +374,6 @@ impl Control {
     ) -> Result<TaskRecord, ServerError> {
         spec.validate()
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
-        unsupported(&spec)?;
         for name in &spec.environment.secrets {
             if self.store.get_secret(user, name).await?.is_none() {
                 return Err(ServerError::InvalidTask(format!(
@@ -682,6 +682,15 @@ impl Control {
                 registered_at: now(),
             })
             .await?;
+        // Read before the node comes up: a queued task the scheduler places on it at once
+        // is new work for the agent, not an attempt its previous life left unclaimed.
+        let active = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await?;
         // A node that re-registers while still online (its agent restarted faster than
         // the heartbeat timeout) is already known to the scheduler with its allocations.
         let was_online = inner.nodes.get(&record.id).is_some_and(|n| n.online);
@@ -711,13 +720,6 @@ impl Control {
             self.node_joins_scheduler(&mut inner, record.id).await;
         }
 
-        let active = self
-            .store
-            .list_tasks(&TaskFilter {
-                states: vec![TaskState::Starting, TaskState::Running],
-                ..Default::default()
-            })
-            .await?;
         for task in active
             .into_iter()
             .rev()
@@ -1372,6 +1374,7 @@ impl Control {
                     capacity: live.record.capacity,
                     allocated,
                     gpu_type: live.record.gpu_type.clone(),
+                    labels: live.record.labels.clone(),
                     state: match (live.online, live.record.drained) {
                         (false, _) => "down".into(),
                         (true, _) if live.held_back_until.is_some() => "flapping".into(),
@@ -1532,11 +1535,20 @@ impl Control {
             Explanation::Queued {
                 position: at,
                 estimated_start: start,
+                reason,
                 ..
             } => {
                 position = Some(at as u64);
                 estimated_start = start;
-                if start.is_none() {
+                let waits_for_node = matches!(
+                    reason,
+                    Some(tacc_scheduler::PendingReason::NoMatchingNode { .. })
+                );
+                if waits_for_node && let Some(spec) = inner.specs.get(&task) {
+                    details.push(crate::node_selector::advice(&crate::node_selector::of(
+                        spec,
+                    )));
+                } else if start.is_none() {
                     details.push(
                         "no start estimate: a task it waits for has no time limit (set resources.time_limit to get one)"
                             .to_string(),
@@ -1683,22 +1695,5 @@ fn report_kind(report: &AgentReport) -> &'static str {
         AgentReport::Finished { .. } => "finished",
         AgentReport::RuntimeChosen { .. } => "runtime",
         AgentReport::Usage(_) => "usage",
-    }
-}
-
-/// Fields the task file accepts but this server cannot honour yet.
-fn unsupported(spec: &TaskSpec) -> Result<(), ServerError> {
-    let mut problems = Vec::new();
-    if spec.runtime == Runtime::Slurm {
-        problems
-            .push("`runtime: slurm` (the Slurm backend is not supported yet; use `runtime: auto`)");
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(ServerError::Unsupported(format!(
-            "this server cannot honour: {}",
-            problems.join("; ")
-        )))
     }
 }

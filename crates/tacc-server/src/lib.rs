@@ -18,6 +18,7 @@ mod limits;
 mod logs;
 mod node_attempts;
 mod node_requests;
+mod node_selector;
 pub mod secrets;
 mod tls;
 mod usage;

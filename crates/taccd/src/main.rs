@@ -7,6 +7,7 @@ mod admin;
 mod admin_accounts;
 mod admin_nodes;
 mod modes;
+mod node_labels;
 mod slurm_agent;
 mod tls;
 
@@ -292,6 +293,11 @@ struct NodeArgs {
     /// account run as that account). Tasks never run as root.
     #[arg(long, default_value_t = tacc_agent::DEFAULT_TASK_UID_BASE, value_parser = clap::value_parser!(u32).range(1..))]
     task_uid_base: u32,
+    /// A label of this node (of every node, with --backend slurm) that task files select
+    /// with `placement.labels`, e.g. `gpu-gen=hopper`; repeatable. The agent adds the
+    /// runtimes it offers itself (`tacc.io/runtime.process=true`, …).
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = node_labels::parse_label)]
+    labels: Vec<(String, String)>,
 }
 
 const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
@@ -369,7 +375,10 @@ fn main() -> Result<()> {
                             &data_dir,
                             token,
                             slurm,
-                            node.keep_workdirs,
+                            slurm_agent::NodeOptions {
+                                keep_workdirs: node.keep_workdirs,
+                                labels: node.labels.iter().cloned().collect(),
+                            },
                             shutdown,
                         )
                         .await
@@ -551,7 +560,7 @@ async fn run_agent(
         data_dir: data_dir.to_path_buf(),
         capacity,
         gpu_type,
-        labels: BTreeMap::new(),
+        labels: node.labels.iter().cloned().collect(),
         address: match &node.address {
             Some(address) => address.clone(),
             None => address_towards(client.base_url())?,

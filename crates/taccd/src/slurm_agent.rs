@@ -51,12 +51,20 @@ fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
+/// What `taccd agent` says of every node, whatever its backend.
+#[derive(Debug, Clone, Default)]
+pub struct NodeOptions {
+    pub keep_workdirs: bool,
+    /// The operator's `--label`s, given to every Slurm node this agent offers.
+    pub labels: BTreeMap<String, String>,
+}
+
 pub async fn run(
     client: tacc_client::Client,
     data_dir: &Path,
     join_token: Option<String>,
     args: SlurmArgs,
-    keep_workdirs: bool,
+    node_options: NodeOptions,
     shutdown: CancellationToken,
 ) -> Result<()> {
     let mut config = SlurmConfig::new(
@@ -83,16 +91,32 @@ pub async fn run(
             }
         );
     }
+    // Task files select a partition by this label, so it names the partition the jobs
+    // really go to; a node outside it (or a Slurm without a default) gets none.
+    let partition = backend
+        .submit_partition()
+        .await
+        .context("cannot read Slurm's partitions with `sinfo`")?;
     tracing::info!(
-        "slurm backend: {} node(s), job states read as {}",
+        "slurm backend: {} node(s), jobs submitted to {}, job states read as {}",
         nodes.len(),
+        match &partition {
+            Some(p) => format!("partition {p}"),
+            None => "Slurm's default partition".to_string(),
+        },
         if backend.reads_json() { "JSON" } else { "text" }
     );
     let mut agents = tokio::task::JoinSet::new();
     for node in nodes {
-        let mut labels = BTreeMap::from([("backend".to_string(), "slurm".to_string())]);
-        if !node.partitions.is_empty() {
-            labels.insert("partition".into(), node.partitions.join(","));
+        // `tacc.io/runtime.slurm` is added by the agent itself, from its executor.
+        let mut labels = node_options.labels.clone();
+        if let Some(partition) = &partition
+            && (node.partitions.is_empty() || node.partitions.contains(partition))
+        {
+            labels.insert(
+                tacc_core::labels::SLURM_PARTITION.to_string(),
+                partition.clone(),
+            );
         }
         let config = AgentConfig {
             name: node.name.clone(),
@@ -102,7 +126,7 @@ pub async fn run(
             labels,
             address: node.name.clone(),
             poll_wait: Duration::from_secs(20),
-            keep_workdirs,
+            keep_workdirs: node_options.keep_workdirs,
             // Environments are built under the agent's data directory, which a Slurm
             // backend requires on the shared file system.
             env_cache_bytes: tacc_core::ByteSize::gib(50).as_bytes(),

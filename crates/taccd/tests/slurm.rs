@@ -337,6 +337,214 @@ async fn slurm_agent_restart_refinds_the_running_job() {
     assert_eq!(jobs.len(), 1, "re-found, not resubmitted: {jobs:?}");
 }
 
+/// One server, a process agent and a Slurm agent: agents say what they run as labels,
+/// `runtime: slurm` waits (explained) until a Slurm agent registers and then runs there
+/// as a Slurm job, `placement.labels` picks the process agent, and a task whose labels
+/// no node carries stays queued with a reason that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_agents_beside_process_agents_are_chosen_by_runtime_and_labels() {
+    if !slurm_ready("slurm_agents_beside_process_agents_are_chosen_by_runtime_and_labels").await {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", &dir.path().join("server"), &[]).await;
+    let client = server.client();
+    let _local = start_agent(
+        &server,
+        &dir.path().join("local"),
+        &["--name", "local-1", "--label", "pool=local"],
+    );
+    wait_nodes(&client, 1).await;
+
+    // No Slurm node yet: accepted, and it waits with a reason and advice.
+    let script = "  echo \"job=${SLURM_JOB_ID:-none} host=$(hostname)\"\n";
+    let on_slurm = submit(
+        &client,
+        dir.path(),
+        "on-slurm",
+        &format!(
+            "name: on-slurm\nruntime: slurm\nplacement: {{partition: debug}}\nrun: |\n{script}"
+        ),
+        &[],
+    )
+    .await;
+    let why = wait_reason(&client, on_slurm, "no node can run it yet").await;
+    let reason = why.reason.clone().unwrap();
+    assert!(
+        reason.contains("tacc.io/runtime.slurm=true")
+            && reason.contains("tacc.io/slurm-partition=debug"),
+        "{why:?}"
+    );
+    assert!(
+        why.details
+            .iter()
+            .any(|d| d.contains("taccd agent --backend slurm")),
+        "{why:?}"
+    );
+    assert_eq!(why.estimated_start, None, "{why:?}");
+
+    let tag = format!("t{}-beside", std::process::id());
+    let _slurm = start_agent(
+        &server,
+        &dir.path().join("slurm-agent"),
+        &[
+            "--backend",
+            "slurm",
+            "--slurm-tag",
+            &tag,
+            "--slurm-poll-ms",
+            "100",
+            "--label",
+            "pool=hpc",
+        ],
+    );
+    wait_nodes(&client, 3).await;
+    let nodes = client.list_nodes().await.unwrap();
+    let label = |name: &str, key: &str| {
+        nodes
+            .iter()
+            .find(|n| n.name == name)
+            .and_then(|n| n.labels.get(key).cloned())
+    };
+    assert_eq!(
+        label("local-1", "tacc.io/runtime.process").as_deref(),
+        Some("true"),
+        "{nodes:?}"
+    );
+    assert_eq!(
+        label("local-1", "pool").as_deref(),
+        Some("local"),
+        "{nodes:?}"
+    );
+    assert_eq!(label("local-1", "tacc.io/runtime.slurm"), None, "{nodes:?}");
+    for slurm_node in ["tacc-n1", "tacc-n2"] {
+        assert_eq!(
+            label(slurm_node, "tacc.io/runtime.slurm").as_deref(),
+            Some("true"),
+            "{nodes:?}"
+        );
+        assert_eq!(
+            label(slurm_node, "tacc.io/slurm-partition").as_deref(),
+            Some("debug"),
+            "{nodes:?}"
+        );
+        assert_eq!(
+            label(slurm_node, "pool").as_deref(),
+            Some("hpc"),
+            "{nodes:?}"
+        );
+        assert_eq!(
+            label(slurm_node, "tacc.io/runtime.process"),
+            None,
+            "{nodes:?}"
+        );
+    }
+
+    // The Slurm node registered: the waiting task runs there, as a Slurm job.
+    let view = wait_terminal(&client, on_slurm).await;
+    let log = log_text(&client, on_slurm).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}\n{log}");
+    assert!(view.nodes[0].starts_with("tacc-n"), "{view:?}");
+    let job = log
+        .split("job=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default();
+    assert!(
+        job.parse::<u64>().is_ok(),
+        "a Slurm job id in the log: {log}"
+    );
+    assert!(log.contains(&format!("host={}", view.nodes[0])), "{log}");
+    assert_eq!(jobs_of(&tag).len(), 1, "one Slurm job: {:?}", jobs_of(&tag));
+
+    // `auto` with the process agent's label runs there, not in Slurm.
+    let local = submit(
+        &client,
+        dir.path(),
+        "on-local",
+        &format!("name: on-local\nplacement: {{labels: {{pool: local}}}}\nrun: |\n{script}"),
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&client, local).await;
+    let log = log_text(&client, local).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}\n{log}");
+    assert_eq!(view.nodes, vec!["local-1".to_string()], "{view:?}");
+    assert!(log.contains("job=none"), "not a Slurm job: {log}");
+    assert_eq!(
+        jobs_of(&tag).len(),
+        1,
+        "no new Slurm job: {:?}",
+        jobs_of(&tag)
+    );
+
+    // Labels no node carries: queued, explained, never rejected while others run.
+    let nowhere = submit(
+        &client,
+        dir.path(),
+        "nowhere",
+        "name: nowhere\nplacement: {labels: {pool: gpu-farm}}\nrun: echo should never run\n",
+        &[],
+    )
+    .await;
+    let why = wait_reason(&client, nowhere, "no node can run it yet").await;
+    let reason = why.reason.clone().unwrap();
+    assert!(
+        reason.contains("pool=gpu-farm") && reason.contains("none of the 3 node(s) up"),
+        "{why:?}"
+    );
+    assert!(
+        why.details
+            .iter()
+            .any(|d| d.contains("--label pool=gpu-farm")),
+        "{why:?}"
+    );
+    let after = submit(
+        &client,
+        dir.path(),
+        "after",
+        "name: after\nplacement: {labels: {pool: hpc}}\nrun: echo after\n",
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&client, after).await;
+    assert_eq!(
+        view.state,
+        TaskState::Succeeded,
+        "not held up behind it: {view:?}"
+    );
+    let view = client.get_task(nowhere).await.unwrap();
+    assert_eq!(view.state, TaskState::Queued, "{view:?}");
+    client.cancel(nowhere).await.unwrap();
+    let view = wait_terminal(&client, nowhere).await;
+    assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
+    assert!(
+        !log_text(&client, nowhere)
+            .await
+            .contains("should never run")
+    );
+}
+
+/// Wait until `tcloud why` gives a reason containing `needle`.
+async fn wait_reason(
+    client: &tacc_client::Client,
+    task: TaskId,
+    needle: &str,
+) -> tacc_proto::TaskExplanation {
+    eventually(&format!("reason `{needle}`"), DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let why = client.explain(task).await.ok()?;
+            why.reason
+                .as_deref()
+                .is_some_and(|r| r.contains(needle))
+                .then_some(why)
+        }
+    })
+    .await
+}
+
 /// The executor contract, run directly against the Slurm executor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_executor_meets_the_contract() {

@@ -230,6 +230,16 @@ impl SlurmBackend {
         Ok(nodes)
     }
 
+    /// The partition this backend's jobs go to: the configured one, else Slurm's default
+    /// partition, if Slurm names one.
+    pub async fn submit_partition(&self) -> Result<Option<String>, ExecError> {
+        if let Some(partition) = &self.config.partition {
+            return Ok(Some(partition.clone()));
+        }
+        let text = slurm_command("sinfo", &["-h", "-o", "%P"]).await?;
+        Ok(status::default_partition(&text))
+    }
+
     /// The executor for one Slurm node (one TACC node).
     pub fn executor_for(self: &Arc<Self>, node: &str) -> SlurmExecutor {
         SlurmExecutor {

@@ -221,6 +221,16 @@ pub fn parse_sinfo_json(text: &str) -> Option<Vec<SlurmNode>> {
 }
 
 /// `gpu:4`, `gpu:a100:4(S:0-1)`, `gpu:a100:2,shard:8`, `(null)` → count and type.
+/// Slurm's default partition from `sinfo -h -o %P` (one partition a line, the default
+/// marked with `*`), if it names one.
+pub fn default_partition(text: &str) -> Option<String> {
+    text.lines()
+        .map(str::trim)
+        .find_map(|line| line.strip_suffix('*'))
+        .filter(|name| !name.is_empty())
+        .map(str::to_string)
+}
+
 pub fn parse_gres(gres: &str) -> (u32, Option<String>) {
     let mut count = 0;
     let mut kind = None;
@@ -245,6 +255,16 @@ pub fn parse_gres(gres: &str) -> (u32, Option<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_partition_is_the_starred_one() {
+        assert_eq!(
+            default_partition("gpu\ndebug*\nlong\n"),
+            Some("debug".to_string())
+        );
+        assert_eq!(default_partition("gpu\nlong\n"), None);
+        assert_eq!(default_partition(""), None);
+    }
 
     #[test]
     fn squeue_text_keeps_pipes_in_the_comment_and_skips_garbage() {
