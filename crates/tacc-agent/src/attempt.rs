@@ -104,6 +104,11 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     } else {
         outcome
     };
+    // Nothing of the attempt may keep its GPUs from the next task.
+    for text in crate::gpu_release::release(shared.gpus.as_ref(), attempt, &assignment.gpu_indices)
+    {
+        report(&shared, AgentReport::Log { attempt, text });
+    }
     // No sample of the attempt may follow its end in the report stream.
     shared.sampling.end(attempt);
     if !shared.config.keep_workdirs {

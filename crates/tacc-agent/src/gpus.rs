@@ -24,6 +24,9 @@ pub trait GpuProbe: Send + Sync + Debug {
     /// What the GPUs `indices` use now; a GPU that cannot be read is left out (a fake
     /// one is never read).
     fn sample(&self, indices: &[u32]) -> Vec<GpuSample>;
+
+    /// The processes holding a context on the GPUs `indices`, as (GPU index, pid).
+    fn holders(&self, indices: &[u32]) -> Vec<(u32, u32)>;
 }
 
 /// The GPUs NVML finds, the first `limit` of them (`--gpus N` on a machine with more).
@@ -111,6 +114,21 @@ impl GpuProbe for NvmlProbe {
             .filter_map(|&i| self.reading(i).ok())
             .collect()
     }
+
+    fn holders(&self, indices: &[u32]) -> Vec<(u32, u32)> {
+        let mut held = Vec::new();
+        for &index in indices.iter().filter(|&&i| i < self.limit) {
+            let Ok(device) = self.nvml.device_by_index(index) else {
+                continue;
+            };
+            let compute = device.running_compute_processes().unwrap_or_default();
+            let graphics = device.running_graphics_processes().unwrap_or_default();
+            held.extend(compute.iter().chain(&graphics).map(|p| (index, p.pid)));
+        }
+        held.sort_unstable();
+        held.dedup();
+        held
+    }
 }
 
 /// GPUs that are not there: `--gpus N --gpu-type T` on a machine without them. They are
@@ -121,6 +139,7 @@ pub struct FakeGpus {
     count: u32,
     model: String,
     readings: Mutex<BTreeMap<u32, GpuSample>>,
+    holders: Mutex<Vec<(u32, u32)>>,
 }
 
 impl FakeGpus {
@@ -129,7 +148,13 @@ impl FakeGpus {
             count,
             model: model.unwrap_or_default(),
             readings: Mutex::default(),
+            holders: Mutex::default(),
         }
+    }
+
+    /// Process `pid` holds GPU `index` from now on (tests).
+    pub fn set_holder(&self, index: u32, pid: u32) {
+        self.holders.lock().unwrap().push((index, pid));
     }
 
     /// What GPU `index` reads as from now on (tests).
@@ -168,6 +193,16 @@ impl GpuProbe for FakeGpus {
         indices
             .iter()
             .filter_map(|i| readings.get(i).cloned())
+            .collect()
+    }
+
+    fn holders(&self, indices: &[u32]) -> Vec<(u32, u32)> {
+        self.holders
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(index, _)| indices.contains(index))
+            .copied()
             .collect()
     }
 }

@@ -14,6 +14,7 @@ mod capacity;
 mod datasets;
 mod environments;
 mod fencing;
+mod gpu_release;
 mod gpus;
 mod identity;
 mod layout;
