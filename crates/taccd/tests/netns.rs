@@ -253,7 +253,7 @@ async fn a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let timeout = 3;
+    let timeout = 6;
     let cluster = Cluster::start(dir.path(), &["--heartbeat-timeout", &timeout.to_string()]).await;
     // Host 4 is this test's alone: its link goes down.
     let _cut = cluster.agent(4, "cut-h4", &[]);
