@@ -48,7 +48,10 @@ async fn throughput(client: &Client, root: &std::path::Path) -> (f64, f64) {
     .await;
     let total = started.elapsed().as_secs_f64();
     for id in [ids[0], *ids.iter().max().unwrap()] {
-        assert_eq!(client.get_task(id).await.unwrap().state, TaskState::Succeeded);
+        assert_eq!(
+            client.get_task(id).await.unwrap().state,
+            TaskState::Succeeded
+        );
     }
     (submitted, total)
 }

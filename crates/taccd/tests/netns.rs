@@ -339,3 +339,83 @@ async fn typed_fake_gpus_place_tasks_on_the_host_with_that_model() {
     let log = log_text(&cluster.client, task).await;
     assert!(log.contains(&host_address(2)), "{log}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_host_finishes_its_task_and_a_removed_one_is_gone() {
+    if !network_ready("a_drained_host_finishes_its_task_and_a_removed_one_is_gone") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &["--heartbeat-timeout", "3"]).await;
+    let _first = cluster.agent(1, "drain-h1", &["--cpus", "1"]);
+    wait_nodes(&cluster.client, 1).await;
+    let release = dir.path().join("release");
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let running = cluster
+        .submit(
+            "long",
+            &format!(
+                "name: long\nresources: {{cpus: 1}}\nrun: until [ -e {} ]; do sleep 0.05; done\n",
+                release.display()
+            ),
+        )
+        .await;
+    wait_state(&cluster.client, running, &[TaskState::Running]).await;
+    let mut second = cluster.agent(2, "drain-h2", &["--cpus", "1"]);
+    wait_nodes(&cluster.client, 2).await;
+
+    // Draining h1 lets its task run on; the next task goes to h2.
+    cluster.client.drain_node("drain-h1", false).await.unwrap();
+    let next = cluster
+        .submit(
+            "next",
+            "name: next\nresources: {cpus: 1}\nrun: hostname -I\n",
+        )
+        .await;
+    let view = wait_terminal(&cluster.client, next).await;
+    assert_eq!(view.nodes, vec!["drain-h2".to_string()], "{view:?}");
+    assert!(
+        log_text(&cluster.client, next)
+            .await
+            .contains(&host_address(2))
+    );
+    assert_eq!(
+        cluster.client.get_task(running).await.unwrap().state,
+        TaskState::Running
+    );
+    std::fs::write(&release, "").unwrap();
+    assert_eq!(
+        wait_terminal(&cluster.client, running).await.state,
+        TaskState::Succeeded
+    );
+    cluster.client.drain_node("drain-h1", true).await.unwrap();
+
+    // h2's machine goes away for good: down, then removed.
+    second.child.kill().unwrap();
+    second.child.wait().unwrap();
+    eventually("h2 down", DEADLINE, || {
+        let client = cluster.client.clone();
+        async move {
+            let nodes = client.list_nodes().await.ok()?;
+            nodes
+                .iter()
+                .any(|n| n.name == "drain-h2" && n.state == "down")
+                .then_some(())
+        }
+    })
+    .await;
+    cluster.client.remove_node("drain-h2").await.unwrap();
+    let names: Vec<String> = cluster
+        .client
+        .list_nodes()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, vec!["drain-h1".to_string()]);
+}
