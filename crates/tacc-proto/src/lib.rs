@@ -388,7 +388,7 @@ pub struct UserCreated {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenView {
     pub id: u64,
-    /// `user`, `agent_join` or `node`.
+    /// `user`, `agent_join`, `node` or `metrics`.
     pub kind: String,
     pub user: Option<String>,
     pub node: Option<NodeId>,

@@ -143,6 +143,30 @@ pub async fn issue_join_token(
     .await
 }
 
+/// A scrape token for the server's metrics (`GET /metrics`), e.g. for a Prometheus
+/// server's `authorization.credentials_file`.
+pub async fn issue_metrics_token(
+    store: &dyn Store,
+    issuer: &str,
+    label: &str,
+    ttl_secs: Option<u64>,
+    now: Timestamp,
+) -> Result<Issued, ServerError> {
+    issue(
+        store,
+        NewToken {
+            kind: TokenKind::Metrics,
+            hash: String::new(),
+            user: Some(issuer.to_string()),
+            node: None,
+            created_at: now,
+            expires_at: expiry(now, ttl_secs),
+            label: label.to_string(),
+        },
+    )
+    .await
+}
+
 /// The credential of one node, bound to it.
 pub async fn issue_node_token(
     store: &dyn Store,

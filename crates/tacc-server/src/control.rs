@@ -27,6 +27,9 @@ use crate::logs::LogBook;
 /// PyTorch's default up, one per attempt whose rank 0 shares the node.
 const MASTER_PORTS: std::ops::Range<u16> = 29500..30500;
 
+/// The reason of a queued task held while no node is online.
+pub(crate) const NO_NODE_REASON: &str = "waiting for a node to register";
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub data_dir: PathBuf,
@@ -192,6 +195,7 @@ pub struct Control {
     /// Questions to nodes about their running attempts (`tcloud ls`, live files).
     pub(crate) node_requests: crate::node_requests::NodeRequests,
     pub(crate) usage: crate::usage::UsageBook,
+    pub(crate) metrics: crate::metrics::Metrics,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -297,6 +301,7 @@ impl Control {
             node_attempts: Default::default(),
             node_requests: Default::default(),
             usage: Default::default(),
+            metrics: crate::metrics::Metrics::new(logs.written_counter()),
             store,
             logs,
             chunks,
@@ -390,6 +395,7 @@ impl Control {
         }
         let spec_json =
             serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
+        let committing = Instant::now();
         let record = self
             .store
             .create_task(NewTask {
@@ -401,6 +407,8 @@ impl Control {
                 submitted_at: now(),
             })
             .await?;
+        self.metrics.committed("create_task", committing.elapsed());
+        self.metrics.submitted();
         let group = self.auth.group_of(user).await?;
         let mut inner = self.inner.lock().await;
         inner.identity_groups.insert(user.to_string(), group);
@@ -418,10 +426,10 @@ impl Control {
             .await;
         } else {
             inner.held.insert(record.id);
-            self.store
-                .apply(&[TaskChange::Reason {
+            self
+                .commit(&[TaskChange::Reason {
                     task: record.id,
-                    reason: Some("waiting for a node to register".into()),
+                    reason: Some(NO_NODE_REASON.into()),
                 }])
                 .await?;
         }
@@ -432,7 +440,10 @@ impl Control {
     /// A failure here never loses a task: the task stays durable in its last state and
     /// the scheduler is rebuilt from the store.
     async fn drive(&self, inner: &mut Inner, event: Event) {
-        let plan = match inner.scheduler.handle(now(), event) {
+        let deciding = Instant::now();
+        let decided = inner.scheduler.handle(now(), event);
+        self.metrics.decided(deciding.elapsed());
+        let plan = match decided {
             Ok(plan) => plan,
             Err(e) => {
                 tracing::error!("scheduler refused an event: {e}");
@@ -507,7 +518,7 @@ impl Control {
                 Action::Preempt { task, .. } => preempted.push(task),
             }
         }
-        self.store.apply(&changes).await?;
+        self.commit(&changes).await?;
         for record in starts {
             let Some(spec) = inner.specs.get(&record.id) else {
                 continue;
@@ -614,8 +625,8 @@ impl Control {
             .ok_or(ServerError::TaskNotFound(task))?;
         match record.state {
             TaskState::Queued => {
-                self.store
-                    .apply(&[TaskChange::Transition(Transition {
+                self
+                    .commit(&[TaskChange::Transition(Transition {
                         reason: Some("cancelled by user".into()),
                         ..Transition::new(
                             task,
@@ -633,8 +644,8 @@ impl Control {
                 self.logs.wake(task);
             }
             TaskState::Starting | TaskState::Running if !record.cancel_requested => {
-                self.store
-                    .apply(&[TaskChange::CancelRequested { task }])
+                self
+                    .commit(&[TaskChange::CancelRequested { task }])
                     .await?;
                 let attempt = AttemptRef {
                     task,
@@ -938,8 +949,8 @@ impl Control {
                         continue;
                     };
                     if record.attempt == attempt.attempt && record.state == TaskState::Starting {
-                        self.store
-                            .apply(&[TaskChange::Transition(Transition::new(
+                        self
+                            .commit(&[TaskChange::Transition(Transition::new(
                                 attempt.task,
                                 TaskState::Starting,
                                 TaskState::Running,
@@ -947,6 +958,8 @@ impl Control {
                                 at,
                             ))])
                             .await?;
+                        self.metrics
+                            .started(record.submitted_at, attempt.attempt, now());
                     }
                 }
                 AgentReport::Finished {
@@ -969,8 +982,8 @@ impl Control {
                         continue;
                     };
                     if record.attempt == attempt.attempt && !record.state.is_terminal() {
-                        self.store
-                            .apply(&[TaskChange::Reason {
+                        self
+                            .commit(&[TaskChange::Reason {
                                 task: attempt.task,
                                 reason: Some(format!("runtime {runtime}: {why}")),
                             }])
@@ -1122,8 +1135,8 @@ impl Control {
         at: Timestamp,
     ) -> Result<(), ServerError> {
         let task = record.id;
-        self.store
-            .apply(&[TaskChange::Transition(Transition {
+        self
+            .commit(&[TaskChange::Transition(Transition {
                 reason: Some(format!("preempted during attempt {}", record.attempt)),
                 ..Transition::new(
                     task,
@@ -1191,7 +1204,7 @@ impl Control {
                 ..Transition::new(task, state, TaskState::Queued, record.attempt.next(), at)
             }));
         }
-        self.store.apply(&changes).await?;
+        self.commit(&changes).await?;
         let attempt = AttemptRef {
             task,
             attempt: record.attempt,

@@ -16,6 +16,7 @@ pub mod auth;
 mod control;
 mod limits;
 mod logs;
+mod metrics;
 mod node_attempts;
 mod node_requests;
 mod node_selector;

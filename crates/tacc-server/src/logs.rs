@@ -15,6 +15,8 @@ pub struct LogBook {
     watchers: Mutex<BTreeMap<TaskId, Arc<Notify>>>,
     /// Bytes kept per task; what comes past it is dropped after one marker line.
     max_bytes: u64,
+    /// Bytes written to every log (`tacc_log_bytes_total`).
+    written: prometheus::IntCounter,
 }
 
 /// The line that ends a log cut at the cap.
@@ -27,7 +29,13 @@ impl LogBook {
             dir,
             watchers: Mutex::new(BTreeMap::new()),
             max_bytes,
+            written: crate::metrics::Metrics::log_bytes_counter(),
         })
+    }
+
+    /// The counter of bytes written, for the server's metrics.
+    pub fn written_counter(&self) -> prometheus::IntCounter {
+        self.written.clone()
     }
 
     fn path(&self, task: TaskId) -> PathBuf {
@@ -49,6 +57,7 @@ impl LogBook {
         let room = usize::try_from(self.max_bytes - size).unwrap_or(usize::MAX);
         if text.len() < room {
             file.write_all(text.as_bytes())?;
+            self.written.inc_by(text.len() as u64);
         } else {
             let mut cut = room;
             while !text.is_char_boundary(cut) {
@@ -61,6 +70,7 @@ impl LogBook {
                 self.max_bytes
             );
             file.write_all(marker.as_bytes())?;
+            self.written.inc_by((cut + marker.len()) as u64);
         }
         self.wake(task);
         Ok(())
@@ -111,5 +121,6 @@ mod tests {
         assert!(text.starts_with("12345\n6789"), "{text}");
         assert_eq!(text.matches(TRUNCATED_MARKER).count(), 1, "{text}");
         assert!(!text.contains("extra"), "{text}");
+        assert_eq!(book.written_counter().get(), text.len() as u64);
     }
 }

@@ -87,6 +87,25 @@ impl UsageBook {
             .unwrap_or_default()
     }
 
+    /// The summed GPU utilisation (percent) of each node's ranks, from samples received
+    /// within `fresh` (for `tacc_node_gpus_utilized`).
+    pub(crate) fn gpu_use_by_node(&self, fresh: Duration) -> BTreeMap<NodeId, u32> {
+        let book = self.book.lock().unwrap();
+        let mut by_node = BTreeMap::new();
+        for rank in book.ranks.values() {
+            if rank.received.elapsed() < fresh {
+                let percent: u32 = rank
+                    .sample
+                    .gpus
+                    .iter()
+                    .map(|g| g.utilization_percent.min(100))
+                    .sum();
+                *by_node.entry(rank.node).or_insert(0) += percent;
+            }
+        }
+        by_node
+    }
+
     fn node_name(book: &Book, node: NodeId) -> String {
         book.nodes
             .get(&node)
@@ -669,6 +688,34 @@ mod tests {
         assert_eq!((last[0].cpu_millis, last[0].memory_bytes), (550, 1030));
         assert_eq!(last[0].at, Timestamp(4));
         assert!(book.end_attempt(attempt(7)).is_empty());
+    }
+
+    #[test]
+    fn gpu_use_is_summed_per_node_from_fresh_samples_until_the_attempt_ends() {
+        let book = book();
+        let gpu = |index, percent| tacc_proto::GpuSample {
+            index,
+            utilization_percent: percent,
+            memory_used_bytes: 0,
+            memory_total_bytes: 0,
+        };
+        let received = Instant::now();
+        let mut rank = sample(1_000, 0, None, None);
+        rank.gpus = vec![gpu(0, 100), gpu(1, 50)];
+        book.record(NodeId(3), rank, Timestamp(1_000), received);
+        let mut other = sample(1_000, 0, None, None);
+        other.node_rank = 0;
+        other.gpus = vec![gpu(2, 25)];
+        book.record(NodeId(3), other, Timestamp(1_000), received);
+        let fresh = Duration::from_secs(30);
+        assert_eq!(
+            book.gpu_use_by_node(fresh),
+            BTreeMap::from([(NodeId(3), 175)])
+        );
+        // Too old to count as current use.
+        assert!(book.gpu_use_by_node(Duration::ZERO).is_empty());
+        book.end_attempt(attempt(7));
+        assert!(book.gpu_use_by_node(fresh).is_empty());
     }
 
     #[test]

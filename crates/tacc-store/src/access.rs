@@ -21,6 +21,8 @@ pub enum TokenKind {
     AgentJoin,
     /// A node's credential, issued at registration and bound to that node.
     Node,
+    /// A scrape token: reads the server's metrics (`GET /metrics`), nothing else.
+    Metrics,
 }
 
 impl TokenKind {
@@ -29,6 +31,7 @@ impl TokenKind {
             TokenKind::User => "user",
             TokenKind::AgentJoin => "agent_join",
             TokenKind::Node => "node",
+            TokenKind::Metrics => "metrics",
         }
     }
 
@@ -37,6 +40,7 @@ impl TokenKind {
             "user" => Some(TokenKind::User),
             "agent_join" => Some(TokenKind::AgentJoin),
             "node" => Some(TokenKind::Node),
+            "metrics" => Some(TokenKind::Metrics),
             _ => None,
         }
     }
@@ -48,7 +52,7 @@ pub struct NewToken {
     pub kind: TokenKind,
     /// Lower-case hex of the SHA-256 of the token's secret.
     pub hash: String,
-    /// The user it acts as (`User` tokens) or who issued it (`AgentJoin`).
+    /// The user it acts as (`User` tokens) or who issued it (`AgentJoin`, `Metrics`).
     pub user: Option<String>,
     /// The node it is bound to (`Node` tokens).
     pub node: Option<NodeId>,

@@ -26,6 +26,19 @@ pub enum AdminCommand {
         #[arg(long, default_value = "24h")]
         ttl: HumanDuration,
     },
+    /// Issue a scrape token for the server's metrics (`GET /metrics`): give it to your
+    /// Prometheus server (`authorization: {credentials_file: FILE}` in its scrape config).
+    /// It reads the metrics and nothing else; revoke it with `taccd admin token revoke ID`.
+    ///
+    /// Example: taccd admin --data-dir /var/lib/tacc metrics-token > /etc/prometheus/tacc.token
+    MetricsToken {
+        /// Shown in `taccd admin token ls`.
+        #[arg(long, default_value = "prometheus")]
+        label: String,
+        /// How long the token can be used (e.g. 90d); default: until revoked.
+        #[arg(long)]
+        ttl: Option<HumanDuration>,
+    },
     /// The audit trail: user, token, node and admin actions and refused requests.
     Audit {
         /// Newest entries shown.
@@ -218,6 +231,28 @@ pub async fn run(data_dir: &Path, command: AdminCommand) -> Result<()> {
                 token.record.id
             );
             eprintln!("  taccd agent --server URL --data-dir DIR --token <the token below>");
+            println!("{}", token.secret);
+        }
+        AdminCommand::MetricsToken { label, ttl } => {
+            let token = tacc_server::accounts::issue_metrics_token(
+                &store,
+                "operator",
+                &label,
+                ttl.map(|t| t.as_secs()),
+                now,
+            )
+            .await?;
+            store
+                .append_audit(audit(
+                    "metrics_token.create",
+                    format!("token:{}", token.record.id),
+                    label,
+                ))
+                .await?;
+            eprintln!(
+                "metrics token {} (shown once): it reads GET /metrics and nothing else",
+                token.record.id
+            );
             println!("{}", token.secret);
         }
         AdminCommand::Audit { limit, json } => {

@@ -227,6 +227,8 @@ async fn check_object(
                 )))
             }
         }
-        Access::Public | Access::User | Access::Admin | Access::Register => Ok(()),
+        Access::Public | Access::User | Access::Admin | Access::Register | Access::Metrics => {
+            Ok(())
+        }
     }
 }

@@ -9,6 +9,7 @@ mod cluster;
 mod files;
 mod guard;
 mod logs;
+mod metrics;
 mod outputs;
 mod secrets;
 mod snapshots;
@@ -111,6 +112,7 @@ fn declare() -> Vec<Declared> {
     vec![
         rule(M::GET, "/v1/health", Public, get(cluster::health)),
         rule(M::GET, "/v1/whoami", User, get(cluster::whoami)),
+        rule(M::GET, "/metrics", Metrics, get(metrics::scrape)),
         rule(M::POST, "/v1/tasks", User, post(tasks::submit)),
         rule(M::GET, "/v1/tasks", User, get(tasks::list_tasks)),
         rule(M::GET, "/v1/tasks/{id}", Task, get(tasks::get_task)),

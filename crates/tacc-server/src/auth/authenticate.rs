@@ -105,6 +105,7 @@ impl Authenticator {
                 })
                 .ok_or_else(|| refuse("the node credential is bound to no node")),
             TokenKind::AgentJoin => Ok(Caller::Joiner { token: token.id }),
+            TokenKind::Metrics => Ok(Caller::Scraper { token: token.id }),
         }
     }
 

@@ -19,6 +19,10 @@ pub enum Caller {
     Joiner {
         token: u64,
     },
+    /// A scrape token (`taccd admin metrics-token`): may read the metrics, nothing else.
+    Scraper {
+        token: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +41,7 @@ impl Caller {
             Caller::User(user) => format!("user:{}", user.name),
             Caller::Node { node, .. } => format!("node:{node}"),
             Caller::Joiner { token } => format!("join-token:{token}"),
+            Caller::Scraper { token } => format!("metrics-token:{token}"),
         }
     }
 
@@ -68,6 +73,8 @@ pub enum Access {
     Register,
     /// The node whose credential it is, for its own `{node}` only.
     OwnNode,
+    /// A scrape token (what a Prometheus server presents), or an admin.
+    Metrics,
 }
 
 /// Why a request was refused.
@@ -96,7 +103,17 @@ pub fn decide(caller: &Caller, access: Access) -> Result<(), Refusal> {
         (Access::Public, _) => Ok(()),
         (_, Caller::Anonymous) => Err(unauthenticated()),
         (Access::User | Access::Task | Access::Snapshot, Caller::User(_)) => Ok(()),
-        (Access::Admin | Access::Chunk, Caller::User(user)) if user.role == Role::Admin => Ok(()),
+        (Access::Metrics, Caller::Scraper { .. }) => Ok(()),
+        (Access::Admin | Access::Chunk | Access::Metrics, Caller::User(user))
+            if user.role == Role::Admin =>
+        {
+            Ok(())
+        }
+        (Access::Metrics, Caller::User(user)) => Err(Refusal::Forbidden(format!(
+            "user {} is not an admin; the metrics are read with a scrape token \
+             (`taccd admin metrics-token`) or an admin's token",
+            user.name
+        ))),
         (Access::Admin | Access::Chunk, Caller::User(user)) => Err(Refusal::Forbidden(format!(
             "user {} is not an admin; ask an admin to do this",
             user.name
@@ -111,6 +128,9 @@ pub fn decide(caller: &Caller, access: Access) -> Result<(), Refusal> {
         )),
         (_, Caller::Joiner { .. }) => Err(Refusal::Forbidden(
             "a join token may only register a node".into(),
+        )),
+        (_, Caller::Scraper { .. }) => Err(Refusal::Forbidden(
+            "a metrics token may only read GET /metrics".into(),
         )),
     }
 }
@@ -151,6 +171,7 @@ mod tests {
             Access::Admin,
             Access::Register,
             Access::OwnNode,
+            Access::Metrics,
         ] {
             assert!(matches!(
                 decide(&Caller::Anonymous, access),
@@ -207,6 +228,51 @@ mod tests {
         ));
         assert!(matches!(
             decide(&joiner, Access::User),
+            Err(Refusal::Forbidden(_))
+        ));
+    }
+
+    #[test]
+    fn metrics_are_for_scrape_tokens_and_admins_and_scrape_tokens_for_metrics_only() {
+        let scraper = Caller::Scraper { token: 4 };
+        assert_eq!(decide(&scraper, Access::Metrics), Ok(()));
+        for access in [
+            Access::Public,
+            Access::User,
+            Access::Task,
+            Access::Snapshot,
+            Access::Chunk,
+            Access::Admin,
+            Access::Register,
+            Access::OwnNode,
+        ] {
+            let decided = decide(&scraper, access);
+            if access == Access::Public {
+                assert_eq!(decided, Ok(()));
+            } else {
+                assert!(matches!(decided, Err(Refusal::Forbidden(_))), "{access:?}");
+            }
+        }
+        assert_eq!(
+            decide(&user("root", None, Role::Admin), Access::Metrics),
+            Ok(())
+        );
+        for role in [Role::User, Role::GroupAdmin] {
+            assert!(matches!(
+                decide(&user("alice", Some("vision"), role), Access::Metrics),
+                Err(Refusal::Forbidden(_))
+            ));
+        }
+        let node = Caller::Node {
+            node: NodeId(1),
+            token: 2,
+        };
+        assert!(matches!(
+            decide(&node, Access::Metrics),
+            Err(Refusal::Forbidden(_))
+        ));
+        assert!(matches!(
+            decide(&Caller::Joiner { token: 3 }, Access::Metrics),
             Err(Refusal::Forbidden(_))
         ));
     }
