@@ -47,6 +47,16 @@ if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
   fi
 fi
 
+# A real Prometheus for the metrics test (crates/taccd/tests/prometheus.rs), which starts
+# its own `prometheus` process scraping a test server. In CI a missing Prometheus is a
+# failure; elsewhere that test says SKIPPED loudly.
+if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
+  if ! bash scripts/ci/setup-prometheus.sh; then
+    echo "error: could not install Prometheus (scripts/ci/setup-prometheus.sh)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+
 if [ "${CI:-}" = "true" ]; then
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --quiet -- -D warnings

@@ -426,12 +426,11 @@ impl Control {
             .await;
         } else {
             inner.held.insert(record.id);
-            self
-                .commit(&[TaskChange::Reason {
-                    task: record.id,
-                    reason: Some(NO_NODE_REASON.into()),
-                }])
-                .await?;
+            self.commit(&[TaskChange::Reason {
+                task: record.id,
+                reason: Some(NO_NODE_REASON.into()),
+            }])
+            .await?;
         }
         Ok(record)
     }
@@ -625,18 +624,17 @@ impl Control {
             .ok_or(ServerError::TaskNotFound(task))?;
         match record.state {
             TaskState::Queued => {
-                self
-                    .commit(&[TaskChange::Transition(Transition {
-                        reason: Some("cancelled by user".into()),
-                        ..Transition::new(
-                            task,
-                            TaskState::Queued,
-                            TaskState::Cancelled,
-                            record.attempt,
-                            now(),
-                        )
-                    })])
-                    .await?;
+                self.commit(&[TaskChange::Transition(Transition {
+                    reason: Some("cancelled by user".into()),
+                    ..Transition::new(
+                        task,
+                        TaskState::Queued,
+                        TaskState::Cancelled,
+                        record.attempt,
+                        now(),
+                    )
+                })])
+                .await?;
                 inner.specs.remove(&task);
                 if !inner.held.remove(&task) {
                     self.drive(&mut inner, Event::TaskCancelled(task)).await;
@@ -644,9 +642,7 @@ impl Control {
                 self.logs.wake(task);
             }
             TaskState::Starting | TaskState::Running if !record.cancel_requested => {
-                self
-                    .commit(&[TaskChange::CancelRequested { task }])
-                    .await?;
+                self.commit(&[TaskChange::CancelRequested { task }]).await?;
                 let attempt = AttemptRef {
                     task,
                     attempt: record.attempt,
@@ -949,15 +945,14 @@ impl Control {
                         continue;
                     };
                     if record.attempt == attempt.attempt && record.state == TaskState::Starting {
-                        self
-                            .commit(&[TaskChange::Transition(Transition::new(
-                                attempt.task,
-                                TaskState::Starting,
-                                TaskState::Running,
-                                attempt.attempt,
-                                at,
-                            ))])
-                            .await?;
+                        self.commit(&[TaskChange::Transition(Transition::new(
+                            attempt.task,
+                            TaskState::Starting,
+                            TaskState::Running,
+                            attempt.attempt,
+                            at,
+                        ))])
+                        .await?;
                         self.metrics
                             .started(record.submitted_at, attempt.attempt, now());
                     }
@@ -982,12 +977,11 @@ impl Control {
                         continue;
                     };
                     if record.attempt == attempt.attempt && !record.state.is_terminal() {
-                        self
-                            .commit(&[TaskChange::Reason {
-                                task: attempt.task,
-                                reason: Some(format!("runtime {runtime}: {why}")),
-                            }])
-                            .await?;
+                        self.commit(&[TaskChange::Reason {
+                            task: attempt.task,
+                            reason: Some(format!("runtime {runtime}: {why}")),
+                        }])
+                        .await?;
                     }
                 }
             }
@@ -1135,18 +1129,17 @@ impl Control {
         at: Timestamp,
     ) -> Result<(), ServerError> {
         let task = record.id;
-        self
-            .commit(&[TaskChange::Transition(Transition {
-                reason: Some(format!("preempted during attempt {}", record.attempt)),
-                ..Transition::new(
-                    task,
-                    record.state,
-                    TaskState::Queued,
-                    record.attempt.next(),
-                    at,
-                )
-            })])
-            .await?;
+        self.commit(&[TaskChange::Transition(Transition {
+            reason: Some(format!("preempted during attempt {}", record.attempt)),
+            ..Transition::new(
+                task,
+                record.state,
+                TaskState::Queued,
+                record.attempt.next(),
+                at,
+            )
+        })])
+        .await?;
         let attempt = AttemptRef {
             task,
             attempt: record.attempt,

@@ -282,7 +282,10 @@ impl Control {
                 .node_gpus_allocated
                 .with_label_values(&[name])
                 .set(node.allocated);
-            metrics.node_gpus_utilized.with_label_values(&[name]).set(0.0);
+            metrics
+                .node_gpus_utilized
+                .with_label_values(&[name])
+                .set(0.0);
         }
         for (node, percent) in busy {
             if let Some(name) = names.get(&node) {
@@ -413,10 +416,12 @@ mod tests {
             Some(0.0)
         );
         assert_eq!(
-            value(&text, "tacc_task_submit_to_start_seconds_bucket{le=\"2.5\"}"),
+            value(
+                &text,
+                "tacc_task_submit_to_start_seconds_bucket{le=\"2.5\"}"
+            ),
             Some(1.0)
         );
         assert!(text.contains("process_cpu_seconds_total"), "{text}");
     }
-
 }

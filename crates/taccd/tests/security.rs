@@ -19,6 +19,7 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
     [
         ("GET", "/v1/health", "public"),
         ("GET", "/v1/whoami", "user"),
+        ("GET", "/metrics", "metrics"),
         ("POST", "/v1/tasks", "user"),
         ("GET", "/v1/tasks", "user"),
         ("GET", "/v1/tasks/{id}", "task"),
@@ -85,9 +86,11 @@ enum Who {
     OtherUser,
     Node,
     Admin,
+    /// A scrape token (`taccd admin metrics-token`).
+    Scraper,
 }
 
-const EVERYONE: [Who; 8] = [
+const EVERYONE: [Who; 9] = [
     Who::Nobody,
     Who::Malformed,
     Who::Expired,
@@ -96,6 +99,7 @@ const EVERYONE: [Who; 8] = [
     Who::OtherUser,
     Who::Node,
     Who::Admin,
+    Who::Scraper,
 ];
 
 /// Whether `status` is what `who` must get from a route of `class`. "Admitted" means the
@@ -111,9 +115,11 @@ fn acceptable(path: &str, class: &str, who: Who, status: StatusCode) -> bool {
             status == StatusCode::UNAUTHORIZED
         }
         (Who::Owner, "user" | "task" | "snapshot") => admitted,
-        (Who::Owner | Who::OtherUser, "admin" | "chunk" | "register" | "own_node") => {
+        (Who::Owner | Who::OtherUser, "admin" | "chunk" | "register" | "own_node" | "metrics") => {
             status == StatusCode::FORBIDDEN
         }
+        (Who::Scraper, "metrics") => status.is_success(),
+        (Who::Scraper, _) => status == StatusCode::FORBIDDEN,
         (Who::OtherUser, "user") => admitted,
         (Who::OtherUser, "task" | "snapshot") => status == StatusCode::NOT_FOUND,
         (Who::Node, "register" | "own_node") => admitted,
@@ -207,6 +213,7 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
         .to_string();
     let node_token = std::fs::read_to_string(daemon.data_dir.join("agent/node.token")).unwrap();
     let node = admin.list_nodes().await.unwrap()[0].id;
+    let scrape_token = token_of(&daemon.admin(&["metrics-token"]));
     // Let the short-lived token expire.
     eventually("the 1 s token to expire", DEADLINE, || {
         let url = daemon.url.clone();
@@ -230,6 +237,7 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
             Who::OtherUser => Some(other_token.clone()),
             Who::Node => Some(node_token.trim().to_string()),
             Who::Admin => Some(daemon.token.clone()),
+            Who::Scraper => Some(scrape_token.clone()),
         }
     };
     let mut failures = Vec::new();
