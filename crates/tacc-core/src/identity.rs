@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::CoreError;
 
 /// A user's role. Each role includes the rights of the ones before it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {

@@ -6,16 +6,19 @@ use serde::{Deserialize, Serialize};
 use crate::CoreError;
 
 /// A task's id: a small positive integer assigned by the server, like a Slurm job id.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct TaskId(pub u64);
 
 /// Which attempt of a task this is, starting at 1; a retry or a preemption makes a new one.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct AttemptNo(pub u32);
 
 /// A machine that runs tasks, as registered by its agent; assigned by the server.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct NodeId(pub u64);
@@ -26,6 +29,7 @@ pub struct NodeId(pub u64);
 pub struct UserName(pub String);
 
 /// The content hash (BLAKE3, lower-case hex) that names an immutable code snapshot.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct SnapshotId(String);

@@ -7,6 +7,7 @@ use crate::ByteSize;
 /// A resource vector: what one node offers, or what a task asks for on each node.
 ///
 /// CPUs are counted in thousandths so fractional requests (`cpus: 0.5`) stay exact.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Resources {
     pub cpu_millis: u64,

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use crate::CoreError;
 
 /// Where a task is in its life. Names follow Slurm's job states, in lower case.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {

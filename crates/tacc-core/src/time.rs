@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 ///
 /// Core types never read a clock; whoever drives them (the live server, the simulator)
 /// passes time in.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]

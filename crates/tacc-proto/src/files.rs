@@ -21,6 +21,7 @@ pub const MAX_LIVE_FILE_BYTES: u64 = 32 << 20;
 pub const OUTPUTS_PENDING_HEADER: &str = "x-tacc-outputs-pending";
 
 /// Identifies one request the server put to a node, until it is answered or times out.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct NodeRequestId(pub u64);
@@ -33,6 +34,7 @@ impl std::fmt::Display for NodeRequestId {
 
 /// Server → agent, in [`crate::DesiredWork::requests`]: something about one of the
 /// node's running attempts that only the node can answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRequest {
     pub id: NodeRequestId,
@@ -40,6 +42,7 @@ pub struct NodeRequest {
     pub kind: NodeRequestKind,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum NodeRequestKind {
@@ -52,6 +55,7 @@ pub enum NodeRequestKind {
 
 /// Agent → server, for a [`NodeRequestKind::List`] or for any request that failed. A
 /// fetched file's bytes travel as the raw body of their own route instead.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum NodeAnswer {
@@ -64,6 +68,7 @@ pub enum NodeAnswer {
     Failed { code: String, message: String },
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FileKind {
@@ -87,6 +92,7 @@ impl FileKind {
 }
 
 /// One entry of a listing.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileEntry {
     /// The entry's name within the listed directory (a file listed by its own path: its
@@ -100,6 +106,7 @@ pub struct FileEntry {
 }
 
 /// `GET /v1/tasks/{id}/files`: a directory of a task, live or kept.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileListing {
     pub task: TaskId,

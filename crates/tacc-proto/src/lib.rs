@@ -22,6 +22,7 @@ pub const LOG_OFFSET_HEADER: &str = "x-tacc-log-offset";
 pub const API_PREFIX: &str = "/v1";
 
 /// Every error response body.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApiError {
     /// Stable machine-readable code, e.g. `not_found`, `invalid_task`, `conflict`.
@@ -30,6 +31,7 @@ pub struct ApiError {
     pub message: String,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
     pub status: String,
@@ -39,12 +41,14 @@ pub struct Health {
 // ---------------------------------------------------------------- snapshots
 
 /// Client → server: "here is a snapshot manifest; which chunks do you lack?"
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SnapshotOffer {
     /// The manifest as produced by the compiler (opaque to this crate).
     pub manifest: serde_json::Value,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotOfferReply {
     pub snapshot: SnapshotId,
@@ -54,6 +58,7 @@ pub struct SnapshotOfferReply {
     pub total_bytes: u64,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotCommitted {
     pub snapshot: SnapshotId,
@@ -61,6 +66,7 @@ pub struct SnapshotCommitted {
 
 // ---------------------------------------------------------------- tasks
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SubmitTask {
     /// The normalised task spec (JSON form of the schema crate's `TaskSpec`).
@@ -70,6 +76,7 @@ pub struct SubmitTask {
     pub source: Option<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubmitReply {
     pub task_id: TaskId,
@@ -77,6 +84,7 @@ pub struct SubmitReply {
 }
 
 /// A task as shown to users.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskView {
     pub id: TaskId,
@@ -106,6 +114,7 @@ pub struct TaskView {
 }
 
 /// Why a task is where it is: `GET /v1/tasks/{id}/why`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskExplanation {
     pub task_id: TaskId,
@@ -122,6 +131,7 @@ pub struct TaskExplanation {
     pub details: Vec<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskEventView {
     pub at: Timestamp,
@@ -130,6 +140,7 @@ pub struct TaskEventView {
     pub reason: Option<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputFile {
     /// Path relative to the working directory of the rank that wrote it.
@@ -145,6 +156,7 @@ pub struct OutputFile {
     pub name: String,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CancelReply {
     pub task_id: TaskId,
@@ -155,6 +167,7 @@ pub struct CancelReply {
 
 // ---------------------------------------------------------------- nodes and agents
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegisterAgent {
     /// Stable node name (host name by default); re-registering under it resumes the node.
@@ -171,6 +184,7 @@ pub struct RegisterAgent {
     pub gpus: Vec<GpuDevice>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentRegistered {
     pub node_id: NodeId,
@@ -182,6 +196,7 @@ pub struct AgentRegistered {
     pub node_token: Option<String>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct AttemptRef {
     pub task: TaskId,
@@ -189,6 +204,7 @@ pub struct AttemptRef {
 }
 
 /// Everything an agent needs to run its part of one attempt.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
     pub attempt: AttemptRef,
@@ -206,6 +222,7 @@ pub struct Assignment {
 }
 
 /// Agent → server long poll for work.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkPoll {
     /// The version of the desired work the agent has; the answer waits until it changes.
@@ -217,6 +234,7 @@ pub struct WorkPoll {
 
 /// The long-poll answer: the complete set of attempts this node should be running.
 /// Anything the agent runs that is not listed must be stopped.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DesiredWork {
     /// Changes whenever the set changes; pass it back to wait for the next change.
@@ -229,6 +247,7 @@ pub struct DesiredWork {
 }
 
 /// Agent → server, in the order things happened.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum AgentReport {
@@ -261,6 +280,7 @@ pub enum AgentReport {
     Usage(UsageSample),
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum AttemptOutcome {
@@ -280,11 +300,13 @@ pub enum AttemptOutcome {
     },
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentReports {
     pub reports: Vec<AgentReport>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NodeView {
     pub id: NodeId,
@@ -308,6 +330,7 @@ pub struct NodeView {
 
 /// A dataset an administrator registered (`taccd server --dataset NAME=SOURCE`); task
 /// files name it as `source: NAME`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatasetView {
     pub name: String,
@@ -316,6 +339,7 @@ pub struct DatasetView {
 }
 
 /// What one chunk garbage-collection pass did (`POST /v1/admin/gc`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GcReport {
     pub chunks_kept: u64,
@@ -327,6 +351,7 @@ pub struct GcReport {
 // ---------------------------------------------------------------- identities
 
 /// `GET /v1/whoami`: the identity the presented token stands for.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WhoAmI {
     pub name: String,
@@ -334,6 +359,7 @@ pub struct WhoAmI {
     pub role: Role,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserView {
     pub name: String,
@@ -343,6 +369,7 @@ pub struct UserView {
 }
 
 /// `POST /v1/admin/users` (admin only).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateUser {
     pub name: String,
@@ -360,6 +387,7 @@ fn default_role() -> Role {
 }
 
 /// `POST /v1/admin/tokens` (admin only): a new API token for an existing user.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateToken {
     pub user: String,
@@ -370,6 +398,7 @@ pub struct CreateToken {
 }
 
 /// A token as issued: the secret appears here once and is never shown again.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenIssued {
     pub id: u64,
@@ -378,6 +407,7 @@ pub struct TokenIssued {
 }
 
 /// `POST /v1/admin/users` answer: the user and their first token.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UserCreated {
     pub user: UserView,
@@ -385,6 +415,7 @@ pub struct UserCreated {
 }
 
 /// A token as listed: never its secret.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenView {
     pub id: u64,
@@ -398,6 +429,7 @@ pub struct TokenView {
     pub revoked_at: Option<Timestamp>,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditView {
     pub id: u64,
@@ -411,6 +443,7 @@ pub struct AuditView {
 
 /// A secret as listed: its name, never its value. The value is set with
 /// `PUT /v1/secrets/{name}` (the raw bytes as the body) and never read back.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretView {
     pub name: String,
@@ -420,6 +453,7 @@ pub struct SecretView {
 /// The answer to an agent's report batch: reports that did not belong to one of the
 /// node's current attempts (another node's, a stale attempt's, a replayed ending) are
 /// rejected one by one, audited, and counted here; the rest were applied.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct ReportsAck {
     pub accepted: u32,
@@ -429,6 +463,7 @@ pub struct ReportsAck {
 // ---------------------------------------------------------------- monitoring
 
 /// One GPU of a node, as its agent found it (through NVML) or faked it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuDevice {
     /// The index tasks see it under (`CUDA_VISIBLE_DEVICES`).
@@ -444,6 +479,7 @@ pub struct GpuDevice {
 }
 
 /// What one GPU of an attempt used at a sample.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuSample {
     pub index: u32,
@@ -456,6 +492,7 @@ pub struct GpuSample {
 
 /// Agent → server: one rank of a running attempt at one moment. Times are the agent's
 /// clock; the server compares them with `at`, never with its own clock.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageSample {
     pub attempt: AttemptRef,
@@ -484,6 +521,7 @@ pub struct UsageSample {
 
 /// `GET /v1/tasks/{id}/usage`: what a task's ranks use now, the peaks of every attempt,
 /// and what looks wrong.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskUsage {
     pub task_id: TaskId,
@@ -502,6 +540,7 @@ pub struct TaskUsage {
     pub silent_after_secs: u64,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankUsage {
     pub node_rank: u32,
@@ -519,6 +558,7 @@ pub struct RankUsage {
     pub quiet_secs: u64,
 }
 
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsagePeakView {
     pub attempt: AttemptNo,
@@ -533,6 +573,7 @@ pub struct UsagePeakView {
 }
 
 /// Something about a rank that a person should look at.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UsageFlag {
     /// `failed` (the first rank that failed) or `silent`.

@@ -18,6 +18,7 @@ use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
 fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
     [
         ("GET", "/v1/health", "public"),
+        ("GET", "/v1/openapi.json", "public"),
         ("GET", "/v1/whoami", "user"),
         ("GET", "/metrics", "metrics"),
         ("POST", "/v1/tasks", "user"),

@@ -10,6 +10,7 @@ mod files;
 mod guard;
 mod logs;
 mod metrics;
+mod openapi;
 mod outputs;
 mod secrets;
 mod snapshots;
@@ -28,6 +29,8 @@ use tacc_proto::ApiError;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Access;
+pub use openapi::openapi_json;
+
 use crate::{Control, ServerError};
 
 /// What handler modules share.
@@ -111,6 +114,7 @@ fn declare() -> Vec<Declared> {
     use Method as M;
     vec![
         rule(M::GET, "/v1/health", Public, get(cluster::health)),
+        rule(M::GET, "/v1/openapi.json", Public, get(openapi::serve)),
         rule(M::GET, "/v1/whoami", User, get(cluster::whoami)),
         rule(M::GET, "/metrics", Metrics, get(metrics::scrape)),
         rule(M::POST, "/v1/tasks", User, post(tasks::submit)),
