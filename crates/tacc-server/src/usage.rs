@@ -289,9 +289,7 @@ impl UsageBook {
         for rank in book.ranks.values() {
             let entry = nodes.entry(rank.node).or_default();
             for gpu in &rank.sample.gpus {
-                entry
-                    .utilization
-                    .insert(gpu.index, gpu.utilization_percent);
+                entry.utilization.insert(gpu.index, gpu.utilization_percent);
                 entry.memory_used_bytes += gpu.memory_used_bytes;
             }
         }
@@ -827,7 +825,11 @@ mod tests {
         let gpus = book.gpu_use_by_node();
         assert_eq!(gpus[&NodeId(3)].utilization.get(&1), Some(&60));
         book.end_attempt(attempt(7));
-        assert_eq!(book.series(TaskId(7), AttemptNo(1)).len(), 1, "kept for the plots");
+        assert_eq!(
+            book.series(TaskId(7), AttemptNo(1)).len(),
+            1,
+            "kept for the plots"
+        );
         assert!(book.gpu_use_by_node().is_empty(), "nothing runs any more");
     }
 

@@ -289,20 +289,10 @@ fn declare() -> Vec<Declared> {
         rule(M::GET, "/ui/login", Public, get(dashboard::login_form)),
         rule(M::POST, "/ui/login", Public, post(dashboard::login)),
         rule(M::POST, "/ui/logout", User, post(dashboard::logout)),
-        rule(
-            M::GET,
-            "/ui/assets/{file}",
-            Public,
-            get(dashboard::asset),
-        ),
+        rule(M::GET, "/ui/assets/{file}", Public, get(dashboard::asset)),
         rule(M::GET, "/ui/", User, get(dashboard::cluster)),
         rule(M::GET, "/ui/queue", User, get(dashboard::queue)),
-        rule(
-            M::GET,
-            "/ui/accounts",
-            User,
-            get(dashboard::accounts_page),
-        ),
+        rule(M::GET, "/ui/accounts", User, get(dashboard::accounts_page)),
         rule(M::GET, "/ui/tasks/{id}", Task, get(dashboard::task)),
         rule(
             M::POST,

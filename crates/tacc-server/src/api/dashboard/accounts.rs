@@ -118,7 +118,14 @@ pub(crate) async fn build(control: &Control, me: &UserCaller) -> Result<Accounts
     }
     let mut names: BTreeSet<String> = by_user.keys().cloned().collect();
     names.extend(config.users.keys().cloned());
-    names.extend(control.store.list_users().await?.into_iter().map(|u| u.name));
+    names.extend(
+        control
+            .store
+            .list_users()
+            .await?
+            .into_iter()
+            .map(|u| u.name),
+    );
     let my_group = group_of(control, &me.name).await?;
     let mut users = Vec::new();
     let mut by_group: BTreeMap<String, Holding> = BTreeMap::new();

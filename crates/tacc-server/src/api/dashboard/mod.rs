@@ -131,8 +131,7 @@ fn safe_next(next: Option<&str>) -> String {
 
 fn login_page(status: StatusCode, next: &str, error: Option<String>) -> Response {
     let context = minijinja::context! { next => next, error => error };
-    render::page(status, "login.html", context)
-        .unwrap_or_else(|e| render::error_page(&e, false))
+    render::page(status, "login.html", context).unwrap_or_else(|e| render::error_page(&e, false))
 }
 
 /// `GET /ui/login`: the sign-in form.

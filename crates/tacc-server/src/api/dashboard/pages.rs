@@ -59,7 +59,8 @@ pub(crate) async fn cluster(
     let gpu_use = control.usage.gpu_use_by_node();
     let mut rows = Vec::new();
     let mut states: BTreeMap<String, usize> = BTreeMap::new();
-    let (mut gpus_total, mut gpus_allocated, mut busy_sum, mut busy_count) = (0u32, 0u32, 0u64, 0u64);
+    let (mut gpus_total, mut gpus_allocated, mut busy_sum, mut busy_count) =
+        (0u32, 0u32, 0u64, 0u64);
     for node in control.node_views().await {
         *states.entry(node.state.clone()).or_default() += 1;
         let mut visible = Vec::new();
@@ -102,7 +103,11 @@ pub(crate) async fn cluster(
             gpus,
             running: node.running_tasks.len(),
             visible_tasks: visible,
-            labels: node.labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            labels: node
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect(),
             name: node.name,
             state: node.state,
         });
@@ -126,7 +131,11 @@ async fn visible_to(control: &Control, user: &UserCaller, task: TaskId) -> ApiRe
         return Ok(false);
     };
     let group = control.auth.group_of(&record.user).await?;
-    Ok(crate::auth::may_act_for(user, &record.user, group.as_deref()))
+    Ok(crate::auth::may_act_for(
+        user,
+        &record.user,
+        group.as_deref(),
+    ))
 }
 
 #[derive(Debug, Serialize)]
@@ -182,11 +191,17 @@ pub(crate) async fn queue(
     };
     let mut queued = Vec::new();
     for record in list(vec![TaskState::Queued]).await? {
-        queued.push(task_row(&super::super::tasks::task_view(control, record).await, now));
+        queued.push(task_row(
+            &super::super::tasks::task_view(control, record).await,
+            now,
+        ));
     }
     let mut active = Vec::new();
     for record in list(vec![TaskState::Starting, TaskState::Running]).await? {
-        active.push(task_row(&super::super::tasks::task_view(control, record).await, now));
+        active.push(task_row(
+            &super::super::tasks::task_view(control, record).await,
+            now,
+        ));
     }
     let mut ended = Vec::new();
     let terminal = vec![
@@ -198,7 +213,10 @@ pub(crate) async fn queue(
     let recent =
         super::super::tasks::visible_tasks(control, user, terminal, None, Some(20)).await?;
     for record in recent {
-        ended.push(task_row(&super::super::tasks::task_view(control, record).await, now));
+        ended.push(task_row(
+            &super::super::tasks::task_view(control, record).await,
+            now,
+        ));
     }
     let context = minijinja::context! {
         chrome => v(Chrome::new(user, session.as_deref(), "queue")),
@@ -288,9 +306,11 @@ fn attempts_of(events: &[tacc_store::TaskEvent]) -> Vec<AttemptRow> {
             state: event.state.as_str(),
             reason: String::new(),
         });
+        // Back in the queue after it ran (lost, preempted): that attempt ended there.
+        let requeued = event.state == TaskState::Queued && row.state != "queued";
         row.state = event.state.as_str();
         row.reason = event.reason.clone().unwrap_or_default();
-        if event.state.is_terminal() || event.state == TaskState::Queued {
+        if event.state.is_terminal() || requeued {
             row.ended = clock(event.at);
         }
     }

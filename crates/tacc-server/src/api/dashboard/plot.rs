@@ -33,9 +33,12 @@ pub(crate) enum Unit {
 }
 
 impl Unit {
-    fn label(self, value: f64) -> String {
+    /// The label of `value` on an axis whose top is `top`.
+    fn label(self, value: f64, top: f64) -> String {
         match self {
-            Unit::Cores => format!("{value:.2}"),
+            Unit::Cores if top < 0.1 => format!("{value:.3}"),
+            Unit::Cores if top < 10.0 => format!("{value:.2}"),
+            Unit::Cores => format!("{value:.1}"),
             Unit::Percent => format!("{value:.0}%"),
             Unit::Bytes => {
                 tacc_core::ByteSize::from_bytes(value.max(0.0).round() as u64).to_string()
@@ -108,7 +111,7 @@ pub(crate) fn line_chart(title: &str, unit: Unit, curves: &[Curve]) -> String {
             WIDTH - RIGHT,
             LEFT - 6.0,
             at + 4.0,
-            escape(&unit.label(value))
+            escape(&unit.label(value, top))
         );
     }
     let seconds = span / 1000.0;

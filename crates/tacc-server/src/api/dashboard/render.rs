@@ -123,10 +123,7 @@ pub(crate) fn resources(r: &Resources) -> String {
 pub(crate) fn error_page(error: &ServerError, signed_in: bool) -> Response {
     let status = error.status();
     let (title, advice) = match status {
-        StatusCode::NOT_FOUND => (
-            "Not found",
-            "It does not exist, or it is not yours to see.",
-        ),
+        StatusCode::NOT_FOUND => ("Not found", "It does not exist, or it is not yours to see."),
         StatusCode::FORBIDDEN => ("Not allowed", "Your account may not do this."),
         StatusCode::BAD_REQUEST => ("Bad request", "Go back, reload the page and try again."),
         _ if status.is_server_error() => (
@@ -183,7 +180,10 @@ mod tests {
     #[test]
     fn times_and_sizes_read_as_people_say_them() {
         assert_eq!(clock(Timestamp(0)), "1970-01-01 00:00:00 UTC");
-        assert_eq!(clock(Timestamp(1_700_000_000_000)), "2023-11-14 22:13:20 UTC");
+        assert_eq!(
+            clock(Timestamp(1_700_000_000_000)),
+            "2023-11-14 22:13:20 UTC"
+        );
         assert_eq!(relative(Timestamp(1_000), Timestamp(4_000)), "3s ago");
         assert_eq!(relative(Timestamp(301_000), Timestamp(1_000)), "in 5 min");
         assert_eq!(human_secs(90_000), "1d1h");
@@ -191,6 +191,9 @@ mod tests {
             resources(&Resources::new(1_500, 2 << 30, 2)),
             "1.50 CPU · 2GiB · 2 GPU"
         );
-        assert_eq!(resources(&Resources::new(4_000, 1 << 30, 0)), "4 CPU · 1GiB");
+        assert_eq!(
+            resources(&Resources::new(4_000, 1 << 30, 0)),
+            "4 CPU · 1GiB"
+        );
     }
 }

@@ -147,10 +147,16 @@ mod tests {
         assert_ne!(id, session.csrf);
         assert_eq!(id.len(), 43, "256 random bits, base64url");
         let found = sessions.get(&id, start + Duration::from_secs(60)).unwrap();
-        assert_eq!((found.user.as_str(), found.token.as_str()), ("alice", "tacc_secret"));
+        assert_eq!(
+            (found.user.as_str(), found.token.as_str()),
+            ("alice", "tacc_secret")
+        );
         assert!(sessions.get("not-a-session", start).is_none());
         assert!(sessions.get(&id, start + SESSION_TTL).is_none(), "expired");
-        assert!(sessions.get(&id, start).is_none(), "an expired session is forgotten");
+        assert!(
+            sessions.get(&id, start).is_none(),
+            "an expired session is forgotten"
+        );
     }
 
     #[test]
@@ -180,13 +186,22 @@ mod tests {
     #[test]
     fn the_cookie_is_http_only_strict_and_secure_over_tls() {
         let set = set_cookie(Some("abc"), true);
-        for part in ["tacc_session=abc", "HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
+        for part in [
+            "tacc_session=abc",
+            "HttpOnly",
+            "SameSite=Strict",
+            "Secure",
+            "Path=/",
+        ] {
             assert!(set.contains(part), "{set}");
         }
         assert!(!set_cookie(Some("abc"), false).contains("Secure"));
         assert!(set_cookie(None, false).contains("Max-Age=0"));
         let mut headers = HeaderMap::new();
-        headers.append(header::COOKIE, HeaderValue::from_static("a=1; tacc_session=xyz"));
+        headers.append(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; tacc_session=xyz"),
+        );
         assert_eq!(session_id(&headers).as_deref(), Some("xyz"));
         headers.clear();
         headers.append(header::COOKIE, HeaderValue::from_static("tacc_session="));
