@@ -117,12 +117,11 @@ pub(crate) fn line_chart(title: &str, unit: Unit, curves: &[Curve]) -> String {
     let seconds = span / 1000.0;
     let _ = write!(
         svg,
-        r#"<text x="{LEFT}" y="{}" class="axis">{}</text><text x="{}" y="{}" class="axis" text-anchor="end">{}</text>"#,
+        r#"<text x="{LEFT}" y="{}" class="axis">{}</text><text x="{}" y="{}" class="axis" text-anchor="end">latest</text>"#,
         HEIGHT - 6.0,
         escape(&format!("−{}", super::render::human_secs(seconds as u64))),
         WIDTH - RIGHT,
         HEIGHT - 6.0,
-        "latest"
     );
     for (i, curve) in curves.iter().enumerate() {
         let colour = PALETTE[i % PALETTE.len()];
