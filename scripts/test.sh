@@ -57,6 +57,17 @@ if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
   fi
 fi
 
+# Headless Chromium and chromedriver from Debian's packages for the dashboard's browser
+# tests (crates/taccd/tests/dashboard.rs), which keep their screenshots in
+# target/ui-screenshots/. In CI a browser that does not install is a failure; elsewhere
+# those tests say SKIPPED loudly.
+if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
+  if ! bash scripts/ci/setup-chromium.sh; then
+    echo "error: could not install Chromium for the dashboard tests (scripts/ci/setup-chromium.sh)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+
 if [ "${CI:-}" = "true" ]; then
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --quiet -- -D warnings

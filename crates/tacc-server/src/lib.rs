@@ -6,7 +6,8 @@
 //! It sits above all four layers and wires them together; it must not run user code
 //! itself (agents do, through `tacc-exec`) and takes an already-bound listener and a
 //! cancellation token so tests bind port 0 and stop it cleanly. [`serve`] speaks plain
-//! HTTP, [`serve_tls`] HTTPS (rustls); both run the same API and background tasks.
+//! HTTP, [`serve_tls`] HTTPS (rustls); both run the same API, the web dashboard (`/ui/`)
+//! and the background tasks.
 
 pub mod accounts;
 mod agent_access;
@@ -82,7 +83,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let listener = axum::serve::ListenerExt::tap_io(listener, set_nodelay);
-    serve_on(control, listener, shutdown).await
+    serve_on(control, listener, shutdown, false).await
 }
 
 /// Serve the API in HTTPS on `listener`, with `tls`'s certificate, until `shutdown` is
@@ -94,7 +95,7 @@ pub async fn serve_tls(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let listener = tls::TlsListener::new(listener, &tls)?;
-    serve_on(control, listener, shutdown).await
+    serve_on(control, listener, shutdown, true).await
 }
 
 /// Without TCP_NODELAY a streamed response (log follow, long poll) can wait out the peer's
@@ -105,11 +106,13 @@ fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
     }
 }
 
-/// The API and the background tasks (liveness, garbage collection) on any listener.
+/// The API, the dashboard and the background tasks (liveness, garbage collection) on any
+/// listener; `tls` marks the dashboard's cookies `Secure`.
 async fn serve_on<L>(
     control: Arc<Control>,
     listener: L,
     shutdown: CancellationToken,
+    tls: bool,
 ) -> std::io::Result<()>
 where
     L: axum::serve::Listener<Addr = std::net::SocketAddr>,
@@ -132,7 +135,7 @@ where
         })
     };
     let gc = tokio::spawn(artifacts::run_gc(control.clone(), shutdown.clone()));
-    let app = api::router(control, shutdown.clone());
+    let app = api::router(control, shutdown.clone(), tls);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;

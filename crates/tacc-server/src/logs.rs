@@ -92,6 +92,15 @@ impl LogBook {
             .clone()
     }
 
+    /// How many bytes the task's log holds (0 when there is none yet).
+    pub fn len(&self, task: TaskId) -> std::io::Result<u64> {
+        match std::fs::metadata(self.path(task)) {
+            Ok(meta) => Ok(meta.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Up to `max` bytes from `offset`; empty at the end (or when there is no log yet).
     pub fn read(&self, task: TaskId, offset: u64, max: usize) -> std::io::Result<Vec<u8>> {
         let mut file = match std::fs::File::open(self.path(task)) {

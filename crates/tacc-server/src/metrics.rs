@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntGaugeVec, Opts, Registry, TextEncoder,
 };
-use tacc_core::{AttemptNo, TaskState, Timestamp};
+use tacc_core::{AttemptNo, NodeId, TaskState, Timestamp};
 use tacc_store::{StoreError, TaskChange, TaskFilter};
 
 use crate::{Control, ServerError};
@@ -30,10 +30,6 @@ pub(crate) const REASON_KINDS: [&str; 7] = [
     "no_nodes",
     "other",
 ];
-
-/// GPU samples older than this no longer count as a node's current use (agents sample
-/// every 2 s; an attempt that ended has its samples dropped at once).
-const GPU_SAMPLE_FRESH: Duration = Duration::from_secs(30);
 
 /// The kind of a queued task's stored reason, one of [`REASON_KINDS`]. The reason is
 /// the scheduler's `PendingReason` as displayed, or the control plane's own while no node
@@ -270,7 +266,12 @@ impl Control {
                 (view.name, gauges)
             })
             .collect();
-        let busy = self.usage.gpu_use_by_node(GPU_SAMPLE_FRESH);
+        let busy: BTreeMap<NodeId, u32> = self
+            .usage
+            .gpu_use_by_node(crate::usage::GPU_SAMPLE_FRESH)
+            .into_iter()
+            .map(|(node, gpus)| (node, gpus.percent_total()))
+            .collect();
         let names = self.node_names().await;
         let mut by_state: BTreeMap<&str, i64> = NODE_STATES.iter().map(|s| (*s, 0)).collect();
         // A node that left must not linger with its last values.

@@ -8,8 +8,13 @@
 //! Agents stamp samples with their own clock; only differences of the agent's times are
 //! used (`at` minus the last output), applied to the server's clock at receipt, so a
 //! node's skewed clock cannot make a rank look silent or alive.
+//!
+//! For the dashboard's plots each rank of each attempt also keeps a bounded series of its
+//! samples ([`SERIES_POINTS`] per rank, [`SERIES_KEPT`] ranks, in memory): it outlives the
+//! attempt, so a task that just ended still shows its curves, and the oldest series go
+//! first.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -33,6 +38,69 @@ const STALE_AFTER: Duration = Duration::from_secs(600);
 
 /// First failures kept at most (the oldest go first).
 const FAILURES_KEPT: usize = 10_000;
+
+/// Samples kept per rank for the plots: 24 minutes at the agents' 2 s interval.
+pub(crate) const SERIES_POINTS: usize = 720;
+/// Rank series kept at most (≈ 30 MB at most); the one sampled longest ago goes first.
+pub(crate) const SERIES_KEPT: usize = 1_024;
+
+/// One sample of one rank, as plotted: the server's clock, and what the rank used.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SeriesPoint {
+    pub(crate) at: Timestamp,
+    /// Cores used on average since the previous sample, where measured.
+    pub(crate) cpus: Option<f64>,
+    pub(crate) memory_bytes: Option<u64>,
+    /// The mean utilisation of the rank's GPUs; `None` without GPUs.
+    pub(crate) gpu_percent: Option<f64>,
+    pub(crate) gpu_memory_bytes: Option<u64>,
+}
+
+/// The kept samples of one rank of one attempt.
+#[derive(Debug, Clone)]
+pub(crate) struct RankSeries {
+    pub(crate) node_rank: u32,
+    pub(crate) node: String,
+    pub(crate) points: VecDeque<SeriesPoint>,
+}
+
+impl SeriesPoint {
+    fn of(sample: &UsageSample, at: Timestamp) -> SeriesPoint {
+        let gpus = &sample.gpus;
+        SeriesPoint {
+            at,
+            cpus: sample.cpu_millis_used.map(|m| m as f64 / 1000.0),
+            memory_bytes: sample.memory_bytes,
+            gpu_percent: (!gpus.is_empty()).then(|| {
+                gpus.iter()
+                    .map(|g| f64::from(g.utilization_percent))
+                    .sum::<f64>()
+                    / gpus.len() as f64
+            }),
+            gpu_memory_bytes: (!gpus.is_empty())
+                .then(|| gpus.iter().map(|g| g.memory_used_bytes).sum()),
+        }
+    }
+}
+
+/// What one node's GPUs do now, from the latest samples of the ranks running there.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct NodeGpuUse {
+    /// GPU index → its latest utilisation, percent.
+    pub(crate) utilization: BTreeMap<u32, u32>,
+    pub(crate) memory_used_bytes: u64,
+}
+
+impl NodeGpuUse {
+    /// The node's GPUs' utilisation summed, percent (175 = one and three quarter GPUs).
+    pub(crate) fn percent_total(&self) -> u32 {
+        self.utilization.values().map(|p| (*p).min(100)).sum()
+    }
+}
+
+/// How recent a GPU sample must be to count as what the GPU does now (agents sample every
+/// 2 s; an attempt that ended has its samples dropped at once).
+pub(crate) const GPU_SAMPLE_FRESH: Duration = Duration::from_secs(30);
 
 /// The latest sample of one rank, in the server's clock.
 #[derive(Debug, Clone)]
@@ -64,6 +132,8 @@ struct Book {
     failures: BTreeMap<(TaskId, AttemptNo), Failure>,
     nodes: BTreeMap<NodeId, (String, Vec<GpuDevice>)>,
     pruned: Option<Instant>,
+    /// Plotted samples per (task, attempt, rank), with when each was last fed.
+    series: BTreeMap<(TaskId, AttemptNo, u32), (RankSeries, Instant)>,
 }
 
 /// The usage the server knows, shared by the report path and the API.
@@ -85,25 +155,6 @@ impl UsageBook {
             .get(&node)
             .map(|(_, gpus)| gpus.clone())
             .unwrap_or_default()
-    }
-
-    /// The summed GPU utilisation (percent) of each node's ranks, from samples received
-    /// within `fresh` (for `tacc_node_gpus_utilized`).
-    pub(crate) fn gpu_use_by_node(&self, fresh: Duration) -> BTreeMap<NodeId, u32> {
-        let book = self.book.lock().unwrap();
-        let mut by_node = BTreeMap::new();
-        for rank in book.ranks.values() {
-            if rank.received.elapsed() < fresh {
-                let percent: u32 = rank
-                    .sample
-                    .gpus
-                    .iter()
-                    .map(|g| g.utilization_percent.min(100))
-                    .sum();
-                *by_node.entry(rank.node).or_insert(0) += percent;
-            }
-        }
-        by_node
     }
 
     fn node_name(book: &Book, node: NodeId) -> String {
@@ -181,6 +232,7 @@ impl UsageBook {
         };
         let kept = previous.and_then(|p| p.kept.clone());
         let write = worth_keeping(kept.as_ref(), &peak).then(|| peak.clone());
+        Self::extend_series(&mut book, key, &peak.node, &sample, now, received);
         book.ranks.insert(
             key,
             RankState {
@@ -195,6 +247,65 @@ impl UsageBook {
             },
         );
         write
+    }
+
+    fn extend_series(
+        book: &mut Book,
+        key: (TaskId, AttemptNo, u32),
+        node: &str,
+        sample: &UsageSample,
+        now: Timestamp,
+        received: Instant,
+    ) {
+        if !book.series.contains_key(&key) && book.series.len() >= SERIES_KEPT {
+            let oldest = book
+                .series
+                .iter()
+                .min_by_key(|(_, (_, fed))| *fed)
+                .map(|(key, _)| *key);
+            if let Some(oldest) = oldest {
+                book.series.remove(&oldest);
+            }
+        }
+        let (series, fed) = book.series.entry(key).or_insert_with(|| {
+            (
+                RankSeries {
+                    node_rank: key.2,
+                    node: node.to_string(),
+                    points: VecDeque::new(),
+                },
+                received,
+            )
+        });
+        if series.points.len() >= SERIES_POINTS {
+            series.points.pop_front();
+        }
+        series.points.push_back(SeriesPoint::of(sample, now));
+        *fed = received;
+    }
+
+    /// The kept samples of each rank of `attempt`, rank by rank.
+    pub(crate) fn series(&self, task: TaskId, attempt: AttemptNo) -> Vec<RankSeries> {
+        let book = self.book.lock().unwrap();
+        book.series
+            .range((task, attempt, 0)..=(task, attempt, u32::MAX))
+            .map(|(_, (series, _))| series.clone())
+            .collect()
+    }
+
+    /// What each node's GPUs do now, from the latest sample of every running rank
+    /// received within `fresh` (an older one no longer says what the GPU does).
+    pub(crate) fn gpu_use_by_node(&self, fresh: Duration) -> BTreeMap<NodeId, NodeGpuUse> {
+        let book = self.book.lock().unwrap();
+        let mut nodes: BTreeMap<NodeId, NodeGpuUse> = BTreeMap::new();
+        for rank in book.ranks.values().filter(|r| r.received.elapsed() < fresh) {
+            let entry = nodes.entry(rank.node).or_default();
+            for gpu in &rank.sample.gpus {
+                entry.utilization.insert(gpu.index, gpu.utilization_percent);
+                entry.memory_used_bytes += gpu.memory_used_bytes;
+            }
+        }
+        nodes
     }
 
     /// The attempt ended: its peaks not yet kept (to write now), and its samples dropped.
@@ -708,14 +819,84 @@ mod tests {
         other.gpus = vec![gpu(2, 25)];
         book.record(NodeId(3), other, Timestamp(1_000), received);
         let fresh = Duration::from_secs(30);
-        assert_eq!(
-            book.gpu_use_by_node(fresh),
-            BTreeMap::from([(NodeId(3), 175)])
-        );
+        let totals: BTreeMap<NodeId, u32> = book
+            .gpu_use_by_node(fresh)
+            .into_iter()
+            .map(|(node, gpus)| (node, gpus.percent_total()))
+            .collect();
+        assert_eq!(totals, BTreeMap::from([(NodeId(3), 175)]));
         // Too old to count as current use.
         assert!(book.gpu_use_by_node(Duration::ZERO).is_empty());
         book.end_attempt(attempt(7));
         assert!(book.gpu_use_by_node(fresh).is_empty());
+    }
+
+    #[test]
+    fn each_rank_keeps_a_bounded_series_that_outlives_its_attempt() {
+        let book = book();
+        let start = 1_000_000;
+        for i in 0..(SERIES_POINTS as u64 + 5) {
+            let at = start + i * 2_000;
+            let mut s = sample(at, start, None, Some(1_500));
+            s.gpus = vec![
+                tacc_proto::GpuSample {
+                    index: 0,
+                    utilization_percent: 40,
+                    memory_used_bytes: 10,
+                    memory_total_bytes: 100,
+                },
+                tacc_proto::GpuSample {
+                    index: 1,
+                    utilization_percent: 60,
+                    memory_used_bytes: 5,
+                    memory_total_bytes: 100,
+                },
+            ];
+            book.record(NodeId(3), s, Timestamp(at), Instant::now());
+        }
+        let series = book.series(TaskId(7), AttemptNo(1));
+        assert_eq!(series.len(), 1);
+        let points = &series[0].points;
+        assert_eq!(points.len(), SERIES_POINTS, "the oldest samples go first");
+        assert_eq!(points[0].at, Timestamp(start + 5 * 2_000));
+        let last = points.back().unwrap();
+        assert_eq!(last.cpus, Some(1.5));
+        assert_eq!(last.gpu_percent, Some(50.0));
+        assert_eq!(last.gpu_memory_bytes, Some(15));
+        assert_eq!(series[0].node, "n3");
+        let gpus = book.gpu_use_by_node(GPU_SAMPLE_FRESH);
+        assert_eq!(gpus[&NodeId(3)].utilization.get(&1), Some(&60));
+        book.end_attempt(attempt(7));
+        assert_eq!(
+            book.series(TaskId(7), AttemptNo(1)).len(),
+            1,
+            "kept for the plots"
+        );
+        assert!(
+            book.gpu_use_by_node(GPU_SAMPLE_FRESH).is_empty(),
+            "nothing runs any more"
+        );
+    }
+
+    #[test]
+    fn the_series_sampled_longest_ago_goes_first_past_the_bound() {
+        let book = book();
+        let base = Instant::now();
+        for task in 0..(SERIES_KEPT as u64 + 1) {
+            let mut s = sample(1, 0, None, Some(1));
+            s.attempt = AttemptRef {
+                task: TaskId(task),
+                attempt: AttemptNo(1),
+            };
+            book.record(
+                NodeId(3),
+                s,
+                Timestamp(1),
+                base + Duration::from_millis(task),
+            );
+        }
+        assert!(book.series(TaskId(0), AttemptNo(1)).is_empty());
+        assert_eq!(book.series(TaskId(1), AttemptNo(1)).len(), 1);
     }
 
     #[test]

@@ -70,6 +70,17 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
             "/v1/agents/{node}/answers/{request}/file",
             "own_node",
         ),
+        ("GET", "/", "public"),
+        ("GET", "/ui", "public"),
+        ("GET", "/ui/login", "public"),
+        ("POST", "/ui/login", "public"),
+        ("POST", "/ui/logout", "user"),
+        ("GET", "/ui/assets/{file}", "public"),
+        ("GET", "/ui/", "user"),
+        ("GET", "/ui/queue", "user"),
+        ("GET", "/ui/accounts", "user"),
+        ("GET", "/ui/tasks/{id}", "task"),
+        ("POST", "/ui/tasks/{id}/cancel", "task"),
     ]
     .into_iter()
     .map(|(method, path, class)| ((method.to_string(), path), class))
@@ -106,9 +117,24 @@ const EVERYONE: [Who; 9] = [
 /// Whether `status` is what `who` must get from a route of `class`. "Admitted" means the
 /// guard let the request through: whatever the handler then says about the (dummy) body,
 /// it is not 401 or 403, nor a 404 that hides someone else's object.
+///
+/// The dashboard's routes (`/`, `/ui…`) answer a missing or unusable credential by sending
+/// the browser to the sign-in page (303) rather than with 401, and its forms refuse a body
+/// that is not theirs with 400.
 fn acceptable(path: &str, class: &str, who: Who, status: StatusCode) -> bool {
     let admitted = status != StatusCode::UNAUTHORIZED && status != StatusCode::FORBIDDEN;
+    let dashboard = path == "/" || path.starts_with("/ui");
     match (who, class) {
+        (_, "public") if path == "/" || path == "/ui" => status == StatusCode::SEE_OTHER,
+        // The probe's JSON body is not the sign-in form.
+        (_, "public") if path == "/ui/login" && status.is_client_error() => {
+            status == StatusCode::BAD_REQUEST
+        }
+        (Who::Nobody | Who::Malformed | Who::Expired | Who::Revoked, _)
+            if dashboard && class != "public" =>
+        {
+            status == StatusCode::SEE_OTHER
+        }
         // The node ran the (ended) attempt: outputs for it are no longer taken.
         (Who::Node, "own_node") if path.contains("/outputs/") => status == StatusCode::FORBIDDEN,
         (_, "public") => status.is_success(),
@@ -140,7 +166,12 @@ async fn http(
     token: Option<&str>,
     body: Option<Vec<u8>>,
 ) -> reqwest::Response {
-    let mut request = reqwest::Client::new().request(method, format!("{url}{path}"));
+    // Redirects are answers to check (the dashboard's way to its sign-in page).
+    let mut request = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .request(method, format!("{url}{path}"));
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));
     }
@@ -258,7 +289,8 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
             .replace("{node}", &node.0.to_string())
             .replace("{task}", &task.0.to_string())
             .replace("{request}", "1")
-            .replace("{name}", "PROBE_SECRET");
+            .replace("{name}", "PROBE_SECRET")
+            .replace("{file}", "dashboard.css");
         let method: Method = method.parse().unwrap();
         let body = (method == Method::POST || method == Method::PUT).then(|| b"{}".to_vec());
         for who in EVERYONE {

@@ -2,6 +2,14 @@
 //! look up the matched route's [`Access`] rule, and decide — including whether the task,
 //! snapshot or chunk the path names belongs to the caller. A refusal is audited; the
 //! admitted [`Caller`] travels to the handler as a request extension.
+//!
+//! A browser signed in to the dashboard carries a session cookie instead of the bearer
+//! header: the guard exchanges it for the token the session was opened with, so it is
+//! authenticated and authorised exactly as that token is. The cookie counts on the
+//! dashboard's routes and on reading (`GET`) API routes — the live log stream, output
+//! downloads — never for an API route that changes anything (the dashboard's own forms
+//! carry a CSRF token). A dashboard route that refuses answers with a page (or the way to
+//! the sign-in form), not JSON.
 
 use std::collections::HashMap;
 
@@ -11,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use tacc_core::{NodeId, SnapshotId, TaskId};
 
 use super::AppState;
+use super::dashboard;
 use crate::ServerError;
 use crate::auth::{Access, Caller, Refusal, decide, may_act_for};
 
@@ -37,6 +46,18 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         return ServerError::NotFound("no such route".into()).into_response();
     };
     let path: &str = matched.as_str();
+    let ui = dashboard::is_dashboard(path);
+    let target_uri = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| path.to_string(), |p| p.as_str().to_string());
+    let answer = |error: ServerError| {
+        if ui {
+            dashboard::refused(error, &target_uri)
+        } else {
+            error.into_response()
+        }
+    };
     let Some(access) = app
         .rules
         .get(&(request.method().clone(), path))
@@ -91,10 +112,30 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         request.extensions_mut().insert(Caller::Anonymous);
         return next.run(request).await;
     }
-    let header = request
+    let mut header = request
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .cloned();
+    let reading = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    if header.is_none() && (ui || reading) {
+        let session = dashboard::session::session_id(request.headers())
+            .and_then(|id| app.sessions.get(&id, std::time::Instant::now()));
+        if let Some(session) = session {
+            if let Ok(value) =
+                axum::http::HeaderValue::from_str(&format!("Bearer {}", session.token))
+            {
+                // Handlers that re-check the credential (a followed log) see the token.
+                request
+                    .headers_mut()
+                    .insert(axum::http::header::AUTHORIZATION, value.clone());
+                header = Some(value);
+                request.extensions_mut().insert(session);
+            }
+        }
+    }
     let caller = match control
         .auth
         .authenticate(header.as_ref(), crate::now())
@@ -112,7 +153,7 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
                     other => format!("{other:?}"),
                 },
             );
-            return refusal_error(refusal).into_response();
+            return answer(refusal_error(refusal));
         }
     };
     let method = request.method().clone();
@@ -125,7 +166,7 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         control
             .audit
             .record(&caller, action, target(), false, format!("{refusal:?}"));
-        return refusal_error(refusal).into_response();
+        return answer(refusal_error(refusal));
     }
     if let Err(error) = check_object(&app, &caller, access, &params).await {
         if !matches!(
@@ -136,7 +177,7 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
                 .audit
                 .record(&caller, "access.denied", target(), false, error.to_string());
         }
-        return error.into_response();
+        return answer(error);
     }
     request.extensions_mut().insert(caller);
     next.run(request).await

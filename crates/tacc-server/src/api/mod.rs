@@ -6,6 +6,7 @@
 mod admin;
 mod agents;
 mod cluster;
+mod dashboard;
 mod files;
 mod guard;
 mod logs;
@@ -80,6 +81,10 @@ pub(crate) struct AppState {
     pub(crate) control: Arc<Control>,
     pub(crate) shutdown: CancellationToken,
     rules: Arc<HashMap<(Method, &'static str), Access>>,
+    /// The dashboard's signed-in browsers.
+    pub(crate) sessions: Arc<dashboard::Sessions>,
+    /// Whether session cookies are marked `Secure` (the server speaks TLS).
+    pub(crate) secure_cookies: bool,
 }
 
 /// One route as declared: method, path pattern and the access rule the guard enforces.
@@ -283,6 +288,24 @@ fn declare() -> Vec<Declared> {
             OwnNode,
             put(files::put_answer_file),
         ),
+        // The web dashboard: the same rules, a session cookie instead of the bearer
+        // header (see `dashboard`).
+        rule(M::GET, "/", Public, get(dashboard::root)),
+        rule(M::GET, "/ui", Public, get(dashboard::ui_root)),
+        rule(M::GET, "/ui/login", Public, get(dashboard::login_form)),
+        rule(M::POST, "/ui/login", Public, post(dashboard::login)),
+        rule(M::POST, "/ui/logout", User, post(dashboard::logout)),
+        rule(M::GET, "/ui/assets/{file}", Public, get(dashboard::asset)),
+        rule(M::GET, "/ui/", User, get(dashboard::cluster)),
+        rule(M::GET, "/ui/queue", User, get(dashboard::queue)),
+        rule(M::GET, "/ui/accounts", User, get(dashboard::accounts_page)),
+        rule(M::GET, "/ui/tasks/{id}", Task, get(dashboard::task)),
+        rule(
+            M::POST,
+            "/ui/tasks/{id}/cancel",
+            Task,
+            post(dashboard::cancel),
+        ),
     ]
 }
 
@@ -306,7 +329,8 @@ pub(crate) fn body_limit(path: &str) -> Option<usize> {
     }
 }
 
-pub fn router(control: Arc<Control>, shutdown: CancellationToken) -> Router {
+/// The API and the dashboard; `secure_cookies` when served over TLS.
+pub fn router(control: Arc<Control>, shutdown: CancellationToken, secure_cookies: bool) -> Router {
     let declared = declare();
     let rules = declared
         .iter()
@@ -316,6 +340,8 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken) -> Router {
         control,
         shutdown,
         rules: Arc::new(rules),
+        sessions: Arc::new(dashboard::Sessions::default()),
+        secure_cookies,
     };
     let mut router = Router::new();
     for (rule, handler) in declared {
@@ -335,9 +361,15 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken) -> Router {
         .with_state(state)
 }
 
-impl IntoResponse for ServerError {
-    fn into_response(self) -> Response {
-        let (status, code) = match &self {
+impl ServerError {
+    /// The HTTP status of this error.
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status_and_code().0
+    }
+
+    /// The HTTP status and the stable error code of this error.
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
             ServerError::TaskNotFound(_)
             | ServerError::NodeNotFound(_)
             | ServerError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
@@ -356,7 +388,13 @@ impl IntoResponse for ServerError {
             ServerError::Store(_) | ServerError::Internal(_) | ServerError::Config(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal")
             }
-        };
+        }
+    }
+}
+
+impl IntoResponse for ServerError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
         if status.is_server_error() {
             tracing::error!("{self}");
         }

@@ -653,9 +653,18 @@ fn document(rules: &[RouteRule]) -> OpenApi {
         .build()
 }
 
+/// The routes of the HTTP API: every declared route but the browser dashboard's pages
+/// (`/` and `/ui/…`), which answer HTML to people, not JSON to programs.
+fn api_routes() -> Vec<RouteRule> {
+    route_rules()
+        .into_iter()
+        .filter(|r| !(r.path == "/" || r.path == "/ui" || r.path.starts_with("/ui/")))
+        .collect()
+}
+
 /// The description of every declared route, as JSON.
 pub fn openapi_json() -> serde_json::Value {
-    serde_json::to_value(document(&route_rules())).expect("the description serialises")
+    serde_json::to_value(document(&api_routes())).expect("the description serialises")
 }
 
 pub(super) async fn serve() -> axum::Json<serde_json::Value> {
@@ -687,7 +696,7 @@ mod tests {
 
     #[test]
     fn every_route_is_described_with_its_method_and_nothing_else_is() {
-        let declared: BTreeSet<(String, String)> = route_rules()
+        let declared: BTreeSet<(String, String)> = api_routes()
             .iter()
             .map(|r| (r.method.to_string(), openapi_path(r.path)))
             .collect();
@@ -765,7 +774,7 @@ mod tests {
                 let wanted: BTreeSet<&str> = path_params(path).into_iter().collect();
                 assert_eq!(declared, wanted, "{method} {path}");
                 let secured = !operation["security"].as_array().unwrap().is_empty();
-                let public = route_rules().iter().any(|r| {
+                let public = api_routes().iter().any(|r| {
                     openapi_path(r.path) == *path
                         && r.method.as_str().eq_ignore_ascii_case(method)
                         && r.access == Access::Public

@@ -120,39 +120,54 @@ pub(super) async fn list_tasks(
             })
             .collect::<Result<_, _>>()?,
     };
-    // A plain user lists only their own tasks; a group admin their group's; an admin all.
+    let records = visible_tasks(&app.control, user, states, query.user, query.limit).await?;
+    let mut views = Vec::with_capacity(records.len());
+    for record in records {
+        views.push(task_view(&app.control, record).await);
+    }
+    Ok(Json(views))
+}
+
+/// The tasks in `states` (all when empty) that `user` may see, as the API lists them: a
+/// plain user lists only their own tasks; a group admin their group's; an admin all.
+/// `owner` narrows the list to one owner's (ignored for a plain user).
+pub(super) async fn visible_tasks(
+    control: &Control,
+    user: &UserCaller,
+    states: Vec<TaskState>,
+    owner: Option<String>,
+    limit: Option<u32>,
+) -> ApiResult<Vec<TaskRecord>> {
     let only_own = user.role == tacc_core::Role::User;
     let filter = TaskFilter {
         states,
         user: if only_own {
             Some(user.name.clone())
         } else {
-            query.user
+            owner
         },
         limit: if user.role == tacc_core::Role::GroupAdmin {
             None
         } else {
-            query.limit
+            limit
         },
     };
-    let records = app.control.store.list_tasks(&filter).await?;
-    let mut views = Vec::with_capacity(records.len());
-    for record in records {
-        if user.role == tacc_core::Role::GroupAdmin {
-            let group = app.control.auth.group_of(&record.user).await?;
-            if !crate::auth::may_act_for(user, &record.user, group.as_deref()) {
-                continue;
-            }
-            if query
-                .limit
-                .is_some_and(|limit| views.len() >= limit as usize)
-            {
-                break;
-            }
-        }
-        views.push(task_view(&app.control, record).await);
+    let records = control.store.list_tasks(&filter).await?;
+    if user.role != tacc_core::Role::GroupAdmin {
+        return Ok(records);
     }
-    Ok(Json(views))
+    let mut visible = Vec::with_capacity(records.len());
+    for record in records {
+        let group = control.auth.group_of(&record.user).await?;
+        if !crate::auth::may_act_for(user, &record.user, group.as_deref()) {
+            continue;
+        }
+        if limit.is_some_and(|limit| visible.len() >= limit as usize) {
+            break;
+        }
+        visible.push(record);
+    }
+    Ok(visible)
 }
 
 pub(super) async fn get_task(

@@ -441,6 +441,10 @@ pub async fn up(port: u16, args: UpArgs) -> Result<()> {
     let token = wait_for_admin_token(&dir, &url, deadline).await?;
     out(format!("Local cluster running at {url} (pid {pid})"))?;
     eprintln!("  data and log: {}", dir.display());
+    eprintln!(
+        "  dashboard: {url}/ (sign in with the token in {})",
+        dir.join("admin.token").display()
+    );
     if !options.is_empty() {
         eprintln!("  options: {}", flags(&options));
     }
