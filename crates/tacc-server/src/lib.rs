@@ -8,6 +8,7 @@
 //! cancellation token so tests bind port 0 and stop it cleanly. [`serve`] speaks plain
 //! HTTP, [`serve_tls`] HTTPS (rustls); both run the same API and background tasks.
 
+pub mod accounting;
 pub mod accounts;
 mod agent_access;
 mod api;
