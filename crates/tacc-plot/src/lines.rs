@@ -121,7 +121,7 @@ impl Chart for LineChart {
                     .label_font((FONT, 13))
                     .background_style(WHITE.mix(0.85))
                     .border_style(BLACK.mix(0.4))
-                    .position(SeriesLabelPosition::LowerRight)
+                    .position(SeriesLabelPosition::UpperLeft)
                     .draw()
                     .map_err(draw_error)?;
             }};

@@ -85,10 +85,13 @@ impl Control {
         }
         let by = query.by.unwrap_or_default();
         let mut ledger = Ledger::new(since, until, bucket_secs_for(since, until));
-        let histories = self
-            .store
-            .tasks_active_between(since, until, query.user.as_deref())
-            .await?;
+        // A plain user sees only their own tasks: read no one else's.
+        let only = match (&query.user, caller.role) {
+            (Some(user), _) => Some(user.as_str()),
+            (None, Role::User) => Some(caller.name.as_str()),
+            (None, _) => None,
+        };
+        let histories = self.store.tasks_active_between(since, until, only).await?;
         for history in histories {
             let user = &history.task.user;
             if !may_act_for(caller, user, owner_group(user).as_deref()) {
