@@ -315,6 +315,21 @@ impl Client {
             .await
     }
 
+    /// Allocated resource-hours by user or group over a window (`tcloud usage`).
+    pub async fn usage_report(
+        &self,
+        query: &tacc_proto::UsageQuery,
+    ) -> Result<tacc_proto::UsageReport> {
+        self.json(self.request(Method::GET, "/v1/usage").query(query))
+            .await
+    }
+
+    /// The scheduler's fair-share standing (`tcloud usage --fairshare`).
+    pub async fn fairshare_report(&self) -> Result<tacc_proto::FairShareReport> {
+        self.json(self.request(Method::GET, "/v1/usage/fairshare"))
+            .await
+    }
+
     pub async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEventView>> {
         self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/events")))
             .await

@@ -5,10 +5,12 @@
 //! stay stable while internals change. It depends on `tacc-core` only (ids, resources,
 //! states) and must not depend on the schema, scheduler, store or any runtime crate.
 
+mod accounting;
 mod files;
 
 use std::collections::BTreeMap;
 
+pub use accounting::*;
 pub use files::*;
 use serde::{Deserialize, Serialize};
 use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};

@@ -25,7 +25,9 @@ pub use config::{
 };
 pub use model::{Explanation, LimitKind, NodeSpec, PendingReason, Placement, TaskRequest};
 pub use policy::{Backfill, Policy, PolicyEntry, policy_names};
-pub use scheduler::{Action, Event, Plan, Scheduler};
+pub use scheduler::{
+    Action, Event, FairShareStanding, GroupStanding, Plan, Scheduler, UserStanding,
+};
 
 /// Errors from feeding the scheduler an event that contradicts its state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -7,6 +7,10 @@ use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp};
 use crate::cluster::Cluster;
 use crate::config::{Limits, SchedulerConfig};
 use crate::policy::{Backfill, Policy, QuotaView, RankContext, TaskView, Usage};
+mod standing;
+
+pub use standing::{FairShareStanding, GroupStanding, UserStanding};
+
 use crate::{
     Explanation, LimitKind, NodeSpec, PendingReason, Placement, SchedulerError, TaskRequest,
 };
@@ -712,24 +716,13 @@ impl Scheduler {
         for group in &mut self.groups {
             group.ledger.advance(now.as_millis(), half_life);
         }
-        let total_usage: f64 = self.groups.iter().map(|g| g.ledger.value).sum();
-        let total_share: f64 = self.groups.iter().map(|g| g.share).sum();
-        for group in &mut self.groups {
-            let usage = if total_usage > 0.0 {
-                group.ledger.value / total_usage
-            } else {
-                0.0
-            };
-            let share = if total_share > 0.0 {
-                group.share / total_share
-            } else {
-                1.0
-            };
-            group.fairshare = if share > 0.0 {
-                (-usage / share).exp2()
-            } else {
-                0.0
-            };
+        let inputs: Vec<(f64, f64)> = self
+            .groups
+            .iter()
+            .map(|g| (g.ledger.value, g.share))
+            .collect();
+        for (group, shares) in self.groups.iter_mut().zip(standing::fair_shares(&inputs)) {
+            group.fairshare = shares.factor;
         }
         let ctx = self.rank_context(now);
         let ranks: Vec<(TaskId, i64)> = self

@@ -1582,6 +1582,14 @@ impl Control {
         })
     }
 
+    /// The scheduler's fair-share standing as of `at` (see `tacc_scheduler::Scheduler::standing`).
+    pub(crate) async fn fairshare_standing(
+        &self,
+        at: Timestamp,
+    ) -> tacc_scheduler::FairShareStanding {
+        self.inner.lock().await.scheduler.standing(at)
+    }
+
     /// The scheduler's start estimate for a queued task.
     pub async fn estimated_start(&self, task: TaskId) -> Option<Timestamp> {
         match self.inner.lock().await.scheduler.explain(task) {

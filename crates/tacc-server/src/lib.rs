@@ -9,6 +9,7 @@
 //! HTTP, [`serve_tls`] HTTPS (rustls); both run the same API, the web dashboard (`/ui/`)
 //! and the background tasks.
 
+pub mod accounting;
 pub mod accounts;
 mod agent_access;
 mod api;

@@ -513,90 +513,35 @@ pub fn table(reports: &[Report]) -> String {
     out
 }
 
-/// A JCT CDF per policy as a small self-contained SVG (log-scale x axis).
-pub fn cdf_svg(reports: &[Report]) -> String {
-    const W: f64 = 720.0;
-    const H: f64 = 440.0;
-    const LEFT: f64 = 70.0;
-    const RIGHT: f64 = 170.0;
-    const TOP: f64 = 20.0;
-    const BOTTOM: f64 = 50.0;
-    let colours = [
-        "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf",
-    ];
-    let max = reports
+/// A JCT CDF per policy (log-scale x axis), drawn through `tacc-plot` as SVG or PNG.
+pub fn cdf_chart(reports: &[Report]) -> tacc_plot::LineChart {
+    let series = reports
         .iter()
-        .flat_map(|r| r.jcts_s.last().copied())
-        .fold(10.0_f64, f64::max);
-    let decades = max.log10().ceil().max(1.0);
-    let x = |jct: f64| LEFT + (jct.max(1.0).log10() / decades) * (W - LEFT - RIGHT);
-    let y = |frac: f64| H - BOTTOM - frac * (H - TOP - BOTTOM);
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    );
-    for d in 0..=decades as u32 {
-        let px = x(10f64.powi(d as i32));
-        let _ = writeln!(
-            svg,
-            "<line x1=\"{px:.1}\" y1=\"{TOP}\" x2=\"{px:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">1e{d}</text>",
-            H - BOTTOM,
-            H - BOTTOM + 16.0
-        );
-    }
-    for q in 0..=4 {
-        let frac = q as f64 / 4.0;
-        let py = y(frac);
-        let _ = writeln!(
-            svg,
-            "<line x1=\"{LEFT}\" y1=\"{py:.1}\" x2=\"{:.1}\" y2=\"{py:.1}\" stroke=\"#ddd\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{frac:.2}</text>",
-            W - RIGHT,
-            LEFT - 6.0,
-            py + 4.0
-        );
-    }
-    let _ = writeln!(
-        svg,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">job completion time (s, log scale)</text>",
-        (LEFT + W - RIGHT) / 2.0,
-        H - 10.0
-    );
-    let _ = writeln!(
-        svg,
-        "<text x=\"16\" y=\"{:.1}\" transform=\"rotate(-90 16 {:.1})\" text-anchor=\"middle\">fraction of jobs</text>",
-        H / 2.0,
-        H / 2.0
-    );
-    for (i, r) in reports.iter().enumerate() {
-        let colour = colours[i % colours.len()];
-        let n = r.jcts_s.len().max(1);
-        let step = (n / 2000).max(1);
-        let mut points = String::new();
-        for (k, jct) in r.jcts_s.iter().enumerate() {
-            if k % step == 0 || k + 1 == n {
-                let _ = write!(
-                    points,
-                    "{:.1},{:.1} ",
-                    x(*jct),
-                    y((k + 1) as f64 / n as f64)
-                );
+        .map(|r| {
+            let n = r.jcts_s.len().max(1);
+            // At most ~2000 points a line: the curve looks the same and the file stays small.
+            let step = (n / 2000).max(1);
+            let points = r
+                .jcts_s
+                .iter()
+                .enumerate()
+                .filter(|(k, _)| k % step == 0 || k + 1 == n)
+                .map(|(k, jct)| (*jct, (k + 1) as f64 / n as f64))
+                .collect();
+            tacc_plot::LineSeries {
+                name: r.policy.clone(),
+                points,
             }
-        }
-        let _ = writeln!(
-            svg,
-            "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" points=\"{points}\"/>"
-        );
-        let ly = TOP + 18.0 * i as f64 + 10.0;
-        let _ = writeln!(
-            svg,
-            "<line x1=\"{:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{colour}\" stroke-width=\"3\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-            W - RIGHT + 12.0,
-            W - RIGHT + 32.0,
-            W - RIGHT + 38.0,
-            ly + 4.0,
-            r.policy
-        );
+        })
+        .collect();
+    tacc_plot::LineChart {
+        title: "JCT CDF per policy".into(),
+        x_label: "job completion time (s, log scale)".into(),
+        y_label: "fraction of jobs".into(),
+        log_x: true,
+        y_range: Some((0.0, 1.0)),
+        series,
+        width: 720,
+        height: 440,
     }
-    svg.push_str("</svg>\n");
-    svg
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use tacc_scheduler::pool::PoolPolicy;
-use tacc_sim::{NodeOptions, cdf_svg, load_trace, run_nodes, run_pool, table};
+use tacc_sim::{NodeOptions, cdf_chart, load_trace, run_nodes, run_pool, table};
 
 /// Replay a trace (job_id,user,submit_time_s,duration_s,num_gpus,num_nodes,status,vc).
 #[derive(Debug, Parser)]
@@ -32,7 +32,7 @@ struct Args {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
-    /// Write a JCT CDF per policy to this SVG file.
+    /// Write a JCT CDF per policy to this file: SVG or PNG, by its extension.
     #[arg(long)]
     plot: Option<PathBuf>,
     /// Node mode: give tasks no time limit (instead of their true duration).
@@ -70,8 +70,9 @@ fn main() -> Result<()> {
         reports.push(report);
     }
     if let Some(path) = &args.plot {
-        std::fs::write(path, cdf_svg(&reports))
-            .with_context(|| format!("cannot write plot {}", path.display()))?;
+        cdf_chart(&reports)
+            .write(path)
+            .context("cannot write the --plot file")?;
     }
     if args.json {
         let json = if reports.len() == 1 {

@@ -92,6 +92,9 @@ macro_rules! store_contract_tests {
             usage_peaks_keep_each_measure_s_maximum,
             usage_peaks_listed_by_attempt_then_rank_per_task,
             usage_peak_of_an_unknown_task_refused,
+            active_between_finds_tasks_that_held_resources_in_the_window,
+            active_between_keeps_every_attempt,
+            active_between_filters_by_user,
         );
     };
     (@each $fresh:path; $($check:ident),+ $(,)?) => {

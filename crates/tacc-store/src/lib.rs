@@ -21,7 +21,7 @@ pub use access::{
 pub use memory::MemoryStore;
 pub use records::{
     NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
-    TaskRecord, Transition, UsagePeak,
+    TaskHistory, TaskRecord, Transition, UsagePeak,
 };
 pub use sqlite::SqliteStore;
 
@@ -110,6 +110,16 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn record_usage_peak(&self, peak: UsagePeak) -> Result<()>;
     /// A task's peaks by attempt, then rank.
     async fn list_usage_peaks(&self, task: TaskId) -> Result<Vec<UsagePeak>>;
+    /// Every task (of `user`, when given) that may have held resources at some time in
+    /// `[since, until)`, with all its events, by task id: it entered `starting` before
+    /// `until`, and it either has an event at or after `since` or is starting or running
+    /// now. A superset: the caller clips each attempt to the window itself.
+    async fn tasks_active_between(
+        &self,
+        since: tacc_core::Timestamp,
+        until: tacc_core::Timestamp,
+        user: Option<&str>,
+    ) -> Result<Vec<TaskHistory>>;
 
     // ------------------------------------------------------------ identities
 

@@ -5,8 +5,8 @@ use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 use crate::{
     AuditEntry, NewAuditEntry, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
-    SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskRecord,
-    TokenRecord, Transition, UsagePeak, UserRecord,
+    SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskHistory,
+    TaskRecord, TokenRecord, Transition, UsagePeak, UserRecord,
 };
 
 /// An in-memory [`Store`] for tests of the layers above. It follows the same contract as
@@ -306,6 +306,31 @@ impl Store for MemoryStore {
             .usage_peaks
             .range((task, AttemptNo(0), 0)..=(task, AttemptNo(u32::MAX), u32::MAX))
             .map(|(_, peak)| peak.clone())
+            .collect())
+    }
+
+    async fn tasks_active_between(
+        &self,
+        since: Timestamp,
+        until: Timestamp,
+        user: Option<&str>,
+    ) -> Result<Vec<TaskHistory>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .tasks
+            .values()
+            .filter(|task| user.is_none_or(|u| u == task.user))
+            .filter_map(|task| {
+                let events = inner.events.get(&task.id)?;
+                let started_before = events
+                    .iter()
+                    .any(|e| e.state == TaskState::Starting && e.at < until);
+                let seen_since = task.state.is_active() || events.iter().any(|e| e.at >= since);
+                (started_before && seen_since).then(|| TaskHistory {
+                    task: task.clone(),
+                    events: events.clone(),
+                })
+            })
             .collect())
     }
 

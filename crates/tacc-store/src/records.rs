@@ -70,6 +70,14 @@ pub struct TaskEvent {
     pub reason: Option<String>,
 }
 
+/// A task with every state transition it went through, oldest first: what usage
+/// accounting reads to know when each attempt held its resources.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskHistory {
+    pub task: TaskRecord,
+    pub events: Vec<TaskEvent>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskFilter {
     /// Only tasks in one of these states (all states when empty).

@@ -14,8 +14,8 @@ use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 use crate::memory::{apply_transition, change_task};
 use crate::{
     AuditEntry, NewAuditEntry, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
-    SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskRecord,
-    TokenRecord, UsagePeak, UserRecord,
+    SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskHistory,
+    TaskRecord, TokenRecord, UsagePeak, UserRecord,
 };
 
 mod access;
@@ -117,6 +117,25 @@ fn task_from_row(row: &SqliteRow) -> Result<TaskRecord> {
     })
 }
 
+fn event_from_row(row: &SqliteRow) -> Result<TaskEvent> {
+    let state: String = row.try_get("state")?;
+    Ok(TaskEvent {
+        at: Timestamp(row.try_get::<i64, _>("at")? as u64),
+        attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
+        state: TaskState::from_str(&state).map_err(corrupt)?,
+        reason: row.try_get("reason")?,
+    })
+}
+
+/// The tasks [`Store::tasks_active_between`] returns; binds `until`, `since`, then the
+/// user twice. Events since `since` are found through `task_events_by_at`.
+const ACTIVE_BETWEEN: &str = "SELECT id FROM tasks \
+     WHERE EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = tasks.id \
+                   AND e.state = 'starting' AND e.at < ?) \
+       AND (state IN ('starting', 'running') \
+            OR id IN (SELECT task_id FROM task_events WHERE at >= ?)) \
+       AND (? IS NULL OR user_name = ?)";
+
 fn node_from_row(row: &SqliteRow) -> Result<NodeRecord> {
     let capacity: String = row.try_get("capacity")?;
     let labels: String = row.try_get("labels")?;
@@ -205,17 +224,7 @@ impl Store for SqliteStore {
         .bind(id.0 as i64)
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let state: String = row.try_get("state")?;
-                Ok(TaskEvent {
-                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    state: TaskState::from_str(&state).map_err(corrupt)?,
-                    reason: row.try_get("reason")?,
-                })
-            })
-            .collect()
+        rows.iter().map(event_from_row).collect()
     }
 
     async fn apply(&self, changes: &[TaskChange]) -> Result<()> {
@@ -444,6 +453,51 @@ impl Store for SqliteStore {
                     gpu_memory_bytes: row.try_get::<i64, _>("gpu_memory_bytes")? as u64,
                     at: Timestamp(row.try_get::<i64, _>("at")? as u64),
                 })
+            })
+            .collect()
+    }
+
+    async fn tasks_active_between(
+        &self,
+        since: Timestamp,
+        until: Timestamp,
+        user: Option<&str>,
+    ) -> Result<Vec<TaskHistory>> {
+        // One read transaction: the tasks and their events come from the same snapshot.
+        let mut tx = self.reader.begin().await?;
+        let tasks = sqlx::query(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({ACTIVE_BETWEEN}) ORDER BY id"
+        ))
+        .bind(millis(until))
+        .bind(millis(since))
+        .bind(user)
+        .bind(user)
+        .fetch_all(&mut *tx)
+        .await?;
+        let events = sqlx::query(&format!(
+            "SELECT task_id, at, attempt, state, reason FROM task_events \
+             WHERE task_id IN ({ACTIVE_BETWEEN}) ORDER BY task_id, seq"
+        ))
+        .bind(millis(until))
+        .bind(millis(since))
+        .bind(user)
+        .bind(user)
+        .fetch_all(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        let mut by_task: std::collections::BTreeMap<i64, Vec<TaskEvent>> = Default::default();
+        for row in &events {
+            by_task
+                .entry(row.try_get("task_id")?)
+                .or_default()
+                .push(event_from_row(row)?);
+        }
+        tasks
+            .iter()
+            .map(|row| {
+                let task = task_from_row(row)?;
+                let events = by_task.remove(&(task.id.0 as i64)).unwrap_or_default();
+                Ok(TaskHistory { task, events })
             })
             .collect()
     }

@@ -13,6 +13,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("tacc-exec", &["tacc-core"]),
     ("tacc-store", &["tacc-core"]),
     ("tacc-proto", &["tacc-core"]),
+    ("tacc-plot", &[]),
     ("tacc-client", &["tacc-core", "tacc-proto"]),
     (
         "tacc-server",
@@ -56,9 +57,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "tacc-schema",
             "tacc-compiler",
             "tacc-client",
+            "tacc-plot",
         ],
     ),
-    ("tacc-sim", &["tacc-core", "tacc-scheduler"]),
+    ("tacc-sim", &["tacc-core", "tacc-scheduler", "tacc-plot"]),
 ];
 
 #[test]

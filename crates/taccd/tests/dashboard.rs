@@ -401,6 +401,18 @@ async fn a_user_signs_in_watches_a_task_stream_and_cancels_it_in_a_real_browser(
             .is_empty(),
         "bob's account is shown to alice"
     );
+    // The usage of the last week and the fair-share standing, as `tcloud usage` gives
+    // them: alice's own row (her running task counts), nobody else's.
+    let usage = wait_text(&browser, "#usage-by-user", "the usage table", |t| {
+        t.contains("alice")
+    })
+    .await;
+    assert!(
+        !usage.contains("bob"),
+        "bob's usage is shown to alice: {usage}"
+    );
+    let page = browser.source().await.unwrap();
+    assert!(page.contains("Fair-share standing"), "{page}");
     screenshot(&browser, "accounts").await;
 
     // The task page: its log streams in (the page's script follows the API's stream).

@@ -40,6 +40,8 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("GET", "/v1/snapshots/{id}", "snapshot"),
         ("PUT", "/v1/chunks/{hash}", "user"),
         ("GET", "/v1/chunks/{hash}", "chunk"),
+        ("GET", "/v1/usage", "user"),
+        ("GET", "/v1/usage/fairshare", "user"),
         ("GET", "/v1/datasets", "user"),
         ("GET", "/v1/nodes", "user"),
         ("GET", "/v1/secrets", "user"),

@@ -40,6 +40,13 @@ fn parse_duration(text: &str) -> Result<HumanDuration, String> {
     text.parse::<HumanDuration>().map_err(|e| e.to_string())
 }
 
+/// `tcloud usage --by`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum UsageByArg {
+    User,
+    Group,
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "tcloud",
@@ -278,6 +285,52 @@ prints one table and exits.",
         #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
         interval: f64,
         /// JSON: a pretty array with --once, else one array a line per refresh
+        #[arg(long)]
+        json: bool,
+    },
+    /// Resource-hours allocated to users and groups, and the fair-share standing
+    #[command(
+        long_about = "Reports the CPU-, GPU- and memory-GiB-hours allocated to each user (or \
+group, --by group) in a window, with the tasks and attempts counted, like Slurm's sreport. An \
+attempt holds its task's per-node resources on each of its nodes from the moment it is \
+placed until it ends or goes back to the queue; each retry and preemption counts on its \
+own, and a running attempt counts up to now. You see your own usage; a group admin their \
+group's; an admin everyone's.\n\nTimes (--since, --until): RFC 3339 \
+(2025-05-01T12:00:00Z), a date (2025-05-01, midnight UTC), `now`, or a duration ago (90m, \
+24h, 7d, 2w). The window is [since, until), by default the last 7 days.\n\n--plot FILE \
+draws --metric per hour (windows up to 2 days), day or week as stacked bars, one stack per \
+row, as SVG or PNG by the file's extension.\n\n--fairshare shows instead the scheduler's \
+fair-share standing, like sshare: each group's share, normalised share, decayed and \
+effective usage and fair-share factor (1 = no recent usage, 0.5 = usage equal to its \
+share), with the limits of each user and group and what they hold now.",
+        after_help = "Examples:\n  tcloud usage\n  tcloud usage --since 30d --by group\n  tcloud usage --user alice --since 2025-05-01 --until 2025-06-01 --json\n  tcloud usage --since 14d --plot gpu-hours.svg\n  tcloud usage --fairshare"
+    )]
+    Usage {
+        /// Only this user's usage
+        #[arg(long)]
+        user: Option<String>,
+        /// Only this group's usage (its group admin, or an admin)
+        #[arg(long)]
+        group: Option<String>,
+        /// Start of the window (inclusive): RFC 3339, a date, `now`, or 90m/24h/7d/2w ago
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// End of the window (exclusive); now by default
+        #[arg(long, value_name = "TIME")]
+        until: Option<String>,
+        /// Rows per user or per group
+        #[arg(long, value_enum, default_value = "user")]
+        by: UsageByArg,
+        /// Draw the usage per hour/day/week as stacked bars to FILE (.svg or .png)
+        #[arg(long, value_name = "FILE")]
+        plot: Option<PathBuf>,
+        /// What --plot draws
+        #[arg(long, value_enum, default_value = "gpu-hours", requires = "plot")]
+        metric: commands::usage::Metric,
+        /// Show the fair-share standing (like sshare) instead
+        #[arg(long, conflicts_with_all = ["user", "group", "since", "until", "plot"])]
+        fairshare: bool,
+        /// Print JSON instead of a table
         #[arg(long)]
         json: bool,
     },
@@ -617,6 +670,40 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             json,
         } => files::ls(&ctx, id, path, rank, attempt, json).await,
         Command::Nodes { json } => tasks::nodes(&ctx, json).await,
+        Command::Usage {
+            fairshare: true,
+            json,
+            ..
+        } => usage::fairshare(&ctx, json).await,
+        Command::Usage {
+            user,
+            group,
+            since,
+            until,
+            by,
+            plot,
+            metric,
+            json,
+            ..
+        } => {
+            let query = tacc_proto::UsageQuery {
+                since,
+                until,
+                user,
+                group,
+                by: Some(match by {
+                    UsageByArg::User => tacc_proto::UsageBy::User,
+                    UsageByArg::Group => tacc_proto::UsageBy::Group,
+                }),
+            };
+            let options = usage::UsageOptions {
+                query,
+                json,
+                plot,
+                metric,
+            };
+            usage::usage(&ctx, options).await
+        }
         Command::Top {
             ids,
             once,

@@ -3,6 +3,7 @@
 //! before any handler runs, so a route cannot exist without a check. Handlers translate
 //! between wire types (`tacc-proto`) and the control plane and hold no state of their own.
 
+mod accounting;
 mod admin;
 mod agents;
 mod cluster;
@@ -195,6 +196,13 @@ fn declare() -> Vec<Declared> {
             "/v1/chunks/{hash}",
             Chunk,
             get(snapshots::get_chunk),
+        ),
+        rule(M::GET, "/v1/usage", User, get(accounting::usage_report)),
+        rule(
+            M::GET,
+            "/v1/usage/fairshare",
+            User,
+            get(accounting::fairshare_report),
         ),
         rule(M::GET, "/v1/datasets", User, get(cluster::list_datasets)),
         rule(M::GET, "/v1/nodes", User, get(cluster::list_nodes)),

@@ -191,6 +191,30 @@ fn described() -> Vec<Operation> {
         op(M::GET, "/v1/tasks/{id}", "One task.").answers(200, Json(one::<TaskView>)),
         op(
             M::GET,
+            "/v1/usage",
+            "Allocated CPU-, GPU- and memory-hours by user or group in a window, like \
+             `sreport` (a user sees their own, a group admin their group's, an admin all).",
+        )
+        .query(&[
+            (
+                "since",
+                Type::String,
+                "Start (inclusive): RFC 3339, a date, `now`, or a duration ago (`7d`); 7 days ago when absent.",
+            ),
+            ("until", Type::String, "End (exclusive), in the same forms; now when absent."),
+            ("user", Type::String, "Only this user."),
+            ("group", Type::String, "Only this group."),
+            ("by", Type::String, "`user` (default) or `group`."),
+        ])
+        .answers(200, Json(one::<UsageReport>)),
+        op(
+            M::GET,
+            "/v1/usage/fairshare",
+            "The fair-share standing of the users and groups the caller may see, like `sshare`.",
+        )
+        .answers(200, Json(one::<FairShareReport>)),
+        op(
+            M::GET,
             "/v1/tasks/{id}/events",
             "A task's state transitions, oldest first.",
         )

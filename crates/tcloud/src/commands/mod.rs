@@ -11,6 +11,7 @@ pub mod secret;
 pub mod submit;
 pub mod tasks;
 pub mod top;
+pub mod usage;
 
 use anyhow::Result;
 use tacc_client::Client;

@@ -57,6 +57,11 @@ pub(crate) struct AccountsPage {
     pub(crate) users: Vec<UserRow>,
     pub(crate) groups: Vec<GroupRow>,
     pub(crate) policy: String,
+    /// Allocated resource-hours of the last 7 days, by user and by group (`tcloud usage`).
+    pub(crate) usage_by_user: tacc_proto::UsageReport,
+    pub(crate) usage_by_group: tacc_proto::UsageReport,
+    /// The fair-share standing (`tcloud usage --fairshare`).
+    pub(crate) fairshare: tacc_proto::FairShareReport,
 }
 
 fn describe(limits: &Limits) -> String {
@@ -175,10 +180,22 @@ pub(crate) async fn build(control: &Control, me: &UserCaller) -> Result<Accounts
             }
         })
         .collect();
+    let week = |by| tacc_proto::UsageQuery {
+        since: Some("7d".into()),
+        by: Some(by),
+        ..Default::default()
+    };
     Ok(AccountsPage {
         users,
         groups,
         policy: control.config.policy.clone(),
+        usage_by_user: control
+            .usage_report(me, &week(tacc_proto::UsageBy::User))
+            .await?,
+        usage_by_group: control
+            .usage_report(me, &week(tacc_proto::UsageBy::Group))
+            .await?,
+        fairshare: control.fairshare_report(me).await?,
     })
 }
 
