@@ -411,6 +411,12 @@ async fn a_user_signs_in_watches_a_task_stream_and_cancels_it_in_a_real_browser(
         !usage.contains("bob"),
         "bob's usage is shown to alice: {usage}"
     );
+    // A user in no group is charged to a group of their own, as the scheduler does.
+    let by_group = wait_text(&browser, "#usage-by-group", "usage by group", |t| {
+        t.contains("alice")
+    })
+    .await;
+    assert!(!by_group.contains("bob"), "{by_group}");
     let page = browser.source().await.unwrap();
     assert!(page.contains("Fair-share standing"), "{page}");
     screenshot(&browser, "accounts").await;

@@ -40,14 +40,18 @@ impl Control {
     }
 
     /// The group a user's usage is accounted to: the configuration file's
-    /// `[users.NAME] group`, else their identity's group.
+    /// `[users.NAME] group`, else their identity's group, else — as the scheduler charges
+    /// such a user (`SchedulerConfig::group_of`) — a group of their own, named after them.
     fn accounting_group(&self, groups: &Groups, user: &str) -> Option<String> {
-        self.config
+        let group = self
+            .config
             .scheduler
             .users
             .get(user)
             .and_then(|u| u.group.clone())
             .or_else(|| groups.identity.get(user).cloned().flatten())
+            .unwrap_or_else(|| user.to_string());
+        Some(group)
     }
 
     /// `GET /v1/usage`: allocated CPU-, GPU- and memory-hours in the query's window, by
