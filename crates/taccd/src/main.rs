@@ -604,24 +604,13 @@ async fn run_agent(
 /// The local address this machine's traffic to the server at `url` leaves from: the
 /// address the server (and so the other nodes of its network) reach this node at.
 fn address_towards(url: &str) -> Result<String> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .with_context(|| format!("the server URL `{url}` has no scheme (http:// or https://)"))?;
-    let authority = rest.split('/').next().unwrap_or_default();
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, port)) if !port.contains(']') => (
-            host,
-            port.parse::<u16>()
-                .with_context(|| format!("bad port in the server URL `{url}`"))?,
-        ),
-        _ => (authority, if scheme == "https" { 443 } else { 80 }),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let server = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
-        .with_context(|| format!("cannot resolve the server's host `{host}`"))?
+    let parsed = url::Url::parse(url).with_context(|| format!("bad server URL `{url}`"))?;
+    let server = parsed
+        .socket_addrs(|| None)
+        .with_context(|| format!("cannot resolve the server's address in `{url}`"))?
+        .into_iter()
         .next()
-        .with_context(|| format!("the server's host `{host}` has no address"))?;
+        .with_context(|| format!("the server's host in `{url}` has no address"))?;
     let unspecified: std::net::SocketAddr = if server.is_ipv4() {
         ([0, 0, 0, 0], 0).into()
     } else {
@@ -715,6 +704,17 @@ mod cli_tests {
     #[test]
     fn the_command_line_is_well_formed() {
         super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn an_agent_advertises_the_address_it_reaches_its_server_from() {
+        assert_eq!(
+            super::address_towards("https://127.0.0.1:8383").unwrap(),
+            "127.0.0.1"
+        );
+        assert_eq!(super::address_towards("http://[::1]:80/").unwrap(), "::1");
+        let bad = super::address_towards("127.0.0.1:8383").unwrap_err();
+        assert!(format!("{bad:#}").contains("bad server URL"), "{bad:#}");
     }
 
     #[test]
