@@ -1,0 +1,433 @@
+//! How attempts end: agents' reports applied in order (each checked against the attempt
+//! it claims), a node's part of a gang finishing, the first failure ending the attempt for
+//! all its ranks and naming them, lost and fenced attempts, preempted attempts requeued,
+//! and the retry policy.
+
+use std::time::Instant;
+
+use tacc_core::{NodeId, TaskState, Timestamp};
+use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
+use tacc_scheduler::Event;
+use tacc_schema::RetryOn;
+use tacc_store::{TaskChange, TaskRecord, Transition};
+
+use super::{Control, Inner, LiveNode, now, request_of};
+use crate::ServerError;
+
+/// What becomes of an attempt that ended, and why.
+fn final_state(
+    outcome: &AttemptOutcome,
+    cancel_requested: bool,
+) -> (TaskState, Option<String>, Option<i32>) {
+    match outcome {
+        _ if cancel_requested => (TaskState::Cancelled, Some("cancelled by user".into()), None),
+        AttemptOutcome::Cancelled => (TaskState::Cancelled, Some("cancelled".into()), None),
+        AttemptOutcome::Exited { code: 0 } => (TaskState::Succeeded, None, Some(0)),
+        AttemptOutcome::Exited { code } => (
+            TaskState::Failed,
+            Some(format!("exit code {code}")),
+            Some(*code),
+        ),
+        AttemptOutcome::Signalled { signal } => (
+            TaskState::Failed,
+            Some(format!("killed by signal {signal}")),
+            Some(128 + signal),
+        ),
+        AttemptOutcome::TimeLimit => (TaskState::Failed, Some("time limit reached".into()), None),
+        AttemptOutcome::LaunchFailed { reason, message } => (
+            TaskState::Failed,
+            Some(format!("{reason}: {message}")),
+            None,
+        ),
+    }
+}
+
+impl Control {
+    /// Apply an agent's reports, in order.
+    pub async fn agent_reports(
+        &self,
+        node: NodeId,
+        reports: Vec<AgentReport>,
+    ) -> Result<tacc_proto::ReportsAck, ServerError> {
+        let mut inner = self.inner.lock().await;
+        match inner.nodes.get_mut(&node) {
+            Some(live) => live.last_seen = Instant::now(),
+            None => return Err(ServerError::NodeNotFound(node)),
+        }
+        let mut ack = tacc_proto::ReportsAck::default();
+        for report in reports {
+            if let AgentReport::Usage(sample) = report {
+                let attempt = sample.attempt;
+                if self.accept_usage(node, sample).await? {
+                    ack.accepted += 1;
+                } else {
+                    ack.rejected += 1;
+                    self.audit.record_as(
+                        format!("node:{node}"),
+                        "report.rejected",
+                        format!("task:{}/{}", attempt.task, attempt.attempt),
+                        false,
+                        "usage report for a rank this node does not run".into(),
+                    );
+                }
+                continue;
+            }
+            // Never trust the other side: a report counts only for an attempt of this
+            // node's own, and an ending only while the attempt has not ended yet.
+            let (attempt, ending) = match &report {
+                AgentReport::Log { attempt, .. } | AgentReport::RuntimeChosen { attempt, .. } => {
+                    (*attempt, false)
+                }
+                AgentReport::Started { attempt, .. } => (*attempt, false),
+                AgentReport::Finished { attempt, .. } => (*attempt, true),
+                AgentReport::Usage(sample) => (sample.attempt, false),
+            };
+            let current = self.attempt_is_on_node(node, attempt, !ending).await?;
+            // The node's own end of an attempt it held, and its last lines, count even
+            // when the task has moved on (another rank ended it, a retry, a preemption).
+            let held = if ending {
+                self.node_attempts.finish(node, attempt)
+            } else {
+                self.node_attempts.rank_of(node, attempt).is_some()
+            };
+            if !current && held {
+                ack.accepted += 1;
+                if let AgentReport::Log { attempt, text } = &report {
+                    self.logs.append(attempt.task, text).map_err(|e| {
+                        ServerError::Internal(format!(
+                            "cannot write the log of task {}: {e}",
+                            attempt.task
+                        ))
+                    })?;
+                }
+                continue;
+            }
+            if !current {
+                ack.rejected += 1;
+                self.audit.record_as(
+                    format!("node:{node}"),
+                    "report.rejected",
+                    format!("task:{}/{}", attempt.task, attempt.attempt),
+                    false,
+                    format!(
+                        "{} report for an attempt this node does not run{}",
+                        report_kind(&report),
+                        if ending {
+                            " (or that already ended)"
+                        } else {
+                            ""
+                        }
+                    ),
+                );
+                continue;
+            }
+            ack.accepted += 1;
+            match report {
+                AgentReport::Log { attempt, text } => {
+                    self.logs.append(attempt.task, &text).map_err(|e| {
+                        ServerError::Internal(format!(
+                            "cannot write the log of task {}: {e}",
+                            attempt.task
+                        ))
+                    })?;
+                }
+                AgentReport::Started { attempt, at } => {
+                    let Some(record) = self.store.get_task(attempt.task).await? else {
+                        continue;
+                    };
+                    if record.attempt == attempt.attempt && record.state == TaskState::Starting {
+                        self.commit(&[TaskChange::Transition(Transition::new(
+                            attempt.task,
+                            TaskState::Starting,
+                            TaskState::Running,
+                            attempt.attempt,
+                            at,
+                        ))])
+                        .await?;
+                        self.metrics
+                            .started(record.submitted_at, attempt.attempt, now());
+                    }
+                }
+                AgentReport::Finished {
+                    attempt,
+                    at,
+                    outcome,
+                    rank,
+                } => {
+                    self.note_rank_finished(node, attempt, &outcome, at).await?;
+                    self.rank_finished(&mut inner, node, attempt, outcome, rank, at)
+                        .await?;
+                }
+                AgentReport::Usage(_) => {}
+                AgentReport::RuntimeChosen {
+                    attempt,
+                    runtime,
+                    why,
+                } => {
+                    let Some(record) = self.store.get_task(attempt.task).await? else {
+                        continue;
+                    };
+                    if record.attempt == attempt.attempt && !record.state.is_terminal() {
+                        self.commit(&[TaskChange::Reason {
+                            task: attempt.task,
+                            reason: Some(format!("runtime {runtime}: {why}")),
+                        }])
+                        .await?;
+                    }
+                }
+            }
+        }
+        Ok(ack)
+    }
+
+    /// An attempt's node vanished: the attempt is lost (and maybe retried).
+    pub(super) async fn lose_attempt(
+        &self,
+        inner: &mut Inner,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+    ) -> Result<(), ServerError> {
+        let Some(record) = self.store.get_task(attempt.task).await? else {
+            return Ok(());
+        };
+        if record.attempt != attempt.attempt || !record.state.is_active() {
+            return Ok(());
+        }
+        let reason = match &outcome {
+            AttemptOutcome::LaunchFailed { reason, message } => format!("{reason}: {message}"),
+            other => format!("{other:?}"),
+        };
+        let state = if record.cancel_requested {
+            TaskState::Cancelled
+        } else {
+            TaskState::Lost
+        };
+        self.end_attempt(inner, record, state, Some(reason), None, now(), true)
+            .await
+    }
+
+    /// One node's part of an attempt ended. A multi-node attempt succeeds when every node
+    /// rank has; the first part that does not succeed ends it for all (the others are
+    /// withdrawn, so their agents stop them), named in the reason.
+    pub(super) async fn rank_finished(
+        &self,
+        inner: &mut Inner,
+        node: NodeId,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+        process_rank: Option<u32>,
+        at: Timestamp,
+    ) -> Result<(), ServerError> {
+        // A node that stopped an attempt because it lost contact with the server failed as
+        // a node, not the task: the attempt is lost and follows the retry policy.
+        if matches!(&outcome, AttemptOutcome::LaunchFailed { reason, .. } if reason == "node_fenced")
+        {
+            return self.lose_attempt(inner, attempt, outcome).await;
+        }
+        let Some(record) = self.store.get_task(attempt.task).await? else {
+            return Ok(());
+        };
+        if record.attempt != attempt.attempt || !record.state.is_active() {
+            return Ok(());
+        }
+        let nodes = record.placements.len() as u32;
+        let node_rank = record
+            .placements
+            .iter()
+            .position(|p| p.node == node)
+            .map_or(0, |r| r as u32);
+        if nodes > 1
+            && outcome == (AttemptOutcome::Exited { code: 0 })
+            && !record.cancel_requested
+            && !inner.preempting.contains(&record.id)
+        {
+            let done = inner.finished_ranks.entry(attempt).or_default();
+            done.insert(node_rank);
+            if (done.len() as u32) < nodes {
+                return Ok(());
+            }
+        }
+        let processes = inner
+            .specs
+            .get(&record.id)
+            .map_or(1, |spec| spec.resources.processes_per_node());
+        let blame = (nodes * processes > 1).then(|| {
+            let rank = process_rank.unwrap_or(node_rank * processes);
+            let name = inner
+                .nodes
+                .get(&node)
+                .map_or_else(|| node.to_string(), |n| n.record.name.clone());
+            if processes > 1 {
+                format!(
+                    "rank {rank} (node {name}, local rank {})",
+                    rank.saturating_sub(node_rank * processes)
+                )
+            } else {
+                format!("rank {rank} (node {name})")
+            }
+        });
+        self.finish_attempt_blaming(inner, attempt, outcome, at, blame)
+            .await
+    }
+
+    pub(super) async fn finish_attempt(
+        &self,
+        inner: &mut Inner,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+        at: Timestamp,
+    ) -> Result<(), ServerError> {
+        self.finish_attempt_blaming(inner, attempt, outcome, at, None)
+            .await
+    }
+
+    /// End an attempt as `outcome` says; `blame` names the rank whose end it was when the
+    /// attempt had several, and goes into the reason of a failure.
+    pub(super) async fn finish_attempt_blaming(
+        &self,
+        inner: &mut Inner,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+        at: Timestamp,
+        blame: Option<String>,
+    ) -> Result<(), ServerError> {
+        let Some(record) = self.store.get_task(attempt.task).await? else {
+            return Ok(());
+        };
+        if record.attempt != attempt.attempt || !record.state.is_active() {
+            return Ok(());
+        }
+        let was_preempted = inner.preempting.remove(&record.id);
+        if was_preempted && outcome == AttemptOutcome::Cancelled && !record.cancel_requested {
+            return self.requeue_preempted(inner, record, at).await;
+        }
+        let (state, reason, exit_code) = final_state(&outcome, record.cancel_requested);
+        let reason = match (state, blame, reason) {
+            (TaskState::Failed, Some(blame), Some(reason)) => {
+                Some(format!("{blame}: {reason}; the other ranks were stopped"))
+            }
+            (_, _, reason) => reason,
+        };
+        self.end_attempt(inner, record, state, reason, exit_code, at, false)
+            .await
+    }
+
+    /// A preempted attempt has stopped: the task goes back to the queue as a new attempt.
+    pub(super) async fn requeue_preempted(
+        &self,
+        inner: &mut Inner,
+        record: TaskRecord,
+        at: Timestamp,
+    ) -> Result<(), ServerError> {
+        let task = record.id;
+        self.commit(&[TaskChange::Transition(Transition {
+            reason: Some(format!("preempted during attempt {}", record.attempt)),
+            ..Transition::new(
+                task,
+                record.state,
+                TaskState::Queued,
+                record.attempt.next(),
+                at,
+            )
+        })])
+        .await?;
+        let attempt = AttemptRef {
+            task,
+            attempt: record.attempt,
+        };
+        for live in inner.nodes.values_mut() {
+            // Wake the node's poll: its part of the attempt is withdrawn, so it stops it
+            // now (a rank still running when another ended the attempt).
+            if live.assignments.remove(&attempt).is_some() {
+                live.version.send_modify(|v| *v += 1);
+            }
+            live.cancelling.remove(&attempt);
+        }
+        self.drive(inner, Event::TaskPreempted(task)).await;
+        self.logs.wake(task);
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn end_attempt(
+        &self,
+        inner: &mut Inner,
+        record: TaskRecord,
+        state: TaskState,
+        reason: Option<String>,
+        exit_code: Option<i32>,
+        at: Timestamp,
+        node_failure: bool,
+    ) -> Result<(), ServerError> {
+        let task = record.id;
+        inner.preempting.remove(&task);
+        inner.finished_ranks.remove(&AttemptRef {
+            task,
+            attempt: record.attempt,
+        });
+        let spec = inner.specs.get(&task).cloned();
+        let retry = spec.as_ref().is_some_and(|spec| {
+            let wanted = match state {
+                TaskState::Failed => spec.retry.on.contains(&RetryOn::Failed),
+                TaskState::Lost => {
+                    spec.retry.on.contains(&RetryOn::Lost)
+                        || (node_failure && spec.retry.on.contains(&RetryOn::NodeFailure))
+                }
+                _ => false,
+            };
+            wanted && record.attempt.0 < spec.retry.max_attempts
+        });
+        let mut changes = vec![TaskChange::Transition(Transition {
+            reason: reason.clone(),
+            exit_code,
+            ..Transition::new(task, record.state, state, record.attempt, at)
+        })];
+        if retry {
+            changes.push(TaskChange::Transition(Transition {
+                reason: Some(format!("retry after attempt {} {}", record.attempt, state)),
+                ..Transition::new(task, state, TaskState::Queued, record.attempt.next(), at)
+            }));
+        }
+        self.commit(&changes).await?;
+        let attempt = AttemptRef {
+            task,
+            attempt: record.attempt,
+        };
+        for live in inner.nodes.values_mut() {
+            // Wake the node's poll: its part of the attempt is withdrawn, so it stops it
+            // now (a rank still running when another ended the attempt).
+            if live.assignments.remove(&attempt).is_some() {
+                live.version.send_modify(|v| *v += 1);
+            }
+            live.cancelling.remove(&attempt);
+        }
+        self.drive(inner, Event::TaskEnded(task)).await;
+        match (retry, spec) {
+            (true, Some(spec)) => {
+                let group = inner.group_for(&self.config, &record.user);
+                let request = request_of(&spec, &record, at, group);
+                if inner.nodes.values().any(LiveNode::schedulable) {
+                    self.drive(inner, Event::TaskSubmitted { task, request })
+                        .await;
+                } else {
+                    inner.held.insert(task);
+                }
+            }
+            _ => {
+                inner.specs.remove(&task);
+            }
+        }
+        self.logs.wake(task);
+        Ok(())
+    }
+}
+
+fn report_kind(report: &AgentReport) -> &'static str {
+    match report {
+        AgentReport::Log { .. } => "log",
+        AgentReport::Started { .. } => "started",
+        AgentReport::Finished { .. } => "finished",
+        AgentReport::RuntimeChosen { .. } => "runtime",
+        AgentReport::Usage(_) => "usage",
+    }
+}

@@ -1,0 +1,795 @@
+//! The control plane's core: durable task lifecycle, the scheduler driven with real time,
+//! node liveness, and the desired work of every node. All decisions are taken under one
+//! lock so the scheduler sees events in one order and the store never disagrees with it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tacc_compiler::{DirChunkStore, Instruction};
+use tacc_core::{NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_proto::{Assignment, AttemptOutcome, AttemptRef};
+use tacc_scheduler::{
+    Action, Event, Explanation, Placement, Plan, Scheduler, SchedulerConfig, TaskRequest,
+};
+use tacc_schema::TaskSpec;
+use tacc_store::{
+    NewTask, NodeRecord, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter, TaskRecord,
+    Transition,
+};
+use tokio::sync::{Mutex, watch};
+
+use crate::ServerError;
+
+mod attempts;
+mod nodes;
+
+use crate::logs::LogBook;
+pub use nodes::LIVENESS_CHECK_EVERY;
+use nodes::node_spec;
+
+/// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
+/// PyTorch's default up, one per attempt whose rank 0 shares the node.
+const MASTER_PORTS: std::ops::Range<u16> = 29500..30500;
+
+/// The reason of a queued task held while no node is online.
+pub(crate) const NO_NODE_REASON: &str = "waiting for a node to register";
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    /// An agent silent for longer than this is lost, and so are the attempts it ran.
+    pub heartbeat_timeout: Duration,
+    /// Name of the scheduling policy (see `tacc_scheduler::policy_names`).
+    pub policy: String,
+    /// Users, groups, limits, shares and priority caps.
+    pub scheduler: SchedulerConfig,
+    /// Datasets an administrator registered: name → absolute path or http(s) URL.
+    pub datasets: BTreeMap<String, String>,
+    /// A node lost [`FLAP_LOSSES`] times within [`FLAP_WINDOW`] that comes back gets no
+    /// work until it has stayed up this long.
+    pub node_stable_after: Duration,
+    /// Chunks no committed snapshot references are deleted once unused for this long.
+    pub chunk_retention: Duration,
+    /// Per-user submission rate, queue and log limits.
+    pub limits: crate::limits::UserLimits,
+    /// Operator mapping of TACC users to Unix accounts on the nodes (`[users.NAME]
+    /// unix_user` in the configuration file); unmapped users run as the agent's
+    /// unprivileged task account.
+    pub unix_users: BTreeMap<String, String>,
+    /// A running rank with no output (and no CPU use, where measured) for this long is
+    /// flagged silent in its task's usage (`tcloud top`).
+    pub silent_after: Duration,
+}
+
+impl ServerConfig {
+    pub fn new(data_dir: PathBuf) -> Self {
+        ServerConfig {
+            data_dir,
+            heartbeat_timeout: Duration::from_secs(30),
+            node_stable_after: Duration::from_secs(60),
+            policy: DEFAULT_POLICY.to_string(),
+            scheduler: SchedulerConfig::default(),
+            datasets: BTreeMap::new(),
+            chunk_retention: Duration::from_secs(7 * 24 * 3600),
+            limits: crate::limits::UserLimits::default(),
+            unix_users: BTreeMap::new(),
+            silent_after: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The production default: multifactor fair share with EASY backfill.
+pub const DEFAULT_POLICY: &str = "fairshare";
+
+/// Policies that need knowledge a live cluster does not have.
+const SIMULATOR_ONLY_POLICIES: &[&str] = &["sjf"];
+
+pub fn now() -> Timestamp {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    Timestamp(millis)
+}
+
+#[derive(Debug)]
+pub(crate) struct LiveNode {
+    record: NodeRecord,
+    online: bool,
+    last_seen: Instant,
+    version: watch::Sender<u64>,
+    pub(crate) assignments: BTreeMap<AttemptRef, Assignment>,
+    /// Attempts withdrawn by a cancel, until the agent confirms they are not running.
+    cancelling: BTreeSet<AttemptRef>,
+    /// When the node was lost recently (heartbeat timeouts), oldest first.
+    losses: Vec<Instant>,
+    /// A flapping node that came back is up but gets no work before this instant.
+    held_back_until: Option<Instant>,
+    /// Attempts the agent claimed at registration that are not (or no longer) its to
+    /// run: until it has stopped them, it gets no new work.
+    stale_claims: BTreeSet<AttemptRef>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    scheduler: Scheduler,
+    pub(crate) nodes: BTreeMap<NodeId, LiveNode>,
+    /// Queued tasks not yet given to the scheduler because no node is online: the
+    /// scheduler would reject them as never fitting an empty cluster.
+    held: BTreeSet<TaskId>,
+    /// Task specs of every non-terminal task, parsed once.
+    specs: BTreeMap<TaskId, TaskSpec>,
+    /// Tasks told to stop by a preemption, until their attempt has ended.
+    preempting: BTreeSet<TaskId>,
+    /// Node ranks of multi-node attempts that already ended successfully; the attempt
+    /// succeeds when every rank has.
+    finished_ranks: BTreeMap<AttemptRef, BTreeSet<u32>>,
+    /// When node liveness was last checked (to tell a stalled server from silent nodes).
+    last_liveness_check: Instant,
+    /// The group of each task owner's identity (users the configuration file gives no
+    /// group are accounted to this one).
+    identity_groups: BTreeMap<String, Option<String>>,
+}
+
+impl Inner {
+    fn group_for(&self, config: &ServerConfig, user: &str) -> Option<String> {
+        let configured = config
+            .scheduler
+            .users
+            .get(user)
+            .is_some_and(|u| u.group.is_some());
+        if configured {
+            return None;
+        }
+        self.identity_groups.get(user).cloned().flatten()
+    }
+}
+
+#[derive(Debug)]
+pub struct Control {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) logs: LogBook,
+    pub(crate) chunks: DirChunkStore,
+    pub(crate) outputs_dir: PathBuf,
+    pub(crate) config: ServerConfig,
+    pub(crate) auth: crate::auth::Authenticator,
+    pub(crate) audit: crate::auth::AuditTrail,
+    pub(crate) secret_box: crate::secrets::SecretBox,
+    pub(crate) submit_buckets: crate::limits::SubmitBuckets,
+    pub(crate) chunk_sets: crate::agent_access::ChunkSets,
+    /// Attempts each node holds until it reports their end (late outputs are accepted).
+    pub(crate) node_attempts: crate::node_attempts::NodeAttempts,
+    /// Questions to nodes about their running attempts (`tcloud ls`, live files).
+    pub(crate) node_requests: crate::node_requests::NodeRequests,
+    pub(crate) usage: crate::usage::UsageBook,
+    pub(crate) metrics: crate::metrics::Metrics,
+    pub(crate) inner: Mutex<Inner>,
+}
+
+fn spec_of(record: &TaskRecord) -> Result<TaskSpec, ServerError> {
+    serde_json::from_value(record.spec.clone()).map_err(|e| {
+        ServerError::Internal(format!(
+            "stored spec of task {} is unreadable: {e}",
+            record.id
+        ))
+    })
+}
+
+/// What the scheduler is told about a task. `group` is the owner's group from their
+/// identity, used where the configuration file does not name one for them.
+fn request_of(
+    spec: &TaskSpec,
+    record: &TaskRecord,
+    at: Timestamp,
+    group: Option<String>,
+) -> TaskRequest {
+    TaskRequest {
+        group,
+        user: tacc_core::UserName::new(record.user.clone()),
+        per_node: spec.resources.per_node(),
+        nodes: spec.resources.nodes,
+        gpu_type: spec.resources.gpu_type.clone(),
+        priority: spec.priority,
+        preemptible: spec.preemptible,
+        time_limit_secs: spec.resources.time_limit.map(|t| t.as_secs()),
+        submitted_at: at,
+        node_selector: crate::node_selector::of(spec),
+        ..TaskRequest::default()
+    }
+}
+
+fn placements_of(stored: &[StoredPlacement]) -> Vec<Placement> {
+    stored
+        .iter()
+        .map(|p| Placement {
+            node: p.node,
+            gpu_indices: p.gpu_indices.clone(),
+        })
+        .collect()
+}
+
+impl Control {
+    pub async fn open(
+        store: Arc<dyn Store>,
+        config: ServerConfig,
+    ) -> Result<Arc<Control>, ServerError> {
+        let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
+        let logs = LogBook::open(config.data_dir.join("logs"), config.limits.max_log_bytes)
+            .map_err(|e| io("cannot create the log directory", e))?;
+        let chunks = DirChunkStore::open(config.data_dir.join("chunks"))
+            .map_err(|e| ServerError::Internal(format!("cannot open the chunk store: {e}")))?;
+        let outputs_dir = config.data_dir.join("outputs");
+        std::fs::create_dir_all(&outputs_dir)
+            .map_err(|e| io("cannot create the outputs directory", e))?;
+        if SIMULATOR_ONLY_POLICIES.contains(&config.policy.as_str()) {
+            return Err(ServerError::Config(format!(
+                "policy `{}` orders tasks by their true run time, which only the simulator knows; pick another (known: {})",
+                config.policy,
+                tacc_scheduler::policy_names().join(", ")
+            )));
+        }
+        let scheduler = Scheduler::by_name(&config.policy, config.scheduler.clone())
+            .map_err(|e| ServerError::Config(e.to_string()))?;
+        let secret_box = crate::secrets::SecretBox::open(&config.data_dir.join("secret.key"))?;
+        let control = Arc::new(Control {
+            auth: crate::auth::Authenticator::new(store.clone()),
+            audit: crate::auth::AuditTrail::start(store.clone()),
+            secret_box,
+            submit_buckets: Default::default(),
+            chunk_sets: Default::default(),
+            node_attempts: Default::default(),
+            node_requests: Default::default(),
+            usage: Default::default(),
+            metrics: crate::metrics::Metrics::new(logs.written_counter()),
+            store,
+            logs,
+            chunks,
+            outputs_dir,
+            config,
+            inner: Mutex::new(Inner {
+                scheduler,
+                nodes: BTreeMap::new(),
+                held: BTreeSet::new(),
+                specs: BTreeMap::new(),
+                preempting: BTreeSet::new(),
+                finished_ranks: BTreeMap::new(),
+                last_liveness_check: Instant::now(),
+                identity_groups: BTreeMap::new(),
+            }),
+        });
+        control.recover().await?;
+        Ok(control)
+    }
+
+    /// Rebuild in-memory state from the store after a start or restart. Queued tasks are
+    /// held until a node is online; attempts that were starting or running wait for their
+    /// node's agent to re-register and claim them, and are lost if it does not.
+    async fn recover(&self) -> Result<(), ServerError> {
+        let mut inner = self.inner.lock().await;
+        for record in self.store.list_nodes().await? {
+            inner.nodes.insert(record.id, LiveNode::new(record));
+        }
+        let open = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await?;
+        for record in open.into_iter().rev() {
+            let spec = spec_of(&record)?;
+            if record.state == TaskState::Queued {
+                inner.held.insert(record.id);
+            } else if !record.cancel_requested {
+                let secrets = self.task_secrets(&record, &spec).await;
+                let assignments = assignments_for(
+                    &record,
+                    &spec,
+                    &inner.nodes,
+                    self.config.unix_users.get(&record.user),
+                    &secrets,
+                );
+                for (node, assignment) in assignments {
+                    if let Some(live) = inner.nodes.get_mut(&node) {
+                        live.assignments.insert(assignment.attempt, assignment);
+                    }
+                }
+            }
+            if !inner.identity_groups.contains_key(&record.user) {
+                let group = self.auth.group_of(&record.user).await?;
+                inner.identity_groups.insert(record.user.clone(), group);
+            }
+            inner.specs.insert(record.id, spec);
+        }
+        Ok(())
+    }
+
+    pub fn chunk_store(&self) -> &DirChunkStore {
+        &self.chunks
+    }
+
+    /// Accept a task: validate, make it durable, then let the scheduler see it.
+    pub async fn submit(
+        &self,
+        user: &str,
+        spec: TaskSpec,
+        snapshot: SnapshotId,
+        source: Option<String>,
+    ) -> Result<TaskRecord, ServerError> {
+        spec.validate()
+            .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
+        for name in &spec.environment.secrets {
+            if self.store.get_secret(user, name).await?.is_none() {
+                return Err(ServerError::InvalidTask(format!(
+                    "environment.secrets names `{name}`, but you have no secret of that name; \
+                     set it with `tcloud secret set {name}` (the value is read from stdin)"
+                )));
+            }
+        }
+        let spec = self.resolve_registered_datasets(spec)?;
+        if self.store.get_snapshot(&snapshot).await?.is_none() {
+            return Err(ServerError::InvalidTask(format!(
+                "snapshot {snapshot} is unknown to this server: upload the code first (tcloud submit does this)"
+            )));
+        }
+        let spec_json =
+            serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
+        let committing = Instant::now();
+        let record = self
+            .store
+            .create_task(NewTask {
+                name: spec.name.clone(),
+                user: user.to_string(),
+                spec: spec_json,
+                snapshot,
+                source,
+                submitted_at: now(),
+            })
+            .await?;
+        self.metrics.committed("create_task", committing.elapsed());
+        self.metrics.submitted();
+        let group = self.auth.group_of(user).await?;
+        let mut inner = self.inner.lock().await;
+        inner.identity_groups.insert(user.to_string(), group);
+        let group = inner.group_for(&self.config, user);
+        let request = request_of(&spec, &record, record.submitted_at, group);
+        inner.specs.insert(record.id, spec);
+        if inner.nodes.values().any(LiveNode::schedulable) {
+            self.drive(
+                &mut inner,
+                Event::TaskSubmitted {
+                    task: record.id,
+                    request,
+                },
+            )
+            .await;
+        } else {
+            inner.held.insert(record.id);
+            self.commit(&[TaskChange::Reason {
+                task: record.id,
+                reason: Some(NO_NODE_REASON.into()),
+            }])
+            .await?;
+        }
+        Ok(record)
+    }
+
+    /// Feed one event to the scheduler and carry out its plan in one store transaction.
+    /// A failure here never loses a task: the task stays durable in its last state and
+    /// the scheduler is rebuilt from the store.
+    async fn drive(&self, inner: &mut Inner, event: Event) {
+        let deciding = Instant::now();
+        let decided = inner.scheduler.handle(now(), event);
+        self.metrics.decided(deciding.elapsed());
+        let plan = match decided {
+            Ok(plan) => plan,
+            Err(e) => {
+                tracing::error!("scheduler refused an event: {e}");
+                return;
+            }
+        };
+        if let Err(e) = self.carry_out(inner, plan).await {
+            tracing::error!("could not record a scheduling plan, rebuilding from the store: {e}");
+            self.resync(inner).await;
+        }
+    }
+
+    /// Record a plan in one transaction, then hand the started attempts to their nodes and
+    /// withdraw the preempted ones.
+    async fn carry_out(&self, inner: &mut Inner, plan: Plan) -> Result<(), ServerError> {
+        if plan.actions.is_empty() {
+            return Ok(());
+        }
+        let mut changes = Vec::new();
+        let mut starts = Vec::new();
+        let mut preempted = Vec::new();
+        for action in plan.actions {
+            match action {
+                Action::Start { task, placements } => {
+                    let Some(record) = self.store.get_task(task).await? else {
+                        continue;
+                    };
+                    let stored: Vec<StoredPlacement> = placements
+                        .iter()
+                        .map(|p| StoredPlacement {
+                            node: p.node,
+                            gpu_indices: p.gpu_indices.clone(),
+                        })
+                        .collect();
+                    changes.push(TaskChange::Transition(Transition {
+                        placements: stored.clone(),
+                        ..Transition::new(
+                            task,
+                            TaskState::Queued,
+                            TaskState::Starting,
+                            record.attempt,
+                            plan.at,
+                        )
+                    }));
+                    starts.push(TaskRecord {
+                        placements: stored,
+                        state: TaskState::Starting,
+                        ..record
+                    });
+                }
+                Action::Pending { task, reason } => changes.push(TaskChange::Reason {
+                    task,
+                    reason: Some(reason.to_string()),
+                }),
+                Action::Reject { task, reason } => {
+                    let Some(record) = self.store.get_task(task).await? else {
+                        continue;
+                    };
+                    changes.push(TaskChange::Transition(Transition {
+                        reason: Some(reason.to_string()),
+                        ..Transition::new(
+                            task,
+                            TaskState::Queued,
+                            TaskState::Failed,
+                            record.attempt,
+                            plan.at,
+                        )
+                    }));
+                    inner.specs.remove(&task);
+                    self.logs.wake(task);
+                }
+                Action::Preempt { task, .. } => preempted.push(task),
+            }
+        }
+        self.commit(&changes).await?;
+        for record in starts {
+            let Some(spec) = inner.specs.get(&record.id) else {
+                continue;
+            };
+            let secrets = self.task_secrets(&record, spec).await;
+            let unix_user = self.config.unix_users.get(&record.user);
+            for (node, assignment) in
+                assignments_for(&record, spec, &inner.nodes, unix_user, &secrets)
+            {
+                if let Some(live) = inner.nodes.get_mut(&node) {
+                    live.assignments.insert(assignment.attempt, assignment);
+                    live.version.send_modify(|v| *v += 1);
+                }
+            }
+        }
+        // The agent stops a withdrawn attempt with SIGTERM, then SIGKILL after the task's
+        // grace period; its end comes back as a cancelled attempt and is requeued.
+        for task in preempted {
+            inner.preempting.insert(task);
+            for live in inner.nodes.values_mut() {
+                let withdrawn: Vec<AttemptRef> = live
+                    .assignments
+                    .keys()
+                    .filter(|a| a.task == task)
+                    .copied()
+                    .collect();
+                for attempt in withdrawn {
+                    live.assignments.remove(&attempt);
+                    live.cancelling.insert(attempt);
+                    live.version.send_modify(|v| *v += 1);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Throw the scheduler's state away, rebuild it from the store in one batch, and carry
+    /// out what it decides.
+    async fn resync(&self, inner: &mut Inner) {
+        let mut scheduler = Scheduler::by_name(&self.config.policy, self.config.scheduler.clone())
+            .expect("the policy was checked at start");
+        let mut events: Vec<Event> = inner
+            .nodes
+            .values()
+            .filter(|n| n.schedulable())
+            .flat_map(|live| {
+                let up = Event::NodeUp(node_spec(&live.record));
+                if live.record.drained {
+                    vec![up, Event::NodeDrained(live.record.id)]
+                } else {
+                    vec![up]
+                }
+            })
+            .collect();
+        let open = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_default();
+        for record in open.into_iter().rev() {
+            let Some(spec) = inner.specs.get(&record.id) else {
+                continue;
+            };
+            let group = inner.group_for(&self.config, &record.user);
+            let request = request_of(spec, &record, record.submitted_at, group);
+            events.push(if record.state == TaskState::Queued {
+                Event::TaskSubmitted {
+                    task: record.id,
+                    request,
+                }
+            } else {
+                Event::TaskRestored {
+                    task: record.id,
+                    request,
+                    placements: placements_of(&record.placements),
+                }
+            });
+        }
+        let plan = scheduler.handle(now(), Event::Batch(events));
+        inner.scheduler = scheduler;
+        match plan {
+            Ok(plan) => {
+                if let Err(e) = Box::pin(self.carry_out(inner, plan)).await {
+                    tracing::error!(
+                        "could not record the rebuilt scheduler's plan: {e}; it is retried on the next event"
+                    );
+                }
+            }
+            Err(e) => tracing::error!("rebuilding the scheduler failed: {e}"),
+        }
+    }
+
+    /// A user cancels a task. Queued tasks end at once; starting or running ones are
+    /// stopped by their agents, and end when the agents confirm.
+    pub async fn cancel(&self, task: TaskId) -> Result<TaskRecord, ServerError> {
+        let mut inner = self.inner.lock().await;
+        let record = self
+            .store
+            .get_task(task)
+            .await?
+            .ok_or(ServerError::TaskNotFound(task))?;
+        match record.state {
+            TaskState::Queued => {
+                self.commit(&[TaskChange::Transition(Transition {
+                    reason: Some("cancelled by user".into()),
+                    ..Transition::new(
+                        task,
+                        TaskState::Queued,
+                        TaskState::Cancelled,
+                        record.attempt,
+                        now(),
+                    )
+                })])
+                .await?;
+                inner.specs.remove(&task);
+                if !inner.held.remove(&task) {
+                    self.drive(&mut inner, Event::TaskCancelled(task)).await;
+                }
+                self.logs.wake(task);
+            }
+            TaskState::Starting | TaskState::Running if !record.cancel_requested => {
+                self.commit(&[TaskChange::CancelRequested { task }]).await?;
+                let attempt = AttemptRef {
+                    task,
+                    attempt: record.attempt,
+                };
+                for live in inner.nodes.values_mut() {
+                    if live.assignments.remove(&attempt).is_some() {
+                        live.cancelling.insert(attempt);
+                        live.version.send_modify(|v| *v += 1);
+                    }
+                }
+                // An attempt whose node is gone has nobody left to confirm the cancel.
+                let placed_on_live_node = record
+                    .placements
+                    .iter()
+                    .any(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
+                if !placed_on_live_node {
+                    self.finish_attempt(&mut inner, attempt, AttemptOutcome::Cancelled, now())
+                        .await?;
+                }
+            }
+            _ => {}
+        }
+        self.store
+            .get_task(task)
+            .await?
+            .ok_or(ServerError::TaskNotFound(task))
+    }
+
+    pub async fn explain(&self, task: TaskId) -> Result<tacc_proto::TaskExplanation, ServerError> {
+        let record = self
+            .store
+            .get_task(task)
+            .await?
+            .ok_or(ServerError::TaskNotFound(task))?;
+        let inner = self.inner.lock().await;
+        let config = inner.scheduler.config();
+        let group = config.group_of(&record.user, None);
+        let mut details = vec![format!("user {} is in group {group}", record.user)];
+        let user_limits = config.user_limits(&record.user);
+        let group_limits = config.group_limits(&group);
+        for (whose, limits) in [("user", &user_limits), ("group", &group_limits)] {
+            let mut parts = Vec::new();
+            if let Some(max) = limits.max_gpus {
+                parts.push(format!("{max} GPUs"));
+            }
+            if let Some(max) = limits.max_cpus {
+                parts.push(format!("{max} CPUs"));
+            }
+            if let Some(max) = limits.max_running_tasks {
+                parts.push(format!("{max} running tasks"));
+            }
+            if let Some(max) = limits.max_queued_tasks {
+                parts.push(format!("{max} queued tasks"));
+            }
+            if !parts.is_empty() {
+                details.push(format!("{whose} limits: at most {}", parts.join(", ")));
+            }
+        }
+        let guaranteed = config.guaranteed_gpus(&group);
+        if guaranteed > 0 {
+            details.push(format!(
+                "group {group} is guaranteed {guaranteed} GPUs and may borrow idle ones"
+            ));
+        }
+        let (mut position, mut estimated_start) = (None, None);
+        match inner.scheduler.explain(task) {
+            Explanation::Queued {
+                position: at,
+                estimated_start: start,
+                reason,
+                ..
+            } => {
+                position = Some(at as u64);
+                estimated_start = start;
+                let waits_for_node = matches!(
+                    reason,
+                    Some(tacc_scheduler::PendingReason::NoMatchingNode { .. })
+                );
+                if waits_for_node && let Some(spec) = inner.specs.get(&task) {
+                    details.push(crate::node_selector::advice(&crate::node_selector::of(
+                        spec,
+                    )));
+                } else if start.is_none() {
+                    details.push(
+                        "no start estimate: a task it waits for has no time limit (set resources.time_limit to get one)"
+                            .to_string(),
+                    );
+                }
+            }
+            Explanation::Preempting { .. } => {
+                details.push("it is being preempted and will be requeued".to_string())
+            }
+            Explanation::Running { .. } | Explanation::Unknown => {}
+        }
+        if inner.held.contains(&task) {
+            details.push(
+                "no node is online yet; start an agent (`taccd agent`) or `tcloud up`".to_string(),
+            );
+        }
+        Ok(tacc_proto::TaskExplanation {
+            task_id: task,
+            state: record.state,
+            reason: record.reason,
+            queue_position: position,
+            estimated_start,
+            policy: inner.scheduler.policy_name().to_string(),
+            details,
+        })
+    }
+
+    /// The scheduler's fair-share standing as of `at` (see `tacc_scheduler::Scheduler::standing`).
+    pub(crate) async fn fairshare_standing(
+        &self,
+        at: Timestamp,
+    ) -> tacc_scheduler::FairShareStanding {
+        self.inner.lock().await.scheduler.standing(at)
+    }
+
+    /// The scheduler's start estimate for a queued task.
+    pub async fn estimated_start(&self, task: TaskId) -> Option<Timestamp> {
+        match self.inner.lock().await.scheduler.explain(task) {
+            Explanation::Queued {
+                estimated_start, ..
+            } => estimated_start,
+            _ => None,
+        }
+    }
+
+    pub async fn record_output(&self, output: OutputRecord) -> Result<(), ServerError> {
+        Ok(self.store.add_output(output).await?)
+    }
+}
+
+/// One assignment per node of a placed attempt, rank 0 being the master.
+fn assignments_for(
+    record: &TaskRecord,
+    spec: &TaskSpec,
+    nodes: &BTreeMap<NodeId, LiveNode>,
+    unix_user: Option<&String>,
+    secrets: &BTreeMap<String, String>,
+) -> Vec<(NodeId, Assignment)> {
+    let mut instruction: Instruction = tacc_compiler::compile(
+        record.id,
+        record.attempt,
+        &record.user,
+        spec,
+        record.snapshot.clone(),
+    );
+    instruction.unix_user = unix_user.cloned();
+    let instruction = serde_json::to_value(&instruction).expect("instructions serialise");
+    let master = record.placements.first().map(|p| p.node);
+    let master_addr = master
+        .and_then(|node| nodes.get(&node))
+        .map_or_else(|| "127.0.0.1".to_string(), |n| n.record.address.clone());
+    let attempt = AttemptRef {
+        task: record.id,
+        attempt: record.attempt,
+    };
+    let master_port = free_master_port(nodes, master, attempt);
+    record
+        .placements
+        .iter()
+        .enumerate()
+        .map(|(rank, placement)| {
+            (
+                placement.node,
+                Assignment {
+                    attempt,
+                    instruction: instruction.clone(),
+                    node_rank: rank as u32,
+                    gpu_indices: placement.gpu_indices.clone(),
+                    master_addr: master_addr.clone(),
+                    master_port,
+                    secrets: secrets.clone(),
+                },
+            )
+        })
+        .collect()
+}
+
+/// A rendezvous port for `attempt` on its rank 0's node that no other attempt whose rank
+/// 0 runs there holds. The search starts at a point derived from the attempt, so the
+/// same attempt gets the same port when a restarted server rebuilds its assignments.
+fn free_master_port(
+    nodes: &BTreeMap<NodeId, LiveNode>,
+    master: Option<NodeId>,
+    attempt: AttemptRef,
+) -> u16 {
+    let taken: BTreeSet<u16> = master
+        .and_then(|node| nodes.get(&node))
+        .map(|live| {
+            live.assignments
+                .values()
+                .filter(|a| a.node_rank == 0 && a.attempt != attempt)
+                .map(|a| a.master_port)
+                .collect()
+        })
+        .unwrap_or_default();
+    let span = u64::from(MASTER_PORTS.end - MASTER_PORTS.start);
+    let start = attempt
+        .task
+        .0
+        .wrapping_mul(31)
+        .wrapping_add(u64::from(attempt.attempt.0))
+        % span;
+    (0..span)
+        .map(|i| MASTER_PORTS.start + ((start + i) % span) as u16)
+        .find(|port| !taken.contains(port))
+        .unwrap_or(MASTER_PORTS.start)
+}

@@ -1,0 +1,526 @@
+//! The node lifecycle of the control plane: agents register (claiming what they still
+//! run), poll for their desired work (the poll is the heartbeat), go down when silent,
+//! come back (stale attempts stopped before new work; flapping nodes held back until
+//! stable), are drained, resumed and removed; and the node listing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use tacc_core::{NodeId, Resources, TaskId, TaskState, Timestamp};
+use tacc_proto::{AttemptOutcome, AttemptRef, DesiredWork, RegisterAgent};
+use tacc_scheduler::{Event, NodeSpec};
+use tacc_store::{NewNode, NodeRecord, TaskFilter};
+use tokio::sync::watch;
+
+use super::{Control, Inner, LiveNode, now, placements_of, request_of};
+use crate::ServerError;
+
+/// How often the server checks node liveness ([`Control::check_liveness`]).
+pub const LIVENESS_CHECK_EVERY: Duration = Duration::from_secs(1);
+
+/// How often within [`FLAP_WINDOW`] a node must have been lost to count as flapping.
+pub(crate) const FLAP_LOSSES: usize = 2;
+/// The window in which losses of a node count towards flapping.
+pub(crate) const FLAP_WINDOW: Duration = Duration::from_secs(600);
+
+impl LiveNode {
+    pub(super) fn new(record: NodeRecord) -> LiveNode {
+        LiveNode {
+            record,
+            online: false,
+            last_seen: Instant::now(),
+            version: watch::channel(0).0,
+            assignments: BTreeMap::new(),
+            cancelling: BTreeSet::new(),
+            losses: Vec::new(),
+            held_back_until: None,
+            stale_claims: BTreeSet::new(),
+        }
+    }
+
+    /// Whether the scheduler may place work on the node (it knows the node as up).
+    pub(super) fn schedulable(&self) -> bool {
+        self.online && self.held_back_until.is_none()
+    }
+
+    /// Whether the node was lost often enough lately to count as flapping.
+    pub(super) fn flapping(&self) -> bool {
+        self.losses
+            .iter()
+            .filter(|at| at.elapsed() < FLAP_WINDOW)
+            .count()
+            >= FLAP_LOSSES
+    }
+}
+
+impl Control {
+    /// An agent (re)registers. Attempts the server placed on this node that the agent does
+    /// not report are lost: their processes are gone with the agent's previous life.
+    pub async fn register_agent(
+        &self,
+        registration: RegisterAgent,
+    ) -> Result<NodeRecord, ServerError> {
+        let mut inner = self.inner.lock().await;
+        let record = self
+            .store
+            .register_node(NewNode {
+                name: registration.name.clone(),
+                capacity: registration.capacity,
+                gpu_type: registration.gpu_type.clone(),
+                labels: registration.labels.clone(),
+                address: registration.address.clone(),
+                registered_at: now(),
+            })
+            .await?;
+        // Read before the node comes up: a queued task the scheduler places on it at once
+        // is new work for the agent, not an attempt its previous life left unclaimed.
+        let active = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await?;
+        // A node that re-registers while still online (its agent restarted faster than
+        // the heartbeat timeout) is already known to the scheduler with its allocations.
+        let was_online = inner.nodes.get(&record.id).is_some_and(|n| n.online);
+        let claimed: BTreeSet<AttemptRef> = registration.running.iter().copied().collect();
+        let stable_after = self.config.node_stable_after;
+        let live = inner
+            .nodes
+            .entry(record.id)
+            .or_insert_with(|| LiveNode::new(record.clone()));
+        live.record = record.clone();
+        live.online = true;
+        self.node_attempts
+            .forget_node(record.id, &registration.running);
+        live.last_seen = Instant::now();
+        if !was_online && live.flapping() {
+            tracing::warn!(
+                "node {} came back after being lost {} times in {}s: no work for it until it has \
+                 stayed up for {}s",
+                record.name,
+                live.losses.len(),
+                FLAP_WINDOW.as_secs(),
+                stable_after.as_secs()
+            );
+            live.held_back_until = Some(Instant::now() + stable_after);
+        }
+        if !was_online && live.held_back_until.is_none() {
+            self.node_joins_scheduler(&mut inner, record.id).await;
+        }
+
+        for task in active
+            .into_iter()
+            .rev()
+            .filter(|t| t.placements.iter().any(|p| p.node == record.id))
+        {
+            let attempt = AttemptRef {
+                task: task.id,
+                attempt: task.attempt,
+            };
+            let all_nodes_online = task
+                .placements
+                .iter()
+                .all(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
+            if claimed.contains(&attempt) && all_nodes_online && !task.cancel_requested {
+                if was_online {
+                    continue;
+                }
+                if let Some(spec) = inner.specs.get(&task.id) {
+                    let group = inner.group_for(&self.config, &task.user);
+                    let event = Event::TaskRestored {
+                        task: task.id,
+                        request: request_of(spec, &task, task.submitted_at, group),
+                        placements: placements_of(&task.placements),
+                    };
+                    self.drive(&mut inner, event).await;
+                }
+            } else {
+                let outcome = AttemptOutcome::LaunchFailed {
+                    reason: "node_restarted".into(),
+                    message: format!(
+                        "the agent on node {} restarted while the attempt was {}; its processes were stopped",
+                        record.name, task.state
+                    ),
+                };
+                self.lose_attempt(&mut inner, attempt, outcome).await?;
+            }
+        }
+        self.release_held(&mut inner).await?;
+        if let Some(live) = inner.nodes.get_mut(&record.id) {
+            live.stale_claims = claimed
+                .into_iter()
+                .filter(|attempt| !live.assignments.contains_key(attempt))
+                .collect();
+            if !live.stale_claims.is_empty() {
+                tracing::warn!(
+                    "node {} still runs {} attempt(s) that ended or moved while it was away: \
+                     they are stopped before it gets new work",
+                    record.name,
+                    live.stale_claims.len()
+                );
+            }
+            live.version.send_modify(|v| *v += 1);
+        }
+        Ok(record)
+    }
+
+    /// The work a node should be doing; also counts as the node's heartbeat. `running` is
+    /// what the agent runs now: a cancelled attempt it does not run (it never received
+    /// it, or already stopped it) is cancelled here, since no report about it will come.
+    pub async fn desired_work(
+        &self,
+        node: NodeId,
+        running: &[AttemptRef],
+    ) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
+        let mut inner = self.inner.lock().await;
+        let live = inner
+            .nodes
+            .get_mut(&node)
+            .ok_or(ServerError::NodeNotFound(node))?;
+        if !live.online {
+            return Err(ServerError::NodeNotRegistered(node));
+        }
+        live.last_seen = Instant::now();
+        let settled: Vec<AttemptRef> = live
+            .cancelling
+            .iter()
+            .filter(|a| !running.contains(a))
+            .copied()
+            .collect();
+        for attempt in &settled {
+            live.cancelling.remove(attempt);
+        }
+        for attempt in settled {
+            self.finish_attempt(&mut inner, attempt, AttemptOutcome::Cancelled, now())
+                .await?;
+        }
+        let live = inner
+            .nodes
+            .get_mut(&node)
+            .ok_or(ServerError::NodeNotFound(node))?;
+        if !live.stale_claims.is_empty() {
+            live.stale_claims
+                .retain(|attempt| running.contains(attempt));
+            if live.stale_claims.is_empty() {
+                // Answer the next poll at once with the work that was held back.
+                live.version.send_modify(|v| *v += 1);
+            }
+        }
+        let assignments = if live.stale_claims.is_empty() {
+            live.assignments.values().cloned().collect()
+        } else {
+            // What it already runs and may keep; nothing new until the stale are gone.
+            live.assignments
+                .values()
+                .filter(|a| running.contains(&a.attempt))
+                .cloned()
+                .collect()
+        };
+        let receiver = live.version.subscribe();
+        Ok((
+            DesiredWork {
+                version: *live.version.borrow(),
+                assignments,
+                requests: Vec::new(),
+            },
+            receiver,
+        ))
+    }
+
+    pub async fn touch(&self, node: NodeId) {
+        if let Some(live) = self.inner.lock().await.nodes.get_mut(&node) {
+            live.last_seen = Instant::now();
+        }
+    }
+
+    /// Give the scheduler the tasks held while it knew no node, once it knows one.
+    async fn release_held(&self, inner: &mut Inner) -> Result<(), ServerError> {
+        if inner.held.is_empty() || !inner.nodes.values().any(LiveNode::schedulable) {
+            return Ok(());
+        }
+        let held: Vec<TaskId> = std::mem::take(&mut inner.held).into_iter().collect();
+        for task in held {
+            let Some(record) = self.store.get_task(task).await? else {
+                continue;
+            };
+            let Some(spec) = inner.specs.get(&task) else {
+                continue;
+            };
+            let group = inner.group_for(&self.config, &record.user);
+            let request = request_of(spec, &record, record.submitted_at, group);
+            self.drive(inner, Event::TaskSubmitted { task, request })
+                .await;
+        }
+        Ok(())
+    }
+
+    /// Tell the scheduler a node is up (and drained, if it is).
+    async fn node_joins_scheduler(&self, inner: &mut Inner, node: NodeId) {
+        let Some(live) = inner.nodes.get(&node) else {
+            return;
+        };
+        let record = live.record.clone();
+        self.drive(inner, Event::NodeUp(node_spec(&record))).await;
+        if record.drained {
+            self.drive(inner, Event::NodeDrained(record.id)).await;
+        }
+    }
+
+    /// Mark silent nodes offline and their attempts lost, and hand flapping nodes that
+    /// stayed up long enough back to the scheduler. Called periodically.
+    pub async fn check_liveness(&self) -> Result<(), ServerError> {
+        let mut inner = self.inner.lock().await;
+        let timeout = self.config.heartbeat_timeout;
+        // A server that was stalled (stopped, swapped out, a long lock) heard from nobody
+        // meanwhile; that silence is its own, not the nodes': their clocks start again.
+        let since_last_check = inner.last_liveness_check.elapsed();
+        inner.last_liveness_check = Instant::now();
+        if since_last_check > LIVENESS_CHECK_EVERY * 3 {
+            tracing::warn!(
+                "the server did not check node liveness for {}s (was it stopped?): giving \
+                 every node a fresh heartbeat period",
+                since_last_check.as_secs()
+            );
+            for live in inner.nodes.values_mut() {
+                live.last_seen = Instant::now();
+            }
+        }
+        let stable: Vec<NodeId> = inner
+            .nodes
+            .iter()
+            .filter(|(_, n)| {
+                n.online
+                    && n.held_back_until
+                        .is_some_and(|until| Instant::now() >= until)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for node in stable {
+            if let Some(live) = inner.nodes.get_mut(&node) {
+                live.held_back_until = None;
+                tracing::info!(
+                    "node {} has been stable: it gets work again",
+                    live.record.name
+                );
+            }
+            self.node_joins_scheduler(&mut inner, node).await;
+            self.release_held(&mut inner).await?;
+        }
+        let silent: Vec<NodeId> = inner
+            .nodes
+            .iter()
+            .filter(|(_, n)| {
+                n.last_seen.elapsed() > timeout && (n.online || !n.assignments.is_empty())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for node in silent {
+            let (name, attempts, was_online) = {
+                let Inner {
+                    nodes,
+                    finished_ranks,
+                    ..
+                } = &mut *inner;
+                let live = nodes.get_mut(&node).expect("listed above");
+                let was_online = live.schedulable();
+                if live.online {
+                    live.losses.retain(|at| at.elapsed() < FLAP_WINDOW);
+                    live.losses.push(Instant::now());
+                }
+                live.online = false;
+                live.held_back_until = None;
+                // A rank that already finished its part lost nothing with its node.
+                let attempts: Vec<AttemptRef> = live
+                    .assignments
+                    .values()
+                    .filter(|a| {
+                        !finished_ranks
+                            .get(&a.attempt)
+                            .is_some_and(|done| done.contains(&a.node_rank))
+                    })
+                    .map(|a| a.attempt)
+                    .collect();
+                (live.record.name.clone(), attempts, was_online)
+            };
+            tracing::warn!("node {name} missed its heartbeat for {timeout:?}: marking it offline");
+            self.node_attempts.forget_node(node, &[]);
+            if was_online {
+                self.drive(&mut inner, Event::NodeDown(node)).await;
+            }
+            for attempt in attempts {
+                let outcome = AttemptOutcome::LaunchFailed {
+                    reason: "node_lost".into(),
+                    message: format!(
+                        "node {name} stopped responding (no heartbeat for {}s)",
+                        timeout.as_secs()
+                    ),
+                };
+                self.lose_attempt(&mut inner, attempt, outcome).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn node_views(&self) -> Vec<tacc_proto::NodeView> {
+        let inner = self.inner.lock().await;
+        inner
+            .nodes
+            .values()
+            .map(|live| {
+                let allocated = live
+                    .assignments
+                    .values()
+                    .filter_map(|a| {
+                        inner
+                            .specs
+                            .get(&a.attempt.task)
+                            .map(|s| s.resources.per_node())
+                    })
+                    .fold(Resources::ZERO, |acc, r| acc.add(&r));
+                tacc_proto::NodeView {
+                    id: live.record.id,
+                    name: live.record.name.clone(),
+                    capacity: live.record.capacity,
+                    allocated,
+                    gpu_type: live.record.gpu_type.clone(),
+                    labels: live.record.labels.clone(),
+                    state: match (live.online, live.record.drained) {
+                        (false, _) => "down".into(),
+                        (true, _) if live.held_back_until.is_some() => "flapping".into(),
+                        (true, false) => "up".into(),
+                        (true, true) if live.assignments.is_empty() => "drained".into(),
+                        (true, true) => "draining".into(),
+                    },
+                    last_seen: Timestamp(
+                        now()
+                            .0
+                            .saturating_sub(live.last_seen.elapsed().as_millis() as u64),
+                    ),
+                    running_tasks: live.assignments.keys().map(|a| a.task).collect(),
+                    gpus: self.usage.node_gpus(live.record.id),
+                }
+            })
+            .collect()
+    }
+
+    fn node_named(inner: &Inner, name: &str) -> Result<NodeId, ServerError> {
+        inner
+            .nodes
+            .iter()
+            .find(|(_, n)| n.record.name == name)
+            .map(|(id, _)| *id)
+            .ok_or_else(|| {
+                ServerError::NotFound(format!(
+                    "no node is named `{name}` (list them with `tcloud nodes`)"
+                ))
+            })
+    }
+
+    /// Drain a node: what runs on it finishes, nothing new is placed there. The mark is
+    /// durable, so a restarted server keeps the node drained until it is resumed.
+    pub async fn drain_node(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
+        self.set_drained(name, true).await
+    }
+
+    /// Let a drained node take new tasks again.
+    pub async fn resume_node(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
+        self.set_drained(name, false).await
+    }
+
+    async fn set_drained(
+        &self,
+        name: &str,
+        drained: bool,
+    ) -> Result<tacc_proto::NodeView, ServerError> {
+        {
+            let mut inner = self.inner.lock().await;
+            let id = Self::node_named(&inner, name)?;
+            self.store.set_node_drained(id, drained).await?;
+            let live = inner.nodes.get_mut(&id).expect("found above");
+            let changed = live.record.drained != drained;
+            live.record.drained = drained;
+            if changed && live.schedulable() {
+                let event = if drained {
+                    Event::NodeDrained(id)
+                } else {
+                    Event::NodeResumed(id)
+                };
+                self.drive(&mut inner, event).await;
+            }
+        }
+        self.node_views()
+            .await
+            .into_iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| ServerError::NotFound(format!("node `{name}` vanished")))
+    }
+
+    /// Forget a node and revoke its credential: it must join again with a join token.
+    /// A node that is up and still runs tasks is refused (drain it first); the attempts
+    /// of a down node are lost.
+    pub async fn remove_node(&self, name: &str) -> Result<(), ServerError> {
+        let mut inner = self.inner.lock().await;
+        let id = Self::node_named(&inner, name)?;
+        let (online, scheduled, attempts) = {
+            let live = &inner.nodes[&id];
+            let attempts: Vec<AttemptRef> = live.assignments.keys().copied().collect();
+            (live.online, live.schedulable(), attempts)
+        };
+        if online && !attempts.is_empty() {
+            return Err(ServerError::Conflict(format!(
+                "node `{name}` still runs {} task(s); drain it (`tcloud admin node drain {name}`) \
+                 and wait until they end, or remove it once it is down",
+                attempts.len()
+            )));
+        }
+        if scheduled {
+            self.drive(&mut inner, Event::NodeDown(id)).await;
+        }
+        for attempt in attempts {
+            let outcome = AttemptOutcome::LaunchFailed {
+                reason: "node_removed".into(),
+                message: format!("node {name} was removed by an administrator"),
+            };
+            self.lose_attempt(&mut inner, attempt, outcome).await?;
+        }
+        self.node_attempts.forget_node(id, &[]);
+        if let Some(live) = inner.nodes.remove(&id) {
+            // Wake a waiting poll so the agent hears at once that its node is gone.
+            live.version.send_modify(|v| *v += 1);
+        }
+        self.store.remove_node(id).await?;
+        let at = now();
+        for token in self.store.list_tokens(None).await? {
+            if token.kind == tacc_store::TokenKind::Node
+                && token.node == Some(id)
+                && token.revoked_at.is_none()
+            {
+                self.store.revoke_token(token.id, at).await?;
+            }
+        }
+        self.auth.forget();
+        Ok(())
+    }
+
+    /// Why a task is where it is, in the scheduler's words and the store's.
+    pub async fn node_names(&self) -> BTreeMap<NodeId, String> {
+        self.inner
+            .lock()
+            .await
+            .nodes
+            .iter()
+            .map(|(id, n)| (*id, n.record.name.clone()))
+            .collect()
+    }
+}
+
+pub(super) fn node_spec(record: &NodeRecord) -> NodeSpec {
+    NodeSpec {
+        id: record.id,
+        capacity: record.capacity,
+        gpu_type: record.gpu_type.clone(),
+        labels: record.labels.clone(),
+    }
+}
