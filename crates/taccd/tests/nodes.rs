@@ -241,6 +241,13 @@ async fn a_flapping_node_gets_work_only_once_it_has_been_stable() {
     let task = submit(&client, dir.path(), "patient", &sleeper("patient", 0), &[]).await;
     let queued = client.get_task(task).await.unwrap();
     assert_eq!(queued.state, TaskState::Queued, "{queued:?}");
+    let why = client.explain(task).await.unwrap();
+    assert!(
+        why.details
+            .iter()
+            .any(|d| d.contains("flappy") && d.contains("stayed up")),
+        "{why:?}"
+    );
     let view = wait_terminal(&client, task).await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
     let started = view.started_at.unwrap();

@@ -678,9 +678,22 @@ impl Control {
             Explanation::Running { .. } | Explanation::Unknown => {}
         }
         if inner.held.contains(&task) {
-            details.push(
-                "no node is online yet; start an agent (`taccd agent`) or `tcloud up`".to_string(),
-            );
+            let flapping: Vec<&str> = inner
+                .nodes
+                .values()
+                .filter(|n| n.online && n.held_back_until.is_some())
+                .map(|n| n.record.name.as_str())
+                .collect();
+            details.push(if flapping.is_empty() {
+                "no node is online yet; start an agent (`taccd agent`) or `tcloud up`".to_string()
+            } else {
+                format!(
+                    "the only nodes up ({}) were lost repeatedly and get work once they have \
+                     stayed up for {}s (`taccd server --node-stable-after`)",
+                    flapping.join(", "),
+                    self.config.node_stable_after.as_secs()
+                )
+            });
         }
         Ok(tacc_proto::TaskExplanation {
             task_id: task,
