@@ -140,6 +140,37 @@ impl Cluster {
         }
     }
 
+    /// Whether each of `placements`' nodes can trade `old` for `new` per node (CPU and
+    /// memory only: a task keeps its GPUs).
+    pub fn can_resize(&self, old: &Resources, new: &Resources, placements: &[Placement]) -> bool {
+        placements.iter().all(|p| {
+            self.nodes
+                .get(&p.node)
+                .is_some_and(|node| node.free.add(old).covers(new))
+        })
+    }
+
+    /// Trades `old` for `new` per node on `placements` (checked by [`Cluster::can_resize`]).
+    pub fn resize(&mut self, old: &Resources, new: &Resources, placements: &[Placement]) {
+        for placement in placements {
+            if let Some(node) = self.nodes.get_mut(&placement.node) {
+                node.free = node.free.add(old).saturating_sub(new);
+            }
+        }
+    }
+
+    /// The least free CPU and memory over `nodes`.
+    pub fn least_free(&self, nodes: impl Iterator<Item = NodeId>) -> Resources {
+        nodes
+            .filter_map(|id| self.nodes.get(&id).map(|node| node.free))
+            .reduce(|a, b| Resources {
+                cpu_millis: a.cpu_millis.min(b.cpu_millis),
+                memory_bytes: a.memory_bytes.min(b.memory_bytes),
+                gpus: a.gpus.min(b.gpus),
+            })
+            .unwrap_or(Resources::ZERO)
+    }
+
     /// Schedulable nodes that fit one node's share of `request` now, best fit first.
     fn fitting_now<'a>(&'a self, request: &'a TaskRequest) -> impl Iterator<Item = &'a NodeState> {
         let need = request.per_node;

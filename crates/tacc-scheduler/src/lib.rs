@@ -45,6 +45,11 @@ pub enum SchedulerError {
     UnknownPolicy { name: String, known: String },
     #[error("pool job {job} asks for {gpus} GPUs but the pool has only {capacity}")]
     PoolJobTooLarge { job: u64, gpus: u32, capacity: u32 },
+    #[error("task {task} cannot be resized: {why}")]
+    ResizeRejected {
+        task: tacc_core::TaskId,
+        why: String,
+    },
     #[error("pool job {0} is already known")]
     DuplicatePoolJob(u64),
 }

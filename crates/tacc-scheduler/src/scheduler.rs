@@ -7,6 +7,7 @@ use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp};
 use crate::cluster::Cluster;
 use crate::config::{Limits, SchedulerConfig};
 use crate::policy::{Backfill, Policy, QuotaView, RankContext, TaskView, Usage};
+mod resize;
 mod standing;
 
 pub use standing::{FairShareStanding, GroupStanding, UserStanding};
@@ -45,6 +46,12 @@ pub enum Event {
     /// A task told to stop by [`Action::Preempt`] has stopped: its resources are free and
     /// it goes back to the queue as a new attempt (keeping its submission time).
     TaskPreempted(TaskId),
+    /// A running task's per-node CPU and memory changed (adaptive re-allocation); its
+    /// GPUs stay. Rejected with [`SchedulerError::ResizeRejected`] where it does not fit.
+    TaskResized {
+        task: TaskId,
+        per_node: Resources,
+    },
     /// Nothing happened but time passed.
     Tick,
     /// Several things happened at this instant: apply them all (in order), then decide
@@ -350,6 +357,7 @@ impl Scheduler {
         actions: &mut Vec<Action>,
     ) -> Result<(), SchedulerError> {
         match event {
+            Event::TaskResized { task, per_node } => self.resize(now, task, per_node)?,
             Event::NodeUp(spec) => self.cluster.add(spec)?,
             Event::NodeDown(node) => self.cluster.remove(node),
             Event::NodeDrained(node) => self.cluster.drain(node),
