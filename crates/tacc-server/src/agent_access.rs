@@ -35,7 +35,7 @@ impl Control {
         attempt: AttemptRef,
         ended_ok: bool,
     ) -> Result<bool, ServerError> {
-        let Some(record) = self.store.get_task(attempt.task).await? else {
+        let Some(record) = self.task_record(attempt.task).await? else {
             return Ok(false);
         };
         Ok(record.attempt == attempt.attempt

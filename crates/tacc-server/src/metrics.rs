@@ -7,13 +7,13 @@
 //! or free text: a pending reason is reduced to its kind by [`reason_kind`].
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tacc_core::{AttemptNo, NodeId, TaskState, Timestamp};
-use tacc_store::{StoreError, TaskChange, TaskFilter};
+use tacc_store::TaskFilter;
 
 use crate::{Control, ServerError};
 
@@ -212,14 +212,6 @@ struct NodeGauges {
 }
 
 impl Control {
-    /// Commit `changes` in one store transaction, timing it.
-    pub(crate) async fn commit(&self, changes: &[TaskChange]) -> Result<(), StoreError> {
-        let started = Instant::now();
-        let result = self.store.apply(changes).await;
-        self.metrics.committed("apply", started.elapsed());
-        result
-    }
-
     /// `GET /metrics`: refresh what describes the present, then encode everything.
     pub(crate) async fn metrics_text(&self) -> Result<String, ServerError> {
         let metrics = &self.metrics;

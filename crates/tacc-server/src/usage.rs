@@ -524,7 +524,7 @@ impl Control {
         node: NodeId,
         sample: UsageSample,
     ) -> Result<bool, ServerError> {
-        let Some(record) = self.store.get_task(sample.attempt.task).await? else {
+        let Some(record) = self.task_record(sample.attempt.task).await? else {
             return Ok(false);
         };
         let holds_rank = record
@@ -553,7 +553,7 @@ impl Control {
         at: Timestamp,
     ) -> Result<(), ServerError> {
         if let Some(what) = failure_of(outcome) {
-            let record = self.store.get_task(attempt.task).await?;
+            let record = self.task_record(attempt.task).await?;
             let rank = record
                 .as_ref()
                 .and_then(|r| r.placements.iter().position(|p| p.node == node));

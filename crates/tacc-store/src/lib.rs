@@ -18,7 +18,7 @@ pub use access::{
     AuditEntry, NewAuditEntry, NewToken, SecretRecord, SnapshotOwner, TokenKind, TokenRecord,
     UserRecord,
 };
-pub use memory::MemoryStore;
+pub use memory::{MemoryStore, apply_transition};
 pub use records::{
     NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
     TaskHistory, TaskRecord, Transition, UsagePeak,

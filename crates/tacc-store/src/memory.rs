@@ -40,11 +40,9 @@ impl MemoryStore {
     }
 }
 
-/// The state-transition rules shared by every store implementation.
-pub(crate) fn apply_transition(
-    record: &mut TaskRecord,
-    change: &TaskChange,
-) -> Result<Option<TaskEvent>> {
+/// The state-transition rules shared by every store implementation (and by the control
+/// plane's in-memory copy of placed tasks, so that copy never drifts from the store).
+pub fn apply_transition(record: &mut TaskRecord, change: &TaskChange) -> Result<Option<TaskEvent>> {
     match change {
         TaskChange::Transition(Transition {
             task,

@@ -132,7 +132,7 @@ impl Control {
                     })?;
                 }
                 AgentReport::Started { attempt, at } => {
-                    let Some(record) = self.store.get_task(attempt.task).await? else {
+                    let Some(record) = self.task_record(attempt.task).await? else {
                         continue;
                     };
                     if record.attempt == attempt.attempt && record.state == TaskState::Starting {
@@ -164,7 +164,7 @@ impl Control {
                     runtime,
                     why,
                 } => {
-                    let Some(record) = self.store.get_task(attempt.task).await? else {
+                    let Some(record) = self.task_record(attempt.task).await? else {
                         continue;
                     };
                     if record.attempt == attempt.attempt && !record.state.is_terminal() {
@@ -187,7 +187,7 @@ impl Control {
         attempt: AttemptRef,
         outcome: AttemptOutcome,
     ) -> Result<(), ServerError> {
-        let Some(record) = self.store.get_task(attempt.task).await? else {
+        let Some(record) = self.task_record(attempt.task).await? else {
             return Ok(());
         };
         if record.attempt != attempt.attempt || !record.state.is_active() {
@@ -224,7 +224,7 @@ impl Control {
         {
             return self.lose_attempt(inner, attempt, outcome).await;
         }
-        let Some(record) = self.store.get_task(attempt.task).await? else {
+        let Some(record) = self.task_record(attempt.task).await? else {
             return Ok(());
         };
         if record.attempt != attempt.attempt || !record.state.is_active() {
@@ -291,7 +291,7 @@ impl Control {
         at: Timestamp,
         blame: Option<String>,
     ) -> Result<(), ServerError> {
-        let Some(record) = self.store.get_task(attempt.task).await? else {
+        let Some(record) = self.task_record(attempt.task).await? else {
             return Ok(());
         };
         if record.attempt != attempt.attempt || !record.state.is_active() {

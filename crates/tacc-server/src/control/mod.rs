@@ -24,6 +24,7 @@ use crate::ServerError;
 
 mod attempts;
 mod nodes;
+mod records;
 
 use crate::logs::LogBook;
 pub use nodes::LIVENESS_CHECK_EVERY;
@@ -164,6 +165,8 @@ pub struct Control {
     pub(crate) node_requests: crate::node_requests::NodeRequests,
     pub(crate) usage: crate::usage::UsageBook,
     pub(crate) metrics: crate::metrics::Metrics,
+    /// The records of placed tasks, kept beside the store (see `records.rs`).
+    pub(crate) placed: records::PlacedRecords,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -242,6 +245,7 @@ impl Control {
             node_requests: Default::default(),
             usage: Default::default(),
             metrics: crate::metrics::Metrics::new(logs.written_counter()),
+            placed: records::PlacedRecords::default(),
             store,
             logs,
             chunks,
@@ -407,7 +411,7 @@ impl Control {
         for action in plan.actions {
             match action {
                 Action::Start { task, placements } => {
-                    let Some(record) = self.store.get_task(task).await? else {
+                    let Some(record) = self.task_record(task).await? else {
                         continue;
                     };
                     let stored: Vec<StoredPlacement> = placements
@@ -417,8 +421,8 @@ impl Control {
                             gpu_indices: p.gpu_indices.clone(),
                         })
                         .collect();
-                    changes.push(TaskChange::Transition(Transition {
-                        placements: stored.clone(),
+                    let change = TaskChange::Transition(Transition {
+                        placements: stored,
                         ..Transition::new(
                             task,
                             TaskState::Queued,
@@ -426,19 +430,21 @@ impl Control {
                             record.attempt,
                             plan.at,
                         )
-                    }));
-                    starts.push(TaskRecord {
-                        placements: stored,
-                        state: TaskState::Starting,
-                        ..record
                     });
+                    // A task that is not queued any more makes the commit fail, and the
+                    // scheduler is rebuilt from the store.
+                    let mut started = record;
+                    if tacc_store::apply_transition(&mut started, &change).is_ok() {
+                        starts.push(started);
+                    }
+                    changes.push(change);
                 }
                 Action::Pending { task, reason } => changes.push(TaskChange::Reason {
                     task,
                     reason: Some(reason.to_string()),
                 }),
                 Action::Reject { task, reason } => {
-                    let Some(record) = self.store.get_task(task).await? else {
+                    let Some(record) = self.task_record(task).await? else {
                         continue;
                     };
                     changes.push(TaskChange::Transition(Transition {
@@ -457,7 +463,7 @@ impl Control {
                 Action::Preempt { task, .. } => preempted.push(task),
             }
         }
-        self.commit(&changes).await?;
+        self.commit_placing(&changes, &starts).await?;
         for record in starts {
             let Some(spec) = inner.specs.get(&record.id) else {
                 continue;

@@ -242,7 +242,7 @@ impl Control {
         }
         let held: Vec<TaskId> = std::mem::take(&mut inner.held).into_iter().collect();
         for task in held {
-            let Some(record) = self.store.get_task(task).await? else {
+            let Some(record) = self.task_record(task).await? else {
                 continue;
             };
             let Some(spec) = inner.specs.get(&task) else {

@@ -1,0 +1,182 @@
+//! The records of placed tasks (starting or running), kept in memory beside the store, so
+//! the hot path — every agent report, every plan — does not read the database for the
+//! task it is about. The store stays the truth: every change is committed first and only
+//! then applied to the copy, by the store's own transition rule
+//! ([`tacc_store::apply_transition`]), so the copy is always what the store holds. A
+//! failed commit drops the tasks it touched (they are read afresh); a task that is no
+//! longer placed leaves, so the copy is bounded by what runs.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use tacc_core::TaskId;
+use tacc_store::{StoreError, TaskChange, TaskRecord};
+
+use super::Control;
+
+#[derive(Debug, Default)]
+pub(crate) struct PlacedRecords {
+    records: Mutex<HashMap<TaskId, TaskRecord>>,
+    /// Orders commits and cache fills: a record read from the store can never overwrite a
+    /// newer one a concurrent commit applied.
+    order: tokio::sync::Mutex<()>,
+}
+
+impl PlacedRecords {
+    fn get(&self, task: TaskId) -> Option<TaskRecord> {
+        self.records.lock().unwrap().get(&task).cloned()
+    }
+
+    /// Keep `record` while it is placed.
+    fn admit(&self, record: &TaskRecord) {
+        if record.state.is_active() {
+            self.records
+                .lock()
+                .unwrap()
+                .insert(record.id, record.clone());
+        }
+    }
+
+    fn applied(&self, changes: &[TaskChange]) {
+        let mut records = self.records.lock().unwrap();
+        for change in changes {
+            let task = change_task(change);
+            let Some(record) = records.get_mut(&task) else {
+                continue;
+            };
+            let still_placed =
+                tacc_store::apply_transition(record, change).is_ok() && record.state.is_active();
+            if !still_placed {
+                records.remove(&task);
+            }
+        }
+    }
+
+    fn forget(&self, changes: &[TaskChange]) {
+        let mut records = self.records.lock().unwrap();
+        for change in changes {
+            records.remove(&change_task(change));
+        }
+    }
+}
+
+fn change_task(change: &TaskChange) -> TaskId {
+    match change {
+        TaskChange::Transition(t) => t.task,
+        TaskChange::Reason { task, .. } | TaskChange::CancelRequested { task } => *task,
+    }
+}
+
+impl Control {
+    /// Commit `changes` in one store transaction, timing it, then bring the placed
+    /// tasks' copies up to date.
+    pub(crate) async fn commit(&self, changes: &[TaskChange]) -> Result<(), StoreError> {
+        self.commit_placing(changes, &[]).await
+    }
+
+    /// [`Control::commit`], keeping the records of the tasks `changes` place (each as the
+    /// store holds it once `changes` are applied).
+    pub(crate) async fn commit_placing(
+        &self,
+        changes: &[TaskChange],
+        placed: &[TaskRecord],
+    ) -> Result<(), StoreError> {
+        let _order = self.placed.order.lock().await;
+        let started = Instant::now();
+        let result = self.store.apply(changes).await;
+        self.metrics.committed("apply", started.elapsed());
+        match &result {
+            Ok(()) => {
+                self.placed.applied(changes);
+                for record in placed {
+                    self.placed.admit(record);
+                }
+            }
+            Err(_) => self.placed.forget(changes),
+        }
+        result
+    }
+
+    /// A task's record as the store holds it: from memory while the task is placed.
+    pub(crate) async fn task_record(&self, task: TaskId) -> Result<Option<TaskRecord>, StoreError> {
+        if let Some(record) = self.placed.get(task) {
+            return Ok(Some(record));
+        }
+        let _order = self.placed.order.lock().await;
+        if let Some(record) = self.placed.get(task) {
+            return Ok(Some(record));
+        }
+        let record = self.store.get_task(task).await?;
+        if let Some(record) = &record {
+            self.placed.admit(record);
+        }
+        Ok(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tacc_core::{AttemptNo, TaskState, Timestamp};
+    use tacc_store::{StoredPlacement, Transition};
+
+    use super::*;
+
+    fn record(state: TaskState) -> TaskRecord {
+        TaskRecord {
+            id: TaskId(7),
+            name: "t".into(),
+            user: "ann".into(),
+            spec: serde_json::json!({}),
+            snapshot: "ab".repeat(32).parse().unwrap(),
+            source: None,
+            state,
+            reason: None,
+            exit_code: None,
+            attempt: AttemptNo(1),
+            placements: vec![StoredPlacement {
+                node: tacc_core::NodeId(1),
+                gpu_indices: vec![],
+            }],
+            cancel_requested: false,
+            submitted_at: Timestamp::from_millis(1),
+            started_at: None,
+            finished_at: None,
+        }
+    }
+
+    fn transition(from: TaskState, to: TaskState) -> TaskChange {
+        TaskChange::Transition(Transition::new(
+            TaskId(7),
+            from,
+            to,
+            AttemptNo(1),
+            Timestamp::from_millis(5),
+        ))
+    }
+
+    #[test]
+    fn only_placed_tasks_are_kept_and_they_follow_the_store_rule() {
+        let placed = PlacedRecords::default();
+        placed.admit(&record(TaskState::Queued));
+        assert!(placed.get(TaskId(7)).is_none());
+        placed.admit(&record(TaskState::Starting));
+        placed.applied(&[transition(TaskState::Starting, TaskState::Running)]);
+        let running = placed.get(TaskId(7)).unwrap();
+        assert_eq!(running.state, TaskState::Running);
+        assert_eq!(running.started_at, Some(Timestamp::from_millis(5)));
+        placed.applied(&[transition(TaskState::Running, TaskState::Succeeded)]);
+        assert!(placed.get(TaskId(7)).is_none(), "an ended task leaves");
+    }
+
+    #[test]
+    fn a_change_the_copy_cannot_follow_or_a_failed_commit_drops_the_copy() {
+        let placed = PlacedRecords::default();
+        placed.admit(&record(TaskState::Running));
+        placed.applied(&[transition(TaskState::Starting, TaskState::Running)]);
+        assert!(placed.get(TaskId(7)).is_none());
+        placed.admit(&record(TaskState::Running));
+        placed.forget(&[TaskChange::CancelRequested { task: TaskId(7) }]);
+        assert!(placed.get(TaskId(7)).is_none());
+    }
+}
