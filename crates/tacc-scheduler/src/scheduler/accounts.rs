@@ -188,16 +188,7 @@ impl Scheduler {
         group: usize,
         request: &TaskRequest,
     ) {
-        let half_life = self.config.fairshare.half_life_secs;
-        let total = request.total();
-        let one = Usage::one_task(&total);
-        self.users[user].usage.add_started(&one);
-        self.groups[group].account.usage.add_started(&one);
-        let rate = self.billing_rate(request);
-        let account = &mut self.groups[group];
-        account.allocated = account.allocated.add(&total);
-        account.ledger.advance(now.as_millis(), half_life);
-        account.ledger.rate += rate;
+        self.bill(now, user, group, request, true);
     }
 
     /// The reverse of [`Scheduler::charge`]: the task stops holding resources (and is
@@ -209,16 +200,40 @@ impl Scheduler {
         group: usize,
         request: &TaskRequest,
     ) {
+        self.bill(now, user, group, request, false);
+    }
+
+    fn bill(
+        &mut self,
+        now: Timestamp,
+        user: usize,
+        group: usize,
+        request: &TaskRequest,
+        starts: bool,
+    ) {
         let half_life = self.config.fairshare.half_life_secs;
         let total = request.total();
         let one = Usage::one_task(&total);
-        self.users[user].usage.remove_started(&one);
-        self.groups[group].account.usage.remove_started(&one);
         let rate = self.billing_rate(request);
+        for usage in [
+            &mut self.users[user].usage,
+            &mut self.groups[group].account.usage,
+        ] {
+            if starts {
+                usage.add_started(&one);
+            } else {
+                usage.remove_started(&one);
+            }
+        }
         let account = &mut self.groups[group];
-        account.allocated = account.allocated.saturating_sub(&total);
         account.ledger.advance(now.as_millis(), half_life);
-        account.ledger.rate = (account.ledger.rate - rate).max(0.0);
+        if starts {
+            account.allocated = account.allocated.add(&total);
+            account.ledger.rate += rate;
+        } else {
+            account.allocated = account.allocated.saturating_sub(&total);
+            account.ledger.rate = (account.ledger.rate - rate).max(0.0);
+        }
     }
 
     pub(super) fn quota_view(&self, entry: &TaskEntry) -> QuotaView<'_> {

@@ -206,22 +206,8 @@ mod tests {
     fn what_victims_free_is_held_for_the_claimant() {
         // Once both its tasks are stopped, b is back within its guarantee and its older
         // task ranks first: without the claim it would take the GPUs straight back.
-        let mut s = Scheduler::with_config(guaranteed(&[("a", 4), ("b", 3)]));
-        s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
-        for (id, gpus) in [(1, 3), (2, 1)] {
-            submit(&mut s, id, borrower(gpus, id));
-        }
-        let mut owner = request(1, 4, 1, 10);
-        owner.group = Some("a".into());
-        let plan = s
-            .handle(
-                Timestamp(700_000),
-                Event::TaskSubmitted {
-                    task: TaskId(9),
-                    request: owner,
-                },
-            )
-            .unwrap();
+        let mut s = borrowed(&[("a", 4), ("b", 3)], &[(1, 3), (2, 1)]);
+        let plan = owner_arrives(&mut s, 4);
         assert_eq!(s.preemptions(), 2, "{plan:?}");
         // The first victim stops: it may not start again on what the claimant needs.
         let plan = s

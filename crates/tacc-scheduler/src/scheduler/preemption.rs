@@ -199,23 +199,9 @@ mod tests {
 
     #[test]
     fn owners_reclaim_borrowed_gpus_by_preemption() {
-        let mut s = Scheduler::with_config(guaranteed(&[("a", 2), ("b", 2)]));
-        s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
-        for id in 1..=4 {
-            submit(&mut s, id, borrower(1, id));
-        }
+        let mut s = borrowed(&[("a", 2), ("b", 2)], &[(1, 1), (2, 1), (3, 1), (4, 1)]);
         assert_eq!(s.group_usage("b").gpus, 4, "b borrows a's idle share");
-        let mut owner = request(1, 2, 1, 10);
-        owner.group = Some("a".into());
-        let plan = s
-            .handle(
-                Timestamp(700_000),
-                Event::TaskSubmitted {
-                    task: TaskId(9),
-                    request: owner,
-                },
-            )
-            .unwrap();
+        let plan = owner_arrives(&mut s, 2);
         let victims: Vec<TaskId> = plan
             .actions
             .iter()
@@ -244,22 +230,8 @@ mod tests {
 
     #[test]
     fn only_the_victims_the_claimant_needs_are_preempted() {
-        let mut s = Scheduler::with_config(guaranteed(&[("a", 2), ("b", 2)]));
-        s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
-        for (id, gpus) in [(1, 3), (2, 1)] {
-            submit(&mut s, id, borrower(gpus, id));
-        }
-        let mut owner = request(1, 2, 1, 10);
-        owner.group = Some("a".into());
-        let plan = s
-            .handle(
-                Timestamp(700_000),
-                Event::TaskSubmitted {
-                    task: TaskId(9),
-                    request: owner,
-                },
-            )
-            .unwrap();
+        let mut s = borrowed(&[("a", 2), ("b", 2)], &[(1, 3), (2, 1)]);
+        let plan = owner_arrives(&mut s, 2);
         // Task 2 loses less work, but stopping it alone frees 1 GPU of the 2 needed, and
         // once task 1 is stopped task 2 is not needed at all.
         let preempted: Vec<&Action> = plan

@@ -97,11 +97,35 @@ pub(super) fn guaranteed(groups: &[(&str, u64)]) -> SchedulerConfig {
     config
 }
 
-/// A preemptible one-node task of group `b` submitted at `at` ms, asking for `gpus`.
-pub(super) fn borrower(gpus: u32, at: u64) -> TaskRequest {
-    TaskRequest {
-        group: Some("b".into()),
-        preemptible: true,
-        ..request(1, gpus, 1, at)
+/// One node of 8 CPUs and 4 GPUs, groups guaranteed GPUs as `guarantees` says, and group
+/// `b` running preemptible tasks `(id, gpus)`, each submitted at `id` ms.
+pub(super) fn borrowed(guarantees: &[(&str, u64)], borrowers: &[(u64, u32)]) -> Scheduler {
+    let mut s = Scheduler::with_config(guaranteed(guarantees));
+    s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
+    for (id, gpus) in borrowers {
+        let borrower = TaskRequest {
+            group: Some("b".into()),
+            preemptible: true,
+            ..request(1, *gpus, 1, *id)
+        };
+        submit(&mut s, *id, borrower);
     }
+    s
+}
+
+/// Task 9 of group `a`, asking for `gpus`, arrives at 700 s: past the borrowers' minimum
+/// run time, so they may be preempted.
+pub(super) fn owner_arrives(s: &mut Scheduler, gpus: u32) -> Plan {
+    let owner = TaskRequest {
+        group: Some("a".into()),
+        ..request(1, gpus, 1, 10)
+    };
+    s.handle(
+        Timestamp(700_000),
+        Event::TaskSubmitted {
+            task: TaskId(9),
+            request: owner,
+        },
+    )
+    .unwrap()
 }
