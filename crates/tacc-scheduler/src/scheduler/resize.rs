@@ -7,7 +7,8 @@
 
 use tacc_core::{Resources, TaskId, Timestamp};
 
-use super::{Phase, Scheduler};
+use super::Scheduler;
+use super::task::Phase;
 use crate::SchedulerError;
 use crate::config::Limits;
 use crate::policy::Usage;
@@ -51,23 +52,12 @@ impl Scheduler {
         }
         let placements = placements.clone();
         let old_request = entry.request.clone();
-        self.cluster.resize(&old, &per_node, &placements);
-        let old_total = old_request.total();
         let mut new_request = old_request.clone();
         new_request.per_node = per_node;
-        let new_total = new_request.total();
-        for usage in [
-            &mut self.users[user].usage,
-            &mut self.groups[group].account.usage,
-        ] {
-            usage.cpu_millis = usage.cpu_millis - old_total.cpu_millis + new_total.cpu_millis;
-        }
-        let half_life = self.config.fairshare.half_life_secs;
-        let rate_change = self.billing_rate(&new_request) - self.billing_rate(&old_request);
-        let account = &mut self.groups[group];
-        account.allocated = account.allocated.saturating_sub(&old_total).add(&new_total);
-        account.ledger.advance(now.as_millis(), half_life);
-        account.ledger.rate = (account.ledger.rate + rate_change).max(0.0);
+        self.cluster.resize(&old, &per_node, &placements);
+        // The same arithmetic as a stop and a start, so every account moves as one.
+        self.refund(now, user, group, &old_request);
+        self.charge(now, user, group, &new_request);
         self.tasks.get_mut(&task).expect("known task").request = new_request;
         Ok(())
     }
