@@ -23,8 +23,10 @@ impl FakeExecutor {
 
 #[async_trait::async_trait]
 impl Executor for FakeExecutor {
-    fn name(&self) -> &'static str {
-        "fake"
+    /// It stands in for the node's own process runtime; a fake is not a kind a task
+    /// file may ask for.
+    fn kind(&self) -> crate::RuntimeKind {
+        crate::RuntimeKind::Process
     }
 
     /// Nothing runs, so any identity is "honoured".

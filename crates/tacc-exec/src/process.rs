@@ -106,8 +106,8 @@ fn cgroup_name(label: &str) -> String {
 
 #[async_trait::async_trait]
 impl Executor for ProcessExecutor {
-    fn name(&self) -> &'static str {
-        "process"
+    fn kind(&self) -> crate::RuntimeKind {
+        crate::RuntimeKind::Process
     }
 
     fn honours_run_as(&self) -> bool {

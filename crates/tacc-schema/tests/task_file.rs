@@ -137,6 +137,25 @@ fn a_minimal_file_gets_defaults_and_its_directory_name() {
 }
 
 #[test]
+fn runtime_travels_in_json_as_the_task_file_writes_it() {
+    let (auto, _) = parse_task("task.yaml", "run: x\n").unwrap();
+    let json = serde_json::to_value(&auto).unwrap();
+    assert_eq!(json["runtime"], "auto");
+    assert_eq!(serde_json::from_value::<TaskSpec>(json).unwrap(), auto);
+    let (slurm, _) = parse_task("task.yaml", "runtime: slurm\nrun: x\n").unwrap();
+    let json = serde_json::to_value(&slurm).unwrap();
+    assert_eq!(json["runtime"], "slurm");
+    assert_eq!(serde_json::from_value::<TaskSpec>(json).unwrap(), slurm);
+    let mut odd = serde_json::to_value(&auto).unwrap();
+    odd["runtime"] = "fake".into();
+    let error = serde_json::from_value::<TaskSpec>(odd).unwrap_err();
+    assert!(
+        error.to_string().contains("unknown variant `fake`"),
+        "{error}"
+    );
+}
+
+#[test]
 fn fractional_cpus_sizes_and_durations_are_accepted() {
     let spec = parse(
         "run: x\nresources: { cpus: 0.5, memory: 512MiB, time_limit: 1h30m }\ncheckpoint: { signal: usr2 }\n",
