@@ -112,50 +112,79 @@ pub(crate) fn announce(shared: &Shared, attempt: AttemptRef, choice: &RuntimeCho
     );
 }
 
-/// [`crate::attempt::launch`] on the chosen runtime; when that runtime fails for an infrastructure reason
-/// (not the task's), move to the next eligible one and say so (fail-safe switching).
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn launch_with_failover(
-    shared: &Arc<Shared>,
-    instruction: &Instruction,
-    runtime: &mut RuntimeChoice,
-    failed: &mut BTreeMap<RuntimeKind, String>,
-    spec: LaunchSpec,
+/// The runtime an attempt's scripts run on: [`crate::attempt::launch`] on the chosen
+/// runtime, and when that runtime fails for an infrastructure reason (not the task's),
+/// the next eligible one, said to the user (fail-safe switching).
+pub(crate) struct Failover<'a> {
+    shared: &'a Arc<Shared>,
+    instruction: &'a Instruction,
     attempt: AttemptRef,
-    lines: LogLines,
-    cancel: &CancellationToken,
-    record_name: &str,
-) -> Result<ExitOutcome, AttemptError> {
-    loop {
-        let executor = crate::runtimes::executor(shared, runtime.runtime);
-        let error = match crate::attempt::launch(
+    cancel: &'a CancellationToken,
+    /// The runtime chosen now.
+    pub choice: RuntimeChoice,
+    /// Runtimes that failed to launch this attempt for an infrastructure reason, with why.
+    failed: BTreeMap<RuntimeKind, String>,
+}
+
+impl<'a> Failover<'a> {
+    /// The first choice; `Err` says why no runtime here can run the attempt.
+    pub async fn choose(
+        shared: &'a Arc<Shared>,
+        instruction: &'a Instruction,
+        attempt: AttemptRef,
+        cancel: &'a CancellationToken,
+    ) -> Result<Failover<'a>, String> {
+        let failed = BTreeMap::new();
+        let choice = choose(shared, instruction, &failed).await?;
+        Ok(Failover {
             shared,
-            executor.as_ref(),
-            spec.clone(),
+            instruction,
             attempt,
-            lines.clone(),
             cancel,
-            record_name,
-        )
-        .await
-        {
-            Ok(outcome) => return Ok(outcome),
-            Err(error) => error,
-        };
-        if !error.is_infrastructure() {
-            return Err(AttemptError::Launch(error));
-        }
-        failed.insert(runtime.runtime, error.to_string());
-        match crate::runtimes::choose(shared, instruction, failed).await {
-            Ok(next) => {
-                *runtime = next;
-                announce(shared, attempt, runtime);
-            }
-            Err(message) => {
-                return Err(AttemptError::NoRuntimeLeft {
-                    cause: error,
-                    message,
-                });
+            choice,
+            failed,
+        })
+    }
+
+    /// Run one script to its end on the chosen runtime, switching runtimes as needed.
+    pub async fn launch(
+        &mut self,
+        spec: LaunchSpec,
+        lines: LogLines,
+        record_name: &str,
+    ) -> Result<ExitOutcome, AttemptError> {
+        let shared = self.shared;
+        loop {
+            let executor = executor(shared, self.choice.runtime);
+            let launched = crate::attempt::launch(
+                shared,
+                executor.as_ref(),
+                spec.clone(),
+                self.attempt,
+                lines.clone(),
+                self.cancel,
+                record_name,
+            )
+            .await;
+            let error = match launched {
+                Ok(outcome) => return Ok(outcome),
+                Err(error) if !error.is_infrastructure() => {
+                    return Err(AttemptError::Launch(error));
+                }
+                Err(error) => error,
+            };
+            self.failed.insert(self.choice.runtime, error.to_string());
+            match choose(shared, self.instruction, &self.failed).await {
+                Ok(next) => {
+                    self.choice = next;
+                    announce(shared, self.attempt, &self.choice);
+                }
+                Err(message) => {
+                    return Err(AttemptError::NoRuntimeLeft {
+                        cause: error,
+                        message,
+                    });
+                }
             }
         }
     }

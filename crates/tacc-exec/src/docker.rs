@@ -301,13 +301,7 @@ impl Executor for DockerExecutor {
         spec: LaunchSpec,
         output: mpsc::UnboundedSender<OutputLine>,
     ) -> Result<ExecutionHandle, ExecError> {
-        if !spec.workdir.is_dir() {
-            // Docker would create a missing bind source; the task must not run in an
-            // empty directory instead of its code.
-            return Err(ExecError::MissingWorkdir(
-                spec.workdir.display().to_string(),
-            ));
-        }
+        spec.require_workdir()?;
         let image = spec
             .placement
             .image

@@ -39,11 +39,7 @@ impl Executor for FakeExecutor {
         spec: LaunchSpec,
         output: mpsc::UnboundedSender<OutputLine>,
     ) -> Result<ExecutionHandle, ExecError> {
-        if !spec.workdir.is_dir() {
-            return Err(ExecError::MissingWorkdir(
-                spec.workdir.display().to_string(),
-            ));
-        }
+        spec.require_workdir()?;
         let (cancel, exit_tx, exit_rx) = handle_parts();
         let token = cancel.clone();
         tokio::spawn(async move {

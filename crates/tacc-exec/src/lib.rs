@@ -56,6 +56,21 @@ pub struct LaunchSpec {
     pub placement: Placement,
 }
 
+impl LaunchSpec {
+    /// Every runtime refuses a missing working directory: the task must never run in
+    /// another (or, as Docker would make of a missing bind source, an empty) directory
+    /// instead of its code.
+    pub(crate) fn require_workdir(&self) -> Result<(), ExecError> {
+        if self.workdir.is_dir() {
+            Ok(())
+        } else {
+            Err(ExecError::MissingWorkdir(
+                self.workdir.display().to_string(),
+            ))
+        }
+    }
+}
+
 /// The attempt an execution belongs to, its place in the attempt's gang, and the user it
 /// runs for: what a backend that schedules work itself (Slurm: one job per gang, an
 /// account per user, a QoS per priority) or labels it (containers) needs to know.

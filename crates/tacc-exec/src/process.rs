@@ -119,11 +119,7 @@ impl Executor for ProcessExecutor {
         spec: LaunchSpec,
         output: mpsc::UnboundedSender<OutputLine>,
     ) -> Result<ExecutionHandle, ExecError> {
-        if !spec.workdir.is_dir() {
-            return Err(ExecError::MissingWorkdir(
-                spec.workdir.display().to_string(),
-            ));
-        }
+        spec.require_workdir()?;
         let cgroup = self.cgroups.create(
             &cgroup_name(&spec.label),
             &Limits {

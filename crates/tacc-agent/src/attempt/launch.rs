@@ -25,6 +25,7 @@ use crate::Shared;
 use crate::environments::EnvLease;
 use crate::identity::TaskIdentity;
 use crate::now;
+use crate::runtimes::Failover;
 use crate::secrets::SecretMask;
 
 /// Variables of the agent's own environment that tasks inherit.
@@ -65,9 +66,7 @@ pub(super) async fn setup_then_run(
         name,
     } = launch;
     let attempt = assignment.attempt;
-    // Runtimes that failed to launch this attempt for an infrastructure reason.
-    let mut failed_runtimes = BTreeMap::new();
-    let mut runtime = crate::runtimes::choose(shared, instruction, &failed_runtimes)
+    let mut runtime = Failover::choose(shared, instruction, attempt, cancel)
         .await
         .map_err(AttemptError::NoRuntime)?;
     report(shared, AgentReport::Started { attempt, at: now() });
@@ -77,7 +76,7 @@ pub(super) async fn setup_then_run(
         assignment.gpu_indices.clone(),
         now(),
     );
-    crate::runtimes::announce(shared, attempt, &runtime);
+    crate::runtimes::announce(shared, attempt, &runtime.choice);
 
     let node = NodeContext {
         node_rank: assignment.node_rank,
@@ -157,19 +156,10 @@ pub(super) async fn setup_then_run(
             kill_grace: grace,
             placement: placement.clone(),
         };
-        let ended = crate::runtimes::launch_with_failover(
-            shared,
-            instruction,
-            &mut runtime,
-            &mut failed_runtimes,
-            spec,
-            attempt,
-            lines.clone(),
-            cancel,
-            &format!("{name}-setup"),
-        )
-        .await?;
-        match ended {
+        match runtime
+            .launch(spec, lines.clone(), &format!("{name}-setup"))
+            .await?
+        {
             ExitOutcome::Exited(0) => {}
             ExitOutcome::Exited(code) => return Err(AttemptError::SetupExited(code)),
             ExitOutcome::Signalled(signal) => return Err(AttemptError::SetupSignalled(signal)),
@@ -207,7 +197,7 @@ pub(super) async fn setup_then_run(
                 }
             })
             .collect();
-        let executor = crate::runtimes::executor(shared, runtime.runtime);
+        let executor = crate::runtimes::executor(shared, runtime.choice.runtime);
         run_ranks(shared, executor, attempt, launches, cancel).await
     } else {
         let spec = LaunchSpec {
@@ -221,19 +211,9 @@ pub(super) async fn setup_then_run(
             kill_grace: grace,
             placement,
         };
-        let ended = crate::runtimes::launch_with_failover(
-            shared,
-            instruction,
-            &mut runtime,
-            &mut failed_runtimes,
-            spec,
-            attempt,
-            lines,
-            cancel,
-            name,
-        )
-        .await?;
-        Ok(RanksEnded::whole_node(ended))
+        Ok(RanksEnded::whole_node(
+            runtime.launch(spec, lines, name).await?,
+        ))
     }
 }
 
