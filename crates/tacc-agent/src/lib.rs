@@ -20,8 +20,6 @@ mod identity;
 mod layout;
 mod live_files;
 mod orphans;
-mod outputs;
-mod processes;
 mod reporter;
 mod runtimes;
 mod sampler;

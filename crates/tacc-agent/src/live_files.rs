@@ -97,7 +97,7 @@ fn open(workdir: &Path, relative: &str) -> Result<std::fs::File, Reply> {
             format!("the working directory is not ready yet ({e}); try again in a moment"),
         )
     })?;
-    crate::outputs::open_inside(&workdir.join(relative), &real_workdir).map_err(|e| {
+    crate::attempt::outputs::open_inside(&workdir.join(relative), &real_workdir).map_err(|e| {
         match e.kind() {
             std::io::ErrorKind::NotFound => failed(
                 "not_found",

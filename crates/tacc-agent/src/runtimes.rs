@@ -9,21 +9,11 @@ use std::sync::Arc;
 use tacc_compiler::Instruction;
 use tacc_exec::runtime::{RuntimeChoice, RuntimeKind, RuntimeQuestion, choose_runtime};
 use tacc_exec::{DockerExecutor, Executor, ExitOutcome, LaunchSpec};
-use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
+use tacc_proto::{AgentReport, AttemptRef};
 use tokio_util::sync::CancellationToken;
 
 use crate::Shared;
-use crate::attempt::{launch_failed, report};
-
-/// The kind of the agent's primary executor, from its name.
-fn primary_kind(executor: &dyn Executor) -> RuntimeKind {
-    match executor.name() {
-        "slurm" => RuntimeKind::Slurm,
-        "container" => RuntimeKind::Container,
-        // `process`, and `fake` in tests, run on the node itself.
-        _ => RuntimeKind::Process,
-    }
-}
+use crate::attempt::{AttemptError, LogLines, report};
 
 /// The labels a node registers with: the configured ones, and one
 /// `tacc.io/runtime.<kind>=true` for each runtime it offers (its primary executor, and
@@ -31,32 +21,24 @@ fn primary_kind(executor: &dyn Executor) -> RuntimeKind {
 /// tasks that ask for a runtime, so they say only what this agent can really start.
 pub(crate) fn registration_labels(shared: &Shared) -> BTreeMap<String, String> {
     let mut labels = shared.config.labels.clone();
-    let mut offered = BTreeSet::from([primary_kind(shared.executor.as_ref())]);
+    let mut offered = BTreeSet::from([shared.executor.kind()]);
     if shared.container.is_some() {
         offered.insert(RuntimeKind::Container);
     }
     for kind in offered {
         labels.insert(
-            runtime_label(kind).to_string(),
+            kind.label().to_string(),
             tacc_core::labels::OFFERED.to_string(),
         );
     }
     labels
 }
 
-fn runtime_label(kind: RuntimeKind) -> &'static str {
-    match kind {
-        RuntimeKind::Process => tacc_core::labels::RUNTIME_PROCESS,
-        RuntimeKind::Container => tacc_core::labels::RUNTIME_CONTAINER,
-        RuntimeKind::Slurm => tacc_core::labels::RUNTIME_SLURM,
-    }
-}
-
 /// The executor that runs `runtime` on this node.
 pub(crate) fn executor(shared: &Shared, runtime: RuntimeKind) -> Arc<dyn Executor> {
     match (&shared.container, runtime) {
         (Some(docker), RuntimeKind::Container)
-            if primary_kind(shared.executor.as_ref()) != RuntimeKind::Container =>
+            if shared.executor.kind() != RuntimeKind::Container =>
         {
             docker.clone() as Arc<dyn Executor>
         }
@@ -71,13 +53,10 @@ pub(crate) async fn choose(
     instruction: &Instruction,
     failed: &BTreeMap<RuntimeKind, String>,
 ) -> Result<RuntimeChoice, String> {
-    let mut offered = BTreeSet::from([primary_kind(shared.executor.as_ref())]);
+    let mut offered = BTreeSet::from([shared.executor.kind()]);
     let mut unavailable = BTreeMap::new();
     let container: Option<&Arc<DockerExecutor>> = shared.container.as_ref();
-    let preference = instruction
-        .runtime
-        .as_deref()
-        .and_then(RuntimeKind::from_preference);
+    let preference = instruction.runtime;
     if let Some(docker) = container {
         offered.insert(RuntimeKind::Container);
         // Only asked when a container could be chosen: a plain process task never waits
@@ -111,7 +90,7 @@ pub(crate) async fn choose(
 /// task's reason (`tcloud show`) when it is not simply the node's default runtime. The
 /// default case says nothing: it would cost a store write for every task.
 pub(crate) fn announce(shared: &Shared, attempt: AttemptRef, choice: &RuntimeChoice) {
-    if !choice.switched && choice.runtime == primary_kind(shared.executor.as_ref()) {
+    if !choice.switched && choice.runtime == shared.executor.kind() {
         return;
     }
     if choice.switched {
@@ -133,46 +112,80 @@ pub(crate) fn announce(shared: &Shared, attempt: AttemptRef, choice: &RuntimeCho
     );
 }
 
-/// [`crate::attempt::launch`] on the chosen runtime; when that runtime fails for an infrastructure reason
-/// (not the task's), move to the next eligible one and say so (fail-safe switching).
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn launch_with_failover(
-    shared: &Arc<Shared>,
-    instruction: &Instruction,
-    runtime: &mut RuntimeChoice,
-    failed: &mut BTreeMap<RuntimeKind, String>,
-    spec: LaunchSpec,
+/// The runtime an attempt's scripts run on: [`crate::attempt::launch`] on the chosen
+/// runtime, and when that runtime fails for an infrastructure reason (not the task's),
+/// the next eligible one, said to the user (fail-safe switching).
+pub(crate) struct Failover<'a> {
+    shared: &'a Arc<Shared>,
+    instruction: &'a Instruction,
     attempt: AttemptRef,
-    lines: crate::attempt::LogLines,
-    cancel: &CancellationToken,
-    record_name: &str,
-) -> Result<ExitOutcome, AttemptOutcome> {
-    loop {
-        let executor = crate::runtimes::executor(shared, runtime.runtime);
-        let error = match crate::attempt::launch(
+    cancel: &'a CancellationToken,
+    /// The runtime chosen now.
+    pub choice: RuntimeChoice,
+    /// Runtimes that failed to launch this attempt for an infrastructure reason, with why.
+    failed: BTreeMap<RuntimeKind, String>,
+}
+
+impl<'a> Failover<'a> {
+    /// The first choice; `Err` says why no runtime here can run the attempt.
+    pub async fn choose(
+        shared: &'a Arc<Shared>,
+        instruction: &'a Instruction,
+        attempt: AttemptRef,
+        cancel: &'a CancellationToken,
+    ) -> Result<Failover<'a>, String> {
+        let failed = BTreeMap::new();
+        let choice = choose(shared, instruction, &failed).await?;
+        Ok(Failover {
             shared,
-            executor.as_ref(),
-            spec.clone(),
+            instruction,
             attempt,
-            lines.clone(),
             cancel,
-            record_name,
-        )
-        .await
-        {
-            Ok(outcome) => return Ok(outcome),
-            Err(error) => error,
-        };
-        if !error.is_infrastructure() {
-            return Err(launch_failed(error.reason(), error.to_string()));
-        }
-        failed.insert(runtime.runtime, error.to_string());
-        match crate::runtimes::choose(shared, instruction, failed).await {
-            Ok(next) => {
-                *runtime = next;
-                announce(shared, attempt, runtime);
+            choice,
+            failed,
+        })
+    }
+
+    /// Run one script to its end on the chosen runtime, switching runtimes as needed.
+    pub async fn launch(
+        &mut self,
+        spec: LaunchSpec,
+        lines: LogLines,
+        record_name: &str,
+    ) -> Result<ExitOutcome, AttemptError> {
+        let shared = self.shared;
+        loop {
+            let executor = executor(shared, self.choice.runtime);
+            let launched = crate::attempt::launch(
+                shared,
+                executor.as_ref(),
+                spec.clone(),
+                self.attempt,
+                lines.clone(),
+                self.cancel,
+                record_name,
+            )
+            .await;
+            let error = match launched {
+                Ok(outcome) => return Ok(outcome),
+                Err(error) if !error.is_infrastructure() => {
+                    return Err(AttemptError::Launch(error));
+                }
+                Err(error) => error,
+            };
+            self.failed.insert(self.choice.runtime, error.to_string());
+            match choose(shared, self.instruction, &self.failed).await {
+                Ok(next) => {
+                    self.choice = next;
+                    announce(shared, self.attempt, &self.choice);
+                }
+                Err(message) => {
+                    return Err(AttemptError::NoRuntimeLeft {
+                        cause: error,
+                        message,
+                    });
+                }
             }
-            Err(message) => return Err(launch_failed(error.reason(), message)),
         }
     }
 }

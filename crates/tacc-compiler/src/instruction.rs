@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use tacc_core::{AttemptNo, Resources, SnapshotId, TaskId};
+use tacc_core::{AttemptNo, Priority, Resources, RuntimeKind, SnapshotId, TaskId};
 use tacc_schema::TaskSpec;
 
 use crate::CompilerError;
@@ -59,15 +59,16 @@ pub struct Instruction {
     /// the task file wrote them until [`Instruction::resolve_datasets`] is applied.
     #[serde(default)]
     pub datasets: Vec<DatasetMount>,
-    /// `low`, `normal` or `high`; backends may map it (e.g. to a Slurm QoS).
-    #[serde(default = "default_priority")]
-    pub priority: String,
+    /// Backends may map it (e.g. to a Slurm QoS); `low`, `normal` or `high` on the wire.
+    #[serde(default)]
+    pub priority: Priority,
     /// `environment.image`: the task runs in a container of this image, never without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
-    /// `runtime:` of the task file (`process`, `container` or `slurm`); `None` is `auto`.
+    /// `runtime:` of the task file (`process`, `container` or `slurm` on the wire); `None`
+    /// is `auto`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub runtime: Option<String>,
+    pub runtime: Option<RuntimeKind>,
     /// The Unix account the operator mapped the task's user to (`[users.NAME] unix_user`
     /// in the server's configuration); `None` runs the task as the agent's unprivileged
     /// task account for that user. Never root.
@@ -77,10 +78,6 @@ pub struct Instruction {
 
 fn one_process() -> u32 {
     1
-}
-
-fn default_priority() -> String {
-    "normal".to_string()
 }
 
 /// What differs between the nodes of one attempt, and between the processes of a node.
@@ -105,8 +102,7 @@ pub fn compile(
     snapshot: SnapshotId,
 ) -> Instruction {
     let image = spec.environment.image.clone();
-    let runtime =
-        (spec.runtime != tacc_schema::Runtime::Auto).then(|| spec.runtime.as_str().to_string());
+    let runtime = spec.runtime;
     let processes_per_node = spec.resources.processes_per_node();
     Instruction {
         format_version: if processes_per_node > 1 {
@@ -146,7 +142,7 @@ pub fn compile(
                 mount: d.mount.clone(),
             })
             .collect(),
-        priority: spec.priority.as_str().to_string(),
+        priority: spec.priority,
         image,
         runtime,
         unix_user: None,
@@ -227,7 +223,7 @@ impl Instruction {
                 (self.per_node.memory_bytes / (1024 * 1024)).to_string(),
             ),
             ("TACC_GPUS", self.per_node.gpus.to_string()),
-            ("TACC_PRIORITY", self.priority.clone()),
+            ("TACC_PRIORITY", self.priority.as_str().to_string()),
             // An empty list hides every GPU from a task that asked for none.
             ("CUDA_VISIBLE_DEVICES", gpus),
             // Python buffers stdout when it is a pipe; live logs need it unbuffered.
@@ -325,6 +321,35 @@ mod tests {
         assert_eq!(env["MASTER_PORT"], "29517");
         // torchrun leaves every GPU of the node visible and lets LOCAL_RANK pick one.
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "0,1,2,3");
+    }
+
+    #[test]
+    fn priority_and_runtime_travel_as_the_strings_they_always_were() {
+        let (spec, _) = tacc_schema::parse_task(
+            "task.yaml",
+            "name: t\npriority: high\nruntime: slurm\nrun: echo\n",
+        )
+        .unwrap();
+        let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
+        let instruction = compile(TaskId(1), AttemptNo(1), "alice", &spec, snapshot);
+        let json = serde_json::to_value(&instruction).unwrap();
+        assert_eq!(json["priority"], "high");
+        assert_eq!(json["runtime"], "slurm");
+        // An instruction from before these were typed: no priority means `normal`.
+        let mut old = json.clone();
+        old.as_object_mut().unwrap().remove("priority");
+        let old: Instruction = serde_json::from_value(old).unwrap();
+        assert_eq!(old.priority, Priority::Normal);
+        assert_eq!(old.runtime, Some(RuntimeKind::Slurm));
+        let (auto, _) = tacc_schema::parse_task("task.yaml", "name: t\nrun: echo\n").unwrap();
+        let json =
+            serde_json::to_value(compile(TaskId(1), AttemptNo(1), "a", &auto, snapshot_id()))
+                .unwrap();
+        assert!(json.get("runtime").is_none(), "{json}");
+    }
+
+    fn snapshot_id() -> SnapshotId {
+        "0".repeat(64).parse().unwrap()
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! `tacc-core`: the vocabulary every other TACC crate shares — newtype ids, resource
-//! vectors, human-friendly durations and byte sizes, task states and priorities.
+//! vectors, human-friendly durations and byte sizes, task states and priorities, runtime
+//! kinds.
 //!
 //! It sits below all four layers (schema, compiler, scheduling, execution) and must not
 //! depend on any other crate of ours, nor on anything that does I/O (no tokio, no network,
@@ -10,6 +11,7 @@ mod ids;
 pub mod labels;
 mod quantity;
 mod resources;
+mod runtime;
 mod state;
 mod time;
 
@@ -17,6 +19,7 @@ pub use identity::Role;
 pub use ids::{AttemptNo, NodeId, SnapshotId, TaskId, UserName};
 pub use quantity::{ByteSize, HumanDuration};
 pub use resources::Resources;
+pub use runtime::RuntimeKind;
 pub use state::{Priority, TaskState};
 pub use time::Timestamp;
 

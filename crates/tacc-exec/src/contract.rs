@@ -6,12 +6,27 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::{Executor, ExitOutcome, LaunchSpec, OutputLine, Stream};
+use tacc_core::{AttemptNo, Priority, TaskId, UserName};
 
-/// A launch spec with a minimal environment, for tests.
+use crate::{Executor, ExitOutcome, LaunchSpec, OutputLine, Owner, Phase, Stream};
+
+/// A launch spec with a minimal environment, for tests: the `run` phase of a one-node
+/// attempt of task 1.
 pub fn spec(workdir: &Path, script: &str) -> LaunchSpec {
     LaunchSpec {
         label: "contract".into(),
+        owner: Owner {
+            task: TaskId(1),
+            task_name: "contract".into(),
+            attempt: AttemptNo::FIRST,
+            node_rank: 0,
+            num_nodes: 1,
+            local_rank: 0,
+            rank: 0,
+            user: UserName::new("contract"),
+            priority: Priority::Normal,
+        },
+        phase: Phase::Run,
         workdir: workdir.to_path_buf(),
         script: script.into(),
         env: BTreeMap::from([

@@ -190,11 +190,9 @@ impl DockerExecutor {
             }
         }
         let mut labels = HashMap::from([(LABEL_OWNER.to_string(), self.owner.clone())]);
-        if let Some((task, attempt, rank)) = placement.owner {
-            labels.insert(LABEL_TASK.into(), task.to_string());
-            labels.insert(LABEL_ATTEMPT.into(), attempt.to_string());
-            labels.insert(LABEL_RANK.into(), rank.to_string());
-        }
+        labels.insert(LABEL_TASK.into(), spec.owner.task.to_string());
+        labels.insert(LABEL_ATTEMPT.into(), spec.owner.attempt.to_string());
+        labels.insert(LABEL_RANK.into(), spec.owner.node_rank.to_string());
         let device_requests = (!placement.gpu_indices.is_empty()).then(|| {
             vec![DeviceRequest {
                 driver: Some("nvidia".into()),
@@ -290,8 +288,8 @@ async fn remove(docker: &Docker, id: &str) -> Result<(), DockerError> {
 
 #[async_trait::async_trait]
 impl Executor for DockerExecutor {
-    fn name(&self) -> &'static str {
-        "container"
+    fn kind(&self) -> crate::RuntimeKind {
+        crate::RuntimeKind::Container
     }
 
     fn honours_run_as(&self) -> bool {
@@ -303,13 +301,7 @@ impl Executor for DockerExecutor {
         spec: LaunchSpec,
         output: mpsc::UnboundedSender<OutputLine>,
     ) -> Result<ExecutionHandle, ExecError> {
-        if !spec.workdir.is_dir() {
-            // Docker would create a missing bind source; the task must not run in an
-            // empty directory instead of its code.
-            return Err(ExecError::MissingWorkdir(
-                spec.workdir.display().to_string(),
-            ));
-        }
+        spec.require_workdir()?;
         let image = spec
             .placement
             .image
@@ -510,7 +502,8 @@ mod tests {
         spec.placement.cpu_millis = 2500;
         spec.placement.memory_bytes = 1 << 30;
         spec.placement.gpu_indices = vec![1, 3];
-        spec.placement.owner = Some((tacc_core::TaskId(7), tacc_core::AttemptNo(2), 0));
+        spec.owner.task = tacc_core::TaskId(7);
+        spec.owner.attempt = tacc_core::AttemptNo(2);
         let image_env = [
             "PATH=/opt/conda/bin:/usr/bin".to_string(),
             "LANG=C".to_string(),

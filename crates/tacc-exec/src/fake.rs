@@ -23,8 +23,10 @@ impl FakeExecutor {
 
 #[async_trait::async_trait]
 impl Executor for FakeExecutor {
-    fn name(&self) -> &'static str {
-        "fake"
+    /// It stands in for the node's own process runtime; a fake is not a kind a task
+    /// file may ask for.
+    fn kind(&self) -> crate::RuntimeKind {
+        crate::RuntimeKind::Process
     }
 
     /// Nothing runs, so any identity is "honoured".
@@ -37,11 +39,7 @@ impl Executor for FakeExecutor {
         spec: LaunchSpec,
         output: mpsc::UnboundedSender<OutputLine>,
     ) -> Result<ExecutionHandle, ExecError> {
-        if !spec.workdir.is_dir() {
-            return Err(ExecError::MissingWorkdir(
-                spec.workdir.display().to_string(),
-            ));
-        }
+        spec.require_workdir()?;
         let (cancel, exit_tx, exit_rx) = handle_parts();
         let token = cancel.clone();
         tokio::spawn(async move {

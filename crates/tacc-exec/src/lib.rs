@@ -1,11 +1,14 @@
 //! `tacc-exec`: layer 4 of TACC, the execution layer. An [`Executor`] takes a
-//! [`LaunchSpec`] (a script, its working directory, environment, GPUs and time limit) and
-//! runs it, streaming output lines back and reporting how it ended.
+//! [`LaunchSpec`] (a script, its working directory, environment, GPUs and time limit, and
+//! typed: whose it is — [`Owner`] — and which [`Phase`]) and runs it, streaming output
+//! lines back and reporting how it ended. Backends read the typed fields, never the
+//! platform variables of the environment, which are the task's.
 //!
 //! Backends: [`ProcessExecutor`] (a local process group: the embedded default),
 //! [`DockerExecutor`] (a Docker container per execution, through the Engine API),
 //! [`SlurmExecutor`] (one Slurm batch job per attempt, from an agent on a login node; see
 //! [`slurm`]) and [`FakeExecutor`] (scripted, for tests of the agent above).
+//! Each says its [`RuntimeKind`] ([`Executor::kind`]);
 //! [`runtime::choose_runtime`] decides which runtime a task gets. One contract suite
 //! ([`contract`]) runs against every backend. This crate knows nothing of the server,
 //! the store or the wire protocol; it depends on `tacc-core` only.
@@ -27,15 +30,19 @@ pub use docker::{DockerExecutor, LABEL_OWNER};
 pub use fake::FakeExecutor;
 pub use process::ProcessExecutor;
 pub use slurm::{SlurmBackend, SlurmConfig, SlurmExecutor};
-use tacc_core::{AttemptNo, TaskId};
+pub use tacc_core::RuntimeKind;
+use tacc_core::{AttemptNo, Priority, TaskId, UserName};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 /// Everything needed to start one node's share of a task attempt.
 #[derive(Debug, Clone)]
 pub struct LaunchSpec {
-    /// Human-readable label for logs, e.g. `task 12 attempt 1`.
+    /// Human-readable label for logs, e.g. `tacc-12-1-r0`.
     pub label: String,
+    /// Whose execution this is, and its place in the attempt.
+    pub owner: Owner,
+    pub phase: Phase,
     pub workdir: PathBuf,
     /// A bash script; it runs with `set -e` semantics left to the script itself.
     pub script: String,
@@ -49,6 +56,57 @@ pub struct LaunchSpec {
     pub placement: Placement,
 }
 
+impl LaunchSpec {
+    /// Every runtime refuses a missing working directory: the task must never run in
+    /// another (or, as Docker would make of a missing bind source, an empty) directory
+    /// instead of its code.
+    pub(crate) fn require_workdir(&self) -> Result<(), ExecError> {
+        if self.workdir.is_dir() {
+            Ok(())
+        } else {
+            Err(ExecError::MissingWorkdir(
+                self.workdir.display().to_string(),
+            ))
+        }
+    }
+}
+
+/// The attempt an execution belongs to, its place in the attempt's gang, and the user it
+/// runs for: what a backend that schedules work itself (Slurm: one job per gang, an
+/// account per user, a QoS per priority) or labels it (containers) needs to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub task: TaskId,
+    /// The task's name, as the task file gave it.
+    pub task_name: String,
+    pub attempt: AttemptNo,
+    /// This node's rank among the attempt's `num_nodes`.
+    pub node_rank: u32,
+    pub num_nodes: u32,
+    /// Which of this node's processes (0 when the node starts one).
+    pub local_rank: u32,
+    /// The process's rank among all processes of the attempt (`RANK`).
+    pub rank: u32,
+    pub user: UserName,
+    pub priority: Priority,
+}
+
+/// Which of a task's scripts an execution runs: `setup` once per node, then `run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Setup,
+    Run,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Setup => "setup",
+            Phase::Run => "run",
+        }
+    }
+}
+
 /// The Unix identity an execution runs as: the process runtime switches to it in the
 /// child before `exec` (supplementary groups dropped, then gid, then uid); a container
 /// gets it as `--user uid:gid`. Never root: the agent refuses uid or gid 0 before it
@@ -59,8 +117,8 @@ pub struct RunAs {
     pub gid: u32,
 }
 
-/// The image, resource limits, GPUs and owner of one execution, for runtimes that
-/// enforce them themselves (a container gets exactly these).
+/// The image, resource limits and GPUs of one execution, for runtimes that enforce them
+/// themselves (a container gets exactly these; a Slurm job asks for them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Placement {
     /// Container image; `None` takes the runtime's default image, if it has one.
@@ -74,8 +132,6 @@ pub struct Placement {
     /// Paths outside the working directory the task must see at the same path (its user
     /// directory, dataset and environment caches), and whether it may write to them.
     pub extra_mounts: Vec<(PathBuf, bool)>,
-    /// Which attempt this is, so a restarted agent can find what it left behind.
-    pub owner: Option<(TaskId, AttemptNo, u32)>,
     /// Who the execution runs as; `None` is the agent's own identity.
     pub run_as: Option<RunAs>,
 }
@@ -214,8 +270,8 @@ pub struct RecoveredExecution {
 /// A runtime that can run launch specs.
 #[async_trait::async_trait]
 pub trait Executor: Send + Sync + std::fmt::Debug {
-    /// Short name (`process`, `fake`, …) shown to users.
-    fn name(&self) -> &'static str;
+    /// Which runtime this is: the agent offers, chooses and labels runtimes by kind.
+    fn kind(&self) -> RuntimeKind;
 
     /// Start the execution. Output lines go to `output` in order, each stream's lines in
     /// the order written.

@@ -106,8 +106,8 @@ fn cgroup_name(label: &str) -> String {
 
 #[async_trait::async_trait]
 impl Executor for ProcessExecutor {
-    fn name(&self) -> &'static str {
-        "process"
+    fn kind(&self) -> crate::RuntimeKind {
+        crate::RuntimeKind::Process
     }
 
     fn honours_run_as(&self) -> bool {
@@ -119,11 +119,7 @@ impl Executor for ProcessExecutor {
         spec: LaunchSpec,
         output: mpsc::UnboundedSender<OutputLine>,
     ) -> Result<ExecutionHandle, ExecError> {
-        if !spec.workdir.is_dir() {
-            return Err(ExecError::MissingWorkdir(
-                spec.workdir.display().to_string(),
-            ));
-        }
+        spec.require_workdir()?;
         let cgroup = self.cgroups.create(
             &cgroup_name(&spec.label),
             &Limits {

@@ -9,32 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum RuntimeKind {
-    Process,
-    Container,
-    Slurm,
-}
-
-impl RuntimeKind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RuntimeKind::Process => "process",
-            RuntimeKind::Container => "container",
-            RuntimeKind::Slurm => "slurm",
-        }
-    }
-
-    /// The task file's `runtime:` value; `auto` (and anything else) is `None`.
-    pub fn from_preference(text: &str) -> Option<RuntimeKind> {
-        match text {
-            "process" => Some(RuntimeKind::Process),
-            "container" => Some(RuntimeKind::Container),
-            "slurm" => Some(RuntimeKind::Slurm),
-            _ => None,
-        }
-    }
-}
+pub use tacc_core::RuntimeKind;
 
 /// Tasks expected to end within this run on the local path rather than queue in Slurm.
 pub const SHORT_TASK: Duration = Duration::from_secs(300);
@@ -422,11 +397,5 @@ mod tests {
                 (expected, got) => panic!("{}: expected {expected:?}, got {got:?}", case.name),
             }
         }
-    }
-
-    #[test]
-    fn preferences_parse_from_the_task_file() {
-        assert_eq!(RuntimeKind::from_preference("container"), Some(Container));
-        assert_eq!(RuntimeKind::from_preference("auto"), None);
     }
 }

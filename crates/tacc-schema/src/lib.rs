@@ -26,7 +26,7 @@ pub use spec::{
     CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
     MAX_ATTEMPTS, MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_MEMORY_PER_NODE, MAX_NAME_LEN,
     MAX_NODES, MAX_TIME_LIMIT, PLATFORM_VARIABLES, PlacementSpec, ResourceSpec, RetryOn, RetrySpec,
-    Runtime, TaskSpec, is_platform_variable,
+    TaskSpec, is_platform_variable, runtime_name,
 };
 
 /// Names a task file may have in a directory, in the order they are looked for.

@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use marked_yaml::types::{MarkedMappingNode, MarkedScalarNode};
 use marked_yaml::{LoadError, LoaderOptions, Node};
-use tacc_core::{ByteSize, HumanDuration, Priority};
+use tacc_core::{ByteSize, HumanDuration, Priority, RuntimeKind};
 use yaml_rust2::Event as YamlEvent;
 
 use crate::SchemaError;
@@ -18,8 +18,7 @@ use crate::processes::{MAX_PROCESSES_PER_NODE, Processes};
 use crate::spans::{Location, Spans, yaml_lines};
 use crate::spec::{
     CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
-    LABEL_HELP, PlacementSpec, ResourceSpec, RetryOn, RetrySpec, Runtime, TaskSpec,
-    placement_label_error,
+    LABEL_HELP, PlacementSpec, ResourceSpec, RetryOn, RetrySpec, TaskSpec, placement_label_error,
 };
 
 type Result<T> = std::result::Result<T, SchemaError>;
@@ -699,9 +698,14 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
             node,
             "runtime",
             "runtime",
-            &Runtime::ALL.map(|runtime| (runtime.as_str(), runtime)),
+            &[
+                ("auto", None),
+                ("process", Some(RuntimeKind::Process)),
+                ("container", Some(RuntimeKind::Container)),
+                ("slurm", Some(RuntimeKind::Slurm)),
+            ],
         )?,
-        None => Runtime::default(),
+        None => None,
     };
     let placement = match top.get("placement") {
         Some(node) => read_placement(&mut reader, node, top.map_key("placement"))?,

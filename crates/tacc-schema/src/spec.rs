@@ -9,7 +9,7 @@ use std::path::{Component, Path};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use tacc_core::{ByteSize, HumanDuration, Priority, Resources};
+use tacc_core::{ByteSize, HumanDuration, Priority, Resources, RuntimeKind};
 
 use crate::SchemaError;
 use crate::processes::Processes;
@@ -62,8 +62,10 @@ pub struct TaskSpec {
     pub retry: RetrySpec,
     #[serde(default)]
     pub checkpoint: Option<CheckpointSpec>,
-    #[serde(default)]
-    pub runtime: Runtime,
+    // `None` is `auto` (the cluster decides), written `auto` in JSON as before.
+    #[serde(default, with = "runtime_preference")]
+    #[schemars(with = "RuntimeName")]
+    pub runtime: Option<RuntimeKind>,
     /// Which nodes may run the task, beyond what `resources` and `runtime` ask for.
     #[serde(default, skip_serializing_if = "PlacementSpec::is_empty")]
     pub placement: PlacementSpec,
@@ -342,33 +344,47 @@ impl Default for CheckpointSpec {
     }
 }
 
+// Mirrors `runtime:` for the JSON Schema only: `auto` and each `RuntimeKind`.
 /// How the task is started on a node. `auto` lets the cluster decide (a container when
 /// `environment.image` is set).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(JsonSchema)]
+#[schemars(rename = "Runtime")]
 #[serde(rename_all = "lowercase")]
-pub enum Runtime {
-    #[default]
+#[allow(dead_code)]
+enum RuntimeName {
     Auto,
     Process,
     Container,
     Slurm,
 }
 
-impl Runtime {
-    pub const ALL: [Runtime; 4] = [
-        Runtime::Auto,
-        Runtime::Process,
-        Runtime::Container,
-        Runtime::Slurm,
-    ];
+/// The task file's `runtime:` word for a preference: a runtime kind, or `auto` for none.
+pub fn runtime_name(runtime: Option<RuntimeKind>) -> &'static str {
+    runtime.map_or("auto", RuntimeKind::as_str)
+}
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Runtime::Auto => "auto",
-            Runtime::Process => "process",
-            Runtime::Container => "container",
-            Runtime::Slurm => "slurm",
+/// `runtime:` as JSON: the kind's name, or `auto` for none, as when it was a plain enum.
+mod runtime_preference {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use tacc_core::RuntimeKind;
+
+    pub fn serialize<S: Serializer>(
+        runtime: &Option<RuntimeKind>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(super::runtime_name(*runtime))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<RuntimeKind>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text == "auto" {
+            return Ok(None);
         }
+        text.parse().map(Some).map_err(|_| {
+            serde::de::Error::unknown_variant(&text, &["auto", "process", "container", "slurm"])
+        })
     }
 }
 
@@ -632,7 +648,10 @@ pub(crate) fn is_shell_identifier(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-fn check_environment(environment: &EnvironmentSpec, runtime: Runtime) -> Option<Problem> {
+fn check_environment(
+    environment: &EnvironmentSpec,
+    runtime: Option<RuntimeKind>,
+) -> Option<Problem> {
     if let Some(python) = &environment.python {
         let well_formed = !python.is_empty()
             && python
@@ -688,20 +707,16 @@ fn check_environment(environment: &EnvironmentSpec, runtime: Runtime) -> Option<
                 "install the conda packages in the image, or drop `image` and let TACC build the conda environment",
             ));
         }
-        if matches!(runtime, Runtime::Process | Runtime::Slurm) {
+        if let Some(kind @ (RuntimeKind::Process | RuntimeKind::Slurm)) = runtime {
             return Some(problem(
                 "environment.image",
+                format!("`runtime: {kind}` cannot run a container image"),
                 format!(
-                    "`runtime: {}` cannot run a container image",
-                    runtime.as_str()
-                ),
-                format!(
-                    "remove `runtime: {}` (or use `runtime: container`), or remove `image`",
-                    runtime.as_str()
+                    "remove `runtime: {kind}` (or use `runtime: container`), or remove `image`"
                 ),
             ));
         }
-    } else if runtime == Runtime::Container {
+    } else if runtime == Some(RuntimeKind::Container) {
         return Some(problem(
             "runtime",
             "`runtime: container` needs `environment.image`",
@@ -775,7 +790,7 @@ pub(crate) const LABEL_HELP: &str = "write a label the way the operator gave it 
 
 fn check_placement(
     placement: &PlacementSpec,
-    runtime: Runtime,
+    runtime: Option<RuntimeKind>,
     environment: &EnvironmentSpec,
 ) -> Option<Problem> {
     for (key, value) in &placement.labels {
@@ -795,12 +810,11 @@ fn check_placement(
             "name a Slurm partition, e.g. `partition: debug` (`sinfo` lists them)",
         ));
     }
-    if matches!(runtime, Runtime::Process | Runtime::Container) {
+    if let Some(kind @ (RuntimeKind::Process | RuntimeKind::Container)) = runtime {
         return Some(problem(
             "placement.partition",
             format!(
-                "`partition: {partition}` runs the task as a Slurm job, but the task asks for `runtime: {}`",
-                runtime.as_str()
+                "`partition: {partition}` runs the task as a Slurm job, but the task asks for `runtime: {kind}`"
             ),
             "remove `partition`, or use `runtime: slurm` (or `runtime: auto`)",
         ));

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use tacc_schema::{PlacementSpec, Runtime, SchemaError, TaskSpec, parse_task};
+use tacc_core::RuntimeKind;
+use tacc_schema::{PlacementSpec, SchemaError, TaskSpec, parse_task};
 
 const FILE: &str = "examples/bad/task.yaml";
 
@@ -70,7 +71,7 @@ fn labels_and_partition_are_read_as_written() {
 fn a_placement_survives_the_json_the_server_receives() {
     let spec =
         parse("run: x\nruntime: slurm\nplacement: {labels: {a: b}, partition: gpu}\n").unwrap();
-    assert_eq!(spec.runtime, Runtime::Slurm);
+    assert_eq!(spec.runtime, Some(RuntimeKind::Slurm));
     let json = serde_json::to_string(&spec).unwrap();
     let back: TaskSpec = serde_json::from_str(&json).unwrap();
     assert_eq!(back, spec);

@@ -2,7 +2,7 @@
 
 use tacc_core::{ByteSize, HumanDuration, Priority, Resources};
 use tacc_schema::{
-    CheckpointSpec, CondaSpec, DatasetSpec, RetryOn, Runtime, SchemaError, TaskSpec, parse_task,
+    CheckpointSpec, CondaSpec, DatasetSpec, RetryOn, SchemaError, TaskSpec, parse_task,
 };
 
 const FILE: &str = "examples/bad/task.yaml";
@@ -115,7 +115,7 @@ fn the_design_example_parses_to_what_it_says() {
             grace: HumanDuration::from_secs(60),
         })
     );
-    assert_eq!(spec.runtime, Runtime::Auto);
+    assert_eq!(spec.runtime, None);
 }
 
 #[test]
@@ -130,10 +130,29 @@ fn a_minimal_file_gets_defaults_and_its_directory_name() {
     assert_eq!(spec.priority, Priority::Normal);
     assert_eq!(spec.code.dir, ".");
     assert_eq!(spec.retry.max_attempts, 1);
-    assert_eq!(spec.runtime, Runtime::Auto);
+    assert_eq!(spec.runtime, None);
     assert_eq!(spec.checkpoint, None);
     let (spec, _) = parse_task("task.yaml", "run: x\n").unwrap();
     assert_eq!(spec.name, "task");
+}
+
+#[test]
+fn runtime_travels_in_json_as_the_task_file_writes_it() {
+    let (auto, _) = parse_task("task.yaml", "run: x\n").unwrap();
+    let json = serde_json::to_value(&auto).unwrap();
+    assert_eq!(json["runtime"], "auto");
+    assert_eq!(serde_json::from_value::<TaskSpec>(json).unwrap(), auto);
+    let (slurm, _) = parse_task("task.yaml", "runtime: slurm\nrun: x\n").unwrap();
+    let json = serde_json::to_value(&slurm).unwrap();
+    assert_eq!(json["runtime"], "slurm");
+    assert_eq!(serde_json::from_value::<TaskSpec>(json).unwrap(), slurm);
+    let mut odd = serde_json::to_value(&auto).unwrap();
+    odd["runtime"] = "fake".into();
+    let error = serde_json::from_value::<TaskSpec>(odd).unwrap_err();
+    assert!(
+        error.to_string().contains("unknown variant `fake`"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -7,19 +7,17 @@
 use std::collections::BTreeMap;
 
 use tacc_core::labels;
-use tacc_schema::{Runtime, TaskSpec};
+use tacc_schema::TaskSpec;
 
 /// The labels every node of the task must carry.
 pub(crate) fn of(spec: &TaskSpec) -> BTreeMap<String, String> {
     let mut selector = spec.placement.labels.clone();
     let runtime = match spec.runtime {
-        Runtime::Process => Some(labels::RUNTIME_PROCESS),
-        Runtime::Container => Some(labels::RUNTIME_CONTAINER),
-        Runtime::Slurm => Some(labels::RUNTIME_SLURM),
+        Some(kind) => Some(kind.label()),
         // An image runs only in a container, wherever `auto` would otherwise place it.
-        Runtime::Auto if spec.environment.image.is_some() => Some(labels::RUNTIME_CONTAINER),
+        None if spec.environment.image.is_some() => Some(labels::RUNTIME_CONTAINER),
         // Any runtime the node offers will do; a partition alone already means Slurm.
-        Runtime::Auto => None,
+        None => None,
     };
     if let Some(runtime) = runtime {
         selector.insert(runtime.to_string(), labels::OFFERED.to_string());

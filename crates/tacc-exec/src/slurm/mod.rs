@@ -29,8 +29,8 @@ pub use script::SubmitOptions;
 use status::{JobPhase, JobStatus, SlurmNode};
 
 use crate::{
-    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, RecoveredExecution,
-    Stream, handle_parts,
+    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Phase,
+    RecoveredExecution, Stream, handle_parts,
 };
 
 /// How long the ranks of one gang may take to all arrive before the gang gives up.
@@ -114,7 +114,7 @@ struct RankSlot {
     cancel: CancellationToken,
 }
 
-/// The launch's place in its gang, read from the platform variables of its environment.
+/// The launch's place in its gang, from its typed owner and phase.
 #[derive(Debug, Clone)]
 struct GangMember {
     key: String,
@@ -124,29 +124,21 @@ struct GangMember {
 
 impl GangMember {
     fn of(spec: &LaunchSpec) -> Self {
-        let number = |name: &str| spec.env.get(name).and_then(|v| v.parse::<u32>().ok());
-        let rank = number("TACC_NODE_RANK").unwrap_or(0);
-        let size = number("TACC_NUM_NODES").unwrap_or(1).max(1);
-        // The agent names a rank's launch `<what>-r<rank>`; ranks of one gang share the rest.
-        let base = match spec.label.rsplit_once("-r") {
-            Some((base, digits))
-                if !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) =>
-            {
-                base
-            }
-            _ => spec.label.as_str(),
+        let owner = &spec.owner;
+        // One gang per attempt, phase and local process: the same script on every node.
+        let phase = match spec.phase {
+            Phase::Setup => "setup-",
+            Phase::Run => "",
         };
-        let key: String = base
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        GangMember { key, rank, size }
+        let mut key = format!("tacc-{phase}{}-{}", owner.task, owner.attempt);
+        if owner.local_rank > 0 {
+            key.push_str(&format!("-p{}", owner.local_rank));
+        }
+        GangMember {
+            key,
+            rank: owner.node_rank,
+            size: owner.num_nodes.max(1),
+        }
     }
 }
 
@@ -778,8 +770,8 @@ pub struct SlurmExecutor {
 
 #[async_trait::async_trait]
 impl Executor for SlurmExecutor {
-    fn name(&self) -> &'static str {
-        "slurm"
+    fn kind(&self) -> crate::RuntimeKind {
+        crate::RuntimeKind::Slurm
     }
 
     async fn launch(
@@ -787,11 +779,7 @@ impl Executor for SlurmExecutor {
         spec: LaunchSpec,
         output: mpsc::UnboundedSender<OutputLine>,
     ) -> Result<ExecutionHandle, ExecError> {
-        if !spec.workdir.is_dir() {
-            return Err(ExecError::MissingWorkdir(
-                spec.workdir.display().to_string(),
-            ));
-        }
+        spec.require_workdir()?;
         self.backend.launch_rank(&self.node, spec, output).await
     }
 
@@ -802,5 +790,29 @@ impl Executor for SlurmExecutor {
             .unwrap()
             .remove(&self.node)
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ranks_of_one_attempt_phase_and_process_share_a_gang() {
+        let member = |node_rank: u32, local_rank: u32, phase: Phase| {
+            let mut spec = crate::contract::spec(Path::new("/w"), "true");
+            spec.owner.task = TaskId(7);
+            spec.owner.attempt = AttemptNo(2);
+            spec.owner.num_nodes = 3;
+            spec.owner.node_rank = node_rank;
+            spec.owner.local_rank = local_rank;
+            spec.phase = phase;
+            GangMember::of(&spec)
+        };
+        let run = member(2, 0, Phase::Run);
+        assert_eq!((run.key.as_str(), run.rank, run.size), ("tacc-7-2", 2, 3));
+        assert_eq!(member(0, 0, Phase::Run).key, run.key);
+        assert_eq!(member(1, 0, Phase::Setup).key, "tacc-setup-7-2");
+        assert_eq!(member(1, 1, Phase::Run).key, "tacc-7-2-p1");
     }
 }

@@ -32,7 +32,7 @@ pub struct SubmitOptions {
 }
 
 impl SubmitOptions {
-    /// Read what the job needs from a rank's launch spec (its platform variables).
+    /// What the job needs, from a rank's launch spec: its owner, phase and placement.
     pub fn from_spec(
         spec: &LaunchSpec,
         nodes: u32,
@@ -40,12 +40,10 @@ impl SubmitOptions {
         config: &SlurmConfig,
         gang_name: &str,
     ) -> SubmitOptions {
-        let var = |name: &str| spec.env.get(name).map(String::as_str);
-        let number = |name: &str| var(name).and_then(|v| v.parse::<u64>().ok());
-        let user = var("TACC_USER").unwrap_or("");
-        let priority = var("TACC_PRIORITY").unwrap_or("normal");
-        let task_name: String = var("TACC_TASK_NAME")
-            .unwrap_or("task")
+        let owner = &spec.owner;
+        let placement = &spec.placement;
+        let task_name: String = owner
+            .task_name
             .chars()
             .map(|c| {
                 if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
@@ -55,33 +53,28 @@ impl SubmitOptions {
                 }
             })
             .collect();
-        let task = number("TACC_TASK_ID").unwrap_or(0);
-        let phase = if spec.label.starts_with("tacc-setup-") {
-            "setup"
-        } else {
-            "run"
-        };
         SubmitOptions {
-            job_name: format!("tacc-{task}-{task_name}"),
+            job_name: format!("tacc-{}-{task_name}", owner.task),
             comment: format!("tacc:{}/{}", config.tag, gang_name),
             nodes,
             node_list,
-            cpus_per_node: number("TACC_CPUS").unwrap_or(1).max(1),
-            memory_mb: number("TACC_MEMORY_MB").filter(|m| *m > 0),
-            gpus_per_node: number("TACC_GPUS").unwrap_or(0) as u32,
+            cpus_per_node: placement.cpu_millis.div_ceil(1000).max(1),
+            // Slurm's `--mem` counts MiB; a part of one is not worth a request.
+            memory_mb: Some(placement.memory_bytes / (1024 * 1024)).filter(|m| *m > 0),
+            gpus_per_node: placement.gpu_indices.len() as u32,
             time_limit_minutes: spec
                 .time_limit
                 .map(|limit| limit.as_secs().div_ceil(60) + 1),
             partition: config.partition.clone(),
             account: config
                 .accounts
-                .get(user)
+                .get(owner.user.as_str())
                 .or_else(|| config.accounts.get("*"))
                 .cloned(),
-            qos: config.qos.get(priority).cloned(),
-            task,
-            attempt: number("TACC_ATTEMPT").unwrap_or(0) as u32,
-            phase: phase.to_string(),
+            qos: config.qos.get(owner.priority.as_str()).cloned(),
+            task: owner.task.0,
+            attempt: owner.attempt.0,
+            phase: spec.phase.as_str().to_string(),
         }
     }
 
@@ -227,27 +220,26 @@ pub fn write_gang<'a>(
 mod tests {
     use std::time::Duration;
 
+    use tacc_core::{Priority, TaskId, UserName};
+
     use super::*;
 
     fn spec(rank: u32) -> LaunchSpec {
-        LaunchSpec {
-            label: format!("tacc-7-1-r{rank}"),
-            workdir: "/shared/work".into(),
-            script: "echo hi".into(),
-            env: BTreeMap::from([
-                ("TACC_TASK_ID".to_string(), "7".to_string()),
-                ("TACC_ATTEMPT".to_string(), "1".to_string()),
-                ("TACC_TASK_NAME".to_string(), "mnist ddp".to_string()),
-                ("TACC_USER".to_string(), "alice".to_string()),
-                ("TACC_PRIORITY".to_string(), "high".to_string()),
-                ("TACC_CPUS".to_string(), "4".to_string()),
-                ("TACC_MEMORY_MB".to_string(), "2048".to_string()),
-                ("TACC_GPUS".to_string(), "2".to_string()),
-            ]),
-            time_limit: Some(Duration::from_secs(90)),
-            kill_grace: Duration::from_secs(1),
-            placement: Default::default(),
-        }
+        let mut spec = crate::contract::spec(Path::new("/shared/work"), "echo hi");
+        spec.label = format!("tacc-7-1-r{rank}");
+        spec.owner.task = TaskId(7);
+        spec.owner.task_name = "mnist ddp".into();
+        spec.owner.node_rank = rank;
+        spec.owner.num_nodes = 2;
+        spec.owner.rank = rank;
+        spec.owner.user = UserName::new("alice");
+        spec.owner.priority = Priority::High;
+        spec.placement.cpu_millis = 3500;
+        spec.placement.memory_bytes = 2048 * 1024 * 1024 + 1000;
+        spec.placement.gpu_indices = vec![0, 1];
+        spec.env.insert("TACC_GPUS".into(), "2".into());
+        spec.time_limit = Some(Duration::from_secs(90));
+        spec
     }
 
     #[test]
@@ -287,6 +279,25 @@ mod tests {
         }
         assert_eq!(args.last().unwrap(), "/state/gangs/g/job.sh");
         assert_eq!(options.phase, "run");
+    }
+
+    #[test]
+    fn the_job_is_sized_from_the_typed_spec_not_the_environment() {
+        let config = SlurmConfig::new("/state".into(), "ci");
+        let mut lying = spec(0);
+        for (key, value) in [
+            ("TACC_CPUS", "64"),
+            ("TACC_MEMORY_MB", "1"),
+            ("TACC_USER", "bob"),
+        ] {
+            lying.env.insert(key.into(), value.into());
+        }
+        lying.phase = crate::Phase::Setup;
+        let options = SubmitOptions::from_spec(&lying, 2, vec![], &config, "g");
+        assert_eq!(options.cpus_per_node, 4);
+        assert_eq!(options.memory_mb, Some(2048));
+        assert_eq!(options.gpus_per_node, 2);
+        assert_eq!(options.phase, "setup");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tacc_compiler::Instruction;
 use tacc_core::ByteSize;
-use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
+use tacc_proto::{AgentReport, AttemptRef};
 use tokio::time::Instant;
 
 use crate::Shared;
@@ -25,20 +25,17 @@ pub(crate) const ENDED_DEADLINE: Duration = Duration::from_secs(30 * 60);
 const NAMED_MAX: usize = 20;
 
 /// Upload the attempt's outputs and write into its log what could not be kept.
+/// `stopped`: the attempt was cancelled or ran out of time, and whoever stopped it waits.
 pub(crate) async fn keep(
     shared: &Arc<Shared>,
     instruction: &Instruction,
     workdir: &Path,
     rank: u32,
-    outcome: &AttemptOutcome,
+    stopped: bool,
 ) {
     if instruction.outputs.is_empty() {
         return;
     }
-    let stopped = matches!(
-        outcome,
-        AttemptOutcome::Cancelled | AttemptOutcome::TimeLimit
-    );
     let limit = if stopped {
         STOPPED_DEADLINE
     } else {
@@ -50,7 +47,7 @@ pub(crate) async fn keep(
     };
     let kept = upload(shared, instruction, workdir, Instant::now() + limit).await;
     if let Some(text) = kept.log_text(rank, limit, stopped) {
-        crate::attempt::report(shared, AgentReport::Log { attempt, text });
+        super::report(shared, AgentReport::Log { attempt, text });
     }
 }
 

@@ -7,12 +7,13 @@
 use std::sync::Arc;
 
 use tacc_exec::{Executor, ExitOutcome, LaunchSpec};
-use tacc_proto::{AttemptOutcome, AttemptRef};
+use tacc_proto::AttemptRef;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::error::AttemptError;
+use super::execution::{LogLines, launch};
 use crate::Shared;
-use crate::attempt::{LogLines, launch, launch_failed};
 
 /// One process of the node's share: its global `RANK` and what to launch.
 pub(crate) struct RankLaunch {
@@ -28,6 +29,16 @@ pub(crate) struct RankLaunch {
 pub(crate) struct RanksEnded {
     pub outcome: ExitOutcome,
     pub failed_rank: Option<u32>,
+}
+
+impl RanksEnded {
+    /// An end no single rank is blamed for (one process, or the node's part stopped).
+    pub fn whole_node(outcome: ExitOutcome) -> Self {
+        RanksEnded {
+            outcome,
+            failed_rank: None,
+        }
+    }
 }
 
 /// Split the node's CPU and memory limits evenly between `processes` processes; a zero
@@ -47,7 +58,7 @@ pub(crate) async fn run_ranks(
     attempt: AttemptRef,
     launches: Vec<RankLaunch>,
     cancel: &CancellationToken,
-) -> Result<RanksEnded, AttemptOutcome> {
+) -> Result<RanksEnded, AttemptError> {
     let stop_all = cancel.child_token();
     let mut running = JoinSet::new();
     for RankLaunch {
@@ -74,16 +85,13 @@ pub(crate) async fn run_ranks(
             (rank, ended)
         });
     }
-    let mut first_failure: Option<Result<RanksEnded, AttemptOutcome>> = None;
+    let mut first_failure: Option<Result<RanksEnded, AttemptError>> = None;
     while let Some(joined) = running.join_next().await {
         let (rank, ended) = match joined {
             Ok(ended) => ended,
             Err(e) => {
                 stop_all.cancel();
-                first_failure.get_or_insert(Err(launch_failed(
-                    "launch_failed",
-                    format!("a process supervisor of this attempt failed: {e}"),
-                )));
+                first_failure.get_or_insert(Err(AttemptError::Supervisor(e)));
                 continue;
             }
         };
@@ -93,28 +101,19 @@ pub(crate) async fn run_ranks(
             Ok(ExitOutcome::Cancelled) if stop_all.is_cancelled() && !cancel.is_cancelled() => {
                 continue;
             }
-            Ok(ExitOutcome::Cancelled) => Ok(RanksEnded {
-                outcome: ExitOutcome::Cancelled,
-                failed_rank: None,
-            }),
+            Ok(ExitOutcome::Cancelled) => Ok(RanksEnded::whole_node(ExitOutcome::Cancelled)),
             Ok(outcome) => Ok(RanksEnded {
                 outcome,
                 failed_rank: Some(rank),
             }),
-            Err(error) => Err(launch_failed(
-                error.reason(),
-                format!("rank {rank} could not start: {error}"),
-            )),
+            Err(source) => Err(AttemptError::RankLaunch { rank, source }),
         };
         if first_failure.is_none() {
             first_failure = Some(failure);
             stop_all.cancel();
         }
     }
-    first_failure.unwrap_or(Ok(RanksEnded {
-        outcome: ExitOutcome::Exited(0),
-        failed_rank: None,
-    }))
+    first_failure.unwrap_or(Ok(RanksEnded::whole_node(ExitOutcome::Exited(0))))
 }
 
 #[cfg(test)]

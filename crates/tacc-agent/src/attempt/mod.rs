@@ -1,0 +1,156 @@
+//! One node's share of one attempt, as a pipeline of stages: read the instruction and
+//! decide who the task runs as; [`prepare`] the working directory from the pinned
+//! snapshot (private to that identity) and what surrounds it; [`launch`] `setup`, then
+//! `run`, through the executor, streaming output with the task's secrets masked
+//! ([`execution`], [`ranks`]); keep its [`outputs`] (every rank, however it ended); and
+//! report how it ended. A stage that fails says why with an [`AttemptError`], whose
+//! reason code is what the server records.
+
+mod error;
+mod execution;
+mod launch;
+pub(crate) mod outputs;
+mod prepare;
+mod ranks;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tacc_compiler::{INSTRUCTION_FORMAT, Instruction};
+use tacc_exec::ExitOutcome;
+use tacc_proto::{AgentReport, Assignment};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use error::AttemptError;
+pub(crate) use execution::{LogLines, launch, outcome_of};
+pub(crate) use prepare::SnapshotCache;
+
+use crate::Shared;
+use crate::now;
+use crate::secrets::SecretMask;
+
+pub(crate) fn report(shared: &Shared, report: AgentReport) {
+    let _ = shared.reports.send(report);
+}
+
+/// The name of an assignment's working directory under the agent's `work/`.
+fn workdir_name(assignment: &Assignment) -> String {
+    let attempt = assignment.attempt;
+    format!(
+        "{}-{}-r{}",
+        attempt.task, attempt.attempt, assignment.node_rank
+    )
+}
+
+/// Where an assignment's working directory lies (while its attempt runs here).
+pub(crate) fn workdir_of(shared: &Shared, assignment: &Assignment) -> PathBuf {
+    shared
+        .config
+        .data_dir
+        .join("work")
+        .join(workdir_name(assignment))
+}
+
+pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: CancellationToken) {
+    let attempt = assignment.attempt;
+    let workdir = workdir_of(&shared, &assignment);
+    // Once a process runs, cancelling is the executor's job (SIGTERM, grace, SIGKILL of
+    // the group): dropping the future here would orphan the process.
+    let (outcome, failed_rank) = match execute(&shared, &assignment, &workdir, &cancel).await {
+        Ok(ended) => (outcome_of(ended.outcome), ended.failed_rank),
+        Err(error) => (error.into_outcome(), None),
+    };
+    let outcome = if shared.fenced.lock().unwrap().remove(&attempt) {
+        AttemptError::Fenced(shared.config.name.clone()).into_outcome()
+    } else {
+        outcome
+    };
+    // Nothing of the attempt may keep its GPUs from the next task.
+    for text in crate::gpu_release::release(shared.gpus.as_ref(), attempt, &assignment.gpu_indices)
+    {
+        report(&shared, AgentReport::Log { attempt, text });
+    }
+    // No sample of the attempt may follow its end in the report stream.
+    shared.sampling.end(attempt);
+    if !shared.config.keep_workdirs {
+        let dir = workdir.clone();
+        let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
+    }
+    report(
+        &shared,
+        AgentReport::Finished {
+            attempt,
+            at: now(),
+            outcome,
+            rank: failed_rank,
+        },
+    );
+}
+
+/// Remove a working directory even where the code files in it are read-only.
+fn remove_tree(dir: &Path) {
+    if std::fs::remove_dir_all(dir).is_err() {
+        let _ = std::process::Command::new("chmod")
+            .arg("-R")
+            .arg("u+w")
+            .arg(dir)
+            .status();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// Every stage in order; the outputs are kept whatever became of the attempt once its
+/// working directory exists.
+async fn execute(
+    shared: &Arc<Shared>,
+    assignment: &Assignment,
+    workdir: &Path,
+    cancel: &CancellationToken,
+) -> Result<ranks::RanksEnded, AttemptError> {
+    let instruction: Instruction = serde_json::from_value(assignment.instruction.clone())
+        .map_err(AttemptError::UnreadableInstruction)?;
+    if instruction.format_version > INSTRUCTION_FORMAT {
+        return Err(AttemptError::NewerInstruction {
+            found: instruction.format_version,
+        });
+    }
+    crate::secrets::check_names(&assignment.secrets).map_err(AttemptError::Refused)?;
+    // Never root: the mapped account, the user's own task uid, or (an agent that is not
+    // root) the agent itself.
+    let identity = shared
+        .identities
+        .for_task(&instruction.user, instruction.unix_user.as_deref())
+        .map_err(AttemptError::Refused)?;
+    let mask = Arc::new(SecretMask::new(assignment.secrets.values()));
+    let started = Instant::now();
+    prepare::workdir(shared, &instruction.snapshot, workdir, cancel).await?;
+    // From here on the working directory exists: whatever becomes of the attempt, its
+    // outputs are kept once nothing runs any more.
+    let ended = async {
+        let surroundings =
+            prepare::surroundings(shared, &instruction, &identity, &mask, workdir, cancel).await?;
+        let name = workdir_name(assignment);
+        let stage = launch::Launch {
+            assignment,
+            instruction: &instruction,
+            identity: &identity,
+            surroundings,
+            mask: mask.clone(),
+            started,
+            workdir,
+            name: &name,
+        };
+        launch::setup_then_run(shared, stage, cancel).await
+    }
+    .await;
+    let stopped = match &ended {
+        Ok(ended) => matches!(
+            ended.outcome,
+            ExitOutcome::Cancelled | ExitOutcome::TimeLimit
+        ),
+        Err(error) => matches!(error, AttemptError::Cancelled),
+    };
+    outputs::keep(shared, &instruction, workdir, assignment.node_rank, stopped).await;
+    ended
+}
