@@ -109,7 +109,7 @@ fn main() -> Result<()> {
             None => SpeedModel::default_model(),
         };
         if let Some(every) = args.sample_every {
-            if every == 0 || every * 1000 > model.adaptive.window_s * 1000 {
+            if every == 0 || every > model.adaptive.window_s {
                 bail!(
                     "--sample-every must be between 1 and the model's window ({} s)",
                     model.adaptive.window_s
