@@ -103,11 +103,11 @@ pub fn bounds(model: &SpeedModel, request: Resources) -> Bounds {
     Bounds {
         min: Allocation {
             cpu_millis: min_cpu.round() as u64,
-            memory_bytes: (memory * a.min_memory_factor.min(1.0)).round() as u64,
+            memory_bytes: (memory * a.min_memory_factor).round() as u64,
         },
         max: Allocation {
-            cpu_millis: (cpu * a.max_cpu_factor.max(1.0)).round() as u64,
-            memory_bytes: (memory * a.max_memory_factor.max(1.0)).round() as u64,
+            cpu_millis: (cpu * a.max_cpu_factor).round() as u64,
+            memory_bytes: (memory * a.max_memory_factor).round() as u64,
         },
     }
 }

@@ -67,35 +67,16 @@ struct Args {
     /// Node mode: memory per node in GiB (default: 64 per GPU).
     #[arg(long)]
     memory_per_node: Option<u64>,
-    /// Replay only the jobs submitted in this window of the trace, in days from its start
-    /// (`10..20`), for a shorter run.
-    #[arg(long, value_parser = parse_days)]
-    days: Option<(f64, f64)>,
-}
-
-fn parse_days(text: &str) -> Result<(f64, f64), String> {
-    let bad = || format!("--days wants FROM..TO in days, e.g. 10..20; got {text:?}");
-    let (from, to) = text.split_once("..").ok_or_else(bad)?;
-    let from: f64 = from.trim().parse().map_err(|_| bad())?;
-    let to: f64 = to.trim().parse().map_err(|_| bad())?;
-    if !(0.0 <= from && from < to) {
-        return Err(bad());
-    }
-    Ok((from, to))
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let mut jobs = load_trace(&args.trace, args.vc.as_deref())?;
-    if let Some((from, to)) = args.days {
-        let (from, to) = ((from * 86_400.0) as u64, (to * 86_400.0) as u64);
-        jobs.retain(|job| (from..to).contains(&job.submit_s));
-        if jobs.is_empty() {
-            bail!("no job of the trace was submitted in --days; pick a window inside it");
-        }
-    }
+    let jobs = load_trace(&args.trace, args.vc.as_deref())?;
     if args.nodes == 0 || args.gpus_per_node == 0 {
         bail!("--nodes and --gpus-per-node must be positive");
+    }
+    if args.cpus_per_node == Some(0) || args.memory_per_node == Some(0) {
+        bail!("--cpus-per-node and --memory-per-node must be positive (or left out)");
     }
     let mut options = NodeOptions::new(args.nodes, args.gpus_per_node);
     options.oracle_time_limits = !args.no_time_limits;

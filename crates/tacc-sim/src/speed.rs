@@ -7,7 +7,6 @@
 //! replaces the sections it names.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
@@ -204,6 +203,17 @@ impl SpeedModel {
         if request.cpus_per_gpu <= 0.0 || request.memory_gib_per_gpu <= 0.0 {
             bail!("[request] cpus_per_gpu and memory_gib_per_gpu must be positive");
         }
+        if !(adaptive.min_cpus_per_gpu >= 0.0
+            && adaptive.max_cpu_factor >= 1.0
+            && adaptive.min_memory_factor > 0.0
+            && adaptive.min_memory_factor <= 1.0
+            && adaptive.max_memory_factor >= 1.0)
+        {
+            bail!(
+                "[adaptive] bounds must contain the request: min_cpus_per_gpu ≥ 0, \
+                 max_cpu_factor ≥ 1, 0 < min_memory_factor ≤ 1, max_memory_factor ≥ 1"
+            );
+        }
         if adaptive.sample_every_s == 0 || adaptive.window_s < adaptive.sample_every_s {
             bail!("[adaptive] sample_every_s must be positive and window_s at least as long");
         }
@@ -298,12 +308,6 @@ fn round_millis(millis: f64) -> u64 {
     millis.round() as u64
 }
 
-impl fmt::Display for ClassId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "class {}", self.0)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,5 +386,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("shares sum to 0"), "{err}");
+        let err = SpeedModel::from_toml(
+            "[adaptive]\nmin_cpus_per_gpu = 1.0\nmax_cpu_factor = 0.5\n\
+             min_memory_factor = 0.5\nmax_memory_factor = 2.0\nsample_every_s = 60\n\
+             window_s = 300\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("max_cpu_factor ≥ 1"), "{err}");
     }
 }

@@ -193,7 +193,11 @@ fn a_neutral_model_reproduces_the_recorded_node_mode_results() {
             assert_eq!(round(report.p50_jct_s), recorded["p50_jct_s"]);
             assert_eq!(round(report.p99_jct_s), recorded["p99_jct_s"]);
             assert_eq!(round(report.makespan_s), recorded["makespan_s"]);
-            assert_eq!(report.reallocations.total, 0, "{policy} {}", report.allocation);
+            assert_eq!(
+                report.reallocations.total, 0,
+                "{policy} {}",
+                report.allocation
+            );
         }
     }
 }
