@@ -1,7 +1,10 @@
 //! `tacc-sim` internals: replay a GPU-cluster trace (CSV, `job_id,user,submit_time_s,
 //! duration_s,num_gpus,num_nodes,status,vc`) through `tacc-scheduler` with a virtual clock,
 //! either as one GPU pool ([`run_pool`]) or as nodes × GPUs through the full scheduler
-//! ([`run_nodes`]), and report job completion times, utilisation and fairness.
+//! ([`run_nodes`]), and report job completion times, utilisation and fairness. In node
+//! mode a per-job speed model ([`SpeedModel`]) can make each job's speed depend on its
+//! CPUs, and [`run_compare`] replays the trace with static and with adaptive allocation
+//! (`tacc-sim --adaptive`, docs/ADAPTIVE.md).
 //!
 //! A thin binary over the scheduler crate: it reads files, the scheduler never does.
 
@@ -13,9 +16,21 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
-use tacc_core::{NodeId, Resources, TaskId, Timestamp, UserName};
 use tacc_scheduler::pool::{PoolAction, PoolJob, PoolPolicy, PoolScheduler};
-use tacc_scheduler::{Action, Event, NodeSpec, Scheduler, SchedulerConfig, TaskRequest};
+
+mod adaptation;
+mod compare;
+mod nodes;
+mod progress;
+mod speed;
+
+pub use adaptation::{Adapter, JobAdaptation};
+pub use compare::{ClassFigures, ModelReport, compare_table, run_compare};
+pub use nodes::{JobOutcome, NodeOptions, NodeReplay, Reallocations, replay_nodes, run_nodes};
+pub use progress::Progress;
+pub use speed::{
+    AdaptiveParams, ClassId, ClassParams, DEFAULT_MODEL_TOML, RequestDefaults, SpeedModel,
+};
 
 /// One row of a trace.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +90,7 @@ pub fn load_trace(path: &Path, vc: Option<&str>) -> Result<Vec<TraceJob>> {
 
 /// A finished job.
 #[derive(Debug, Clone, Copy)]
-struct Outcome {
+pub(crate) struct Outcome {
     submit_ms: u64,
     finish_ms: u64,
     duration_ms: u64,
@@ -105,7 +120,7 @@ pub struct Report {
     pub jcts_s: Vec<f64>,
 }
 
-fn tenants(jobs: &[TraceJob]) -> Vec<usize> {
+pub(crate) fn tenants(jobs: &[TraceJob]) -> Vec<usize> {
     let mut index: BTreeMap<&str, usize> = BTreeMap::new();
     jobs.iter()
         .map(|job| {
@@ -115,7 +130,7 @@ fn tenants(jobs: &[TraceJob]) -> Vec<usize> {
         .collect()
 }
 
-fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -127,7 +142,7 @@ fn nearest_rank(sorted: &[f64], p: f64) -> f64 {
 /// job that waited a minute does not dominate a tenant's fairness.
 const SLOWDOWN_BOUND_MS: u64 = 10_000;
 
-fn report(
+pub(crate) fn report(
     policy: &str,
     mode: String,
     outcomes: &[Outcome],
@@ -198,7 +213,7 @@ fn report(
 /// Per-job progress the simulator keeps (the scheduler never sees true durations except
 /// as the `sjf` oracle hint).
 #[derive(Debug, Clone, Copy, Default)]
-struct Progress {
+struct PoolProgress {
     remaining_ms: u64,
     started_at: u64,
     /// Bumped whenever a scheduled completion becomes stale.
@@ -210,11 +225,11 @@ pub fn run_pool(jobs: &[TraceJob], policy: PoolPolicy, capacity_gpus: u32) -> Re
     let started = Instant::now();
     let tenant = tenants(jobs);
     let mut pool = PoolScheduler::new(policy, capacity_gpus);
-    let mut progress: Vec<Progress> = jobs
+    let mut progress: Vec<PoolProgress> = jobs
         .iter()
-        .map(|job| Progress {
+        .map(|job| PoolProgress {
             remaining_ms: job.duration_s * 1000,
-            ..Progress::default()
+            ..PoolProgress::default()
         })
         .collect();
     let mut completions: BinaryHeap<Reverse<(u64, usize, u32)>> = BinaryHeap::new();
@@ -290,187 +305,6 @@ pub fn run_pool(jobs: &[TraceJob], policy: PoolPolicy, capacity_gpus: u32) -> Re
         pool.preemptions(),
         started,
     )
-}
-
-/// How node mode turns trace rows into task requests.
-#[derive(Debug, Clone)]
-pub struct NodeOptions {
-    pub nodes: u32,
-    pub gpus_per_node: u32,
-    /// Give each task its true duration as time limit (perfect user estimates), so EASY
-    /// backfill can plan; without it only the resources outside reservations backfill.
-    pub oracle_time_limits: bool,
-    pub preemptible: bool,
-    /// Guarantee each tenant GPUs in proportion to its GPU-hours in the replayed trace
-    /// (so borrowing and reclaim happen).
-    pub proportional_guarantees: bool,
-    pub config: SchedulerConfig,
-}
-
-impl NodeOptions {
-    pub fn new(nodes: u32, gpus_per_node: u32) -> Self {
-        NodeOptions {
-            nodes,
-            gpus_per_node,
-            oracle_time_limits: true,
-            preemptible: true,
-            proportional_guarantees: false,
-            config: SchedulerConfig::default(),
-        }
-    }
-}
-
-const CPUS_PER_GPU: u64 = 4;
-const GIB: u64 = 1 << 30;
-
-/// Replay through the full scheduler on `nodes × gpus_per_node`. Tenants (vc) become
-/// groups; with no user ids in the traces, each tenant is also its own (synthetic) user.
-pub fn run_nodes(jobs: &[TraceJob], policy: &str, options: &NodeOptions) -> Result<Report> {
-    let started = Instant::now();
-    let tenant = tenants(jobs);
-    let gpn = options.gpus_per_node.max(1);
-    let capacity = options.nodes as u64 * gpn as u64;
-    let mut config = options.config.clone();
-    if options.proportional_guarantees {
-        let mut demand: BTreeMap<&str, f64> = BTreeMap::new();
-        for job in jobs {
-            *demand.entry(&job.vc).or_default() += job.gpus as f64 * job.duration_s as f64;
-        }
-        let total: f64 = demand.values().sum();
-        for (vc, gpu_secs) in demand {
-            let group = config.groups.entry(vc.to_string()).or_default();
-            group.guaranteed_gpus = (capacity as f64 * gpu_secs / total).floor() as u64;
-        }
-    }
-    let grace_ms = config.preemption.grace_secs * 1000;
-    let mut scheduler = Scheduler::by_name(policy, config)?;
-    for id in 1..=options.nodes as u64 {
-        scheduler.handle(
-            Timestamp(0),
-            Event::NodeUp(NodeSpec {
-                id: NodeId(id),
-                capacity: Resources::new(
-                    gpn as u64 * CPUS_PER_GPU * 2000,
-                    gpn as u64 * 64 * GIB,
-                    gpn,
-                ),
-                gpu_type: None,
-                labels: BTreeMap::new(),
-            }),
-        )?;
-    }
-    let mut progress: Vec<Progress> = jobs
-        .iter()
-        .map(|job| Progress {
-            remaining_ms: job.duration_s * 1000,
-            ..Progress::default()
-        })
-        .collect();
-    // (time, kind: 0 completion / 1 preemption stop, job, version)
-    let mut timers: BinaryHeap<Reverse<(u64, u8, usize, u32)>> = BinaryHeap::new();
-    let mut outcomes = Vec::with_capacity(jobs.len());
-    let mut dropped = 0;
-    let mut next = 0;
-    let task_id = |job: usize| TaskId(job as u64 + 1);
-    loop {
-        while let Some(Reverse((_, _, job, version))) = timers.peek() {
-            if progress[*job].version == *version {
-                break;
-            }
-            timers.pop();
-        }
-        let now = [
-            timers.peek().map(|Reverse((t, ..))| *t),
-            jobs.get(next).map(|j| j.submit_s * 1000),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        let Some(now) = now else { break };
-        let mut events = Vec::new();
-        while let Some(Reverse((t, kind, job, version))) = timers.peek().copied() {
-            if t != now {
-                break;
-            }
-            timers.pop();
-            if progress[job].version != version {
-                continue;
-            }
-            progress[job].version += 1;
-            if kind == 0 {
-                outcomes.push(Outcome {
-                    submit_ms: jobs[job].submit_s * 1000,
-                    finish_ms: now,
-                    duration_ms: jobs[job].duration_s * 1000,
-                    gpus: jobs[job].gpus,
-                    tenant: tenant[job],
-                });
-                events.push(Event::TaskEnded(task_id(job)));
-            } else {
-                events.push(Event::TaskPreempted(task_id(job)));
-            }
-        }
-        while next < jobs.len() && jobs[next].submit_s * 1000 == now {
-            let job = &jobs[next];
-            let nodes = job.gpus.div_ceil(gpn);
-            let per_node_gpus = job.gpus.div_ceil(nodes);
-            let request = TaskRequest {
-                user: UserName::new(job.vc.clone()),
-                group: Some(job.vc.clone()),
-                per_node: Resources::new(
-                    per_node_gpus as u64 * CPUS_PER_GPU * 1000,
-                    per_node_gpus as u64 * 32 * GIB,
-                    per_node_gpus,
-                ),
-                nodes,
-                preemptible: options.preemptible,
-                time_limit_secs: options.oracle_time_limits.then_some(job.duration_s),
-                duration_hint_secs: Some(job.duration_s),
-                submitted_at: Timestamp(now),
-                ..TaskRequest::default()
-            };
-            events.push(Event::TaskSubmitted {
-                task: task_id(next),
-                request,
-            });
-            next += 1;
-        }
-        {
-            let plan = scheduler.handle(Timestamp(now), Event::Batch(events))?;
-            for action in plan.actions {
-                match action {
-                    Action::Start { task, .. } => {
-                        let job = task.0 as usize - 1;
-                        let p = &mut progress[job];
-                        p.started_at = now;
-                        timers.push(Reverse((now + p.remaining_ms, 0, job, p.version)));
-                    }
-                    Action::Preempt { task, .. } => {
-                        let job = task.0 as usize - 1;
-                        let p = &mut progress[job];
-                        // The task checkpoints at the signal; the grace period is lost work.
-                        let ran = now - p.started_at;
-                        if p.remaining_ms > ran + grace_ms {
-                            p.remaining_ms -= ran;
-                            p.version += 1;
-                            timers.push(Reverse((now + grace_ms, 1, job, p.version)));
-                        }
-                    }
-                    Action::Reject { .. } => dropped += 1,
-                    Action::Pending { .. } => {}
-                }
-            }
-        }
-    }
-    Ok(report(
-        policy,
-        format!("{} nodes x {gpn} GPUs", options.nodes),
-        &outcomes,
-        dropped,
-        capacity,
-        scheduler.preemptions(),
-        started,
-    ))
 }
 
 /// The results as an aligned text table.

@@ -1,12 +1,17 @@
 //! `tacc-sim`: replays a GPU-cluster trace through `tacc-scheduler` with a virtual clock
-//! and reports JCT, queueing delay, utilisation, makespan, preemptions and fairness.
+//! and reports JCT, queueing delay, utilisation, makespan, preemptions and fairness;
+//! `--adaptive` replays it twice under a per-job speed model, with static and with
+//! adaptive CPU and memory allocation, and reports both side by side.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use tacc_scheduler::pool::PoolPolicy;
-use tacc_sim::{NodeOptions, cdf_chart, load_trace, run_nodes, run_pool, table};
+use tacc_sim::{
+    NodeOptions, SpeedModel, cdf_chart, compare_table, load_trace, run_compare, run_nodes,
+    run_pool, table,
+};
 
 /// Replay a trace (job_id,user,submit_time_s,duration_s,num_gpus,num_nodes,status,vc).
 #[derive(Debug, Parser)]
@@ -33,7 +38,7 @@ struct Args {
     #[arg(long)]
     json: bool,
     /// Write a JCT CDF per policy to this file: SVG or PNG, by its extension.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "adaptive")]
     plot: Option<PathBuf>,
     /// Node mode: give tasks no time limit (instead of their true duration).
     #[arg(long)]
@@ -44,11 +49,66 @@ struct Args {
     /// Node mode: guarantee each tenant GPUs in proportion to its trace GPU-hours.
     #[arg(long)]
     vc_guarantees: bool,
+    /// Node mode: replay under the speed model twice, with static and with adaptive CPU
+    /// and memory allocation, and print both (docs/ADAPTIVE.md).
+    #[arg(long, conflicts_with = "pool_gpus")]
+    adaptive: bool,
+    /// With --adaptive: the speed model (TOML; default: crates/tacc-sim/speed-model.toml,
+    /// compiled in). Sections it leaves out keep the defaults.
+    #[arg(long, requires = "adaptive")]
+    speed_model: Option<PathBuf>,
+    /// With --adaptive: virtual seconds between two samples of every running job
+    /// (default: the model's, 60).
+    #[arg(long, requires = "adaptive")]
+    sample_every: Option<u64>,
+    /// Node mode: CPUs per node (default: 8 per GPU).
+    #[arg(long)]
+    cpus_per_node: Option<u64>,
+    /// Node mode: memory per node in GiB (default: 64 per GPU).
+    #[arg(long)]
+    memory_per_node: Option<u64>,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let jobs = load_trace(&args.trace, args.vc.as_deref())?;
+    if args.nodes == 0 || args.gpus_per_node == 0 {
+        bail!("--nodes and --gpus-per-node must be positive");
+    }
+    if args.cpus_per_node == Some(0) || args.memory_per_node == Some(0) {
+        bail!("--cpus-per-node and --memory-per-node must be positive (or left out)");
+    }
+    let mut options = NodeOptions::new(args.nodes, args.gpus_per_node);
+    options.oracle_time_limits = !args.no_time_limits;
+    options.preemptible = !args.not_preemptible;
+    options.proportional_guarantees = args.vc_guarantees;
+    options.cpus_per_node = args.cpus_per_node;
+    options.memory_gib_per_node = args.memory_per_node;
+    if args.adaptive {
+        let mut model = match &args.speed_model {
+            Some(path) => SpeedModel::load(path)?,
+            None => SpeedModel::default_model(),
+        };
+        if let Some(every) = args.sample_every {
+            if every == 0 || every > model.adaptive.window_s {
+                bail!(
+                    "--sample-every must be between 1 and the model's window ({} s)",
+                    model.adaptive.window_s
+                );
+            }
+            model.adaptive.sample_every_s = every;
+        }
+        let mut reports = Vec::new();
+        for policy in &args.policy {
+            reports.extend(run_compare(&jobs, policy, &options, &model)?);
+        }
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&reports)?);
+        } else {
+            print!("{}", compare_table(&reports));
+        }
+        return Ok(());
+    }
     let mut reports = Vec::new();
     for policy in &args.policy {
         let report = match args.pool_gpus {
@@ -56,16 +116,7 @@ fn main() -> Result<()> {
                 let pool_policy: PoolPolicy = policy.parse()?;
                 run_pool(&jobs, pool_policy, gpus)
             }
-            None => {
-                if args.nodes == 0 || args.gpus_per_node == 0 {
-                    bail!("--nodes and --gpus-per-node must be positive");
-                }
-                let mut options = NodeOptions::new(args.nodes, args.gpus_per_node);
-                options.oracle_time_limits = !args.no_time_limits;
-                options.preemptible = !args.not_preemptible;
-                options.proportional_guarantees = args.vc_guarantees;
-                run_nodes(&jobs, policy, &options)?
-            }
+            None => run_nodes(&jobs, policy, &options)?,
         };
         reports.push(report);
     }
