@@ -111,6 +111,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     }
     // No sample of the attempt may follow its end in the report stream.
     shared.sampling.end(attempt);
+    shared.resizing.end(attempt);
     if !shared.config.keep_workdirs {
         let dir = workdir.clone();
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
@@ -307,6 +308,9 @@ async fn run_in_workdir(
         assignment.gpu_indices.clone(),
         now(),
     );
+    shared
+        .resizing
+        .begin(attempt, instruction.processes_per_node.max(1));
     crate::runtimes::announce(shared, attempt, &runtime);
 
     let node = NodeContext {
@@ -529,7 +533,12 @@ pub(crate) async fn launch(
         GroupRecord::write(&shared.config.data_dir.join("run"), record_name, pid).ok()
     });
     if let Some(reader) = handle.usage_reader() {
-        shared.sampling.attach(attempt, reader, Instant::now());
+        shared
+            .sampling
+            .attach(attempt, record_name, reader, Instant::now());
+    }
+    if let Some(resizer) = handle.resizer() {
+        shared.resizing.attach(attempt, record_name, resizer);
     }
     let output_clock = shared.sampling.output_clock(attempt);
     let forwarder = {
@@ -554,7 +563,8 @@ pub(crate) async fn launch(
             wait.await
         }
     };
-    shared.sampling.detach(attempt);
+    shared.sampling.detach(attempt, record_name);
+    shared.resizing.detach(attempt, record_name);
     // Every line is forwarded before the attempt's end is reported.
     let _ = forwarder.await;
     Ok(outcome)

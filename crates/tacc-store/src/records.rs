@@ -135,6 +135,10 @@ pub enum TaskChange {
     },
     /// A user asked to cancel a task that is starting or running.
     CancelRequested { task: TaskId },
+    /// Adaptive allocation changed the per-node CPU and memory of the task's running
+    /// attempt (kept in its resize history, not as a state event); a conflict when the
+    /// task is not starting or running that attempt.
+    Resized(crate::ResizeRecord),
 }
 
 #[derive(Debug, Clone, PartialEq)]
