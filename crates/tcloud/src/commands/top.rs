@@ -238,6 +238,7 @@ mod tests {
             peaks: Vec::new(),
             flags: Vec::new(),
             silent_after_secs: 300,
+            adaptive: None,
         };
         let rank = RankUsage {
             node_rank: 1,
