@@ -60,7 +60,7 @@ run_mode() { # MODE
   submitted=$(jq -r .submitted_at <<<"$q"); started=$(jq -r '.started_at // empty' <<<"$q")
   if [ -n "$started" ]; then wait=$(( (started - submitted) / 1000 ))s; else wait=">${RUN_SECS}s (not started)"; fi
   local tu iu
-  tu=$(tc top "$trainer" --json); iu=$(tc show "$idle" --json)
+  tu=$(tc top "$trainer" --once --json); iu=$(tc show "$idle" --json)
   printf '| %s | %s | %s | %s | %s | %s |\n' "$mode" \
     "$(rate "$trainer" "$t0" $((t0 + 10)))" "$(rate "$trainer" $((t1 - 10)) "$t1")" \
     "$(jq -r '.[0].adaptive.allocation.cpu_millis / 1000' <<<"$tu")" \
@@ -69,7 +69,7 @@ run_mode() { # MODE
   { echo "### $mode: changes"; for t in "$trainer" "$idle"; do
       tc show "$t" --json | jq -r --arg t "$t" '.events[] | select(.reason // "" | startswith("resized")) | "- task \($t): \(.reason)"'
     done; } >>"$WORK/changes.md"
-  tc top "$trainer" --json >"$WORK/$mode-trainer-top.json"
+  tc top "$trainer" --once --json >"$WORK/$mode-trainer-top.json"
   kill "$PID"; wait "$PID" 2>/dev/null || true
 }
 

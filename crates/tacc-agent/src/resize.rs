@@ -158,8 +158,13 @@ mod tests {
             attempt: AttemptNo(1),
         };
         resizing.begin(attempt, 2);
-        resizing.attempts.lock().unwrap().get_mut(&attempt).unwrap().asked =
-            Some(Resources::new(4000, 8 << 30, 0));
+        resizing
+            .attempts
+            .lock()
+            .unwrap()
+            .get_mut(&attempt)
+            .unwrap()
+            .asked = Some(Resources::new(4000, 8 << 30, 0));
         let recorder = Arc::new(Recorder::default());
         resizing.attach(attempt, "p0", recorder.clone());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);

@@ -422,7 +422,10 @@ async fn limits_of_a_running_execution_change_live() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut spec = contract::spec(dir.path(), "head -c 8M /dev/zero | tail > /dev/null; echo ready; sleep 60");
+    let mut spec = contract::spec(
+        dir.path(),
+        "head -c 8M /dev/zero | tail > /dev/null; echo ready; sleep 60",
+    );
     spec.placement.cpu_millis = 500;
     spec.placement.memory_bytes = 64 << 20;
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -462,11 +465,22 @@ async fn limits_of_a_running_execution_change_live() {
         }
     };
     let written = std::fs::read_to_string(&cpu_file).unwrap();
-    assert!(written.starts_with("250000"), "{}: {written}", cpu_file.display());
+    assert!(
+        written.starts_with("250000"),
+        "{}: {written}",
+        cpu_file.display()
+    );
     // Never below what it uses now.
     let used = reader.read().memory_bytes.unwrap();
-    let refused = resizer.resize(2500, used / 2).await.unwrap_err().to_string();
-    assert!(refused.contains("never shrink memory below current use"), "{refused}");
+    let refused = resizer
+        .resize(2500, used / 2)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("never shrink memory below current use"),
+        "{refused}"
+    );
     assert_eq!(reader.read().memory_limit_bytes, Some(128 << 20));
     handle.cancel();
     handle.wait().await;

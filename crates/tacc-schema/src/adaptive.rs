@@ -103,9 +103,7 @@ pub(crate) fn check_adaptive(adaptive: &AdaptiveSpec, resources: &ResourceSpec) 
         if !(min > 0.0 && min.is_finite()) || !max.is_finite() || max > MAX_CPUS_PER_NODE {
             return Some(problem(
                 "adaptive.cpus",
-                format!(
-                    "`cpus: {min}..{max}` must lie above 0 and at most {MAX_CPUS_PER_NODE}"
-                ),
+                format!("`cpus: {min}..{max}` must lie above 0 and at most {MAX_CPUS_PER_NODE}"),
                 "write the range as `MIN..MAX` CPUs per node, e.g. `cpus: 2..8`",
             ));
         }
@@ -140,7 +138,9 @@ pub(crate) fn check_adaptive(adaptive: &AdaptiveSpec, resources: &ResourceSpec) 
         if min.as_bytes() == 0 || max > MAX_MEMORY_PER_NODE {
             return Some(problem(
                 "adaptive.memory",
-                format!("`memory: {min}..{max}` must lie above 0 and at most {MAX_MEMORY_PER_NODE}"),
+                format!(
+                    "`memory: {min}..{max}` must lie above 0 and at most {MAX_MEMORY_PER_NODE}"
+                ),
                 "write the range as `MIN..MAX` per node, e.g. `memory: 8GiB..32GiB`",
             ));
         }
@@ -183,7 +183,11 @@ mod tests {
         assert_eq!(cpus, Range { min: 2.0, max: 8.0 });
         let memory: Range<ByteSize> = "8GiB..32GiB".parse().unwrap();
         assert_eq!(memory.to_string(), "8GiB..32GiB");
-        assert!("8".parse::<Range<f64>>().unwrap_err().contains("not a range"));
+        assert!(
+            "8".parse::<Range<f64>>()
+                .unwrap_err()
+                .contains("not a range")
+        );
         assert!("2..x".parse::<Range<f64>>().is_err());
     }
 

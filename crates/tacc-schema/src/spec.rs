@@ -449,9 +449,9 @@ impl TaskSpec {
             .or_else(|| check_outputs(&self.outputs))
             .or_else(|| check_retry(&self.retry))
             .or_else(|| {
-                self.adaptive.as_ref().and_then(|adaptive| {
-                    crate::adaptive::check_adaptive(adaptive, &self.resources)
-                })
+                self.adaptive
+                    .as_ref()
+                    .and_then(|adaptive| crate::adaptive::check_adaptive(adaptive, &self.resources))
             })
             .or_else(|| {
                 self.checkpoint

@@ -528,11 +528,15 @@ fn adaptive_bounds_parse_and_bad_ranges_are_located_with_a_fix() {
     );
     assert_located(&rendered, 4, 9, "raise the maximum to at least 4");
     // A minimum above the request.
-    let rendered = rejected("run: x\nresources: {memory: 4GiB}\nadaptive:\n  memory: 8GiB..32GiB\n");
+    let rendered =
+        rejected("run: x\nresources: {memory: 4GiB}\nadaptive:\n  memory: 8GiB..32GiB\n");
     assert_located(&rendered, 4, 11, "lower the minimum to at most 4GiB");
     // Reversed, and not a range at all.
     let rendered = rejected("run: x\nadaptive: {cpus: 8..2}\n");
-    assert!(rendered.contains("write the smaller number first"), "{rendered}");
+    assert!(
+        rendered.contains("write the smaller number first"),
+        "{rendered}"
+    );
     let rendered = rejected("run: x\nadaptive:\n  cpus: 4\n");
     assert_located(&rendered, 3, 9, "MIN..MAX");
 }

@@ -312,9 +312,7 @@ impl Store for MemoryStore {
             return Err(StoreError::TaskNotFound(point.task));
         }
         let (task, attempt) = (point.task, point.attempt);
-        inner
-            .signal_points
-            .insert((task, attempt, point.at), point);
+        inner.signal_points.insert((task, attempt, point.at), point);
         let range = (task, attempt, Timestamp(0))..=(task, attempt, Timestamp(u64::MAX));
         let kept = inner.signal_points.range(range.clone()).count();
         let excess: Vec<_> = inner
@@ -333,7 +331,10 @@ impl Store for MemoryStore {
         let inner = self.inner.lock().unwrap();
         Ok(inner
             .signal_points
-            .range((task, AttemptNo(0), Timestamp(0))..=(task, AttemptNo(u32::MAX), Timestamp(u64::MAX)))
+            .range(
+                (task, AttemptNo(0), Timestamp(0))
+                    ..=(task, AttemptNo(u32::MAX), Timestamp(u64::MAX)),
+            )
             .map(|(_, point)| point.clone())
             .collect())
     }

@@ -71,7 +71,11 @@ fn cgroup_quota_millis(pid: u32) -> Option<u64> {
                 mount.join("cpu").join(path)
             };
             let read = |file: &str| -> Option<i64> {
-                std::fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok()
+                std::fs::read_to_string(dir.join(file))
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()
             };
             let (quota, period) = (read("cpu.cfs_quota_us")?, read("cpu.cfs_period_us")?);
             return (quota > 0).then(|| quota as u64 * 1000 / period as u64);
@@ -156,7 +160,10 @@ async fn a_cpu_bound_task_gets_its_quota_raised_within_its_bounds() {
     tokio::time::sleep(Duration::from_secs(8)).await;
     assert_eq!(task_quota(&marker), Some(1000));
     assert!(
-        adaptive.changes.iter().all(|c| c.reason.starts_with("adaptive: cpu_bound")),
+        adaptive
+            .changes
+            .iter()
+            .all(|c| c.reason.starts_with("adaptive: cpu_bound")),
         "{adaptive:?}"
     );
     let usage = client.task_usage(task).await.unwrap();
@@ -260,12 +267,18 @@ async fn with_adaptation_off_nothing_moves_but_the_verdict_is_shown() {
     })
     .await;
     assert_eq!(verdict.bottleneck, "cpu_bound", "{verdict:?}");
-    assert!(verdict.evidence[0].contains("of 0.50 cores used"), "{verdict:?}");
+    assert!(
+        verdict.evidence[0].contains("of 0.50 cores used"),
+        "{verdict:?}"
+    );
     assert_eq!(task_quota(&marker), Some(500));
     let adaptive = client.explain(task).await.unwrap().adaptive.unwrap();
     assert!(adaptive.changes.is_empty(), "{adaptive:?}");
     assert_eq!(adaptive.mode, "off");
-    assert!(adaptive.bounds.is_none(), "nothing moves with adaptation off");
+    assert!(
+        adaptive.bounds.is_none(),
+        "nothing moves with adaptation off"
+    );
     client.cancel(task).await.unwrap();
     wait_terminal(&client, task).await;
 }

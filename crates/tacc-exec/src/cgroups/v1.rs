@@ -434,9 +434,15 @@ mod tests {
         cgroup.set_limits(2500, 128 << 20).unwrap();
         assert_eq!(read(at("cpu", "cpu.cfs_quota_us")), "250000");
         assert_eq!(read(at("memory", "memory.limit_in_bytes")), "134217728");
-        assert_eq!(read(at("memory", "memory.memsw.limit_in_bytes")), "134217728");
+        assert_eq!(
+            read(at("memory", "memory.memsw.limit_in_bytes")),
+            "134217728"
+        );
         let error = cgroup.set_limits(1000, 64 << 20).unwrap_err().to_string();
-        assert!(error.contains("below the 100000000 bytes it uses now"), "{error}");
+        assert!(
+            error.contains("below the 100000000 bytes it uses now"),
+            "{error}"
+        );
         assert_eq!(read(at("memory", "memory.limit_in_bytes")), "134217728");
         cgroup.set_limits(0, 0).unwrap();
         assert_eq!(read(at("cpu", "cpu.cfs_quota_us")), "-1");

@@ -342,7 +342,10 @@ mod tests {
         assert_eq!(read("cpu.max"), "300000 100000");
         assert_eq!(read("memory.max"), "1073741824");
         let error = cgroup.set_limits(3000, 999).unwrap_err().to_string();
-        assert!(error.contains("never shrink memory below current use"), "{error}");
+        assert!(
+            error.contains("never shrink memory below current use"),
+            "{error}"
+        );
         cgroup.set_limits(0, 0).unwrap();
         assert_eq!(read("cpu.max"), "max 100000");
         assert_eq!(read("memory.max"), "max");

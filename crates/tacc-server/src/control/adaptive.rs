@@ -259,7 +259,11 @@ impl AdaptiveBook {
         sample: &UsageSample,
         at: Timestamp,
         requested: Resources,
-    ) -> (Verdict, Option<SignalPoint>, Option<(Resources, ChangeHistory)>) {
+    ) -> (
+        Verdict,
+        Option<SignalPoint>,
+        Option<(Resources, ChangeHistory)>,
+    ) {
         let span = self.span_ms();
         let mut book = self.tracked.lock().unwrap();
         book.retain(|_, t| t.fed.elapsed() < FORGET_AFTER);
@@ -400,13 +404,10 @@ impl Control {
     ) -> bool {
         let task = attempt.task;
         let at = now();
-        let plan = match inner.scheduler.handle(
-            at,
-            Event::TaskResized {
-                task,
-                per_node: to,
-            },
-        ) {
+        let plan = match inner
+            .scheduler
+            .handle(at, Event::TaskResized { task, per_node: to })
+        {
             Ok(plan) => plan,
             Err(e) => {
                 tracing::info!("task {task}: the scheduler refused {from:?} → {to:?}: {e}");
@@ -483,7 +484,8 @@ impl Control {
         // Undo where the old allocation still fits; adaptation of this attempt ends.
         let back = pending.map(|(before, _)| before).filter(|b| *b != applied);
         if let Some(before) = back {
-            let reason = format!("adaptive: {failed}; back to the previous allocation, no further changes");
+            let reason =
+                format!("adaptive: {failed}; back to the previous allocation, no further changes");
             if self.resize(inner, attempt, applied, before, reason).await {
                 return;
             }
@@ -497,7 +499,10 @@ impl Control {
             reason: format!("adaptive: {failed}; no further changes"),
         };
         if let Err(e) = self.commit(&[TaskChange::Resized(record)]).await {
-            tracing::warn!("cannot record a failed resize of task {}: {e}", attempt.task);
+            tracing::warn!(
+                "cannot record a failed resize of task {}: {e}",
+                attempt.task
+            );
         }
     }
 
@@ -534,12 +539,15 @@ impl Control {
                 memory: fit(verdict.memory),
                 evidence: verdict.evidence,
             });
-        let bounds = self.adaptive.bounds(&spec, allocation).map(|b| AdaptiveBounds {
-            min_cpu_millis: b.min.cpu_millis,
-            max_cpu_millis: b.max.cpu_millis,
-            min_memory_bytes: b.min.memory_bytes,
-            max_memory_bytes: b.max.memory_bytes,
-        });
+        let bounds = self
+            .adaptive
+            .bounds(&spec, allocation)
+            .map(|b| AdaptiveBounds {
+                min_cpu_millis: b.min.cpu_millis,
+                max_cpu_millis: b.max.cpu_millis,
+                min_memory_bytes: b.min.memory_bytes,
+                max_memory_bytes: b.max.memory_bytes,
+            });
         let points = self.store.list_signal_points(task).await?;
         let skip = points.len().saturating_sub(POINTS_SHOWN);
         let series = points
@@ -598,9 +606,8 @@ mod tests {
     }
 
     fn spec(adaptive: &str) -> TaskSpec {
-        let text = format!(
-            "name: t\nrun: 'true'\nresources: {{cpus: 2, memory: 2GiB}}\n{adaptive}"
-        );
+        let text =
+            format!("name: t\nrun: 'true'\nresources: {{cpus: 2, memory: 2GiB}}\n{adaptive}");
         tacc_schema::parse_task("t/task.yaml", &text).unwrap().0
     }
 

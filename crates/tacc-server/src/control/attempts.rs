@@ -168,12 +168,10 @@ impl Control {
                     memory_bytes,
                     error,
                 } => {
-                    let applied = self
-                        .adaptive
-                        .allocation(attempt)
-                        .map_or(tacc_core::Resources::new(cpu_millis, memory_bytes, 0), |r| {
-                            tacc_core::Resources::new(cpu_millis, memory_bytes, r.gpus)
-                        });
+                    let applied = self.adaptive.allocation(attempt).map_or(
+                        tacc_core::Resources::new(cpu_millis, memory_bytes, 0),
+                        |r| tacc_core::Resources::new(cpu_millis, memory_bytes, r.gpus),
+                    );
                     self.resized_on_node(&mut inner, node, attempt, applied, error)
                         .await;
                 }

@@ -25,8 +25,20 @@ async fn running(store: &dyn Store) -> TaskId {
         .id;
     store
         .apply(&[
-            change(transition(task, TaskState::Queued, TaskState::Starting, 1, 2)),
-            change(transition(task, TaskState::Starting, TaskState::Running, 1, 3)),
+            change(transition(
+                task,
+                TaskState::Queued,
+                TaskState::Starting,
+                1,
+                2,
+            )),
+            change(transition(
+                task,
+                TaskState::Starting,
+                TaskState::Running,
+                1,
+                3,
+            )),
         ])
         .await
         .unwrap();
@@ -50,22 +62,30 @@ pub async fn resizes_of_the_running_attempt_are_kept_in_order(store: &dyn Store)
         .collect();
     assert_eq!(
         seen,
-        vec![(10, 3000, "cpu_bound: grow"), (20, 2000, "over_provisioned: shrink")]
+        vec![
+            (10, 3000, "cpu_bound: grow"),
+            (20, 2000, "over_provisioned: shrink")
+        ]
     );
     // A resize is history of its own, not a state event.
     assert_eq!(store.task_events(task).await.unwrap().len(), 3);
-    assert!(store.list_resizes(TaskId(999_999)).await.unwrap().is_empty());
+    assert!(
+        store
+            .list_resizes(TaskId(999_999))
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 pub async fn a_resize_of_a_task_not_running_that_attempt_is_a_conflict(store: &dyn Store) {
     let task = running(store).await;
     let stale = store.apply(&[resize(task, 2, 10, 3000, "late")]).await;
-    assert!(matches!(stale, Err(StoreError::Conflict { .. })), "{stale:?}");
-    let queued = store
-        .create_task(new_task("q", "bob", 1))
-        .await
-        .unwrap()
-        .id;
+    assert!(
+        matches!(stale, Err(StoreError::Conflict { .. })),
+        "{stale:?}"
+    );
+    let queued = store.create_task(new_task("q", "bob", 1)).await.unwrap().id;
     let not_running = store.apply(&[resize(queued, 1, 10, 3000, "queued")]).await;
     assert!(
         matches!(not_running, Err(StoreError::Conflict { .. })),

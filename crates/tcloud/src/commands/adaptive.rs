@@ -73,7 +73,9 @@ pub fn history_lines(view: &AdaptiveView, last: usize) -> Vec<String> {
     )];
     for point in view.series.iter().skip(skip) {
         let opt = |v: Option<u32>, scale: f64, unit: &str| {
-            v.map_or("-".to_string(), |v| format!("{:.0}{unit}", f64::from(v) / scale))
+            v.map_or("-".to_string(), |v| {
+                format!("{:.0}{unit}", f64::from(v) / scale)
+            })
         };
         lines.push(format!(
             "{:<10} {:>4} {:>13} {:>9} {:>17} {:>6} {:>4}  {}",
@@ -81,9 +83,7 @@ pub fn history_lines(view: &AdaptiveView, last: usize) -> Vec<String> {
             point.attempt.to_string(),
             format!(
                 "{}/{}",
-                point
-                    .cpu_used_millis
-                    .map_or("-".to_string(), cores),
+                point.cpu_used_millis.map_or("-".to_string(), cores),
                 cores(point.cpu_quota_millis)
             ),
             opt(point.cpu_throttled_permille, 10.0, "%"),
@@ -147,8 +147,14 @@ mod tests {
     #[test]
     fn the_verdict_shows_its_evidence_and_the_range_it_moves_in() {
         let lines = verdict_lines(&view());
-        assert!(lines[0].starts_with("verdict: cpu_bound (CPU short"), "{lines:?}");
-        assert!(!lines[0].contains('\x1b'), "task text is made safe: {lines:?}");
+        assert!(
+            lines[0].starts_with("verdict: cpu_bound (CPU short"),
+            "{lines:?}"
+        );
+        assert!(
+            !lines[0].contains('\x1b'),
+            "task text is made safe: {lines:?}"
+        );
         assert_eq!(lines[1], "  CPU 0.98 of 1.00 cores used");
         assert!(
             lines[2].contains("allocation: 1.00 CPUs, 256MiB per node (asked 0.50 CPUs"),
