@@ -80,7 +80,11 @@ fn a_trainer_throttled_at_its_quota_is_cpu_bound_and_grows_a_step() {
     };
     let change = decide(last, current, samples.last().unwrap().at).expect("a grow");
     assert_eq!(change.to.cpu_millis, 1000, "×1.5, at least +0.5 CPU");
-    assert_eq!(change.to.memory_bytes, GIB / 2, "memory stays in its bounds");
+    assert_eq!(
+        change.to.memory_bytes,
+        GIB / 2,
+        "memory stays in its bounds"
+    );
 }
 
 #[test]
@@ -97,10 +101,18 @@ fn an_idle_task_is_over_provisioned_and_shrinks_to_its_minimum() {
         cpu_millis: 2000,
         memory_bytes: GIB / 2,
     };
-    let change = decide(verdicts.last().unwrap(), current, samples.last().unwrap().at)
-        .expect("a shrink");
+    let change = decide(
+        verdicts.last().unwrap(),
+        current,
+        samples.last().unwrap().at,
+    )
+    .expect("a shrink");
     assert_eq!(change.to.cpu_millis, 500);
-    assert!(change.reason.starts_with("over_provisioned"), "{}", change.reason);
+    assert!(
+        change.reason.starts_with("over_provisioned"),
+        "{}",
+        change.reason
+    );
 }
 
 #[test]

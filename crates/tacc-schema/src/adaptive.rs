@@ -100,7 +100,8 @@ impl AdaptiveSpec {
 pub(crate) fn check_adaptive(adaptive: &AdaptiveSpec, resources: &ResourceSpec) -> Option<Problem> {
     if let Some(Range { min, max }) = adaptive.cpus {
         let asked = resources.cpus;
-        if !(min > 0.0 && min.is_finite()) || !max.is_finite() || max > MAX_CPUS_PER_NODE {
+        let finite = min.is_finite() && max.is_finite();
+        if !finite || min <= 0.0 || max > MAX_CPUS_PER_NODE {
             return Some(problem(
                 "adaptive.cpus",
                 format!("`cpus: {min}..{max}` must lie above 0 and at most {MAX_CPUS_PER_NODE}"),

@@ -270,13 +270,12 @@ impl AdaptiveBook {
         let key = (sample.attempt.task, sample.attempt.attempt);
         let tracked = book.entry(key).or_insert_with(|| Self::tracked(span));
         tracked.fed = Instant::now();
-        let pressure = sample.memory_pressure_percent.or_else(|| {
-            // v1 has no PSI: a failure count that rose means the limit was hit.
-            match (sample.memory_failcnt, tracked.last_failcnt) {
-                (Some(now), Some(before)) => Some(if now > before { 100.0 } else { 0.0 }),
-                _ => None,
-            }
-        });
+        // v1 has no PSI: a failure count that rose means the limit was hit.
+        let failing = match (sample.memory_failcnt, tracked.last_failcnt) {
+            (Some(now), Some(before)) => Some(if now > before { 100.0 } else { 0.0 }),
+            _ => None,
+        };
+        let pressure = sample.memory_pressure_percent.or(failing);
         tracked.last_failcnt = sample.memory_failcnt.or(tracked.last_failcnt);
         let gpus = &sample.gpus;
         tracked.signals.push(Sample {
