@@ -13,6 +13,8 @@
 
 mod classifier;
 mod policy;
+#[cfg(test)]
+mod recorded;
 mod rules;
 mod signals;
 mod step_policy;

@@ -21,6 +21,7 @@ mod layout;
 mod live_files;
 mod orphans;
 mod reporter;
+mod resize;
 mod runtimes;
 mod sampler;
 mod secrets;
@@ -135,6 +136,8 @@ pub(crate) struct Shared {
     pub gpus: Arc<dyn gpus::GpuProbe>,
     /// Running attempts as the resource sampler sees them.
     pub sampling: sampler::Sampling,
+    /// Running attempts' executions whose limits can change live.
+    pub resizing: Arc<resize::Resizing>,
 }
 
 impl Shared {
@@ -209,6 +212,7 @@ impl Agent {
                 fenced: Mutex::new(BTreeSet::new()),
                 gpus: Arc::new(gpus::FakeGpus::default()),
                 sampling: sampler::Sampling::default(),
+                resizing: Default::default(),
             }),
             attempts: Arc::new(Mutex::new(Attempts::default())),
             reports_rx: Some(reports_rx),
@@ -418,7 +422,13 @@ impl Agent {
         }
         for assignment in desired {
             let key = assignment.attempt;
-            if attempts.running.contains_key(&key) || attempts.finished.contains(&key) {
+            if attempts.running.contains_key(&key) {
+                if let Some(allocation) = assignment.allocation {
+                    resize::Resizing::want(&self.shared, key, allocation);
+                }
+                continue;
+            }
+            if attempts.finished.contains(&key) {
                 continue;
             }
             let token = CancellationToken::new();

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tacc_core::Timestamp;
-use tacc_exec::cgroups::UsageReader;
+use tacc_exec::cgroups::{CgroupUsage, UsageReader};
 use tacc_proto::{AgentReport, AttemptRef, UsageSample};
 use tokio_util::sync::CancellationToken;
 
@@ -40,10 +40,13 @@ struct Entry {
     started_at: Timestamp,
     /// Milliseconds since the epoch of the last output line; 0 = none yet.
     last_output: Arc<AtomicU64>,
-    /// The cgroup of the execution running now (setup, then run), if it has one.
-    reader: Option<UsageReader>,
+    /// The cgroups of the executions running now (setup, then run; one per process
+    /// where a node starts several), by launch name.
+    readers: BTreeMap<String, UsageReader>,
     /// The previous CPU reading: when, and the CPU time used by then.
     previous: Option<(Instant, Duration)>,
+    /// The previous `(nr_periods, nr_throttled)`, summed over the readers.
+    previous_periods: Option<(u64, u64)>,
 }
 
 impl Sampling {
@@ -56,8 +59,9 @@ impl Sampling {
                 gpu_indices,
                 started_at: at,
                 last_output: Arc::default(),
-                reader: None,
+                readers: BTreeMap::new(),
                 previous: None,
+                previous_periods: None,
             },
         );
     }
@@ -68,19 +72,24 @@ impl Sampling {
         entries.get(&attempt).map(|e| e.last_output.clone())
     }
 
-    /// An execution of the attempt started in a fresh cgroup (which has used nothing).
-    pub fn attach(&self, attempt: AttemptRef, reader: UsageReader, at: Instant) {
+    /// An execution of the attempt (launch `name`) started in a fresh cgroup (which has
+    /// used nothing).
+    pub fn attach(&self, attempt: AttemptRef, name: &str, reader: UsageReader, at: Instant) {
         if let Some(entry) = self.entries.lock().unwrap().get_mut(&attempt) {
-            entry.reader = Some(reader);
-            entry.previous = Some((at, Duration::ZERO));
+            // The sum of CPU times jumps when the set of cgroups changes: the first
+            // one starts from zero, a later one makes the next reading the baseline.
+            entry.previous = entry.readers.is_empty().then_some((at, Duration::ZERO));
+            entry.previous_periods = None;
+            entry.readers.insert(name.to_string(), reader);
         }
     }
 
-    /// The execution ended; its cgroup is gone.
-    pub fn detach(&self, attempt: AttemptRef) {
+    /// The execution `name` ended; its cgroup is gone.
+    pub fn detach(&self, attempt: AttemptRef, name: &str) {
         if let Some(entry) = self.entries.lock().unwrap().get_mut(&attempt) {
-            entry.reader = None;
+            entry.readers.remove(name);
             entry.previous = None;
+            entry.previous_periods = None;
         }
     }
 
@@ -126,11 +135,21 @@ impl Entry {
         at: Timestamp,
         gpus: &dyn GpuProbe,
     ) -> UsageSample {
-        let usage = self
-            .reader
-            .as_ref()
-            .map(UsageReader::read)
-            .unwrap_or_default();
+        let usage = sum(self.readers.values().map(UsageReader::read));
+        let cpu_throttled_fraction = match (usage.cpu_periods, self.previous_periods) {
+            (Some((periods, throttled)), Some((periods_before, throttled_before)))
+                if periods > periods_before =>
+            {
+                Some(
+                    throttled.saturating_sub(throttled_before) as f64
+                        / (periods - periods_before) as f64,
+                )
+            }
+            // Runnable for no period since: nothing held it back.
+            (Some(_), Some(_)) => Some(0.0),
+            _ => None,
+        };
+        self.previous_periods = usage.cpu_periods;
         let cpu_millis_used = match (usage.cpu, self.previous) {
             (Some(cpu), Some((then, before))) if now > then => {
                 let used = cpu.saturating_sub(before).as_secs_f64();
@@ -158,8 +177,47 @@ impl Entry {
             } else {
                 gpus.sample(&self.gpu_indices)
             },
+            cpu_quota_millis: usage.cpu_quota_millis,
+            cpu_throttled_fraction,
+            memory_limit_bytes: usage.memory_limit_bytes,
+            memory_pressure_percent: usage.memory_pressure_percent,
+            memory_failcnt: usage.memory_failcnt,
+            io_wait_percent: usage.io_pressure_percent,
         }
     }
+}
+
+/// The readings of an attempt's cgroups as one: counters and limits add up (each process
+/// of a node holds an equal share), pressure is the worst of them. `None` where no
+/// cgroup measures it.
+fn sum(readings: impl Iterator<Item = CgroupUsage>) -> CgroupUsage {
+    fn add<T: std::ops::Add<Output = T>>(a: Option<T>, b: Option<T>) -> Option<T> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        }
+    }
+    fn worst(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        }
+    }
+    readings.fold(CgroupUsage::default(), |total, u| CgroupUsage {
+        cpu: add(total.cpu, u.cpu),
+        memory_bytes: add(total.memory_bytes, u.memory_bytes),
+        memory_peak_bytes: add(total.memory_peak_bytes, u.memory_peak_bytes),
+        throttled: add(total.throttled, u.throttled),
+        cpu_periods: match (total.cpu_periods, u.cpu_periods) {
+            (Some((p, t)), Some((p2, t2))) => Some((p + p2, t + t2)),
+            (a, b) => a.or(b),
+        },
+        cpu_quota_millis: add(total.cpu_quota_millis, u.cpu_quota_millis),
+        memory_limit_bytes: add(total.memory_limit_bytes, u.memory_limit_bytes),
+        memory_pressure_percent: worst(total.memory_pressure_percent, u.memory_pressure_percent),
+        memory_failcnt: add(total.memory_failcnt, u.memory_failcnt),
+        io_pressure_percent: worst(total.io_pressure_percent, u.io_pressure_percent),
+    })
 }
 
 /// Sample every [`SAMPLE_INTERVAL`] until `shutdown`.
@@ -283,6 +341,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut spec = tacc_exec::contract::spec(dir.path(), "while :; do :; done");
         spec.placement.cpu_millis = 1000;
+        spec.placement.memory_bytes = 256 << 20;
         let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
         let handle = ProcessExecutor::with_cgroups(cgroups.clone())
             .launch(spec, tx)
@@ -291,7 +350,12 @@ mod tests {
         let sampling = Sampling::default();
         let gpus = FakeGpus::default();
         sampling.begin(attempt(1), 0, vec![], Timestamp(1));
-        sampling.attach(attempt(1), handle.usage_reader().unwrap(), Instant::now());
+        sampling.attach(
+            attempt(1),
+            "run",
+            handle.usage_reader().unwrap(),
+            Instant::now(),
+        );
         // Sampled until a window of at least a second shows the loop, or a deadline.
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut window_start = Instant::now();
@@ -315,9 +379,12 @@ mod tests {
         assert!(sample.memory_bytes.is_some_and(|m| m > 0), "{sample:?}");
         // At most the quota of one CPU, with a margin for the period's rounding.
         assert!(sample.cpu_millis_used.unwrap() <= 1100, "{sample:?}");
+        // The quota in force is read back, and a loop at its quota is throttled.
+        assert_eq!(sample.cpu_quota_millis, Some(1000), "{sample:?}");
+        assert_eq!(sample.memory_limit_bytes, Some(256 << 20), "{sample:?}");
         handle.cancel();
         assert_eq!(handle.wait().await, ExitOutcome::Cancelled);
-        sampling.detach(attempt(1));
+        sampling.detach(attempt(1), "run");
         let after = collect(&sampling, Instant::now(), &gpus).remove(0);
         assert_eq!(after.cpu_millis_used, None);
         cgroups.close();

@@ -4,6 +4,7 @@
 //! compiler wrote mean the same inside and outside; outputs are simply files left there.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::errors::Error as DockerError;
@@ -357,6 +358,10 @@ impl Executor for DockerExecutor {
         let reader = tokio::spawn(forward_logs(logs, output));
         let (cancel, exit_tx, exit_rx) = handle_parts();
         let token = cancel.clone();
+        let resizer: Arc<dyn crate::resize::Resizer> = Arc::new(crate::resize::DockerResizer {
+            docker: docker.clone(),
+            container: id.clone(),
+        });
         tokio::spawn(async move {
             let time_limit = async {
                 match spec.time_limit {
@@ -382,7 +387,7 @@ impl Executor for DockerExecutor {
             let _ = remove(&docker, &id).await;
             let _ = exit_tx.send(outcome);
         });
-        Ok(ExecutionHandle::new(None, cancel, exit_rx))
+        Ok(ExecutionHandle::new(None, cancel, exit_rx).with_resizer(Some(resizer)))
     }
 
     /// Containers of a previous life of this agent: their attempts are lost (the agent

@@ -19,11 +19,13 @@ mod process;
 
 pub mod cgroups;
 pub mod contract;
+pub mod resize;
 pub mod runtime;
 pub mod slurm;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use docker::{DockerExecutor, LABEL_OWNER};
@@ -175,6 +177,8 @@ pub struct ExecutionHandle {
     exit: oneshot::Receiver<ExitOutcome>,
     /// Reads the execution's cgroup, where it has one (the process runtime with cgroups).
     usage: Option<cgroups::UsageReader>,
+    /// Changes its limits while it runs, where the runtime can.
+    resizer: Option<Arc<dyn resize::Resizer>>,
 }
 
 impl ExecutionHandle {
@@ -192,6 +196,12 @@ impl ExecutionHandle {
     /// runtime does not account it per execution.
     pub fn usage_reader(&self) -> Option<cgroups::UsageReader> {
         self.usage.clone()
+    }
+
+    /// Changes the execution's CPU quota and memory limit while it runs; `None` where
+    /// the runtime cannot (no cgroup, Slurm).
+    pub fn resizer(&self) -> Option<Arc<dyn resize::Resizer>> {
+        self.resizer.clone()
     }
 
     /// Wait for the end. All output lines have been sent before this returns.
@@ -315,7 +325,13 @@ impl ExecutionHandle {
             cancel,
             exit,
             usage: None,
+            resizer: None,
         }
+    }
+
+    pub(crate) fn with_resizer(mut self, resizer: Option<Arc<dyn resize::Resizer>>) -> Self {
+        self.resizer = resizer;
+        self
     }
 
     pub(crate) fn with_usage(mut self, usage: Option<cgroups::UsageReader>) -> Self {

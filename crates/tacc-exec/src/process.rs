@@ -197,6 +197,9 @@ impl Executor for ProcessExecutor {
         let memory_bytes = spec.placement.memory_bytes;
         let cgroup: Option<Arc<dyn Cgroup>> = cgroup.map(Arc::from);
         let usage = cgroup.clone().map(UsageReader::new);
+        let resizer = cgroup.clone().map(|cgroup| {
+            Arc::new(crate::resize::CgroupResizer(cgroup)) as Arc<dyn crate::resize::Resizer>
+        });
         tokio::spawn(async move {
             let group = pid.map(|p| Pid::from_raw(p as i32));
             let time_limit = async {
@@ -273,7 +276,9 @@ impl Executor for ProcessExecutor {
             drop(output);
             let _ = exit_tx.send(outcome);
         });
-        Ok(ExecutionHandle::new(pid, cancel, exit_rx).with_usage(usage))
+        Ok(ExecutionHandle::new(pid, cancel, exit_rx)
+            .with_usage(usage)
+            .with_resizer(resizer))
     }
 }
 

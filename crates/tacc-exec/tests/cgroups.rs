@@ -412,3 +412,76 @@ async fn cgroup_setup_cost() {
         N
     );
 }
+
+/// `Cgroup::set_limits` on the real hierarchy: a running execution's CPU quota and memory
+/// limit change in the kernel's own files and read back through its usage; a memory
+/// limit below what it uses is refused.
+#[tokio::test]
+async fn limits_of_a_running_execution_change_live() {
+    let Some(h) = hierarchy_or_skip("limits_of_a_running_execution_change_live") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = contract::spec(
+        dir.path(),
+        "head -c 8M /dev/zero | tail > /dev/null; echo ready; sleep 60",
+    );
+    spec.placement.cpu_millis = 500;
+    spec.placement.memory_bytes = 64 << 20;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let handle = executor(&h).launch(spec, tx).await.unwrap();
+    assert_eq!(first_line(&mut rx).await, "ready");
+    let reader = handle.usage_reader().unwrap();
+    let before = reader.read();
+    assert_eq!(before.cpu_quota_millis, Some(500));
+    assert_eq!(before.memory_limit_bytes, Some(64 << 20));
+    let resizer = handle.resizer().expect("a cgroup can be resized");
+    resizer.resize(2500, 128 << 20).await.unwrap();
+    let after = reader.read();
+    assert_eq!(after.cpu_quota_millis, Some(2500));
+    assert_eq!(after.memory_limit_bytes, Some(128 << 20));
+    // The kernel's own file, through the process's cgroup.
+    let pid = handle.pid.unwrap();
+    let version = h.cgroups.version();
+    let cpu_file = match version {
+        "v2" => cgroup_dir(pid, "v2").join("cpu.max"),
+        _ => {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+            let path = text
+                .lines()
+                .find_map(|l| {
+                    let mut parts = l.splitn(3, ':');
+                    let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                    controllers
+                        .split(',')
+                        .any(|c| c == "cpu")
+                        .then(|| (controllers.to_string(), path.to_string()))
+                })
+                .unwrap();
+            Path::new(cgroups::CGROUP_MOUNT)
+                .join(&path.0)
+                .join(path.1.trim_start_matches('/'))
+                .join("cpu.cfs_quota_us")
+        }
+    };
+    let written = std::fs::read_to_string(&cpu_file).unwrap();
+    assert!(
+        written.starts_with("250000"),
+        "{}: {written}",
+        cpu_file.display()
+    );
+    // Never below what it uses now.
+    let used = reader.read().memory_bytes.unwrap();
+    let refused = resizer
+        .resize(2500, used / 2)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("never shrink memory below current use"),
+        "{refused}"
+    );
+    assert_eq!(reader.read().memory_limit_bytes, Some(128 << 20));
+    handle.cancel();
+    handle.wait().await;
+}

@@ -76,3 +76,53 @@ async fn an_engine_that_does_not_answer_is_an_infrastructure_failure() {
     assert!(err.is_infrastructure());
     assert_eq!(err.reason(), "runtime_unavailable");
 }
+
+/// Adaptive allocation through Docker's update API: a running container's CPU and
+/// memory limits change, as `docker inspect` then shows.
+#[tokio::test]
+async fn a_running_container_s_limits_change_live() {
+    let Some(executor) = docker_or_skip("a_running_container_s_limits_change_live").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut spec = contract::spec(dir.path(), "sleep 120");
+    spec.placement.cpu_millis = 500;
+    spec.placement.memory_bytes = 64 << 20;
+    let (tx, _rx) = mpsc::unbounded_channel();
+    let handle = executor.launch(spec, tx).await.unwrap();
+    let resizer = handle.resizer().expect("a container can be resized");
+    resizer.resize(1500, 256 << 20).await.unwrap();
+    let docker = bollard::Docker::connect_with_unix(SOCKET, 120, bollard::API_DEFAULT_VERSION)
+        .expect("the socket answered the ping");
+    let owner = format!("tacc-exec-contract-{}", std::process::id());
+    let filters = std::collections::HashMap::from([(
+        "label".to_string(),
+        vec![format!("{}={owner}", tacc_exec::LABEL_OWNER)],
+    )]);
+    let containers = docker
+        .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+            filters: Some(filters),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    let id = containers
+        .iter()
+        .find_map(|c| c.id.clone())
+        .expect("the container runs");
+    let inspected = docker
+        .inspect_container(
+            &id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .unwrap();
+    let host = inspected.host_config.expect("a host config");
+    assert_eq!(host.nano_cpus, Some(1_500_000_000));
+    assert_eq!(host.memory, Some(256 << 20));
+    // Below what it uses, or a malformed limit, is refused and said.
+    let refused = resizer.resize(1500, 1 << 10).await;
+    assert!(refused.is_err(), "{refused:?}");
+    handle.cancel();
+    handle.wait().await;
+}

@@ -6,11 +6,13 @@
 //! states) and must not depend on the schema, scheduler, store or any runtime crate.
 
 mod accounting;
+mod adaptive;
 mod files;
 
 use std::collections::BTreeMap;
 
 pub use accounting::*;
+pub use adaptive::*;
 pub use files::*;
 use serde::{Deserialize, Serialize};
 use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};
@@ -131,6 +133,10 @@ pub struct TaskExplanation {
     pub policy: String,
     /// Further facts for people: the task's group, the limits that apply, what to change.
     pub details: Vec<String>,
+    /// What holds the running task back and how its allocation moved (adaptive
+    /// allocation); absent from older servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveView>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -221,6 +227,11 @@ pub struct Assignment {
     /// the task's log. Sent only on the node's own authenticated work poll.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub secrets: BTreeMap<String, String>,
+    /// The per-node CPU and memory in force when adaptive allocation changed them since
+    /// the start (the instruction keeps what the task asked for): a running attempt is
+    /// re-limited live to this. GPUs never change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<Resources>,
 }
 
 /// Agent → server long poll for work.
@@ -280,6 +291,15 @@ pub enum AgentReport {
     },
     /// What one rank of a running attempt uses now (sampled every few seconds).
     Usage(UsageSample),
+    /// The agent applied (or could not apply: `error`) a new allocation to a running
+    /// attempt. Not retried by the agent.
+    Resized {
+        attempt: AttemptRef,
+        cpu_millis: u64,
+        memory_bytes: u64,
+        #[serde(default)]
+        error: Option<String>,
+    },
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -495,7 +515,7 @@ pub struct GpuSample {
 /// Agent → server: one rank of a running attempt at one moment. Times are the agent's
 /// clock; the server compares them with `at`, never with its own clock.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct UsageSample {
     pub attempt: AttemptRef,
     pub node_rank: u32,
@@ -519,6 +539,24 @@ pub struct UsageSample {
     pub memory_peak_bytes: Option<u64>,
     #[serde(default)]
     pub gpus: Vec<GpuSample>,
+    /// The CPU quota in force (thousandths of a CPU); `None`: no quota or not measured.
+    #[serde(default)]
+    pub cpu_quota_millis: Option<u64>,
+    /// Share (0–1) of the CFS periods since the previous sample the quota throttled.
+    #[serde(default)]
+    pub cpu_throttled_fraction: Option<f64>,
+    /// The memory limit in force; `None`: no limit or not measured.
+    #[serde(default)]
+    pub memory_limit_bytes: Option<u64>,
+    /// Percent of time some of its tasks stalled on memory (cgroup v2 PSI `some avg10`).
+    #[serde(default)]
+    pub memory_pressure_percent: Option<f64>,
+    /// How often its memory use hit the limit so far (cgroup v1 `memory.failcnt`).
+    #[serde(default)]
+    pub memory_failcnt: Option<u64>,
+    /// Percent of time some of its tasks waited for I/O (cgroup v2 PSI), where known.
+    #[serde(default)]
+    pub io_wait_percent: Option<f64>,
 }
 
 /// `GET /v1/tasks/{id}/usage`: what a task's ranks use now, the peaks of every attempt,
@@ -540,6 +578,10 @@ pub struct TaskUsage {
     pub flags: Vec<UsageFlag>,
     /// A rank with no output (and no CPU use) for this long is flagged silent.
     pub silent_after_secs: u64,
+    /// The classifier's verdict, the allocation in force, its changes and the recorded
+    /// signal history; absent from older servers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<AdaptiveView>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

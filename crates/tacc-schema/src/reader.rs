@@ -38,6 +38,7 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "checkpoint",
     "runtime",
     "placement",
+    "adaptive",
 ];
 pub(crate) const RESOURCE_FIELDS: &[&str] = &[
     "nodes",
@@ -63,6 +64,7 @@ pub(crate) const DATASET_FIELDS: &[&str] = &["name", "source", "mount"];
 pub(crate) const RETRY_FIELDS: &[&str] = &["max_attempts", "on"];
 pub(crate) const CHECKPOINT_FIELDS: &[&str] = &["signal", "grace"];
 pub(crate) const PLACEMENT_FIELDS: &[&str] = &["labels", "partition"];
+pub(crate) const ADAPTIVE_FIELDS: &[&str] = &["cpus", "memory"];
 
 /// Sections whose fields people often write one level too high (`gpus:` at the top).
 const NESTED_SECTIONS: &[(&str, &[&str])] = &[
@@ -712,7 +714,13 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         None => PlacementSpec::default(),
     };
 
+    let adaptive = match top.get("adaptive") {
+        Some(node) => Some(read_adaptive(&mut reader, node, top.map_key("adaptive"))?),
+        None => None,
+    };
+
     let spec = TaskSpec {
+        adaptive,
         name,
         resources,
         priority,
@@ -1013,6 +1021,36 @@ fn read_retry<'n>(
         retry.on = reasons;
     }
     Ok(retry)
+}
+
+fn read_adaptive<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<crate::AdaptiveSpec> {
+    let fields = reader.fields(node, key, "adaptive", ADAPTIVE_FIELDS)?;
+    let mut adaptive = crate::AdaptiveSpec::default();
+    if let Some(node) = fields.get("cpus") {
+        let text = reader.text(node, "adaptive.cpus", "cpus: 2..8")?;
+        adaptive.cpus = Some(text.parse().map_err(|e: String| {
+            reader.error_at_node(
+                node,
+                format!("`adaptive.cpus` must be a range of CPUs: {e}"),
+                "write `MIN..MAX` CPUs per node, e.g. `cpus: 2..8`",
+            )
+        })?);
+    }
+    if let Some(node) = fields.get("memory") {
+        let text = reader.text(node, "adaptive.memory", "memory: 8GiB..32GiB")?;
+        adaptive.memory = Some(text.parse().map_err(|e: String| {
+            reader.error_at_node(
+                node,
+                format!("`adaptive.memory` must be a range of sizes: {e}"),
+                "write `MIN..MAX` per node, e.g. `memory: 8GiB..32GiB`",
+            )
+        })?);
+    }
+    Ok(adaptive)
 }
 
 fn read_checkpoint<'n>(

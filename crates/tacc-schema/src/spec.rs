@@ -69,6 +69,10 @@ pub struct TaskSpec {
     /// Which nodes may run the task, beyond what `resources` and `runtime` ask for.
     #[serde(default, skip_serializing_if = "PlacementSpec::is_empty")]
     pub placement: PlacementSpec,
+    /// The range the CPU and memory per node may move in while it runs (adaptive
+    /// allocation), e.g. `{cpus: 2..8, memory: 8GiB..32GiB}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adaptive: Option<crate::AdaptiveSpec>,
 }
 
 // Mirrors `Priority` for the JSON Schema only, since tacc-core stays free of schemars.
@@ -420,7 +424,7 @@ pub(crate) struct Problem {
     pub help: Option<String>,
 }
 
-fn problem(
+pub(crate) fn problem(
     field: impl Into<String>,
     message: impl Into<String>,
     help: impl Into<String>,
@@ -460,6 +464,11 @@ impl TaskSpec {
             .or_else(|| check_commands(self))
             .or_else(|| check_outputs(&self.outputs))
             .or_else(|| check_retry(&self.retry))
+            .or_else(|| {
+                self.adaptive
+                    .as_ref()
+                    .and_then(|adaptive| crate::adaptive::check_adaptive(adaptive, &self.resources))
+            })
             .or_else(|| {
                 self.checkpoint
                     .as_ref()

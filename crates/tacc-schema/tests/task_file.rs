@@ -529,3 +529,33 @@ fn processes_per_node_accept_names_and_numbers_and_refuse_the_rest_where_written
     let back: TaskSpec = serde_json::from_value(serde_json::to_value(&spec).unwrap()).unwrap();
     assert_eq!(back, spec);
 }
+
+#[test]
+fn adaptive_bounds_parse_and_bad_ranges_are_located_with_a_fix() {
+    let spec = parse(
+        "run: x\nresources: {cpus: 4, memory: 16GiB}\nadaptive: {cpus: 2..8, memory: 8GiB..32GiB}\n",
+    )
+    .unwrap();
+    let adaptive = spec.adaptive.expect("adaptive bounds");
+    assert_eq!(adaptive.cpu_millis(&spec.resources), (2000, 8000));
+    assert_eq!(adaptive.memory_bytes(&spec.resources), (8 << 30, 32 << 30));
+    // A maximum below the request.
+    let rendered = rejected("run: x\nresources: {cpus: 4}\nadaptive:\n  cpus: 1..2\n");
+    assert!(
+        rendered.contains("the maximum 2 is below the 4 CPUs"),
+        "{rendered}"
+    );
+    assert_located(&rendered, 4, 9, "raise the maximum to at least 4");
+    // A minimum above the request.
+    let rendered =
+        rejected("run: x\nresources: {memory: 4GiB}\nadaptive:\n  memory: 8GiB..32GiB\n");
+    assert_located(&rendered, 4, 11, "lower the minimum to at most 4GiB");
+    // Reversed, and not a range at all.
+    let rendered = rejected("run: x\nadaptive: {cpus: 8..2}\n");
+    assert!(
+        rendered.contains("write the smaller number first"),
+        "{rendered}"
+    );
+    let rendered = rejected("run: x\nadaptive:\n  cpus: 4\n");
+    assert_located(&rendered, 3, 9, "MIN..MAX");
+}

@@ -108,6 +108,7 @@ mod tests {
             master_addr: String::new(),
             master_port: 0,
             secrets: Default::default(),
+            allocation: None,
         }
     }
 

@@ -562,6 +562,7 @@ impl Control {
                     .note_failure(attempt, rank as u32, node, at, what);
             }
         }
+        self.adaptive.end(attempt);
         for peak in self.usage.end_attempt(attempt) {
             self.store.record_usage_peak(peak).await?;
         }
@@ -613,6 +614,7 @@ impl Control {
             peaks: peaks.values().map(peak_view).collect(),
             flags,
             silent_after_secs: silent_after.as_secs(),
+            adaptive: self.adaptive_view(task).await.ok(),
         })
     }
 }
@@ -640,6 +642,12 @@ mod tests {
             memory_bytes: Some(100),
             memory_peak_bytes: Some(150),
             gpus: Vec::new(),
+            cpu_quota_millis: None,
+            cpu_throttled_fraction: None,
+            memory_limit_bytes: None,
+            memory_pressure_percent: None,
+            memory_failcnt: None,
+            io_wait_percent: None,
         }
     }
 

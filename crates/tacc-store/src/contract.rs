@@ -4,10 +4,12 @@
 //! fake and the real stores cannot drift apart.
 
 mod access;
+mod adaptive;
 mod outputs;
 mod usage;
 
 pub use access::*;
+pub use adaptive::*;
 pub use outputs::*;
 pub use usage::*;
 
@@ -92,6 +94,9 @@ macro_rules! store_contract_tests {
             usage_peaks_keep_each_measure_s_maximum,
             usage_peaks_listed_by_attempt_then_rank_per_task,
             usage_peak_of_an_unknown_task_refused,
+            resizes_of_the_running_attempt_are_kept_in_order,
+            a_resize_of_a_task_not_running_that_attempt_is_a_conflict,
+            signal_points_keep_the_newest_per_attempt,
             active_between_finds_tasks_that_held_resources_in_the_window,
             active_between_keeps_every_attempt,
             active_between_filters_by_user,

@@ -8,6 +8,7 @@
 //! HTTP, no wire types. Callers pass time in; the store never reads a clock.
 
 mod access;
+mod adaptive;
 mod memory;
 mod records;
 mod sqlite;
@@ -18,7 +19,9 @@ pub use access::{
     AuditEntry, NewAuditEntry, NewToken, SecretRecord, SnapshotOwner, TokenKind, TokenRecord,
     UserRecord,
 };
+pub use adaptive::{ResizeRecord, SignalRecord};
 pub use memory::{MemoryStore, apply_transition};
+
 pub use records::{
     NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
     TaskHistory, TaskRecord, Transition, UsagePeak,
@@ -120,6 +123,16 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         until: tacc_core::Timestamp,
         user: Option<&str>,
     ) -> Result<Vec<TaskHistory>>;
+
+    // ------------------------------------------------------------ adaptive allocation
+
+    /// A task's allocation changes (`TaskChange::Resized`), oldest first.
+    async fn list_resizes(&self, task: TaskId) -> Result<Vec<ResizeRecord>>;
+    /// Keep a point of an attempt's signal series, and only the newest `keep` points of
+    /// that attempt. `TaskNotFound` when the task does not exist.
+    async fn record_signal_point(&self, point: SignalRecord, keep: u32) -> Result<()>;
+    /// A task's kept signal points of every attempt, by attempt, then time.
+    async fn list_signal_points(&self, task: TaskId) -> Result<Vec<SignalRecord>>;
 
     // ------------------------------------------------------------ identities
 

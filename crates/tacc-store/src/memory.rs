@@ -32,6 +32,8 @@ struct Inner {
     snapshot_owners: std::collections::BTreeSet<(SnapshotId, String)>,
     chunk_owners: std::collections::BTreeSet<(String, String)>,
     usage_peaks: BTreeMap<(TaskId, AttemptNo, u32), UsagePeak>,
+    resizes: BTreeMap<TaskId, Vec<crate::ResizeRecord>>,
+    signal_points: BTreeMap<(TaskId, AttemptNo, Timestamp), crate::SignalRecord>,
 }
 
 impl MemoryStore {
@@ -94,15 +96,22 @@ pub fn apply_transition(record: &mut TaskRecord, change: &TaskChange) -> Result<
             record.cancel_requested = true;
             Ok(None)
         }
+        TaskChange::Resized(resize) => {
+            let active = matches!(record.state, TaskState::Starting | TaskState::Running);
+            if !active || record.attempt != resize.attempt {
+                return Err(StoreError::Conflict {
+                    task: resize.task,
+                    expected: format!("running attempt {}", resize.attempt),
+                    actual: format!("{} attempt {}", record.state, record.attempt),
+                });
+            }
+            Ok(None)
+        }
     }
 }
 
 pub(crate) fn change_task(change: &TaskChange) -> TaskId {
-    match change {
-        TaskChange::Transition(Transition { task, .. })
-        | TaskChange::Reason { task, .. }
-        | TaskChange::CancelRequested { task } => *task,
-    }
+    change.task()
 }
 
 pub(crate) fn matches(filter: &TaskFilter, task: &TaskRecord) -> bool {
@@ -175,6 +184,9 @@ impl Store for MemoryStore {
                 .ok_or(StoreError::TaskNotFound(id))?;
             if let Some(event) = apply_transition(record, change)? {
                 draft.events.entry(id).or_default().push(event);
+            }
+            if let TaskChange::Resized(resize) = change {
+                draft.resizes.entry(id).or_default().push(resize.clone());
             }
         }
         *inner = draft;
@@ -279,6 +291,44 @@ impl Store for MemoryStore {
             .values()
             .filter(|o| o.task == task)
             .cloned()
+            .collect())
+    }
+
+    async fn list_resizes(&self, task: TaskId) -> Result<Vec<crate::ResizeRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner.resizes.get(&task).cloned().unwrap_or_default())
+    }
+
+    async fn record_signal_point(&self, point: crate::SignalRecord, keep: u32) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        if !inner.tasks.contains_key(&point.task) {
+            return Err(StoreError::TaskNotFound(point.task));
+        }
+        let (task, attempt) = (point.task, point.attempt);
+        inner.signal_points.insert((task, attempt, point.at), point);
+        let range = (task, attempt, Timestamp(0))..=(task, attempt, Timestamp(u64::MAX));
+        let kept = inner.signal_points.range(range.clone()).count();
+        let excess: Vec<_> = inner
+            .signal_points
+            .range(range)
+            .take(kept.saturating_sub(keep as usize))
+            .map(|(key, _)| *key)
+            .collect();
+        for key in excess {
+            inner.signal_points.remove(&key);
+        }
+        Ok(())
+    }
+
+    async fn list_signal_points(&self, task: TaskId) -> Result<Vec<crate::SignalRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .signal_points
+            .range(
+                (task, AttemptNo(0), Timestamp(0))
+                    ..=(task, AttemptNo(u32::MAX), Timestamp(u64::MAX)),
+            )
+            .map(|(_, point)| point.clone())
             .collect())
     }
 

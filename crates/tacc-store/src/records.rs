@@ -135,6 +135,21 @@ pub enum TaskChange {
     },
     /// A user asked to cancel a task that is starting or running.
     CancelRequested { task: TaskId },
+    /// Adaptive allocation changed the per-node CPU and memory of the task's running
+    /// attempt (kept in its resize history, not as a state event); a conflict when the
+    /// task is not starting or running that attempt.
+    Resized(crate::ResizeRecord),
+}
+
+impl TaskChange {
+    /// The task the change is about.
+    pub fn task(&self) -> TaskId {
+        match self {
+            TaskChange::Transition(t) => t.task,
+            TaskChange::Reason { task, .. } | TaskChange::CancelRequested { task } => *task,
+            TaskChange::Resized(resize) => resize.task,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

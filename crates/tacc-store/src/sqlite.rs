@@ -258,6 +258,21 @@ impl Store for SqliteStore {
             .bind(id.0 as i64)
             .execute(&mut *tx)
             .await?;
+            if let TaskChange::Resized(resize) = change {
+                sqlx::query(
+                    "INSERT INTO task_resizes (task_id, seq, attempt, at, cpu_millis, memory_bytes, reason) \
+                     SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ?, ? FROM task_resizes WHERE task_id = ?",
+                )
+                .bind(id.0 as i64)
+                .bind(resize.attempt.0 as i64)
+                .bind(millis(resize.at))
+                .bind(resize.cpu_millis as i64)
+                .bind(resize.memory_bytes as i64)
+                .bind(&resize.reason)
+                .bind(id.0 as i64)
+                .execute(&mut *tx)
+                .await?;
+            }
             if let Some(event) = event {
                 sqlx::query(
                     "INSERT INTO task_events (task_id, seq, at, attempt, state, reason) \
@@ -398,6 +413,79 @@ impl Store for SqliteStore {
                     rank: row.try_get::<i64, _>("node_rank")? as u32,
                     path: row.try_get("path")?,
                     size: row.try_get::<i64, _>("size")? as u64,
+                })
+            })
+            .collect()
+    }
+
+    async fn list_resizes(&self, task: TaskId) -> Result<Vec<crate::ResizeRecord>> {
+        let rows = sqlx::query(
+            "SELECT attempt, at, cpu_millis, memory_bytes, reason FROM task_resizes \
+             WHERE task_id = ? ORDER BY seq",
+        )
+        .bind(task.0 as i64)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(crate::ResizeRecord {
+                    task,
+                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
+                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
+                    cpu_millis: row.try_get::<i64, _>("cpu_millis")? as u64,
+                    memory_bytes: row.try_get::<i64, _>("memory_bytes")? as u64,
+                    reason: row.try_get("reason")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn record_signal_point(&self, point: crate::SignalRecord, keep: u32) -> Result<()> {
+        let mut tx = self.writer.begin().await?;
+        let inserted = sqlx::query(
+            "INSERT INTO signal_points (task_id, attempt, at, point) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (task_id, attempt, at) DO UPDATE SET point = excluded.point",
+        )
+        .bind(point.task.0 as i64)
+        .bind(point.attempt.0 as i64)
+        .bind(millis(point.at))
+        .bind(serde_json::to_string(&point.point).map_err(corrupt)?)
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
+                return Err(StoreError::TaskNotFound(point.task));
+            }
+            other => other?,
+        };
+        sqlx::query(
+            "DELETE FROM signal_points WHERE task_id = ?1 AND attempt = ?2 AND at NOT IN \
+             (SELECT at FROM signal_points WHERE task_id = ?1 AND attempt = ?2 ORDER BY at DESC LIMIT ?3)",
+        )
+        .bind(point.task.0 as i64)
+        .bind(point.attempt.0 as i64)
+        .bind(i64::from(keep))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_signal_points(&self, task: TaskId) -> Result<Vec<crate::SignalRecord>> {
+        let rows = sqlx::query(
+            "SELECT attempt, at, point FROM signal_points WHERE task_id = ? ORDER BY attempt, at",
+        )
+        .bind(task.0 as i64)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let text: String = row.try_get("point")?;
+                Ok(crate::SignalRecord {
+                    task,
+                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
+                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
+                    point: serde_json::from_str(&text).map_err(corrupt)?,
                 })
             })
             .collect()

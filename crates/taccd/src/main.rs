@@ -148,8 +148,32 @@ struct ServerArgs {
     /// silent in `tcloud top` (e.g. 5m, 30s).
     #[arg(long, default_value = "5m")]
     silent_after: HumanDuration,
+    /// Adaptive allocation of running tasks that give `adaptive:` bounds: `on` grows and
+    /// shrinks their CPU and memory within the bounds, `shrink` only gives back what they
+    /// do not use, `off` moves nothing (verdicts are still shown). Tasks without
+    /// `adaptive:` never move. See docs/ADAPTIVE.md.
+    #[arg(long, default_value = "on", value_parser = clap::value_parser!(AdaptiveModeArg))]
+    adaptive: AdaptiveModeArg,
+    /// How long a bottleneck must be seen before it counts (the classifier's window).
+    #[arg(long, default_value = "30s")]
+    adaptive_window: HumanDuration,
+    /// A task's CPU or memory changes at most once per this long; a change back the
+    /// other way waits five times as long.
+    #[arg(long, default_value = "60s")]
+    adaptive_cooldown: HumanDuration,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
+}
+
+/// `--adaptive off|shrink|on`.
+#[derive(Debug, Clone, Copy)]
+struct AdaptiveModeArg(tacc_server::AdaptiveMode);
+
+impl std::str::FromStr for AdaptiveModeArg {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        text.parse().map(AdaptiveModeArg)
+    }
 }
 
 /// `NAME=SOURCE` where SOURCE is an absolute path or an http(s) URL.
@@ -441,6 +465,13 @@ async fn start_server(
     config.datasets = args.datasets.iter().cloned().collect();
     config.chunk_retention = Duration::from_secs(args.chunk_retention.as_secs());
     config.silent_after = Duration::from_secs(args.silent_after.as_secs());
+    config.adaptive = tacc_server::AdaptiveConfig {
+        mode: args.adaptive.0,
+        window: args.adaptive_window.as_std(),
+        cooldown: args.adaptive_cooldown.as_std(),
+        // A few points per window, at most one per 10 s.
+        record_every: (args.adaptive_window.as_std() / 3).min(Duration::from_secs(10)),
+    };
     let control = Control::open(Arc::new(store), config).await?;
     let served = control.clone();
     let listener = TcpListener::bind(args.listen).await.with_context(|| {

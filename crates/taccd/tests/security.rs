@@ -535,6 +535,12 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
                     memory_bytes: Some(1 << 40),
                     memory_peak_bytes: Some(1 << 40),
                     gpus: vec![],
+                    cpu_quota_millis: None,
+                    cpu_throttled_fraction: None,
+                    memory_limit_bytes: None,
+                    memory_pressure_percent: None,
+                    memory_failcnt: None,
+                    io_wait_percent: None,
                 }),
             ],
         )

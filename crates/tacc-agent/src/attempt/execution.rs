@@ -54,7 +54,12 @@ pub(crate) async fn launch(
         GroupRecord::write(&shared.config.data_dir.join("run"), record_name, pid).ok()
     });
     if let Some(reader) = handle.usage_reader() {
-        shared.sampling.attach(attempt, reader, Instant::now());
+        shared
+            .sampling
+            .attach(attempt, record_name, reader, Instant::now());
+    }
+    if let Some(resizer) = handle.resizer() {
+        shared.resizing.attach(attempt, record_name, resizer);
     }
     let output_clock = shared.sampling.output_clock(attempt);
     let forwarder = {
@@ -79,7 +84,8 @@ pub(crate) async fn launch(
             wait.await
         }
     };
-    shared.sampling.detach(attempt);
+    shared.sampling.detach(attempt, record_name);
+    shared.resizing.detach(attempt, record_name);
     // Every line is forwarded before the attempt's end is reported.
     let _ = forwarder.await;
     Ok(outcome)

@@ -76,6 +76,9 @@ pub(super) async fn setup_then_run(
         assignment.gpu_indices.clone(),
         now(),
     );
+    shared
+        .resizing
+        .begin(attempt, instruction.processes_per_node.max(1));
     crate::runtimes::announce(shared, attempt, &runtime.choice);
 
     let node = NodeContext {

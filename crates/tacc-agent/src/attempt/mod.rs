@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use error::AttemptError;
 pub(crate) use execution::{LogLines, launch, outcome_of};
 pub(crate) use prepare::SnapshotCache;
+pub(crate) use ranks::share_of;
 
 use crate::Shared;
 use crate::now;
@@ -73,6 +74,7 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     }
     // No sample of the attempt may follow its end in the report stream.
     shared.sampling.end(attempt);
+    shared.resizing.end(attempt);
     if !shared.config.keep_workdirs {
         let dir = workdir.clone();
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;

@@ -115,6 +115,18 @@ pub trait Cgroup: Send + Sync + Debug {
         }
     }
 
+    /// Change the CPU quota and memory limit of the running cgroup (0: no limit), for
+    /// adaptive re-allocation. A memory limit below what the cgroup uses now is refused
+    /// (the kernel would reclaim, then kill): the error says how much it uses.
+    fn set_limits(&self, cpu_millis: u64, memory_bytes: u64) -> Result<(), ExecError> {
+        let _ = (cpu_millis, memory_bytes);
+        Err(ExecError::Cgroup {
+            action: "resize",
+            path: self.path().display().to_string(),
+            detail: "this hierarchy cannot change a running cgroup's limits".into(),
+        })
+    }
+
     /// SIGKILL every process until the cgroup is empty or `deadline` passes (v2:
     /// `cgroup.kill`; v1: freeze, kill each, thaw, again). Says what it killed.
     fn kill_all(&self, deadline: Duration) -> KillReport;
@@ -204,6 +216,25 @@ pub fn detect_at(base: &Path, name: &str) -> Result<Box<dyn Cgroups>, ExecError>
         path: base.display().to_string(),
         detail: "neither a cgroup v2 hierarchy nor a v1 memory controller is mounted here".into(),
     })
+}
+
+/// Refuses a memory limit below what the cgroup uses now.
+pub(crate) fn check_memory_floor(
+    path: &Path,
+    memory_bytes: u64,
+    used: Option<u64>,
+) -> Result<(), ExecError> {
+    match used {
+        Some(used) if memory_bytes > 0 && memory_bytes < used => Err(ExecError::Cgroup {
+            action: "resize",
+            path: path.display().to_string(),
+            detail: format!(
+                "a memory limit of {memory_bytes} bytes is below the {used} bytes it uses now; \
+                 never shrink memory below current use"
+            ),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// A cgroup file error.

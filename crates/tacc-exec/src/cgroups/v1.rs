@@ -7,9 +7,12 @@ use std::time::{Duration, Instant};
 
 use super::usage::number;
 use super::{
-    CPU_PERIOD_US, Cgroup, CgroupUsage, Cgroups, KillReport, Limits, cpu_quota_us, keyed_value,
-    kill_loop, make_dir, read_pids, remove_dir, subdirs, write_file,
+    CPU_PERIOD_US, Cgroup, CgroupUsage, Cgroups, KillReport, Limits, check_memory_floor,
+    cpu_quota_us, keyed_value, kill_loop, make_dir, read_pids, remove_dir, subdirs, write_file,
 };
+
+/// v1 reports "no memory limit" as a page-rounded `i64::MAX`; anything this large is none.
+const NO_LIMIT_ABOVE: u64 = 1 << 60;
 use crate::ExecError;
 
 /// The controllers used, in the order their directories are created.
@@ -156,6 +159,18 @@ impl V1Cgroup {
         Ok(())
     }
 
+    /// The quota in force, in thousandths of a CPU (`cpu.cfs_quota_us` is -1 without).
+    fn cpu_quota_millis(&self) -> Option<u64> {
+        let cpu = self.cpu.as_ref()?;
+        let quota: i64 = std::fs::read_to_string(cpu.join("cpu.cfs_quota_us"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let period = number(&cpu.join("cpu.cfs_period_us")).unwrap_or(CPU_PERIOD_US);
+        (quota > 0 && period > 0).then(|| quota as u64 * 1000 / period)
+    }
+
     fn freeze(&self, frozen: bool) {
         let Some(freezer) = &self.freezer else {
             return;
@@ -214,7 +229,57 @@ impl Cgroup for V1Cgroup {
                 .as_ref()
                 .and_then(|cpu| keyed_value(&cpu.join("cpu.stat"), "throttled_time"))
                 .map(Duration::from_nanos),
+            cpu_periods: self
+                .cpu
+                .as_ref()
+                .and_then(|cpu| super::usage::cpu_periods(&cpu.join("cpu.stat"))),
+            cpu_quota_millis: self.cpu_quota_millis(),
+            memory_limit_bytes: number(&self.memory.join("memory.limit_in_bytes"))
+                .filter(|limit| *limit < NO_LIMIT_ABOVE),
+            memory_pressure_percent: None,
+            memory_failcnt: number(&self.memory.join("memory.failcnt")),
+            io_pressure_percent: None,
         }
+    }
+
+    fn set_limits(&self, cpu_millis: u64, memory_bytes: u64) -> Result<(), ExecError> {
+        let limit_file = self.memory.join("memory.limit_in_bytes");
+        check_memory_floor(
+            &self.memory,
+            memory_bytes,
+            number(&self.memory.join("memory.usage_in_bytes")),
+        )?;
+        let value = if memory_bytes == 0 {
+            "-1".to_string()
+        } else {
+            memory_bytes.to_string()
+        };
+        let memsw = self.memory.join("memory.memsw.limit_in_bytes");
+        if memsw.is_file() {
+            // memory + swap must stay at least the memory limit: raise it first when
+            // growing, lower it last when shrinking.
+            let current = number(&limit_file).unwrap_or(u64::MAX);
+            let growing = memory_bytes == 0 || memory_bytes > current;
+            if growing {
+                write_file(&memsw, &value)?;
+                write_file(&limit_file, &value)?;
+            } else {
+                write_file(&limit_file, &value)?;
+                write_file(&memsw, &value)?;
+            }
+        } else {
+            write_file(&limit_file, &value)?;
+        }
+        if let Some(cpu) = &self.cpu {
+            let quota = if cpu_millis == 0 {
+                "-1".to_string()
+            } else {
+                cpu_quota_us(cpu_millis).to_string()
+            };
+            write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+            write_file(&cpu.join("cpu.cfs_quota_us"), &quota)?;
+        }
+        Ok(())
     }
 
     fn kill_all(&self, deadline: Duration) -> KillReport {
@@ -327,8 +392,14 @@ mod tests {
         let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
         let cgroup = cgroups.create("x", &limits()).unwrap().unwrap();
         let at = |c: &str, f: &str| base.path().join(c).join("tacc/a/x").join(f);
-        assert_eq!(cgroup.usage(), CgroupUsage::default());
+        let limits_only = CgroupUsage {
+            cpu_quota_millis: Some(500),
+            memory_limit_bytes: Some(64 << 20),
+            ..CgroupUsage::default()
+        };
+        assert_eq!(cgroup.usage(), limits_only);
         std::fs::write(at("cpuacct", "cpuacct.usage"), "1000000000\n").unwrap();
+        std::fs::write(at("memory", "memory.failcnt"), "3\n").unwrap();
         std::fs::write(at("memory", "memory.usage_in_bytes"), "4096\n").unwrap();
         std::fs::write(at("memory", "memory.max_usage_in_bytes"), "8192\n").unwrap();
         std::fs::write(
@@ -343,8 +414,39 @@ mod tests {
                 memory_bytes: Some(4096),
                 memory_peak_bytes: Some(8192),
                 throttled: Some(Duration::from_millis(30)),
+                memory_failcnt: Some(3),
+                cpu_periods: Some((10, 2)),
+                ..limits_only
             }
         );
+    }
+
+    #[test]
+    fn limits_change_live_and_memory_never_below_use() {
+        let base = fake(&["memory", "cpu"]);
+        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
+        let dir = base.path().join("memory/tacc/a/x");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("memory.memsw.limit_in_bytes"), "").unwrap();
+        let cgroup = cgroups.create("x", &limits()).unwrap().unwrap();
+        let at = |c: &str, f: &str| base.path().join(c).join("tacc/a/x").join(f);
+        std::fs::write(at("memory", "memory.usage_in_bytes"), "100000000\n").unwrap();
+        cgroup.set_limits(2500, 128 << 20).unwrap();
+        assert_eq!(read(at("cpu", "cpu.cfs_quota_us")), "250000");
+        assert_eq!(read(at("memory", "memory.limit_in_bytes")), "134217728");
+        assert_eq!(
+            read(at("memory", "memory.memsw.limit_in_bytes")),
+            "134217728"
+        );
+        let error = cgroup.set_limits(1000, 64 << 20).unwrap_err().to_string();
+        assert!(
+            error.contains("below the 100000000 bytes it uses now"),
+            "{error}"
+        );
+        assert_eq!(read(at("memory", "memory.limit_in_bytes")), "134217728");
+        cgroup.set_limits(0, 0).unwrap();
+        assert_eq!(read(at("cpu", "cpu.cfs_quota_us")), "-1");
+        assert_eq!(read(at("memory", "memory.limit_in_bytes")), "-1");
     }
 
     #[test]

@@ -5,10 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::usage::number;
+use super::usage::{number, psi_some_avg10};
 use super::{
-    CPU_PERIOD_US, Cgroup, CgroupUsage, Cgroups, KillReport, Limits, cpu_quota_us, keyed_value,
-    kill_loop, make_dir, read_pids, remove_dir, subdirs, wait_empty, write_file,
+    CPU_PERIOD_US, Cgroup, CgroupUsage, Cgroups, KillReport, Limits, check_memory_floor,
+    cpu_quota_us, keyed_value, kill_loop, make_dir, read_pids, remove_dir, subdirs, wait_empty,
+    write_file,
 };
 use crate::ExecError;
 
@@ -127,6 +128,16 @@ impl V2Cgroup {
     }
 }
 
+/// The quota of a `cpu.max` (`QUOTA PERIOD`, or `max PERIOD` without one), in
+/// thousandths of a CPU.
+fn cpu_max_millis(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let mut fields = text.split_whitespace();
+    let quota: u64 = fields.next()?.parse().ok()?;
+    let period: u64 = fields.next()?.parse().ok()?;
+    (period > 0).then(|| quota * 1000 / period)
+}
+
 impl Cgroup for V2Cgroup {
     fn path(&self) -> &Path {
         &self.dir
@@ -156,7 +167,34 @@ impl Cgroup for V2Cgroup {
             memory_peak_bytes: number(&self.dir.join("memory.peak")),
             throttled: keyed_value(&self.dir.join("cpu.stat"), "throttled_usec")
                 .map(Duration::from_micros),
+            cpu_periods: super::usage::cpu_periods(&self.dir.join("cpu.stat")),
+            cpu_quota_millis: cpu_max_millis(&self.dir.join("cpu.max")),
+            // `max` (no limit) does not parse as a number.
+            memory_limit_bytes: number(&self.dir.join("memory.max")),
+            memory_pressure_percent: psi_some_avg10(&self.dir.join("memory.pressure")),
+            memory_failcnt: None,
+            io_pressure_percent: psi_some_avg10(&self.dir.join("io.pressure")),
         }
+    }
+
+    fn set_limits(&self, cpu_millis: u64, memory_bytes: u64) -> Result<(), ExecError> {
+        check_memory_floor(
+            &self.dir,
+            memory_bytes,
+            number(&self.dir.join("memory.current")),
+        )?;
+        let memory = if memory_bytes == 0 {
+            "max".to_string()
+        } else {
+            memory_bytes.to_string()
+        };
+        write_file(&self.dir.join("memory.max"), &memory)?;
+        let cpu = if cpu_millis == 0 {
+            format!("max {CPU_PERIOD_US}")
+        } else {
+            format!("{} {CPU_PERIOD_US}", cpu_quota_us(cpu_millis))
+        };
+        write_file(&self.dir.join("cpu.max"), &cpu)
     }
 
     fn kill_all(&self, deadline: Duration) -> KillReport {
@@ -263,6 +301,7 @@ mod tests {
                 // No `memory.peak` on this (fake) kernel.
                 memory_peak_bytes: None,
                 throttled: Some(Duration::from_micros(2500)),
+                ..cgroup.usage()
             }
         );
         // An empty cgroup needs no kill.
@@ -274,5 +313,42 @@ mod tests {
     fn a_hierarchy_without_the_memory_controller_is_refused() {
         let base = fake("hugetlb");
         assert!(V2Cgroups::open(base.path(), "tacc/a").is_err());
+    }
+
+    #[test]
+    fn limits_and_pressure_are_read_and_limits_change_live() {
+        let base = fake("cpu memory pids");
+        let cgroups = V2Cgroups::open(base.path(), "tacc/a").unwrap();
+        let cgroup = cgroups.create("x", &limits()).unwrap().unwrap();
+        let leaf = base.path().join("tacc/a/x");
+        std::fs::write(
+            leaf.join("memory.pressure"),
+            "some avg10=12.50 avg60=3.00 avg300=1.00 total=123\nfull avg10=1.00 avg60=0.00 avg300=0.00 total=5\n",
+        )
+        .unwrap();
+        std::fs::write(
+            leaf.join("io.pressure"),
+            "some avg10=0.75 avg60=0.10 avg300=0.00 total=9\n",
+        )
+        .unwrap();
+        std::fs::write(leaf.join("memory.current"), "1000\n").unwrap();
+        let usage = cgroup.usage();
+        assert_eq!(usage.cpu_quota_millis, Some(500));
+        assert_eq!(usage.memory_limit_bytes, Some(64 << 20));
+        assert_eq!(usage.memory_pressure_percent, Some(12.5));
+        assert_eq!(usage.io_pressure_percent, Some(0.75));
+        cgroup.set_limits(3000, 1 << 30).unwrap();
+        let read = |f: &str| std::fs::read_to_string(leaf.join(f)).unwrap();
+        assert_eq!(read("cpu.max"), "300000 100000");
+        assert_eq!(read("memory.max"), "1073741824");
+        let error = cgroup.set_limits(3000, 999).unwrap_err().to_string();
+        assert!(
+            error.contains("never shrink memory below current use"),
+            "{error}"
+        );
+        cgroup.set_limits(0, 0).unwrap();
+        assert_eq!(read("cpu.max"), "max 100000");
+        assert_eq!(read("memory.max"), "max");
+        assert_eq!(cgroup.usage().memory_limit_bytes, None);
     }
 }

@@ -184,17 +184,32 @@ pub(super) async fn task_events(
 ) -> ApiResult<Json<Vec<TaskEventView>>> {
     load(&app.control, TaskId(id)).await?;
     let events = app.control.store.task_events(TaskId(id)).await?;
-    Ok(Json(
-        events
-            .into_iter()
-            .map(|e| TaskEventView {
-                at: e.at,
-                attempt: e.attempt,
-                state: e.state,
-                reason: e.reason,
-            })
-            .collect(),
-    ))
+    let mut views: Vec<TaskEventView> = events
+        .into_iter()
+        .map(|e| TaskEventView {
+            at: e.at,
+            attempt: e.attempt,
+            state: e.state,
+            reason: e.reason,
+        })
+        .collect();
+    // Allocation changes of a running attempt are part of its history (the task stays
+    // running; the reason says what moved and why).
+    for resize in app.control.store.list_resizes(TaskId(id)).await? {
+        views.push(TaskEventView {
+            at: resize.at,
+            attempt: resize.attempt,
+            state: tacc_core::TaskState::Running,
+            reason: Some(format!(
+                "resized to {:.2} CPUs, {} per node: {}",
+                resize.cpu_millis as f64 / 1000.0,
+                tacc_core::ByteSize::from_bytes(resize.memory_bytes),
+                resize.reason
+            )),
+        });
+    }
+    views.sort_by_key(|e| e.at);
+    Ok(Json(views))
 }
 
 pub(super) async fn cancel_task(

@@ -58,7 +58,9 @@ impl Control {
         for report in reports {
             if let AgentReport::Usage(sample) = report {
                 let attempt = sample.attempt;
+                let kept = sample.clone();
                 if self.accept_usage(node, sample).await? {
+                    self.adapt(&mut inner, &kept).await;
                     ack.accepted += 1;
                 } else {
                     ack.rejected += 1;
@@ -81,6 +83,7 @@ impl Control {
                 AgentReport::Started { attempt, .. } => (*attempt, false),
                 AgentReport::Finished { attempt, .. } => (*attempt, true),
                 AgentReport::Usage(sample) => (sample.attempt, false),
+                AgentReport::Resized { attempt, .. } => (*attempt, false),
             };
             let current = self.attempt_is_on_node(node, attempt, !ending).await?;
             // The node's own end of an attempt it held, and its last lines, count even
@@ -159,6 +162,19 @@ impl Control {
                         .await?;
                 }
                 AgentReport::Usage(_) => {}
+                AgentReport::Resized {
+                    attempt,
+                    cpu_millis,
+                    memory_bytes,
+                    error,
+                } => {
+                    let applied = self.adaptive.allocation(attempt).map_or(
+                        tacc_core::Resources::new(cpu_millis, memory_bytes, 0),
+                        |r| tacc_core::Resources::new(cpu_millis, memory_bytes, r.gpus),
+                    );
+                    self.resized_on_node(&mut inner, node, attempt, applied, error)
+                        .await;
+                }
                 AgentReport::RuntimeChosen {
                     attempt,
                     runtime,
@@ -427,6 +443,7 @@ fn report_kind(report: &AgentReport) -> &'static str {
         AgentReport::Log { .. } => "log",
         AgentReport::Started { .. } => "started",
         AgentReport::Finished { .. } => "finished",
+        AgentReport::Resized { .. } => "resized",
         AgentReport::RuntimeChosen { .. } => "runtime",
         AgentReport::Usage(_) => "usage",
     }

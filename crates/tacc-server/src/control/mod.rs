@@ -22,11 +22,13 @@ use tokio::sync::{Mutex, watch};
 
 use crate::ServerError;
 
+mod adaptive;
 mod attempts;
 mod nodes;
 mod records;
 
 use crate::logs::LogBook;
+pub use adaptive::{AdaptiveConfig, AdaptiveMode};
 pub use nodes::LIVENESS_CHECK_EVERY;
 use nodes::node_spec;
 
@@ -62,6 +64,8 @@ pub struct ServerConfig {
     /// A running rank with no output (and no CPU use, where measured) for this long is
     /// flagged silent in its task's usage (`tcloud top`).
     pub silent_after: Duration,
+    /// Adaptive allocation: which running tasks' allocations may move, and how fast.
+    pub adaptive: AdaptiveConfig,
 }
 
 impl ServerConfig {
@@ -77,6 +81,7 @@ impl ServerConfig {
             limits: crate::limits::UserLimits::default(),
             unix_users: BTreeMap::new(),
             silent_after: Duration::from_secs(300),
+            adaptive: AdaptiveConfig::default(),
         }
     }
 }
@@ -167,6 +172,8 @@ pub struct Control {
     pub(crate) metrics: crate::metrics::Metrics,
     /// The records of placed tasks, kept beside the store (see `records.rs`).
     pub(crate) placed: records::PlacedRecords,
+    /// Running attempts' signals, verdicts and allocation changes.
+    pub(crate) adaptive: adaptive::AdaptiveBook,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -246,6 +253,7 @@ impl Control {
             usage: Default::default(),
             metrics: crate::metrics::Metrics::new(logs.written_counter()),
             placed: records::PlacedRecords::default(),
+            adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
             store,
             logs,
             chunks,
@@ -286,6 +294,26 @@ impl Control {
             if record.state == TaskState::Queued {
                 inner.held.insert(record.id);
             } else if !record.cancel_requested {
+                // The allocation in force, where adaptive allocation moved it.
+                if let Some(resize) = self
+                    .store
+                    .list_resizes(record.id)
+                    .await?
+                    .into_iter()
+                    .rev()
+                    .find(|r| r.attempt == record.attempt)
+                {
+                    let per_node = spec.resources.per_node();
+                    self.adaptive.restore(
+                        record.id,
+                        record.attempt,
+                        tacc_core::Resources::new(
+                            resize.cpu_millis,
+                            resize.memory_bytes,
+                            per_node.gpus,
+                        ),
+                    );
+                }
                 let secrets = self.task_secrets(&record, &spec).await;
                 let assignments = assignments_for(
                     &record,
@@ -294,7 +322,8 @@ impl Control {
                     self.config.unix_users.get(&record.user),
                     &secrets,
                 );
-                for (node, assignment) in assignments {
+                for (node, mut assignment) in assignments {
+                    assignment.allocation = self.adaptive.allocation(assignment.attempt);
                     if let Some(live) = inner.nodes.get_mut(&node) {
                         live.assignments.insert(assignment.attempt, assignment);
                     }
@@ -382,7 +411,8 @@ impl Control {
     /// Feed one event to the scheduler and carry out its plan in one store transaction.
     /// A failure here never loses a task: the task stays durable in its last state and
     /// the scheduler is rebuilt from the store.
-    async fn drive(&self, inner: &mut Inner, event: Event) {
+    async fn drive(&self, inner: &mut Inner, mut event: Event) {
+        self.adaptive.patch_restored(&mut event);
         let deciding = Instant::now();
         let decided = inner.scheduler.handle(now(), event);
         self.metrics.decided(deciding.elapsed());
@@ -545,7 +575,9 @@ impl Control {
                 }
             });
         }
-        let plan = scheduler.handle(now(), Event::Batch(events));
+        let mut batch = Event::Batch(events);
+        self.adaptive.patch_restored(&mut batch);
+        let plan = scheduler.handle(now(), batch);
         inner.scheduler = scheduler;
         match plan {
             Ok(plan) => {
@@ -701,14 +733,17 @@ impl Control {
                 )
             });
         }
+        let policy = inner.scheduler.policy_name().to_string();
+        drop(inner);
         Ok(tacc_proto::TaskExplanation {
             task_id: task,
             state: record.state,
             reason: record.reason,
             queue_position: position,
             estimated_start,
-            policy: inner.scheduler.policy_name().to_string(),
+            policy,
             details,
+            adaptive: self.adaptive_view(task).await.ok(),
         })
     }
 
@@ -776,6 +811,7 @@ fn assignments_for(
                     master_addr: master_addr.clone(),
                     master_port,
                     secrets: secrets.clone(),
+                    allocation: None,
                 },
             )
         })

@@ -41,7 +41,7 @@ impl PlacedRecords {
     fn applied(&self, changes: &[TaskChange]) {
         let mut records = self.records.lock().unwrap();
         for change in changes {
-            let task = change_task(change);
+            let task = change.task();
             let Some(record) = records.get_mut(&task) else {
                 continue;
             };
@@ -56,15 +56,8 @@ impl PlacedRecords {
     fn forget(&self, changes: &[TaskChange]) {
         let mut records = self.records.lock().unwrap();
         for change in changes {
-            records.remove(&change_task(change));
+            records.remove(&change.task());
         }
-    }
-}
-
-fn change_task(change: &TaskChange) -> TaskId {
-    match change {
-        TaskChange::Transition(t) => t.task,
-        TaskChange::Reason { task, .. } | TaskChange::CancelRequested { task } => *task,
     }
 }
 

@@ -1,5 +1,6 @@
 //! One module per group of commands; each function is one subcommand.
 
+pub mod adaptive;
 pub mod admin;
 pub mod auth;
 pub mod cluster;

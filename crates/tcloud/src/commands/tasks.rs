@@ -136,6 +136,11 @@ pub async fn why(ctx: &Ctx, id: TaskId, as_json: bool) -> Result<()> {
     for detail in &explanation.details {
         lines.push(format!("- {}", field(detail)));
     }
+    if let Some(adaptive) = &explanation.adaptive {
+        if explanation.state.is_active() && explanation.state != TaskState::Queued {
+            lines.extend(super::adaptive::verdict_lines(adaptive));
+        }
+    }
     out(lines.join("\n"))?;
     Ok(())
 }
@@ -167,6 +172,7 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
     let outputs = client.list_outputs(id).await?;
     // A server without usage (older than `tcloud top`) shows none.
     let usage = client.task_usage(id).await.ok();
+    let adaptive = usage.as_ref().and_then(|u| u.adaptive.clone());
     let (peaks, flags) = usage.map(|u| (u.peaks, u.flags)).unwrap_or_default();
     if as_json {
         let mut value = serde_json::to_value(&task)?;
@@ -175,6 +181,7 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
             object.insert("outputs".into(), serde_json::to_value(&outputs)?);
             object.insert("peaks".into(), serde_json::to_value(&peaks)?);
             object.insert("flags".into(), serde_json::to_value(&flags)?);
+            object.insert("adaptive".into(), serde_json::to_value(&adaptive)?);
         }
         return out_json(&value);
     }
@@ -253,6 +260,19 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
             format!("{key}:"),
             width = width + 1
         ))?;
+    }
+
+    if let Some(adaptive) = &adaptive {
+        if adaptive.allocation != adaptive.requested || !adaptive.series.is_empty() {
+            out("")?;
+            out("Adaptive allocation:")?;
+            out(format!("  {}", super::adaptive::allocation_line(adaptive)))?;
+            if !adaptive.series.is_empty() {
+                for line in super::adaptive::history_lines(adaptive, 12) {
+                    out(format!("  {line}"))?;
+                }
+            }
+        }
     }
 
     out("")?;

@@ -127,6 +127,29 @@ fn render(usages: &[TaskUsage], listed: bool, refresh: Option<Duration>) -> Resu
     }
     print_table(&t)?;
     for usage in usages {
+        if let Some(adaptive) = &usage.adaptive {
+            if let Some(verdict) = &adaptive.verdict {
+                out(format!(
+                    "task {}: {} — {}",
+                    usage.task_id,
+                    field(&verdict.bottleneck),
+                    field(&verdict.evidence.join("; "))
+                ))?;
+            }
+            if adaptive.allocation != adaptive.requested {
+                out(format!(
+                    "task {}: {}",
+                    usage.task_id,
+                    super::adaptive::allocation_line(adaptive)
+                ))?;
+            }
+            // One task asked for by id: its recorded history too.
+            if usages.len() == 1 && !listed && !adaptive.series.is_empty() {
+                for line in super::adaptive::history_lines(adaptive, 10) {
+                    out(line)?;
+                }
+            }
+        }
         for flag in &usage.flags {
             out(format!(
                 "! task {}: {}",
@@ -238,6 +261,7 @@ mod tests {
             peaks: Vec::new(),
             flags: Vec::new(),
             silent_after_secs: 300,
+            adaptive: None,
         };
         let rank = RankUsage {
             node_rank: 1,

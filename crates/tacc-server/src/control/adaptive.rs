@@ -1,0 +1,636 @@
+//! Adaptive allocation in the control plane. Every usage sample of rank 0 of a running
+//! attempt feeds that attempt's bounded [`Signals`] window; the classifier judges the
+//! window on each sample, and — where the cluster's mode and the task's `adaptive:`
+//! bounds allow — the re-allocation policy decides a change from the verdict, the room
+//! [`Scheduler::resize_room`](tacc_scheduler::Scheduler::resize_room) gives and the
+//! attempt's change history (its hysteresis). A change goes to the scheduler first
+//! (`Event::TaskResized`: accounting, quotas and placement move with it; a shrink may
+//! start queued tasks, whose plan is carried out like any other), is kept durably with
+//! its reason (the store's resize history: a restarted server restores the scheduler
+//! with the allocation in force), then rides the nodes' level-triggered desired work
+//! (`Assignment::allocation`) to the agents, which apply it live and report back. A
+//! change an agent could not apply is undone where it still fits, recorded, and ends
+//! adaptation of that attempt: it is never retried forever.
+//!
+//! A multi-node task is judged by its rank 0 and all its nodes move together.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tacc_adaptive::{
+    Allocation, Bounds, ChangeHistory, Classifier, Reallocator, Room, RuleClassifier, Rules,
+    Sample, Signals, Situation, StepPolicy, StepPolicyConfig, Verdict,
+};
+use tacc_core::{AttemptNo, NodeId, Resources, TaskId, TaskState, Timestamp};
+use tacc_proto::{
+    AdaptiveBounds, AdaptiveView, AttemptRef, ResizeView, SignalPoint, UsageSample, VerdictView,
+};
+use tacc_scheduler::Event;
+use tacc_schema::TaskSpec;
+use tacc_store::{ResizeRecord, SignalRecord, TaskChange};
+
+use super::{Control, Inner, now};
+use crate::ServerError;
+
+/// Signal points kept per attempt (at the default 10 s: the last 80 minutes).
+const POINTS_KEPT: u32 = 480;
+/// Signal points shown at most by `tcloud top` / `show` / `why`.
+const POINTS_SHOWN: usize = 120;
+/// Attempts not sampled for this long are forgotten (their node is gone).
+const FORGET_AFTER: Duration = Duration::from_secs(600);
+
+/// Which running tasks' allocations may move (`taccd server --adaptive`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdaptiveMode {
+    /// Nothing moves; verdicts are still computed and shown.
+    Off,
+    /// Tasks with `adaptive:` bounds only give back what they do not use (down to their
+    /// minimum); nothing grows.
+    Shrink,
+    /// Tasks with `adaptive:` bounds grow and shrink within them.
+    On,
+}
+
+impl AdaptiveMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdaptiveMode::Off => "off",
+            AdaptiveMode::Shrink => "shrink",
+            AdaptiveMode::On => "on",
+        }
+    }
+}
+
+impl fmt::Display for AdaptiveMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for AdaptiveMode {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "off" => Ok(AdaptiveMode::Off),
+            "shrink" => Ok(AdaptiveMode::Shrink),
+            "on" => Ok(AdaptiveMode::On),
+            other => Err(format!(
+                "unknown adaptive mode `{other}`: use `off`, `shrink` or `on`"
+            )),
+        }
+    }
+}
+
+/// The cluster's adaptive-allocation settings.
+#[derive(Debug, Clone)]
+pub struct AdaptiveConfig {
+    pub mode: AdaptiveMode,
+    /// A verdict needs samples covering this long (what "sustained" means).
+    pub window: Duration,
+    /// A resource changes at most once per this long; a reversal waits five times as long.
+    pub cooldown: Duration,
+    /// One point of each attempt's signals is kept durably per this long.
+    pub record_every: Duration,
+}
+
+impl Default for AdaptiveConfig {
+    fn default() -> Self {
+        AdaptiveConfig {
+            mode: AdaptiveMode::On,
+            window: Duration::from_secs(30),
+            cooldown: Duration::from_secs(60),
+            record_every: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What the control plane knows of one attempt's adaptation.
+#[derive(Debug)]
+struct Tracked {
+    signals: Signals,
+    verdict: Option<(Timestamp, Verdict)>,
+    history: ChangeHistory,
+    /// The per-node allocation in force, once it moved from the request.
+    allocation: Option<Resources>,
+    /// A change the agents have not confirmed yet, and the allocation before it.
+    pending: Option<(Resources, Resources)>,
+    /// Why this attempt no longer adapts (an agent could not apply a change).
+    stopped: Option<String>,
+    last_failcnt: Option<u64>,
+    last_point: Option<Timestamp>,
+    fed: Instant,
+}
+
+/// The classifier, the policy and every running attempt's adaptive state.
+#[derive(Debug)]
+pub(crate) struct AdaptiveBook {
+    config: AdaptiveConfig,
+    classifier: Box<dyn Classifier>,
+    reallocator: Box<dyn Reallocator>,
+    tracked: Mutex<BTreeMap<(TaskId, AttemptNo), Tracked>>,
+}
+
+impl AdaptiveBook {
+    pub(crate) fn new(config: &AdaptiveConfig) -> AdaptiveBook {
+        let window_ms = config.window.as_millis() as u64;
+        let cooldown_ms = config.cooldown.as_millis() as u64;
+        AdaptiveBook {
+            classifier: Box::new(RuleClassifier::new(Rules {
+                min_window_ms: window_ms,
+                ..Rules::default()
+            })),
+            reallocator: Box::new(StepPolicy::new(StepPolicyConfig {
+                cooldown_ms,
+                reverse_after_ms: cooldown_ms * 5,
+                ..StepPolicyConfig::default()
+            })),
+            config: config.clone(),
+            tracked: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn tracked(signals_ms: u64) -> Tracked {
+        Tracked {
+            signals: Signals::new(signals_ms),
+            verdict: None,
+            history: ChangeHistory::default(),
+            allocation: None,
+            pending: None,
+            stopped: None,
+            last_failcnt: None,
+            last_point: None,
+            fed: Instant::now(),
+        }
+    }
+
+    fn span_ms(&self) -> u64 {
+        // A little more than the window, so a full window is always at hand.
+        self.config.window.as_millis() as u64 * 3 / 2
+    }
+
+    /// A restarted server: the allocation in force of a running attempt, from its
+    /// resize history.
+    pub(crate) fn restore(&self, task: TaskId, attempt: AttemptNo, allocation: Resources) {
+        let span = self.span_ms();
+        let mut tracked = self.tracked.lock().unwrap();
+        tracked
+            .entry((task, attempt))
+            .or_insert_with(|| Self::tracked(span))
+            .allocation = Some(allocation);
+    }
+
+    /// The per-node allocation in force of `attempt`, when it moved from the request.
+    pub(crate) fn allocation(&self, attempt: AttemptRef) -> Option<Resources> {
+        let tracked = self.tracked.lock().unwrap();
+        tracked
+            .get(&(attempt.task, attempt.attempt))
+            .and_then(|t| t.allocation)
+    }
+
+    /// The attempt ended: its window goes.
+    pub(crate) fn end(&self, attempt: AttemptRef) {
+        self.tracked
+            .lock()
+            .unwrap()
+            .remove(&(attempt.task, attempt.attempt));
+    }
+
+    /// Restored tasks take the allocation in force, not the request (a restarted or
+    /// rebuilt scheduler must count what they hold).
+    pub(crate) fn patch_restored(&self, event: &mut Event) {
+        match event {
+            Event::TaskRestored { task, request, .. } => {
+                let latest = {
+                    let tracked = self.tracked.lock().unwrap();
+                    tracked
+                        .range((*task, AttemptNo(0))..=(*task, AttemptNo(u32::MAX)))
+                        .next_back()
+                        .and_then(|(_, t)| t.allocation)
+                };
+                if let Some(allocation) = latest {
+                    request.per_node.cpu_millis = allocation.cpu_millis;
+                    request.per_node.memory_bytes = allocation.memory_bytes;
+                }
+            }
+            Event::Batch(events) => {
+                for event in events {
+                    self.patch_restored(event);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The bounds a task's allocation may move in under the cluster's mode, given what
+    /// it holds now; `None`: it does not move.
+    fn bounds(&self, spec: &TaskSpec, current: Resources) -> Option<Bounds> {
+        let adaptive = spec.adaptive.as_ref()?;
+        let (min_cpu, max_cpu) = adaptive.cpu_millis(&spec.resources);
+        let (min_memory, max_memory) = adaptive.memory_bytes(&spec.resources);
+        let (max_cpu, max_memory) = match self.config.mode {
+            AdaptiveMode::Off => return None,
+            AdaptiveMode::Shrink => (
+                max_cpu.min(current.cpu_millis).max(min_cpu),
+                max_memory.min(current.memory_bytes).max(min_memory),
+            ),
+            AdaptiveMode::On => (max_cpu, max_memory),
+        };
+        Some(Bounds {
+            min: Allocation {
+                cpu_millis: min_cpu,
+                memory_bytes: min_memory,
+            },
+            max: Allocation {
+                cpu_millis: max_cpu,
+                memory_bytes: max_memory,
+            },
+        })
+    }
+
+    /// Take a sample of rank 0 received at `at`: the verdict on the window, the signal
+    /// point to keep (when one is due), and what the policy would decide from (unless
+    /// the attempt waits for a confirmation or stopped adapting).
+    fn observe(
+        &self,
+        sample: &UsageSample,
+        at: Timestamp,
+        requested: Resources,
+    ) -> (
+        Verdict,
+        Option<SignalPoint>,
+        Option<(Resources, ChangeHistory)>,
+    ) {
+        let span = self.span_ms();
+        let mut book = self.tracked.lock().unwrap();
+        book.retain(|_, t| t.fed.elapsed() < FORGET_AFTER);
+        let key = (sample.attempt.task, sample.attempt.attempt);
+        let tracked = book.entry(key).or_insert_with(|| Self::tracked(span));
+        tracked.fed = Instant::now();
+        // v1 has no PSI: a failure count that rose means the limit was hit.
+        let failing = match (sample.memory_failcnt, tracked.last_failcnt) {
+            (Some(now), Some(before)) => Some(if now > before { 100.0 } else { 0.0 }),
+            _ => None,
+        };
+        let pressure = sample.memory_pressure_percent.or(failing);
+        tracked.last_failcnt = sample.memory_failcnt.or(tracked.last_failcnt);
+        let gpus = &sample.gpus;
+        tracked.signals.push(Sample {
+            at,
+            cpu_quota_millis: sample.cpu_quota_millis.unwrap_or(0),
+            cpu_used_millis: sample.cpu_millis_used,
+            cpu_throttled_fraction: sample.cpu_throttled_fraction,
+            memory_limit_bytes: sample.memory_limit_bytes.unwrap_or(0),
+            memory_used_bytes: sample.memory_bytes,
+            memory_pressure_percent: pressure,
+            gpu_utilization_percent: (!gpus.is_empty()).then(|| {
+                gpus.iter()
+                    .map(|g| f64::from(g.utilization_percent))
+                    .sum::<f64>()
+                    / gpus.len() as f64
+            }),
+            io_wait_percent: sample.io_wait_percent,
+        });
+        let verdict = self.classifier.classify(&tracked.signals);
+        tracked.verdict = Some((at, verdict.clone()));
+        let due = tracked.last_point.is_none_or(|last| {
+            at.millis_since(last) >= self.config.record_every.as_millis() as u64
+        });
+        let point = due.then(|| {
+            tracked.last_point = Some(at);
+            SignalPoint {
+                at,
+                attempt: sample.attempt.attempt,
+                cpu_used_millis: sample.cpu_millis_used,
+                cpu_quota_millis: sample.cpu_quota_millis.unwrap_or(0),
+                cpu_throttled_permille: sample
+                    .cpu_throttled_fraction
+                    .map(|f| (f * 1000.0).round() as u32),
+                memory_used_bytes: sample.memory_bytes,
+                memory_limit_bytes: sample.memory_limit_bytes.unwrap_or(0),
+                memory_pressure_permille: pressure.map(|p| (p * 10.0).round() as u32),
+                gpu_percent: (!gpus.is_empty()).then(|| {
+                    gpus.iter().map(|g| g.utilization_percent).sum::<u32>() / gpus.len() as u32
+                }),
+                bottleneck: verdict.bottleneck.to_string(),
+            }
+        });
+        let decide = (tracked.pending.is_none() && tracked.stopped.is_none())
+            .then(|| (tracked.allocation.unwrap_or(requested), tracked.history));
+        (verdict, point, decide)
+    }
+}
+
+impl Control {
+    /// A usage sample of a running attempt was accepted (under the control lock).
+    pub(super) async fn adapt(&self, inner: &mut Inner, sample: &UsageSample) {
+        if sample.node_rank != 0 {
+            return;
+        }
+        let task = sample.attempt.task;
+        let Some(spec) = inner.specs.get(&task).cloned() else {
+            return;
+        };
+        let requested = spec.resources.per_node();
+        let at = now();
+        let (verdict, point, decide) = self.adaptive.observe(sample, at, requested);
+        if let Some(point) = point {
+            let record = SignalRecord {
+                task,
+                attempt: sample.attempt.attempt,
+                at,
+                point: serde_json::to_value(&point).expect("points serialise"),
+            };
+            if let Err(e) = self.store.record_signal_point(record, POINTS_KEPT).await {
+                tracing::warn!("cannot keep a signal point of task {task}: {e}");
+            }
+        }
+        let Some((current, history)) = decide else {
+            return;
+        };
+        let Some(bounds) = self.adaptive.bounds(&spec, current) else {
+            return;
+        };
+        let Some(room) = inner.scheduler.resize_room(task) else {
+            return;
+        };
+        let situation = Situation {
+            now: at,
+            current: Allocation {
+                cpu_millis: current.cpu_millis,
+                memory_bytes: current.memory_bytes,
+            },
+            bounds,
+            room: Room {
+                cpu_millis: room.cpu_millis,
+                memory_bytes: room.memory_bytes,
+            },
+            verdict: &verdict,
+            history,
+        };
+        let Some(change) = self.adaptive.reallocator.decide(&situation) else {
+            return;
+        };
+        let to = Resources::new(change.to.cpu_millis, change.to.memory_bytes, current.gpus);
+        let reason = format!("adaptive: {}", change.reason);
+        if self
+            .resize(inner, sample.attempt, current, to, reason)
+            .await
+        {
+            let mut book = self.adaptive.tracked.lock().unwrap();
+            if let Some(tracked) = book.get_mut(&(task, sample.attempt.attempt)) {
+                tracked.history.record(&change, at);
+                tracked.pending = Some((current, to));
+                // Older samples measured the old allocation.
+                tracked.signals.clear();
+            }
+        }
+    }
+
+    /// Move a running attempt from `from` to `to` per node: the scheduler first, then
+    /// the store, then the nodes' desired work, then the scheduler's plan. False when
+    /// the scheduler or the store refused it (nothing changed).
+    async fn resize(
+        &self,
+        inner: &mut Inner,
+        attempt: AttemptRef,
+        from: Resources,
+        to: Resources,
+        reason: String,
+    ) -> bool {
+        let task = attempt.task;
+        let at = now();
+        let plan = match inner
+            .scheduler
+            .handle(at, Event::TaskResized { task, per_node: to })
+        {
+            Ok(plan) => plan,
+            Err(e) => {
+                tracing::info!("task {task}: the scheduler refused {from:?} → {to:?}: {e}");
+                return false;
+            }
+        };
+        let record = ResizeRecord {
+            task,
+            attempt: attempt.attempt,
+            at,
+            cpu_millis: to.cpu_millis,
+            memory_bytes: to.memory_bytes,
+            reason,
+        };
+        if let Err(e) = self.commit(&[TaskChange::Resized(record)]).await {
+            tracing::error!("cannot record the new allocation of task {task}, rebuilding: {e}");
+            self.resync(inner).await;
+            return false;
+        }
+        {
+            let span = self.adaptive.span_ms();
+            let mut book = self.adaptive.tracked.lock().unwrap();
+            book.entry((task, attempt.attempt))
+                .or_insert_with(|| AdaptiveBook::tracked(span))
+                .allocation = Some(to);
+        }
+        for live in inner.nodes.values_mut() {
+            if let Some(assignment) = live.assignments.get_mut(&attempt) {
+                assignment.allocation = Some(to);
+                live.version.send_modify(|v| *v += 1);
+            }
+        }
+        if let Err(e) = self.carry_out(inner, plan).await {
+            tracing::error!("could not record a scheduling plan, rebuilding from the store: {e}");
+            self.resync(inner).await;
+        }
+        true
+    }
+
+    /// An agent applied (or could not apply) a new allocation of `attempt`.
+    pub(super) async fn resized_on_node(
+        &self,
+        inner: &mut Inner,
+        node: NodeId,
+        attempt: AttemptRef,
+        applied: Resources,
+        error: Option<String>,
+    ) {
+        let key = (attempt.task, attempt.attempt);
+        let pending = {
+            let mut book = self.adaptive.tracked.lock().unwrap();
+            let Some(tracked) = book.get_mut(&key) else {
+                return;
+            };
+            let pending = tracked.pending.take();
+            if error.is_some() {
+                tracked.stopped = error.clone();
+            }
+            pending
+        };
+        let Some(error) = error else {
+            return;
+        };
+        let name = inner
+            .nodes
+            .get(&node)
+            .map_or_else(|| node.to_string(), |n| n.record.name.clone());
+        let failed = format!(
+            "the agent on {name} could not apply {} CPUs, {}: {error}",
+            cpus(applied.cpu_millis),
+            tacc_core::ByteSize::from_bytes(applied.memory_bytes)
+        );
+        tracing::warn!("task {}: {failed}", attempt.task);
+        // Undo where the old allocation still fits; adaptation of this attempt ends.
+        let back = pending.map(|(before, _)| before).filter(|b| *b != applied);
+        if let Some(before) = back {
+            let reason =
+                format!("adaptive: {failed}; back to the previous allocation, no further changes");
+            if self.resize(inner, attempt, applied, before, reason).await {
+                return;
+            }
+        }
+        let record = ResizeRecord {
+            task: attempt.task,
+            attempt: attempt.attempt,
+            at: now(),
+            cpu_millis: applied.cpu_millis,
+            memory_bytes: applied.memory_bytes,
+            reason: format!("adaptive: {failed}; no further changes"),
+        };
+        if let Err(e) = self.commit(&[TaskChange::Resized(record)]).await {
+            tracing::warn!(
+                "cannot record a failed resize of task {}: {e}",
+                attempt.task
+            );
+        }
+    }
+
+    /// The adaptive side of a task for `tcloud why` / `top` / `show`.
+    pub(crate) async fn adaptive_view(&self, task: TaskId) -> Result<AdaptiveView, ServerError> {
+        let record = self
+            .store
+            .get_task(task)
+            .await?
+            .ok_or(ServerError::TaskNotFound(task))?;
+        let spec: TaskSpec = serde_json::from_value(record.spec.clone())
+            .map_err(|e| ServerError::Internal(format!("stored spec of task {task}: {e}")))?;
+        let requested = spec.resources.per_node();
+        let resizes = self.store.list_resizes(task).await?;
+        let running = matches!(record.state, TaskState::Starting | TaskState::Running);
+        let allocation = resizes
+            .iter()
+            .rev()
+            .find(|r| r.attempt == record.attempt)
+            .map_or(requested, |r| {
+                Resources::new(r.cpu_millis, r.memory_bytes, requested.gpus)
+            });
+        let verdict = running
+            .then(|| {
+                let book = self.adaptive.tracked.lock().unwrap();
+                book.get(&(task, record.attempt))
+                    .and_then(|t| t.verdict.clone())
+            })
+            .flatten()
+            .map(|(at, verdict)| VerdictView {
+                at,
+                bottleneck: verdict.bottleneck.to_string(),
+                cpu: fit(verdict.cpu),
+                memory: fit(verdict.memory),
+                evidence: verdict.evidence,
+            });
+        let bounds = self
+            .adaptive
+            .bounds(&spec, allocation)
+            .map(|b| AdaptiveBounds {
+                min_cpu_millis: b.min.cpu_millis,
+                max_cpu_millis: b.max.cpu_millis,
+                min_memory_bytes: b.min.memory_bytes,
+                max_memory_bytes: b.max.memory_bytes,
+            });
+        let points = self.store.list_signal_points(task).await?;
+        let skip = points.len().saturating_sub(POINTS_SHOWN);
+        let series = points
+            .into_iter()
+            .skip(skip)
+            .filter_map(|p| serde_json::from_value::<SignalPoint>(p.point).ok())
+            .collect();
+        Ok(AdaptiveView {
+            mode: self.config.adaptive.mode.to_string(),
+            classifier: self.adaptive.classifier.name().into(),
+            policy: self.adaptive.reallocator.name().into(),
+            requested,
+            allocation,
+            bounds,
+            verdict,
+            changes: resizes
+                .into_iter()
+                .map(|r| ResizeView {
+                    at: r.at,
+                    attempt: r.attempt,
+                    cpu_millis: r.cpu_millis,
+                    memory_bytes: r.memory_bytes,
+                    reason: r.reason,
+                })
+                .collect(),
+            series,
+        })
+    }
+}
+
+fn fit(fit: tacc_adaptive::Fit) -> String {
+    match fit {
+        tacc_adaptive::Fit::Unknown => "unknown",
+        tacc_adaptive::Fit::Short => "short",
+        tacc_adaptive::Fit::Fit => "fit",
+        tacc_adaptive::Fit::Idle => "idle",
+    }
+    .into()
+}
+
+fn cpus(millis: u64) -> String {
+    format!("{:.2}", millis as f64 / 1000.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_and_unknown_ones_say_the_choices() {
+        assert_eq!("on".parse::<AdaptiveMode>(), Ok(AdaptiveMode::On));
+        assert_eq!("shrink".parse::<AdaptiveMode>(), Ok(AdaptiveMode::Shrink));
+        assert_eq!("off".parse::<AdaptiveMode>(), Ok(AdaptiveMode::Off));
+        let error = "yes".parse::<AdaptiveMode>().unwrap_err();
+        assert!(error.contains("`off`, `shrink` or `on`"), "{error}");
+    }
+
+    fn spec(adaptive: &str) -> TaskSpec {
+        let text =
+            format!("name: t\nrun: 'true'\nresources: {{cpus: 2, memory: 2GiB}}\n{adaptive}");
+        tacc_schema::parse_task("t/task.yaml", &text).unwrap().0
+    }
+
+    #[test]
+    fn bounds_follow_the_mode_and_the_task_file() {
+        let adaptive = spec("adaptive: {cpus: 1..8, memory: 1GiB..4GiB}\n");
+        let current = adaptive.resources.per_node();
+        let book = |mode| {
+            AdaptiveBook::new(&AdaptiveConfig {
+                mode,
+                ..AdaptiveConfig::default()
+            })
+        };
+        let on = book(AdaptiveMode::On).bounds(&adaptive, current).unwrap();
+        assert_eq!((on.min.cpu_millis, on.max.cpu_millis), (1000, 8000));
+        assert_eq!(on.max.memory_bytes, 4 << 30);
+        // Shrink: nothing above what it holds now.
+        let shrink = book(AdaptiveMode::Shrink)
+            .bounds(&adaptive, current)
+            .unwrap();
+        assert_eq!((shrink.min.cpu_millis, shrink.max.cpu_millis), (1000, 2000));
+        assert!(book(AdaptiveMode::Off).bounds(&adaptive, current).is_none());
+        // Without `adaptive:` a task never moves.
+        let plain = spec("");
+        assert!(book(AdaptiveMode::On).bounds(&plain, current).is_none());
+    }
+}
