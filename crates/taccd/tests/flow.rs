@@ -143,6 +143,8 @@ async fn numbered_output_survives_agent_and_server_kills_exactly() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Read as it prints: a follower blocked on a full pipe would not follow anything.
+    let followed = std::thread::spawn(move || follower.wait_with_output().unwrap());
 
     // Attempt 1 prints its first 50,000 lines; the agent is killed and restarted.
     wait_log_contains(&client, task, &format!("{}\n", line(50_000)), DEADLINE).await;
@@ -179,9 +181,8 @@ async fn numbered_output_survives_agent_and_server_kills_exactly() {
         numbered(50_001, 200_000)
     );
     assert_same_lines("the log", &log_text(&client, task).await, &expected);
-    let followed = tokio::task::spawn_blocking(move || follower.wait_with_output())
+    let followed = tokio::task::spawn_blocking(move || followed.join().unwrap())
         .await
-        .unwrap()
         .unwrap();
     let stderr = String::from_utf8_lossy(&followed.stderr);
     assert!(followed.status.success(), "tcloud logs -f failed: {stderr}");
@@ -222,7 +223,7 @@ async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
         "chatty",
         &format!(
             "name: chatty\nresources: {{cpus: 1}}\nrun: |\n  \
-             awk 'BEGIN {{ s = "x"; for (k = 0; k < 20; k++) s = s s; \
+             awk 'BEGIN {{ s = \"x\"; for (k = 0; k < 20; k++) s = s s; \
              for (i = 1; i <= {LINES}; i++) print i s }}'\n  echo chatty-done\n"
         ),
         &[],
