@@ -546,7 +546,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
         "reports for another node's attempt"
     );
     let other_node = evil_client
-        .agent_reports(real, &[forged_finish.clone()])
+        .agent_reports(real, std::slice::from_ref(&forged_finish))
         .await
         .unwrap_err();
     assert_eq!(other_node.code(), Some("forbidden"), "{other_node}");
