@@ -42,7 +42,7 @@ pub(crate) async fn run(
         tokio::spawn(async move {
             while let Some(line) = output.recv().await {
                 let text = format!("{}{}\n", prefix.as_deref().unwrap_or(""), line.text);
-                let _ = shared.reports.send(AgentReport::Log { attempt, text });
+                shared.reports.send(AgentReport::Log { attempt, text });
             }
         })
     };
@@ -57,7 +57,7 @@ pub(crate) async fn run(
         }
     };
     let _ = forwarder.await;
-    let _ = shared.reports.send(AgentReport::Finished {
+    shared.reports.send(AgentReport::Finished {
         attempt,
         at: now(),
         outcome: crate::attempt::outcome_of(outcome),

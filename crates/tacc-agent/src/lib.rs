@@ -25,6 +25,7 @@ mod resize;
 mod runtimes;
 mod sampler;
 mod secrets;
+mod spool;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -122,7 +123,7 @@ pub(crate) struct Shared {
     /// The container runtime, when this node has a Docker engine.
     pub container: Option<Arc<DockerExecutor>>,
     pub node: Mutex<Option<NodeId>>,
-    pub reports: reporter::ReportSender,
+    pub reports: reporter::Reports,
     pub snapshots: attempt::SnapshotCache,
     pub envs: Arc<environments::EnvCache>,
     pub datasets: datasets::DatasetCache,
@@ -160,7 +161,6 @@ struct Attempts {
 pub struct Agent {
     shared: Arc<Shared>,
     attempts: Arc<Mutex<Attempts>>,
-    reports_rx: Option<reporter::ReportReceiver>,
 }
 
 impl Agent {
@@ -182,7 +182,8 @@ impl Agent {
         )
         .map_err(data_dir_error)?;
         layout::prepare(&config.data_dir, identities.switches()).map_err(data_dir_error)?;
-        let (reports, reports_rx) = reporter::channel();
+        let reports =
+            reporter::Reports::open(config.data_dir.join("spool")).map_err(data_dir_error)?;
         let snapshots =
             attempt::SnapshotCache::open(&config.data_dir).map_err(|e| AgentError::DataDir {
                 path: config.data_dir.display().to_string(),
@@ -215,7 +216,6 @@ impl Agent {
                 resizing: Default::default(),
             }),
             attempts: Arc::new(Mutex::new(Attempts::default())),
-            reports_rx: Some(reports_rx),
         })
     }
 
@@ -240,7 +240,7 @@ impl Agent {
     /// Run until `shutdown` is cancelled. Processes left by a previous life of this agent
     /// (after a crash) are killed first: their attempts are lost, and the server learns
     /// so when this agent registers without them.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    pub async fn run(self, shutdown: CancellationToken) {
         let killed = orphans::kill_leftovers(&self.shared.config.data_dir.join("run"));
         if killed > 0 {
             tracing::warn!("killed {killed} process group(s) left by a previous run of this agent");
@@ -256,11 +256,7 @@ impl Agent {
         let Some(node) = self.register(&shutdown).await else {
             return;
         };
-        let reporter = tokio::spawn(reporter::run(
-            self.shared.clone(),
-            self.reports_rx.take().expect("run is called once"),
-            shutdown.clone(),
-        ));
+        let reporter = tokio::spawn(reporter::run(self.shared.clone(), shutdown.clone()));
         let fencing = tokio::spawn(fence_when_cut_off(
             self.shared.clone(),
             self.attempts.clone(),
@@ -512,7 +508,7 @@ async fn fence_when_cut_off(
                 attempt.task,
                 attempt.attempt
             );
-            let _ = shared.reports.send(AgentReport::Log {
+            shared.reports.send(AgentReport::Log {
                 attempt: *attempt,
                 text: format!(
                     "tacc: this node lost contact with the server for {}s; the attempt was \

@@ -1,80 +1,264 @@
-//! Sends the agent's reports to the server in the order they happened, batching whatever
-//! piled up while the previous request was in flight, and retrying until it is accepted:
-//! a server restart delays reports, it never drops them.
+//! Sends the agent's reports to the server in the order they happened for each attempt,
+//! retrying until they are accepted: a server restart delays reports, it never drops
+//! them. Flow control, end to end:
+//!
+//! - each attempt's output waits in a [`Spool`] of its own (bounded memory, then a spill
+//!   file), so however much a task prints and however long the server is away, the
+//!   agent's memory stays bounded and the task never stalls;
+//! - an attempt's other reports (`started`, `finished`, usage samples) wait beside its
+//!   output, tagged with how much output came before them, and are sent only after it;
+//! - a batch takes a bounded share from every attempt in turn ([`ATTEMPT_SHARE`],
+//!   round robin), so a chatty task never delays another's `started` or `finished`;
+//! - a batch stays below [`BATCH_BYTES`], far under the server's limit
+//!   ([`tacc_proto::MAX_REPORTS_BODY_BYTES`]); should the server refuse one anyway (a 4xx
+//!   answer), it is split and sent again in halves, and a single report it refuses is
+//!   dropped with a line in its task's log saying so — a refused batch never wedges the
+//!   stream.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tacc_proto::AgentReport;
-use tokio::sync::mpsc;
+use tacc_client::ClientError;
+use tacc_proto::{AgentReport, AttemptRef};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::spool::Spool;
 use crate::{Backoff, Shared};
 
-/// Reports sent in one request at most.
-const MAX_BATCH: usize = 4096;
+/// The most a batch's JSON body may take (an estimate that never undercounts).
+pub(crate) const BATCH_BYTES: usize = 4 << 20;
+/// What one attempt's output may take of a batch per turn.
+pub(crate) const ATTEMPT_SHARE: usize = 256 << 10;
+/// What a log report costs beside its text (its tags and ids, generously).
+const LOG_OVERHEAD: usize = 128;
+const _: () = assert!(BATCH_BYTES * 2 <= tacc_proto::MAX_REPORTS_BODY_BYTES);
 
-pub(crate) type ReportSender = mpsc::UnboundedSender<AgentReport>;
-pub(crate) type ReportReceiver = mpsc::UnboundedReceiver<AgentReport>;
-
-pub(crate) fn channel() -> (ReportSender, ReportReceiver) {
-    mpsc::unbounded_channel()
+/// Everything not yet delivered, per attempt.
+#[derive(Debug)]
+pub(crate) struct Reports {
+    queues: Mutex<Queues>,
+    wake: Notify,
+    /// Where spool files go (emptied when the agent starts).
+    dir: PathBuf,
 }
 
-/// Merge consecutive log reports of the same attempt into one.
-fn coalesce(batch: Vec<AgentReport>) -> Vec<AgentReport> {
-    let mut merged: Vec<AgentReport> = Vec::with_capacity(batch.len());
-    for report in batch {
-        if let (
-            Some(AgentReport::Log {
-                attempt: last,
-                text: so_far,
-            }),
-            AgentReport::Log { attempt, text },
-        ) = (merged.last_mut(), &report)
-        {
-            if last == attempt {
-                so_far.push_str(text);
-                continue;
-            }
-        }
-        merged.push(report);
+#[derive(Debug, Default)]
+struct Queues {
+    attempts: BTreeMap<AttemptRef, AttemptQueue>,
+    /// The attempt whose turn comes first in the next batch.
+    next: Option<AttemptRef>,
+}
+
+#[derive(Debug)]
+struct AttemptQueue {
+    log: Spool,
+    /// Reports other than output, each after the output that came before it.
+    events: VecDeque<(u64, AgentReport)>,
+}
+
+impl AttemptQueue {
+    fn is_empty(&self) -> bool {
+        self.log.is_empty() && self.events.is_empty()
     }
-    merged
+
+    /// The next report of this attempt, its output taking at most `max_text` bytes.
+    fn take(&mut self, attempt: AttemptRef, max_text: usize) -> Option<AgentReport> {
+        if let Some((after, _)) = self.events.front() {
+            if *after <= self.log.taken() {
+                return self.events.pop_front().map(|(_, report)| report);
+            }
+            let due = usize::try_from(*after - self.log.taken()).unwrap_or(usize::MAX);
+            let text = self.log.take(max_text.min(due))?;
+            return Some(AgentReport::Log { attempt, text });
+        }
+        let text = self.log.take(max_text)?;
+        Some(AgentReport::Log { attempt, text })
+    }
 }
 
-pub(crate) async fn run(shared: Arc<Shared>, mut rx: ReportReceiver, shutdown: CancellationToken) {
-    loop {
-        let first = tokio::select! {
-            report = rx.recv() => match report {
-                Some(report) => report,
-                None => return,
-            },
-            _ = shutdown.cancelled() => {
-                flush_on_shutdown(&shared, &mut rx).await;
-                return;
-            }
-        };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(report) => batch.push(report),
-                Err(_) => break,
+fn attempt_of(report: &AgentReport) -> AttemptRef {
+    match report {
+        AgentReport::Log { attempt, .. }
+        | AgentReport::Started { attempt, .. }
+        | AgentReport::Finished { attempt, .. }
+        | AgentReport::RuntimeChosen { attempt, .. } => *attempt,
+        AgentReport::Usage(sample) => sample.attempt,
+    }
+}
+
+/// The length of `text` as a JSON string, never less than serde_json writes.
+fn json_len(text: &str) -> usize {
+    2 + text
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum::<usize>()
+}
+
+/// The size of a report in a batch's JSON body (an estimate that never undercounts).
+fn report_len(report: &AgentReport) -> usize {
+    match report {
+        AgentReport::Log { text, .. } => json_len(text) + LOG_OVERHEAD,
+        other => serde_json::to_vec(other).map_or(LOG_OVERHEAD, |json| json.len() + 1),
+    }
+}
+
+impl Reports {
+    /// The queues, spilling under `dir` (which is emptied: a previous life's
+    /// attempts are lost, and so is their undelivered output).
+    pub(crate) fn open(dir: PathBuf) -> std::io::Result<Reports> {
+        use std::os::unix::fs::DirBuilderExt;
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)?;
+        Ok(Reports {
+            queues: Mutex::new(Queues::default()),
+            wake: Notify::new(),
+            dir,
+        })
+    }
+
+    /// Queue a report for delivery (never blocks on the server).
+    pub(crate) fn send(&self, report: AgentReport) {
+        let attempt = attempt_of(&report);
+        {
+            let mut queues = self.queues.lock().unwrap();
+            let queue = queues
+                .attempts
+                .entry(attempt)
+                .or_insert_with(|| AttemptQueue {
+                    log: Spool::new(
+                        self.dir
+                            .join(format!("{}-{}.log", attempt.task, attempt.attempt)),
+                    ),
+                    events: VecDeque::new(),
+                });
+            match report {
+                AgentReport::Log { text, .. } => queue.log.append(text),
+                other => queue.events.push_back((queue.log.appended(), other)),
             }
         }
-        let batch = coalesce(batch);
+        self.wake.notify_one();
+    }
+
+    /// The next batch: a turn for each attempt with something to say, round robin,
+    /// until the batch is full or nothing is left; empty when nothing waits.
+    pub(crate) fn take_batch(&self, budget: usize) -> Vec<AgentReport> {
+        let mut queues = self.queues.lock().unwrap();
+        let mut batch: Vec<AgentReport> = Vec::new();
+        let mut room = budget;
+        // The attempts in turn order, from the one whose turn it is.
+        let mut order: Vec<AttemptRef> = queues.attempts.keys().copied().collect();
+        if let Some(next) = queues.next {
+            let first = order.partition_point(|a| *a < next);
+            order.rotate_left(first);
+        }
+        let mut last_served = None;
+        'rounds: loop {
+            let mut progress = false;
+            for attempt in &order {
+                // Output costs up to six bytes of JSON per byte: ask for no more than fits.
+                let max_text = ATTEMPT_SHARE.min(room.saturating_sub(LOG_OVERHEAD + 2) / 6);
+                if max_text < 64 {
+                    break 'rounds;
+                }
+                let Some(queue) = queues.attempts.get_mut(attempt) else {
+                    continue;
+                };
+                let Some(report) = queue.take(*attempt, max_text) else {
+                    continue;
+                };
+                let len = report_len(&report);
+                room = room.saturating_sub(len);
+                progress = true;
+                last_served = Some(*attempt);
+                // Consecutive output of one attempt travels as one report.
+                match (batch.last_mut(), report) {
+                    (
+                        Some(AgentReport::Log {
+                            attempt: previous,
+                            text: so_far,
+                        }),
+                        AgentReport::Log { attempt, text },
+                    ) if *previous == attempt => so_far.push_str(&text),
+                    (_, report) => batch.push(report),
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+        queues.attempts.retain(|_, queue| !queue.is_empty());
+        // Next time, the turn passes to the attempt after the last one served.
+        queues.next = last_served.and_then(|last| {
+            queues
+                .attempts
+                .range((std::ops::Bound::Excluded(last), std::ops::Bound::Unbounded))
+                .next()
+                .map(|(a, _)| *a)
+        });
+        batch
+    }
+
+    /// Wait until something may have been queued.
+    async fn queued(&self) {
+        self.wake.notified().await;
+    }
+}
+
+pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+    loop {
+        let batch = shared.reports.take_batch(BATCH_BYTES);
+        if batch.is_empty() {
+            tokio::select! {
+                _ = shared.reports.queued() => continue,
+                _ = shutdown.cancelled() => {
+                    flush_on_shutdown(&shared).await;
+                    return;
+                }
+            }
+        }
+        if deliver(&shared, batch, &shutdown).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Whether the server refused the batch for what it holds (retrying it unchanged
+/// cannot help), as opposed to being away or failing for reasons of its own.
+fn refused(error: &ClientError) -> bool {
+    matches!(error, ClientError::Api { status, .. } if matches!(status, 400 | 413 | 422))
+}
+
+/// Deliver a batch, retrying while the server is away; `Err` when shut down meanwhile.
+async fn deliver(
+    shared: &Shared,
+    batch: Vec<AgentReport>,
+    shutdown: &CancellationToken,
+) -> Result<(), ()> {
+    // Parts still to send, the next one last.
+    let mut parts = vec![batch];
+    while let Some(part) = parts.pop() {
         let mut backoff = Backoff::default();
         loop {
             let Some(node) = shared.node() else {
-                if backoff.wait(&shutdown).await.is_err() {
-                    return;
-                }
+                backoff.wait(shutdown).await?;
                 continue;
             };
-            match shared.client.agent_reports(node, batch.clone()).await {
+            match shared.client.agent_reports(node, &part).await {
                 Ok(ack) => {
                     shared.lease.renewed(std::time::Instant::now());
-                    let samples = batch
+                    let samples = part
                         .iter()
                         .filter(|r| matches!(r, AgentReport::Usage(_)))
                         .count();
@@ -84,33 +268,76 @@ pub(crate) async fn run(shared: Arc<Shared>, mut rx: ReportReceiver, shutdown: C
                             "the server rejected {} of {} report(s) as not belonging to this \
                              node's current attempts",
                             ack.rejected,
-                            batch.len()
+                            part.len()
                         );
+                    }
+                    break;
+                }
+                Err(e) if refused(&e) && part.len() > 1 => {
+                    tracing::warn!(
+                        "the server refused {} report(s) ({e}); sending them again in halves",
+                        part.len()
+                    );
+                    let mut first = part;
+                    let second = first.split_off(first.len() / 2);
+                    parts.push(second);
+                    parts.push(first);
+                    break;
+                }
+                Err(e) if refused(&e) => {
+                    let report = &part[0];
+                    tracing::error!(
+                        "the server refused a {} report of task {} attempt {} ({e}); it is \
+                         dropped so that the reports after it get through",
+                        report_kind(report),
+                        attempt_of(report).task,
+                        attempt_of(report).attempt
+                    );
+                    if let AgentReport::Log { attempt, text } = report {
+                        if !text.starts_with(DROPPED_MARKER) {
+                            parts.push(vec![AgentReport::Log {
+                                attempt: *attempt,
+                                text: format!(
+                                    "{DROPPED_MARKER} {} bytes of this task's output: the \
+                                     server refused them ({e})\n",
+                                    text.len()
+                                ),
+                            }]);
+                        }
                     }
                     break;
                 }
                 Err(e) => {
                     tracing::warn!(
                         "cannot deliver {} report(s) to the server, will retry: {e}",
-                        batch.len()
+                        part.len()
                     );
-                    if backoff.wait(&shutdown).await.is_err() {
-                        return;
-                    }
+                    backoff.wait(shutdown).await?;
                 }
             }
         }
     }
+    Ok(())
+}
+
+/// How the log line standing for output the server refused begins.
+const DROPPED_MARKER: &str = "tacc: dropped";
+
+fn report_kind(report: &AgentReport) -> &'static str {
+    match report {
+        AgentReport::Log { .. } => "log",
+        AgentReport::Started { .. } => "started",
+        AgentReport::Finished { .. } => "finished",
+        AgentReport::RuntimeChosen { .. } => "runtime",
+        AgentReport::Usage(_) => "usage",
+    }
 }
 
 /// One bounded attempt to deliver what is queued when the agent stops.
-async fn flush_on_shutdown(shared: &Shared, rx: &mut ReportReceiver) {
-    let mut batch = Vec::new();
-    while let Ok(report) = rx.try_recv() {
-        batch.push(report);
-    }
+async fn flush_on_shutdown(shared: &Shared) {
+    let batch = shared.reports.take_batch(BATCH_BYTES);
     if let (Some(node), false) = (shared.node(), batch.is_empty()) {
-        let send = shared.client.agent_reports(node, coalesce(batch));
+        let send = shared.client.agent_reports(node, &batch);
         let _ = tokio::time::timeout(Duration::from_secs(2), send).await;
     }
 }
@@ -119,43 +346,138 @@ async fn flush_on_shutdown(shared: &Shared, rx: &mut ReportReceiver) {
 mod tests {
     use super::*;
     use tacc_core::{AttemptNo, TaskId, Timestamp};
-    use tacc_proto::AttemptRef;
+    use tacc_proto::AttemptOutcome;
 
-    #[test]
-    fn consecutive_logs_of_one_attempt_merge_in_order() {
-        let a = AttemptRef {
-            task: TaskId(1),
+    fn attempt(task: u64) -> AttemptRef {
+        AttemptRef {
+            task: TaskId(task),
             attempt: AttemptNo(1),
-        };
-        let b = AttemptRef {
-            task: TaskId(2),
-            attempt: AttemptNo(1),
-        };
-        let log = |attempt, text: &str| AgentReport::Log {
+        }
+    }
+
+    fn log(attempt: AttemptRef, text: &str) -> AgentReport {
+        AgentReport::Log {
             attempt,
             text: text.to_string(),
-        };
-        let merged = coalesce(vec![
-            log(a, "1\n"),
-            log(a, "2\n"),
-            log(b, "x\n"),
-            AgentReport::Started {
-                attempt: a,
-                at: Timestamp(5),
-            },
-            log(a, "3\n"),
-        ]);
-        assert_eq!(
-            merged,
-            vec![
-                log(a, "1\n2\n"),
-                log(b, "x\n"),
-                AgentReport::Started {
-                    attempt: a,
-                    at: Timestamp(5)
-                },
-                log(a, "3\n"),
-            ]
+        }
+    }
+
+    fn finished(attempt: AttemptRef) -> AgentReport {
+        AgentReport::Finished {
+            attempt,
+            at: Timestamp(9),
+            outcome: AttemptOutcome::Exited { code: 0 },
+            rank: None,
+        }
+    }
+
+    fn reports() -> (tempfile::TempDir, Reports) {
+        let dir = tempfile::tempdir().unwrap();
+        let reports = Reports::open(dir.path().join("spool")).unwrap();
+        (dir, reports)
+    }
+
+    /// Every batch until nothing is left, each checked against the server's limit.
+    fn drain(reports: &Reports) -> Vec<Vec<AgentReport>> {
+        let mut batches = Vec::new();
+        loop {
+            let batch = reports.take_batch(BATCH_BYTES);
+            if batch.is_empty() {
+                return batches;
+            }
+            let body = serde_json::to_vec(&tacc_proto::AgentReports {
+                reports: batch.clone(),
+            })
+            .unwrap();
+            assert!(body.len() <= BATCH_BYTES, "{} bytes", body.len());
+            batches.push(batch);
+        }
+    }
+
+    fn text_of(batches: &[Vec<AgentReport>], of: AttemptRef) -> String {
+        batches
+            .iter()
+            .flatten()
+            .filter_map(|r| match r {
+                AgentReport::Log { attempt, text } if *attempt == of => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_line_larger_than_the_limit_travels_in_batches_under_it() {
+        let (_dir, reports) = reports();
+        let a = attempt(1);
+        // Control characters cost six bytes of JSON each: the worst case, and this line
+        // takes more than the server's limit as JSON.
+        let huge = "\u{1}".repeat(tacc_proto::MAX_REPORTS_BODY_BYTES / 4) + "\n";
+        assert!(json_len(&huge) > tacc_proto::MAX_REPORTS_BODY_BYTES);
+        reports.send(log(a, &huge));
+        reports.send(finished(a));
+        let batches = drain(&reports);
+        assert!(batches.len() > 1);
+        assert_eq!(text_of(&batches, a), huge);
+        assert_eq!(batches.last().unwrap().last(), Some(&finished(a)));
+    }
+
+    #[test]
+    fn output_keeps_its_order_across_spill_and_replay_and_ends_before_finished() {
+        let (_dir, reports) = reports();
+        let a = attempt(1);
+        let mut expected = String::new();
+        for i in 0..300_000 {
+            let line = format!("line {i}\n");
+            expected.push_str(&line);
+            reports.send(log(a, &line));
+        }
+        assert!(
+            expected.len() > crate::spool::MEMORY_BYTES,
+            "the test must spill"
         );
+        reports.send(finished(a));
+        reports.send(log(a, "after the end\n"));
+        let batches = drain(&reports);
+        let flat: Vec<&AgentReport> = batches.iter().flatten().collect();
+        let end = flat.iter().position(|r| **r == finished(a)).unwrap();
+        assert_eq!(
+            text_of(&[flat[..end].iter().map(|r| (*r).clone()).collect()], a),
+            expected
+        );
+        assert_eq!(
+            text_of(&[flat[end..].iter().map(|r| (*r).clone()).collect()], a),
+            "after the end\n"
+        );
+    }
+
+    #[test]
+    fn a_chatty_attempt_does_not_delay_another_attempt_s_reports() {
+        let (_dir, reports) = reports();
+        let (chatty, quiet) = (attempt(1), attempt(2));
+        let line = "y".repeat(1000) + "\n";
+        for _ in 0..5_000 {
+            reports.send(log(chatty, &line));
+        }
+        reports.send(AgentReport::Started {
+            attempt: quiet,
+            at: Timestamp(1),
+        });
+        reports.send(log(quiet, "hello\n"));
+        reports.send(finished(quiet));
+        let first = reports.take_batch(BATCH_BYTES);
+        assert!(first.contains(&finished(quiet)), "the quiet task waited");
+        assert!(first.contains(&log(quiet, "hello\n")));
+        let rest = drain(&reports);
+        let mut all = vec![first];
+        all.extend(rest);
+        assert_eq!(text_of(&all, chatty), line.repeat(5_000));
+    }
+
+    #[test]
+    fn json_length_estimate_never_undercounts() {
+        let text: String = (0u8..=127).map(char::from).collect::<String>() + "é\u{2028}";
+        assert!(json_len(&text) >= serde_json::to_string(&text).unwrap().len());
+        let report = log(attempt(123_456), &text);
+        assert!(report_len(&report) >= serde_json::to_vec(&report).unwrap().len());
     }
 }

@@ -237,7 +237,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 crate::now(),
                 shared.gpus.as_ref(),
                 |sample| {
-                    let _ = shared.reports.send(AgentReport::Usage(sample));
+                    shared.reports.send(AgentReport::Usage(sample));
                 },
             );
         })

@@ -94,6 +94,41 @@ impl SecretMask {
         self.values.is_empty()
     }
 
+    /// The greatest position at most `cut` (a character boundary of `text`) where `text`
+    /// may be split without cutting through a value: the two sides are then masked
+    /// apart and no value escapes masking by straddling the cut.
+    pub fn safe_cut(&self, text: &str, mut cut: usize) -> usize {
+        loop {
+            let mut moved = false;
+            for value in &self.values {
+                let mut start = cut.saturating_sub(value.len() - 1);
+                while !text.is_char_boundary(start) {
+                    start -= 1;
+                }
+                let mut end = (cut + value.len() - 1).min(text.len());
+                while !text.is_char_boundary(end) {
+                    end += 1;
+                }
+                let straddling = text[start..end]
+                    .match_indices(value.as_str())
+                    .map(|(at, _)| start + at)
+                    .find(|at| *at < cut && at + value.len() > cut);
+                if let Some(at) = straddling {
+                    cut = at;
+                    moved = true;
+                }
+            }
+            if !moved {
+                return cut;
+            }
+        }
+    }
+
+    /// The length of the longest value (0 when there is none).
+    pub fn longest(&self) -> usize {
+        self.values.first().map_or(0, String::len)
+    }
+
     /// `line` with every occurrence of every value replaced, scanning left to right (at
     /// each position the longest value that matches wins).
     pub fn apply<'a>(&self, line: &'a str) -> Cow<'a, str> {
@@ -165,6 +200,22 @@ mod tests {
         let m = mask(&["-----BEGIN KEY-----\nMIIEvQIBADAN\n-----END KEY-----\n"]);
         assert_eq!(m.apply("MIIEvQIBADAN"), "***");
         assert_eq!(m.apply("got -----END KEY-----"), "got ***");
+    }
+
+    #[test]
+    fn a_safe_cut_never_splits_a_value() {
+        let mask = mask(&["s3cr3t-value"]);
+        let text = "xx s3cr3t-value yy";
+        for cut in 0..=text.len() {
+            let safe = mask.safe_cut(text, cut);
+            assert!(safe <= cut);
+            let (left, right) = text.split_at(safe);
+            assert_eq!(
+                format!("{}{}", mask.apply(left), mask.apply(right)),
+                "xx *** yy",
+                "cut at {cut}"
+            );
+        }
     }
 
     #[test]

@@ -15,10 +15,9 @@ use reqwest::{Method, RequestBuilder, StatusCode};
 use serde::de::DeserializeOwned;
 use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState};
 use tacc_proto::{
-    AgentRegistered, AgentReport, AgentReports, ApiError, AttemptRef, CancelReply, DesiredWork,
-    Health, NodeView, OutputFile, RegisterAgent, SnapshotCommitted, SnapshotOffer,
-    SnapshotOfferReply, SubmitReply, SubmitTask, TaskEventView, TaskExplanation, TaskView,
-    WorkPoll,
+    AgentRegistered, AgentReport, ApiError, AttemptRef, CancelReply, DesiredWork, Health, NodeView,
+    OutputFile, RegisterAgent, SnapshotCommitted, SnapshotOffer, SnapshotOfferReply, SubmitReply,
+    SubmitTask, TaskEventView, TaskExplanation, TaskView, WorkPoll,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -644,11 +643,16 @@ impl Client {
     pub async fn agent_reports(
         &self,
         node: NodeId,
-        reports: Vec<AgentReport>,
+        reports: &[AgentReport],
     ) -> Result<tacc_proto::ReportsAck> {
+        /// [`AgentReports`], borrowed: a batch is kept for a retry, not copied.
+        #[derive(serde::Serialize)]
+        struct Borrowed<'a> {
+            reports: &'a [AgentReport],
+        }
         self.json(
             self.request(Method::POST, &format!("/v1/agents/{node}/reports"))
-                .json(&AgentReports { reports }),
+                .json(&Borrowed { reports }),
         )
         .await
     }

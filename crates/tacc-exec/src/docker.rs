@@ -17,6 +17,7 @@ use bollard::{ClientVersion, Docker};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 
+use crate::lines::LineSplitter;
 use crate::{
     ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Stream, handle_parts,
 };
@@ -467,32 +468,22 @@ async fn forward_logs(
 ) {
     use bollard::container::LogOutput;
     tokio::pin!(logs);
-    let mut partial: [Vec<u8>; 2] = [Vec::new(), Vec::new()];
-    let send = |stream: Stream, bytes: &[u8]| {
-        let text = String::from_utf8_lossy(bytes).into_owned();
-        output.send(OutputLine { stream, text }).is_ok()
-    };
+    let mut splitters = [
+        LineSplitter::new(Stream::Stdout),
+        LineSplitter::new(Stream::Stderr),
+    ];
     while let Some(Ok(frame)) = logs.next().await {
-        let (stream, index, bytes) = match frame {
-            LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                (Stream::Stdout, 0, message)
-            }
-            LogOutput::StdErr { message } => (Stream::Stderr, 1, message),
+        let (index, bytes) = match frame {
+            LogOutput::StdOut { message } | LogOutput::Console { message } => (0, message),
+            LogOutput::StdErr { message } => (1, message),
             LogOutput::StdIn { .. } => continue,
         };
-        let buffer = &mut partial[index];
-        buffer.extend_from_slice(&bytes);
-        while let Some(newline) = buffer.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buffer.drain(..=newline).collect();
-            if !send(stream, &line[..line.len() - 1]) {
-                return;
-            }
+        if !splitters[index].push(&bytes, &output) {
+            return;
         }
     }
-    for (index, stream) in [(0, Stream::Stdout), (1, Stream::Stderr)] {
-        if !partial[index].is_empty() {
-            send(stream, &partial[index]);
-        }
+    for splitter in splitters {
+        splitter.finish(&output);
     }
 }
 

@@ -81,6 +81,7 @@ async fn interpret(
                 let _ = output.send(OutputLine {
                     stream,
                     text: expand(text, env),
+                    partial: false,
                 });
                 0
             }
@@ -98,6 +99,7 @@ async fn interpret(
                 let _ = output.send(OutputLine {
                     stream: Stream::Stderr,
                     text: format!("fake: {other}: command not found"),
+                    partial: false,
                 });
                 127
             }

@@ -15,6 +15,7 @@
 
 mod docker;
 mod fake;
+mod lines;
 mod process;
 
 pub mod cgroups;
@@ -30,6 +31,7 @@ use std::time::Duration;
 
 pub use docker::{DockerExecutor, LABEL_OWNER};
 pub use fake::FakeExecutor;
+pub use lines::MAX_LINE_BYTES;
 pub use process::ProcessExecutor;
 pub use slurm::{SlurmBackend, SlurmConfig, SlurmExecutor};
 pub use tacc_core::RuntimeKind;
@@ -144,11 +146,15 @@ pub enum Stream {
     Stderr,
 }
 
-/// One line of output (without its trailing newline).
+/// One line of output (without its trailing newline), or one piece of a line longer
+/// than [`MAX_LINE_BYTES`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputLine {
     pub stream: Stream,
     pub text: String,
+    /// The line goes on in the next `OutputLine` of the same stream: `text` is a piece
+    /// of a line longer than [`MAX_LINE_BYTES`].
+    pub partial: bool,
 }
 
 /// How an execution ended.

@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 use crate::cgroups::{
     Cgroup, Cgroups, DEFAULT_PIDS_MAX, KILL_DEADLINE, KillReport, Limits, NoCgroups, UsageReader,
 };
+use crate::lines::LineSplitter;
 use crate::{
     ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Stream, handle_parts,
 };
@@ -265,6 +266,7 @@ impl Executor for ProcessExecutor {
                     let _ = output.send(OutputLine {
                         stream: Stream::Stderr,
                         text,
+                        partial: false,
                     });
                 }
                 if hard.empty {
@@ -368,26 +370,23 @@ async fn terminate(
     report
 }
 
+/// Forward a pipe's output as lines, in pieces of at most [`crate::MAX_LINE_BYTES`].
 async fn forward_lines(
-    pipe: impl AsyncRead + Unpin,
+    mut pipe: impl AsyncRead + Unpin,
     stream: Stream,
     output: mpsc::UnboundedSender<OutputLine>,
 ) {
-    let mut reader = BufReader::new(pipe);
-    let mut buffer = Vec::new();
+    let mut splitter = LineSplitter::new(stream);
+    let mut buffer = vec![0u8; 64 << 10];
     loop {
-        buffer.clear();
-        match reader.read_until(b'\n', &mut buffer).await {
+        match pipe.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
-            Ok(_) => {
-                if buffer.last() == Some(&b'\n') {
-                    buffer.pop();
-                }
-                let text = String::from_utf8_lossy(&buffer).into_owned();
-                if output.send(OutputLine { stream, text }).is_err() {
-                    break;
+            Ok(read) => {
+                if !splitter.push(&buffer[..read], &output) {
+                    return;
                 }
             }
         }
     }
+    splitter.finish(&output);
 }

@@ -22,6 +22,10 @@ use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskStat
 pub const TOKEN_PREFIX: &str = "tacc_";
 /// Response header of the log endpoint: the byte offset just past the returned data.
 pub const LOG_OFFSET_HEADER: &str = "x-tacc-log-offset";
+/// Largest body the server accepts on an agent's reports route
+/// (`POST /v1/agents/{node}/reports`). Agents size their batches well below it, so a
+/// batch is never refused for its size, however much a task prints.
+pub const MAX_REPORTS_BODY_BYTES: usize = 16 << 20;
 /// API version prefix.
 pub const API_PREFIX: &str = "/v1";
 

@@ -446,11 +446,7 @@ impl HandNode {
     }
 
     async fn report(&self, report: tacc_proto::AgentReport) -> (u32, u32) {
-        let ack = self
-            .client
-            .agent_reports(self.id, vec![report])
-            .await
-            .unwrap();
+        let ack = self.client.agent_reports(self.id, &[report]).await.unwrap();
         (ack.accepted, ack.rejected)
     }
 }

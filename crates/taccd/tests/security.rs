@@ -518,7 +518,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
     let ack = evil_client
         .agent_reports(
             evil.node_id,
-            vec![
+            &[
                 forged_finish.clone(),
                 AgentReport::Log {
                     attempt,
@@ -552,7 +552,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
         "reports for another node's attempt"
     );
     let other_node = evil_client
-        .agent_reports(real, vec![forged_finish.clone()])
+        .agent_reports(real, std::slice::from_ref(&forged_finish))
         .await
         .unwrap_err();
     assert_eq!(other_node.code(), Some("forbidden"), "{other_node}");
@@ -605,7 +605,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
         outcome: AttemptOutcome::Exited { code: 1 },
         rank: None,
     };
-    let ack = real_client.agent_reports(real, vec![replay]).await.unwrap();
+    let ack = real_client.agent_reports(real, &[replay]).await.unwrap();
     assert_eq!(ack.rejected, 1, "a replayed ending is rejected");
     assert_eq!(
         alice.get_task(task).await.unwrap().state,

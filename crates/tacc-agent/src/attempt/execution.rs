@@ -2,11 +2,14 @@
 //! recorded (so a restarted agent can kill what it left), its usage is sampled, and its
 //! output lines are forwarded into the task's log — masked and, in a multi-process
 //! attempt, prefixed with the rank — every one of them before its end is returned.
+//! A line longer than [`tacc_exec::MAX_LINE_BYTES`] arrives in pieces and is written as
+//! several log lines, all but the last ending with [`LINE_CONTINUES`]; a piece is cut
+//! where no secret value straddles the cut, so masking sees every value whole.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use tacc_exec::{ExecError, Executor, ExitOutcome, LaunchSpec, OutputLine};
+use tacc_exec::{ExecError, Executor, ExitOutcome, LaunchSpec, OutputLine, Stream};
 use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -25,16 +28,83 @@ pub(crate) struct LogLines {
     pub mask: Arc<SecretMask>,
 }
 
+/// What ends each log line but the last of an output line that was too long for one.
+pub(crate) const LINE_CONTINUES: &str = " [tacc: line continues]";
+
 impl LogLines {
     fn format(&self, line: &str) -> String {
+        self.render(line, "\n")
+    }
+
+    fn render(&self, line: &str, end: &str) -> String {
         let line = self.mask.apply(line);
-        let mut text = String::with_capacity(line.len() + 8);
+        let mut text = String::with_capacity(line.len() + end.len() + 8);
         if let Some(prefix) = &self.prefix {
             text.push_str(prefix);
         }
         text.push_str(&line);
-        text.push('\n');
+        text.push_str(end);
         text
+    }
+}
+
+/// Log text from an execution's output lines, holding back the unwritten end of each
+/// stream's long line.
+#[derive(Debug)]
+struct LogText {
+    lines: LogLines,
+    /// Per stream (stdout, stderr): the part of a long line not written yet.
+    carry: [String; 2],
+}
+
+impl LogText {
+    fn new(lines: LogLines) -> Self {
+        LogText {
+            lines,
+            carry: [String::new(), String::new()],
+        }
+    }
+
+    /// The log text for `line`, if any is ready.
+    fn next(&mut self, line: OutputLine) -> Option<String> {
+        let slot = &mut self.carry[match line.stream {
+            Stream::Stdout => 0,
+            Stream::Stderr => 1,
+        }];
+        if !line.partial {
+            if slot.is_empty() {
+                return Some(self.lines.format(&line.text));
+            }
+            slot.push_str(&line.text);
+            let whole = std::mem::take(slot);
+            return Some(self.lines.format(&whole));
+        }
+        slot.push_str(&line.text);
+        // Keep enough back that a value starting near the end is seen whole next time.
+        let keep = self.lines.mask.longest().saturating_sub(1);
+        if slot.len() <= keep {
+            return None;
+        }
+        let mut cut = slot.len() - keep;
+        while !slot.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let cut = self.lines.mask.safe_cut(slot, cut);
+        if cut == 0 {
+            return None;
+        }
+        let rest = slot.split_off(cut);
+        let piece = std::mem::replace(slot, rest);
+        Some(self.lines.render(&piece, &format!("{LINE_CONTINUES}\n")))
+    }
+
+    /// What is left when the output ends.
+    fn finish(self) -> impl Iterator<Item = String> {
+        let lines = self.lines;
+        self.carry
+            .into_iter()
+            .filter(|rest| !rest.is_empty())
+            .map(move |rest| lines.format(&rest))
     }
 }
 
@@ -65,11 +135,16 @@ pub(crate) async fn launch(
     let forwarder = {
         let shared = shared.clone();
         tokio::spawn(async move {
+            let mut log = LogText::new(lines);
             while let Some(line) = rx.recv().await {
                 if let Some(clock) = &output_clock {
                     clock.store(now().0, std::sync::atomic::Ordering::Relaxed);
                 }
-                let text = lines.format(&line.text);
+                if let Some(text) = log.next(line) {
+                    report(&shared, AgentReport::Log { attempt, text });
+                }
+            }
+            for text in log.finish() {
                 report(&shared, AgentReport::Log { attempt, text });
             }
         })
@@ -117,5 +192,39 @@ mod tests {
         };
         assert_eq!(lines.format("key=s3cr3t-value"), "[1] key=***\n");
         assert_eq!(LogLines::default().format("plain"), "plain\n");
+    }
+
+    fn piece(text: &str, partial: bool) -> OutputLine {
+        OutputLine {
+            stream: Stream::Stdout,
+            text: text.into(),
+            partial,
+        }
+    }
+
+    #[test]
+    fn a_long_line_is_written_in_marked_pieces_with_secrets_masked_across_cuts() {
+        let secrets = ["s3cr3t-value".to_string()];
+        let mut log = LogText::new(LogLines {
+            prefix: None,
+            mask: Arc::new(SecretMask::new(&secrets)),
+        });
+        // The secret straddles the cut between the first and second piece.
+        let mut written: Vec<String> = [
+            piece("aaaa s3cr3", true),
+            piece("t-value bbbb", true),
+            piece(" end", false),
+        ]
+        .into_iter()
+        .filter_map(|line| log.next(line))
+        .collect();
+        written.extend(log.finish());
+        let text = written.concat();
+        assert!(!text.contains("s3cr3"), "{text}");
+        assert_eq!(
+            text.replace(&format!("{LINE_CONTINUES}\n"), ""),
+            "aaaa *** bbbb end\n"
+        );
+        assert!(written.iter().all(|w| w.ends_with('\n')), "{written:?}");
     }
 }

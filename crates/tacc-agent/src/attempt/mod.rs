@@ -32,7 +32,7 @@ use crate::now;
 use crate::secrets::SecretMask;
 
 pub(crate) fn report(shared: &Shared, report: AgentReport) {
-    let _ = shared.reports.send(report);
+    shared.reports.send(report);
 }
 
 /// The name of an assignment's working directory under the agent's `work/`.

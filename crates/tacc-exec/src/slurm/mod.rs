@@ -501,6 +501,7 @@ impl SlurmBackend {
                                             "tacc: slurm job {job_id} is pending ({})",
                                             job.reason
                                         ),
+                                        partial: false,
                                     });
                                 }
                             }
@@ -680,6 +681,7 @@ impl Tail {
                 let _ = output.send(OutputLine {
                     stream: *stream,
                     text,
+                    partial: false,
                 });
                 start += end + 1;
             }
@@ -689,6 +691,7 @@ impl Tail {
                 let _ = output.send(OutputLine {
                     stream: *stream,
                     text,
+                    partial: false,
                 });
                 partial.clear();
             }

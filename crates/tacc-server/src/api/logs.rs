@@ -1,4 +1,8 @@
-//! The log route: a task's log from a byte offset, streamed live with `follow`.
+//! The log route: a task's log from a byte offset, streamed live with `follow`. Either
+//! way the file is read in steps of [`LOG_READ_STEP`] as the client takes them, so a
+//! reader costs the server one step of memory, however large the log.
+
+use std::sync::Arc;
 
 use super::prelude::*;
 
@@ -11,6 +15,9 @@ pub(super) struct LogQuery {
     offset: u64,
     #[serde(default)]
     follow: bool,
+    /// Without `follow`: at most this many bytes (else to the end the log has now).
+    #[serde(default)]
+    limit: Option<u64>,
 }
 
 /// The task's log from a byte offset. With `follow`, the response streams new output
@@ -28,12 +35,14 @@ pub(super) async fn task_logs(
     super::tasks::load(&app.control, task).await?;
     let control = app.control.clone();
     if !query.follow {
-        let data = control
-            .logs
-            .read(task, query.offset, usize::MAX)
-            .map_err(|e| ServerError::Internal(e.to_string()))?;
-        let end = query.offset + data.len() as u64;
-        let mut response = Body::from(data).into_response();
+        let size = control.logs.len(task).map_err(|e| {
+            ServerError::Internal(format!("cannot read the log of task {task}: {e}"))
+        })?;
+        let start = query.offset.min(size);
+        let end = query
+            .limit
+            .map_or(size, |limit| start.saturating_add(limit).min(size));
+        let mut response = Body::from_stream(log_range(control, task, start, end)).into_response();
         response
             .headers_mut()
             .insert(tacc_proto::LOG_OFFSET_HEADER, HeaderValue::from(end));
@@ -99,4 +108,33 @@ pub(super) async fn task_logs(
         HeaderValue::from(query.offset),
     );
     Ok(response)
+}
+
+/// The bytes `start..end` of a task's log, a step at a time (read off the runtime).
+fn log_range(
+    control: Arc<Control>,
+    task: TaskId,
+    start: u64,
+    end: u64,
+) -> impl futures::Stream<Item = std::io::Result<Bytes>> {
+    futures::stream::try_unfold(start, move |offset| {
+        let control = control.clone();
+        async move {
+            if offset >= end {
+                return Ok(None);
+            }
+            let step =
+                usize::try_from(end - offset).map_or(LOG_READ_STEP, |left| left.min(LOG_READ_STEP));
+            let data = tokio::task::spawn_blocking(move || control.logs.read(task, offset, step))
+                .await
+                .map_err(std::io::Error::other)??;
+            if data.is_empty() {
+                // The file is shorter than it was a moment ago: it cannot be, but a
+                // response that ends early is better than one that never ends.
+                return Ok(None);
+            }
+            let next = offset + data.len() as u64;
+            Ok(Some((Bytes::from(data), next)))
+        }
+    })
 }

@@ -328,6 +328,8 @@ pub(crate) fn body_limit(path: &str) -> Option<usize> {
     match path {
         "/v1/chunks/{hash}" => Some(MAX_CHUNK_BYTES),
         "/v1/secrets/{name}" => Some(MAX_SECRET_BODY),
+        // Agents size their report batches below this (see the agent's reporter).
+        "/v1/agents/{node}/reports" => Some(tacc_proto::MAX_REPORTS_BODY_BYTES),
         // Outputs stream to disk: bounded by the node's own disk, not by memory.
         "/v1/agents/{node}/outputs/{task}/{attempt}/{*path}" => None,
         "/v1/agents/{node}/answers/{request}/file" => {

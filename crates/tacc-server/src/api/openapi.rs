@@ -229,10 +229,16 @@ fn described() -> Vec<Operation> {
             M::GET,
             "/v1/tasks/{id}/logs",
             "A task's log from a byte offset; with `follow`, streamed until the task ended. \
-             The `x-tacc-log-offset` header says where the returned bytes end.",
+             The `x-tacc-log-offset` header says where the returned bytes end. The file is \
+             streamed in bounded steps, however large it is.",
         )
         .query(&[
             ("offset", Type::Integer, "Byte offset to read from."),
+            (
+                "limit",
+                Type::Integer,
+                "Without `follow`: at most this many bytes (default: to the current end).",
+            ),
             (
                 "follow",
                 Type::Boolean,

@@ -1,0 +1,305 @@
+//! Flow control end to end (issue 10, item 4; the log half of fault scenario R14), on
+//! real processes: numbered output survives the agent and the server being killed and a
+//! follower reconnecting, exactly; a task printing huge lines fast neither stalls another
+//! task on its node nor grows the agent's memory; readers of a large log cost the server
+//! a bounded amount of memory.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use tacc_client::Client;
+use tacc_core::{TaskId, TaskState};
+
+/// The `tcloud` binary built beside `taccd`.
+fn tcloud_binary() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_taccd")).with_file_name("tcloud");
+    assert!(
+        path.exists(),
+        "{} is missing: build every binary first with `cargo build -p taccd -p tcloud --bins`",
+        path.display()
+    );
+    path
+}
+
+/// A process's peak resident memory (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    memory_line(pid, "VmHWM:")
+}
+
+fn memory_line(pid: u32, key: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix(key))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"));
+    kib * 1024
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Start `taccd server` again on the address it had (its agents know no other).
+async fn restart_server(data: &Path, url: &str) -> Daemon {
+    let address = url.trim_start_matches("http://").trim_end_matches('/');
+    let server = launch("server", data, &["--listen", address]).await;
+    let client = server.client();
+    eventually("the restarted server to answer", DEADLINE, || {
+        let client = client.clone();
+        async move { client.health().await.ok() }
+    })
+    .await;
+    server
+}
+
+/// The working directory of a task's attempt on the agent with data directory `agent`.
+fn workdir(agent: &Path, task: TaskId, attempt: u32) -> PathBuf {
+    agent.join("work").join(format!("{task}-{attempt}-r0"))
+}
+
+/// Let the task's `gate NAME` go on (the file appears in its working directory).
+fn open_gate(agent: &Path, task: TaskId, attempt: u32, name: &str) {
+    std::fs::write(workdir(agent, task, attempt).join(name), "").unwrap();
+}
+
+async fn wait_log_contains(client: &Client, task: TaskId, what: &str, deadline: Duration) {
+    eventually(
+        &format!("{what:?} in the log of task {task}"),
+        deadline,
+        || {
+            let client = client.clone();
+            async move {
+                let (bytes, _) = client.logs(task, 0).await.ok()?;
+                String::from_utf8_lossy(&bytes).contains(what).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+fn numbered(from: u32, to: u32) -> String {
+    (from..=to).map(|i| format!("{}\n", line(i))).collect()
+}
+
+fn line(i: u32) -> String {
+    format!("line {i} of the numbered output, padded so that it spills the spool")
+}
+
+/// Compare every line, saying where the first difference is.
+fn assert_same_lines(what: &str, got: &str, expected: &str) {
+    let (got_lines, expected_lines): (Vec<&str>, Vec<&str>) =
+        (got.lines().collect(), expected.lines().collect());
+    if let Some(at) = (0..got_lines.len().max(expected_lines.len()))
+        .find(|i| got_lines.get(*i) != expected_lines.get(*i))
+    {
+        panic!(
+            "{what}: line {} differs: got {:?}, expected {:?} ({} lines got, {} expected)",
+            at + 1,
+            got_lines.get(at),
+            expected_lines.get(at),
+            got_lines.len(),
+            expected_lines.len()
+        );
+    }
+    assert_eq!(got, expected, "{what}: same lines, different bytes");
+}
+
+/// R14, the log half: 200,000 numbered lines while the agent is killed and restarted (its
+/// attempt is lost and retried: the retry prints them all again) and the server is
+/// killed while the task prints, the agent spilling the output to disk meanwhile; a
+/// `tcloud logs -f` started at the beginning reconnects. The log, read back and as the
+/// follower printed it, is exactly the lines printed, in order, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbered_output_survives_agent_and_server_kills_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("s");
+    let agent_dir = dir.path().join("a");
+    let mut server = start("server", &data, &[]).await;
+    let url = server.url.clone();
+    let client = server.client();
+    let mut agent = start_agent(&server, &agent_dir, &["--name", "numbered"]);
+    wait_nodes(&client, 1).await;
+    // Each phase waits for a file the test creates in the working directory, so the
+    // faults land at known points of the output.
+    let yaml = format!(
+        "name: numbered\nretry: {{max_attempts: 2}}\nrun: |\n  \
+         gate() {{ while [ ! -e \"$1\" ]; do sleep 0.05; done; }}\n  \
+         lines() {{ awk -v a=\"$1\" -v b=\"$2\" 'BEGIN {{ for (i = a; i <= b; i++) printf \"{}\\n\", i }}'; }}\n  \
+         echo \"attempt $TACC_ATTEMPT\"\n  \
+         lines 1 50000\n  gate a\n  lines 50001 150000\n  gate b\n  lines 150001 200000\n",
+        line(0).replace(" 0 ", " %d ")
+    );
+    let task = submit(&client, dir.path(), "numbered", &yaml, &[]).await;
+    let home = dir.path().join("home");
+    let follower = Command::new(tcloud_binary())
+        .args(["logs", "-f", "--raw", &task.to_string()])
+        .env("TACC_HOME", &home)
+        .env("TACC_SERVER", &url)
+        .env("TACC_TOKEN", &server.token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Read as it prints: a follower blocked on a full pipe would not follow anything.
+    let followed = std::thread::spawn(move || follower.wait_with_output().unwrap());
+
+    // Attempt 1 prints its first 50,000 lines; the agent is killed and restarted.
+    wait_log_contains(&client, task, &format!("{}\n", line(50_000)), DEADLINE).await;
+    agent.kill9();
+    let _agent = start_agent(&server, &agent_dir, &["--name", "numbered"]);
+    // Its attempt is lost and retried on the restarted agent, which prints from 1 again.
+    wait_log_contains(&client, task, "attempt 2\n", DEADLINE).await;
+    let attempt_two = format!("attempt 2\n{}", numbered(1, 50_000));
+    wait_log_contains(&client, task, &attempt_two, DEADLINE).await;
+
+    // The server is killed; the task prints 100,000 lines while it is away.
+    server.kill9();
+    open_gate(&agent_dir, task, 2, "a");
+    let spool = agent_dir.join("spool").join(format!("{task}-2.log"));
+    let spilled = eventually("the agent to spill output to disk", DEADLINE, || {
+        let spool = spool.clone();
+        async move {
+            let size = std::fs::metadata(&spool).ok()?.len();
+            (size > 2 * MIB).then_some(size)
+        }
+    })
+    .await;
+    let server = restart_server(&data, &url).await;
+    let client = server.client();
+    wait_log_contains(&client, task, &format!("{}\n", line(150_000)), DEADLINE).await;
+    open_gate(&agent_dir, task, 2, "b");
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt.0, 2, "{view:?}");
+
+    let expected = format!(
+        "attempt 1\n{}{attempt_two}{}",
+        numbered(1, 50_000),
+        numbered(50_001, 200_000)
+    );
+    assert_same_lines("the log", &log_text(&client, task).await, &expected);
+    let followed = tokio::task::spawn_blocking(move || followed.join().unwrap())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&followed.stderr);
+    assert!(followed.status.success(), "tcloud logs -f failed: {stderr}");
+    assert!(
+        stderr.contains("reconnected"),
+        "the follower never lost the server: {stderr}"
+    );
+    assert_same_lines(
+        "what tcloud logs -f printed",
+        &String::from_utf8(followed.stdout).unwrap(),
+        &expected,
+    );
+    eprintln!(
+        "R14-logs: 250,002 lines compared exactly (200,000 of the final attempt); the agent \
+         spilled {:.1} MiB while the server was down",
+        spilled as f64 / MIB as f64
+    );
+}
+
+/// A task printing 1 MiB lines as fast as it can does not stall another task on the
+/// same node, and the agent's memory stays bounded; then three concurrent readers of
+/// its large log cost the server a bounded amount of memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
+    const LINES: u32 = 200;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", &dir.path().join("s"), &[]).await;
+    let client = server.client();
+    let agent = start_agent(
+        &server,
+        &dir.path().join("a"),
+        &["--name", "chatty", "--cpus", "2"],
+    );
+    wait_nodes(&client, 1).await;
+    let chatty = submit(
+        &client,
+        dir.path(),
+        "chatty",
+        &format!(
+            "name: chatty\nresources: {{cpus: 1}}\nrun: |\n  \
+             awk 'BEGIN {{ s = \"x\"; for (k = 0; k < 20; k++) s = s s; \
+             for (i = 1; i <= {LINES}; i++) print i s }}'\n  echo chatty-done\n"
+        ),
+        &[],
+    )
+    .await;
+    wait_log_contains(&client, chatty, "xxxxxxxx", DEADLINE).await;
+    let started = Instant::now();
+    let quiet = submit(
+        &client,
+        dir.path(),
+        "quiet",
+        "name: quiet\nresources: {cpus: 1}\nrun: echo quiet-done\n",
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&client, quiet).await;
+    let quiet_took = started.elapsed();
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(log_text(&client, quiet).await, "quiet-done\n");
+    let chatty_state = client.get_task(chatty).await.unwrap().state;
+    assert!(
+        quiet_took < Duration::from_secs(20),
+        "the quiet task took {quiet_took:?} beside the chatty one"
+    );
+
+    let view = wait_terminal(&client, chatty).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    let agent_peak = peak_rss(agent.pid());
+    let size = client.logs(chatty, 0).await.unwrap().1;
+    // Every line arrives whole once its pieces are joined again.
+    let (tail, _) = client.logs(chatty, size - 200).await.unwrap();
+    assert!(String::from_utf8_lossy(&tail).ends_with("xx\nchatty-done\n"));
+    assert!(size > u64::from(LINES) * MIB, "{size} bytes of log");
+
+    // Three readers at once, each through the whole log.
+    let server_before = peak_rss(server.pid());
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                use futures::StreamExt;
+                let stream = client.follow_logs(chatty, 0).await.unwrap();
+                futures::pin_mut!(stream);
+                let mut read = 0u64;
+                while let Some(chunk) = stream.next().await {
+                    read += chunk.unwrap().len() as u64;
+                }
+                read
+            })
+        })
+        .collect();
+    let plain: Vec<_> = (0..3)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move { client.logs(chatty, 0).await.unwrap().1 })
+        })
+        .collect();
+    for reader in readers.into_iter().chain(plain) {
+        assert_eq!(reader.await.unwrap(), size);
+    }
+    let server_after = peak_rss(server.pid());
+    eprintln!(
+        "flow: the quiet task finished in {quiet_took:.2?} beside the chatty one (which was \
+         {chatty_state}); agent peak RSS {:.1} MiB for {:.0} MiB of 1 MiB lines; server peak \
+         RSS {:.1} MiB before and {:.1} MiB after six concurrent readers of the log",
+        agent_peak as f64 / MIB as f64,
+        size as f64 / MIB as f64,
+        server_before as f64 / MIB as f64,
+        server_after as f64 / MIB as f64,
+    );
+    assert!(
+        agent_peak < 150 * MIB,
+        "the agent's peak RSS is {agent_peak} bytes"
+    );
+    assert!(
+        server_after < server_before + 64 * MIB,
+        "the readers grew the server from {server_before} to {server_after} bytes"
+    );
+}
