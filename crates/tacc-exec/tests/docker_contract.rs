@@ -10,8 +10,14 @@ use tokio::sync::mpsc;
 const SOCKET: &str = "/var/run/docker.sock";
 const TEST_IMAGE: &str = "tacc-test/busybox:latest";
 
+/// The label value that marks this test's containers: each test its own, because the
+/// tests run at once and count or look up their containers by it.
+fn owner_of(test: &str) -> String {
+    format!("tacc-exec-contract-{}-{test}", std::process::id())
+}
+
 async fn docker_or_skip(test: &str) -> Option<DockerExecutor> {
-    let owner = format!("tacc-exec-contract-{}", std::process::id());
+    let owner = owner_of(test);
     let executor =
         DockerExecutor::new(SOCKET, owner).with_default_image(Some(TEST_IMAGE.to_string()));
     match executor.ping().await {
@@ -94,7 +100,7 @@ async fn a_running_container_s_limits_change_live() {
     resizer.resize(1500, 256 << 20).await.unwrap();
     let docker = bollard::Docker::connect_with_unix(SOCKET, 120, bollard::API_DEFAULT_VERSION)
         .expect("the socket answered the ping");
-    let owner = format!("tacc-exec-contract-{}", std::process::id());
+    let owner = owner_of("a_running_container_s_limits_change_live");
     let filters = std::collections::HashMap::from([(
         "label".to_string(),
         vec![format!("{}={owner}", tacc_exec::LABEL_OWNER)],
