@@ -14,7 +14,7 @@ mod state;
 mod time;
 
 pub use identity::Role;
-pub use ids::{AttemptNo, NodeId, SnapshotId, TaskId, UserName};
+pub use ids::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, UserName};
 pub use quantity::{ByteSize, HumanDuration};
 pub use resources::Resources;
 pub use state::{Priority, TaskState};

@@ -45,6 +45,8 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
             checkpoint: None,
             runtime: Default::default(),
             placement: Default::default(),
+            array: None,
+            notify: None,
         },
         slurm_job_name: None,
     };

@@ -7,6 +7,7 @@
 //! It depends only on `tacc-core` among our crates, and does no I/O beyond reading the task
 //! file (and checking that its code directory exists): no tokio, no network.
 
+mod array;
 mod error;
 mod legacy;
 mod processes;
@@ -18,6 +19,7 @@ mod spec;
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
+pub use array::{ArrayError, ArraySpec, MAX_ARRAY_ELEMENTS, NotifySpec};
 pub use error::{Diagnostic, SchemaError};
 pub use processes::{MAX_PROCESSES_PER_NODE, Processes};
 pub use schema::json_schema;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tacc_core::{ByteSize, HumanDuration, Priority, Resources};
 
 use crate::SchemaError;
+use crate::array::{ArraySpec, NotifySpec, webhook_error};
 use crate::processes::Processes;
 
 pub const MAX_NODES: u32 = 4096;
@@ -67,6 +68,14 @@ pub struct TaskSpec {
     /// Which nodes may run the task, beyond what `resources` and `runtime` ask for.
     #[serde(default, skip_serializing_if = "PlacementSpec::is_empty")]
     pub placement: PlacementSpec,
+    /// Run the task as an array: one element per index, each with `TACC_ARRAY_INDEX`.
+    /// `0-999`, `0-999:2` (every second) or `1,3,7`; at most 100000 elements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", example = "0-999")]
+    pub array: Option<ArraySpec>,
+    /// Where to report the end of the task (or, for an array, of all its elements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<NotifySpec>,
 }
 
 // Mirrors `Priority` for the JSON Schema only, since tacc-core stays free of schemars.
@@ -449,7 +458,27 @@ impl TaskSpec {
                     .as_ref()
                     .and_then(|checkpoint| check_checkpoint(checkpoint, &self.resources))
             })
+            .or_else(|| self.notify.as_ref().and_then(check_notify))
     }
+}
+
+fn check_notify(notify: &NotifySpec) -> Option<Problem> {
+    if let Some(message) = webhook_error(&notify.webhook) {
+        return Some(problem(
+            "notify.webhook",
+            message,
+            "write the receiver's URL, e.g. `webhook: https://hooks.example.com/tacc`",
+        ));
+    }
+    if notify.secret.trim().is_empty() {
+        return Some(problem(
+            "notify.secret",
+            "`notify.secret` is empty",
+            "name one of your secrets, which signs every notification: \
+             `tcloud secret set hook_key`, then `secret: hook_key`",
+        ));
+    }
+    None
 }
 
 /// Why `name` is not a valid task name, if it is not.
