@@ -8,6 +8,7 @@
 //! HTTP, no wire types. Callers pass time in; the store never reads a clock.
 
 mod access;
+mod groups;
 mod memory;
 mod records;
 mod sqlite;
@@ -18,6 +19,10 @@ pub use access::{
     AuditEntry, NewAuditEntry, NewToken, SecretRecord, SnapshotOwner, TokenKind, TokenRecord,
     UserRecord,
 };
+pub use groups::{
+    DeliveryOutcome, DeliveryRecord, GroupFilter, GroupKind, GroupRecord, HistoryFilter,
+    NewDelivery, NewGroup,
+};
 pub use memory::MemoryStore;
 pub use records::{
     NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
@@ -25,13 +30,17 @@ pub use records::{
 };
 pub use sqlite::SqliteStore;
 
-use tacc_core::{NodeId, SnapshotId, TaskId};
+use std::collections::BTreeMap;
+
+use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 /// The crate's errors.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("task {0} does not exist")]
     TaskNotFound(TaskId),
+    #[error("group {0} does not exist")]
+    GroupNotFound(GroupId),
     #[error("task {task} is {actual}, not {expected}: it changed concurrently")]
     Conflict {
         task: TaskId,
@@ -120,6 +129,34 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         until: tacc_core::Timestamp,
         user: Option<&str>,
     ) -> Result<Vec<TaskHistory>>;
+
+    // ------------------------------------------------------------ groups
+
+    /// Create a group and all its elements (queued, attempt 1, each with its index) in one
+    /// transaction: all of them or none. Elements get increasing ids in the order given.
+    async fn create_group(
+        &self,
+        group: NewGroup,
+        elements: Vec<(u32, NewTask)>,
+    ) -> Result<(GroupRecord, Vec<TaskRecord>)>;
+    async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>>;
+    /// Groups matching the filter, newest first.
+    async fn list_groups(&self, filter: &GroupFilter) -> Result<Vec<GroupRecord>>;
+    /// How many of a group's elements are in each state (states with none left out).
+    async fn group_counts(&self, id: GroupId) -> Result<BTreeMap<TaskState, u64>>;
+
+    /// Ended tasks matching the filter, newest end first (then highest id).
+    async fn task_history(&self, filter: &HistoryFilter) -> Result<Vec<TaskRecord>>;
+
+    // ------------------------------------------------------------ notification outbox
+
+    /// Undelivered notifications due at `now`, soonest first (queued through
+    /// [`TaskChange::Notify`]).
+    async fn due_deliveries(&self, now: Timestamp, limit: u32) -> Result<Vec<DeliveryRecord>>;
+    /// Record how a try went (counts the try); false when there is no such delivery.
+    async fn finish_delivery(&self, id: u64, outcome: DeliveryOutcome) -> Result<bool>;
+    /// The delivery queued under `key`.
+    async fn get_delivery(&self, key: &str) -> Result<Option<DeliveryRecord>>;
 
     // ------------------------------------------------------------ identities
 
