@@ -7,11 +7,13 @@
 
 mod accounting;
 mod files;
+mod groups;
 
 use std::collections::BTreeMap;
 
 pub use accounting::*;
 pub use files::*;
+pub use groups::*;
 use serde::{Deserialize, Serialize};
 use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};
 
@@ -81,8 +83,12 @@ pub struct SubmitTask {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubmitReply {
+    /// For an array, its first element.
     pub task_id: TaskId,
     pub state: TaskState,
+    /// Set when the task file had `array:`: the group made of its elements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupSubmitted>,
 }
 
 /// A task as shown to users.
@@ -113,6 +119,11 @@ pub struct TaskView {
     /// While queued: when the scheduler expects it to start, if it can tell.
     pub estimated_start: Option<Timestamp>,
     pub spec: serde_json::Value,
+    /// The group it is an element of, and its index there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<tacc_core::GroupId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_index: Option<u32>,
 }
 
 /// Why a task is where it is: `GET /v1/tasks/{id}/why`.

@@ -1069,8 +1069,8 @@ fn read_notify<'n>(
         None => return Err(reader.missing(&fields, "webhook", "webhook: https://hooks.example.com/tacc")),
     };
     let secret = match fields.get("secret") {
-        Some(node) => reader.text(node, "notify.secret", "secret: hook_key")?,
-        None => return Err(reader.missing(&fields, "secret", "secret: hook_key")),
+        Some(node) => reader.text(node, "notify.secret", "secret: HOOK_KEY")?,
+        None => return Err(reader.missing(&fields, "secret", "secret: HOOK_KEY")),
     };
     Ok(crate::NotifySpec { webhook, secret })
 }

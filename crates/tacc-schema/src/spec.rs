@@ -475,7 +475,7 @@ fn check_notify(notify: &NotifySpec) -> Option<Problem> {
             "notify.secret",
             "`notify.secret` is empty",
             "name one of your secrets, which signs every notification: \
-             `tcloud secret set hook_key`, then `secret: hook_key`",
+             `tcloud secret set HOOK_KEY`, then `secret: HOOK_KEY`",
         ));
     }
     None

@@ -514,7 +514,7 @@ fn processes_per_node_accept_names_and_numbers_and_refuse_the_rest_where_written
 #[test]
 fn array_and_notify_are_read() {
     let spec = parse(
-        "name: sweep\nrun: echo $TACC_ARRAY_INDEX\narray: 0-999:2\nnotify:\n  webhook: https://hooks.example.com/tacc\n  secret: hook_key\n",
+        "name: sweep\nrun: echo $TACC_ARRAY_INDEX\narray: 0-999:2\nnotify:\n  webhook: https://hooks.example.com/tacc\n  secret: HOOK_KEY\n",
     )
     .unwrap();
     let array = spec.array.expect("array is read");
@@ -522,7 +522,7 @@ fn array_and_notify_are_read() {
     assert_eq!(array.to_string(), "0-999:2");
     let notify = spec.notify.expect("notify is read");
     assert_eq!(notify.webhook, "https://hooks.example.com/tacc");
-    assert_eq!(notify.secret, "hook_key");
+    assert_eq!(notify.secret, "HOOK_KEY");
     assert_eq!(parse("run: x\narray: 1,3,7\n").unwrap().array.unwrap().indices(), [1, 3, 7]);
 }
 

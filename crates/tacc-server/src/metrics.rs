@@ -213,7 +213,23 @@ struct NodeGauges {
 
 impl Control {
     /// Commit `changes` in one store transaction, timing it.
+    /// The notifications that ended tasks and groups call for go in the same transaction.
     pub(crate) async fn commit(&self, changes: &[TaskChange]) -> Result<(), StoreError> {
+        let notifications = match self.notifications_for(changes).await {
+            Ok(notifications) => notifications,
+            Err(crate::ServerError::Store(e)) => return Err(e),
+            Err(e) => {
+                tracing::error!("cannot work out the notifications of a change: {e}");
+                Vec::new()
+            }
+        };
+        let with_notifications;
+        let changes = if notifications.is_empty() {
+            changes
+        } else {
+            with_notifications = [changes, &notifications[..]].concat();
+            &with_notifications[..]
+        };
         let started = Instant::now();
         let result = self.store.apply(changes).await;
         self.metrics.committed("apply", started.elapsed());

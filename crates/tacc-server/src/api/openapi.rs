@@ -508,6 +508,9 @@ fn access_text(access: Access) -> &'static str {
         Access::Public => "Anyone, without a token.",
         Access::User => "Any user; what it shows or changes is limited to the caller's own.",
         Access::Task => "The task's owner, their group's admin, or an admin; others get 404.",
+        Access::Group => {
+            "The task group's owner, their group's admin, or an admin; others get 404."
+        }
         Access::Snapshot => {
             "A user who may read a task using the snapshot or who committed it, or a node \
              running an attempt on it; others get 404."

@@ -60,7 +60,7 @@ fn delivery(key: &str, at: u64) -> NewDelivery {
         key: key.to_string(),
         user: "alice".into(),
         url: "http://127.0.0.1:9/hook".into(),
-        secret: "hook_key".into(),
+        secret: "HOOK_KEY".into(),
         body: format!("{{\"key\":\"{key}\"}}"),
         created_at: Timestamp(at),
     }
