@@ -7,6 +7,7 @@ use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp};
 use crate::cluster::Cluster;
 use crate::config::{Limits, SchedulerConfig};
 use crate::policy::{Backfill, Policy, QuotaView, RankContext, TaskView, Usage};
+mod repeats;
 mod standing;
 
 pub use standing::{FairShareStanding, GroupStanding, UserStanding};
@@ -781,9 +782,10 @@ impl Scheduler {
         }
         let order: Vec<TaskId> = self.queue.iter().map(|(_, _, id)| *id).collect();
         let guarantees = self.groups.iter().any(|g| g.guaranteed_gpus > 0);
+        let mut repeat = None;
         if !guarantees {
             for task in order {
-                self.consider(now, task, &mut pass, actions);
+                self.consider_or_repeat(now, task, &mut pass, &mut repeat, actions);
             }
             return;
         }
@@ -792,18 +794,42 @@ impl Scheduler {
             if self.borrows(task) {
                 deferred.push(task);
             } else {
-                self.consider(now, task, &mut pass, actions);
+                self.consider_or_repeat(now, task, &mut pass, &mut repeat, actions);
             }
         }
         pass.borrowing_sweep = true;
+        repeat = None;
         for task in deferred {
             if matches!(
                 self.tasks.get(&task).map(|e| &e.phase),
                 Some(Phase::Queued { .. })
             ) {
-                self.consider(now, task, &mut pass, actions);
+                self.consider_or_repeat(now, task, &mut pass, &mut repeat, actions);
             }
         }
+    }
+
+    /// [`Scheduler::consider`], unless an equal task just got an answer this one would
+    /// get too (see [`repeats`]).
+    fn consider_or_repeat(
+        &mut self,
+        now: Timestamp,
+        task: TaskId,
+        pass: &mut PassState,
+        repeat: &mut Option<repeats::Repeat>,
+        actions: &mut Vec<Action>,
+    ) {
+        if self.repeat(task, pass, repeat, actions) {
+            return;
+        }
+        let before = self.walk_state(pass);
+        let waiting_claimant = pass.waiting_claimants.contains(&task);
+        self.consider(now, task, pass, actions);
+        *repeat = if waiting_claimant {
+            None
+        } else {
+            self.remember(task, before, pass)
+        };
     }
 
     /// Drop the claims that can no longer be honoured, then give each claimant, oldest
@@ -1617,6 +1643,47 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    /// An array's elements: the walk answers equal tasks alike (without searching the
+    /// cluster for each), every policy, and starts them in order as room frees.
+    #[test]
+    fn identical_queued_tasks_wait_alike_and_start_in_order() {
+        for policy in crate::policy_names() {
+            if policy == "sjf" {
+                continue;
+            }
+            let mut s = Scheduler::by_name(policy, SchedulerConfig::default()).unwrap();
+            s.handle(Timestamp(0), node(1, 4, 0)).unwrap();
+            let events = (1..=200)
+                .map(|id| Event::TaskSubmitted {
+                    task: TaskId(id),
+                    request: TaskRequest {
+                        time_limit_secs: Some(60),
+                        ..request(1, 0, 1, 1)
+                    },
+                })
+                .collect();
+            let plan = s.handle(Timestamp(1), Event::Batch(events)).unwrap();
+            assert_eq!(started(&plan), (1..=4).map(TaskId).collect::<Vec<_>>(), "{policy}");
+            let waiting = plan
+                .actions
+                .iter()
+                .filter(|a| matches!(a, Action::Pending { .. }))
+                .count();
+            assert_eq!(waiting, 196, "{policy}: every other element is told why it waits");
+            for id in 5..=200 {
+                assert!(
+                    matches!(s.explain(TaskId(id)), Explanation::Queued { .. }),
+                    "{policy}: task {id}"
+                );
+            }
+            let plan = s
+                .handle(Timestamp(2), Event::TaskEnded(TaskId(2)))
+                .unwrap();
+            assert_eq!(started(&plan), [TaskId(5)], "{policy}");
+            s.check_invariants().unwrap();
+        }
     }
 
     #[test]

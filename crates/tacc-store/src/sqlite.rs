@@ -259,6 +259,19 @@ impl Store for SqliteStore {
                 }
                 continue;
             };
+            // A reason changes one column: no need to read and rewrite the whole row (a
+            // large array gets one for every queued element).
+            if let TaskChange::Reason { reason, .. } = change {
+                let done = sqlx::query("UPDATE tasks SET reason = ? WHERE id = ?")
+                    .bind(reason)
+                    .bind(id.0 as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                if done.rows_affected() == 0 {
+                    return Err(StoreError::TaskNotFound(id));
+                }
+                continue;
+            }
             let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
                 .bind(id.0 as i64)
                 .fetch_optional(&mut *tx)

@@ -16,6 +16,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tacc_client::{Client, HistoryQuery};
 use tacc_core::{GroupId, TaskState};
+use futures::StreamExt;
 use tacc_proto::{GroupDetail, SubmitReply, SubmitTask};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -408,4 +409,84 @@ async fn history_lists_ended_tasks_by_name_state_and_user() {
     let home = dir.path().join("home");
     let table = tcloud(&daemon, &home, &["history", "--state", "failed", "--since", "1h"]);
     assert!(table.contains("train") && table.contains("failed"), "{table}");
+}
+
+/// Figures for docs/BENCHMARKS.md, not a check: run by hand with
+/// `cargo test -p taccd --test arrays scale -- --ignored --nocapture`. A 10,000-element
+/// array: how long the one request takes and how fast its elements run, beside single
+/// submissions of the same trivial task; then `tcloud ps` with 100,000 tasks stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement of several minutes; run by hand"]
+async fn scale() {
+    const TRIVIAL: &str = "name: trivial\nresources: {cpus: 0.1, memory: 16MiB}\nrun: \"true\"\n";
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &[]).await;
+    let client = daemon.client();
+
+    // Single submissions, 500 of them, 16 at a time.
+    let task_dir = dir.path().join("single");
+    std::fs::create_dir_all(&task_dir).unwrap();
+    std::fs::write(task_dir.join("task.yaml"), TRIVIAL).unwrap();
+    let loaded = tacc_schema::load_task(&task_dir).unwrap();
+    let snapshot = upload(&client, &loaded.code_root).await;
+    let single = SubmitTask {
+        spec: serde_json::to_value(&loaded.spec).unwrap(),
+        snapshot: snapshot.clone(),
+        source: None,
+    };
+    let started = std::time::Instant::now();
+    let ids: Vec<_> = futures::stream::iter(0..500)
+        .map(|_| {
+            let client = client.clone();
+            let single = single.clone();
+            async move { client.submit(&single).await.unwrap().task_id }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    for id in &ids {
+        wait_terminal(&client, *id).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    println!("500 single submissions, first submit -> last finished: {took:.2} s ({:.0} tasks/s)", 500.0 / took);
+
+    // One array of 10,000.
+    let mut spec = loaded.spec.clone();
+    spec.array = Some("0-9999".parse().unwrap());
+    let array = SubmitTask {
+        spec: serde_json::to_value(&spec).unwrap(),
+        snapshot: snapshot.clone(),
+        source: None,
+    };
+    let started = std::time::Instant::now();
+    let reply = client.submit(&array).await.unwrap();
+    let accepted = started.elapsed().as_secs_f64();
+    let group = reply.group.unwrap().group;
+    println!("10,000-element array accepted (durable) in {:.0} ms", accepted * 1000.0);
+    let long = std::time::Duration::from_secs(1800);
+    eventually("the array to finish", long, || {
+        let client = client.clone();
+        async move {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let detail = client.get_group(group).await.ok()?;
+            detail.group.is_finished().then_some(())
+        }
+    })
+    .await;
+    let took = started.elapsed().as_secs_f64();
+    let detail = client.get_group(group).await.unwrap();
+    assert_eq!(detail.group.counts.get(&TaskState::Succeeded), Some(&10_000));
+    println!("10,000-element array, submit -> last finished: {took:.1} s ({:.0} tasks/s)", 10_000.0 / took);
+
+    // Fill the store to 100,000 tasks: nine more arrays, cancelled while queued.
+    for _ in 0..9 {
+        let reply = client.submit(&array).await.unwrap();
+        client.cancel_group(reply.group.unwrap().group).await.unwrap();
+    }
+    let home = dir.path().join("home");
+    for args in [&["ps"][..], &["ps", "--all"][..], &["history"][..]] {
+        let started = std::time::Instant::now();
+        tcloud(&daemon, &home, args);
+        println!("tcloud {} with 100,500 tasks stored: {:.0} ms", args.join(" "), started.elapsed().as_secs_f64() * 1000.0);
+    }
 }
