@@ -343,6 +343,17 @@ impl Client {
             .await
     }
 
+    /// A group's counts without its elements (cheap to poll, whatever its size).
+    pub async fn group_summary(&self, id: tacc_core::GroupId) -> Result<tacc_proto::GroupView> {
+        let detail: tacc_proto::GroupDetail = self
+            .json(
+                self.request(Method::GET, &format!("/v1/groups/{id}"))
+                    .query(&[("elements", "false")]),
+            )
+            .await?;
+        Ok(detail.group)
+    }
+
     pub async fn cancel_group(
         &self,
         id: tacc_core::GroupId,

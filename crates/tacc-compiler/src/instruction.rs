@@ -344,7 +344,10 @@ mod tests {
         assert_eq!(env["TACC_ARRAY_INDEX"], "41");
         assert_eq!(env["TACC_ARRAY_GROUP"], "g12");
         let json = serde_json::to_value(&instruction).unwrap();
-        assert_eq!(serde_json::from_value::<Instruction>(json).unwrap(), instruction);
+        assert_eq!(
+            serde_json::from_value::<Instruction>(json).unwrap(),
+            instruction
+        );
     }
 
     #[test]

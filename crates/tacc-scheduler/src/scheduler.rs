@@ -1665,22 +1665,27 @@ mod tests {
                 })
                 .collect();
             let plan = s.handle(Timestamp(1), Event::Batch(events)).unwrap();
-            assert_eq!(started(&plan), (1..=4).map(TaskId).collect::<Vec<_>>(), "{policy}");
+            assert_eq!(
+                started(&plan),
+                (1..=4).map(TaskId).collect::<Vec<_>>(),
+                "{policy}"
+            );
             let waiting = plan
                 .actions
                 .iter()
                 .filter(|a| matches!(a, Action::Pending { .. }))
                 .count();
-            assert_eq!(waiting, 196, "{policy}: every other element is told why it waits");
+            assert_eq!(
+                waiting, 196,
+                "{policy}: every other element is told why it waits"
+            );
             for id in 5..=200 {
                 assert!(
                     matches!(s.explain(TaskId(id)), Explanation::Queued { .. }),
                     "{policy}: task {id}"
                 );
             }
-            let plan = s
-                .handle(Timestamp(2), Event::TaskEnded(TaskId(2)))
-                .unwrap();
+            let plan = s.handle(Timestamp(2), Event::TaskEnded(TaskId(2))).unwrap();
             assert_eq!(started(&plan), [TaskId(5)], "{policy}");
             s.check_invariants().unwrap();
         }

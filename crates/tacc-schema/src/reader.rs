@@ -1065,8 +1065,18 @@ fn read_notify<'n>(
 ) -> Result<crate::NotifySpec> {
     let fields = reader.fields(node, key, "notify", NOTIFY_FIELDS)?;
     let webhook = match fields.get("webhook") {
-        Some(node) => reader.text(node, "notify.webhook", "webhook: https://hooks.example.com/tacc")?,
-        None => return Err(reader.missing(&fields, "webhook", "webhook: https://hooks.example.com/tacc")),
+        Some(node) => reader.text(
+            node,
+            "notify.webhook",
+            "webhook: https://hooks.example.com/tacc",
+        )?,
+        None => {
+            return Err(reader.missing(
+                &fields,
+                "webhook",
+                "webhook: https://hooks.example.com/tacc",
+            ));
+        }
     };
     let secret = match fields.get("secret") {
         Some(node) => reader.text(node, "notify.secret", "secret: HOOK_KEY")?,

@@ -523,7 +523,14 @@ fn array_and_notify_are_read() {
     let notify = spec.notify.expect("notify is read");
     assert_eq!(notify.webhook, "https://hooks.example.com/tacc");
     assert_eq!(notify.secret, "HOOK_KEY");
-    assert_eq!(parse("run: x\narray: 1,3,7\n").unwrap().array.unwrap().indices(), [1, 3, 7]);
+    assert_eq!(
+        parse("run: x\narray: 1,3,7\n")
+            .unwrap()
+            .array
+            .unwrap()
+            .indices(),
+        [1, 3, 7]
+    );
 }
 
 #[test]

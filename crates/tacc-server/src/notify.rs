@@ -121,6 +121,13 @@ impl Control {
             ));
         }
         for (group, ending) in groups {
+            // Most groups notify nothing: look at the group before counting its elements.
+            let Some(record) = self.store.get_group(group).await? else {
+                continue;
+            };
+            let Some(notify) = notify_of(&record.spec) else {
+                continue;
+            };
             let unfinished = self
                 .store
                 .count_tasks(&TaskFilter {
@@ -132,12 +139,6 @@ impl Control {
             if unfinished > ending {
                 continue;
             }
-            let Some(record) = self.store.get_group(group).await? else {
-                continue;
-            };
-            let Some(notify) = notify_of(&record.spec) else {
-                continue;
-            };
             let counts = self.store.group_counts(group).await?;
             let counts = settle_counts(counts, changes, group, &last, self).await?;
             let counts: BTreeMap<&str, u64> =
@@ -216,7 +217,10 @@ impl Control {
         let response = client
             .post(&delivery.url)
             .header("Content-Type", "application/json")
-            .header(SIGNATURE_HEADER, signature(key.as_bytes(), delivery.body.as_bytes()))
+            .header(
+                SIGNATURE_HEADER,
+                signature(key.as_bytes(), delivery.body.as_bytes()),
+            )
             .header("X-TACC-Event", &delivery.key)
             .body(delivery.body.clone())
             .send()

@@ -29,7 +29,8 @@ fn parse_task_id(text: &str) -> Result<TaskId, String> {
 }
 
 fn parse_group_id(text: &str) -> Result<tacc_core::GroupId, String> {
-    text.parse::<tacc_core::GroupId>().map_err(|e| e.to_string())
+    text.parse::<tacc_core::GroupId>()
+        .map_err(|e| e.to_string())
 }
 
 fn parse_since(text: &str) -> Result<tacc_core::HumanDuration, String> {

@@ -120,12 +120,30 @@ pub(super) async fn list_groups(
     Ok(Json(views))
 }
 
+#[derive(Debug, Deserialize)]
+pub(super) struct GroupQuery {
+    /// `false` leaves the elements out: the counts only, for pollers of big groups.
+    #[serde(default = "yes")]
+    elements: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
 pub(super) async fn get_group(
     State(app): State<AppState>,
     Path(id): Path<String>,
+    Query(query): Query<GroupQuery>,
 ) -> ApiResult<Json<GroupDetail>> {
     let id = group_id(&id)?;
     let record = load_group(&app.control, id).await?;
+    if !query.elements {
+        return Ok(Json(GroupDetail {
+            group: group_view(&app.control, record).await?,
+            elements: Vec::new(),
+        }));
+    }
     let elements = app
         .control
         .group_elements(id)
@@ -296,7 +314,10 @@ pub(super) async fn history(
     let next = (records.len() as u32 == limit)
         .then(|| records.last())
         .flatten()
-        .and_then(|t| t.finished_at.map(|at| format!("{}-{}", at.as_millis(), t.id)));
+        .and_then(|t| {
+            t.finished_at
+                .map(|at| format!("{}-{}", at.as_millis(), t.id))
+        });
     let mut tasks = Vec::with_capacity(records.len());
     for record in records {
         if user.role == tacc_core::Role::GroupAdmin {

@@ -211,6 +211,11 @@ fn described() -> Vec<Operation> {
             "/v1/groups/{id}",
             "One task group and every element, by index.",
         )
+        .query(&[(
+            "elements",
+            Type::Boolean,
+            "`false`: the group's counts only, no elements (for pollers of big groups).",
+        )])
         .answers(200, Json(one::<GroupDetail>)),
         op(
             M::POST,
@@ -541,9 +546,7 @@ fn path_param(path: &str, name: &str) -> (Type, &'static str) {
             (Type::String, "Snapshot id (hex BLAKE3 of the manifest).")
         }
         "id" if path.starts_with("/v1/admin/tokens/") => (Type::Integer, "Token id."),
-        "id" if path.starts_with("/v1/groups/") => {
-            (Type::String, "Task group id, `g12` or `12`.")
-        }
+        "id" if path.starts_with("/v1/groups/") => (Type::String, "Task group id, `g12` or `12`."),
         "id" | "task" => (Type::Integer, "Task id."),
         "attempt" => (Type::Integer, "Attempt number (1 for the first)."),
         "node" => (Type::Integer, "The node's id (its credential's own)."),

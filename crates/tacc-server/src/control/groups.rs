@@ -128,9 +128,8 @@ impl Control {
                 ..Default::default()
             })
             .await?;
-        let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) = open
-            .into_iter()
-            .partition(|t| t.state == TaskState::Queued);
+        let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) =
+            open.into_iter().partition(|t| t.state == TaskState::Queued);
         {
             let mut inner = self.inner.lock().await;
             let at = now();
@@ -192,7 +191,10 @@ impl Control {
             .map_err(|e| ServerError::Internal(format!("rerun of {}: {e}", group.id)))?;
         let mut spec: TaskSpec = serde_json::from_value(strip_rerun_of(group.spec.clone()))
             .map_err(|e| {
-                ServerError::Internal(format!("stored spec of group {} is unreadable: {e}", group.id))
+                ServerError::Internal(format!(
+                    "stored spec of group {} is unreadable: {e}",
+                    group.id
+                ))
             })?;
         spec.array = Some(array);
         let source = first.source.clone();
@@ -226,4 +228,3 @@ fn strip_rerun_of(mut spec: serde_json::Value) -> serde_json::Value {
     }
     spec
 }
-

@@ -143,12 +143,12 @@ pub async fn cancel_groups(ctx: &Ctx, ids: &[GroupId], wait: bool, as_json: bool
     let deadline = Instant::now() + CANCEL_DEADLINE;
     let mut views = Vec::new();
     for &(id, _) in &rows {
-        let mut detail = client.get_group(id).await?;
-        while wait && !detail.group.is_finished() && Instant::now() < deadline {
+        let mut summary = client.group_summary(id).await?;
+        while wait && !summary.is_finished() && Instant::now() < deadline {
             tokio::time::sleep(POLL).await;
-            detail = client.get_group(id).await?;
+            summary = client.group_summary(id).await?;
         }
-        views.push(detail.group);
+        views.push(summary);
     }
     if as_json {
         let json: Vec<_> = rows
@@ -205,14 +205,19 @@ pub async fn rerun_failed(ctx: &Ctx, id: GroupId, follow: bool, as_json: bool) -
 /// when all succeeded.
 pub async fn follow_group(client: &Client, id: GroupId) -> Result<()> {
     let started = Instant::now();
-    let mut detail = client.get_group(id).await?;
-    while !detail.group.is_finished() {
+    let mut summary = client.group_summary(id).await?;
+    while !summary.is_finished() {
         tokio::time::sleep(POLL).await;
-        detail = client.get_group(id).await?;
+        summary = client.group_summary(id).await?;
     }
+    let detail = client.get_group(id).await?;
     let group = &detail.group;
     let attempts: u64 = detail.elements.iter().map(|e| u64::from(e.attempt.0)).sum();
-    let succeeded = group.counts.get(&TaskState::Succeeded).copied().unwrap_or(0);
+    let succeeded = group
+        .counts
+        .get(&TaskState::Succeeded)
+        .copied()
+        .unwrap_or(0);
     let state = if succeeded == u64::from(group.size) {
         "succeeded"
     } else {
@@ -280,8 +285,10 @@ pub async fn history(
             field(&task.name),
             field(&task.user),
             task.state.to_string(),
-            task.finished_at
-                .map_or_else(|| "-".into(), |at| format!("{} ago", short_duration(now.millis_since(at)))),
+            task.finished_at.map_or_else(
+                || "-".into(),
+                |at| format!("{} ago", short_duration(now.millis_since(at))),
+            ),
             time,
             task.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
             group,
@@ -290,7 +297,9 @@ pub async fn history(
     }
     print_table(&t)?;
     if let Some(next) = &page.next {
-        out(format!("more: `tcloud history --before {next}` (with the same filters)"))?;
+        out(format!(
+            "more: `tcloud history --before {next}` (with the same filters)"
+        ))?;
     }
     Ok(())
 }

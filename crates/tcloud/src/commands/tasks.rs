@@ -451,7 +451,10 @@ pub async fn stream_logs(client: &Client, id: TaskId, writer: &mut LogWriter) ->
 pub fn outcome_line(task: &TaskView) -> String {
     let mut line = format!("task {} {}", task.id, task.state);
     if task.max_attempts > 1 || task.attempt.0 > 1 {
-        line.push_str(&format!(" on attempt {} of {}", task.attempt, task.max_attempts));
+        line.push_str(&format!(
+            " on attempt {} of {}",
+            task.attempt, task.max_attempts
+        ));
     }
     if let Some(code) = task.exit_code {
         if task.state != TaskState::Succeeded {

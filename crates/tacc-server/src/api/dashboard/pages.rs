@@ -221,18 +221,17 @@ pub(crate) async fn queue(
         TaskState::Cancelled,
         TaskState::Lost,
     ];
-    let recent =
-        super::super::tasks::visible_tasks(
-            control,
-            user,
-            tacc_store::TaskFilter {
-                states: terminal,
-                ..Default::default()
-            },
-            None,
-            Some(20),
-        )
-        .await?;
+    let recent = super::super::tasks::visible_tasks(
+        control,
+        user,
+        tacc_store::TaskFilter {
+            states: terminal,
+            ..Default::default()
+        },
+        None,
+        Some(20),
+    )
+    .await?;
     for record in recent {
         ended.push(task_row(
             &super::super::tasks::task_view(control, record).await,
