@@ -120,18 +120,21 @@ impl Control {
     /// scheduling decision, the placed ones as single tasks are. Returns how many were
     /// asked to stop.
     pub async fn cancel_group(&self, group: GroupId) -> Result<u64, ServerError> {
-        let open = self
-            .store
-            .list_tasks(&TaskFilter {
-                group: Some(group),
-                states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
-                ..Default::default()
-            })
-            .await?;
-        let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) =
-            open.into_iter().partition(|t| t.state == TaskState::Queued);
-        {
+        let (placed, count) = {
+            // Read the elements under the lock: a queued one may start at any moment
+            // outside it.
             let mut inner = self.inner.lock().await;
+            let open = self
+                .store
+                .list_tasks(&TaskFilter {
+                    group: Some(group),
+                    states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+                    ..Default::default()
+                })
+                .await?;
+            let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) = open
+                .into_iter()
+                .partition(|t| t.state == TaskState::Queued);
             let at = now();
             let changes: Vec<TaskChange> = queued
                 .iter()
@@ -160,11 +163,13 @@ impl Control {
             if !events.is_empty() {
                 self.drive(&mut inner, Event::Batch(events)).await;
             }
-        }
+            let count = (queued.len() + placed.len()) as u64;
+            (placed, count)
+        };
         for record in &placed {
             self.cancel(record.id).await?;
         }
-        Ok((queued.len() + placed.len()) as u64)
+        Ok(count)
     }
 
     /// Submit again, as a new group, the elements of `group` that failed, were cancelled
