@@ -200,11 +200,14 @@ async fn cancelling_a_group_stops_every_unfinished_element() {
     wait_no_processes(&marker).await;
 }
 
+/// One request a receiver got: its headers (lower-case names) and body.
+type Request = (BTreeMap<String, String>, String);
+
 /// A webhook receiver on loopback: answers 500 to the first `failures` requests, 200
 /// after; keeps every request's headers and body.
 #[derive(Clone, Default)]
 struct Receiver {
-    seen: Arc<Mutex<Vec<(BTreeMap<String, String>, String)>>>,
+    seen: Arc<Mutex<Vec<Request>>>,
 }
 
 impl Receiver {
@@ -269,7 +272,7 @@ impl Receiver {
         (receiver, url)
     }
 
-    fn requests(&self) -> Vec<(BTreeMap<String, String>, String)> {
+    fn requests(&self) -> Vec<Request> {
         self.seen.lock().unwrap().clone()
     }
 }

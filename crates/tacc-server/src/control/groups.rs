@@ -132,9 +132,8 @@ impl Control {
                     ..Default::default()
                 })
                 .await?;
-            let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) = open
-                .into_iter()
-                .partition(|t| t.state == TaskState::Queued);
+            let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) =
+                open.into_iter().partition(|t| t.state == TaskState::Queued);
             let at = now();
             let changes: Vec<TaskChange> = queued
                 .iter()
