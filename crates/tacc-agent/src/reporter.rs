@@ -79,16 +79,6 @@ impl AttemptQueue {
     }
 }
 
-fn attempt_of(report: &AgentReport) -> AttemptRef {
-    match report {
-        AgentReport::Log { attempt, .. }
-        | AgentReport::Started { attempt, .. }
-        | AgentReport::Finished { attempt, .. }
-        | AgentReport::RuntimeChosen { attempt, .. } => *attempt,
-        AgentReport::Usage(sample) => sample.attempt,
-    }
-}
-
 /// The length of `text` as a JSON string, never less than serde_json writes.
 fn json_len(text: &str) -> usize {
     2 + text
@@ -130,7 +120,7 @@ impl Reports {
 
     /// Queue a report for delivery (never blocks on the server).
     pub(crate) fn send(&self, report: AgentReport) {
-        let attempt = attempt_of(&report);
+        let attempt = AgentReport::attempt(&report);
         {
             let mut queues = self.queues.lock().unwrap();
             let queue = queues
@@ -289,9 +279,9 @@ async fn deliver(
                     tracing::error!(
                         "the server refused a {} report of task {} attempt {} ({e}); it is \
                          dropped so that the reports after it get through",
-                        report_kind(report),
-                        attempt_of(report).task,
-                        attempt_of(report).attempt
+                        AgentReport::kind(report),
+                        AgentReport::attempt(report).task,
+                        AgentReport::attempt(report).attempt
                     );
                     if let AgentReport::Log { attempt, text } = report {
                         if !text.starts_with(DROPPED_MARKER) {
@@ -322,16 +312,6 @@ async fn deliver(
 
 /// How the log line standing for output the server refused begins.
 const DROPPED_MARKER: &str = "tacc: dropped";
-
-fn report_kind(report: &AgentReport) -> &'static str {
-    match report {
-        AgentReport::Log { .. } => "log",
-        AgentReport::Started { .. } => "started",
-        AgentReport::Finished { .. } => "finished",
-        AgentReport::RuntimeChosen { .. } => "runtime",
-        AgentReport::Usage(_) => "usage",
-    }
-}
 
 /// One bounded attempt to deliver what is queued when the agent stops.
 async fn flush_on_shutdown(shared: &Shared) {

@@ -97,6 +97,20 @@ pub struct TaskQuery {
     pub states: Vec<TaskState>,
     pub user: Option<String>,
     pub limit: Option<u32>,
+    /// Only tasks that are no group's element.
+    pub ungrouped: bool,
+}
+
+/// Filter of [`Client::history`].
+#[derive(Debug, Clone, Default)]
+pub struct HistoryQuery {
+    pub name: Option<String>,
+    pub states: Vec<TaskState>,
+    pub since: Option<tacc_core::Timestamp>,
+    pub user: Option<String>,
+    /// The `next` of the previous page.
+    pub before: Option<String>,
+    pub limit: Option<u32>,
 }
 
 impl Client {
@@ -299,7 +313,86 @@ impl Client {
         if let Some(limit) = query.limit {
             params.push(("limit", limit.to_string()));
         }
+        if query.ungrouped {
+            params.push(("ungrouped", "true".into()));
+        }
         self.json(self.request(Method::GET, "/v1/tasks").query(&params))
+            .await
+    }
+
+    /// Task groups: those with unfinished elements and the latest ones, or every one.
+    pub async fn list_groups(
+        &self,
+        all: bool,
+        user: Option<&str>,
+    ) -> Result<Vec<tacc_proto::GroupView>> {
+        let mut params: Vec<(&str, String)> = Vec::new();
+        if all {
+            params.push(("all", "true".into()));
+        }
+        if let Some(user) = user {
+            params.push(("user", user.to_string()));
+        }
+        self.json(self.request(Method::GET, "/v1/groups").query(&params))
+            .await
+    }
+
+    pub async fn get_group(&self, id: tacc_core::GroupId) -> Result<tacc_proto::GroupDetail> {
+        self.json(self.request(Method::GET, &format!("/v1/groups/{id}")))
+            .await
+    }
+
+    /// A group's counts without its elements (cheap to poll, whatever its size).
+    pub async fn group_summary(&self, id: tacc_core::GroupId) -> Result<tacc_proto::GroupView> {
+        let detail: tacc_proto::GroupDetail = self
+            .json(
+                self.request(Method::GET, &format!("/v1/groups/{id}"))
+                    .query(&[("elements", "false")]),
+            )
+            .await?;
+        Ok(detail.group)
+    }
+
+    pub async fn cancel_group(
+        &self,
+        id: tacc_core::GroupId,
+    ) -> Result<tacc_proto::GroupCancelReply> {
+        self.json(self.request(Method::POST, &format!("/v1/groups/{id}/cancel")))
+            .await
+    }
+
+    /// Submit again the elements of a group that failed, were cancelled or were lost.
+    pub async fn rerun_group_failed(&self, id: tacc_core::GroupId) -> Result<SubmitReply> {
+        self.json(
+            self.request(Method::POST, &format!("/v1/groups/{id}/rerun"))
+                .json(&tacc_proto::GroupRerun { failed: true }),
+        )
+        .await
+    }
+
+    /// One page of ended tasks, newest end first.
+    pub async fn history(&self, query: &HistoryQuery) -> Result<tacc_proto::HistoryPage> {
+        let mut params: Vec<(&str, String)> = Vec::new();
+        if let Some(name) = &query.name {
+            params.push(("name", name.clone()));
+        }
+        if !query.states.is_empty() {
+            let states: Vec<&str> = query.states.iter().map(|s| s.as_str()).collect();
+            params.push(("state", states.join(",")));
+        }
+        if let Some(since) = query.since {
+            params.push(("since", since.as_millis().to_string()));
+        }
+        if let Some(user) = &query.user {
+            params.push(("user", user.clone()));
+        }
+        if let Some(before) = &query.before {
+            params.push(("before", before.clone()));
+        }
+        if let Some(limit) = query.limit {
+            params.push(("limit", limit.to_string()));
+        }
+        self.json(self.request(Method::GET, "/v1/history").query(&params))
             .await
     }
 

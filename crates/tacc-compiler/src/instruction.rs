@@ -17,7 +17,12 @@ use crate::environment::{DatasetMount, EnvPlan, InstructionEnvironment, resolve_
 /// agents of version 2 still run every task that does not need a container. Version 4
 /// added `processes_per_node`; only an instruction with more than one process per node
 /// needs it (an older agent would start one process where the task asked for several).
-pub const INSTRUCTION_FORMAT: u32 = 4;
+/// Version 5 added `array`; only an array element's instruction needs it (an older agent
+/// would run every element without its index).
+pub const INSTRUCTION_FORMAT: u32 = 5;
+
+/// The format of an instruction that uses nothing newer than version 4.
+const FORMAT_WITH_PROCESSES: u32 = 4;
 
 /// The format of an instruction that uses nothing newer than version 2.
 const FORMAT_WITHOUT_RUNTIME: u32 = 2;
@@ -74,6 +79,17 @@ pub struct Instruction {
     /// task account for that user. Never root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unix_user: Option<String>,
+    /// The array element this attempt runs: `TACC_ARRAY_GROUP` and `TACC_ARRAY_INDEX`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArrayElement>,
+}
+
+/// Which element of which array an instruction runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayElement {
+    /// The group's number (`g12` is 12).
+    pub group: u64,
+    pub index: u32,
 }
 
 fn one_process() -> u32 {
@@ -106,7 +122,7 @@ pub fn compile(
     let processes_per_node = spec.resources.processes_per_node();
     Instruction {
         format_version: if processes_per_node > 1 {
-            INSTRUCTION_FORMAT
+            FORMAT_WITH_PROCESSES
         } else if image.is_some() || runtime.is_some() {
             FORMAT_WITH_RUNTIME
         } else {
@@ -146,10 +162,17 @@ pub fn compile(
         image,
         runtime,
         unix_user: None,
+        array: None,
     }
 }
 
 impl Instruction {
+    /// Make this the instruction of one array element (which needs format 5).
+    pub fn set_array_element(&mut self, element: ArrayElement) {
+        self.array = Some(element);
+        self.format_version = INSTRUCTION_FORMAT;
+    }
+
     /// Replace dataset sources that name a registered dataset (`registry`: name → path or
     /// URL) by what they name; a source that is neither is an error the user must fix.
     pub fn resolve_datasets(
@@ -230,6 +253,10 @@ impl Instruction {
             ("PYTHONUNBUFFERED", "1".to_string()),
         ];
         env.extend(platform.into_iter().map(|(k, v)| (k.to_string(), v)));
+        if let Some(element) = self.array {
+            env.insert("TACC_ARRAY_GROUP".into(), format!("g{}", element.group));
+            env.insert("TACC_ARRAY_INDEX".into(), element.index.to_string());
+        }
         env
     }
 }
@@ -288,6 +315,35 @@ mod tests {
         assert_eq!(env["LOCAL_WORLD_SIZE"], "1");
         assert_eq!(env["A"], "b");
         assert_eq!(env["PATH"], "/bin");
+        assert!(!env.contains_key("TACC_ARRAY_INDEX"));
+    }
+
+    #[test]
+    fn an_array_element_sees_its_group_and_index() {
+        let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
+        let mut instruction = compile(TaskId(7), AttemptNo(1), "alice", &spec(), snapshot);
+        instruction.set_array_element(ArrayElement {
+            group: 12,
+            index: 41,
+        });
+        assert_eq!(instruction.format_version, INSTRUCTION_FORMAT);
+        let node = NodeContext {
+            node_rank: 0,
+            local_rank: 0,
+            gpu_indices: vec![],
+            master_addr: "10.0.0.1".into(),
+            master_port: 29500,
+            workdir: "/w".into(),
+            userdir: "/u".into(),
+        };
+        let env = instruction.environment(&node, &BTreeMap::new());
+        assert_eq!(env["TACC_ARRAY_INDEX"], "41");
+        assert_eq!(env["TACC_ARRAY_GROUP"], "g12");
+        let json = serde_json::to_value(&instruction).unwrap();
+        assert_eq!(
+            serde_json::from_value::<Instruction>(json).unwrap(),
+            instruction
+        );
     }
 
     #[test]
@@ -300,7 +356,7 @@ mod tests {
         let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
         let instruction = compile(TaskId(7), AttemptNo(1), "alice", &spec, snapshot);
         assert_eq!(instruction.processes_per_node, 4);
-        assert_eq!(instruction.format_version, INSTRUCTION_FORMAT);
+        assert_eq!(instruction.format_version, FORMAT_WITH_PROCESSES);
         let node = NodeContext {
             node_rank: 2,
             local_rank: 3,

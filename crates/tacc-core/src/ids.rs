@@ -11,6 +11,40 @@ use crate::CoreError;
 #[serde(transparent)]
 pub struct TaskId(pub u64);
 
+/// A group of tasks submitted together (an array; later sweeps and pipelines), shown as
+/// `g12`; its JSON form is the bare number.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct GroupId(pub u64);
+
+impl fmt::Display for GroupId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "g{}", self.0)
+    }
+}
+
+impl FromStr for GroupId {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let trimmed = s.trim();
+        let digits = trimmed
+            .strip_prefix('g')
+            .or_else(|| trimmed.strip_prefix('G'))
+            .unwrap_or(trimmed);
+        match digits.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(GroupId(n)),
+            _ => Err(CoreError::InvalidId {
+                kind: "group id",
+                input: s.to_string(),
+                why: "a group id is `g` and a positive number (e.g. `g12`), as printed by \
+                      `tcloud submit` or `tcloud ps`"
+                    .into(),
+            }),
+        }
+    }
+}
+
 /// Which attempt of a task this is, starting at 1; a retry or a preemption makes a new one.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -133,6 +167,17 @@ mod tests {
         assert!("0".parse::<TaskId>().is_err());
         let err = "abc".parse::<TaskId>().unwrap_err().to_string();
         assert!(err.contains("positive number"), "{err}");
+    }
+
+    #[test]
+    fn group_id_shows_and_parses_with_its_prefix() {
+        assert_eq!(GroupId(12).to_string(), "g12");
+        assert_eq!("g12".parse::<GroupId>().unwrap(), GroupId(12));
+        assert_eq!("12".parse::<GroupId>().unwrap(), GroupId(12));
+        assert!("g0".parse::<GroupId>().is_err());
+        let err = "gx".parse::<GroupId>().unwrap_err().to_string();
+        assert!(err.contains("g12"), "{err}");
+        assert_eq!(serde_json::to_string(&GroupId(3)).unwrap(), "3");
     }
 
     #[test]

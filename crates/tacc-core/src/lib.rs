@@ -16,7 +16,7 @@ mod state;
 mod time;
 
 pub use identity::Role;
-pub use ids::{AttemptNo, NodeId, SnapshotId, TaskId, UserName};
+pub use ids::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, UserName};
 pub use quantity::{ByteSize, HumanDuration};
 pub use resources::Resources;
 pub use runtime::RuntimeKind;

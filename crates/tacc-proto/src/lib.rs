@@ -8,12 +8,14 @@
 mod accounting;
 mod adaptive;
 mod files;
+mod groups;
 
 use std::collections::BTreeMap;
 
 pub use accounting::*;
 pub use adaptive::*;
 pub use files::*;
+pub use groups::*;
 use serde::{Deserialize, Serialize};
 use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};
 
@@ -87,8 +89,12 @@ pub struct SubmitTask {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubmitReply {
+    /// For an array, its first element.
     pub task_id: TaskId,
     pub state: TaskState,
+    /// Set when the task file had `array:`: the group made of its elements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupSubmitted>,
 }
 
 /// A task as shown to users.
@@ -119,6 +125,11 @@ pub struct TaskView {
     /// While queued: when the scheduler expects it to start, if it can tell.
     pub estimated_start: Option<Timestamp>,
     pub spec: serde_json::Value,
+    /// The group it is an element of, and its index there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<tacc_core::GroupId>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_index: Option<u32>,
 }
 
 /// Why a task is where it is: `GET /v1/tasks/{id}/why`.
@@ -304,6 +315,32 @@ pub enum AgentReport {
         #[serde(default)]
         error: Option<String>,
     },
+}
+
+impl AgentReport {
+    /// The attempt the report is about.
+    pub fn attempt(&self) -> AttemptRef {
+        match self {
+            AgentReport::Log { attempt, .. }
+            | AgentReport::Started { attempt, .. }
+            | AgentReport::Finished { attempt, .. }
+            | AgentReport::RuntimeChosen { attempt, .. }
+            | AgentReport::Resized { attempt, .. } => *attempt,
+            AgentReport::Usage(sample) => sample.attempt,
+        }
+    }
+
+    /// A one-word name of the report's kind, for logs and audit records.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            AgentReport::Log { .. } => "log",
+            AgentReport::Started { .. } => "started",
+            AgentReport::Finished { .. } => "finished",
+            AgentReport::RuntimeChosen { .. } => "runtime",
+            AgentReport::Usage(_) => "usage",
+            AgentReport::Resized { .. } => "resized",
+        }
+    }
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -28,6 +28,7 @@ mod lifecycle;
 mod pass;
 mod preemption;
 mod ranking;
+mod repeats;
 mod resize;
 mod standing;
 mod task;

@@ -46,6 +46,8 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
             runtime: Default::default(),
             placement: Default::default(),
             adaptive: None,
+            array: None,
+            notify: None,
         },
         slurm_job_name: None,
     };

@@ -8,6 +8,7 @@
 //! file (and checking that its code directory exists): no tokio, no network.
 
 mod adaptive;
+mod array;
 mod error;
 mod legacy;
 mod processes;
@@ -20,6 +21,7 @@ use std::fs;
 use std::path::{Component, Path, PathBuf};
 
 pub use adaptive::{AdaptiveSpec, Range};
+pub use array::{ArrayError, ArraySpec, MAX_ARRAY_ELEMENTS, NotifySpec};
 pub use error::{Diagnostic, SchemaError};
 pub use processes::{MAX_PROCESSES_PER_NODE, Processes};
 pub use schema::json_schema;

@@ -39,7 +39,10 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "runtime",
     "placement",
     "adaptive",
+    "array",
+    "notify",
 ];
+pub(crate) const NOTIFY_FIELDS: &[&str] = &["webhook", "secret"];
 pub(crate) const RESOURCE_FIELDS: &[&str] = &[
     "nodes",
     "gpus",
@@ -74,6 +77,7 @@ const NESTED_SECTIONS: &[(&str, &[&str])] = &[
     ("retry", RETRY_FIELDS),
     ("checkpoint", CHECKPOINT_FIELDS),
     ("placement", PLACEMENT_FIELDS),
+    ("notify", NOTIFY_FIELDS),
 ];
 
 /// Names other tools use for our fields.
@@ -395,7 +399,7 @@ impl<'s> Reader<'s> {
         )
     }
 
-    fn missing(&self, fields: &Fields<'_>, name: &str, example: &str) -> SchemaError {
+    pub(crate) fn missing(&self, fields: &Fields<'_>, name: &str, example: &str) -> SchemaError {
         let location = match fields.key {
             Some(key) => self.spans.scalar_location(key),
             None => self.spans.location(&fields.path).unwrap_or(Location {
@@ -718,6 +722,21 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         Some(node) => Some(read_adaptive(&mut reader, node, top.map_key("adaptive"))?),
         None => None,
     };
+    let array = match top.get("array") {
+        Some(node) => {
+            let written = reader.text(node, "array", "array: 0-999")?;
+            Some(
+                written
+                    .parse::<crate::ArraySpec>()
+                    .map_err(|e| reader.error_at_node(node, e.message, e.help))?,
+            )
+        }
+        None => None,
+    };
+    let notify = match top.get("notify") {
+        Some(node) => Some(read_notify(&mut reader, node, top.map_key("notify"))?),
+        None => None,
+    };
 
     let spec = TaskSpec {
         adaptive,
@@ -735,6 +754,8 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         checkpoint,
         runtime,
         placement,
+        array,
+        notify,
     };
     if let Some(problem) = spec.first_problem() {
         return Err(reader
@@ -1076,6 +1097,33 @@ fn read_checkpoint<'n>(
         checkpoint.grace = reader.duration(node, "checkpoint.grace", "grace: 60s")?;
     }
     Ok(checkpoint)
+}
+
+fn read_notify<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<crate::NotifySpec> {
+    let fields = reader.fields(node, key, "notify", NOTIFY_FIELDS)?;
+    let webhook = match fields.get("webhook") {
+        Some(node) => reader.text(
+            node,
+            "notify.webhook",
+            "webhook: https://hooks.example.com/tacc",
+        )?,
+        None => {
+            return Err(reader.missing(
+                &fields,
+                "webhook",
+                "webhook: https://hooks.example.com/tacc",
+            ));
+        }
+    };
+    let secret = match fields.get("secret") {
+        Some(node) => reader.text(node, "notify.secret", "secret: HOOK_KEY")?,
+        None => return Err(reader.missing(&fields, "secret", "secret: HOOK_KEY")),
+    };
+    Ok(crate::NotifySpec { webhook, secret })
 }
 
 /// `usr1`, `SIGusr1` and `SIGUSR1` all mean the same signal; store the last form.

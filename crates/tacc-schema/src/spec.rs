@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use tacc_core::{ByteSize, HumanDuration, Priority, Resources, RuntimeKind};
 
 use crate::SchemaError;
+use crate::array::{ArraySpec, NotifySpec, webhook_error};
 use crate::processes::Processes;
 
 pub const MAX_NODES: u32 = 4096;
@@ -73,6 +74,14 @@ pub struct TaskSpec {
     /// allocation), e.g. `{cpus: 2..8, memory: 8GiB..32GiB}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<crate::AdaptiveSpec>,
+    /// Run the task as an array: one element per index, each with `TACC_ARRAY_INDEX`.
+    /// `0-999`, `0-999:2` (every second) or `1,3,7`; at most 100000 elements.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", example = "0-999")]
+    pub array: Option<ArraySpec>,
+    /// Where to report the end of the task (or, for an array, of all its elements).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<NotifySpec>,
 }
 
 // Mirrors `Priority` for the JSON Schema only, since tacc-core stays free of schemars.
@@ -474,7 +483,27 @@ impl TaskSpec {
                     .as_ref()
                     .and_then(|checkpoint| check_checkpoint(checkpoint, &self.resources))
             })
+            .or_else(|| self.notify.as_ref().and_then(check_notify))
     }
+}
+
+fn check_notify(notify: &NotifySpec) -> Option<Problem> {
+    if let Some(message) = webhook_error(&notify.webhook) {
+        return Some(problem(
+            "notify.webhook",
+            message,
+            "write the receiver's URL, e.g. `webhook: https://hooks.example.com/tacc`",
+        ));
+    }
+    if notify.secret.trim().is_empty() {
+        return Some(problem(
+            "notify.secret",
+            "`notify.secret` is empty",
+            "name one of your secrets, which signs every notification: \
+             `tcloud secret set HOOK_KEY`, then `secret: HOOK_KEY`",
+        ));
+    }
+    None
 }
 
 /// Why `name` is not a valid task name, if it is not.

@@ -559,3 +559,47 @@ fn adaptive_bounds_parse_and_bad_ranges_are_located_with_a_fix() {
     let rendered = rejected("run: x\nadaptive:\n  cpus: 4\n");
     assert_located(&rendered, 3, 9, "MIN..MAX");
 }
+
+#[test]
+fn array_and_notify_are_read() {
+    let spec = parse(
+        "name: sweep\nrun: echo $TACC_ARRAY_INDEX\narray: 0-999:2\nnotify:\n  webhook: https://hooks.example.com/tacc\n  secret: HOOK_KEY\n",
+    )
+    .unwrap();
+    let array = spec.array.expect("array is read");
+    assert_eq!(array.len(), 500);
+    assert_eq!(array.to_string(), "0-999:2");
+    let notify = spec.notify.expect("notify is read");
+    assert_eq!(notify.webhook, "https://hooks.example.com/tacc");
+    assert_eq!(notify.secret, "HOOK_KEY");
+    assert_eq!(
+        parse("run: x\narray: 1,3,7\n")
+            .unwrap()
+            .array
+            .unwrap()
+            .indices(),
+        [1, 3, 7]
+    );
+}
+
+#[test]
+fn a_backwards_array_range_is_located_with_a_fix() {
+    let rendered = rejected("name: sweep\nrun: x\narray: 5-2\n");
+    assert_located(&rendered, 3, 8, "`2-5`");
+    assert!(rendered.contains("ends before it starts"), "{rendered}");
+}
+
+#[test]
+fn an_array_over_the_limit_is_located() {
+    let rendered = rejected("run: x\narray: 0-100000\n");
+    assert_located(&rendered, 2, 8, "split it");
+    assert!(rendered.contains("100001 elements"), "{rendered}");
+}
+
+#[test]
+fn a_bad_webhook_is_located() {
+    let rendered = rejected("run: x\nnotify:\n  webhook: ftp://x\n  secret: k\n");
+    assert_located(&rendered, 3, 12, "https://hooks.example.com");
+    let rendered = rejected("run: x\nnotify:\n  webhook: https://x\n");
+    assert!(rendered.contains("missing field `secret`"), "{rendered}");
+}

@@ -188,6 +188,15 @@ impl Control {
     /// The per-user gate in front of every submission: the rate limit, then the cap on
     /// queued tasks.
     pub(crate) async fn admit_submission(&self, user: &UserCaller) -> Result<(), ServerError> {
+        self.admit_tasks(user, 1).await
+    }
+
+    /// Admit one submission of `tasks` tasks (an array is one submission of many).
+    pub(crate) async fn admit_tasks(
+        &self,
+        user: &UserCaller,
+        tasks: u64,
+    ) -> Result<(), ServerError> {
         let limits = &self.config.limits;
         self.submit_buckets
             .take(&user.name, limits, Instant::now())?;
@@ -196,16 +205,25 @@ impl Control {
             .count_tasks(&TaskFilter {
                 states: vec![TaskState::Queued],
                 user: Some(user.name.clone()),
-                limit: None,
+                ..Default::default()
             })
             .await?;
-        if queued >= u64::from(limits.max_queued) {
-            return Err(ServerError::TooManyRequests {
-                message: format!(
+        if queued + tasks > u64::from(limits.max_queued) {
+            let message = if tasks > 1 {
+                format!(
+                    "user {} has {queued} queued tasks; {tasks} more would pass the {} this \
+                     cluster allows: submit a smaller array, or wait for some to start",
+                    user.name, limits.max_queued
+                )
+            } else {
+                format!(
                     "user {} already has {queued} queued tasks, the most this cluster allows; \
                      wait for some to start or cancel some",
                     user.name
-                ),
+                )
+            };
+            return Err(ServerError::TooManyRequests {
+                message,
                 retry_after_secs: 30,
             });
         }

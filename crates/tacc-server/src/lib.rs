@@ -22,6 +22,7 @@ mod metrics;
 mod node_attempts;
 mod node_requests;
 mod node_selector;
+pub mod notify;
 pub mod secrets;
 mod tls;
 mod usage;
@@ -41,6 +42,8 @@ use tokio_util::sync::CancellationToken;
 pub enum ServerError {
     #[error("task {0} does not exist (list tasks with `tcloud ps --all`)")]
     TaskNotFound(TaskId),
+    #[error("task group {0} does not exist (list groups with `tcloud ps --all`)")]
+    GroupNotFound(tacc_core::GroupId),
     #[error("node {0} is not registered with this server")]
     NodeNotFound(NodeId),
     #[error("node {0} is offline; its agent must register again")]
@@ -136,11 +139,13 @@ where
         })
     };
     let gc = tokio::spawn(artifacts::run_gc(control.clone(), shutdown.clone()));
+    let deliveries = tokio::spawn(notify::run_deliveries(control.clone(), shutdown.clone()));
     let app = api::router(control, shutdown.clone(), tls);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;
     liveness.abort();
     gc.abort();
+    deliveries.abort();
     result
 }

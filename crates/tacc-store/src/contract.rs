@@ -5,11 +5,13 @@
 
 mod access;
 mod adaptive;
+mod groups;
 mod outputs;
 mod usage;
 
 pub use access::*;
 pub use adaptive::*;
+pub use groups::*;
 pub use outputs::*;
 pub use usage::*;
 
@@ -100,6 +102,13 @@ macro_rules! store_contract_tests {
             active_between_finds_tasks_that_held_resources_in_the_window,
             active_between_keeps_every_attempt,
             active_between_filters_by_user,
+            groups_create_every_element_with_its_index,
+            groups_listed_newest_first_by_user_and_state,
+            group_counts_follow_element_states,
+            history_lists_ended_tasks_newest_end_first_in_pages,
+            history_filters_by_name_state_user_and_since,
+            deliveries_queue_with_their_change_once_per_key,
+            deliveries_come_due_retry_and_end,
         );
     };
     (@each $fresh:path; $($check:ident),+ $(,)?) => {
@@ -359,6 +368,7 @@ pub async fn list_filters_by_state_and_user(store: &dyn Store) {
             user: Some("carol".into()),
             states: vec![TaskState::Queued],
             limit: None,
+            ..Default::default()
         })
         .await
         .unwrap();

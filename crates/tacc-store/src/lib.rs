@@ -9,6 +9,7 @@
 
 mod access;
 mod adaptive;
+mod groups;
 mod memory;
 mod records;
 mod sqlite;
@@ -22,19 +23,27 @@ pub use access::{
 pub use adaptive::{ResizeRecord, SignalRecord};
 pub use memory::{MemoryStore, apply_transition};
 
+pub use groups::{
+    DeliveryOutcome, DeliveryRecord, GroupFilter, GroupKind, GroupRecord, HistoryFilter,
+    NewDelivery, NewGroup,
+};
 pub use records::{
     NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
     TaskHistory, TaskRecord, Transition, UsagePeak,
 };
 pub use sqlite::SqliteStore;
 
-use tacc_core::{NodeId, SnapshotId, TaskId};
+use std::collections::BTreeMap;
+
+use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 /// The crate's errors.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("task {0} does not exist")]
     TaskNotFound(TaskId),
+    #[error("group {0} does not exist")]
+    GroupNotFound(GroupId),
     #[error("task {task} is {actual}, not {expected}: it changed concurrently")]
     Conflict {
         task: TaskId,
@@ -133,6 +142,33 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn record_signal_point(&self, point: SignalRecord, keep: u32) -> Result<()>;
     /// A task's kept signal points of every attempt, by attempt, then time.
     async fn list_signal_points(&self, task: TaskId) -> Result<Vec<SignalRecord>>;
+    // ------------------------------------------------------------ groups
+
+    /// Create a group and all its elements (queued, attempt 1, each with its index) in one
+    /// transaction: all of them or none. Elements get increasing ids in the order given.
+    async fn create_group(
+        &self,
+        group: NewGroup,
+        elements: Vec<(u32, NewTask)>,
+    ) -> Result<(GroupRecord, Vec<TaskRecord>)>;
+    async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>>;
+    /// Groups matching the filter, newest first.
+    async fn list_groups(&self, filter: &GroupFilter) -> Result<Vec<GroupRecord>>;
+    /// How many of a group's elements are in each state (states with none left out).
+    async fn group_counts(&self, id: GroupId) -> Result<BTreeMap<TaskState, u64>>;
+
+    /// Ended tasks matching the filter, newest end first (then highest id).
+    async fn task_history(&self, filter: &HistoryFilter) -> Result<Vec<TaskRecord>>;
+
+    // ------------------------------------------------------------ notification outbox
+
+    /// Undelivered notifications due at `now`, soonest first (queued through
+    /// [`TaskChange::Notify`]).
+    async fn due_deliveries(&self, now: Timestamp, limit: u32) -> Result<Vec<DeliveryRecord>>;
+    /// Record how a try went (counts the try); false when there is no such delivery.
+    async fn finish_delivery(&self, id: u64, outcome: DeliveryOutcome) -> Result<bool>;
+    /// The delivery queued under `key`.
+    async fn get_delivery(&self, key: &str) -> Result<Option<DeliveryRecord>>;
 
     // ------------------------------------------------------------ identities
 

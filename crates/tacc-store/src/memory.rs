@@ -1,12 +1,13 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_core::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 use crate::{
-    AuditEntry, NewAuditEntry, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
-    SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskHistory,
-    TaskRecord, TokenRecord, Transition, UsagePeak, UserRecord,
+    AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
+    NewAuditEntry, NewDelivery, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord,
+    Result, SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter,
+    TaskHistory, TaskRecord, TokenRecord, Transition, UsagePeak, UserRecord,
 };
 
 /// An in-memory [`Store`] for tests of the layers above. It follows the same contract as
@@ -34,6 +35,73 @@ struct Inner {
     usage_peaks: BTreeMap<(TaskId, AttemptNo, u32), UsagePeak>,
     resizes: BTreeMap<TaskId, Vec<crate::ResizeRecord>>,
     signal_points: BTreeMap<(TaskId, AttemptNo, Timestamp), crate::SignalRecord>,
+    groups: BTreeMap<GroupId, GroupRecord>,
+    deliveries: BTreeMap<u64, DeliveryRecord>,
+}
+
+impl Inner {
+    fn next_task_id(&self) -> TaskId {
+        TaskId(self.tasks.keys().next_back().map_or(1, |last| last.0 + 1))
+    }
+
+    fn insert_queued(&mut self, task: NewTask) -> TaskRecord {
+        let id = self.next_task_id();
+        let submitted_at = task.submitted_at;
+        let record = task.into_queued_record(id);
+        self.tasks.insert(id, record.clone());
+        self.events.insert(
+            id,
+            vec![TaskEvent {
+                at: submitted_at,
+                attempt: AttemptNo::FIRST,
+                state: TaskState::Queued,
+                reason: None,
+            }],
+        );
+        record
+    }
+
+    fn queue_delivery(&mut self, delivery: &NewDelivery) {
+        if self.deliveries.values().any(|d| d.key == delivery.key) {
+            return;
+        }
+        let id = self
+            .deliveries
+            .keys()
+            .next_back()
+            .map_or(1, |last| last + 1);
+        self.deliveries.insert(
+            id,
+            DeliveryRecord {
+                id,
+                key: delivery.key.clone(),
+                user: delivery.user.clone(),
+                url: delivery.url.clone(),
+                secret: delivery.secret.clone(),
+                body: delivery.body.clone(),
+                attempts: 0,
+                next_at: delivery.created_at,
+                last_error: None,
+                delivered_at: None,
+                gave_up: false,
+            },
+        );
+    }
+}
+
+/// Whether an ended task belongs in a history page.
+pub(crate) fn in_history(filter: &HistoryFilter, task: &TaskRecord) -> bool {
+    let Some(finished) = task.finished_at else {
+        return false;
+    };
+    task.state.is_terminal()
+        && (filter.states.is_empty() || filter.states.contains(&task.state))
+        && filter.user.as_ref().is_none_or(|u| *u == task.user)
+        && filter.name.as_ref().is_none_or(|n| *n == task.name)
+        && filter.since.is_none_or(|since| finished >= since)
+        && filter
+            .before
+            .is_none_or(|before| (finished, task.id) < before)
 }
 
 impl MemoryStore {
@@ -107,36 +175,26 @@ pub fn apply_transition(record: &mut TaskRecord, change: &TaskChange) -> Result<
             }
             Ok(None)
         }
+        TaskChange::Notify(_) => Ok(None),
     }
 }
 
-pub(crate) fn change_task(change: &TaskChange) -> TaskId {
+/// The task a change is about; `None` for a notification, which changes no task.
+pub(crate) fn change_task(change: &TaskChange) -> Option<TaskId> {
     change.task()
 }
 
 pub(crate) fn matches(filter: &TaskFilter, task: &TaskRecord) -> bool {
     (filter.states.is_empty() || filter.states.contains(&task.state))
         && filter.user.as_ref().is_none_or(|u| *u == task.user)
+        && filter.group.is_none_or(|g| task.group == Some(g))
+        && !(filter.ungrouped && task.group.is_some())
 }
 
 #[async_trait::async_trait]
 impl Store for MemoryStore {
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
-        let mut inner = self.inner.lock().unwrap();
-        let id = TaskId(inner.tasks.keys().next_back().map_or(1, |last| last.0 + 1));
-        let submitted_at = task.submitted_at;
-        let record = task.into_queued_record(id);
-        inner.tasks.insert(id, record.clone());
-        inner.events.insert(
-            id,
-            vec![TaskEvent {
-                at: submitted_at,
-                attempt: AttemptNo::FIRST,
-                state: TaskState::Queued,
-                reason: None,
-            }],
-        );
-        Ok(record)
+        Ok(self.inner.lock().unwrap().insert_queued(task))
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
@@ -177,7 +235,12 @@ impl Store for MemoryStore {
         // Work on a copy so a failing change leaves nothing applied.
         let mut draft = inner.clone();
         for change in changes {
-            let id = change_task(change);
+            let Some(id) = change_task(change) else {
+                if let TaskChange::Notify(delivery) = change {
+                    draft.queue_delivery(delivery);
+                }
+                continue;
+            };
             let record = draft
                 .tasks
                 .get_mut(&id)
@@ -380,6 +443,119 @@ impl Store for MemoryStore {
                 })
             })
             .collect())
+    }
+
+    async fn create_group(
+        &self,
+        group: NewGroup,
+        elements: Vec<(u32, NewTask)>,
+    ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
+        let mut inner = self.inner.lock().unwrap();
+        let id = GroupId(inner.groups.keys().next_back().map_or(1, |last| last.0 + 1));
+        let record = GroupRecord {
+            id,
+            kind: group.kind,
+            name: group.name,
+            user: group.user,
+            spec: group.spec,
+            size: elements.len() as u32,
+            created_at: group.created_at,
+        };
+        inner.groups.insert(id, record.clone());
+        let mut tasks = Vec::with_capacity(elements.len());
+        for (index, task) in elements {
+            let mut task = inner.insert_queued(task);
+            task.group = Some(id);
+            task.group_index = Some(index);
+            inner.tasks.insert(task.id, task.clone());
+            tasks.push(task);
+        }
+        Ok((record, tasks))
+    }
+
+    async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>> {
+        Ok(self.inner.lock().unwrap().groups.get(&id).cloned())
+    }
+
+    async fn list_groups(&self, filter: &GroupFilter) -> Result<Vec<GroupRecord>> {
+        let inner = self.inner.lock().unwrap();
+        let limit = filter.limit.map_or(usize::MAX, |l| l as usize);
+        Ok(inner
+            .groups
+            .values()
+            .rev()
+            .filter(|g| filter.user.as_ref().is_none_or(|u| *u == g.user))
+            .filter(|g| filter.since.is_none_or(|since| g.created_at >= since))
+            .filter(|g| {
+                filter.with_states.is_empty()
+                    || inner
+                        .tasks
+                        .values()
+                        .any(|t| t.group == Some(g.id) && filter.with_states.contains(&t.state))
+            })
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn group_counts(&self, id: GroupId) -> Result<BTreeMap<TaskState, u64>> {
+        let inner = self.inner.lock().unwrap();
+        let mut counts = BTreeMap::new();
+        for task in inner.tasks.values().filter(|t| t.group == Some(id)) {
+            *counts.entry(task.state).or_insert(0) += 1;
+        }
+        Ok(counts)
+    }
+
+    async fn task_history(&self, filter: &HistoryFilter) -> Result<Vec<TaskRecord>> {
+        let inner = self.inner.lock().unwrap();
+        let mut ended: Vec<&TaskRecord> = inner
+            .tasks
+            .values()
+            .filter(|t| in_history(filter, t))
+            .collect();
+        ended.sort_by_key(|t| std::cmp::Reverse((t.finished_at, t.id)));
+        Ok(ended
+            .into_iter()
+            .take(filter.limit as usize)
+            .cloned()
+            .collect())
+    }
+
+    async fn due_deliveries(&self, now: Timestamp, limit: u32) -> Result<Vec<DeliveryRecord>> {
+        let inner = self.inner.lock().unwrap();
+        let mut due: Vec<&DeliveryRecord> = inner
+            .deliveries
+            .values()
+            .filter(|d| d.delivered_at.is_none() && !d.gave_up && d.next_at <= now)
+            .collect();
+        due.sort_by_key(|d| (d.next_at, d.id));
+        Ok(due.into_iter().take(limit as usize).cloned().collect())
+    }
+
+    async fn finish_delivery(&self, id: u64, outcome: DeliveryOutcome) -> Result<bool> {
+        let mut inner = self.inner.lock().unwrap();
+        let Some(delivery) = inner.deliveries.get_mut(&id) else {
+            return Ok(false);
+        };
+        delivery.attempts += 1;
+        match outcome {
+            DeliveryOutcome::Delivered { at } => delivery.delivered_at = Some(at),
+            DeliveryOutcome::Retry { next_at, error } => {
+                delivery.next_at = next_at;
+                delivery.last_error = Some(error);
+            }
+            DeliveryOutcome::GaveUp { error } => {
+                delivery.gave_up = true;
+                delivery.last_error = Some(error);
+            }
+        }
+        Ok(true)
+    }
+
+    async fn get_delivery(&self, key: &str) -> Result<Option<DeliveryRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner.deliveries.values().find(|d| d.key == key).cloned())
     }
 
     async fn create_user(&self, user: UserRecord) -> Result<()> {

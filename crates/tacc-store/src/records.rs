@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use tacc_core::{AttemptNo, NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_core::{AttemptNo, GroupId, NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewTask {
@@ -32,6 +32,8 @@ impl NewTask {
             submitted_at: self.submitted_at,
             started_at: None,
             finished_at: None,
+            group: None,
+            group_index: None,
         }
     }
 }
@@ -60,6 +62,9 @@ pub struct TaskRecord {
     pub submitted_at: Timestamp,
     pub started_at: Option<Timestamp>,
     pub finished_at: Option<Timestamp>,
+    /// The group the task is an element of, and its index there (`TACC_ARRAY_INDEX`).
+    pub group: Option<GroupId>,
+    pub group_index: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +89,10 @@ pub struct TaskFilter {
     pub states: Vec<TaskState>,
     pub user: Option<String>,
     pub limit: Option<u32>,
+    /// Only the elements of this group.
+    pub group: Option<GroupId>,
+    /// Only tasks that are no group's element (what `tcloud ps` lists one by one).
+    pub ungrouped: bool,
 }
 
 /// A state change of one task; see [`TaskChange::Transition`].
@@ -139,15 +148,19 @@ pub enum TaskChange {
     /// attempt (kept in its resize history, not as a state event); a conflict when the
     /// task is not starting or running that attempt.
     Resized(crate::ResizeRecord),
+    /// Queue a notification for delivery, in the same transaction as the state change it
+    /// reports; one with a key already queued is ignored.
+    Notify(crate::NewDelivery),
 }
 
 impl TaskChange {
-    /// The task the change is about.
-    pub fn task(&self) -> TaskId {
+    /// The task the change is about; `None` for a notification, which changes no task.
+    pub fn task(&self) -> Option<TaskId> {
         match self {
-            TaskChange::Transition(t) => t.task,
-            TaskChange::Reason { task, .. } | TaskChange::CancelRequested { task } => *task,
-            TaskChange::Resized(resize) => resize.task,
+            TaskChange::Transition(t) => Some(t.task),
+            TaskChange::Reason { task, .. } | TaskChange::CancelRequested { task } => Some(*task),
+            TaskChange::Resized(resize) => Some(resize.task),
+            TaskChange::Notify(_) => None,
         }
     }
 }

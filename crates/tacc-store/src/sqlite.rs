@@ -9,16 +9,18 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{Row, SqlitePool};
-use tacc_core::{AttemptNo, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_core::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 use crate::memory::{apply_transition, change_task};
 use crate::{
-    AuditEntry, NewAuditEntry, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
+    AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
+    NewAuditEntry, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
     SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskHistory,
     TaskRecord, TokenRecord, UsagePeak, UserRecord,
 };
 
 mod access;
+mod groups;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -66,8 +68,8 @@ impl SqliteStore {
     }
 }
 
-const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
-     placements, cancel_requested, submitted_at, started_at, finished_at";
+pub(crate) const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
+     placements, cancel_requested, submitted_at, started_at, finished_at, group_id, group_index";
 
 /// The `WHERE` clause of a task filter; binds states, then the user.
 fn filter_sql(filter: &TaskFilter) -> String {
@@ -79,18 +81,24 @@ fn filter_sql(filter: &TaskFilter) -> String {
     if filter.user.is_some() {
         sql.push_str(" AND user_name = ?");
     }
+    if filter.group.is_some() {
+        sql.push_str(" AND group_id = ?");
+    }
+    if filter.ungrouped {
+        sql.push_str(" AND group_id IS NULL");
+    }
     sql
 }
 
-fn corrupt(what: impl std::fmt::Display) -> StoreError {
+pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(what.to_string())
 }
 
-fn millis(value: Timestamp) -> i64 {
+pub(crate) fn millis(value: Timestamp) -> i64 {
     value.as_millis() as i64
 }
 
-fn task_from_row(row: &SqliteRow) -> Result<TaskRecord> {
+pub(crate) fn task_from_row(row: &SqliteRow) -> Result<TaskRecord> {
     let spec: String = row.try_get("spec")?;
     let placements: String = row.try_get("placements")?;
     let snapshot: String = row.try_get("snapshot")?;
@@ -116,6 +124,12 @@ fn task_from_row(row: &SqliteRow) -> Result<TaskRecord> {
         submitted_at: Timestamp(row.try_get::<i64, _>("submitted_at")? as u64),
         started_at: timestamp("started_at")?,
         finished_at: timestamp("finished_at")?,
+        group: row
+            .try_get::<Option<i64>, _>("group_id")?
+            .map(|g| GroupId(g as u64)),
+        group_index: row
+            .try_get::<Option<i64>, _>("group_index")?
+            .map(|i| i as u32),
     })
 }
 
@@ -200,6 +214,9 @@ impl Store for SqliteStore {
         if let Some(user) = &filter.user {
             query = query.bind(user);
         }
+        if let Some(group) = filter.group {
+            query = query.bind(group.0 as i64);
+        }
         if let Some(limit) = filter.limit {
             query = query.bind(limit as i64);
         }
@@ -215,6 +232,9 @@ impl Store for SqliteStore {
         }
         if let Some(user) = &filter.user {
             query = query.bind(user);
+        }
+        if let Some(group) = filter.group {
+            query = query.bind(group.0 as i64);
         }
         Ok(query.fetch_one(&self.reader).await? as u64)
     }
@@ -235,7 +255,25 @@ impl Store for SqliteStore {
         }
         let mut tx = self.writer.begin().await?;
         for change in changes {
-            let id = change_task(change);
+            let Some(id) = change_task(change) else {
+                if let TaskChange::Notify(delivery) = change {
+                    groups::queue_delivery(&mut tx, delivery).await?;
+                }
+                continue;
+            };
+            // A reason changes one column: no need to read and rewrite the whole row (a
+            // large array gets one for every queued element).
+            if let TaskChange::Reason { reason, .. } = change {
+                let done = sqlx::query("UPDATE tasks SET reason = ? WHERE id = ?")
+                    .bind(reason)
+                    .bind(id.0 as i64)
+                    .execute(&mut *tx)
+                    .await?;
+                if done.rows_affected() == 0 {
+                    return Err(StoreError::TaskNotFound(id));
+                }
+                continue;
+            }
             let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
                 .bind(id.0 as i64)
                 .fetch_optional(&mut *tx)
@@ -590,6 +628,45 @@ impl Store for SqliteStore {
                 Ok(TaskHistory { task, events })
             })
             .collect()
+    }
+
+    async fn create_group(
+        &self,
+        group: NewGroup,
+        elements: Vec<(u32, NewTask)>,
+    ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
+        groups::create_group(&self.writer, group, elements).await
+    }
+
+    async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>> {
+        groups::get_group(&self.reader, id).await
+    }
+
+    async fn list_groups(&self, filter: &GroupFilter) -> Result<Vec<GroupRecord>> {
+        groups::list_groups(&self.reader, filter).await
+    }
+
+    async fn group_counts(
+        &self,
+        id: GroupId,
+    ) -> Result<std::collections::BTreeMap<TaskState, u64>> {
+        groups::group_counts(&self.reader, id).await
+    }
+
+    async fn task_history(&self, filter: &HistoryFilter) -> Result<Vec<TaskRecord>> {
+        groups::task_history(&self.reader, filter).await
+    }
+
+    async fn due_deliveries(&self, now: Timestamp, limit: u32) -> Result<Vec<DeliveryRecord>> {
+        groups::due_deliveries(&self.reader, now, limit).await
+    }
+
+    async fn finish_delivery(&self, id: u64, outcome: DeliveryOutcome) -> Result<bool> {
+        groups::finish_delivery(&self.writer, id, outcome).await
+    }
+
+    async fn get_delivery(&self, key: &str) -> Result<Option<DeliveryRecord>> {
+        groups::get_delivery(&self.reader, key).await
     }
 
     async fn create_user(&self, user: UserRecord) -> Result<()> {

@@ -40,6 +40,11 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("GET", "/v1/snapshots/{id}", "snapshot"),
         ("PUT", "/v1/chunks/{hash}", "user"),
         ("GET", "/v1/chunks/{hash}", "chunk"),
+        ("GET", "/v1/groups", "user"),
+        ("GET", "/v1/groups/{id}", "group"),
+        ("POST", "/v1/groups/{id}/cancel", "group"),
+        ("POST", "/v1/groups/{id}/rerun", "group"),
+        ("GET", "/v1/history", "user"),
         ("GET", "/v1/usage", "user"),
         ("GET", "/v1/usage/fairshare", "user"),
         ("GET", "/v1/datasets", "user"),
@@ -143,14 +148,14 @@ fn acceptable(path: &str, class: &str, who: Who, status: StatusCode) -> bool {
         (Who::Nobody | Who::Malformed | Who::Expired | Who::Revoked, _) => {
             status == StatusCode::UNAUTHORIZED
         }
-        (Who::Owner, "user" | "task" | "snapshot") => admitted,
+        (Who::Owner, "user" | "task" | "group" | "snapshot") => admitted,
         (Who::Owner | Who::OtherUser, "admin" | "chunk" | "register" | "own_node" | "metrics") => {
             status == StatusCode::FORBIDDEN
         }
         (Who::Scraper, "metrics") => status.is_success(),
         (Who::Scraper, _) => status == StatusCode::FORBIDDEN,
         (Who::OtherUser, "user") => admitted,
-        (Who::OtherUser, "task" | "snapshot") => status == StatusCode::NOT_FOUND,
+        (Who::OtherUser, "task" | "group" | "snapshot") => status == StatusCode::NOT_FOUND,
         (Who::Node, "register" | "own_node") => admitted,
         // The node runs none of the owner's attempts (the task has ended).
         (Who::Node, "snapshot" | "chunk") => status == StatusCode::NOT_FOUND,
@@ -237,6 +242,18 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
     .await;
     let view = wait_terminal(&owner, task).await;
     assert_eq!(view.state, TaskState::Succeeded);
+    // An array of the owner's, for the group routes.
+    let array = owner
+        .submit(&tacc_proto::SubmitTask {
+            spec: serde_json::json!({"name": "arr", "run": "true", "array": "0-1"}),
+            snapshot: view.snapshot.clone(),
+            source: None,
+        })
+        .await
+        .unwrap()
+        .group
+        .expect("an array makes a group")
+        .group;
     let manifest = admin.get_snapshot(&view.snapshot).await.unwrap();
     let manifest: tacc_compiler::Manifest = serde_json::from_value(manifest).unwrap();
     let chunk = manifest
@@ -282,6 +299,7 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
                 &match *path {
                     "/v1/snapshots/{id}" => view.snapshot.to_string(),
                     "/v1/admin/tokens/{id}/revoke" => "999999".to_string(),
+                    p if p.starts_with("/v1/groups/") => array.to_string(),
                     _ => task.0.to_string(),
                 },
             )

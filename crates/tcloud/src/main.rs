@@ -28,6 +28,16 @@ fn parse_task_id(text: &str) -> Result<TaskId, String> {
     text.parse::<TaskId>().map_err(|e| e.to_string())
 }
 
+fn parse_group_id(text: &str) -> Result<tacc_core::GroupId, String> {
+    text.parse::<tacc_core::GroupId>()
+        .map_err(|e| e.to_string())
+}
+
+fn parse_since(text: &str) -> Result<tacc_core::HumanDuration, String> {
+    text.parse::<tacc_core::HumanDuration>()
+        .map_err(|e| format!("{e}; write how long ago, e.g. `2h` or `7d`"))
+}
+
 fn parse_state(text: &str) -> Result<TaskState, String> {
     text.trim().parse::<TaskState>().map_err(|e| e.to_string())
 }
@@ -93,6 +103,9 @@ server lacks, and queues the task. Nothing is uploaded if the task file is inval
         /// Override the task's name
         #[arg(long)]
         name: Option<String>,
+        /// Run it as an array: `0-999`, `0-999:2` or `1,3,7` (overrides `array:` of the file)
+        #[arg(long, value_name = "INDICES")]
+        array: Option<String>,
     },
     /// Validate a task file without submitting it
     #[command(
@@ -126,6 +139,12 @@ prints a summary or a diagnostic pointing at the offending line. Needs no server
         /// At most N tasks
         #[arg(long, value_name = "N")]
         limit: Option<u32>,
+        /// One task group (e.g. `g12`), element by element
+        #[arg(value_name = "GROUP", value_parser = parse_group_id)]
+        group: Option<tacc_core::GroupId>,
+        /// List the elements of every group shown, not just its counts
+        #[arg(long)]
+        expand: bool,
         #[arg(long)]
         json: bool,
     },
@@ -185,8 +204,9 @@ progress bars, or to save the log to a file).",
         after_help = "Examples:\n  tcloud cancel 12\n  tcloud cancel 12 13 14 --no-wait"
     )]
     Cancel {
-        #[arg(required = true, value_parser = parse_task_id)]
-        ids: Vec<TaskId>,
+        /// Task ids, or task groups (`g12`: every unfinished element)
+        #[arg(required = true, value_parser = commands::groups::parse_target)]
+        ids: Vec<commands::groups::Target>,
         /// Return once the request is accepted
         #[arg(long)]
         no_wait: bool,
@@ -242,6 +262,34 @@ ranks wrote shown as rank-R/PATH (or one rank's with --rank R). At most 10000 en
         #[arg(long)]
         json: bool,
     },
+    /// Ended tasks, newest first, with filters
+    #[command(
+        long_about = "Lists tasks that have ended (succeeded, failed, cancelled, lost), newest \
+end first, 50 per page; the last line says how to get the next page.",
+        after_help = "Examples:\n  tcloud history\n  tcloud history --name train --state failed --since 7d\n  tcloud history --json"
+    )]
+    History {
+        /// Only tasks of this name
+        #[arg(long)]
+        name: Option<String>,
+        /// Only these end states (comma separated): succeeded, failed, cancelled, lost
+        #[arg(long, value_name = "S[,S]", value_delimiter = ',', value_parser = parse_state)]
+        state: Vec<TaskState>,
+        /// Only tasks that ended within this long, e.g. `2h`, `7d`
+        #[arg(long, value_name = "AGO", value_parser = parse_since)]
+        since: Option<tacc_core::HumanDuration>,
+        /// Only this user's tasks (group admins and admins)
+        #[arg(long)]
+        user: Option<String>,
+        /// Tasks per page (at most 500)
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+        /// The page after this one (as the previous page printed)
+        #[arg(long, value_name = "CURSOR")]
+        before: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Submit a task again: same code snapshot, environment and datasets, new task id
     #[command(
         long_about = "Submits the task again exactly as it was: the same code snapshot (nothing \
@@ -250,8 +298,13 @@ when the task was first submitted). The new task gets a new id.",
         after_help = "Examples:\n  tcloud rerun 12\n  tcloud rerun 12 -f\n  tcloud rerun 12 --json"
     )]
     Rerun {
-        #[arg(value_parser = parse_task_id)]
-        id: TaskId,
+        /// A task id, or a task group (`g12`) with --failed
+        #[arg(value_parser = commands::groups::parse_target)]
+        id: commands::groups::Target,
+        /// Of a group: only the elements that failed, were cancelled or were lost, as a
+        /// new group with the same indices
+        #[arg(long)]
+        failed: bool,
         /// Stream the new task's log and exit with its outcome (0 succeeded, 5 otherwise)
         #[arg(short, long)]
         follow: bool,
@@ -638,15 +691,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             follow,
             json,
             name,
-        } => submit::submit(&ctx, &path, follow, json, name).await,
+            array,
+        } => submit::submit(&ctx, &path, follow, json, name, array).await,
         Command::Check { path, json } => submit::check(&path, json),
         Command::Ps {
             all,
             state,
             user,
             limit,
+            group,
+            expand,
             json,
-        } => tasks::ps(&ctx, all, state, user, limit, json).await,
+        } => tasks::ps(&ctx, all, state, user, limit, group, expand, json).await,
         Command::Show {
             id,
             json,
@@ -654,7 +710,30 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => tasks::show(&ctx, id, json, instruction).await,
         Command::Why { id, json } => tasks::why(&ctx, id, json).await,
         Command::Logs { id, follow, raw } => tasks::logs(&ctx, id, follow, raw).await,
-        Command::Cancel { ids, no_wait, json } => tasks::cancel(&ctx, &ids, !no_wait, json).await,
+        Command::Cancel { ids, no_wait, json } => {
+            use commands::groups::Target;
+            let groups: Vec<_> = ids
+                .iter()
+                .filter_map(|t| match t {
+                    Target::Group(g) => Some(*g),
+                    Target::Task(_) => None,
+                })
+                .collect();
+            let tasks_only: Vec<TaskId> = ids
+                .iter()
+                .filter_map(|t| match t {
+                    Target::Task(id) => Some(*id),
+                    Target::Group(_) => None,
+                })
+                .collect();
+            if !groups.is_empty() {
+                groups::cancel_groups(&ctx, &groups, !no_wait, json).await?;
+            }
+            if tasks_only.is_empty() {
+                return Ok(());
+            }
+            tasks::cancel(&ctx, &tasks_only, !no_wait, json).await
+        }
         Command::Download {
             id,
             path,
@@ -720,7 +799,30 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 })?;
             top::top(&ctx, ids, json, once, interval).await
         }
-        Command::Rerun { id, follow, json } => compiler::rerun(&ctx, id, follow, json).await,
+        Command::Rerun {
+            id,
+            failed,
+            follow,
+            json,
+        } => match id {
+            groups::Target::Group(group) if failed => {
+                groups::rerun_failed(&ctx, group, follow, json).await
+            }
+            groups::Target::Group(group) => Err(errors::CliError::invalid(format!(
+                "a group is rerun by its failed elements: `tcloud rerun {group} --failed`"
+            ))
+            .into()),
+            groups::Target::Task(task) => compiler::rerun(&ctx, task, follow, json).await,
+        },
+        Command::History {
+            name,
+            state,
+            since,
+            user,
+            limit,
+            before,
+            json,
+        } => groups::history(&ctx, name, state, since, user, limit, before, json).await,
         Command::Dataset { command } => match command {
             DatasetCommand::Ls { json } => compiler::dataset_ls(&ctx, json).await,
         },

@@ -11,6 +11,7 @@ use tacc_core::{NodeId, TaskId, Timestamp};
 
 use super::backfill::Reservation;
 use super::claims::Hold;
+use super::repeats::Repeat;
 use super::task::{Phase, TaskEntry};
 use super::{Action, Scheduler};
 use crate::PendingReason;
@@ -45,26 +46,51 @@ impl Scheduler {
         }
         let order: Vec<TaskId> = self.queue.iter().map(|(_, _, id)| *id).collect();
         let guarantees = self.groups.iter().any(|g| g.guaranteed_gpus > 0);
+        let mut repeat = None;
         if !guarantees {
             for task in order {
-                self.consider(now, task, &mut pass, actions);
+                self.consider_or_repeat(now, task, &mut pass, &mut repeat, actions);
             }
             return;
         }
         let mut deferred = Vec::new();
         for task in order {
             if self.within_guarantee(&self.tasks[&task]) {
-                self.consider(now, task, &mut pass, actions);
+                self.consider_or_repeat(now, task, &mut pass, &mut repeat, actions);
             } else {
                 deferred.push(task);
             }
         }
         pass.borrowing_sweep = true;
+        repeat = None;
         for task in deferred {
             if self.tasks.get(&task).is_some_and(|e| e.phase.is_queued()) {
-                self.consider(now, task, &mut pass, actions);
+                self.consider_or_repeat(now, task, &mut pass, &mut repeat, actions);
             }
         }
+    }
+
+    /// [`Scheduler::consider`], unless an equal task just got an answer this one would
+    /// get too (see [`super::repeats`]).
+    fn consider_or_repeat(
+        &mut self,
+        now: Timestamp,
+        task: TaskId,
+        pass: &mut PassState,
+        repeat: &mut Option<Repeat>,
+        actions: &mut Vec<Action>,
+    ) {
+        if self.repeat(task, pass, repeat, actions) {
+            return;
+        }
+        let before = self.walk_state(pass);
+        let waiting_claimant = pass.waiting_claimants.contains(&task);
+        self.consider(now, task, pass, actions);
+        *repeat = if waiting_claimant {
+            None
+        } else {
+            self.remember(task, before, pass)
+        };
     }
 
     /// Record why the queued task waits; `actions` hears of it only when the reason changes.

@@ -171,7 +171,7 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
     if let Err(error) = check_object(&app, &caller, access, &params).await {
         if !matches!(
             error,
-            ServerError::NotFound(_) | ServerError::TaskNotFound(_)
+            ServerError::NotFound(_) | ServerError::TaskNotFound(_) | ServerError::GroupNotFound(_)
         ) {
             control
                 .audit
@@ -214,6 +214,23 @@ async fn check_object(
                 .get_task(TaskId(id))
                 .await?
                 .ok_or_else(hidden)?;
+            let group = control.auth.group_of(&record.user).await?;
+            if may_act_for(user, &record.user, group.as_deref()) {
+                Ok(())
+            } else {
+                Err(hidden())
+            }
+        }
+        Access::Group => {
+            let text = param(params, "id")?;
+            let id: tacc_core::GroupId = text
+                .parse()
+                .map_err(|e: tacc_core::CoreError| ServerError::BadRequest(e.to_string()))?;
+            let hidden = || ServerError::GroupNotFound(id);
+            let Caller::User(user) = caller else {
+                return Err(hidden());
+            };
+            let record = control.store.get_group(id).await?.ok_or_else(hidden)?;
             let group = control.auth.group_of(&record.user).await?;
             if may_act_for(user, &record.user, group.as_deref()) {
                 Ok(())

@@ -9,6 +9,7 @@ mod agents;
 mod cluster;
 mod dashboard;
 mod files;
+mod groups;
 mod guard;
 mod logs;
 mod metrics;
@@ -197,6 +198,21 @@ fn declare() -> Vec<Declared> {
             Chunk,
             get(snapshots::get_chunk),
         ),
+        rule(M::GET, "/v1/groups", User, get(groups::list_groups)),
+        rule(M::GET, "/v1/groups/{id}", Group, get(groups::get_group)),
+        rule(
+            M::POST,
+            "/v1/groups/{id}/cancel",
+            Group,
+            post(groups::cancel_group),
+        ),
+        rule(
+            M::POST,
+            "/v1/groups/{id}/rerun",
+            Group,
+            post(groups::rerun_group),
+        ),
+        rule(M::GET, "/v1/history", User, get(groups::history)),
         rule(M::GET, "/v1/usage", User, get(accounting::usage_report)),
         rule(
             M::GET,
@@ -381,6 +397,7 @@ impl ServerError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             ServerError::TaskNotFound(_)
+            | ServerError::GroupNotFound(_)
             | ServerError::NodeNotFound(_)
             | ServerError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
             ServerError::NodeNotRegistered(_) => (StatusCode::CONFLICT, "node_not_registered"),

@@ -136,6 +136,11 @@ fn described() -> Vec<Operation> {
         ),
         ("user", Type::String, "Only this user's tasks."),
         ("limit", Type::Integer, "Newest tasks listed at most."),
+        (
+            "ungrouped",
+            Type::Boolean,
+            "Only tasks that are no group's element (groups are listed by `/v1/groups`).",
+        ),
     ];
     let files_query: &'static [QueryParam] = &[
         (
@@ -189,6 +194,57 @@ fn described() -> Vec<Operation> {
         .query(tasks_query)
         .answers(200, Json(many::<TaskView>)),
         op(M::GET, "/v1/tasks/{id}", "One task.").answers(200, Json(one::<TaskView>)),
+        op(
+            M::GET,
+            "/v1/groups",
+            "The task groups (arrays) the caller may see, newest first, each with its elements \
+             counted by state: those with unfinished elements and the latest ones.",
+        )
+        .query(&[
+            ("all", Type::Boolean, "Every group, not only the unfinished and the latest."),
+            ("user", Type::String, "Only this user's groups (group admins and admins)."),
+            ("limit", Type::Integer, "Latest groups listed at most (20 when absent)."),
+        ])
+        .answers(200, Json(many::<GroupView>)),
+        op(
+            M::GET,
+            "/v1/groups/{id}",
+            "One task group and every element, by index.",
+        )
+        .query(&[(
+            "elements",
+            Type::Boolean,
+            "`false`: the group's counts only, no elements (for pollers of big groups).",
+        )])
+        .answers(200, Json(one::<GroupDetail>)),
+        op(
+            M::POST,
+            "/v1/groups/{id}/cancel",
+            "Cancel every unfinished element of a group.",
+        )
+        .answers(200, Json(one::<GroupCancelReply>)),
+        op(
+            M::POST,
+            "/v1/groups/{id}/rerun",
+            "Submit again, as a new group with the same indices, the elements that failed, \
+             were cancelled or were lost.",
+        )
+        .takes(Json(one::<GroupRerun>))
+        .answers(201, Json(one::<SubmitReply>)),
+        op(
+            M::GET,
+            "/v1/history",
+            "Ended tasks the caller may see, newest end first, a page at a time.",
+        )
+        .query(&[
+            ("name", Type::String, "Only tasks of this name."),
+            ("state", Type::String, "Comma-separated end states (all when absent)."),
+            ("since", Type::Integer, "Ended at or after this time, in ms since the epoch."),
+            ("user", Type::String, "Only this user's tasks (group admins and admins)."),
+            ("before", Type::String, "The `next` of the previous page."),
+            ("limit", Type::Integer, "Tasks per page (50 when absent, at most 500)."),
+        ])
+        .answers(200, Json(one::<HistoryPage>)),
         op(
             M::GET,
             "/v1/usage",
@@ -496,6 +552,7 @@ fn path_param(path: &str, name: &str) -> (Type, &'static str) {
             (Type::String, "Snapshot id (hex BLAKE3 of the manifest).")
         }
         "id" if path.starts_with("/v1/admin/tokens/") => (Type::Integer, "Token id."),
+        "id" if path.starts_with("/v1/groups/") => (Type::String, "Task group id, `g12` or `12`."),
         "id" | "task" => (Type::Integer, "Task id."),
         "attempt" => (Type::Integer, "Attempt number (1 for the first)."),
         "node" => (Type::Integer, "The node's id (its credential's own)."),
@@ -514,6 +571,9 @@ fn access_text(access: Access) -> &'static str {
         Access::Public => "Anyone, without a token.",
         Access::User => "Any user; what it shows or changes is limited to the caller's own.",
         Access::Task => "The task's owner, their group's admin, or an admin; others get 404.",
+        Access::Group => {
+            "The task group's owner, their group's admin, or an admin; others get 404."
+        }
         Access::Snapshot => {
             "A user who may read a task using the snapshot or who committed it, or a node \
              running an attempt on it; others get 404."

@@ -49,6 +49,8 @@ pub(super) async fn task_view(control: &Control, record: TaskRecord) -> TaskView
             None
         },
         spec: record.spec,
+        group: record.group,
+        group_index: record.group_index,
     }
 }
 
@@ -68,7 +70,8 @@ pub(super) async fn submit(
     let user = user_of(&caller)?;
     let spec: TaskSpec = serde_json::from_value(body.spec)
         .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;
-    app.control.admit_submission(user).await?;
+    let elements = spec.array.as_ref().map_or(1, |a| a.len() as u64);
+    app.control.admit_tasks(user, elements).await?;
     // Knowing a snapshot's id is not a capability: only who uploaded it may run it.
     if user.role != tacc_core::Role::Admin
         && !app
@@ -82,6 +85,16 @@ pub(super) async fn submit(
             body.snapshot
         )));
     }
+    if spec.array.is_some() {
+        let (group, records) = app
+            .control
+            .submit_array(&user.name, spec, body.snapshot, body.source, None)
+            .await?;
+        return Ok((
+            StatusCode::CREATED,
+            Json(super::groups::submitted(&group, &records)),
+        ));
+    }
     let record = app
         .control
         .submit(&user.name, spec, body.snapshot, body.source)
@@ -91,6 +104,7 @@ pub(super) async fn submit(
         Json(SubmitReply {
             task_id: record.id,
             state: record.state,
+            group: None,
         }),
     ))
 }
@@ -101,6 +115,9 @@ pub(super) struct ListQuery {
     state: Option<String>,
     user: Option<String>,
     limit: Option<u32>,
+    /// Only tasks that are no group's element (groups are listed by `/v1/groups`).
+    #[serde(default)]
+    ungrouped: bool,
 }
 
 pub(super) async fn list_tasks(
@@ -120,7 +137,18 @@ pub(super) async fn list_tasks(
             })
             .collect::<Result<_, _>>()?,
     };
-    let records = visible_tasks(&app.control, user, states, query.user, query.limit).await?;
+    let records = visible_tasks(
+        &app.control,
+        user,
+        TaskFilter {
+            states,
+            ungrouped: query.ungrouped,
+            ..Default::default()
+        },
+        query.user,
+        query.limit,
+    )
+    .await?;
     let mut views = Vec::with_capacity(records.len());
     for record in records {
         views.push(task_view(&app.control, record).await);
@@ -134,13 +162,12 @@ pub(super) async fn list_tasks(
 pub(super) async fn visible_tasks(
     control: &Control,
     user: &UserCaller,
-    states: Vec<TaskState>,
+    base: TaskFilter,
     owner: Option<String>,
     limit: Option<u32>,
 ) -> ApiResult<Vec<TaskRecord>> {
     let only_own = user.role == tacc_core::Role::User;
     let filter = TaskFilter {
-        states,
         user: if only_own {
             Some(user.name.clone())
         } else {
@@ -151,6 +178,7 @@ pub(super) async fn visible_tasks(
         } else {
             limit
         },
+        ..base
     };
     let records = control.store.list_tasks(&filter).await?;
     if user.role != tacc_core::Role::GroupAdmin {
@@ -273,6 +301,7 @@ pub(super) async fn rerun_task(
         Json(SubmitReply {
             task_id: record.id,
             state: record.state,
+            group: None,
         }),
     ))
 }

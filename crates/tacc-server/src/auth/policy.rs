@@ -62,6 +62,8 @@ pub enum Access {
     User,
     /// The `{id}` task's owner, their group's admin, or an admin; others get 404.
     Task,
+    /// The `{id}` task group's owner, their group's admin, or an admin; others get 404.
+    Group,
     /// A user who may read a task using the `{id}` snapshot or who committed it, or a node
     /// running an attempt on it; others get 404.
     Snapshot,
@@ -102,7 +104,7 @@ pub fn decide(caller: &Caller, access: Access) -> Result<(), Refusal> {
     match (access, caller) {
         (Access::Public, _) => Ok(()),
         (_, Caller::Anonymous) => Err(unauthenticated()),
-        (Access::User | Access::Task | Access::Snapshot, Caller::User(_)) => Ok(()),
+        (Access::User | Access::Task | Access::Group | Access::Snapshot, Caller::User(_)) => Ok(()),
         (Access::Metrics, Caller::Scraper { .. }) => Ok(()),
         (Access::Admin | Access::Chunk | Access::Metrics, Caller::User(user))
             if user.role == Role::Admin =>
@@ -166,6 +168,7 @@ mod tests {
         for access in [
             Access::User,
             Access::Task,
+            Access::Group,
             Access::Snapshot,
             Access::Chunk,
             Access::Admin,

@@ -114,7 +114,7 @@ impl Control {
                     false,
                     format!(
                         "{} report for an attempt this node does not run{}",
-                        report_kind(&report),
+                        report.kind(),
                         if ending {
                             " (or that already ended)"
                         } else {
@@ -435,16 +435,5 @@ impl Control {
         }
         self.logs.wake(task);
         Ok(())
-    }
-}
-
-fn report_kind(report: &AgentReport) -> &'static str {
-    match report {
-        AgentReport::Log { .. } => "log",
-        AgentReport::Started { .. } => "started",
-        AgentReport::Finished { .. } => "finished",
-        AgentReport::Resized { .. } => "resized",
-        AgentReport::RuntimeChosen { .. } => "runtime",
-        AgentReport::Usage(_) => "usage",
     }
 }

@@ -24,11 +24,13 @@ use crate::ServerError;
 
 mod adaptive;
 mod attempts;
+mod groups;
 mod nodes;
 mod records;
 
 use crate::logs::LogBook;
 pub use adaptive::{AdaptiveConfig, AdaptiveMode};
+pub(crate) use groups::RERUN_STATES;
 pub use nodes::LIVENESS_CHECK_EVERY;
 use nodes::node_spec;
 
@@ -342,6 +344,34 @@ impl Control {
         &self.chunks
     }
 
+    /// Check a submitted spec against what this server knows (the user's secrets,
+    /// registered datasets, the snapshot) and resolve what it names.
+    pub(crate) async fn prepare(
+        &self,
+        user: &str,
+        spec: TaskSpec,
+        snapshot: &SnapshotId,
+    ) -> Result<TaskSpec, ServerError> {
+        spec.validate()
+            .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
+        let notify_secret = spec.notify.as_ref().map(|n| &n.secret);
+        for name in spec.environment.secrets.iter().chain(notify_secret) {
+            if self.store.get_secret(user, name).await?.is_none() {
+                return Err(ServerError::InvalidTask(format!(
+                    "the task names the secret `{name}`, but you have no secret of that name; \
+                     set it with `tcloud secret set {name}` (the value is read from stdin)"
+                )));
+            }
+        }
+        let spec = self.resolve_registered_datasets(spec)?;
+        if self.store.get_snapshot(snapshot).await?.is_none() {
+            return Err(ServerError::InvalidTask(format!(
+                "snapshot {snapshot} is unknown to this server: upload the code first (tcloud submit does this)"
+            )));
+        }
+        Ok(spec)
+    }
+
     /// Accept a task: validate, make it durable, then let the scheduler see it.
     pub async fn submit(
         &self,
@@ -350,22 +380,7 @@ impl Control {
         snapshot: SnapshotId,
         source: Option<String>,
     ) -> Result<TaskRecord, ServerError> {
-        spec.validate()
-            .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
-        for name in &spec.environment.secrets {
-            if self.store.get_secret(user, name).await?.is_none() {
-                return Err(ServerError::InvalidTask(format!(
-                    "environment.secrets names `{name}`, but you have no secret of that name; \
-                     set it with `tcloud secret set {name}` (the value is read from stdin)"
-                )));
-            }
-        }
-        let spec = self.resolve_registered_datasets(spec)?;
-        if self.store.get_snapshot(&snapshot).await?.is_none() {
-            return Err(ServerError::InvalidTask(format!(
-                "snapshot {snapshot} is unknown to this server: upload the code first (tcloud submit does this)"
-            )));
-        }
+        let spec = self.prepare(user, spec, &snapshot).await?;
         let spec_json =
             serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
         let committing = Instant::now();
@@ -786,6 +801,12 @@ fn assignments_for(
         record.snapshot.clone(),
     );
     instruction.unix_user = unix_user.cloned();
+    if let (Some(group), Some(index)) = (record.group, record.group_index) {
+        instruction.set_array_element(tacc_compiler::ArrayElement {
+            group: group.0,
+            index,
+        });
+    }
     let instruction = serde_json::to_value(&instruction).expect("instructions serialise");
     let master = record.placements.first().map(|p| p.node);
     let master_addr = master

@@ -41,7 +41,9 @@ impl PlacedRecords {
     fn applied(&self, changes: &[TaskChange]) {
         let mut records = self.records.lock().unwrap();
         for change in changes {
-            let task = change.task();
+            let Some(task) = change.task() else {
+                continue;
+            };
             let Some(record) = records.get_mut(&task) else {
                 continue;
             };
@@ -55,8 +57,8 @@ impl PlacedRecords {
 
     fn forget(&self, changes: &[TaskChange]) {
         let mut records = self.records.lock().unwrap();
-        for change in changes {
-            records.remove(&change.task());
+        for task in changes.iter().filter_map(TaskChange::task) {
+            records.remove(&task);
         }
     }
 }
@@ -75,6 +77,22 @@ impl Control {
         changes: &[TaskChange],
         placed: &[TaskRecord],
     ) -> Result<(), StoreError> {
+        // The notifications that ended tasks and groups call for go in the same transaction.
+        let notifications = match self.notifications_for(changes).await {
+            Ok(notifications) => notifications,
+            Err(crate::ServerError::Store(e)) => return Err(e),
+            Err(e) => {
+                tracing::error!("cannot work out the notifications of a change: {e}");
+                Vec::new()
+            }
+        };
+        let with_notifications;
+        let changes = if notifications.is_empty() {
+            changes
+        } else {
+            with_notifications = [changes, &notifications[..]].concat();
+            &with_notifications[..]
+        };
         let _order = self.placed.order.lock().await;
         let started = Instant::now();
         let result = self.store.apply(changes).await;
@@ -135,6 +153,8 @@ mod tests {
             submitted_at: Timestamp::from_millis(1),
             started_at: None,
             finished_at: None,
+            group: None,
+            group_index: None,
         }
     }
 

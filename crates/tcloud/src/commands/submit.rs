@@ -97,12 +97,19 @@ pub async fn submit(
     follow: bool,
     as_json: bool,
     name: Option<String>,
+    array: Option<String>,
 ) -> Result<()> {
     let mut task = load(path)?;
     print_warnings(&task);
     if let Some(name) = name {
         task.spec.name = name;
         task.spec.validate().map_err(|e| CliError::schema(&e))?;
+    }
+    if let Some(array) = array {
+        let parsed = array
+            .parse::<tacc_schema::ArraySpec>()
+            .map_err(|e| CliError::invalid(format!("--array {array}: {e}")))?;
+        task.spec.array = Some(parsed);
     }
     let client = ctx.client()?;
     let root = task.code_root.clone();
@@ -126,6 +133,37 @@ pub async fn submit(
         })
         .await?;
     let id = reply.task_id;
+    if let Some(group) = &reply.group {
+        if as_json {
+            out_json(&json!({
+                "group": group.group,
+                "elements": group.elements,
+                "first_task": group.first_task,
+                "state": reply.state,
+                "snapshot": report.snapshot,
+                "uploaded_bytes": report.uploaded_bytes,
+                "total_bytes": report.total_bytes,
+            }))?;
+        } else {
+            out(format!(
+                "Submitted array {} ({}, {} elements: tasks {}…) — snapshot {}, uploaded {} of {}",
+                group.group,
+                field(&task.spec.name),
+                group.elements,
+                group.first_task,
+                report.snapshot.short(),
+                format::size(report.uploaded_bytes),
+                format::size(report.total_bytes),
+            ))?;
+            if !follow {
+                out(format!("  watch it with `tcloud ps {}`", group.group))?;
+            }
+        }
+        if follow {
+            super::groups::follow_group(&client, group.group).await?;
+        }
+        return Ok(());
+    }
     if as_json {
         out_json(&json!({
             "task_id": id,

@@ -32,14 +32,20 @@ const POLL: Duration = Duration::from_millis(200);
 
 // ---------------------------------------------------------------- ps
 
+#[allow(clippy::too_many_arguments)]
 pub async fn ps(
     ctx: &Ctx,
     all: bool,
     state: Vec<TaskState>,
     user: Option<String>,
     limit: Option<u32>,
+    group: Option<tacc_core::GroupId>,
+    expand: bool,
     as_json: bool,
 ) -> Result<()> {
+    if let Some(group) = group {
+        return super::groups::ps_group(ctx, group, as_json).await;
+    }
     let states = if !state.is_empty() {
         state
     } else if all {
@@ -49,15 +55,35 @@ pub async fn ps(
     };
     let limit = limit.or(if all { Some(50) } else { None });
     let client = ctx.client()?;
+    // Array elements are shown folded into their group's line (`--expand` lists them).
     let tasks = client
         .list_tasks(&TaskQuery {
-            states,
-            user,
+            states: states.clone(),
+            user: user.clone(),
             limit,
+            ungrouped: true,
         })
         .await?;
+    let mut groups = client.list_groups(all, user.as_deref()).await?;
+    if !states.is_empty() {
+        groups.retain(|g| g.counts.keys().any(|s| states.contains(s)));
+    }
     if as_json {
-        return out_json(&tasks);
+        if expand {
+            let mut details = Vec::with_capacity(groups.len());
+            for group in &groups {
+                details.push(client.get_group(group.id).await?);
+            }
+            return out_json(&json!({"tasks": tasks, "groups": details}));
+        }
+        return out_json(&json!({"tasks": tasks, "groups": groups}));
+    }
+    if !groups.is_empty() {
+        super::groups::print_groups(&client, &groups, expand).await?;
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        out("")?;
     }
     if tasks.is_empty() {
         let hint = if all {
@@ -444,6 +470,12 @@ pub async fn stream_logs(client: &Client, id: TaskId, writer: &mut LogWriter) ->
 /// The line printed to stderr when a followed task ends.
 pub fn outcome_line(task: &TaskView) -> String {
     let mut line = format!("task {} {}", task.id, task.state);
+    if task.max_attempts > 1 || task.attempt.0 > 1 {
+        line.push_str(&format!(
+            " on attempt {} of {}",
+            task.attempt, task.max_attempts
+        ));
+    }
     if let Some(code) = task.exit_code {
         if task.state != TaskState::Succeeded {
             line.push_str(&format!(" (exit code {code})"));

@@ -69,8 +69,7 @@ async fn gather(client: &Client, ids: &[TaskId]) -> Result<Vec<TaskUsage>> {
     let tasks = client
         .list_tasks(&TaskQuery {
             states: vec![TaskState::Starting, TaskState::Running],
-            user: None,
-            limit: None,
+            ..Default::default()
         })
         .await?;
     let mut usages = Vec::with_capacity(tasks.len());

@@ -102,8 +102,7 @@ pub(crate) async fn build(control: &Control, me: &UserCaller) -> Result<Accounts
         .store
         .list_tasks(&TaskFilter {
             states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
-            user: None,
-            limit: None,
+            ..Default::default()
         })
         .await?;
     let mut by_user: BTreeMap<String, Holding> = BTreeMap::new();

@@ -189,7 +189,16 @@ pub(crate) async fn queue(
     let control = &app.control;
     let now = crate::now();
     let list = |states: Vec<TaskState>| {
-        super::super::tasks::visible_tasks(control, user, states, None, Some(LIST_LIMIT))
+        super::super::tasks::visible_tasks(
+            control,
+            user,
+            tacc_store::TaskFilter {
+                states,
+                ..Default::default()
+            },
+            None,
+            Some(LIST_LIMIT),
+        )
     };
     let mut queued = Vec::new();
     for record in list(vec![TaskState::Queued]).await? {
@@ -212,8 +221,17 @@ pub(crate) async fn queue(
         TaskState::Cancelled,
         TaskState::Lost,
     ];
-    let recent =
-        super::super::tasks::visible_tasks(control, user, terminal, None, Some(20)).await?;
+    let recent = super::super::tasks::visible_tasks(
+        control,
+        user,
+        tacc_store::TaskFilter {
+            states: terminal,
+            ..Default::default()
+        },
+        None,
+        Some(20),
+    )
+    .await?;
     for record in recent {
         ended.push(task_row(
             &super::super::tasks::task_view(control, record).await,

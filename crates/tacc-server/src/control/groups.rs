@@ -1,0 +1,234 @@
+//! Task groups in the control plane: an array is accepted as one group and all its
+//! elements in one store transaction, handed to the scheduler as one batch; a group is
+//! cancelled in one transaction and one scheduling decision; a rerun of its failed
+//! elements is a new group with the same indices. Sweeps and pipelines build their
+//! groups on the same calls.
+
+use tacc_core::{GroupId, SnapshotId, TaskState};
+use tacc_scheduler::Event;
+use tacc_schema::{ArraySpec, TaskSpec};
+use tacc_store::{GroupKind, GroupRecord, NewGroup, NewTask, TaskChange, TaskFilter, TaskRecord};
+
+use super::{Control, LiveNode, NO_NODE_REASON, Transition, now, request_of};
+use crate::ServerError;
+
+/// The states a rerun of "failed" elements starts again.
+pub(crate) const RERUN_STATES: [TaskState; 3] =
+    [TaskState::Failed, TaskState::Cancelled, TaskState::Lost];
+
+impl Control {
+    /// Accept an array: the group and every element durable in one transaction, then
+    /// one scheduling decision for all of them. `indices` overrides `spec.array` (a
+    /// rerun); `rerun_of` is recorded in the group's spec.
+    pub async fn submit_array(
+        &self,
+        user: &str,
+        spec: TaskSpec,
+        snapshot: SnapshotId,
+        source: Option<String>,
+        rerun_of: Option<GroupId>,
+    ) -> Result<(GroupRecord, Vec<TaskRecord>), ServerError> {
+        let spec = self.prepare(user, spec, &snapshot).await?;
+        let Some(array) = spec.array.clone() else {
+            return Err(ServerError::InvalidTask(
+                "the task has no `array:`; submit it as a single task".into(),
+            ));
+        };
+        let mut group_spec =
+            serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
+        if let (Some(of), Some(object)) = (rerun_of, group_spec.as_object_mut()) {
+            object.insert("rerun_of".into(), serde_json::json!(of.0));
+        }
+        // An element is the task without the array, and notifies nothing itself: the
+        // group reports once, when every element has ended.
+        let element = TaskSpec {
+            array: None,
+            notify: None,
+            ..spec
+        };
+        let element_json =
+            serde_json::to_value(&element).map_err(|e| ServerError::Internal(e.to_string()))?;
+        let at = now();
+        let elements: Vec<(u32, NewTask)> = array
+            .indices()
+            .iter()
+            .map(|index| {
+                (
+                    *index,
+                    NewTask {
+                        name: element.name.clone(),
+                        user: user.to_string(),
+                        spec: element_json.clone(),
+                        snapshot: snapshot.clone(),
+                        source: source.clone(),
+                        submitted_at: at,
+                    },
+                )
+            })
+            .collect();
+        let committing = std::time::Instant::now();
+        let (group, records) = self
+            .store
+            .create_group(
+                NewGroup {
+                    kind: GroupKind::Array,
+                    name: element.name.clone(),
+                    user: user.to_string(),
+                    spec: group_spec,
+                    created_at: at,
+                },
+                elements,
+            )
+            .await?;
+        self.metrics.committed("create_group", committing.elapsed());
+        for _ in &records {
+            self.metrics.submitted();
+        }
+        let identity_group = self.auth.group_of(user).await?;
+        let mut inner = self.inner.lock().await;
+        inner
+            .identity_groups
+            .insert(user.to_string(), identity_group);
+        let owner_group = inner.group_for(&self.config, user);
+        for record in &records {
+            inner.specs.insert(record.id, element.clone());
+        }
+        if inner.nodes.values().any(LiveNode::schedulable) {
+            let events = records
+                .iter()
+                .map(|record| Event::TaskSubmitted {
+                    task: record.id,
+                    request: request_of(&element, record, at, owner_group.clone()),
+                })
+                .collect();
+            self.drive(&mut inner, Event::Batch(events)).await;
+        } else {
+            let reasons: Vec<TaskChange> = records
+                .iter()
+                .map(|record| TaskChange::Reason {
+                    task: record.id,
+                    reason: Some(NO_NODE_REASON.into()),
+                })
+                .collect();
+            inner.held.extend(records.iter().map(|r| r.id));
+            self.commit(&reasons).await?;
+        }
+        Ok((group, records))
+    }
+
+    /// Cancel every unfinished element: the queued ones in one transaction and one
+    /// scheduling decision, the placed ones as single tasks are. Returns how many were
+    /// asked to stop.
+    pub async fn cancel_group(&self, group: GroupId) -> Result<u64, ServerError> {
+        let (placed, count) = {
+            // Read the elements under the lock: a queued one may start at any moment
+            // outside it.
+            let mut inner = self.inner.lock().await;
+            let open = self
+                .store
+                .list_tasks(&TaskFilter {
+                    group: Some(group),
+                    states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+                    ..Default::default()
+                })
+                .await?;
+            let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) =
+                open.into_iter().partition(|t| t.state == TaskState::Queued);
+            let at = now();
+            let changes: Vec<TaskChange> = queued
+                .iter()
+                .map(|record| {
+                    TaskChange::Transition(Transition {
+                        reason: Some("cancelled by user".into()),
+                        ..Transition::new(
+                            record.id,
+                            TaskState::Queued,
+                            TaskState::Cancelled,
+                            record.attempt,
+                            at,
+                        )
+                    })
+                })
+                .collect();
+            self.commit(&changes).await?;
+            let mut events = Vec::new();
+            for record in &queued {
+                inner.specs.remove(&record.id);
+                if !inner.held.remove(&record.id) {
+                    events.push(Event::TaskCancelled(record.id));
+                }
+                self.logs.wake(record.id);
+            }
+            if !events.is_empty() {
+                self.drive(&mut inner, Event::Batch(events)).await;
+            }
+            let count = (queued.len() + placed.len()) as u64;
+            (placed, count)
+        };
+        for record in &placed {
+            self.cancel(record.id).await?;
+        }
+        Ok(count)
+    }
+
+    /// Submit again, as a new group, the elements of `group` that failed, were cancelled
+    /// or were lost, each with its index; `None` when none did.
+    pub async fn rerun_failed(
+        &self,
+        group: &GroupRecord,
+        user: &str,
+    ) -> Result<Option<(GroupRecord, Vec<TaskRecord>)>, ServerError> {
+        let ended = self
+            .store
+            .list_tasks(&TaskFilter {
+                group: Some(group.id),
+                states: RERUN_STATES.to_vec(),
+                ..Default::default()
+            })
+            .await?;
+        let Some(first) = ended.first() else {
+            return Ok(None);
+        };
+        let mut indices: Vec<u32> = ended.iter().filter_map(|t| t.group_index).collect();
+        indices.sort_unstable();
+        let array = ArraySpec::of_indices(&indices)
+            .map_err(|e| ServerError::Internal(format!("rerun of {}: {e}", group.id)))?;
+        let mut spec: TaskSpec = serde_json::from_value(strip_rerun_of(group.spec.clone()))
+            .map_err(|e| {
+                ServerError::Internal(format!(
+                    "stored spec of group {} is unreadable: {e}",
+                    group.id
+                ))
+            })?;
+        spec.array = Some(array);
+        let source = first.source.clone();
+        let snapshot = first.snapshot.clone();
+        self.submit_array(user, spec, snapshot, source, Some(group.id))
+            .await
+            .map(Some)
+    }
+
+    /// The elements of a group, by index.
+    pub(crate) async fn group_elements(
+        &self,
+        group: GroupId,
+    ) -> Result<Vec<TaskRecord>, ServerError> {
+        let mut elements = self
+            .store
+            .list_tasks(&TaskFilter {
+                group: Some(group),
+                ..Default::default()
+            })
+            .await?;
+        elements.sort_by_key(|t| (t.group_index, t.id));
+        Ok(elements)
+    }
+}
+
+/// A group's stored spec without the rerun mark, which is no task field.
+fn strip_rerun_of(mut spec: serde_json::Value) -> serde_json::Value {
+    if let Some(object) = spec.as_object_mut() {
+        object.remove("rerun_of");
+    }
+    spec
+}

@@ -1,0 +1,343 @@
+//! Webhook notifications of ended tasks and groups (`notify:` in the task file).
+//!
+//! A notification is queued in the store in the same transaction as the state change it
+//! reports (an outbox row, keyed so it is queued once), so a restart loses none; a
+//! background worker posts each due one as JSON, signed with an HMAC-SHA256 of the body
+//! keyed by the user's named secret (`X-TACC-Signature: sha256=<hex>`), with a timeout,
+//! and retries a failed delivery with exponential backoff until it gives up. An array
+//! notifies once, when its last element ends; its elements notify nothing themselves.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use tacc_core::{GroupId, TaskId, TaskState, Timestamp};
+use tacc_schema::NotifySpec;
+use tacc_store::{DeliveryOutcome, DeliveryRecord, NewDelivery, TaskChange, TaskFilter};
+use tokio_util::sync::CancellationToken;
+
+use crate::{Control, ServerError};
+
+/// The header carrying the body's signature.
+pub const SIGNATURE_HEADER: &str = "X-TACC-Signature";
+/// How long one delivery may take, connection included.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Tries before a delivery is given up (about 17 minutes of backoff in all).
+const MAX_TRIES: u32 = 10;
+/// The first retry's wait; each further one doubles it, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+/// How often the worker looks for due deliveries.
+const POLL_EVERY: Duration = Duration::from_millis(250);
+/// Deliveries taken per look.
+const BATCH: u32 = 32;
+
+/// `sha256=<hex>` of the body keyed by `secret`: what a receiver recomputes.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes keys of any length");
+    mac.update(body);
+    let digest = mac.finalize().into_bytes();
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256={hex}")
+}
+
+/// The wait before try `tries + 1`, after `tries` failed ones.
+fn backoff(tries: u32) -> Duration {
+    let factor = 1u32 << tries.saturating_sub(1).min(16);
+    (FIRST_BACKOFF * factor).min(MAX_BACKOFF)
+}
+
+fn notify_of(spec: &serde_json::Value) -> Option<NotifySpec> {
+    serde_json::from_value(spec.get("notify")?.clone()).ok()
+}
+
+impl Control {
+    /// The notifications `changes` call for, to commit with them: one per task that ends
+    /// with a `notify:`, and one per group whose last unfinished elements end here.
+    pub(crate) async fn notifications_for(
+        &self,
+        changes: &[TaskChange],
+    ) -> Result<Vec<TaskChange>, ServerError> {
+        // A task's last transition in the batch is where it stays (a failure followed by
+        // its retry's requeue is no end).
+        let mut last: BTreeMap<TaskId, TaskState> = BTreeMap::new();
+        for change in changes {
+            if let TaskChange::Transition(t) = change {
+                last.insert(t.task, t.to);
+            }
+        }
+        let ended: Vec<TaskId> = last
+            .iter()
+            .filter(|(_, state)| state.is_terminal())
+            .map(|(task, _)| *task)
+            .collect();
+        if ended.is_empty() {
+            return Ok(Vec::new());
+        }
+        let at = crate::control::now();
+        let mut out = Vec::new();
+        let mut groups: BTreeMap<GroupId, u64> = BTreeMap::new();
+        for task in ended {
+            let Some(record) = self.store.get_task(task).await? else {
+                continue;
+            };
+            if let Some(group) = record.group {
+                *groups.entry(group).or_insert(0) += 1;
+                continue;
+            }
+            let Some(notify) = notify_of(&record.spec) else {
+                continue;
+            };
+            let state = last[&task];
+            let body = serde_json::json!({
+                "event": "task.ended",
+                "at": at,
+                "task": {
+                    "id": record.id,
+                    "name": record.name,
+                    "user": record.user,
+                    "state": state,
+                    "attempt": record.attempt,
+                    "exit_code": changes.iter().rev().find_map(|c| match c {
+                        TaskChange::Transition(t) if t.task == task => Some(t.exit_code),
+                        _ => None,
+                    }).flatten(),
+                    "reason": changes.iter().rev().find_map(|c| match c {
+                        TaskChange::Transition(t) if t.task == task => Some(t.reason.clone()),
+                        _ => None,
+                    }).flatten(),
+                    "submitted_at": record.submitted_at,
+                    "started_at": record.started_at,
+                }
+            });
+            out.push(delivery(
+                format!("task:{task}"),
+                &record.user,
+                notify,
+                body,
+                at,
+            ));
+        }
+        for (group, ending) in groups {
+            // Most groups notify nothing: look at the group before counting its elements.
+            let Some(record) = self.store.get_group(group).await? else {
+                continue;
+            };
+            let Some(notify) = notify_of(&record.spec) else {
+                continue;
+            };
+            let unfinished = self
+                .store
+                .count_tasks(&TaskFilter {
+                    group: Some(group),
+                    states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+                    ..Default::default()
+                })
+                .await?;
+            if unfinished > ending {
+                continue;
+            }
+            let counts = self.store.group_counts(group).await?;
+            let counts = settle_counts(counts, changes, group, &last, self).await?;
+            let counts: BTreeMap<&str, u64> =
+                counts.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+            let body = serde_json::json!({
+                "event": "group.ended",
+                "at": at,
+                "group": {
+                    "id": record.id.to_string(),
+                    "kind": record.kind,
+                    "name": record.name,
+                    "user": record.user,
+                    "size": record.size,
+                    "counts": counts,
+                }
+            });
+            out.push(delivery(
+                format!("group:{}", group.0),
+                &record.user,
+                notify,
+                body,
+                at,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// One try of one delivery: sign with the owner's secret, post, and record how it went.
+    async fn deliver(&self, client: &reqwest::Client, delivery: DeliveryRecord) {
+        let outcome = match self.post(client, &delivery).await {
+            Ok(()) => DeliveryOutcome::Delivered {
+                at: crate::control::now(),
+            },
+            Err(error) if delivery.attempts + 1 >= MAX_TRIES => {
+                tracing::warn!(
+                    "gave up notifying {} of {} after {MAX_TRIES} tries: {error}",
+                    delivery.url,
+                    delivery.key
+                );
+                DeliveryOutcome::GaveUp { error }
+            }
+            Err(error) => {
+                let wait = backoff(delivery.attempts + 1);
+                DeliveryOutcome::Retry {
+                    next_at: Timestamp(crate::control::now().as_millis() + wait.as_millis() as u64),
+                    error,
+                }
+            }
+        };
+        if let Err(e) = self.store.finish_delivery(delivery.id, outcome).await {
+            tracing::error!("cannot record the delivery of {}: {e}", delivery.key);
+        }
+    }
+
+    async fn post(
+        &self,
+        client: &reqwest::Client,
+        delivery: &DeliveryRecord,
+    ) -> Result<(), String> {
+        let secret = self
+            .store
+            .get_secret(&delivery.user, &delivery.secret)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| {
+                format!(
+                    "the secret `{}` of {} that signs this notification is gone; \
+                     set it again with `tcloud secret set {}`",
+                    delivery.secret, delivery.user, delivery.secret
+                )
+            })?;
+        let key = self
+            .secret_box
+            .open_value(&secret)
+            .map_err(|e| e.to_string())?;
+        let response = client
+            .post(&delivery.url)
+            .header("Content-Type", "application/json")
+            .header(
+                SIGNATURE_HEADER,
+                signature(key.as_bytes(), delivery.body.as_bytes()),
+            )
+            .header("X-TACC-Event", &delivery.key)
+            .body(delivery.body.clone())
+            .send()
+            .await
+            .map_err(|e| format!("cannot reach {}: {e}", delivery.url))?;
+        let status = response.status();
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("{} answered HTTP {status}", delivery.url))
+        }
+    }
+}
+
+/// A group's counts as they are once `changes` are committed: the elements ending in
+/// this batch move from their current state to their end state.
+async fn settle_counts(
+    mut counts: BTreeMap<TaskState, u64>,
+    changes: &[TaskChange],
+    group: GroupId,
+    last: &BTreeMap<TaskId, TaskState>,
+    control: &Control,
+) -> Result<BTreeMap<TaskState, u64>, ServerError> {
+    let touched: BTreeSet<TaskId> = changes
+        .iter()
+        .filter_map(|c| match c {
+            TaskChange::Transition(t) => Some(t.task),
+            _ => None,
+        })
+        .collect();
+    for task in touched {
+        let Some(record) = control.store.get_task(task).await? else {
+            continue;
+        };
+        if record.group != Some(group) {
+            continue;
+        }
+        if let Some(n) = counts.get_mut(&record.state) {
+            *n = n.saturating_sub(1);
+        }
+        *counts.entry(last[&task]).or_insert(0) += 1;
+    }
+    counts.retain(|_, n| *n > 0);
+    Ok(counts)
+}
+
+fn delivery(
+    key: String,
+    user: &str,
+    notify: NotifySpec,
+    body: serde_json::Value,
+    at: Timestamp,
+) -> TaskChange {
+    TaskChange::Notify(NewDelivery {
+        key,
+        user: user.to_string(),
+        url: notify.webhook,
+        secret: notify.secret,
+        body: body.to_string(),
+        created_at: at,
+    })
+}
+
+/// Deliver due notifications until `shutdown`.
+pub(crate) async fn run_deliveries(control: Arc<Control>, shutdown: CancellationToken) {
+    let client = match reqwest::Client::builder()
+        .timeout(DELIVERY_TIMEOUT)
+        .connect_timeout(DELIVERY_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+    {
+        Ok(client) => client,
+        Err(e) => {
+            tracing::error!("cannot build the webhook client, no notification is sent: {e}");
+            return;
+        }
+    };
+    let mut tick = tokio::time::interval(POLL_EVERY);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        let due = match control
+            .store
+            .due_deliveries(crate::control::now(), BATCH)
+            .await
+        {
+            Ok(due) => due,
+            Err(e) => {
+                tracing::error!("cannot read the notification outbox: {e}");
+                continue;
+            }
+        };
+        let tries = due.into_iter().map(|d| control.deliver(&client, d));
+        futures::future::join_all(tries).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_is_hmac_sha256_hex() {
+        // RFC 4231, test case 2.
+        assert_eq!(
+            signature(b"Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_up_to_its_cap() {
+        assert_eq!(backoff(1), Duration::from_secs(1));
+        assert_eq!(backoff(2), Duration::from_secs(2));
+        assert_eq!(backoff(4), Duration::from_secs(8));
+        assert_eq!(backoff(30), MAX_BACKOFF);
+    }
+}

@@ -1,0 +1,336 @@
+//! Task groups on the command line: `tcloud ps` folds each array into one line with its
+//! elements counted by state (`ps g12` or `ps --expand` lists the elements), `cancel g12`,
+//! `rerun g12 --failed`, following an array to its end, and `tcloud history`.
+//!
+//! Names and reasons may come from other users or tasks: they go through
+//! [`crate::sanitize`] before reaching the terminal.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use serde_json::json;
+use tacc_client::{Client, HistoryQuery};
+use tacc_core::{GroupId, TaskId, TaskState, Timestamp};
+use tacc_proto::{GroupDetail, GroupView};
+
+use super::Ctx;
+use crate::errors::{CliError, TASK_FAILED};
+use crate::format::{now, out, out_json, precise_duration, print_table, short_duration, table};
+use crate::sanitize::{field, opt_field};
+
+const POLL: Duration = Duration::from_millis(250);
+/// How long `cancel g12` waits for the elements to stop.
+const CANCEL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A task or a task group, as `cancel` and `rerun` take them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Task(TaskId),
+    Group(GroupId),
+}
+
+/// `12` is a task, `g12` a group.
+pub fn parse_target(text: &str) -> Result<Target, String> {
+    let trimmed = text.trim();
+    if trimmed.starts_with(['g', 'G']) {
+        return trimmed
+            .parse::<GroupId>()
+            .map(Target::Group)
+            .map_err(|e| e.to_string());
+    }
+    trimmed
+        .parse::<TaskId>()
+        .map(Target::Task)
+        .map_err(|e| format!("{e}; a task group is written `g12`"))
+}
+
+/// `RUNNING 2 · QUEUED 990 · SUCCEEDED 8`, in the order of a task's life.
+pub fn counts_text(group: &GroupView) -> String {
+    TaskState::ALL
+        .iter()
+        .filter_map(|state| {
+            let n = group.counts.get(state)?;
+            Some(format!("{} {n}", state.as_str().to_uppercase()))
+        })
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
+/// The one-line form of a group, e.g. `g12  sweep-lr  array 1000  RUNNING 2 · QUEUED 998`.
+fn group_row(group: &GroupView, now: Timestamp) -> [String; 6] {
+    let mut kind = format!("{} {}", group.kind, group.size);
+    if let Some(of) = group.rerun_of {
+        kind.push_str(&format!(" (rerun of {of})"));
+    }
+    [
+        group.id.to_string(),
+        field(&group.name),
+        field(&group.user),
+        kind,
+        short_duration(now.millis_since(group.created_at)),
+        counts_text(group),
+    ]
+}
+
+/// The groups part of `tcloud ps`: one line per group, then (with `expand`) its elements.
+pub async fn print_groups(client: &Client, groups: &[GroupView], expand: bool) -> Result<()> {
+    let now = now();
+    let mut t = table(["GROUP", "NAME", "USER", "KIND", "AGE", "ELEMENTS"]);
+    for group in groups {
+        t.add_row(group_row(group, now));
+    }
+    print_table(&t)?;
+    if expand {
+        for group in groups {
+            let detail = client.get_group(group.id).await?;
+            out("")?;
+            print_elements(&detail)?;
+        }
+    }
+    Ok(())
+}
+
+fn print_elements(detail: &GroupDetail) -> Result<()> {
+    let now = now();
+    out(format!(
+        "{} {} ({}): {}",
+        detail.group.id,
+        field(&detail.group.name),
+        detail.group.kind,
+        counts_text(&detail.group)
+    ))?;
+    let mut t = table(["INDEX", "TASK", "STATE", "TRY", "TIME", "EXIT", "REASON"]);
+    for element in &detail.elements {
+        let time = match (element.started_at, element.finished_at) {
+            (Some(started), Some(finished)) => precise_duration(finished.millis_since(started)),
+            (Some(started), None) => precise_duration(now.millis_since(started)),
+            _ => "-".into(),
+        };
+        t.add_row([
+            element.index.to_string(),
+            element.task_id.to_string(),
+            element.state.to_string(),
+            element.attempt.to_string(),
+            time,
+            element
+                .exit_code
+                .map_or_else(|| "-".into(), |c| c.to_string()),
+            opt_field(element.reason.as_deref()),
+        ]);
+    }
+    print_table(&t)?;
+    Ok(())
+}
+
+/// `tcloud ps g12`: one group and its elements.
+pub async fn ps_group(ctx: &Ctx, id: GroupId, as_json: bool) -> Result<()> {
+    let detail = ctx.client()?.get_group(id).await?;
+    if as_json {
+        return out_json(&detail);
+    }
+    print_elements(&detail)
+}
+
+/// `tcloud cancel g12 …`: every unfinished element of each group; waits for them to stop
+/// unless `wait` is false.
+pub async fn cancel_groups(ctx: &Ctx, ids: &[GroupId], wait: bool, as_json: bool) -> Result<()> {
+    let client = ctx.client()?;
+    let mut rows = Vec::new();
+    for &id in ids {
+        let reply = client.cancel_group(id).await?;
+        rows.push((id, reply.cancelled));
+    }
+    let deadline = Instant::now() + CANCEL_DEADLINE;
+    let mut views = Vec::new();
+    for &(id, _) in &rows {
+        let mut summary = client.group_summary(id).await?;
+        while wait && !summary.is_finished() && Instant::now() < deadline {
+            tokio::time::sleep(POLL).await;
+            summary = client.group_summary(id).await?;
+        }
+        views.push(summary);
+    }
+    if as_json {
+        let json: Vec<_> = rows
+            .iter()
+            .zip(&views)
+            .map(|((id, cancelled), view)| {
+                json!({"group": id, "cancelled": cancelled, "counts": view.counts})
+            })
+            .collect();
+        return out_json(&json);
+    }
+    for ((id, cancelled), view) in rows.iter().zip(&views) {
+        out(format!(
+            "{id}: cancelled {cancelled} unfinished element(s) — {}",
+            counts_text(view)
+        ))?;
+    }
+    if wait && views.iter().any(|v| !v.is_finished()) {
+        return Err(CliError::silent(crate::errors::FAILURE).into());
+    }
+    Ok(())
+}
+
+/// `tcloud rerun g12 --failed`: a new group of the elements that failed, were cancelled or
+/// were lost, with their indices.
+pub async fn rerun_failed(ctx: &Ctx, id: GroupId, follow: bool, as_json: bool) -> Result<()> {
+    let client = ctx.client()?;
+    let reply = client.rerun_group_failed(id).await?;
+    let Some(group) = reply.group else {
+        return Err(anyhow::anyhow!(
+            "the server answered a group rerun without a group; is it older than this tcloud?"
+        ));
+    };
+    if as_json {
+        out_json(&json!({
+            "group": group.group,
+            "rerun_of": id,
+            "elements": group.elements,
+            "first_task": group.first_task,
+        }))?;
+    } else {
+        out(format!(
+            "Submitted {}: {} element(s) of {id} that did not succeed, with their indices",
+            group.group, group.elements
+        ))?;
+    }
+    if follow {
+        follow_group(&client, group.group).await?;
+    }
+    Ok(())
+}
+
+/// Wait for every element of a group to end; print one summary line and exit with 0 only
+/// when all succeeded.
+pub async fn follow_group(client: &Client, id: GroupId) -> Result<()> {
+    let started = Instant::now();
+    let mut summary = client.group_summary(id).await?;
+    while !summary.is_finished() {
+        tokio::time::sleep(POLL).await;
+        summary = client.group_summary(id).await?;
+    }
+    let detail = client.get_group(id).await?;
+    let group = &detail.group;
+    let attempts: u64 = detail.elements.iter().map(|e| u64::from(e.attempt.0)).sum();
+    let succeeded = group
+        .counts
+        .get(&TaskState::Succeeded)
+        .copied()
+        .unwrap_or(0);
+    let state = if succeeded == u64::from(group.size) {
+        "succeeded"
+    } else {
+        "ended"
+    };
+    eprintln!(
+        "group {id} {state} after {}: {} ({attempts} attempts over {} elements)",
+        precise_duration(started.elapsed().as_millis() as u64),
+        counts_text(group),
+        group.size
+    );
+    if succeeded == u64::from(group.size) {
+        Ok(())
+    } else {
+        Err(CliError::silent(TASK_FAILED).into())
+    }
+}
+
+/// `tcloud history`: ended tasks, newest end first, a page at a time.
+#[allow(clippy::too_many_arguments)]
+pub async fn history(
+    ctx: &Ctx,
+    name: Option<String>,
+    states: Vec<TaskState>,
+    since: Option<tacc_core::HumanDuration>,
+    user: Option<String>,
+    limit: Option<u32>,
+    before: Option<String>,
+    as_json: bool,
+) -> Result<()> {
+    let since = since.map(|ago| Timestamp(now().as_millis().saturating_sub(ago.as_secs() * 1000)));
+    let page = ctx
+        .client()?
+        .history(&HistoryQuery {
+            name,
+            states,
+            since,
+            user,
+            before,
+            limit,
+        })
+        .await?;
+    if as_json {
+        return out_json(&page);
+    }
+    if page.tasks.is_empty() {
+        out("no ended tasks match")?;
+        return Ok(());
+    }
+    let now = now();
+    let mut t = table([
+        "ID", "NAME", "USER", "STATE", "ENDED", "TIME", "EXIT", "GROUP", "REASON",
+    ]);
+    for task in &page.tasks {
+        let time = match (task.started_at, task.finished_at) {
+            (Some(started), Some(finished)) => precise_duration(finished.millis_since(started)),
+            _ => "-".into(),
+        };
+        let group = match (task.group, task.group_index) {
+            (Some(group), Some(index)) => format!("{group}[{index}]"),
+            _ => "-".into(),
+        };
+        t.add_row([
+            task.id.to_string(),
+            field(&task.name),
+            field(&task.user),
+            task.state.to_string(),
+            task.finished_at.map_or_else(
+                || "-".into(),
+                |at| format!("{} ago", short_duration(now.millis_since(at))),
+            ),
+            time,
+            task.exit_code.map_or_else(|| "-".into(), |c| c.to_string()),
+            group,
+            opt_field(task.reason.as_deref()),
+        ]);
+    }
+    print_table(&t)?;
+    if let Some(next) = &page.next {
+        out(format!(
+            "more: `tcloud history --before {next}` (with the same filters)"
+        ))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_tasks_or_groups() {
+        assert_eq!(parse_target("12"), Ok(Target::Task(TaskId(12))));
+        assert_eq!(parse_target("g12"), Ok(Target::Group(GroupId(12))));
+        assert!(parse_target("gx").unwrap_err().contains("g12"));
+        assert!(parse_target("x").unwrap_err().contains("g12"));
+    }
+
+    #[test]
+    fn counts_follow_a_task_s_life() {
+        let group = GroupView {
+            id: GroupId(3),
+            kind: "array".into(),
+            name: "sweep".into(),
+            user: "alice".into(),
+            size: 10,
+            counts: [(TaskState::Succeeded, 8), (TaskState::Running, 2)]
+                .into_iter()
+                .collect(),
+            created_at: Timestamp(0),
+            rerun_of: None,
+        };
+        assert_eq!(counts_text(&group), "RUNNING 2 · SUCCEEDED 8");
+        assert!(!group.is_finished());
+    }
+}
