@@ -35,7 +35,7 @@ hq_run() {
   done
   local start end
   start=$(date +%s.%N)
-  (cd "$dir" && "$HQ" submit --array "1-$n" --wait -- true >/dev/null)
+  (cd "$dir" && "$HQ" submit --array "1-$n" --wait -- true >/dev/null 2>&1)
   end=$(date +%s.%N)
   "$HQ" server stop >/dev/null 2>&1 || true
   rm -rf "$dir"

@@ -1,8 +1,16 @@
 //! Process groups of attempts are recorded on disk while they run, so that an agent
 //! restarted after a crash can kill what its previous life left behind: nothing must run
 //! twice at once, and the server will have marked those attempts lost.
+//!
+//! Records live in reusable slot files (`slot-N.pgid`) that are emptied when their group
+//! ends, never deleted: creating and deleting a file per attempt made ext4 search for a
+//! free inode past the recently deleted ones on every attempt, a tenth of the agent's CPU
+//! at 150 attempts a second (see docs/BENCHMARKS.md). An empty slot records nothing.
 
+use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
@@ -20,48 +28,98 @@ fn start_time(pid: u32) -> Option<u64> {
         .ok()
 }
 
-/// A record of one running process group; removed when dropped.
+/// Each record directory's free slots and the next slot number never used.
+static SLOTS: Mutex<BTreeMap<PathBuf, (Vec<u32>, u32)>> = Mutex::new(BTreeMap::new());
+
+fn slot_path(dir: &Path, slot: u32) -> PathBuf {
+    dir.join(format!("slot-{slot}.pgid"))
+}
+
+/// Replace a slot file's content without creating a new file where it exists.
+fn fill(path: &Path, content: &str) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    file.write_all(content.as_bytes())
+}
+
+/// A record of one running process group; its slot is emptied when dropped.
 #[derive(Debug)]
 pub(crate) struct GroupRecord {
-    path: PathBuf,
+    dir: PathBuf,
+    slot: u32,
 }
 
 impl GroupRecord {
     pub fn write(dir: &Path, name: &str, pgid: u32) -> std::io::Result<GroupRecord> {
-        let path = dir.join(format!("{name}.pgid"));
+        let slot = {
+            let mut slots = SLOTS.lock().unwrap();
+            let (free, next) = slots.entry(dir.to_path_buf()).or_default();
+            free.pop().unwrap_or_else(|| {
+                *next += 1;
+                *next - 1
+            })
+        };
         let started = start_time(pgid).unwrap_or(0);
-        std::fs::write(&path, format!("{pgid} {started}\n"))?;
-        Ok(GroupRecord { path })
+        let record = GroupRecord {
+            dir: dir.to_path_buf(),
+            slot,
+        };
+        fill(&slot_path(dir, slot), &format!("{pgid} {started} {name}\n"))?;
+        Ok(record)
     }
 }
 
 impl Drop for GroupRecord {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        let emptied = fill(&slot_path(&self.dir, self.slot), "").is_ok();
+        let mut slots = SLOTS.lock().unwrap();
+        let (free, _) = slots.entry(self.dir.clone()).or_default();
+        if emptied {
+            free.push(self.slot);
+        }
     }
 }
 
-/// Kill every recorded group that is still the same process; returns how many.
+/// Kill every recorded group that is still the same process; returns how many. Slots are
+/// emptied and made the directory's free slots; records of the older one-file-per-group
+/// layout are removed.
 pub(crate) fn kill_leftovers(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
     let mut killed = 0;
+    let mut slots = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
-        if path.extension().is_some_and(|e| e == "pgid") {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
-            if let (Some(Some(pgid)), Some(Some(started))) = (fields.next(), fields.next()) {
-                if start_time(pgid as u32) == Some(started)
-                    && killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL).is_ok()
-                {
-                    killed += 1;
-                }
+        if path.extension().is_none_or(|e| e != "pgid") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        if let (Some(Some(pgid)), Some(Some(started))) = (fields.next(), fields.next())
+            && start_time(pgid as u32) == Some(started)
+            && killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL).is_ok()
+        {
+            killed += 1;
+        }
+        let slot = path
+            .file_stem()
+            .and_then(|stem| stem.to_str()?.strip_prefix("slot-")?.parse::<u32>().ok());
+        match slot {
+            Some(slot) if fill(&path, "").is_ok() => slots.push(slot),
+            _ => {
+                let _ = std::fs::remove_file(&path);
             }
-            let _ = std::fs::remove_file(&path);
         }
     }
+    let next = slots.iter().max().map_or(0, |max| max + 1);
+    SLOTS
+        .lock()
+        .unwrap()
+        .insert(dir.to_path_buf(), (slots, next));
     killed
 }
 
@@ -72,7 +130,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     #[test]
-    fn leftover_groups_are_killed_and_records_removed() {
+    fn leftover_groups_are_killed_and_slots_emptied() {
         let dir = tempfile::tempdir().unwrap();
         let mut child = std::process::Command::new("sleep")
             .arg("300")
@@ -81,7 +139,7 @@ mod tests {
             .unwrap();
         let record = GroupRecord::write(dir.path(), "t1-1", child.id()).unwrap();
         std::mem::forget(record); // as if the agent crashed
-        // A stale record of a process that no longer exists is just removed.
+        // A stale record of a process that no longer exists (old layout) is just removed.
         std::fs::write(dir.path().join("stale.pgid"), "999999 1\n").unwrap();
         assert_eq!(kill_leftovers(dir.path()), 1);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -92,6 +150,34 @@ mod tests {
             assert!(Instant::now() < deadline, "leftover process still running");
             std::thread::sleep(Duration::from_millis(10));
         }
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        let left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+            .collect();
+        assert_eq!(left, vec![String::new()], "one slot, emptied");
+    }
+
+    #[test]
+    fn slots_are_reused_not_recreated() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let first = GroupRecord::write(dir.path(), "a", me).unwrap();
+        let second = GroupRecord::write(dir.path(), "b", me).unwrap();
+        assert_ne!(first.slot, second.slot);
+        let text = std::fs::read_to_string(slot_path(dir.path(), second.slot)).unwrap();
+        assert!(
+            text.starts_with(&format!("{me} ")) && text.ends_with(" b\n"),
+            "{text}"
+        );
+        let freed = first.slot;
+        drop(first);
+        assert_eq!(
+            std::fs::read_to_string(slot_path(dir.path(), freed)).unwrap(),
+            ""
+        );
+        let third = GroupRecord::write(dir.path(), "c", me).unwrap();
+        assert_eq!(third.slot, freed);
+        drop((second, third));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2);
     }
 }

@@ -1,10 +1,12 @@
 //! Throughput of trivial tasks on the embedded cluster (`taccd dev`), for
 //! `bench/throughput.sh`, which runs HyperQueue beside it: N tasks `true`, each with a
 //! fresh working directory and a log, every acknowledged submit and every terminal state
-//! durable. Queues the N tasks over HTTP from 16 concurrent clients, waits until none is
-//! open, and prints one JSON line: tasks/s from the first submit to the last end, the
-//! daemon's own CPU (user + system, not its children's) per task, and the same N spawns of
-//! `true` bare. N comes from `TACC_BENCH_TASKS` (default 1000); `TACC_BENCH_LOG=FILE` keeps the daemon's log.
+//! durable. Queues the N tasks as one array (`TACC_BENCH_MODE=array`, the default, as
+//! HyperQueue's `--array`) or as N single submissions over HTTP from 16 concurrent
+//! clients (`TACC_BENCH_MODE=single`), waits until none is open, and prints one JSON
+//! line: tasks/s from the first submit to the last end, the daemon's own CPU (user +
+//! system, not its children's) per task, and the same N spawns of `true` bare. N comes
+//! from `TACC_BENCH_TASKS` (default 1000); `TACC_BENCH_LOG=FILE` keeps the daemon's log.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -55,40 +57,76 @@ fn main() {
         let warm = client.submit(&submit).await.unwrap().task_id;
         wait_terminal(&client, warm).await;
 
+        let array = std::env::var("TACC_BENCH_MODE").as_deref() != Ok("single");
         let cpu_before = cpu_secs(pid);
         let started = Instant::now();
-        let ids: Vec<tacc_core::TaskId> = futures::stream::iter(0..tasks)
-            .map(|_| {
+        if array {
+            let mut spec = submit.spec.clone();
+            spec["array"] = serde_json::json!(format!("1-{tasks}"));
+            let reply = client
+                .submit(&SubmitTask {
+                    spec,
+                    ..submit.clone()
+                })
+                .await
+                .unwrap();
+            let group = reply.group.expect("an array makes a group").group;
+            let submitted = started.elapsed();
+            eprintln!(
+                "array of {tasks} accepted in {:.3} s",
+                submitted.as_secs_f64()
+            );
+            eventually("the array to finish", Duration::from_secs(3600), || {
                 let client = client.clone();
-                let submit = submit.clone();
-                async move { client.submit(&submit).await.unwrap().task_id }
+                async move {
+                    let view = client.group_summary(group).await.ok()?;
+                    view.is_finished().then_some(())
+                }
             })
-            .buffer_unordered(SUBMITTERS)
-            .collect()
             .await;
-        let submitted = started.elapsed();
-        eventually("all tasks to finish", Duration::from_secs(3600), || {
-            let client = client.clone();
-            async move {
-                let open = client
-                    .list_tasks(&tacc_client::TaskQuery {
-                        states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
-                        limit: Some(1),
-                        ..Default::default()
-                    })
-                    .await
-                    .ok()?;
-                open.is_empty().then_some(())
-            }
-        })
-        .await;
+            let view = client.group_summary(group).await.unwrap();
+            assert_eq!(
+                view.counts.get(&TaskState::Succeeded).copied(),
+                Some(tasks as u64),
+                "{view:?}"
+            );
+        } else {
+            let ids: Vec<tacc_core::TaskId> = futures::stream::iter(0..tasks)
+                .map(|_| {
+                    let client = client.clone();
+                    let submit = submit.clone();
+                    async move { client.submit(&submit).await.unwrap().task_id }
+                })
+                .buffer_unordered(SUBMITTERS)
+                .collect()
+                .await;
+            eventually("all tasks to finish", Duration::from_secs(3600), || {
+                let client = client.clone();
+                async move {
+                    let open = client
+                        .list_tasks(&tacc_client::TaskQuery {
+                            states: vec![
+                                TaskState::Queued,
+                                TaskState::Starting,
+                                TaskState::Running,
+                            ],
+                            limit: Some(1),
+                            ..Default::default()
+                        })
+                        .await
+                        .ok()?;
+                    open.is_empty().then_some(())
+                }
+            })
+            .await;
+            let last = *ids.iter().max().unwrap();
+            assert_eq!(
+                client.get_task(last).await.unwrap().state,
+                TaskState::Succeeded
+            );
+        }
         let total = started.elapsed();
         let cpu = cpu_secs(pid) - cpu_before;
-        let last = *ids.iter().max().unwrap();
-        assert_eq!(
-            client.get_task(last).await.unwrap().state,
-            TaskState::Succeeded
-        );
 
         if let Ok(keep) = std::env::var("TACC_BENCH_LOG") {
             std::fs::copy(dir.path().join("d/dev.log"), keep).unwrap();
@@ -102,7 +140,7 @@ fn main() {
             "{}",
             serde_json::json!({
                 "tasks": tasks,
-                "submit_s": submitted.as_secs_f64(),
+                "mode": if array { "array" } else { "single" },
                 "total_s": total.as_secs_f64(),
                 "tasks_per_s": tasks as f64 / total.as_secs_f64(),
                 "cpu_ms_per_task": cpu * 1000.0 / tasks as f64,
