@@ -357,6 +357,17 @@ impl Executor for DockerExecutor {
             }),
         );
         let reader = tokio::spawn(forward_logs(logs, output));
+        // The container's own cgroup, so the agent samples it like a process's.
+        let usage = docker
+            .inspect_container(
+                &id,
+                None::<bollard::query_parameters::InspectContainerOptions>,
+            )
+            .await
+            .ok()
+            .and_then(|c| c.state?.pid)
+            .and_then(|pid| u32::try_from(pid).ok())
+            .and_then(|pid| container_usage(std::path::Path::new(CGROUP_MOUNT), pid));
         let (cancel, exit_tx, exit_rx) = handle_parts();
         let token = cancel.clone();
         let resizer: Arc<dyn crate::resize::Resizer> = Arc::new(crate::resize::DockerResizer {
@@ -388,7 +399,9 @@ impl Executor for DockerExecutor {
             let _ = remove(&docker, &id).await;
             let _ = exit_tx.send(outcome);
         });
-        Ok(ExecutionHandle::new(None, cancel, exit_rx).with_resizer(Some(resizer)))
+        Ok(ExecutionHandle::new(None, cancel, exit_rx)
+            .with_resizer(Some(resizer))
+            .with_usage(usage))
     }
 
     /// Containers of a previous life of this agent: their attempts are lost (the agent
@@ -403,6 +416,47 @@ impl Executor for DockerExecutor {
         }
         Vec::new()
     }
+}
+
+/// Where the cgroup hierarchy is mounted on the agent's machine.
+const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+
+/// The cgroup a container's main process `pid` runs in, read for samples only: found
+/// through `/proc/PID/cgroup` (the memory controller's line on v1, the single line on
+/// v2), so the engine's cgroup driver (cgroupfs or systemd) does not matter. `None` when
+/// it cannot be found (another PID namespace, no hierarchy).
+fn container_usage(mount: &std::path::Path, pid: u32) -> Option<crate::cgroups::UsageReader> {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = container_cgroup_path(&table)?;
+    let path = std::path::Path::new(path.trim_start_matches('/'));
+    let parent = path.parent()?.to_str()?;
+    let leaf = path.file_name()?.to_str()?;
+    let cgroups = crate::cgroups::detect_at(mount, parent).ok()?;
+    let cgroup = cgroups.open(leaf)?;
+    Some(crate::cgroups::UsageReader::new(Arc::from(cgroup)))
+}
+
+/// The cgroup path in a `/proc/PID/cgroup` table: the v1 memory controller's, else the
+/// unified (v2) one.
+fn container_cgroup_path(table: &str) -> Option<&str> {
+    let entries: Vec<(&str, &str)> = table
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let _id = parts.next()?;
+            Some((parts.next()?, parts.next()?))
+        })
+        .collect();
+    entries
+        .iter()
+        .find(|(controllers, _)| controllers.split(',').any(|c| c == "memory"))
+        .or_else(|| {
+            entries
+                .iter()
+                .find(|(controllers, _)| controllers.is_empty())
+        })
+        .map(|(_, path)| *path)
+        .filter(|path| *path != "/")
 }
 
 /// The container's exit code; `None` when the engine stopped answering.
@@ -490,6 +544,18 @@ async fn forward_logs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_container_s_cgroup_is_found_under_either_driver_and_version() {
+        let v1 = "12:pids:/docker/abc\n9:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/\n";
+        assert_eq!(container_cgroup_path(v1), Some("/docker/abc"));
+        let v2 = "0::/system.slice/docker-abc.scope\n";
+        assert_eq!(
+            container_cgroup_path(v2),
+            Some("/system.slice/docker-abc.scope")
+        );
+        assert_eq!(container_cgroup_path("0::/\n"), None);
+    }
 
     #[test]
     fn a_container_gets_exactly_the_task_s_limits_and_gpus() {

@@ -96,6 +96,9 @@ async fn a_running_container_s_limits_change_live() {
     spec.placement.memory_bytes = 64 << 20;
     let (tx, _rx) = mpsc::unbounded_channel();
     let handle = executor.launch(spec, tx).await.unwrap();
+    let reader = handle
+        .usage_reader()
+        .expect("a container's cgroup is read for samples");
     let resizer = handle.resizer().expect("a container can be resized");
     resizer.resize(1500, 256 << 20).await.unwrap();
     let docker = bollard::Docker::connect_with_unix(SOCKET, 120, bollard::API_DEFAULT_VERSION)
@@ -126,6 +129,11 @@ async fn a_running_container_s_limits_change_live() {
     let host = inspected.host_config.expect("a host config");
     assert_eq!(host.nano_cpus, Some(1_500_000_000));
     assert_eq!(host.memory, Some(256 << 20));
+    // The samples see the container's cgroup, with the limits in force now.
+    let usage = reader.read();
+    assert_eq!(usage.memory_limit_bytes, Some(256 << 20), "{usage:?}");
+    assert_eq!(usage.cpu_quota_millis, Some(1500), "{usage:?}");
+    assert!(usage.memory_bytes.is_some_and(|m| m > 0), "{usage:?}");
     // Below what it uses, or a malformed limit, is refused and said.
     let refused = resizer.resize(1500, 1 << 10).await;
     assert!(refused.is_err(), "{refused:?}");

@@ -30,7 +30,9 @@ mod usage;
 use std::sync::Arc;
 
 pub use api::{RouteRule, openapi_json, route_rules};
-pub use control::{AdaptiveConfig, AdaptiveMode, Control, DEFAULT_POLICY, ServerConfig, now};
+pub use control::{
+    AdaptiveConfig, AdaptiveMode, Control, DEFAULT_POLICY, DefaultBounds, ServerConfig, now,
+};
 pub use limits::UserLimits;
 use tacc_core::{NodeId, TaskId};
 pub use tls::TlsConfig;

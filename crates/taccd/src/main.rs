@@ -151,7 +151,7 @@ struct ServerArgs {
     /// Adaptive allocation of running tasks that give `adaptive:` bounds: `on` grows and
     /// shrinks their CPU and memory within the bounds, `shrink` only gives back what they
     /// do not use, `off` moves nothing (verdicts are still shown). Tasks without
-    /// `adaptive:` never move. See docs/ADAPTIVE.md.
+    /// `adaptive:` move only under `--adaptive-default`. See docs/ADAPTIVE.md.
     #[arg(long, default_value = "on", value_parser = clap::value_parser!(AdaptiveModeArg))]
     adaptive: AdaptiveModeArg,
     /// How long a bottleneck must be seen before it counts (the classifier's window).
@@ -161,6 +161,11 @@ struct ServerArgs {
     /// other way waits five times as long.
     #[arg(long, default_value = "60s")]
     adaptive_cooldown: HumanDuration,
+    /// The cluster's default policy for tasks without `adaptive:` bounds: their CPU and
+    /// memory may move between these multiples of what they asked for, e.g. `0.5..2`.
+    /// Left out, such tasks keep what they asked for.
+    #[arg(long, value_name = "MIN..MAX")]
+    adaptive_default: Option<tacc_server::DefaultBounds>,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
 }
@@ -471,6 +476,7 @@ async fn start_server(
         cooldown: args.adaptive_cooldown.as_std(),
         // A few points per window, at most one per 10 s.
         record_every: (args.adaptive_window.as_std() / 3).min(Duration::from_secs(10)),
+        default_bounds: args.adaptive_default,
     };
     let control = Control::open(Arc::new(store), config).await?;
     let served = control.clone();

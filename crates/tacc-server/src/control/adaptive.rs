@@ -95,6 +95,40 @@ pub struct AdaptiveConfig {
     pub cooldown: Duration,
     /// One point of each attempt's signals is kept durably per this long.
     pub record_every: Duration,
+    /// The cluster's default policy for tasks that give no `adaptive:` bounds: their CPU
+    /// and memory may move between these multiples of what they asked for (`None`: such
+    /// tasks never move).
+    pub default_bounds: Option<DefaultBounds>,
+}
+
+/// Bounds as multiples of a task's request (`taccd server --adaptive-default 0.5..2`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DefaultBounds {
+    pub min: f64,
+    pub max: f64,
+}
+
+impl FromStr for DefaultBounds {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || {
+            format!(
+                "`{text}` is not a range of multiples of the request: write MIN..MAX, \
+                 e.g. `0.5..2` (from half to twice what a task asks for)"
+            )
+        };
+        let (min, max) = text.split_once("..").ok_or_else(bad)?;
+        let min: f64 = min.trim().parse().map_err(|_| bad())?;
+        let max: f64 = max.trim().parse().map_err(|_| bad())?;
+        if !(min.is_finite() && max.is_finite()) || min <= 0.0 || min > 1.0 || max < 1.0 {
+            return Err(format!(
+                "`{text}`: the minimum must be above 0 and at most 1, the maximum at least 1 \
+                 (a task's request must lie within its bounds), e.g. `0.5..2`"
+            ));
+        }
+        Ok(DefaultBounds { min, max })
+    }
 }
 
 impl Default for AdaptiveConfig {
@@ -104,6 +138,7 @@ impl Default for AdaptiveConfig {
             window: Duration::from_secs(30),
             cooldown: Duration::from_secs(60),
             record_every: Duration::from_secs(10),
+            default_bounds: None,
         }
     }
 }
@@ -228,9 +263,27 @@ impl AdaptiveBook {
     /// The bounds a task's allocation may move in under the cluster's mode, given what
     /// it holds now; `None`: it does not move.
     fn bounds(&self, spec: &TaskSpec, current: Resources) -> Option<Bounds> {
-        let adaptive = spec.adaptive.as_ref()?;
-        let (min_cpu, max_cpu) = adaptive.cpu_millis(&spec.resources);
-        let (min_memory, max_memory) = adaptive.memory_bytes(&spec.resources);
+        let ((min_cpu, max_cpu), (min_memory, max_memory)) = match &spec.adaptive {
+            Some(adaptive) => (
+                adaptive.cpu_millis(&spec.resources),
+                adaptive.memory_bytes(&spec.resources),
+            ),
+            None => {
+                let default = self.config.default_bounds?;
+                let asked = spec.resources.per_node();
+                let scale = |amount: u64, by: f64| (amount as f64 * by).round() as u64;
+                (
+                    (
+                        scale(asked.cpu_millis, default.min),
+                        scale(asked.cpu_millis, default.max),
+                    ),
+                    (
+                        scale(asked.memory_bytes, default.min),
+                        scale(asked.memory_bytes, default.max),
+                    ),
+                )
+            }
+        };
         let (max_cpu, max_memory) = match self.config.mode {
             AdaptiveMode::Off => return None,
             AdaptiveMode::Shrink => (
@@ -632,5 +685,34 @@ mod tests {
         // Without `adaptive:` a task never moves.
         let plain = spec("");
         assert!(book(AdaptiveMode::On).bounds(&plain, current).is_none());
+    }
+
+    #[test]
+    fn the_cluster_default_bounds_tasks_that_give_none() {
+        let plain: TaskSpec = serde_json::from_value(serde_json::json!({
+            "run": "x", "resources": {"cpus": 2, "memory": "4GiB"}
+        }))
+        .unwrap();
+        let current = plain.resources.per_node();
+        let mut config = AdaptiveConfig {
+            mode: AdaptiveMode::On,
+            ..AdaptiveConfig::default()
+        };
+        assert!(AdaptiveBook::new(&config).bounds(&plain, current).is_none());
+        config.default_bounds = Some("0.5..2".parse().unwrap());
+        let bounds = AdaptiveBook::new(&config).bounds(&plain, current).unwrap();
+        assert_eq!((bounds.min.cpu_millis, bounds.max.cpu_millis), (1000, 4000));
+        assert_eq!(
+            (bounds.min.memory_bytes, bounds.max.memory_bytes),
+            (2 << 30, 8 << 30)
+        );
+        let err = "2..3".parse::<DefaultBounds>().unwrap_err();
+        assert!(err.contains("at most 1"), "{err}");
+        assert!(
+            "half"
+                .parse::<DefaultBounds>()
+                .unwrap_err()
+                .contains("MIN..MAX")
+        );
     }
 }

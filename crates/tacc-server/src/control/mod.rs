@@ -29,7 +29,7 @@ mod nodes;
 mod records;
 
 use crate::logs::LogBook;
-pub use adaptive::{AdaptiveConfig, AdaptiveMode};
+pub use adaptive::{AdaptiveConfig, AdaptiveMode, DefaultBounds};
 pub(crate) use groups::RERUN_STATES;
 pub use nodes::LIVENESS_CHECK_EVERY;
 use nodes::node_spec;
