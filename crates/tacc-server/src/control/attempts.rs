@@ -54,13 +54,30 @@ impl Control {
             Some(live) => live.last_seen = Instant::now(),
             None => return Err(ServerError::NodeNotFound(node)),
         }
+        // One scheduling decision for everything the batch ended, not one per attempt:
+        // with a long queue each decision walks it, and a batch may end dozens.
+        inner.deferred = Some(Vec::new());
+        let applied = self.apply_reports(&mut inner, node, reports).await;
+        let events = inner.deferred.take().unwrap_or_default();
+        if !events.is_empty() {
+            self.drive(&mut inner, Event::Batch(events)).await;
+        }
+        applied
+    }
+
+    async fn apply_reports(
+        &self,
+        inner: &mut Inner,
+        node: NodeId,
+        reports: Vec<AgentReport>,
+    ) -> Result<tacc_proto::ReportsAck, ServerError> {
         let mut ack = tacc_proto::ReportsAck::default();
         for report in reports {
             if let AgentReport::Usage(sample) = report {
                 let attempt = sample.attempt;
                 let kept = sample.clone();
                 if self.accept_usage(node, sample).await? {
-                    self.adapt(&mut inner, &kept).await;
+                    self.adapt(inner, &kept).await;
                     ack.accepted += 1;
                 } else {
                     ack.rejected += 1;
@@ -158,7 +175,7 @@ impl Control {
                     rank,
                 } => {
                     self.note_rank_finished(node, attempt, &outcome, at).await?;
-                    self.rank_finished(&mut inner, node, attempt, outcome, rank, at)
+                    self.rank_finished(inner, node, attempt, outcome, rank, at)
                         .await?;
                 }
                 AgentReport::Usage(_) => {}
@@ -172,7 +189,7 @@ impl Control {
                         tacc_core::Resources::new(cpu_millis, memory_bytes, 0),
                         |r| tacc_core::Resources::new(cpu_millis, memory_bytes, r.gpus),
                     );
-                    self.resized_on_node(&mut inner, node, attempt, applied, error)
+                    self.resized_on_node(inner, node, attempt, applied, error)
                         .await;
                 }
                 AgentReport::RuntimeChosen {

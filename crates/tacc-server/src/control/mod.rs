@@ -138,6 +138,9 @@ pub(crate) struct Inner {
     /// The group of each task owner's identity (users the configuration file gives no
     /// group are accounted to this one).
     identity_groups: BTreeMap<String, Option<String>>,
+    /// While set, events are collected here instead of decided one by one; the caller
+    /// decides once for all of them (see `Control::agent_reports`).
+    deferred: Option<Vec<Event>>,
 }
 
 impl Inner {
@@ -270,6 +273,7 @@ impl Control {
                 finished_ranks: BTreeMap::new(),
                 last_liveness_check: Instant::now(),
                 identity_groups: BTreeMap::new(),
+                deferred: None,
             }),
         });
         control.recover().await?;
@@ -427,12 +431,23 @@ impl Control {
     /// A failure here never loses a task: the task stays durable in its last state and
     /// the scheduler is rebuilt from the store.
     async fn drive(&self, inner: &mut Inner, mut event: Event) {
+        if let Some(deferred) = inner.deferred.as_mut() {
+            deferred.push(event);
+            return;
+        }
         self.adaptive.patch_restored(&mut event);
+        let batch = matches!(event, Event::Batch(_));
         let deciding = Instant::now();
         let decided = inner.scheduler.handle(now(), event);
         self.metrics.decided(deciding.elapsed());
         let plan = match decided {
             Ok(plan) => plan,
+            Err(e) if batch => {
+                // Part of the batch may have been applied: the store is the truth.
+                tracing::error!("scheduler refused an event of a batch, rebuilding: {e}");
+                self.resync(inner).await;
+                return;
+            }
             Err(e) => {
                 tracing::error!("scheduler refused an event: {e}");
                 return;
