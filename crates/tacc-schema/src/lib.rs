@@ -16,6 +16,7 @@ mod reader;
 mod schema;
 mod spans;
 mod spec;
+mod sweep;
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};
@@ -25,6 +26,10 @@ pub use array::{ArrayError, ArraySpec, MAX_ARRAY_ELEMENTS, NotifySpec};
 pub use error::{Diagnostic, SchemaError};
 pub use processes::{MAX_PROCESSES_PER_NODE, Processes};
 pub use schema::json_schema;
+pub use sweep::{
+    AshaSpec, Goal, MAX_SWEEP_TRIALS, PARAM_VARIABLE_PREFIX, ParameterSpec, SweepMethod, SweepSpec,
+    TrialPoint, parameter_variable, placeholders, substitute,
+};
 pub use spans::{Location, Spans};
 pub use spec::{
     CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
