@@ -26,16 +26,16 @@ pub use array::{ArrayError, ArraySpec, MAX_ARRAY_ELEMENTS, NotifySpec};
 pub use error::{Diagnostic, SchemaError};
 pub use processes::{MAX_PROCESSES_PER_NODE, Processes};
 pub use schema::json_schema;
-pub use sweep::{
-    AshaSpec, Goal, MAX_SWEEP_TRIALS, PARAM_VARIABLE_PREFIX, ParameterSpec, SweepMethod, SweepSpec,
-    TrialPoint, parameter_variable, placeholders, substitute,
-};
 pub use spans::{Location, Spans};
 pub use spec::{
     CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
     MAX_ATTEMPTS, MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_MEMORY_PER_NODE, MAX_NAME_LEN,
     MAX_NODES, MAX_TIME_LIMIT, PLATFORM_VARIABLES, PlacementSpec, ResourceSpec, RetryOn, RetrySpec,
     TaskSpec, is_platform_variable, runtime_name,
+};
+pub use sweep::{
+    AshaSpec, Goal, MAX_SWEEP_TRIALS, PARAM_VARIABLE_PREFIX, ParameterSpec, SweepMethod, SweepSpec,
+    TrialPoint, parameter_variable, placeholders, substitute,
 };
 
 /// Names a task file may have in a directory, in the order they are looked for.

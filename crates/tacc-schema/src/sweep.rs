@@ -403,7 +403,10 @@ pub(crate) fn check_sweep(sweep: &SweepSpec, run: &str, setup: Option<&str>) -> 
         (Some(_), SweepMethod::Grid | SweepMethod::Random) => {
             return Some(problem(
                 "sweep.asha",
-                format!("`asha:` only applies to `method: asha`, not {}", sweep.method.as_str()),
+                format!(
+                    "`asha:` only applies to `method: asha`, not {}",
+                    sweep.method.as_str()
+                ),
                 "remove `asha:` or write `method: asha`",
             ));
         }
