@@ -14,6 +14,7 @@ pub mod accounts;
 mod agent_access;
 mod api;
 mod artifacts;
+mod asha;
 pub mod auth;
 mod control;
 mod limits;
@@ -140,6 +141,7 @@ where
     };
     let gc = tokio::spawn(artifacts::run_gc(control.clone(), shutdown.clone()));
     let deliveries = tokio::spawn(notify::run_deliveries(control.clone(), shutdown.clone()));
+    let sweeps = tokio::spawn(control::run_sweeps(control.clone(), shutdown.clone()));
     let app = api::router(control, shutdown.clone(), tls);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -147,5 +149,6 @@ where
     liveness.abort();
     gc.abort();
     deliveries.abort();
+    sweeps.abort();
     result
 }

@@ -84,6 +84,7 @@ impl Control {
                 AgentReport::Finished { attempt, .. } => (*attempt, true),
                 AgentReport::Usage(sample) => (sample.attempt, false),
                 AgentReport::Resized { attempt, .. } => (*attempt, false),
+                AgentReport::Metrics { attempt, .. } => (*attempt, false),
             };
             let current = self.attempt_is_on_node(node, attempt, !ending).await?;
             // The node's own end of an attempt it held, and its last lines, count even
@@ -162,6 +163,9 @@ impl Control {
                         .await?;
                 }
                 AgentReport::Usage(_) => {}
+                AgentReport::Metrics { attempt, points } => {
+                    self.record_metrics(attempt, points).await?;
+                }
                 AgentReport::Resized {
                     attempt,
                     cpu_millis,

@@ -27,11 +27,13 @@ mod attempts;
 mod groups;
 mod nodes;
 mod records;
+mod sweeps;
 
 use crate::logs::LogBook;
 pub use adaptive::{AdaptiveConfig, AdaptiveMode};
 pub(crate) use groups::RERUN_STATES;
 pub use nodes::LIVENESS_CHECK_EVERY;
+pub use sweeps::run_sweeps;
 use nodes::node_spec;
 
 /// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
@@ -176,6 +178,8 @@ pub struct Control {
     pub(crate) placed: records::PlacedRecords,
     /// Running attempts' signals, verdicts and allocation changes.
     pub(crate) adaptive: adaptive::AdaptiveBook,
+    /// Sweeps whose trials the controller still launches or stops.
+    pub(crate) sweeps: sweeps::OpenSweeps,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -256,6 +260,7 @@ impl Control {
             metrics: crate::metrics::Metrics::new(logs.written_counter()),
             placed: records::PlacedRecords::default(),
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
+            sweeps: sweeps::OpenSweeps::default(),
             store,
             logs,
             chunks,
