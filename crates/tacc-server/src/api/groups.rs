@@ -176,7 +176,11 @@ pub(super) async fn get_sweep(
     if record.kind != tacc_store::GroupKind::Sweep {
         return Err(ServerError::BadRequest(format!(
             "group {id} is {} {}, not a sweep: see it with `tcloud ps {id}`",
-            if record.kind == tacc_store::GroupKind::Array { "an" } else { "a" },
+            if record.kind == tacc_store::GroupKind::Array {
+                "an"
+            } else {
+                "a"
+            },
             record.kind
         )));
     }

@@ -67,7 +67,10 @@ pub(crate) fn trial_spec(spec: &TaskSpec, point: &TrialPoint) -> TaskSpec {
 
 fn sweep_of(group: &GroupRecord) -> Result<(TaskSpec, SweepSpec), ServerError> {
     let spec: TaskSpec = serde_json::from_value(group.spec.clone()).map_err(|e| {
-        ServerError::Internal(format!("stored spec of sweep {} is unreadable: {e}", group.id))
+        ServerError::Internal(format!(
+            "stored spec of sweep {} is unreadable: {e}",
+            group.id
+        ))
     })?;
     let sweep = spec
         .sweep
@@ -439,7 +442,9 @@ impl Control {
 /// The sweep controller: reconcile every open sweep each tick until shutdown.
 pub async fn run_sweeps(control: Arc<Control>, shutdown: CancellationToken) {
     if let Err(e) = control.load_open_sweeps().await {
-        tracing::error!("cannot find the open sweeps: {e}; sweeps submitted before the restart wait");
+        tracing::error!(
+            "cannot find the open sweeps: {e}; sweeps submitted before the restart wait"
+        );
     }
     let mut tick = tokio::time::interval(SWEEP_TICK);
     loop {

@@ -1,0 +1,89 @@
+//! `tcloud sweep gN`: a sweep's leaderboard (best trial first, with its parameters and
+//! the best and last value of the metric), `--json`, and `--best-outputs DIR` to fetch
+//! the best succeeded trial's outputs. Parameters and reasons come from the task file
+//! and the server: they go through [`crate::sanitize`] before reaching the terminal.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use tacc_core::GroupId;
+use tacc_proto::SweepBoard;
+
+use super::Ctx;
+use crate::errors::CliError;
+use crate::format::{out, out_json, print_table, table};
+use crate::sanitize::{field, opt_field};
+
+fn value(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.4}"))
+}
+
+fn parameters(trial: &tacc_proto::TrialView) -> String {
+    trial
+        .parameters
+        .iter()
+        .map(|(name, value)| format!("{}={}", field(name), field(value)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub async fn sweep(
+    ctx: &Ctx,
+    group: GroupId,
+    json: bool,
+    best_outputs: Option<PathBuf>,
+) -> Result<()> {
+    let client = ctx.client()?;
+    let board: SweepBoard = client.sweep(group).await?;
+    if let Some(dest) = best_outputs {
+        let Some(best) = board.best_trial else {
+            return Err(CliError::invalid(format!(
+                "sweep {group} has no succeeded trial with a `{}` value yet: wait for one \
+                 (`tcloud sweep {group}`) and try again",
+                field(&board.metric)
+            ))
+            .into());
+        };
+        return super::files::download(ctx, best, None, None, None, Some(dest)).await;
+    }
+    if json {
+        return out_json(&board);
+    }
+    out(format!(
+        "sweep {} `{}`: {} over {} trials ({} at once), {} {}{}",
+        board.group.id,
+        field(&board.group.name),
+        board.method,
+        board.max_trials,
+        board.parallel,
+        board.goal,
+        field(&board.metric),
+        board
+            .best_trial
+            .map_or(String::new(), |t| format!("; best trial: task {t}")),
+    ))?;
+    let mut t = table([
+        "TRIAL",
+        "TASK",
+        "STATE",
+        "PARAMETERS",
+        "BEST",
+        "LAST",
+        "STEP",
+        "REASON",
+    ]);
+    for trial in &board.trials {
+        t.add_row([
+            trial.index.to_string(),
+            trial.task_id.to_string(),
+            trial.state.as_str().to_uppercase(),
+            parameters(trial),
+            value(trial.best),
+            value(trial.last),
+            trial.step.map_or_else(|| "-".into(), |s| s.to_string()),
+            opt_field(trial.reason.as_deref()),
+        ]);
+    }
+    print_table(&t)?;
+    Ok(())
+}
