@@ -326,6 +326,15 @@ impl Control {
             (TaskState::Failed, Some(blame), Some(reason)) => {
                 Some(format!("{blame}: {reason}; the other ranks were stopped"))
             }
+            // A sweep's trial stopped early keeps the reason it was stopped with.
+            (TaskState::Cancelled, _, _)
+                if record
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with(crate::asha::EARLY_STOPPED)) =>
+            {
+                record.reason.clone()
+            }
             (_, _, reason) => reason,
         };
         self.end_attempt(inner, record, state, reason, exit_code, at, false)

@@ -356,6 +356,12 @@ impl Control {
                     stopping.insert(trial.id);
                     if !trial.cancel_requested {
                         tracing::info!("sweep {group}: stopping trial task {}: {reason}", trial.id);
+                        // The reason first: the trial's end keeps it (see attempts.rs).
+                        self.commit(&[TaskChange::Reason {
+                            task: trial.id,
+                            reason: Some(reason.clone()),
+                        }])
+                        .await?;
                         self.cancel(trial.id).await?;
                     }
                 }
@@ -375,9 +381,11 @@ impl Control {
                 }
             }
         }
+        // A trial being stopped still holds its slot until it has ended: never more than
+        // `parallel` trials hold resources at once.
         let unfinished = trials
             .iter()
-            .filter(|(t, _, _)| !t.state.is_terminal() && !stopping.contains(&t.id))
+            .filter(|(t, _, _)| !t.state.is_terminal())
             .count();
         let launched = trials.len();
         let free = (sweep.parallel as usize).saturating_sub(unfinished);
