@@ -196,3 +196,32 @@ async fn a_sweep_mistake_is_reported_at_its_place() {
     assert!(error.contains("task.yaml:6:"), "{error}");
     assert!(error.contains("use `method: random`"), "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_follow_waits_for_every_trial_and_names_the_best() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "4"]).await;
+    let output = Command::new(tcloud_binary())
+        .args(["submit", example().to_str().unwrap(), "-f"])
+        .env("TACC_HOME", dir.path().join("home"))
+        .env("TACC_SERVER", &daemon.url)
+        .env("TACC_TOKEN", &daemon.token)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("sweep g1 ended after ")
+            && last.contains(": 6 trials, ")
+            && last.contains("stopped early; best trial 0 (task ")
+            && last.ends_with("lr=0.1 val_loss 0.1111"),
+        "{stderr}"
+    );
+    let board = daemon.client().sweep(GroupId(1)).await.unwrap();
+    assert_eq!(board.trials.len(), 6);
+    assert!(
+        board.trials.iter().all(|t| t.state.is_terminal()),
+        "{board:#?}"
+    );
+}

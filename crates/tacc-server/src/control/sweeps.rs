@@ -312,6 +312,11 @@ impl Control {
         })
     }
 
+    /// Every trial the sweep plans has been launched.
+    pub(crate) fn sweep_launched_all(record: &GroupRecord) -> bool {
+        sweep_of(record).is_ok_and(|(_, sweep)| record.size as usize >= sweep.trials().len())
+    }
+
     /// A sweep was cancelled: launch nothing more for it.
     pub(crate) fn close_sweep(&self, group: GroupId) {
         self.sweeps.remove(group);

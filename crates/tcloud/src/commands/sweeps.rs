@@ -4,14 +4,15 @@
 //! and the server: they go through [`crate::sanitize`] before reaching the terminal.
 
 use std::path::PathBuf;
+use std::time::Instant;
 
 use anyhow::Result;
 use tacc_core::GroupId;
 use tacc_proto::SweepBoard;
 
 use super::Ctx;
-use crate::errors::CliError;
-use crate::format::{out, out_json, print_table, table};
+use crate::errors::{CliError, TASK_FAILED};
+use crate::format::{out, out_json, precise_duration, print_table, table};
 use crate::sanitize::{field, opt_field};
 
 fn value(v: Option<f64>) -> String {
@@ -86,4 +87,59 @@ pub async fn sweep(
     }
     print_table(&t)?;
     Ok(())
+}
+
+/// The sweep has launched every trial and every one has ended.
+fn ended(board: &SweepBoard) -> bool {
+    board.trials.len() as u32 >= board.max_trials
+        && board.trials.iter().all(|t| t.state.is_terminal())
+}
+
+/// `submit --follow` on a sweep: wait until every trial has been launched and has
+/// ended (a sweep has no unfinished trial for a moment between one trial's end and the
+/// next one's launch), then one line; success when there is a best trial.
+pub async fn follow_sweep(
+    client: &tacc_client::Client,
+    id: GroupId,
+    started: Instant,
+) -> Result<()> {
+    let mut board = client.sweep(id).await?;
+    while !ended(&board) {
+        tokio::time::sleep(super::groups::POLL).await;
+        board = client.sweep(id).await?;
+    }
+    let stopped = board
+        .trials
+        .iter()
+        .filter(|t| {
+            t.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("early_stopped:"))
+        })
+        .count();
+    let best = board
+        .trials
+        .iter()
+        .find(|t| Some(t.task_id) == board.best_trial);
+    eprintln!(
+        "sweep {id} ended after {}: {} trials, {stopped} stopped early; {}",
+        precise_duration(started.elapsed().as_millis() as u64),
+        board.trials.len(),
+        match best {
+            Some(best) => format!(
+                "best trial {} (task {}): {} {} {}",
+                best.index,
+                best.task_id,
+                parameters(best),
+                field(&board.metric),
+                value(best.last)
+            ),
+            None => format!("no trial succeeded with a `{}` value", field(&board.metric)),
+        }
+    );
+    if best.is_some() {
+        Ok(())
+    } else {
+        Err(CliError::silent(TASK_FAILED).into())
+    }
 }
