@@ -180,6 +180,13 @@ impl Control {
         group: &GroupRecord,
         user: &str,
     ) -> Result<Option<(GroupRecord, Vec<TaskRecord>)>, ServerError> {
+        if group.kind == GroupKind::Sweep {
+            return Err(ServerError::InvalidTask(format!(
+                "{} is a sweep: its stopped trials are its search, not failures; submit the \
+                 task file again to run a new sweep",
+                group.id
+            )));
+        }
         let ended = self
             .store
             .list_tasks(&TaskFilter {
