@@ -19,6 +19,7 @@ mod gpus;
 mod identity;
 mod layout;
 mod live_files;
+mod metrics;
 mod orphans;
 mod reporter;
 mod resize;

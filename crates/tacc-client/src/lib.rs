@@ -353,6 +353,12 @@ impl Client {
         Ok(detail.group)
     }
 
+    /// A sweep's leaderboard, best trial first.
+    pub async fn sweep(&self, id: tacc_core::GroupId) -> Result<tacc_proto::SweepBoard> {
+        self.json(self.request(Method::GET, &format!("/v1/groups/{id}/sweep")))
+            .await
+    }
+
     pub async fn cancel_group(
         &self,
         id: tacc_core::GroupId,

@@ -84,6 +84,9 @@ pub struct Instruction {
     pub array: Option<ArrayElement>,
 }
 
+/// The file in the working directory a task appends metrics to (`$TACC_METRICS`).
+pub const METRICS_FILE: &str = ".tacc_metrics.jsonl";
+
 /// Which element of which array an instruction runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArrayElement {
@@ -218,6 +221,11 @@ impl Instruction {
             ("TACC_USER", self.user.clone()),
             ("TACC_WORKDIR", node.workdir.display().to_string()),
             ("TACC_USERDIR", node.userdir.display().to_string()),
+            // Where the task appends metric lines (JSON) for the platform to keep.
+            (
+                "TACC_METRICS",
+                node.workdir.join(METRICS_FILE).display().to_string(),
+            ),
             ("TACC_NUM_NODES", self.num_nodes.to_string()),
             ("TACC_NODE_RANK", node.node_rank.to_string()),
             ("TACC_MASTER_ADDR", node.master_addr.clone()),

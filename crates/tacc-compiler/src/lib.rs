@@ -18,7 +18,9 @@ pub use environment::{
     dataset_cache_key, env_key, normalise_requirements, resolve_datasets,
 };
 pub use error::CompilerError;
-pub use instruction::{ArrayElement, INSTRUCTION_FORMAT, Instruction, NodeContext, compile};
+pub use instruction::{
+    ArrayElement, INSTRUCTION_FORMAT, Instruction, METRICS_FILE, NodeContext, compile,
+};
 pub use snapshot::{
     ChunkHash, ChunkRef, ChunkSource, ChunkerParams, DirChunkStore, Entry, EntryKind, GcStats,
     MANIFEST_FORMAT_VERSION, Manifest, MaterializeStats, ScannedTree, materialize,

@@ -92,3 +92,39 @@ pub struct HistoryPage {
     /// Pass as `before` for the next page; absent on the last page.
     pub next: Option<String>,
 }
+
+/// One trial of a sweep on its leaderboard.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrialView {
+    /// The trial's number in the sweep (its element index).
+    pub index: u32,
+    pub task_id: TaskId,
+    pub state: TaskState,
+    pub reason: Option<String>,
+    /// Parameter name → value, as substituted.
+    pub parameters: BTreeMap<String, String>,
+    /// The best value of the metric it reported (by the sweep's goal).
+    pub best: Option<f64>,
+    /// The last value it reported, and at which step.
+    pub last: Option<f64>,
+    pub step: Option<u64>,
+}
+
+/// `GET /v1/groups/{id}/sweep`: a sweep's leaderboard, best trial first.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SweepBoard {
+    pub group: GroupView,
+    /// `grid`, `random` or `asha`.
+    pub method: String,
+    pub metric: String,
+    /// `minimize` or `maximize`.
+    pub goal: String,
+    pub max_trials: u32,
+    pub parallel: u32,
+    /// The succeeded trial with the best final value, once there is one.
+    pub best_trial: Option<TaskId>,
+    /// Best first: by best value (by the goal), trials without a value last.
+    pub trials: Vec<TrialView>,
+}

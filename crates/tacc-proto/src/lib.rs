@@ -315,6 +315,22 @@ pub enum AgentReport {
         #[serde(default)]
         error: Option<String>,
     },
+    /// Lines the task appended to `$TACC_METRICS`, parsed and bounded by the agent.
+    Metrics {
+        attempt: AttemptRef,
+        #[serde(default)]
+        points: Vec<MetricLine>,
+    },
+}
+
+/// One line of `$TACC_METRICS`: `{"step": 10, "val_loss": 0.31}`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricLine {
+    pub step: u64,
+    /// Every other numeric field of the line, by name.
+    #[serde(default)]
+    pub values: std::collections::BTreeMap<String, f64>,
 }
 
 impl AgentReport {
@@ -325,7 +341,8 @@ impl AgentReport {
             | AgentReport::Started { attempt, .. }
             | AgentReport::Finished { attempt, .. }
             | AgentReport::RuntimeChosen { attempt, .. }
-            | AgentReport::Resized { attempt, .. } => *attempt,
+            | AgentReport::Resized { attempt, .. }
+            | AgentReport::Metrics { attempt, .. } => *attempt,
             AgentReport::Usage(sample) => sample.attempt,
         }
     }
@@ -339,6 +356,7 @@ impl AgentReport {
             AgentReport::RuntimeChosen { .. } => "runtime",
             AgentReport::Usage(_) => "usage",
             AgentReport::Resized { .. } => "resized",
+            AgentReport::Metrics { .. } => "metrics",
         }
     }
 }

@@ -48,6 +48,7 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
             adaptive: None,
             array: None,
             notify: None,
+            sweep: None,
         },
         slurm_job_name: None,
     };

@@ -16,6 +16,7 @@ mod reader;
 mod schema;
 mod spans;
 mod spec;
+mod sweep;
 
 use std::fs;
 use std::path::{Component, Path, PathBuf};
@@ -31,6 +32,10 @@ pub use spec::{
     MAX_ATTEMPTS, MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_MEMORY_PER_NODE, MAX_NAME_LEN,
     MAX_NODES, MAX_TIME_LIMIT, PLATFORM_VARIABLES, PlacementSpec, ResourceSpec, RetryOn, RetrySpec,
     TaskSpec, is_platform_variable, runtime_name,
+};
+pub use sweep::{
+    AshaSpec, Goal, MAX_SWEEP_TRIALS, PARAM_VARIABLE_PREFIX, ParameterSpec, SweepMethod, SweepSpec,
+    TrialPoint, parameter_variable, placeholders, substitute,
 };
 
 /// Names a task file may have in a directory, in the order they are looked for.

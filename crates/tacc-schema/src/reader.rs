@@ -41,7 +41,20 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "adaptive",
     "array",
     "notify",
+    "sweep",
 ];
+pub(crate) const SWEEP_FIELDS: &[&str] = &[
+    "method",
+    "parameters",
+    "metric",
+    "goal",
+    "max_trials",
+    "parallel",
+    "seed",
+    "asha",
+];
+pub(crate) const ASHA_FIELDS: &[&str] = &["min_steps", "reduction_factor", "max_steps"];
+pub(crate) const RANGE_FIELDS: &[&str] = &["min", "max", "log"];
 pub(crate) const NOTIFY_FIELDS: &[&str] = &["webhook", "secret"];
 pub(crate) const RESOURCE_FIELDS: &[&str] = &[
     "nodes",
@@ -738,7 +751,20 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         None => None,
     };
 
+    let sweep = match top.get("sweep") {
+        Some(node) => Some(read_sweep(&mut reader, node, top.map_key("sweep"))?),
+        None => None,
+    };
+    if let (Some(_), Some(node)) = (&sweep, top.get("array")) {
+        return Err(reader.error_at_node(
+            node,
+            "a task is an array or a sweep, not both",
+            "remove `array:`; every trial of a sweep gets its own parameters instead",
+        ));
+    }
+
     let spec = TaskSpec {
+        sweep,
         adaptive,
         name,
         resources,
@@ -1124,6 +1150,137 @@ fn read_notify<'n>(
         None => return Err(reader.missing(&fields, "secret", "secret: HOOK_KEY")),
     };
     Ok(crate::NotifySpec { webhook, secret })
+}
+
+fn read_sweep<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<crate::SweepSpec> {
+    use crate::{AshaSpec, Goal, ParameterSpec, SweepMethod};
+    let fields = reader.fields(node, key, "sweep", SWEEP_FIELDS)?;
+    let method = match fields.get("method") {
+        Some(node) => reader.choice(
+            node,
+            "sweep.method",
+            "sweep method",
+            &[
+                ("grid", SweepMethod::Grid),
+                ("random", SweepMethod::Random),
+                ("asha", SweepMethod::Asha),
+            ],
+        )?,
+        None => return Err(reader.missing(&fields, "method", "method: grid")),
+    };
+    let mut parameters = std::collections::BTreeMap::new();
+    match fields.get("parameters") {
+        Some(Node::Mapping(map)) => {
+            for (name_node, value) in map.iter() {
+                let name = name_node.as_str().to_string();
+                let path = join("sweep.parameters", &name);
+                reader.spans.record(&path, Some(name_node), value);
+                let parameter = match value {
+                    Node::Sequence(_) => {
+                        ParameterSpec::Values(reader.texts(value, &path, "lr: [0.1, 0.01]")?)
+                    }
+                    Node::Mapping(_) => {
+                        let range = reader.fields(value, Some(name_node), &path, RANGE_FIELDS)?;
+                        let example = "{min: 0.0001, max: 0.1, log: true}";
+                        let bound = |reader: &Reader<'_>, field: &str| match range.get(field) {
+                            Some(node) => reader.number(node, &join(&path, field), example),
+                            None => Err(reader.missing(&range, field, example)),
+                        };
+                        let min = bound(reader, "min")?;
+                        let max = bound(reader, "max")?;
+                        let log = match range.get("log") {
+                            Some(node) => reader.flag(node, &join(&path, "log"))?,
+                            None => false,
+                        };
+                        ParameterSpec::Range { min, max, log }
+                    }
+                    other => {
+                        return Err(reader.error_at_node(
+                            other,
+                            format!("expected a list of values or a range for parameter `{name}`"),
+                            format!("write e.g. `{name}: [0.1, 0.01]` or `{name}: {{min: 0.0001, max: 0.1, log: true}}`"),
+                        ));
+                    }
+                };
+                parameters.insert(name, parameter);
+            }
+        }
+        Some(other) => {
+            return Err(reader.error_at_node(
+                other,
+                "expected a mapping of parameter names to their values for `sweep.parameters`",
+                "write e.g. `parameters: {lr: [0.1, 0.01], batch: [32, 64]}`",
+            ));
+        }
+        None => return Err(reader.missing(&fields, "parameters", "parameters: {lr: [0.1, 0.01]}")),
+    }
+    let metric = match fields.get("metric") {
+        Some(node) => reader.text(node, "sweep.metric", "metric: val_loss")?,
+        None => return Err(reader.missing(&fields, "metric", "metric: val_loss")),
+    };
+    let goal = match fields.get("goal") {
+        Some(node) => reader.choice(
+            node,
+            "sweep.goal",
+            "goal",
+            &[("minimize", Goal::Minimize), ("maximize", Goal::Maximize)],
+        )?,
+        None => Goal::Minimize,
+    };
+    let asha = match fields.get("asha") {
+        Some(node) => {
+            let asha = reader.fields(node, fields.map_key("asha"), "sweep.asha", ASHA_FIELDS)?;
+            let example = "asha: {min_steps: 10, reduction_factor: 3, max_steps: 270}";
+            let steps = |reader: &Reader<'_>, field: &str| match asha.get(field) {
+                Some(node) => reader
+                    .count(node, &join("sweep.asha", field), example)
+                    .map(u64::from),
+                None => Err(reader.missing(&asha, field, example)),
+            };
+            let min_steps = steps(reader, "min_steps")?;
+            let max_steps = steps(reader, "max_steps")?;
+            let reduction_factor = match asha.get("reduction_factor") {
+                Some(node) => reader.count(node, "sweep.asha.reduction_factor", example)?,
+                None => 3,
+            };
+            Some(AshaSpec {
+                min_steps,
+                reduction_factor,
+                max_steps,
+            })
+        }
+        None => None,
+    };
+    let mut spec = crate::SweepSpec {
+        method,
+        parameters,
+        metric,
+        goal,
+        max_trials: 0,
+        parallel: 4,
+        seed: 0,
+        asha,
+    };
+    spec.max_trials = match fields.get("max_trials") {
+        Some(node) => reader.count(node, "sweep.max_trials", "max_trials: 20")?,
+        None => match spec.grid_size() {
+            Some(size) => size.min(u64::from(crate::MAX_SWEEP_TRIALS)) as u32,
+            // A grid over a range: the check of the spec says what is wrong with it.
+            None if method == SweepMethod::Grid => 1,
+            None => return Err(reader.missing(&fields, "max_trials", "max_trials: 20")),
+        },
+    };
+    if let Some(node) = fields.get("parallel") {
+        spec.parallel = reader.count(node, "sweep.parallel", "parallel: 4")?;
+    }
+    if let Some(node) = fields.get("seed") {
+        spec.seed = u64::from(reader.count(node, "sweep.seed", "seed: 42")?);
+    }
+    Ok(spec)
 }
 
 /// `usr1`, `SIGusr1` and `SIGUSR1` all mean the same signal; store the last form.

@@ -82,6 +82,10 @@ pub struct TaskSpec {
     /// Where to report the end of the task (or, for an array, of all its elements).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<NotifySpec>,
+    /// Run the task as a sweep: one trial per parameter point, the best chosen by a
+    /// reported metric (`grid`, `random` or `asha`, which stops bad trials early).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<crate::SweepSpec>,
 }
 
 // Mirrors `Priority` for the JSON Schema only, since tacc-core stays free of schemars.
@@ -484,6 +488,11 @@ impl TaskSpec {
                     .and_then(|checkpoint| check_checkpoint(checkpoint, &self.resources))
             })
             .or_else(|| self.notify.as_ref().and_then(check_notify))
+            .or_else(|| {
+                self.sweep.as_ref().and_then(|sweep| {
+                    crate::sweep::check_sweep(sweep, &self.run, self.setup.as_deref())
+                })
+            })
     }
 }
 

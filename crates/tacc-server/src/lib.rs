@@ -14,6 +14,7 @@ pub mod accounts;
 mod agent_access;
 mod api;
 mod artifacts;
+mod asha;
 pub mod auth;
 mod control;
 mod limits;
@@ -142,6 +143,7 @@ where
     };
     let gc = tokio::spawn(artifacts::run_gc(control.clone(), shutdown.clone()));
     let deliveries = tokio::spawn(notify::run_deliveries(control.clone(), shutdown.clone()));
+    let sweeps = tokio::spawn(control::run_sweeps(control.clone(), shutdown.clone()));
     let app = api::router(control, shutdown.clone(), tls);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -149,5 +151,6 @@ where
     liveness.abort();
     gc.abort();
     deliveries.abort();
+    sweeps.abort();
     result
 }

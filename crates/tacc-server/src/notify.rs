@@ -128,6 +128,11 @@ impl Control {
             let Some(notify) = notify_of(&record.spec) else {
                 continue;
             };
+            // A sweep has ended only once every trial has been launched.
+            if record.kind == tacc_store::GroupKind::Sweep && !Control::sweep_launched_all(&record)
+            {
+                continue;
+            }
             let unfinished = self
                 .store
                 .count_tasks(&TaskFilter {

@@ -6,12 +6,14 @@
 mod access;
 mod adaptive;
 mod groups;
+mod metrics;
 mod outputs;
 mod usage;
 
 pub use access::*;
 pub use adaptive::*;
 pub use groups::*;
+pub use metrics::*;
 pub use outputs::*;
 pub use usage::*;
 
@@ -108,6 +110,10 @@ macro_rules! store_contract_tests {
             history_lists_ended_tasks_newest_end_first_in_pages,
             history_filters_by_name_state_user_and_since,
             deliveries_queue_with_their_change_once_per_key,
+            metrics_kept_per_attempt_in_arrival_order,
+            metrics_bounded_per_attempt_keeping_the_first,
+            metrics_of_an_unknown_task_refused_whole,
+            groups_grow_by_added_elements,
             deliveries_come_due_retry_and_end,
         );
     };

@@ -52,7 +52,7 @@ pub struct GroupRecord {
     pub name: String,
     pub user: String,
     pub spec: serde_json::Value,
-    /// How many elements it was created with.
+    /// How many elements it has (a sweep's grows as its trials are launched).
     pub size: u32,
     pub created_at: Timestamp,
 }

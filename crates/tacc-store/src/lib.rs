@@ -11,6 +11,7 @@ mod access;
 mod adaptive;
 mod groups;
 mod memory;
+mod metrics;
 mod records;
 mod sqlite;
 
@@ -22,6 +23,7 @@ pub use access::{
 };
 pub use adaptive::{ResizeRecord, SignalRecord};
 pub use memory::{MemoryStore, apply_transition};
+pub use metrics::{MAX_METRIC_POINTS_PER_ATTEMPT, MetricPoint};
 
 pub use groups::{
     DeliveryOutcome, DeliveryRecord, GroupFilter, GroupKind, GroupRecord, HistoryFilter,
@@ -156,6 +158,23 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn list_groups(&self, filter: &GroupFilter) -> Result<Vec<GroupRecord>>;
     /// How many of a group's elements are in each state (states with none left out).
     async fn group_counts(&self, id: GroupId) -> Result<BTreeMap<TaskState, u64>>;
+    /// Add elements to an existing group (a sweep's next trials), queued like
+    /// [`Store::create_group`]'s, in one transaction; the group's size grows by as many.
+    /// `GroupNotFound` when it does not exist.
+    async fn add_group_elements(
+        &self,
+        group: GroupId,
+        elements: Vec<(u32, NewTask)>,
+    ) -> Result<Vec<TaskRecord>>;
+
+    // ------------------------------------------------------------ metrics
+
+    /// Append reported points (their `seq` is assigned here, continuing the attempt's),
+    /// keeping at most [`MAX_METRIC_POINTS_PER_ATTEMPT`] per attempt: beyond that they are
+    /// dropped. `TaskNotFound` when a task does not exist (nothing is kept then).
+    async fn append_metrics(&self, points: Vec<MetricPoint>) -> Result<()>;
+    /// A task's points of every attempt, by attempt, then arrival.
+    async fn list_metrics(&self, task: TaskId) -> Result<Vec<MetricPoint>>;
 
     /// Ended tasks matching the filter, newest end first (then highest id).
     async fn task_history(&self, filter: &HistoryFilter) -> Result<Vec<TaskRecord>>;

@@ -35,6 +35,7 @@ struct Inner {
     usage_peaks: BTreeMap<(TaskId, AttemptNo, u32), UsagePeak>,
     resizes: BTreeMap<TaskId, Vec<crate::ResizeRecord>>,
     signal_points: BTreeMap<(TaskId, AttemptNo, Timestamp), crate::SignalRecord>,
+    metrics: BTreeMap<(TaskId, AttemptNo, u32), crate::MetricPoint>,
     groups: BTreeMap<GroupId, GroupRecord>,
     deliveries: BTreeMap<u64, DeliveryRecord>,
 }
@@ -471,6 +472,57 @@ impl Store for MemoryStore {
             tasks.push(task);
         }
         Ok((record, tasks))
+    }
+
+    async fn add_group_elements(
+        &self,
+        group: GroupId,
+        elements: Vec<(u32, NewTask)>,
+    ) -> Result<Vec<TaskRecord>> {
+        let mut inner = self.inner.lock().unwrap();
+        let Some(record) = inner.groups.get_mut(&group) else {
+            return Err(StoreError::GroupNotFound(group));
+        };
+        record.size += elements.len() as u32;
+        let mut tasks = Vec::with_capacity(elements.len());
+        for (index, task) in elements {
+            let mut task = inner.insert_queued(task);
+            task.group = Some(group);
+            task.group_index = Some(index);
+            inner.tasks.insert(task.id, task.clone());
+            tasks.push(task);
+        }
+        Ok(tasks)
+    }
+
+    async fn append_metrics(&self, points: Vec<crate::MetricPoint>) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        if let Some(missing) = points.iter().find(|p| !inner.tasks.contains_key(&p.task)) {
+            return Err(StoreError::TaskNotFound(missing.task));
+        }
+        for mut point in points {
+            let (task, attempt) = (point.task, point.attempt);
+            let next = inner
+                .metrics
+                .range((task, attempt, 0)..=(task, attempt, u32::MAX))
+                .next_back()
+                .map_or(0, |(key, _)| key.2 + 1);
+            if next >= crate::MAX_METRIC_POINTS_PER_ATTEMPT {
+                continue;
+            }
+            point.seq = next;
+            inner.metrics.insert((task, attempt, next), point);
+        }
+        Ok(())
+    }
+
+    async fn list_metrics(&self, task: TaskId) -> Result<Vec<crate::MetricPoint>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .metrics
+            .range((task, AttemptNo(0), 0)..=(task, AttemptNo(u32::MAX), u32::MAX))
+            .map(|(_, point)| point.clone())
+            .collect())
     }
 
     async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>> {

@@ -638,6 +638,66 @@ impl Store for SqliteStore {
         groups::create_group(&self.writer, group, elements).await
     }
 
+    async fn add_group_elements(
+        &self,
+        group: GroupId,
+        elements: Vec<(u32, NewTask)>,
+    ) -> Result<Vec<TaskRecord>> {
+        groups::add_group_elements(&self.writer, group, elements).await
+    }
+
+    async fn append_metrics(&self, points: Vec<crate::MetricPoint>) -> Result<()> {
+        let mut tx = self.writer.begin().await?;
+        for point in &points {
+            let metrics = serde_json::to_string(&point.values).map_err(corrupt)?;
+            // The next seq of the attempt, unless it is full (then the point is dropped).
+            let inserted = sqlx::query(
+                "INSERT INTO task_metrics (task_id, attempt, seq, step, at, metrics) \
+                 SELECT ?1, ?2, COALESCE(MAX(seq) + 1, 0), ?3, ?4, ?5 FROM task_metrics \
+                 WHERE task_id = ?1 AND attempt = ?2 HAVING COALESCE(MAX(seq) + 1, 0) < ?6",
+            )
+            .bind(point.task.0 as i64)
+            .bind(i64::from(point.attempt.0))
+            .bind(point.step as i64)
+            .bind(millis(point.at))
+            .bind(metrics)
+            .bind(i64::from(crate::MAX_METRIC_POINTS_PER_ATTEMPT))
+            .execute(&mut *tx)
+            .await;
+            match inserted {
+                Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
+                    return Err(StoreError::TaskNotFound(point.task));
+                }
+                other => other?,
+            };
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn list_metrics(&self, task: TaskId) -> Result<Vec<crate::MetricPoint>> {
+        let rows = sqlx::query(
+            "SELECT attempt, seq, step, at, metrics FROM task_metrics WHERE task_id = ? \
+             ORDER BY attempt, seq",
+        )
+        .bind(task.0 as i64)
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let metrics: String = row.try_get("metrics")?;
+                Ok(crate::MetricPoint {
+                    task,
+                    attempt: tacc_core::AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
+                    seq: row.try_get::<i64, _>("seq")? as u32,
+                    step: row.try_get::<i64, _>("step")? as u64,
+                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
+                    values: serde_json::from_str(&metrics).map_err(corrupt)?,
+                })
+            })
+            .collect()
+    }
+
     async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>> {
         groups::get_group(&self.reader, id).await
     }

@@ -44,6 +44,7 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("GET", "/v1/groups/{id}", "group"),
         ("POST", "/v1/groups/{id}/cancel", "group"),
         ("POST", "/v1/groups/{id}/rerun", "group"),
+        ("GET", "/v1/groups/{id}/sweep", "group"),
         ("GET", "/v1/history", "user"),
         ("GET", "/v1/usage", "user"),
         ("GET", "/v1/usage/fairshare", "user"),

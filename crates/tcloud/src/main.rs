@@ -262,6 +262,23 @@ ranks wrote shown as rank-R/PATH (or one rank's with --rank R). At most 10000 en
         #[arg(long)]
         json: bool,
     },
+    /// A sweep's leaderboard, best trial first; or fetch the best trial's outputs
+    #[command(
+        long_about = "Shows a sweep's trials best first: trial number, task, state, parameters, \
+the best and the last reported value of the sweep's metric and its step, and why a trial ended \
+early (`early_stopped: rung K (...)`). --best-outputs DIR downloads the outputs of the \
+succeeded trial with the best final value into DIR.",
+        after_help = "Examples:\n  tcloud sweep g12\n  tcloud sweep g12 --json\n  tcloud sweep g12 --best-outputs ./best"
+    )]
+    Sweep {
+        #[arg(value_parser = parse_group_id)]
+        group: tacc_core::GroupId,
+        #[arg(long)]
+        json: bool,
+        /// Download the best trial's outputs into DIR
+        #[arg(long, value_name = "DIR")]
+        best_outputs: Option<PathBuf>,
+    },
     /// Ended tasks, newest first, with filters
     #[command(
         long_about = "Lists tasks that have ended (succeeded, failed, cancelled, lost), newest \
@@ -814,6 +831,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             .into()),
             groups::Target::Task(task) => compiler::rerun(&ctx, task, follow, json).await,
         },
+        Command::Sweep {
+            group,
+            json,
+            best_outputs,
+        } => sweeps::sweep(&ctx, group, json, best_outputs).await,
         Command::History {
             name,
             state,

@@ -173,51 +173,71 @@ pub(super) async fn setup_then_run(
     if cancel.is_cancelled() {
         return Ok(RanksEnded::whole_node(ExitOutcome::Cancelled));
     }
-    if processes > 1 {
-        let launches = (0..processes)
-            .map(|local_rank| {
-                let owner = owner_of(local_rank);
-                let rank = owner.rank;
-                RankLaunch {
-                    rank,
-                    spec: LaunchSpec {
-                        label: format!("tacc-{name}-p{local_rank}"),
-                        owner,
-                        phase: Phase::Run,
-                        workdir: workdir.to_path_buf(),
-                        script: instruction.run.clone(),
-                        env: env_of(local_rank),
-                        time_limit: remaining(),
-                        kill_grace: grace,
-                        placement: Placement {
-                            cpu_millis: share_of(placement.cpu_millis, processes),
-                            memory_bytes: share_of(placement.memory_bytes, processes),
-                            ..placement.clone()
+    // Only the first node tails the metrics: every node's ranks see the same steps.
+    let tailing = (assignment.node_rank == 0).then(|| {
+        let stop = CancellationToken::new();
+        let follower = tokio::spawn(crate::metrics::follow(
+            shared.clone(),
+            attempt,
+            workdir.join(tacc_compiler::METRICS_FILE),
+            stop.clone(),
+        ));
+        (stop, follower)
+    });
+    let ended = async {
+        if processes > 1 {
+            let launches = (0..processes)
+                .map(|local_rank| {
+                    let owner = owner_of(local_rank);
+                    let rank = owner.rank;
+                    RankLaunch {
+                        rank,
+                        spec: LaunchSpec {
+                            label: format!("tacc-{name}-p{local_rank}"),
+                            owner,
+                            phase: Phase::Run,
+                            workdir: workdir.to_path_buf(),
+                            script: instruction.run.clone(),
+                            env: env_of(local_rank),
+                            time_limit: remaining(),
+                            kill_grace: grace,
+                            placement: Placement {
+                                cpu_millis: share_of(placement.cpu_millis, processes),
+                                memory_bytes: share_of(placement.memory_bytes, processes),
+                                ..placement.clone()
+                            },
                         },
-                    },
-                    lines: lines_of(rank),
-                    record_name: format!("{name}-p{local_rank}"),
-                }
-            })
-            .collect();
-        let executor = crate::runtimes::executor(shared, runtime.choice.runtime);
-        run_ranks(shared, executor, attempt, launches, cancel).await
-    } else {
-        let spec = LaunchSpec {
-            label: format!("tacc-{name}"),
-            owner: owner_of(0),
-            phase: Phase::Run,
-            workdir: workdir.to_path_buf(),
-            script: instruction.run.clone(),
-            env,
-            time_limit: remaining(),
-            kill_grace: grace,
-            placement,
-        };
-        Ok(RanksEnded::whole_node(
-            runtime.launch(spec, lines, name).await?,
-        ))
+                        lines: lines_of(rank),
+                        record_name: format!("{name}-p{local_rank}"),
+                    }
+                })
+                .collect();
+            let executor = crate::runtimes::executor(shared, runtime.choice.runtime);
+            run_ranks(shared, executor, attempt, launches, cancel).await
+        } else {
+            let spec = LaunchSpec {
+                label: format!("tacc-{name}"),
+                owner: owner_of(0),
+                phase: Phase::Run,
+                workdir: workdir.to_path_buf(),
+                script: instruction.run.clone(),
+                env,
+                time_limit: remaining(),
+                kill_grace: grace,
+                placement,
+            };
+            Ok(RanksEnded::whole_node(
+                runtime.launch(spec, lines, name).await?,
+            ))
+        }
     }
+    .await;
+    // Every metric line is sent before the attempt's end is reported.
+    if let Some((stop, follower)) = tailing {
+        stop.cancel();
+        let _ = follower.await;
+    }
+    ended
 }
 
 /// Put the environment's `bin` first on PATH and set its marker variable, as `activate` does.

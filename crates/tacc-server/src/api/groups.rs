@@ -166,6 +166,28 @@ pub(super) async fn get_group(
     }))
 }
 
+/// A sweep's leaderboard, best trial first.
+pub(super) async fn get_sweep(
+    State(app): State<AppState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<tacc_proto::SweepBoard>> {
+    let id = group_id(&id)?;
+    let record = load_group(&app.control, id).await?;
+    if record.kind != tacc_store::GroupKind::Sweep {
+        return Err(ServerError::BadRequest(format!(
+            "group {id} is {} {}, not a sweep: see it with `tcloud ps {id}`",
+            if record.kind == tacc_store::GroupKind::Array {
+                "an"
+            } else {
+                "a"
+            },
+            record.kind
+        )));
+    }
+    let view = group_view(&app.control, record.clone()).await?;
+    Ok(Json(app.control.sweep_board(&record, view).await?))
+}
+
 pub(super) async fn cancel_group(
     State(app): State<AppState>,
     Path(id): Path<String>,

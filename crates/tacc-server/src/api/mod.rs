@@ -201,6 +201,12 @@ fn declare() -> Vec<Declared> {
         rule(M::GET, "/v1/groups", User, get(groups::list_groups)),
         rule(M::GET, "/v1/groups/{id}", Group, get(groups::get_group)),
         rule(
+            M::GET,
+            "/v1/groups/{id}/sweep",
+            Group,
+            get(groups::get_sweep),
+        ),
+        rule(
             M::POST,
             "/v1/groups/{id}/cancel",
             Group,

@@ -218,6 +218,13 @@ fn described() -> Vec<Operation> {
         )])
         .answers(200, Json(one::<GroupDetail>)),
         op(
+            M::GET,
+            "/v1/groups/{id}/sweep",
+            "A sweep's leaderboard: its trials best first, with their parameters and the best \
+             and last reported value of the metric, and the best succeeded trial.",
+        )
+        .answers(200, Json(one::<tacc_proto::SweepBoard>)),
+        op(
             M::POST,
             "/v1/groups/{id}/cancel",
             "Cancel every unfinished element of a group.",

@@ -85,6 +85,17 @@ pub(super) async fn submit(
             body.snapshot
         )));
     }
+    if spec.sweep.is_some() {
+        let group = app
+            .control
+            .submit_sweep(&user.name, spec, body.snapshot, body.source)
+            .await?;
+        let records = app.control.group_elements(group.id).await?;
+        return Ok((
+            StatusCode::CREATED,
+            Json(super::groups::submitted(&group, &records)),
+        ));
+    }
     if spec.array.is_some() {
         let (group, records) = app
             .control

@@ -101,6 +101,7 @@ impl Control {
                 AgentReport::Finished { attempt, .. } => (*attempt, true),
                 AgentReport::Usage(sample) => (sample.attempt, false),
                 AgentReport::Resized { attempt, .. } => (*attempt, false),
+                AgentReport::Metrics { attempt, .. } => (*attempt, false),
             };
             let current = self.attempt_is_on_node(node, attempt, !ending).await?;
             // The node's own end of an attempt it held, and its last lines, count even
@@ -179,6 +180,9 @@ impl Control {
                         .await?;
                 }
                 AgentReport::Usage(_) => {}
+                AgentReport::Metrics { attempt, points } => {
+                    self.record_metrics(attempt, points).await?;
+                }
                 AgentReport::Resized {
                     attempt,
                     cpu_millis,
@@ -338,6 +342,15 @@ impl Control {
         let reason = match (state, blame, reason) {
             (TaskState::Failed, Some(blame), Some(reason)) => {
                 Some(format!("{blame}: {reason}; the other ranks were stopped"))
+            }
+            // A sweep's trial stopped early keeps the reason it was stopped with.
+            (TaskState::Cancelled, _, _)
+                if record
+                    .reason
+                    .as_deref()
+                    .is_some_and(|r| r.starts_with(crate::asha::EARLY_STOPPED)) =>
+            {
+                record.reason.clone()
             }
             (_, _, reason) => reason,
         };

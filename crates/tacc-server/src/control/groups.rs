@@ -120,6 +120,8 @@ impl Control {
     /// scheduling decision, the placed ones as single tasks are. Returns how many were
     /// asked to stop.
     pub async fn cancel_group(&self, group: GroupId) -> Result<u64, ServerError> {
+        // A cancelled sweep launches no more trials.
+        self.close_sweep(group);
         let (placed, count) = {
             // Read the elements under the lock: a queued one may start at any moment
             // outside it.
@@ -178,6 +180,13 @@ impl Control {
         group: &GroupRecord,
         user: &str,
     ) -> Result<Option<(GroupRecord, Vec<TaskRecord>)>, ServerError> {
+        if group.kind == GroupKind::Sweep {
+            return Err(ServerError::InvalidTask(format!(
+                "{} is a sweep: its stopped trials are its search, not failures; submit the \
+                 task file again to run a new sweep",
+                group.id
+            )));
+        }
         let ended = self
             .store
             .list_tasks(&TaskFilter {

@@ -27,12 +27,14 @@ mod attempts;
 mod groups;
 mod nodes;
 mod records;
+mod sweeps;
 
 use crate::logs::LogBook;
 pub use adaptive::{AdaptiveConfig, AdaptiveMode, DefaultBounds};
 pub(crate) use groups::RERUN_STATES;
 pub use nodes::LIVENESS_CHECK_EVERY;
 use nodes::node_spec;
+pub use sweeps::run_sweeps;
 
 /// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
 /// PyTorch's default up, one per attempt whose rank 0 shares the node.
@@ -179,6 +181,8 @@ pub struct Control {
     pub(crate) placed: records::PlacedRecords,
     /// Running attempts' signals, verdicts and allocation changes.
     pub(crate) adaptive: adaptive::AdaptiveBook,
+    /// Sweeps whose trials the controller still launches or stops.
+    pub(crate) sweeps: sweeps::OpenSweeps,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -259,6 +263,7 @@ impl Control {
             metrics: crate::metrics::Metrics::new(logs.written_counter()),
             placed: records::PlacedRecords::default(),
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
+            sweeps: sweeps::OpenSweeps::default(),
             store,
             logs,
             chunks,

@@ -85,6 +85,17 @@ pub(super) async fn create_group(
         size: elements.len() as u32,
         created_at: group.created_at,
     };
+    let tasks = insert_elements(&mut tx, record.id, &elements).await?;
+    tx.commit().await?;
+    Ok((record, tasks))
+}
+
+/// Insert queued elements of `group`, many rows per statement.
+async fn insert_elements(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    group: GroupId,
+    elements: &[(u32, NewTask)],
+) -> Result<Vec<TaskRecord>> {
     let mut tasks = Vec::with_capacity(elements.len());
     for batch in elements.chunks(ROWS_PER_INSERT) {
         let marks = vec!["(?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?)"; batch.len()].join(", ");
@@ -102,11 +113,11 @@ pub(super) async fn create_group(
                 .bind(task.snapshot.as_str())
                 .bind(&task.source)
                 .bind(millis(task.submitted_at))
-                .bind(id)
+                .bind(group.0 as i64)
                 .bind(i64::from(*index));
         }
         let mut ids: Vec<i64> = insert
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await?
             .iter()
             .map(|row| row.try_get(0))
@@ -121,18 +132,36 @@ pub(super) async fn create_group(
         for (task_id, (_, task)) in ids.iter().zip(batch) {
             events = events.bind(task_id).bind(millis(task.submitted_at));
         }
-        events.execute(&mut *tx).await?;
+        events.execute(&mut **tx).await?;
         for (task_id, (index, task)) in ids.iter().zip(batch) {
             let mut queued = task
                 .clone()
                 .into_queued_record(tacc_core::TaskId(*task_id as u64));
-            queued.group = Some(record.id);
+            queued.group = Some(group);
             queued.group_index = Some(*index);
             tasks.push(queued);
         }
     }
+    Ok(tasks)
+}
+
+pub(super) async fn add_group_elements(
+    pool: &SqlitePool,
+    group: GroupId,
+    elements: Vec<(u32, NewTask)>,
+) -> Result<Vec<TaskRecord>> {
+    let mut tx = pool.begin().await?;
+    let updated = sqlx::query("UPDATE task_groups SET size = size + ? WHERE id = ?")
+        .bind(elements.len() as i64)
+        .bind(group.0 as i64)
+        .execute(&mut *tx)
+        .await?;
+    if updated.rows_affected() == 0 {
+        return Err(crate::StoreError::GroupNotFound(group));
+    }
+    let tasks = insert_elements(&mut tx, group, &elements).await?;
     tx.commit().await?;
-    Ok((record, tasks))
+    Ok(tasks)
 }
 
 pub(super) async fn get_group(pool: &SqlitePool, id: GroupId) -> Result<Option<GroupRecord>> {

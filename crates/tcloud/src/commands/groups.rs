@@ -18,7 +18,7 @@ use crate::errors::{CliError, TASK_FAILED};
 use crate::format::{now, out, out_json, precise_duration, print_table, short_duration, table};
 use crate::sanitize::{field, opt_field};
 
-const POLL: Duration = Duration::from_millis(250);
+pub(crate) const POLL: Duration = Duration::from_millis(250);
 /// How long `cancel g12` waits for the elements to stop.
 const CANCEL_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -206,6 +206,9 @@ pub async fn rerun_failed(ctx: &Ctx, id: GroupId, follow: bool, as_json: bool) -
 pub async fn follow_group(client: &Client, id: GroupId) -> Result<()> {
     let started = Instant::now();
     let mut summary = client.group_summary(id).await?;
+    if summary.kind == "sweep" {
+        return super::sweeps::follow_sweep(client, id, started).await;
+    }
     while !summary.is_finished() {
         tokio::time::sleep(POLL).await;
         summary = client.group_summary(id).await?;

@@ -11,6 +11,7 @@ pub mod groups;
 pub mod quickstart;
 pub mod secret;
 pub mod submit;
+pub mod sweeps;
 pub mod tasks;
 pub mod top;
 pub mod usage;
