@@ -10,6 +10,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("tacc-schema", &["tacc-core"]),
     ("tacc-compiler", &["tacc-core", "tacc-schema"]),
     ("tacc-scheduler", &["tacc-core"]),
+    ("tacc-adaptive", &["tacc-core"]),
     ("tacc-exec", &["tacc-core"]),
     ("tacc-store", &["tacc-core"]),
     ("tacc-proto", &["tacc-core"]),
@@ -23,6 +24,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "tacc-schema",
             "tacc-compiler",
             "tacc-scheduler",
+            "tacc-adaptive",
             "tacc-store",
         ],
     ),
@@ -60,7 +62,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "tacc-plot",
         ],
     ),
-    ("tacc-sim", &["tacc-core", "tacc-scheduler", "tacc-plot"]),
+    (
+        "tacc-sim",
+        &["tacc-core", "tacc-scheduler", "tacc-adaptive", "tacc-plot"],
+    ),
 ];
 
 #[test]
