@@ -880,3 +880,67 @@ async fn slurm_short_array_runs_inside_pilot_allocations() {
     .await;
     drop(c.agent);
 }
+
+/// Benchmark (run on purpose, not in CI):
+/// `cargo test --release -p taccd --test slurm -- --ignored --nocapture slurm_pilot_benchmark`.
+/// The same array of 200 short tasks (`TACC_BENCH_TASKS`) through one `sbatch` job per
+/// task, then through pilot allocations, in one run; submit → every element finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly"]
+async fn slurm_pilot_benchmark() {
+    if !slurm_ready("slurm_pilot_benchmark").await {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let count: u32 = std::env::var("TACC_BENCH_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
+    let long = Duration::from_secs(1200);
+
+    let dir = tempfile::tempdir().unwrap();
+    let per_task = cluster(dir.path(), "bench-sbatch").await;
+    let started = Instant::now();
+    let group = submit_short_array(&per_task.client, dir.path(), count).await;
+    let detail = wait_group(&per_task.client, group, long).await;
+    let sbatch_each = started.elapsed();
+    assert!(
+        detail
+            .elements
+            .iter()
+            .all(|e| e.state == TaskState::Succeeded)
+    );
+    let sbatch_jobs = jobs_of(&per_task.tag).len();
+    drop(per_task);
+
+    let dir = tempfile::tempdir().unwrap();
+    let pilots = pilot_cluster(dir.path(), "bench-pilot", "5s").await;
+    let _cleanup = PilotCleanup(pilots.tag.clone());
+    let started = Instant::now();
+    let group = submit_short_array(&pilots.client, dir.path(), count).await;
+    let detail = wait_group(&pilots.client, group, long).await;
+    let through_pilots = started.elapsed();
+    assert!(
+        detail
+            .elements
+            .iter()
+            .all(|e| e.state == TaskState::Succeeded)
+    );
+    let pilot_jobs = pilots_of(&pilots.tag).len();
+
+    println!("\n| measurement | value |\n|---|---|");
+    println!(
+        "| {count} short tasks, one `sbatch` job each ({sbatch_jobs} Slurm jobs) | {:.1} s ({:.1} tasks/s) |",
+        sbatch_each.as_secs_f64(),
+        count as f64 / sbatch_each.as_secs_f64()
+    );
+    println!(
+        "| {count} short tasks through pilot allocations ({pilot_jobs} Slurm jobs), allocation start included | {:.1} s ({:.1} tasks/s) |",
+        through_pilots.as_secs_f64(),
+        count as f64 / through_pilots.as_secs_f64()
+    );
+    println!(
+        "| speed-up | {:.0}× |",
+        sbatch_each.as_secs_f64() / through_pilots.as_secs_f64()
+    );
+}
