@@ -177,7 +177,6 @@ impl Manager {
             .map(|(id, _)| *id)
             .collect();
         let nodes = admin.list_nodes().await?;
-        let mut registered = BTreeSet::new();
         for node in &nodes {
             let Some(pilot) = node
                 .labels
@@ -200,9 +199,6 @@ impl Manager {
                     }
                 }
                 continue;
-            }
-            if node.state == "up" {
-                registered.insert(pilot);
             }
             if self.leaving.contains_key(&node.name) {
                 // Drained in an earlier round: whatever was placed before that shows here.
@@ -232,10 +228,10 @@ impl Manager {
                 self.leaving.insert(node.name.clone(), pilot);
             }
         }
-        let starting = live.iter().filter(|id| !registered.contains(id)).count();
         let leaving: BTreeSet<u64> = self.leaving.values().copied().collect();
-        let active = live.iter().filter(|id| !leaving.contains(id)).count();
-        if starting > 0 || active >= args.pilot_max {
+        // Allocations held and not leaving, those still starting included.
+        let held = live.iter().filter(|id| !leaving.contains(id)).count();
+        if held >= args.pilot_max {
             return Ok(());
         }
         let short = args.short_secs();
@@ -249,10 +245,13 @@ impl Manager {
             .into_iter()
             .filter(|t| t.num_nodes <= 1 && t.time_limit_secs.is_some_and(|l| l <= short))
             .count();
-        if waiting < args.pilot_min_queue {
-            return Ok(());
+        // One allocation per --pilot-min-queue short tasks waiting, requested together so
+        // a long queue does not wait for one allocation to start before the next is asked.
+        let wanted = (waiting / args.pilot_min_queue.max(1)).min(args.pilot_max);
+        for _ in held..wanted {
+            self.submit(args, admin, job, waiting).await?;
         }
-        self.submit(args, admin, job, waiting).await
+        Ok(())
     }
 
     async fn submit(
