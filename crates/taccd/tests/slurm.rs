@@ -827,6 +827,16 @@ async fn slurm_short_array_runs_inside_pilot_allocations() {
     let c = pilot_cluster(dir.path(), "pilot", "3s").await;
     let _cleanup = PilotCleanup(c.tag.clone());
     let group = submit_short_array(&c.client, dir.path(), 200).await;
+    // Longer than any pilot has left (10m allocations): never started in one, so it gets
+    // an `sbatch` job of its own (which waits for the pilots to give their nodes back).
+    let long = submit(
+        &c.client,
+        dir.path(),
+        "long",
+        "name: long\nresources: {cpus: 1, memory: 64MiB, time_limit: 11m}\nrun: echo long on $(hostname)\n",
+        &[],
+    )
+    .await;
     let detail = wait_group(&c.client, group, Duration::from_secs(90)).await;
     assert_eq!(detail.elements.len(), 200);
     for element in &detail.elements {
@@ -857,11 +867,12 @@ async fn slurm_short_array_runs_inside_pilot_allocations() {
         .await;
         assert_eq!(output.trim(), element.index.to_string());
     }
-    // Far fewer Slurm jobs than tasks: a pilot or two, and no `sbatch` per task.
+    // Far fewer Slurm jobs than tasks: a pilot or two, and no `sbatch` per short task
+    // (the one job is the long task's).
     let pilots = pilots_of(&c.tag);
     assert!((1..=4).contains(&pilots.len()), "pilot jobs: {pilots:?}");
     assert!(
-        jobs_of(&c.tag).is_empty(),
+        jobs_of(&c.tag).len() <= 1,
         "per-task jobs: {:?}",
         jobs_of(&c.tag)
     );
@@ -878,6 +889,19 @@ async fn slurm_short_array_runs_inside_pilot_allocations() {
         (ended && pilot_nodes == 0).then_some(())
     })
     .await;
+    let view = wait_terminal(&c.client, long).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert!(
+        view.nodes.len() == 1 && view.nodes[0].starts_with("tacc-n"),
+        "the long task ran on {:?}, not through its own sbatch job",
+        view.nodes
+    );
+    assert_eq!(
+        jobs_of(&c.tag).len(),
+        1,
+        "per-task jobs: {:?}",
+        jobs_of(&c.tag)
+    );
     drop(c.agent);
 }
 
