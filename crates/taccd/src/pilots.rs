@@ -191,10 +191,14 @@ impl Manager {
                     self.idle_since.remove(&node.name);
                     self.leaving.remove(&node.name);
                     match admin.remove_node(&node.name).await {
-                        Ok(()) => tracing::info!(
-                            "pilot {} (Slurm job {pilot}) ended; node removed",
-                            node.name
-                        ),
+                        Ok(()) => {
+                            tracing::info!(
+                                "pilot {} (Slurm job {pilot}) ended; node removed",
+                                node.name
+                            );
+                            // Its working directories and caches; its log `<job>.log` stays.
+                            let _ = std::fs::remove_dir_all(job.dir.join(pilot.to_string()));
+                        }
                         Err(e) => tracing::warn!("cannot remove pilot node {}: {e}", node.name),
                     }
                 }
@@ -268,6 +272,10 @@ impl Manager {
             .context("cannot issue a join token for a pilot")?;
         std::fs::create_dir_all(&job.dir)
             .with_context(|| format!("cannot create {}", job.dir.display()))?;
+        remove_expired_tokens(
+            &job.dir,
+            Duration::from_secs(args.pilot_time.as_secs() + 600),
+        );
         self.submissions += 1;
         let token_file = job.dir.join(format!(
             "join-{}-{}.token",
@@ -284,5 +292,25 @@ impl Manager {
             args.pilot_time
         );
         Ok(())
+    }
+}
+
+/// Join-token files older than their tokens' lifetime: nothing can use them any more.
+fn remove_expired_tokens(dir: &std::path::Path, lifetime: Duration) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let expired = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > lifetime);
+        if name.starts_with("join-") && name.ends_with(".token") && expired {
+            let _ = std::fs::remove_file(entry.path());
+        }
     }
 }
