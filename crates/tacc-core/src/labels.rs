@@ -16,6 +16,15 @@ pub const RUNTIME_CONTAINER: &str = "tacc.io/runtime.container";
 pub const RUNTIME_SLURM: &str = "tacc.io/runtime.slurm";
 /// The Slurm partition the node's jobs are submitted to (`placement.partition`).
 pub const SLURM_PARTITION: &str = "tacc.io/slurm-partition";
+/// The node is a pilot: a `taccd agent` inside the Slurm allocation (job id) a Slurm
+/// agent requested for short tasks.
+pub const PILOT: &str = "tacc.io/pilot";
+/// When the pilot's allocation ends (Unix seconds): a task whose time limit reaches past
+/// it is not started there.
+pub const PILOT_ENDS: &str = "tacc.io/pilot-ends";
+/// On the Slurm nodes of an agent that requests pilots: tasks whose time limit is at most
+/// this many seconds are left to pilots instead of getting an `sbatch` job each.
+pub const PILOT_SHORT_SECS: &str = "tacc.io/pilot-short-secs";
 /// The value of the `tacc.io/runtime.*` labels.
 pub const OFFERED: &str = "true";
 

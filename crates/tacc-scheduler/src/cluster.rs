@@ -177,7 +177,11 @@ impl Cluster {
         self.by_free_gpus
             .range((need.gpus, NodeId(0))..)
             .map(|(_, id)| &self.nodes[id])
-            .filter(move |node| node.free.covers(&need) && node_matches(&node.spec, request))
+            .filter(move |node| {
+                node.free.covers(&need)
+                    && node_matches(&node.spec, request)
+                    && crate::scheduler::allocation_end::fits(&node.spec, request)
+            })
     }
 
     /// Choose nodes and GPU indices for the whole gang, or `None`. `allow` may veto
@@ -255,7 +259,11 @@ impl Cluster {
             let Some(node) = self.nodes.get(&node_id) else {
                 continue;
             };
-            if !node.schedulable || !node_matches(&node.spec, request) || !allow(node_id) {
+            if !node.schedulable
+                || !node_matches(&node.spec, request)
+                || !crate::scheduler::allocation_end::fits(&node.spec, request)
+                || !allow(node_id)
+            {
                 continue;
             }
             if !qualifying.contains(&node_id) {

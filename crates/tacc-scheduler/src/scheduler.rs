@@ -20,6 +20,7 @@ use crate::policy::{Policy, Usage};
 use crate::{NodeSpec, PendingReason, Placement, SchedulerError, TaskRequest};
 
 mod accounts;
+pub(crate) mod allocation_end;
 mod backfill;
 mod claims;
 mod explanation;
@@ -226,6 +227,7 @@ impl Scheduler {
     /// Apply one event and decide what to do now.
     pub fn handle(&mut self, now: Timestamp, event: Event) -> Result<Plan, SchedulerError> {
         self.now = now;
+        allocation_end::set_now(now);
         let mut actions = Vec::new();
         self.apply(now, event, &mut actions)?;
         self.schedule(now, &mut actions);

@@ -8,6 +8,8 @@ mod admin_accounts;
 mod admin_nodes;
 mod modes;
 mod node_labels;
+mod pilot_node;
+mod pilots;
 mod slurm_agent;
 mod tls;
 
@@ -597,7 +599,12 @@ async fn run_agent(
         data_dir: data_dir.to_path_buf(),
         capacity,
         gpu_type,
-        labels: node.labels.iter().cloned().collect(),
+        labels: node
+            .labels
+            .iter()
+            .cloned()
+            .chain(pilot_node::labels_from_env()?)
+            .collect(),
         address: match &node.address {
             Some(address) => address.clone(),
             None => address_towards(client.base_url())?,

@@ -39,6 +39,8 @@ pub struct SlurmArgs {
     /// Read job states as text even where this Slurm offers JSON.
     #[arg(long)]
     slurm_text: bool,
+    #[command(flatten)]
+    pilots: crate::pilots::PilotArgs,
 }
 
 fn pairs(items: &[String], what: &str) -> Result<BTreeMap<String, String>> {
@@ -67,12 +69,11 @@ pub async fn run(
     node_options: NodeOptions,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    let mut config = SlurmConfig::new(
-        args.slurm_state_dir
-            .clone()
-            .unwrap_or_else(|| data_dir.join("slurm")),
-        args.slurm_tag.clone(),
-    );
+    let state_dir = args
+        .slurm_state_dir
+        .clone()
+        .unwrap_or_else(|| data_dir.join("slurm"));
+    let mut config = SlurmConfig::new(state_dir.clone(), args.slurm_tag.clone());
     config.partition = args.slurm_partition.clone();
     config.accounts = pairs(&args.slurm_accounts, "USER=ACCOUNT")?;
     config.qos = pairs(&args.slurm_qos, "PRIORITY=QOS")?;
@@ -118,6 +119,13 @@ pub async fn run(
                 partition.clone(),
             );
         }
+        if args.pilots.enabled() {
+            // Short tasks wait for a pilot rather than each costing an `sbatch` job.
+            labels.insert(
+                tacc_core::labels::PILOT_SHORT_SECS.to_string(),
+                args.pilots.short_secs().to_string(),
+            );
+        }
         let config = AgentConfig {
             name: node.name.clone(),
             data_dir: data_dir.join("nodes").join(&node.name),
@@ -151,6 +159,23 @@ pub async fn run(
         )?;
         agents.spawn(agent.run(shutdown.clone()));
     }
-    while agents.join_next().await.is_some() {}
+    let pilots = async {
+        if !args.pilots.enabled() {
+            return Ok(());
+        }
+        let context = crate::pilots::PilotContext {
+            client: client.clone(),
+            tag: args.slurm_tag.clone(),
+            partition: partition.clone(),
+            state_dir: state_dir.clone(),
+            json: backend.reads_json(),
+        };
+        crate::pilots::run(args.pilots.clone(), context, shutdown.clone()).await
+    };
+    let nodes = async {
+        while agents.join_next().await.is_some() {}
+        Ok(())
+    };
+    tokio::try_join!(nodes, pilots)?;
     Ok(())
 }

@@ -676,3 +676,319 @@ async fn slurm_benchmark() {
         slurm_latency.as_secs_f64() * 1000.0
     );
 }
+
+// ------------------------------------------------------------------ pilot allocations
+
+/// Where the test cluster's compute nodes reach this machine (scripts/ci/setup-slurm.sh).
+const SLURM_BRIDGE_ADDRESS: &str = "10.250.77.1";
+
+/// A server on the Slurm bridge (pilots run inside the nodes' network namespaces) and a
+/// Slurm agent that requests pilot allocations for short tasks.
+async fn pilot_cluster(dir: &std::path::Path, name: &str, idle: &str) -> SlurmCluster {
+    let server = launch(
+        "server",
+        &dir.join("server"),
+        // Plain HTTP on the private bridge nothing routes beyond this machine.
+        &[
+            "--listen",
+            &format!("{SLURM_BRIDGE_ADDRESS}:0"),
+            "--insecure",
+        ],
+    )
+    .await;
+    let client = server.client();
+    eventually("the server to answer on the bridge", DEADLINE, || {
+        let client = client.clone();
+        async move { client.health().await.ok() }
+    })
+    .await;
+    let token_file = dir.join("pilot-admin.token");
+    std::fs::write(&token_file, &server.token).unwrap();
+    let tag = format!("t{}-{name}", std::process::id());
+    let agent_dir = dir.join("agent");
+    let agent = start_agent(
+        &server,
+        &agent_dir,
+        &[
+            "--backend",
+            "slurm",
+            "--slurm-tag",
+            &tag,
+            "--slurm-poll-ms",
+            "100",
+            "--pilot-token-file",
+            &token_file.display().to_string(),
+            "--pilot-min-queue",
+            "8",
+            "--pilot-time",
+            "10m",
+            "--pilot-idle",
+            idle,
+            "--pilot-max",
+            "2",
+        ],
+    );
+    wait_nodes(&client, 2).await;
+    SlurmCluster {
+        agent,
+        agent_dir,
+        tag,
+        client,
+        _server: server,
+    }
+}
+
+/// This test's pilot jobs: (job id, state), from `squeue -t all`.
+fn pilots_of(tag: &str) -> Vec<(u64, String)> {
+    let out = Command::new("squeue")
+        .args(["-h", "-t", "all", "-o", "%i|%T|%k"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.splitn(3, '|');
+            let id = f.next()?.parse().ok()?;
+            let state = f.next()?.to_string();
+            (f.next()? == format!("tacc-pilot:{tag}")).then_some((id, state))
+        })
+        .collect()
+}
+
+/// Cancels a test's pilot jobs when it ends, however it ends: a failed test kills its
+/// Slurm agent before the pilots are given back, and a pilot would hold its node for its
+/// whole `--time`.
+struct PilotCleanup(String);
+
+impl Drop for PilotCleanup {
+    fn drop(&mut self) {
+        for (job, state) in pilots_of(&self.0) {
+            if matches!(state.as_str(), "PENDING" | "RUNNING" | "CONFIGURING") {
+                let _ = Command::new("scancel").arg(job.to_string()).status();
+            }
+        }
+    }
+}
+
+/// Submit an array of `count` trivial short tasks; each logs and keeps an output.
+async fn submit_short_array(
+    client: &tacc_client::Client,
+    root: &std::path::Path,
+    count: u32,
+) -> tacc_core::GroupId {
+    let dir = root.join("many");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("task.yaml"),
+        format!(
+            "name: many\nresources: {{cpus: 0.25, memory: 64MiB, time_limit: 1m}}\narray: 0-{}\noutputs: [out/]\nrun: |\n  echo \"element $TACC_ARRAY_INDEX on $(hostname)\"\n  mkdir -p out\n  echo \"$TACC_ARRAY_INDEX\" > out/index.txt\n",
+            count - 1
+        ),
+    )
+    .unwrap();
+    let loaded = tacc_schema::load_task(&dir).unwrap();
+    let snapshot = upload(client, &loaded.code_root).await;
+    let reply = client
+        .submit(&tacc_proto::SubmitTask {
+            spec: serde_json::to_value(&loaded.spec).unwrap(),
+            snapshot,
+            source: Some(dir.display().to_string()),
+        })
+        .await
+        .unwrap();
+    reply.group.expect("an array makes a group").group
+}
+
+async fn wait_group(
+    client: &tacc_client::Client,
+    group: tacc_core::GroupId,
+    deadline: Duration,
+) -> tacc_proto::GroupDetail {
+    eventually(&format!("group {group} to finish"), deadline, || {
+        let client = client.clone();
+        async move {
+            let detail = client.get_group(group).await.ok()?;
+            // The counts and the element list are read separately: wait for both.
+            let ended = detail.elements.iter().all(|e| e.state.is_terminal());
+
+            (detail.group.is_finished() && ended).then_some(detail)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_short_array_runs_inside_pilot_allocations() {
+    if !slurm_ready("slurm_short_array_runs_inside_pilot_allocations").await {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = pilot_cluster(dir.path(), "pilot", "3s").await;
+    let _cleanup = PilotCleanup(c.tag.clone());
+    let group = submit_short_array(&c.client, dir.path(), 200).await;
+    // Longer than any pilot has left (10m allocations): never started in one, so it gets
+    // an `sbatch` job of its own (which waits for the pilots to give their nodes back).
+    let long = submit(
+        &c.client,
+        dir.path(),
+        "long",
+        "name: long\nresources: {cpus: 1, memory: 64MiB, time_limit: 11m}\nrun: echo long on $(hostname)\n",
+        &[],
+    )
+    .await;
+    let detail = wait_group(&c.client, group, Duration::from_secs(90)).await;
+    assert_eq!(detail.elements.len(), 200);
+    for element in &detail.elements {
+        assert_eq!(element.state, TaskState::Succeeded, "{element:?}");
+        let view = c.client.get_task(element.task_id).await.unwrap();
+        assert!(
+            view.nodes.len() == 1 && view.nodes[0].starts_with("pilot-"),
+            "element {} ran on {:?}, not in a pilot",
+            element.index,
+            view.nodes
+        );
+        let log = log_text(&c.client, element.task_id).await;
+        assert!(
+            log.contains(&format!("element {} on tacc-n", element.index)),
+            "element {} logged: {log}",
+            element.index
+        );
+        let output = eventually("the element's output", DEADLINE, || {
+            let client = c.client.clone();
+            async move {
+                let bytes = client
+                    .get_output(element.task_id, element.attempt, "out/index.txt")
+                    .await
+                    .ok()?;
+                Some(String::from_utf8(bytes.to_vec()).unwrap())
+            }
+        })
+        .await;
+        assert_eq!(output.trim(), element.index.to_string());
+    }
+    // Far fewer Slurm jobs than tasks: a pilot or two, and no `sbatch` per short task
+    // (the one job is the long task's).
+    let pilots = pilots_of(&c.tag);
+    assert!((1..=4).contains(&pilots.len()), "pilot jobs: {pilots:?}");
+    assert!(
+        jobs_of(&c.tag).len() <= 1,
+        "per-task jobs: {:?}",
+        jobs_of(&c.tag)
+    );
+    // Idle allocations go back: the pilots end in Slurm and their nodes deregister.
+    eventually("the idle pilots to be given back", DEADLINE, || async {
+        let ended = pilots_of(&c.tag)
+            .iter()
+            .all(|(_, state)| !matches!(state.as_str(), "PENDING" | "RUNNING" | "CONFIGURING"));
+        let nodes = c.client.list_nodes().await.ok()?;
+        let pilot_nodes = nodes
+            .iter()
+            .filter(|n| n.name.starts_with("pilot-"))
+            .count();
+        (ended && pilot_nodes == 0).then_some(())
+    })
+    .await;
+    let view = wait_terminal(&c.client, long).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert!(
+        view.nodes.len() == 1 && view.nodes[0].starts_with("tacc-n"),
+        "the long task ran on {:?}, not through its own sbatch job",
+        view.nodes
+    );
+    assert_eq!(
+        jobs_of(&c.tag).len(),
+        1,
+        "per-task jobs: {:?}",
+        jobs_of(&c.tag)
+    );
+    drop(c.agent);
+}
+
+/// Benchmark (run on purpose, not in CI):
+/// `cargo test --release -p taccd --test slurm -- --ignored --nocapture slurm_pilot_benchmark`.
+/// The same array of 200 short tasks (`TACC_BENCH_TASKS`) through one `sbatch` job per
+/// task, then through pilot allocations, in one run; submit → every element finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark; run explicitly"]
+async fn slurm_pilot_benchmark() {
+    if !slurm_ready("slurm_pilot_benchmark").await {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let count: u32 = std::env::var("TACC_BENCH_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200);
+    let long = Duration::from_secs(1200);
+
+    let dir = tempfile::tempdir().unwrap();
+    let per_task = cluster(dir.path(), "bench-sbatch").await;
+    let started = Instant::now();
+    let group = submit_short_array(&per_task.client, dir.path(), count).await;
+    let detail = wait_group(&per_task.client, group, long).await;
+    let sbatch_each = started.elapsed();
+    assert!(
+        detail
+            .elements
+            .iter()
+            .all(|e| e.state == TaskState::Succeeded)
+    );
+    let sbatch_jobs = jobs_of(&per_task.tag).len();
+    drop(per_task);
+
+    let dir = tempfile::tempdir().unwrap();
+    let pilots = pilot_cluster(dir.path(), "bench-pilot", "5s").await;
+    let _cleanup = PilotCleanup(pilots.tag.clone());
+    let started = Instant::now();
+    let group = submit_short_array(&pilots.client, dir.path(), count).await;
+    let detail = wait_group(&pilots.client, group, long).await;
+    let through_pilots = started.elapsed();
+    assert!(
+        detail
+            .elements
+            .iter()
+            .all(|e| e.state == TaskState::Succeeded)
+    );
+    let pilot_jobs = pilots_of(&pilots.tag).len();
+    // Where the time went: until the first element started (the allocation's start), and
+    // from then until the last one finished.
+    let first_start = detail
+        .elements
+        .iter()
+        .filter_map(|e| e.started_at)
+        .min()
+        .unwrap();
+    let last_end = detail
+        .elements
+        .iter()
+        .filter_map(|e| e.finished_at)
+        .max()
+        .unwrap();
+    let running = Duration::from_millis(last_end.millis_since(first_start));
+
+    println!("\n| measurement | value |\n|---|---|");
+    println!(
+        "| {count} short tasks, one `sbatch` job each ({sbatch_jobs} Slurm jobs) | {:.1} s ({:.1} tasks/s) |",
+        sbatch_each.as_secs_f64(),
+        count as f64 / sbatch_each.as_secs_f64()
+    );
+    println!(
+        "| {count} short tasks through pilot allocations ({pilot_jobs} Slurm jobs), allocation start included | {:.1} s ({:.1} tasks/s) |",
+        through_pilots.as_secs_f64(),
+        count as f64 / through_pilots.as_secs_f64()
+    );
+    println!(
+        "| of which: first element started after | {:.1} s |",
+        through_pilots.as_secs_f64() - running.as_secs_f64()
+    );
+    println!(
+        "| of which: first start → last finish | {:.1} s ({:.1} tasks/s) |",
+        running.as_secs_f64(),
+        count as f64 / running.as_secs_f64()
+    );
+    println!(
+        "| speed-up | {:.0}× |",
+        sbatch_each.as_secs_f64() / through_pilots.as_secs_f64()
+    );
+}

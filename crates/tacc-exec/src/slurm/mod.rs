@@ -12,6 +12,7 @@
 //! Every job carries `--comment tacc:<tag>/<gang>` so that a restarted agent re-finds
 //! its jobs ([`SlurmBackend::recover`]) instead of submitting them twice.
 
+pub mod pilot;
 mod script;
 pub mod status;
 

@@ -140,7 +140,7 @@ impl GangManifest {
 }
 
 /// Quote for bash: a single-quoted word.
-fn quote(text: &str) -> String {
+pub(super) fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "'\\''"))
 }
 
