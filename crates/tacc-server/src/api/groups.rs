@@ -144,6 +144,9 @@ pub(super) async fn get_group(
             elements: Vec::new(),
         }));
     }
+    // Counts first, then the elements: an element ends after the counts were read, never
+    // before, so elements are never behind what the counts say (terminal states stay).
+    let group = group_view(&app.control, record).await?;
     let elements = app
         .control
         .group_elements(id)
@@ -160,10 +163,7 @@ pub(super) async fn get_group(
             finished_at: t.finished_at,
         })
         .collect();
-    Ok(Json(GroupDetail {
-        group: group_view(&app.control, record).await?,
-        elements,
-    }))
+    Ok(Json(GroupDetail { group, elements }))
 }
 
 /// A sweep's leaderboard, best trial first.
