@@ -147,15 +147,17 @@ impl PipelineSpec {
                 }
             }
         }
-        order(&self.stages).map(|_| ()).map_err(|cycle| GraphProblem {
-            field: format!("stages.{}.needs", cycle[0]),
-            message: format!(
-                "the stages' needs form a cycle: {} → {}",
-                cycle.join(" → "),
-                cycle[0]
-            ),
-            help: "a stage runs after everything it needs; remove one of these needs".into(),
-        })
+        order(&self.stages)
+            .map(|_| ())
+            .map_err(|cycle| GraphProblem {
+                field: format!("stages.{}.needs", cycle[0]),
+                message: format!(
+                    "the stages' needs form a cycle: {} → {}",
+                    cycle.join(" → "),
+                    cycle[0]
+                ),
+                help: "a stage runs after everything it needs; remove one of these needs".into(),
+            })
     }
 }
 
@@ -299,15 +301,15 @@ pub fn parse_pipeline(source_name: &str, text: &str) -> Result<PipelineSpec, Sch
         let _ = parts.next();
         let stage = parts.next();
         let need_index = parts.nth(1).and_then(|i| i.parse::<usize>().ok());
-        let location = stage.and_then(|stage| needs_nodes.get(stage)).map(
-            |(key, needs)| match (needs, need_index) {
+        let location = stage
+            .and_then(|stage| needs_nodes.get(stage))
+            .map(|(key, needs)| match (needs, need_index) {
                 (Some(Node::Sequence(items)), Some(i)) if i < items.len() => {
                     spans.node_location(&items[i])
                 }
                 (Some(needs @ Node::Sequence(_)), None) => spans.node_location(needs),
                 _ => spans.scalar_location(key),
-            },
-        );
+            });
         return Err(match location {
             Some(location) => {
                 spans.error_at_location(location, problem.message, Some(problem.help))
@@ -392,7 +394,8 @@ mod tests {
 
     #[test]
     fn an_unknown_need_is_located_at_the_need_with_a_suggestion() {
-        let text = "name: demo\nstages:\n  train:\n    run: a\n  eval:\n    needs: [trian]\n    run: b\n";
+        let text =
+            "name: demo\nstages:\n  train:\n    run: a\n  eval:\n    needs: [trian]\n    run: b\n";
         let error = rendered(text);
         assert!(error.contains("pipeline.yaml:6:13"), "{error}");
         assert!(error.contains("needs `trian`"), "{error}");
@@ -425,7 +428,8 @@ mod tests {
 
     #[test]
     fn a_mistake_inside_a_stage_points_into_that_stage() {
-        let text = "name: demo\nstages:\n  a:\n    run: x\n  b:\n    resorces: {cpus: 2}\n    run: y\n";
+        let text =
+            "name: demo\nstages:\n  a:\n    run: x\n  b:\n    resorces: {cpus: 2}\n    run: y\n";
         let error = rendered(text);
         assert!(error.contains("pipeline.yaml:6:5"), "{error}");
         assert!(error.contains("did you mean `resources`"), "{error}");
@@ -440,8 +444,9 @@ mod tests {
 
     #[test]
     fn the_json_form_is_checked_like_the_file() {
-        let mut spec = parse("name: demo\nstages:\n  a:\n    run: x\n  b:\n    needs: [a]\n    run: y\n")
-            .unwrap();
+        let mut spec =
+            parse("name: demo\nstages:\n  a:\n    run: x\n  b:\n    needs: [a]\n    run: y\n")
+                .unwrap();
         spec.stages[0].needs = vec!["b".into()];
         let error = spec.validate().unwrap_err().to_string();
         assert!(error.contains("cycle"), "{error}");

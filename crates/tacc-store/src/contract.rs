@@ -7,12 +7,14 @@ mod access;
 mod adaptive;
 mod groups;
 mod outputs;
+mod pipelines;
 mod usage;
 
 pub use access::*;
 pub use adaptive::*;
 pub use groups::*;
 pub use outputs::*;
+pub use pipelines::*;
 pub use usage::*;
 
 use std::collections::BTreeMap;
@@ -109,6 +111,9 @@ macro_rules! store_contract_tests {
             history_filters_by_name_state_user_and_since,
             deliveries_queue_with_their_change_once_per_key,
             deliveries_come_due_retry_and_end,
+            pipelines_create_stages_tasks_and_arrays_at_once,
+            pipeline_stages_found_by_what_they_ran_as,
+            pipeline_stages_found_by_cache_key_newest_first_per_user,
         );
     };
     (@each $fresh:path; $($check:ident),+ $(,)?) => {

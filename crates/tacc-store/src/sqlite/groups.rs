@@ -62,6 +62,17 @@ pub(super) async fn create_group(
     elements: Vec<(u32, NewTask)>,
 ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
     let mut tx = pool.begin().await?;
+    let made = insert_group(&mut tx, group, elements).await?;
+    tx.commit().await?;
+    Ok(made)
+}
+
+/// Insert a group and its elements inside the caller's transaction.
+pub(super) async fn insert_group(
+    tx: &mut Transaction<'_, Sqlite>,
+    group: NewGroup,
+    elements: Vec<(u32, NewTask)>,
+) -> Result<(GroupRecord, Vec<TaskRecord>)> {
     let spec = group.spec.to_string();
     let id: i64 = sqlx::query(
         "INSERT INTO task_groups (kind, name, user_name, spec, size, created_at) \
@@ -73,7 +84,7 @@ pub(super) async fn create_group(
     .bind(&spec)
     .bind(elements.len() as i64)
     .bind(millis(group.created_at))
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut **tx)
     .await?
     .try_get(0)?;
     let record = GroupRecord {
@@ -106,7 +117,7 @@ pub(super) async fn create_group(
                 .bind(i64::from(*index));
         }
         let mut ids: Vec<i64> = insert
-            .fetch_all(&mut *tx)
+            .fetch_all(&mut **tx)
             .await?
             .iter()
             .map(|row| row.try_get(0))
@@ -121,7 +132,7 @@ pub(super) async fn create_group(
         for (task_id, (_, task)) in ids.iter().zip(batch) {
             events = events.bind(task_id).bind(millis(task.submitted_at));
         }
-        events.execute(&mut *tx).await?;
+        events.execute(&mut **tx).await?;
         for (task_id, (index, task)) in ids.iter().zip(batch) {
             let mut queued = task
                 .clone()
@@ -131,7 +142,6 @@ pub(super) async fn create_group(
             tasks.push(queued);
         }
     }
-    tx.commit().await?;
     Ok((record, tasks))
 }
 
