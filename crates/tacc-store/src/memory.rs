@@ -500,8 +500,9 @@ impl Store for MemoryStore {
         for (position, stage) in stages.iter().enumerate() {
             if let NewStageRun::Task(task) = &stage.run {
                 let mut task = inner.insert_queued(task.clone());
+                // No index: a single stage is no array element.
                 task.group = Some(id);
-                task.group_index = Some(position as u32);
+                let _ = position;
                 inner.tasks.insert(task.id, task.clone());
                 singles.insert(position, task);
             }

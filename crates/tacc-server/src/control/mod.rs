@@ -26,12 +26,14 @@ mod adaptive;
 mod attempts;
 mod groups;
 mod nodes;
+mod pipelines;
 mod records;
 
 use crate::logs::LogBook;
 pub use adaptive::{AdaptiveConfig, AdaptiveMode};
 pub(crate) use groups::RERUN_STATES;
 pub use nodes::LIVENESS_CHECK_EVERY;
+pub use pipelines::StageSubmission;
 use nodes::node_spec;
 
 /// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
@@ -138,6 +140,9 @@ pub(crate) struct Inner {
     /// The group of each task owner's identity (users the configuration file gives no
     /// group are accounted to this one).
     identity_groups: BTreeMap<String, Option<String>>,
+    /// Pipeline stage tasks and the tasks of the stages they need (the scheduler's
+    /// `depends_on`), kept until they leave the queue.
+    stage_deps: BTreeMap<TaskId, Vec<TaskId>>,
 }
 
 impl Inner {
@@ -211,6 +216,28 @@ fn request_of(
     }
 }
 
+/// Give each submitted pipeline stage task the tasks it waits for (kept beside the
+/// scheduler, so every way a task reaches it — submit, a retry, a held task released, a
+/// rebuild — carries them).
+fn patch_dependencies(deps: &BTreeMap<TaskId, Vec<TaskId>>, event: &mut Event) {
+    if deps.is_empty() {
+        return;
+    }
+    match event {
+        Event::TaskSubmitted { task, request } => {
+            if let Some(needed) = deps.get(task) {
+                request.depends_on = needed.clone();
+            }
+        }
+        Event::Batch(events) => {
+            for event in events {
+                patch_dependencies(deps, event);
+            }
+        }
+        _ => {}
+    }
+}
+
 fn placements_of(stored: &[StoredPlacement]) -> Vec<Placement> {
     stored
         .iter()
@@ -265,6 +292,7 @@ impl Control {
                 scheduler,
                 nodes: BTreeMap::new(),
                 held: BTreeSet::new(),
+                stage_deps: BTreeMap::new(),
                 specs: BTreeMap::new(),
                 preempting: BTreeSet::new(),
                 finished_ranks: BTreeMap::new(),
@@ -295,6 +323,9 @@ impl Control {
             let spec = spec_of(&record)?;
             if record.state == TaskState::Queued {
                 inner.held.insert(record.id);
+                if let Some(needed) = self.restore_dependencies(&record).await? {
+                    inner.stage_deps.insert(record.id, needed);
+                }
             } else if !record.cancel_requested {
                 // The allocation in force, where adaptive allocation moved it.
                 if let Some(resize) = self
@@ -317,6 +348,7 @@ impl Control {
                     );
                 }
                 let secrets = self.task_secrets(&record, &spec).await;
+                let inputs = self.stage_inputs(&record).await?;
                 let assignments = assignments_for(
                     &record,
                     &spec,
@@ -326,6 +358,7 @@ impl Control {
                 );
                 for (node, mut assignment) in assignments {
                     assignment.allocation = self.adaptive.allocation(assignment.attempt);
+                    assignment.inputs = inputs.clone();
                     if let Some(live) = inner.nodes.get_mut(&node) {
                         live.assignments.insert(assignment.attempt, assignment);
                     }
@@ -428,6 +461,7 @@ impl Control {
     /// the scheduler is rebuilt from the store.
     async fn drive(&self, inner: &mut Inner, mut event: Event) {
         self.adaptive.patch_restored(&mut event);
+        patch_dependencies(&inner.stage_deps, &mut event);
         let deciding = Instant::now();
         let decided = inner.scheduler.handle(now(), event);
         self.metrics.decided(deciding.elapsed());
@@ -514,10 +548,12 @@ impl Control {
                 continue;
             };
             let secrets = self.task_secrets(&record, spec).await;
+            let inputs = self.stage_inputs(&record).await?;
             let unix_user = self.config.unix_users.get(&record.user);
-            for (node, assignment) in
+            for (node, mut assignment) in
                 assignments_for(&record, spec, &inner.nodes, unix_user, &secrets)
             {
+                assignment.inputs = inputs.clone();
                 if let Some(live) = inner.nodes.get_mut(&node) {
                     live.assignments.insert(assignment.attempt, assignment);
                     live.version.send_modify(|v| *v += 1);
@@ -592,6 +628,7 @@ impl Control {
         }
         let mut batch = Event::Batch(events);
         self.adaptive.patch_restored(&mut batch);
+        patch_dependencies(&inner.stage_deps, &mut batch);
         let plan = scheduler.handle(now(), batch);
         inner.scheduler = scheduler;
         match plan {
@@ -629,10 +666,13 @@ impl Control {
                 })])
                 .await?;
                 inner.specs.remove(&task);
+                inner.stage_deps.remove(&task);
                 if !inner.held.remove(&task) {
                     self.drive(&mut inner, Event::TaskCancelled(task)).await;
                 }
                 self.logs.wake(task);
+                self.stop_dependents(&mut inner, &record, TaskState::Cancelled)
+                    .await?;
             }
             TaskState::Starting | TaskState::Running if !record.cancel_requested => {
                 self.commit(&[TaskChange::CancelRequested { task }]).await?;
@@ -833,6 +873,7 @@ fn assignments_for(
                     master_port,
                     secrets: secrets.clone(),
                     allocation: None,
+                    inputs: Vec::new(),
                 },
             )
         })

@@ -80,7 +80,7 @@ pub async fn pipelines_create_stages_tasks_and_arrays_at_once(store: &dyn Store)
     };
     let gen_record = store.get_task(gen_task).await.unwrap().unwrap();
     assert_eq!(gen_record.group, Some(pipeline.id));
-    assert_eq!(gen_record.group_index, Some(0));
+    assert_eq!(gen_record.group_index, None, "a single stage is no array element");
     let elements = store
         .list_tasks(&TaskFilter {
             group: Some(fan),

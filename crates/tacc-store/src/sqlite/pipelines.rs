@@ -102,6 +102,15 @@ pub(super) async fn create_pipeline(
             pipeline_name: pipeline_name.clone(),
         });
     }
+    // A single stage is the pipeline's element without an index: it is no array element
+    // (no `TACC_ARRAY_INDEX`).
+    sqlx::query("UPDATE tasks SET group_index = NULL WHERE group_id = ?")
+        .bind(record.id.0 as i64)
+        .execute(&mut *tx)
+        .await?;
+    for task in tasks.iter_mut().filter(|t| t.group == Some(record.id)) {
+        task.group_index = None;
+    }
     // The pipeline's size is its number of stages, not its single-task elements.
     sqlx::query("UPDATE task_groups SET size = ? WHERE id = ?")
         .bind(records.len() as i64)
