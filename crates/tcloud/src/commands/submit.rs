@@ -99,6 +99,15 @@ pub async fn submit(
     name: Option<String>,
     array: Option<String>,
 ) -> Result<()> {
+    if super::pipelines::is_pipeline_file(path) {
+        if name.is_some() || array.is_some() {
+            return Err(CliError::invalid(
+                "--name and --array apply to a task file; a pipeline file names itself and its stages (set `array:` on a stage)",
+            )
+            .into());
+        }
+        return super::pipelines::submit_pipeline(ctx, path, follow, as_json).await;
+    }
     let mut task = load(path)?;
     print_warnings(&task);
     if let Some(name) = name {
