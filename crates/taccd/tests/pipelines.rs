@@ -55,11 +55,9 @@ async fn wait_pipeline_finished(client: &Client, group: GroupId) -> GroupDetail 
         let client = client.clone();
         async move {
             let detail = client.get_group(group).await.ok()?;
-            let done = detail
-                .group
-                .stages
-                .iter()
-                .all(|s| ["succeeded", "failed", "cancelled", "lost", "cached"].contains(&s.state.as_str()));
+            let done = detail.group.stages.iter().all(|s| {
+                ["succeeded", "failed", "cancelled", "lost", "cached"].contains(&s.state.as_str())
+            });
             let open = detail.group.counts.keys().any(|s| !s.is_terminal());
             (done && !open).then_some(detail)
         }
@@ -81,7 +79,11 @@ fn copy_example(to: &Path) -> PathBuf {
     for stage in ["generate", "train", "evaluate"] {
         std::fs::create_dir_all(to.join(stage)).unwrap();
         let script = format!("{stage}.sh");
-        std::fs::copy(example.join(stage).join(&script), to.join(stage).join(&script)).unwrap();
+        std::fs::copy(
+            example.join(stage).join(&script),
+            to.join(stage).join(&script),
+        )
+        .unwrap();
     }
     std::fs::copy(example.join("pipeline.yaml"), to.join("pipeline.yaml")).unwrap();
     to.join("pipeline.yaml")
@@ -112,9 +114,19 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
         let client = client.clone();
         async move { client.get_task(id).await.unwrap() }
     };
-    let (g, t, e) = (view(generate).await, view(train).await, view(evaluate).await);
-    assert!(t.started_at.unwrap() >= g.finished_at.unwrap(), "{g:?} {t:?}");
-    assert!(e.started_at.unwrap() >= t.finished_at.unwrap(), "{t:?} {e:?}");
+    let (g, t, e) = (
+        view(generate).await,
+        view(train).await,
+        view(evaluate).await,
+    );
+    assert!(
+        t.started_at.unwrap() >= g.finished_at.unwrap(),
+        "{g:?} {t:?}"
+    );
+    assert!(
+        e.started_at.unwrap() >= t.finished_at.unwrap(),
+        "{t:?} {e:?}"
+    );
     // A stage is no array element.
     assert!(!log_text(&client, train).await.contains("TACC_ARRAY_INDEX"));
     let eval_log = log_text(&client, evaluate).await;
@@ -140,7 +152,10 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
     );
     let stages_table = tcloud(&daemon, &home, &["ps", &group.to_string()]);
     assert!(stages_table.contains("STAGE"), "{stages_table}");
-    assert!(stages_table.contains(&format!("task {train}")), "{stages_table}");
+    assert!(
+        stages_table.contains(&format!("task {train}")),
+        "{stages_table}"
+    );
 
     // Only the last stage's code changes: only it runs again, reading the cached inputs.
     let script = file.with_file_name("evaluate").join("evaluate.sh");
@@ -151,7 +166,10 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
     let states: Vec<&str> = stages.iter().map(|s| s.state.as_str()).collect();
     assert_eq!(states[..2], ["cached", "cached"], "{stages:?}");
     assert_ne!(states[2], "cached", "{stages:?}");
-    assert_eq!(stages[1].reason.as_deref(), Some(format!("cached: task {train}").as_str()));
+    assert_eq!(
+        stages[1].reason.as_deref(),
+        Some(format!("cached: task {train}").as_str())
+    );
     let detail = wait_pipeline_finished(&client, again).await;
     let rerun = stage(&detail, "evaluate");
     assert_eq!(rerun.state, "succeeded", "{detail:?}");
@@ -217,7 +235,10 @@ async fn a_failed_stage_stops_its_dependents_which_never_run() {
             "{task:?}"
         );
     }
-    let sum = client.get_task(stage(&detail, "sum").task.unwrap()).await.unwrap();
+    let sum = client
+        .get_task(stage(&detail, "sum").task.unwrap())
+        .await
+        .unwrap();
     assert_eq!(
         sum.reason.as_deref(),
         Some(format!("dependency_failed: fan (task {})", failed.task_id).as_str())
@@ -226,7 +247,9 @@ async fn a_failed_stage_stops_its_dependents_which_never_run() {
     // The array stage is shown on its pipeline's line, not as a group of its own.
     let table = tcloud(&daemon, &home, &["ps", "--all"]);
     assert!(
-        !table.lines().any(|l| l.starts_with(&format!("{fan_group} "))),
+        !table
+            .lines()
+            .any(|l| l.starts_with(&format!("{fan_group} "))),
         "{table}"
     );
 }

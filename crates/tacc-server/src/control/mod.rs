@@ -33,8 +33,8 @@ use crate::logs::LogBook;
 pub use adaptive::{AdaptiveConfig, AdaptiveMode};
 pub(crate) use groups::RERUN_STATES;
 pub use nodes::LIVENESS_CHECK_EVERY;
-pub use pipelines::StageSubmission;
 use nodes::node_spec;
+pub use pipelines::StageSubmission;
 
 /// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
 /// PyTorch's default up, one per attempt whose rank 0 shares the node.

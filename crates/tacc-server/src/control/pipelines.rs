@@ -65,7 +65,10 @@ impl Control {
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
         let mut prepared = Vec::with_capacity(stages.len());
         for stage in &stages {
-            prepared.push(self.prepare(user, stage.spec.clone(), &stage.snapshot).await?);
+            prepared.push(
+                self.prepare(user, stage.spec.clone(), &stage.snapshot)
+                    .await?,
+            );
         }
         // Keys in dependency order: a stage's inputs are identified by the keys of the
         // stages it needs, which stand for their code, spec and inputs in turn.
@@ -122,14 +125,12 @@ impl Control {
                 new_stages,
             )
             .await?;
-        self.metrics.committed("create_pipeline", committing.elapsed());
+        self.metrics
+            .committed("create_pipeline", committing.elapsed());
         // Tasks come back in stage order, each stage's elements together; the specs were
         // collected in the same order.
-        let specs: BTreeMap<TaskId, TaskSpec> = tasks
-            .iter()
-            .map(|t| t.id)
-            .zip(element_specs)
-            .collect();
+        let specs: BTreeMap<TaskId, TaskSpec> =
+            tasks.iter().map(|t| t.id).zip(element_specs).collect();
         let depends = self.stage_dependencies(&records).await?;
         for _ in &tasks {
             self.metrics.submitted();
@@ -192,7 +193,10 @@ impl Control {
         Ok(match plan {
             StagePlan::Single(spec) => {
                 // A stage notifies nothing itself; the pipeline is the unit users watch.
-                let spec = TaskSpec { notify: None, ..spec };
+                let spec = TaskSpec {
+                    notify: None,
+                    ..spec
+                };
                 let task = new_task(&spec)?;
                 specs.push(spec);
                 NewStageRun::Task(task)
@@ -472,7 +476,11 @@ impl Control {
                 StageSource::Group(group) => (None, Some(group)),
             };
             let (state, reason, counts) = if stage.cached {
-                ("cached".to_string(), Some(format!("cached: {}", stage.source)), BTreeMap::new())
+                (
+                    "cached".to_string(),
+                    Some(format!("cached: {}", stage.source)),
+                    BTreeMap::new(),
+                )
             } else {
                 let state = combined_state(tasks.iter().map(|t| t.state))
                     .map_or_else(|| "empty".to_string(), |s| s.to_string());
@@ -500,7 +508,10 @@ impl Control {
 
     /// Cancel every unfinished stage of a pipeline: its single tasks (the pipeline
     /// group's own elements) and each array stage's group.
-    pub(super) async fn cancel_pipeline_arrays(&self, pipeline: GroupId) -> Result<u64, ServerError> {
+    pub(super) async fn cancel_pipeline_arrays(
+        &self,
+        pipeline: GroupId,
+    ) -> Result<u64, ServerError> {
         let mut count = 0;
         for stage in self.store.pipeline_stages(pipeline).await? {
             if let (StageSource::Group(group), false) = (stage.source, stage.cached) {
@@ -526,7 +537,10 @@ fn combined_state(states: impl Iterator<Item = TaskState>) -> Option<TaskState> 
     if let Some(first) = open.into_iter().find(|o| states.contains(o)) {
         return Some(first);
     }
-    states.into_iter().find(|s| *s != TaskState::Succeeded).or(Some(TaskState::Succeeded))
+    states
+        .into_iter()
+        .find(|s| *s != TaskState::Succeeded)
+        .or(Some(TaskState::Succeeded))
 }
 
 /// A stage's cache key: its code snapshot, its normalised spec, and the keys of the
@@ -586,9 +600,18 @@ mod tests {
     #[test]
     fn a_stage_succeeded_only_when_every_task_did() {
         use TaskState::*;
-        assert_eq!(combined_state([Succeeded, Succeeded].into_iter()), Some(Succeeded));
-        assert_eq!(combined_state([Succeeded, Running, Queued].into_iter()), Some(Queued));
-        assert_eq!(combined_state([Succeeded, Failed, Running].into_iter()), Some(Failed));
+        assert_eq!(
+            combined_state([Succeeded, Succeeded].into_iter()),
+            Some(Succeeded)
+        );
+        assert_eq!(
+            combined_state([Succeeded, Running, Queued].into_iter()),
+            Some(Queued)
+        );
+        assert_eq!(
+            combined_state([Succeeded, Failed, Running].into_iter()),
+            Some(Failed)
+        );
         assert_eq!(combined_state(std::iter::empty()), None);
     }
 }

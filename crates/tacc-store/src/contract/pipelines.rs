@@ -80,7 +80,10 @@ pub async fn pipelines_create_stages_tasks_and_arrays_at_once(store: &dyn Store)
     };
     let gen_record = store.get_task(gen_task).await.unwrap().unwrap();
     assert_eq!(gen_record.group, Some(pipeline.id));
-    assert_eq!(gen_record.group_index, None, "a single stage is no array element");
+    assert_eq!(
+        gen_record.group_index, None,
+        "a single stage is no array element"
+    );
     let elements = store
         .list_tasks(&TaskFilter {
             group: Some(fan),

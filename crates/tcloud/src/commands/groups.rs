@@ -127,7 +127,12 @@ fn print_stages(detail: &GroupDetail) -> Result<()> {
         let needs = if stage.needs.is_empty() {
             "-".to_string()
         } else {
-            stage.needs.iter().map(|n| field(n)).collect::<Vec<_>>().join(",")
+            stage
+                .needs
+                .iter()
+                .map(|n| field(n))
+                .collect::<Vec<_>>()
+                .join(",")
         };
         t.add_row([
             field(&stage.name),
