@@ -285,3 +285,33 @@ async fn cancelling_a_pipeline_cancels_every_unfinished_stage() {
     }
     wait_no_processes("sleep 300").await;
 }
+
+/// The same example on a server with two agents of their own data directories: a stage's
+/// inputs travel from the node that produced them through the server's outputs store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_pipeline_runs_on_a_multi_agent_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", &dir.path().join("s"), &[]).await;
+    let client = server.client();
+    let _a = start_agent(
+        &server,
+        &dir.path().join("a"),
+        &["--name", "node-a", "--cpus", "1"],
+    );
+    let _b = start_agent(
+        &server,
+        &dir.path().join("b"),
+        &["--name", "node-b", "--cpus", "1"],
+    );
+    wait_nodes(&client, 2).await;
+    let home = dir.path().join("home");
+    let file = copy_example(&dir.path().join("pipeline"));
+    let (group, _) = submit_pipeline(&server, &home, &file);
+    let detail = wait_pipeline_finished(&client, group).await;
+    for name in ["generate", "train", "evaluate"] {
+        assert_eq!(stage(&detail, name).state, "succeeded", "{detail:?}");
+    }
+    let log = log_text(&client, stage(&detail, "evaluate").task.unwrap()).await;
+    assert!(log.contains("evaluated mean=10 on 20 numbers"), "{log}");
+    assert!(!log.contains("is writable"), "{log}");
+}
