@@ -218,6 +218,12 @@ pub(super) async fn rerun_group(
     }
     let id = group_id(&id)?;
     let record = load_group(&app.control, id).await?;
+    if record.kind == tacc_store::GroupKind::Pipeline {
+        return Err(ServerError::BadRequest(format!(
+            "{id} is a pipeline: submit its file again (`tcloud submit pipeline.yaml`); the \
+             stages that succeeded with the same code, spec and inputs are cached, the others run"
+        )));
+    }
     let failed = app
         .control
         .store
