@@ -244,6 +244,9 @@ async fn a_failed_stage_stops_its_dependents_which_never_run() {
         Some(format!("dependency_failed: fan (task {})", failed.task_id).as_str())
     );
     assert_eq!(stage(&detail, "side").state, "succeeded", "{detail:?}");
+    // A pipeline is rerun by submitting its file again, which the refusal says.
+    let refused = client.rerun_group_failed(group).await.unwrap_err().to_string();
+    assert!(refused.contains("submit its file again"), "{refused}");
     // The array stage is shown on its pipeline's line, not as a group of its own.
     let table = tcloud(&daemon, &home, &["ps", "--all"]);
     assert!(
