@@ -97,6 +97,12 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
     let home = dir.path().join("home");
     let file = copy_example(&dir.path().join("pipeline"));
 
+    let checked = tcloud(&daemon, &home, &["check", file.to_str().unwrap()]);
+    assert!(
+        checked.contains("valid pipeline: demo-pipeline")
+            && checked.contains("train (needs generate)"),
+        "{checked}"
+    );
     let (group, stages) = submit_pipeline(&daemon, &home, &file);
     assert_eq!(
         stages.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
@@ -245,7 +251,11 @@ async fn a_failed_stage_stops_its_dependents_which_never_run() {
     );
     assert_eq!(stage(&detail, "side").state, "succeeded", "{detail:?}");
     // A pipeline is rerun by submitting its file again, which the refusal says.
-    let refused = client.rerun_group_failed(group).await.unwrap_err().to_string();
+    let refused = client
+        .rerun_group_failed(group)
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(refused.contains("submit its file again"), "{refused}");
     // The array stage is shown on its pipeline's line, not as a group of its own.
     let table = tcloud(&daemon, &home, &["ps", "--all"]);

@@ -21,6 +21,49 @@ pub fn is_pipeline_file(path: &Path) -> bool {
         && std::fs::read_to_string(path).is_ok_and(|text| tacc_schema::is_pipeline(&text))
 }
 
+/// `tcloud check pipeline.yaml`: the pipeline is read and checked, nothing is sent.
+pub fn check_pipeline(path: &Path, as_json: bool) -> Result<()> {
+    match load_pipeline(path) {
+        Ok(loaded) => {
+            let stages: Vec<String> = loaded
+                .spec
+                .stages
+                .iter()
+                .map(|s| {
+                    if s.needs.is_empty() {
+                        field(&s.name)
+                    } else {
+                        format!("{} (needs {})", field(&s.name), field(&s.needs.join(", ")))
+                    }
+                })
+                .collect();
+            if as_json {
+                return out_json(&json!({
+                    "valid": true,
+                    "name": loaded.spec.name,
+                    "source": loaded.source.display().to_string(),
+                    "stages": loaded.spec.stages.iter().map(|s| &s.name).collect::<Vec<_>>(),
+                    "error": null,
+                }));
+            }
+            out(format!(
+                "{} is a valid pipeline: {}, stages {}",
+                field(&path.display().to_string()),
+                field(&loaded.spec.name),
+                stages.join(" · ")
+            ))?;
+            Ok(())
+        }
+        Err(error) => {
+            if as_json {
+                out_json(&json!({"valid": false, "name": null, "error": error.to_string()}))?;
+                return Err(CliError::silent(crate::errors::INVALID).into());
+            }
+            Err(CliError::schema(&error).into())
+        }
+    }
+}
+
 pub async fn submit_pipeline(ctx: &Ctx, path: &Path, follow: bool, as_json: bool) -> Result<()> {
     let loaded = load_pipeline(path).map_err(|e| CliError::schema(&e))?;
     let client = ctx.client()?;

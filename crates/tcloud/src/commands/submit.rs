@@ -48,6 +48,9 @@ fn first_line(text: &str) -> String {
 }
 
 pub fn check(path: &Path, as_json: bool) -> Result<()> {
+    if super::pipelines::is_pipeline_file(path) {
+        return super::pipelines::check_pipeline(path, as_json);
+    }
     match load_task(path) {
         Ok(task) => {
             if as_json {
