@@ -487,8 +487,28 @@ impl Control {
         let mut changes = Vec::new();
         let mut starts = Vec::new();
         let mut preempted = Vec::new();
+        // A stage task whose needed stage is rejected in this very plan must not start:
+        // the scheduler saw the need leave and placed it; it ends as a dependency failure.
+        let rejected: BTreeSet<TaskId> = plan
+            .actions
+            .iter()
+            .filter_map(|action| match action {
+                Action::Reject { task, .. } => Some(*task),
+                _ => None,
+            })
+            .collect();
+        let mut rejected_records = Vec::new();
         for action in plan.actions {
             match action {
+                Action::Start { task, .. }
+                    if !rejected.is_empty()
+                        && inner
+                            .stage_deps
+                            .get(&task)
+                            .is_some_and(|needed| needed.iter().any(|t| rejected.contains(t))) =>
+                {
+                    continue;
+                }
                 Action::Start { task, placements } => {
                     let Some(record) = self.task_record(task).await? else {
                         continue;
@@ -537,7 +557,9 @@ impl Control {
                         )
                     }));
                     inner.specs.remove(&task);
+                    inner.stage_deps.remove(&task);
                     self.logs.wake(task);
+                    rejected_records.push(record);
                 }
                 Action::Preempt { task, .. } => preempted.push(task),
             }
@@ -559,6 +581,9 @@ impl Control {
                     live.version.send_modify(|v| *v += 1);
                 }
             }
+        }
+        for record in &rejected_records {
+            Box::pin(self.stop_dependents(inner, record, TaskState::Failed)).await?;
         }
         // The agent stops a withdrawn attempt with SIGTERM, then SIGKILL after the task's
         // grace period; its end comes back as a cancelled attempt and is requeued.
