@@ -349,3 +349,49 @@ async fn the_example_pipeline_runs_on_a_multi_agent_cluster() {
     assert!(log.contains("evaluated mean=10 on 20 numbers"), "{log}");
     assert!(!log.contains("is writable"), "{log}");
 }
+
+/// A restarted server finds the needs of queued stages again in the store: a stage whose
+/// needed stage was running when the server died still waits for it (retried after the
+/// crash) and then reads its outputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_keeps_stages_waiting_for_what_they_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let mut daemon = start("dev", &data, &["--cpus", "4"]).await;
+    let client = daemon.client();
+    let home = dir.path().join("home");
+    let file = write_pipeline(
+        &dir.path().join("p"),
+        "name: restart\nstages:\n  first:\n    resources: {cpus: 0.5}\n    retry: {max_attempts: 2, on: [lost]}\n    run: |\n      echo \"first attempt $TACC_ATTEMPT\"\n      sleep 2\n      echo \"made by attempt $TACC_ATTEMPT\" > out.txt\n    outputs: [out.txt]\n  second:\n    needs: [first]\n    resources: {cpus: 0.5}\n    run: cat inputs/first/out.txt\n",
+    );
+    let (group, stages) = submit_pipeline(&daemon, &home, &file);
+    let first = stages[0].task.unwrap();
+    let second = stages[1].task.unwrap();
+    eventually("the first stage to run", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            log_text(&client, first)
+                .await
+                .contains("first attempt")
+                .then_some(())
+        }
+    })
+    .await;
+    daemon.kill9();
+    let restarted = start("dev", &data, &["--cpus", "4"]).await;
+    let client = restarted.client();
+    let detail = wait_pipeline_finished(&client, group).await;
+    assert_eq!(stage(&detail, "first").state, "succeeded", "{detail:?}");
+    assert_eq!(stage(&detail, "second").state, "succeeded", "{detail:?}");
+    let first_view = client.get_task(first).await.unwrap();
+    let second_view = client.get_task(second).await.unwrap();
+    assert!(
+        second_view.started_at.unwrap() >= first_view.finished_at.unwrap(),
+        "{first_view:?} {second_view:?}"
+    );
+    let log = log_text(&client, second).await;
+    assert!(
+        log.contains(&format!("made by attempt {}", first_view.attempt)),
+        "{log}"
+    );
+}
