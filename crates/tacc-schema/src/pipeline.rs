@@ -48,7 +48,7 @@ pub struct LoadedPipeline {
 impl PipelineSpec {
     /// Check every stage's task and the graph; for a pipeline received as JSON.
     pub fn validate(&self) -> Result<(), SchemaError> {
-        for (index, stage) in self.stages.iter().enumerate() {
+        for stage in &self.stages {
             stage.task.validate().map_err(|e| match e {
                 SchemaError::Invalid {
                     field,
@@ -61,7 +61,6 @@ impl PipelineSpec {
                 },
                 other => other,
             })?;
-            let _ = index;
         }
         self.check_graph().map_err(|problem| SchemaError::Invalid {
             field: problem.field,

@@ -502,7 +502,6 @@ impl Store for MemoryStore {
                 let mut task = inner.insert_queued(task.clone());
                 // No index: a single stage is no array element.
                 task.group = Some(id);
-                let _ = position;
                 inner.tasks.insert(task.id, task.clone());
                 singles.insert(position, task);
             }
