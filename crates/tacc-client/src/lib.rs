@@ -301,6 +301,15 @@ impl Client {
             .await
     }
 
+    /// Submit a whole pipeline (every stage's code already uploaded).
+    pub async fn submit_pipeline(
+        &self,
+        pipeline: &tacc_proto::SubmitPipeline,
+    ) -> Result<tacc_proto::PipelineSubmitted> {
+        self.json(self.request(Method::POST, "/v1/pipelines").json(pipeline))
+            .await
+    }
+
     pub async fn list_tasks(&self, query: &TaskQuery) -> Result<Vec<TaskView>> {
         let mut params: Vec<(&str, String)> = Vec::new();
         if !query.states.is_empty() {
@@ -790,6 +799,24 @@ impl Client {
         )
         .await?;
         Ok(())
+    }
+
+    /// One input file of a pipeline stage's attempt this node runs (the `index`th of its
+    /// assignment's inputs).
+    pub async fn get_input(
+        &self,
+        node: NodeId,
+        task: TaskId,
+        attempt: AttemptNo,
+        index: usize,
+    ) -> Result<Bytes> {
+        let response = self
+            .send(self.request(
+                Method::GET,
+                &format!("/v1/agents/{node}/inputs/{task}/{attempt}/{index}"),
+            ))
+            .await?;
+        response.bytes().await.map_err(|e| self.unreachable(e))
     }
 
     /// Upload one output file, streamed from disk.

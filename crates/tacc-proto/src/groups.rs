@@ -25,6 +25,9 @@ pub struct GroupView {
     /// The group this one reran the failed elements of.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rerun_of: Option<GroupId>,
+    /// A pipeline's stages in file order, each with its state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<crate::StageView>,
 }
 
 impl GroupView {

@@ -9,6 +9,7 @@ mod accounting;
 mod adaptive;
 mod files;
 mod groups;
+mod pipelines;
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,7 @@ pub use accounting::*;
 pub use adaptive::*;
 pub use files::*;
 pub use groups::*;
+pub use pipelines::*;
 use serde::{Deserialize, Serialize};
 use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};
 
@@ -247,6 +249,10 @@ pub struct Assignment {
     /// re-limited live to this. GPUs never change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<Resources>,
+    /// A pipeline stage's files from the stages it needs, placed read-only under
+    /// `inputs/<stage>/` before the task starts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<InputFile>,
 }
 
 /// Agent → server long poll for work.

@@ -11,6 +11,7 @@ mod adaptive;
 mod array;
 mod error;
 mod legacy;
+mod pipeline;
 mod processes;
 mod reader;
 mod schema;
@@ -24,6 +25,9 @@ use std::path::{Component, Path, PathBuf};
 pub use adaptive::{AdaptiveSpec, Range};
 pub use array::{ArrayError, ArraySpec, MAX_ARRAY_ELEMENTS, NotifySpec};
 pub use error::{Diagnostic, SchemaError};
+pub use pipeline::{
+    LoadedPipeline, MAX_STAGES, PipelineSpec, StageSpec, is_pipeline, load_pipeline, parse_pipeline,
+};
 pub use processes::{MAX_PROCESSES_PER_NODE, Processes};
 pub use schema::json_schema;
 pub use spans::{Location, Spans};

@@ -109,6 +109,7 @@ mod tests {
             master_port: 0,
             secrets: Default::default(),
             allocation: None,
+            inputs: Vec::new(),
         }
     }
 

@@ -8,6 +8,7 @@ mod adaptive;
 mod groups;
 mod metrics;
 mod outputs;
+mod pipelines;
 mod usage;
 
 pub use access::*;
@@ -15,6 +16,7 @@ pub use adaptive::*;
 pub use groups::*;
 pub use metrics::*;
 pub use outputs::*;
+pub use pipelines::*;
 pub use usage::*;
 
 use std::collections::BTreeMap;
@@ -115,6 +117,9 @@ macro_rules! store_contract_tests {
             metrics_of_an_unknown_task_refused_whole,
             groups_grow_by_added_elements,
             deliveries_come_due_retry_and_end,
+            pipelines_create_stages_tasks_and_arrays_at_once,
+            pipeline_stages_found_by_what_they_ran_as,
+            pipeline_stages_found_by_cache_key_newest_first_per_user,
         );
     };
     (@each $fresh:path; $($check:ident),+ $(,)?) => {

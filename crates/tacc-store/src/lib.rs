@@ -12,6 +12,7 @@ mod adaptive;
 mod groups;
 mod memory;
 mod metrics;
+mod pipelines;
 mod records;
 mod sqlite;
 
@@ -24,6 +25,7 @@ pub use access::{
 pub use adaptive::{ResizeRecord, SignalRecord};
 pub use memory::{MemoryStore, apply_transition};
 pub use metrics::{MAX_METRIC_POINTS_PER_ATTEMPT, MetricPoint};
+pub use pipelines::{NewStage, NewStageRun, StageRecord, StageSource};
 
 pub use groups::{
     DeliveryOutcome, DeliveryRecord, GroupFilter, GroupKind, GroupRecord, HistoryFilter,
@@ -175,6 +177,30 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn append_metrics(&self, points: Vec<MetricPoint>) -> Result<()>;
     /// A task's points of every attempt, by attempt, then arrival.
     async fn list_metrics(&self, task: TaskId) -> Result<Vec<MetricPoint>>;
+
+    // ------------------------------------------------------------ pipelines
+
+    /// Create a `pipeline` group, its stages' tasks and array groups, and the stage rows
+    /// (needs, cache keys), all in one transaction. A single-task stage is an element of
+    /// the pipeline group with its position as index; the tasks come back in stage order.
+    async fn create_pipeline(
+        &self,
+        group: NewGroup,
+        stages: Vec<NewStage>,
+    ) -> Result<(GroupRecord, Vec<StageRecord>, Vec<TaskRecord>)>;
+    /// A pipeline's stages, by position.
+    async fn pipeline_stages(&self, pipeline: GroupId) -> Result<Vec<StageRecord>>;
+    /// The stage that ran as this task or array group (not one that reused it).
+    async fn stage_of(&self, source: StageSource) -> Result<Option<StageRecord>>;
+    /// Stages of the user's pipeline of that name and stage name with this cache key,
+    /// newest first (the caller checks that the run they point at succeeded).
+    async fn stages_with_key(
+        &self,
+        user: &str,
+        pipeline: &str,
+        stage: &str,
+        cache_key: &str,
+    ) -> Result<Vec<StageRecord>>;
 
     /// Ended tasks matching the filter, newest end first (then highest id).
     async fn task_history(&self, filter: &HistoryFilter) -> Result<Vec<TaskRecord>>;

@@ -38,6 +38,8 @@ struct Inner {
     metrics: BTreeMap<(TaskId, AttemptNo, u32), crate::MetricPoint>,
     groups: BTreeMap<GroupId, GroupRecord>,
     deliveries: BTreeMap<u64, DeliveryRecord>,
+    /// By pipeline and position.
+    stages: BTreeMap<(GroupId, u32), crate::StageRecord>,
 }
 
 impl Inner {
@@ -522,6 +524,133 @@ impl Store for MemoryStore {
             .metrics
             .range((task, AttemptNo(0), 0)..=(task, AttemptNo(u32::MAX), u32::MAX))
             .map(|(_, point)| point.clone())
+            .collect())
+    }
+
+    async fn create_pipeline(
+        &self,
+        group: NewGroup,
+        stages: Vec<crate::NewStage>,
+    ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
+        use crate::{NewStageRun, StageRecord, StageSource};
+        let mut inner = self.inner.lock().unwrap();
+        let new_group_id =
+            |inner: &Inner| GroupId(inner.groups.keys().next_back().map_or(1, |last| last.0 + 1));
+        let id = new_group_id(&inner);
+        let record = GroupRecord {
+            id,
+            kind: group.kind,
+            name: group.name.clone(),
+            user: group.user.clone(),
+            spec: group.spec,
+            size: stages.len() as u32,
+            created_at: group.created_at,
+        };
+        inner.groups.insert(id, record.clone());
+        // Single-task stages first, as SQLite inserts them with the pipeline group.
+        let mut singles = BTreeMap::new();
+        for (position, stage) in stages.iter().enumerate() {
+            if let NewStageRun::Task(task) = &stage.run {
+                let mut task = inner.insert_queued(task.clone());
+                // No index: a single stage is no array element.
+                task.group = Some(id);
+                inner.tasks.insert(task.id, task.clone());
+                singles.insert(position, task);
+            }
+        }
+        let mut records = Vec::new();
+        let mut tasks = Vec::new();
+        for (position, stage) in stages.into_iter().enumerate() {
+            let (source, cached) = match stage.run {
+                NewStageRun::Task(_) => {
+                    let task = singles.remove(&position).expect("inserted above");
+                    let source = StageSource::Task(task.id);
+                    tasks.push(task);
+                    (source, false)
+                }
+                NewStageRun::Array {
+                    group: array,
+                    elements,
+                } => {
+                    let array_id = new_group_id(&inner);
+                    inner.groups.insert(
+                        array_id,
+                        GroupRecord {
+                            id: array_id,
+                            kind: array.kind,
+                            name: array.name,
+                            user: array.user,
+                            spec: array.spec,
+                            size: elements.len() as u32,
+                            created_at: array.created_at,
+                        },
+                    );
+                    for (index, task) in elements {
+                        let mut task = inner.insert_queued(task);
+                        task.group = Some(array_id);
+                        task.group_index = Some(index);
+                        inner.tasks.insert(task.id, task.clone());
+                        tasks.push(task);
+                    }
+                    (StageSource::Group(array_id), false)
+                }
+                NewStageRun::Cached(source) => (source, true),
+            };
+            let stage = StageRecord {
+                pipeline: id,
+                position: position as u32,
+                name: stage.name,
+                needs: stage.needs,
+                cache_key: stage.cache_key,
+                source,
+                cached,
+                user: group.user.clone(),
+                pipeline_name: group.name.clone(),
+            };
+            inner.stages.insert((id, position as u32), stage.clone());
+            records.push(stage);
+        }
+        Ok((record, records, tasks))
+    }
+
+    async fn pipeline_stages(&self, pipeline: GroupId) -> Result<Vec<crate::StageRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .stages
+            .range((pipeline, 0)..=(pipeline, u32::MAX))
+            .map(|(_, stage)| stage.clone())
+            .collect())
+    }
+
+    async fn stage_of(&self, source: crate::StageSource) -> Result<Option<crate::StageRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .stages
+            .values()
+            .find(|stage| stage.source == source && !stage.cached)
+            .cloned())
+    }
+
+    async fn stages_with_key(
+        &self,
+        user: &str,
+        pipeline: &str,
+        stage: &str,
+        cache_key: &str,
+    ) -> Result<Vec<crate::StageRecord>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .stages
+            .values()
+            .rev()
+            .filter(|s| {
+                s.user == user
+                    && s.pipeline_name == pipeline
+                    && s.name == stage
+                    && s.cache_key == cache_key
+            })
+            .take(20)
+            .cloned()
             .collect())
     }
 

@@ -21,6 +21,7 @@ use crate::{
 
 mod access;
 mod groups;
+mod pipelines;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -711,6 +712,32 @@ impl Store for SqliteStore {
         id: GroupId,
     ) -> Result<std::collections::BTreeMap<TaskState, u64>> {
         groups::group_counts(&self.reader, id).await
+    }
+
+    async fn create_pipeline(
+        &self,
+        group: NewGroup,
+        stages: Vec<crate::NewStage>,
+    ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
+        pipelines::create_pipeline(&self.writer, group, stages).await
+    }
+
+    async fn pipeline_stages(&self, pipeline: GroupId) -> Result<Vec<crate::StageRecord>> {
+        pipelines::pipeline_stages(&self.reader, pipeline).await
+    }
+
+    async fn stage_of(&self, source: crate::StageSource) -> Result<Option<crate::StageRecord>> {
+        pipelines::stage_of(&self.reader, source).await
+    }
+
+    async fn stages_with_key(
+        &self,
+        user: &str,
+        pipeline: &str,
+        stage: &str,
+        cache_key: &str,
+    ) -> Result<Vec<crate::StageRecord>> {
+        pipelines::stages_with_key(&self.reader, user, pipeline, stage, cache_key).await
     }
 
     async fn task_history(&self, filter: &HistoryFilter) -> Result<Vec<TaskRecord>> {

@@ -45,6 +45,7 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("POST", "/v1/groups/{id}/cancel", "group"),
         ("POST", "/v1/groups/{id}/rerun", "group"),
         ("GET", "/v1/groups/{id}/sweep", "group"),
+        ("POST", "/v1/pipelines", "user"),
         ("GET", "/v1/history", "user"),
         ("GET", "/v1/usage", "user"),
         ("GET", "/v1/usage/fairshare", "user"),
@@ -67,6 +68,11 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("POST", "/v1/agents/register", "register"),
         ("POST", "/v1/agents/{node}/work", "own_node"),
         ("POST", "/v1/agents/{node}/reports", "own_node"),
+        (
+            "GET",
+            "/v1/agents/{node}/inputs/{task}/{attempt}/{index}",
+            "own_node",
+        ),
         (
             "PUT",
             "/v1/agents/{node}/outputs/{task}/{attempt}/{*path}",

@@ -32,6 +32,9 @@ pub(crate) enum AttemptError {
     SnapshotFetch(String),
     #[error("{0}")]
     DatasetFetch(String),
+    /// A pipeline stage's inputs (the outputs of the stages it needs) could not be placed.
+    #[error("{0}")]
+    InputFetch(String),
     #[error("{0}")]
     EnvironmentBuild(String),
     /// No runtime of this node can run the task (none eligible, or all unavailable).
@@ -71,6 +74,7 @@ impl AttemptError {
             | AttemptError::Supervisor(_) => "launch_failed",
             AttemptError::SnapshotFetch(_) => "snapshot_fetch_failed",
             AttemptError::DatasetFetch(_) => "dataset_fetch_failed",
+            AttemptError::InputFetch(_) => "input_fetch_failed",
             AttemptError::EnvironmentBuild(_) => "env_build_failed",
             AttemptError::NoRuntime(_) => "runtime_unavailable",
             AttemptError::SetupExited(_) | AttemptError::SetupSignalled(_) => "setup_failed",

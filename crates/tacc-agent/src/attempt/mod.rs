@@ -8,6 +8,7 @@
 
 mod error;
 mod execution;
+mod inputs;
 mod launch;
 pub(crate) mod outputs;
 mod prepare;
@@ -132,6 +133,8 @@ async fn execute(
     let ended = async {
         let surroundings =
             prepare::surroundings(shared, &instruction, &identity, &mask, workdir, cancel).await?;
+        // After the hand-over: the inputs stay the agent's, read-only to the task.
+        inputs::fetch(shared, assignment, workdir, cancel).await?;
         let name = workdir_name(assignment);
         let stage = launch::Launch {
             assignment,

@@ -16,8 +16,21 @@ const RECENT_GROUPS: u32 = 20;
 const MAX_HISTORY_PAGE: u32 = 500;
 
 async fn group_view(control: &Control, record: GroupRecord) -> ApiResult<GroupView> {
-    let counts = control.store.group_counts(record.id).await?;
+    let mut counts = control.store.group_counts(record.id).await?;
+    let stages = if record.kind == tacc_store::GroupKind::Pipeline {
+        let stages = control.stage_views(record.id).await?;
+        // A pipeline counts every stage's tasks, its array stages' elements included.
+        for stage in stages.iter().filter(|s| s.state != "cached") {
+            for (state, n) in &stage.counts {
+                *counts.entry(*state).or_insert(0) += n;
+            }
+        }
+        stages
+    } else {
+        Vec::new()
+    };
     Ok(GroupView {
+        stages,
         id: record.id,
         kind: record.kind.as_str().to_string(),
         rerun_of: record
@@ -115,6 +128,16 @@ pub(super) async fn list_groups(
     }
     let mut views = Vec::with_capacity(records.len());
     for record in records {
+        // An array stage is shown on its pipeline's line.
+        if record.kind == tacc_store::GroupKind::Array
+            && control
+                .store
+                .stage_of(tacc_store::StageSource::Group(record.id))
+                .await?
+                .is_some()
+        {
+            continue;
+        }
         views.push(group_view(control, record).await?);
     }
     Ok(Json(views))
@@ -217,6 +240,12 @@ pub(super) async fn rerun_group(
     }
     let id = group_id(&id)?;
     let record = load_group(&app.control, id).await?;
+    if record.kind == tacc_store::GroupKind::Pipeline {
+        return Err(ServerError::BadRequest(format!(
+            "{id} is a pipeline: submit its file again (`tcloud submit pipeline.yaml`); the \
+             stages that succeeded with the same code, spec and inputs are cached, the others run"
+        )));
+    }
     let failed = app
         .control
         .store

@@ -15,6 +15,7 @@ mod logs;
 mod metrics;
 mod openapi;
 mod outputs;
+mod pipelines;
 mod secrets;
 mod snapshots;
 mod tasks;
@@ -218,6 +219,12 @@ fn declare() -> Vec<Declared> {
             Group,
             post(groups::rerun_group),
         ),
+        rule(
+            M::POST,
+            "/v1/pipelines",
+            User,
+            post(pipelines::submit_pipeline),
+        ),
         rule(M::GET, "/v1/history", User, get(groups::history)),
         rule(M::GET, "/v1/usage", User, get(accounting::usage_report)),
         rule(
@@ -299,6 +306,12 @@ fn declare() -> Vec<Declared> {
             "/v1/agents/{node}/reports",
             OwnNode,
             post(agents::agent_reports),
+        ),
+        rule(
+            M::GET,
+            "/v1/agents/{node}/inputs/{task}/{attempt}/{index}",
+            OwnNode,
+            get(pipelines::get_input),
         ),
         rule(
             M::PUT,

@@ -239,6 +239,15 @@ fn described() -> Vec<Operation> {
         .takes(Json(one::<GroupRerun>))
         .answers(201, Json(one::<SubmitReply>)),
         op(
+            M::POST,
+            "/v1/pipelines",
+            "Submit a pipeline: every stage (its spec, needs and code snapshot) in one \
+             request, made durable in one transaction as a `pipeline` group; stages unchanged \
+             since a succeeded run are `cached`.",
+        )
+        .takes(Json(one::<SubmitPipeline>))
+        .answers(201, Json(one::<PipelineSubmitted>)),
+        op(
             M::GET,
             "/v1/history",
             "Ended tasks the caller may see, newest end first, a page at a time.",
@@ -511,6 +520,13 @@ fn described() -> Vec<Operation> {
         )
         .takes(Json(one::<AgentReports>))
         .answers(200, Json(one::<ReportsAck>)),
+        op(
+            M::GET,
+            "/v1/agents/{node}/inputs/{task}/{attempt}/{index}",
+            "One input file of a pipeline stage's attempt the node runs (the `index`th of \
+             its assignment's `inputs`).",
+        )
+        .answers(200, Raw(BYTES, bytes)),
         op(
             M::PUT,
             "/v1/agents/{node}/outputs/{task}/{attempt}/{path}",

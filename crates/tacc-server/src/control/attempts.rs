@@ -447,6 +447,11 @@ impl Control {
             }
             live.cancelling.remove(&attempt);
         }
+        if !retry {
+            inner.stage_deps.remove(&task);
+            // Before the scheduler hears of the end: it would start dependents at once.
+            self.stop_dependents(inner, &record, state).await?;
+        }
         self.drive(inner, Event::TaskEnded(task)).await;
         match (retry, spec) {
             (true, Some(spec)) => {

@@ -122,6 +122,13 @@ impl Control {
     pub async fn cancel_group(&self, group: GroupId) -> Result<u64, ServerError> {
         // A cancelled sweep launches no more trials.
         self.close_sweep(group);
+        // A pipeline's single stages are its own elements; its array stages are groups.
+        let count = self.cancel_group_elements(group).await?;
+        Ok(count + self.cancel_pipeline_arrays(group).await?)
+    }
+
+    /// Cancel the unfinished elements of one group (see [`Control::cancel_group`]).
+    pub(super) async fn cancel_group_elements(&self, group: GroupId) -> Result<u64, ServerError> {
         let (placed, count) = {
             // Read the elements under the lock: a queued one may start at any moment
             // outside it.
@@ -156,6 +163,7 @@ impl Control {
             let mut events = Vec::new();
             for record in &queued {
                 inner.specs.remove(&record.id);
+                inner.stage_deps.remove(&record.id);
                 if !inner.held.remove(&record.id) {
                     events.push(Event::TaskCancelled(record.id));
                 }
@@ -163,6 +171,10 @@ impl Control {
             }
             if !events.is_empty() {
                 self.drive(&mut inner, Event::Batch(events)).await;
+            }
+            if let Some(first) = queued.first() {
+                self.stop_dependents(&mut inner, first, TaskState::Cancelled)
+                    .await?;
             }
             let count = (queued.len() + placed.len()) as u64;
             (placed, count)

@@ -26,6 +26,7 @@ mod adaptive;
 mod attempts;
 mod groups;
 mod nodes;
+mod pipelines;
 mod records;
 mod sweeps;
 
@@ -34,6 +35,7 @@ pub use adaptive::{AdaptiveConfig, AdaptiveMode, DefaultBounds};
 pub(crate) use groups::RERUN_STATES;
 pub use nodes::LIVENESS_CHECK_EVERY;
 use nodes::node_spec;
+pub use pipelines::StageSubmission;
 pub use sweeps::run_sweeps;
 
 /// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
@@ -143,6 +145,9 @@ pub(crate) struct Inner {
     /// While set, events are collected here instead of decided one by one; the caller
     /// decides once for all of them (see `Control::agent_reports`).
     deferred: Option<Vec<Event>>,
+    /// Pipeline stage tasks and the tasks of the stages they need (the scheduler's
+    /// `depends_on`), kept until they leave the queue.
+    stage_deps: BTreeMap<TaskId, Vec<TaskId>>,
 }
 
 impl Inner {
@@ -218,6 +223,28 @@ fn request_of(
     }
 }
 
+/// Give each submitted pipeline stage task the tasks it waits for (kept beside the
+/// scheduler, so every way a task reaches it — submit, a retry, a held task released, a
+/// rebuild — carries them).
+fn patch_dependencies(deps: &BTreeMap<TaskId, Vec<TaskId>>, event: &mut Event) {
+    if deps.is_empty() {
+        return;
+    }
+    match event {
+        Event::TaskSubmitted { task, request } => {
+            if let Some(needed) = deps.get(task) {
+                request.depends_on = needed.clone();
+            }
+        }
+        Event::Batch(events) => {
+            for event in events {
+                patch_dependencies(deps, event);
+            }
+        }
+        _ => {}
+    }
+}
+
 fn placements_of(stored: &[StoredPlacement]) -> Vec<Placement> {
     stored
         .iter()
@@ -273,6 +300,7 @@ impl Control {
                 scheduler,
                 nodes: BTreeMap::new(),
                 held: BTreeSet::new(),
+                stage_deps: BTreeMap::new(),
                 specs: BTreeMap::new(),
                 preempting: BTreeSet::new(),
                 finished_ranks: BTreeMap::new(),
@@ -304,6 +332,9 @@ impl Control {
             let spec = spec_of(&record)?;
             if record.state == TaskState::Queued {
                 inner.held.insert(record.id);
+                if let Some(needed) = self.restore_dependencies(&record).await? {
+                    inner.stage_deps.insert(record.id, needed);
+                }
             } else if !record.cancel_requested {
                 // The allocation in force, where adaptive allocation moved it.
                 if let Some(resize) = self
@@ -326,6 +357,7 @@ impl Control {
                     );
                 }
                 let secrets = self.task_secrets(&record, &spec).await;
+                let inputs = self.stage_inputs(&record).await?;
                 let assignments = assignments_for(
                     &record,
                     &spec,
@@ -335,6 +367,7 @@ impl Control {
                 );
                 for (node, mut assignment) in assignments {
                     assignment.allocation = self.adaptive.allocation(assignment.attempt);
+                    assignment.inputs = inputs.clone();
                     if let Some(live) = inner.nodes.get_mut(&node) {
                         live.assignments.insert(assignment.attempt, assignment);
                     }
@@ -442,6 +475,7 @@ impl Control {
         }
         self.adaptive.patch_restored(&mut event);
         let batch = matches!(event, Event::Batch(_));
+        patch_dependencies(&inner.stage_deps, &mut event);
         let deciding = Instant::now();
         let decided = inner.scheduler.handle(now(), event);
         self.metrics.decided(deciding.elapsed());
@@ -473,8 +507,28 @@ impl Control {
         let mut changes = Vec::new();
         let mut starts = Vec::new();
         let mut preempted = Vec::new();
+        // A stage task whose needed stage is rejected in this very plan must not start:
+        // the scheduler saw the need leave and placed it; it ends as a dependency failure.
+        let rejected: BTreeSet<TaskId> = plan
+            .actions
+            .iter()
+            .filter_map(|action| match action {
+                Action::Reject { task, .. } => Some(*task),
+                _ => None,
+            })
+            .collect();
+        let mut rejected_records = Vec::new();
         for action in plan.actions {
             match action {
+                Action::Start { task, .. }
+                    if !rejected.is_empty()
+                        && inner
+                            .stage_deps
+                            .get(&task)
+                            .is_some_and(|needed| needed.iter().any(|t| rejected.contains(t))) =>
+                {
+                    continue;
+                }
                 Action::Start { task, placements } => {
                     let Some(record) = self.task_record(task).await? else {
                         continue;
@@ -523,7 +577,9 @@ impl Control {
                         )
                     }));
                     inner.specs.remove(&task);
+                    inner.stage_deps.remove(&task);
                     self.logs.wake(task);
+                    rejected_records.push(record);
                 }
                 Action::Preempt { task, .. } => preempted.push(task),
             }
@@ -534,15 +590,20 @@ impl Control {
                 continue;
             };
             let secrets = self.task_secrets(&record, spec).await;
+            let inputs = self.stage_inputs(&record).await?;
             let unix_user = self.config.unix_users.get(&record.user);
-            for (node, assignment) in
+            for (node, mut assignment) in
                 assignments_for(&record, spec, &inner.nodes, unix_user, &secrets)
             {
+                assignment.inputs = inputs.clone();
                 if let Some(live) = inner.nodes.get_mut(&node) {
                     live.assignments.insert(assignment.attempt, assignment);
                     live.version.send_modify(|v| *v += 1);
                 }
             }
+        }
+        for record in &rejected_records {
+            Box::pin(self.stop_dependents(inner, record, TaskState::Failed)).await?;
         }
         // The agent stops a withdrawn attempt with SIGTERM, then SIGKILL after the task's
         // grace period; its end comes back as a cancelled attempt and is requeued.
@@ -612,6 +673,7 @@ impl Control {
         }
         let mut batch = Event::Batch(events);
         self.adaptive.patch_restored(&mut batch);
+        patch_dependencies(&inner.stage_deps, &mut batch);
         let plan = scheduler.handle(now(), batch);
         inner.scheduler = scheduler;
         match plan {
@@ -649,10 +711,13 @@ impl Control {
                 })])
                 .await?;
                 inner.specs.remove(&task);
+                inner.stage_deps.remove(&task);
                 if !inner.held.remove(&task) {
                     self.drive(&mut inner, Event::TaskCancelled(task)).await;
                 }
                 self.logs.wake(task);
+                self.stop_dependents(&mut inner, &record, TaskState::Cancelled)
+                    .await?;
             }
             TaskState::Starting | TaskState::Running if !record.cancel_requested => {
                 self.commit(&[TaskChange::CancelRequested { task }]).await?;
@@ -853,6 +918,7 @@ fn assignments_for(
                     master_port,
                     secrets: secrets.clone(),
                     allocation: None,
+                    inputs: Vec::new(),
                 },
             )
         })

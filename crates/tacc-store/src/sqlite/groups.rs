@@ -62,6 +62,17 @@ pub(super) async fn create_group(
     elements: Vec<(u32, NewTask)>,
 ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
     let mut tx = pool.begin().await?;
+    let made = insert_group(&mut tx, group, elements).await?;
+    tx.commit().await?;
+    Ok(made)
+}
+
+/// Insert a group and its elements inside the caller's transaction.
+pub(super) async fn insert_group(
+    tx: &mut Transaction<'_, Sqlite>,
+    group: NewGroup,
+    elements: Vec<(u32, NewTask)>,
+) -> Result<(GroupRecord, Vec<TaskRecord>)> {
     let spec = group.spec.to_string();
     let id: i64 = sqlx::query(
         "INSERT INTO task_groups (kind, name, user_name, spec, size, created_at) \
@@ -73,7 +84,7 @@ pub(super) async fn create_group(
     .bind(&spec)
     .bind(elements.len() as i64)
     .bind(millis(group.created_at))
-    .fetch_one(&mut *tx)
+    .fetch_one(&mut **tx)
     .await?
     .try_get(0)?;
     let record = GroupRecord {
@@ -85,8 +96,7 @@ pub(super) async fn create_group(
         size: elements.len() as u32,
         created_at: group.created_at,
     };
-    let tasks = insert_elements(&mut tx, record.id, &elements).await?;
-    tx.commit().await?;
+    let tasks = insert_elements(tx, record.id, &elements).await?;
     Ok((record, tasks))
 }
 

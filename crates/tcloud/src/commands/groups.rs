@@ -44,8 +44,17 @@ pub fn parse_target(text: &str) -> Result<Target, String> {
         .map_err(|e| format!("{e}; a task group is written `g12`"))
 }
 
-/// `RUNNING 2 · QUEUED 990 · SUCCEEDED 8`, in the order of a task's life.
+/// `RUNNING 2 · QUEUED 990 · SUCCEEDED 8`, in the order of a task's life; for a
+/// pipeline, each stage's state in file order: `gen cached · train running · eval queued`.
 pub fn counts_text(group: &GroupView) -> String {
+    if !group.stages.is_empty() {
+        return group
+            .stages
+            .iter()
+            .map(|stage| format!("{} {}", field(&stage.name), stage.state))
+            .collect::<Vec<_>>()
+            .join(" · ");
+    }
     TaskState::ALL
         .iter()
         .filter_map(|state| {
@@ -90,7 +99,57 @@ pub async fn print_groups(client: &Client, groups: &[GroupView], expand: bool) -
     Ok(())
 }
 
+/// A pipeline's stages: what each ran as (or reused), where it stands, why.
+fn print_stages(detail: &GroupDetail) -> Result<()> {
+    out(format!(
+        "{} {} (pipeline, {} stages)",
+        detail.group.id,
+        field(&detail.group.name),
+        detail.group.stages.len()
+    ))?;
+    let mut t = table(["STAGE", "STATE", "RUN", "NEEDS", "REASON"]);
+    for stage in &detail.group.stages {
+        let run = match (stage.task, stage.group) {
+            (Some(task), _) => format!("task {task}"),
+            (None, Some(group)) => {
+                let counts = TaskState::ALL
+                    .iter()
+                    .filter_map(|state| {
+                        let n = stage.counts.get(state)?;
+                        Some(format!("{} {n}", state.as_str().to_uppercase()))
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" · ");
+                format!("array {group} {counts}")
+            }
+            (None, None) => "-".into(),
+        };
+        let needs = if stage.needs.is_empty() {
+            "-".to_string()
+        } else {
+            stage
+                .needs
+                .iter()
+                .map(|n| field(n))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        t.add_row([
+            field(&stage.name),
+            stage.state.clone(),
+            run,
+            needs,
+            opt_field(stage.reason.as_deref()),
+        ]);
+    }
+    print_table(&t)?;
+    Ok(())
+}
+
 fn print_elements(detail: &GroupDetail) -> Result<()> {
+    if !detail.group.stages.is_empty() {
+        return print_stages(detail);
+    }
     let now = now();
     out(format!(
         "{} {} ({}): {}",
@@ -332,6 +391,7 @@ mod tests {
                 .collect(),
             created_at: Timestamp(0),
             rerun_of: None,
+            stages: Vec::new(),
         };
         assert_eq!(counts_text(&group), "RUNNING 2 · SUCCEEDED 8");
         assert!(!group.is_finished());

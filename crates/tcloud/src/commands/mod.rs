@@ -8,6 +8,7 @@ pub mod compiler;
 pub mod config_cmd;
 pub mod files;
 pub mod groups;
+pub mod pipelines;
 pub mod quickstart;
 pub mod secret;
 pub mod submit;

@@ -48,6 +48,9 @@ fn first_line(text: &str) -> String {
 }
 
 pub fn check(path: &Path, as_json: bool) -> Result<()> {
+    if super::pipelines::is_pipeline_file(path) {
+        return super::pipelines::check_pipeline(path, as_json);
+    }
     match load_task(path) {
         Ok(task) => {
             if as_json {
@@ -99,6 +102,15 @@ pub async fn submit(
     name: Option<String>,
     array: Option<String>,
 ) -> Result<()> {
+    if super::pipelines::is_pipeline_file(path) {
+        if name.is_some() || array.is_some() {
+            return Err(CliError::invalid(
+                "--name and --array apply to a task file; a pipeline file names itself and its stages (set `array:` on a stage)",
+            )
+            .into());
+        }
+        return super::pipelines::submit_pipeline(ctx, path, follow, as_json).await;
+    }
     let mut task = load(path)?;
     print_warnings(&task);
     if let Some(name) = name {

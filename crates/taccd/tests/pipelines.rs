@@ -1,0 +1,397 @@
+//! Pipelines end to end on a real dev cluster, submitted with `tcloud submit` from
+//! `examples/pipeline`: stages run in dependency order, a stage reads the outputs of the
+//! stages it needs from `inputs/<stage>/` (read-only), a failed stage stops its
+//! dependents with `dependency_failed`, one command cancels a whole pipeline, and a rerun
+//! with only the last stage's code changed reruns only that stage.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use tacc_client::Client;
+use tacc_core::{GroupId, TaskId, TaskState};
+use tacc_proto::{GroupDetail, StageView};
+
+fn tcloud_binary() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_taccd")).with_file_name("tcloud");
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first with `cargo build -p taccd -p tcloud --bins`",
+        path.display()
+    );
+    path
+}
+
+/// `tcloud ARGS` against `daemon` as its admin; stdout, asserting success.
+fn tcloud(daemon: &Daemon, home: &Path, args: &[&str]) -> String {
+    let output = Command::new(tcloud_binary())
+        .args(args)
+        .env("TACC_HOME", home)
+        .env("TACC_SERVER", &daemon.url)
+        .env("TACC_TOKEN", &daemon.token)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "tcloud {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Submit a pipeline file with `tcloud submit --json`; its group and stages as answered.
+fn submit_pipeline(daemon: &Daemon, home: &Path, file: &Path) -> (GroupId, Vec<StageView>) {
+    let out = tcloud(daemon, home, &["submit", file.to_str().unwrap(), "--json"]);
+    let reply: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let group: GroupId = serde_json::from_value(reply["group"].clone()).unwrap();
+    let stages: Vec<StageView> = serde_json::from_value(reply["stages"].clone()).unwrap();
+    (group, stages)
+}
+
+async fn wait_pipeline_finished(client: &Client, group: GroupId) -> GroupDetail {
+    eventually(&format!("pipeline {group} to finish"), DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let detail = client.get_group(group).await.ok()?;
+            let done = detail.group.stages.iter().all(|s| {
+                ["succeeded", "failed", "cancelled", "lost", "cached"].contains(&s.state.as_str())
+            });
+            let open = detail.group.counts.keys().any(|s| !s.is_terminal());
+            (done && !open).then_some(detail)
+        }
+    })
+    .await
+}
+
+fn stage<'a>(detail: &'a GroupDetail, name: &str) -> &'a StageView {
+    detail
+        .group
+        .stages
+        .iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no stage {name} in {detail:?}"))
+}
+
+fn copy_example(to: &Path) -> PathBuf {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/pipeline");
+    for stage in ["generate", "train", "evaluate"] {
+        std::fs::create_dir_all(to.join(stage)).unwrap();
+        let script = format!("{stage}.sh");
+        std::fs::copy(
+            example.join(stage).join(&script),
+            to.join(stage).join(&script),
+        )
+        .unwrap();
+    }
+    std::fs::copy(example.join("pipeline.yaml"), to.join("pipeline.yaml")).unwrap();
+    to.join("pipeline.yaml")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "4"]).await;
+    let client = daemon.client();
+    let home = dir.path().join("home");
+    let file = copy_example(&dir.path().join("pipeline"));
+
+    let checked = tcloud(&daemon, &home, &["check", file.to_str().unwrap()]);
+    assert!(
+        checked.contains("valid pipeline: demo-pipeline")
+            && checked.contains("train (needs generate)"),
+        "{checked}"
+    );
+    let (group, stages) = submit_pipeline(&daemon, &home, &file);
+    assert_eq!(
+        stages.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(),
+        ["generate", "train", "evaluate"]
+    );
+    assert!(stages.iter().all(|s| s.state != "cached"), "{stages:?}");
+    let detail = wait_pipeline_finished(&client, group).await;
+    for name in ["generate", "train", "evaluate"] {
+        assert_eq!(stage(&detail, name).state, "succeeded", "{detail:?}");
+    }
+    let task_of = |name: &str| stage(&detail, name).task.expect("a single-task stage");
+    let (generate, train, evaluate) = (task_of("generate"), task_of("train"), task_of("evaluate"));
+    // Each stage started only after the stages it needs had ended.
+    let view = |id: TaskId| {
+        let client = client.clone();
+        async move { client.get_task(id).await.unwrap() }
+    };
+    let (g, t, e) = (
+        view(generate).await,
+        view(train).await,
+        view(evaluate).await,
+    );
+    assert!(
+        t.started_at.unwrap() >= g.finished_at.unwrap(),
+        "{g:?} {t:?}"
+    );
+    assert!(
+        e.started_at.unwrap() >= t.finished_at.unwrap(),
+        "{t:?} {e:?}"
+    );
+    // A stage is no array element.
+    assert!(!log_text(&client, train).await.contains("TACC_ARRAY_INDEX"));
+    let eval_log = log_text(&client, evaluate).await;
+    assert!(
+        eval_log.contains("evaluated mean=10 on 20 numbers"),
+        "evaluate read what train and generate wrote: {eval_log}"
+    );
+    assert!(
+        !eval_log.contains("is writable"),
+        "a stage's inputs are read-only to it: {eval_log}"
+    );
+
+    // `tcloud ps` folds the pipeline into one line with each stage's state.
+    let table = tcloud(&daemon, &home, &["ps", "--all"]);
+    let line = table
+        .lines()
+        .find(|l| l.starts_with(&group.to_string()))
+        .unwrap_or_else(|| panic!("no line for {group}: {table}"));
+    assert!(
+        line.contains("pipeline 3")
+            && line.contains("generate succeeded · train succeeded · evaluate succeeded"),
+        "{line}"
+    );
+    let stages_table = tcloud(&daemon, &home, &["ps", &group.to_string()]);
+    assert!(stages_table.contains("STAGE"), "{stages_table}");
+    assert!(
+        stages_table.contains(&format!("task {train}")),
+        "{stages_table}"
+    );
+
+    // Only the last stage's code changes: only it runs again, reading the cached inputs.
+    let script = file.with_file_name("evaluate").join("evaluate.sh");
+    let mut text = std::fs::read_to_string(&script).unwrap();
+    text.push_str("echo second evaluation\n");
+    std::fs::write(&script, text).unwrap();
+    let (again, stages) = submit_pipeline(&daemon, &home, &file);
+    let states: Vec<&str> = stages.iter().map(|s| s.state.as_str()).collect();
+    assert_eq!(states[..2], ["cached", "cached"], "{stages:?}");
+    assert_ne!(states[2], "cached", "{stages:?}");
+    assert_eq!(
+        stages[1].reason.as_deref(),
+        Some(format!("cached: task {train}").as_str())
+    );
+    let detail = wait_pipeline_finished(&client, again).await;
+    let rerun = stage(&detail, "evaluate");
+    assert_eq!(rerun.state, "succeeded", "{detail:?}");
+    let rerun_task = rerun.task.unwrap();
+    assert_ne!(rerun_task, evaluate);
+    let log = log_text(&client, rerun_task).await;
+    assert!(
+        log.contains("evaluated mean=10 on 20 numbers") && log.contains("second evaluation"),
+        "{log}"
+    );
+
+    // Nothing changed since: every stage is cached.
+    let (_, stages) = submit_pipeline(&daemon, &home, &file);
+    assert!(stages.iter().all(|s| s.state == "cached"), "{stages:?}");
+    assert_eq!(
+        stages[2].reason.as_deref(),
+        Some(format!("cached: task {rerun_task}").as_str())
+    );
+}
+
+fn write_pipeline(dir: &Path, yaml: &str) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let file = dir.join("pipeline.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    file
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_stage_stops_its_dependents_which_never_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "4"]).await;
+    let client = daemon.client();
+    let home = dir.path().join("home");
+    // `fan` is an array whose element 1 fails; `sum` waits for the whole array, `report`
+    // for `sum`; `side` needs nothing and runs anyway.
+    let file = write_pipeline(
+        &dir.path().join("p"),
+        "name: failing\nstages:\n  fan:\n    resources: {cpus: 0.5}\n    array: 0-2\n    run: test \"$TACC_ARRAY_INDEX\" -ne 1\n  sum:\n    needs: [fan]\n    resources: {cpus: 0.5}\n    run: echo SUM-RAN\n  report:\n    needs: [sum]\n    resources: {cpus: 0.5}\n    run: echo REPORT-RAN\n  side:\n    resources: {cpus: 0.5}\n    run: echo side\n",
+    );
+    let (group, _) = submit_pipeline(&daemon, &home, &file);
+    let detail = wait_pipeline_finished(&client, group).await;
+    let fan = stage(&detail, "fan");
+    assert_eq!(fan.state, "failed", "{detail:?}");
+    let fan_group = fan.group.expect("an array stage is a group");
+    let failed = client
+        .get_group(fan_group)
+        .await
+        .unwrap()
+        .elements
+        .into_iter()
+        .find(|e| e.index == 1)
+        .unwrap();
+    assert_eq!(failed.state, TaskState::Failed);
+    for name in ["sum", "report"] {
+        let s = stage(&detail, name);
+        assert_eq!(s.state, "failed", "{detail:?}");
+        let task = client.get_task(s.task.unwrap()).await.unwrap();
+        assert!(task.started_at.is_none(), "{name} never ran: {task:?}");
+        assert!(
+            task.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("dependency_failed: ")),
+            "{task:?}"
+        );
+    }
+    let sum = client
+        .get_task(stage(&detail, "sum").task.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        sum.reason.as_deref(),
+        Some(format!("dependency_failed: fan (task {})", failed.task_id).as_str())
+    );
+    assert_eq!(stage(&detail, "side").state, "succeeded", "{detail:?}");
+    // A stage the cluster can never run is rejected; what needs it never runs either.
+    let file = write_pipeline(
+        &dir.path().join("unfit"),
+        "name: unfit\nstages:\n  big:\n    resources: {cpus: 64}\n    run: echo BIG\n  after:\n    needs: [big]\n    resources: {cpus: 0.5}\n    run: echo AFTER-RAN\n",
+    );
+    let (unfit, _) = submit_pipeline(&daemon, &home, &file);
+    let detail = wait_pipeline_finished(&client, unfit).await;
+    assert_eq!(stage(&detail, "big").state, "failed", "{detail:?}");
+    let after = client
+        .get_task(stage(&detail, "after").task.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(after.state, TaskState::Failed, "{after:?}");
+    assert!(after.started_at.is_none(), "{after:?}");
+    assert!(
+        after
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("dependency_failed: big (task ")),
+        "{after:?}"
+    );
+    // A pipeline is rerun by submitting its file again, which the refusal says.
+    let refused = client
+        .rerun_group_failed(group)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("submit its file again"), "{refused}");
+    // The array stage is shown on its pipeline's line, not as a group of its own.
+    let table = tcloud(&daemon, &home, &["ps", "--all"]);
+    assert!(
+        !table
+            .lines()
+            .any(|l| l.starts_with(&format!("{fan_group} "))),
+        "{table}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_pipeline_cancels_every_unfinished_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "4"]).await;
+    let client = daemon.client();
+    let home = dir.path().join("home");
+    let file = write_pipeline(
+        &dir.path().join("p"),
+        "name: long\nstages:\n  slow:\n    resources: {cpus: 0.5}\n    run: sleep 300\n  fan:\n    needs: [slow]\n    resources: {cpus: 0.5}\n    array: 0-3\n    run: echo fan\n  last:\n    needs: [fan]\n    resources: {cpus: 0.5}\n    run: echo last\n  wide:\n    resources: {cpus: 0.5}\n    array: 0-1\n    run: sleep 300\n",
+    );
+    let (group, stages) = submit_pipeline(&daemon, &home, &file);
+    let slow = stages[0].task.unwrap();
+    wait_state(&client, slow, &[TaskState::Running]).await;
+    tcloud(&daemon, &home, &["cancel", &group.to_string()]);
+    let detail = wait_pipeline_finished(&client, group).await;
+    for s in &detail.group.stages {
+        assert_eq!(s.state, "cancelled", "{detail:?}");
+    }
+    for array in ["fan", "wide"] {
+        let elements = client
+            .get_group(stage(&detail, array).group.unwrap())
+            .await
+            .unwrap()
+            .elements;
+        assert!(
+            elements.iter().all(|e| e.state == TaskState::Cancelled),
+            "{elements:?}"
+        );
+    }
+    wait_no_processes("sleep 300").await;
+}
+
+/// The same example on a server with two agents of their own data directories: a stage's
+/// inputs travel from the node that produced them through the server's outputs store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_pipeline_runs_on_a_multi_agent_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", &dir.path().join("s"), &[]).await;
+    let client = server.client();
+    let _a = start_agent(
+        &server,
+        &dir.path().join("a"),
+        &["--name", "node-a", "--cpus", "1"],
+    );
+    let _b = start_agent(
+        &server,
+        &dir.path().join("b"),
+        &["--name", "node-b", "--cpus", "1"],
+    );
+    wait_nodes(&client, 2).await;
+    let home = dir.path().join("home");
+    let file = copy_example(&dir.path().join("pipeline"));
+    let (group, _) = submit_pipeline(&server, &home, &file);
+    let detail = wait_pipeline_finished(&client, group).await;
+    for name in ["generate", "train", "evaluate"] {
+        assert_eq!(stage(&detail, name).state, "succeeded", "{detail:?}");
+    }
+    let log = log_text(&client, stage(&detail, "evaluate").task.unwrap()).await;
+    assert!(log.contains("evaluated mean=10 on 20 numbers"), "{log}");
+    assert!(!log.contains("is writable"), "{log}");
+}
+
+/// A restarted server finds the needs of queued stages again in the store: a stage whose
+/// needed stage was running when the server died still waits for it (retried after the
+/// crash) and then reads its outputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_keeps_stages_waiting_for_what_they_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let mut daemon = start("dev", &data, &["--cpus", "4"]).await;
+    let client = daemon.client();
+    let home = dir.path().join("home");
+    let file = write_pipeline(
+        &dir.path().join("p"),
+        "name: restart\nstages:\n  first:\n    resources: {cpus: 0.5}\n    retry: {max_attempts: 2, on: [lost]}\n    run: |\n      echo \"first attempt $TACC_ATTEMPT\"\n      sleep 2\n      echo \"made by attempt $TACC_ATTEMPT\" > out.txt\n    outputs: [out.txt]\n  second:\n    needs: [first]\n    resources: {cpus: 0.5}\n    run: cat inputs/first/out.txt\n",
+    );
+    let (group, stages) = submit_pipeline(&daemon, &home, &file);
+    let first = stages[0].task.unwrap();
+    let second = stages[1].task.unwrap();
+    eventually("the first stage to run", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            log_text(&client, first)
+                .await
+                .contains("first attempt")
+                .then_some(())
+        }
+    })
+    .await;
+    daemon.kill9();
+    let restarted = start("dev", &data, &["--cpus", "4"]).await;
+    let client = restarted.client();
+    let detail = wait_pipeline_finished(&client, group).await;
+    assert_eq!(stage(&detail, "first").state, "succeeded", "{detail:?}");
+    assert_eq!(stage(&detail, "second").state, "succeeded", "{detail:?}");
+    let first_view = client.get_task(first).await.unwrap();
+    let second_view = client.get_task(second).await.unwrap();
+    assert!(
+        second_view.started_at.unwrap() >= first_view.finished_at.unwrap(),
+        "{first_view:?} {second_view:?}"
+    );
+    let log = log_text(&client, second).await;
+    assert!(
+        log.contains(&format!("made by attempt {}", first_view.attempt)),
+        "{log}"
+    );
+}
