@@ -9,7 +9,7 @@ use tacc_scheduler::Event;
 use tacc_schema::{ArraySpec, TaskSpec};
 use tacc_store::{GroupKind, GroupRecord, NewGroup, NewTask, TaskChange, TaskFilter, TaskRecord};
 
-use super::{Control, LiveNode, NO_NODE_REASON, Transition, now, request_of};
+use super::{Control, Transition, now, request_of};
 use crate::ServerError;
 
 /// The states a rerun of "failed" elements starts again.
@@ -93,26 +93,14 @@ impl Control {
         for record in &records {
             inner.specs.insert(record.id, element.clone());
         }
-        if inner.nodes.values().any(LiveNode::schedulable) {
-            let events = records
-                .iter()
-                .map(|record| Event::TaskSubmitted {
-                    task: record.id,
-                    request: request_of(&element, record, at, owner_group.clone()),
-                })
-                .collect();
-            self.drive(&mut inner, Event::Batch(events)).await;
-        } else {
-            let reasons: Vec<TaskChange> = records
-                .iter()
-                .map(|record| TaskChange::Reason {
-                    task: record.id,
-                    reason: Some(NO_NODE_REASON.into()),
-                })
-                .collect();
-            inner.held.extend(records.iter().map(|r| r.id));
-            self.commit(&reasons).await?;
-        }
+        let submitted = records
+            .iter()
+            .map(|record| {
+                let request = request_of(&element, record, at, owner_group.clone());
+                (record.id, request)
+            })
+            .collect();
+        self.queue_new(&mut inner, submitted).await?;
         Ok((group, records))
     }
 

@@ -465,6 +465,34 @@ impl Control {
         Ok(record)
     }
 
+    /// Give newly stored tasks to the scheduler in one batch (one decision), or hold them
+    /// with the no-node reason while no node takes work (the scheduler would reject
+    /// them as never fitting an empty cluster).
+    pub(super) async fn queue_new(
+        &self,
+        inner: &mut Inner,
+        submitted: Vec<(TaskId, TaskRequest)>,
+    ) -> Result<(), ServerError> {
+        if inner.nodes.values().any(LiveNode::schedulable) {
+            let events = submitted
+                .into_iter()
+                .map(|(task, request)| Event::TaskSubmitted { task, request })
+                .collect();
+            self.drive(inner, Event::Batch(events)).await;
+            return Ok(());
+        }
+        let reasons: Vec<TaskChange> = submitted
+            .iter()
+            .map(|(task, _)| TaskChange::Reason {
+                task: *task,
+                reason: Some(NO_NODE_REASON.into()),
+            })
+            .collect();
+        inner.held.extend(submitted.iter().map(|(task, _)| *task));
+        self.commit(&reasons).await?;
+        Ok(())
+    }
+
     /// Feed one event to the scheduler and carry out its plan in one store transaction.
     /// A failure here never loses a task: the task stays durable in its last state and
     /// the scheduler is rebuilt from the store.

@@ -18,7 +18,7 @@ use tacc_store::{
     TaskChange, TaskRecord,
 };
 
-use super::{Control, Inner, LiveNode, NO_NODE_REASON, Transition, now, request_of};
+use super::{Control, Inner, Transition, now, request_of};
 use crate::ServerError;
 
 /// One submitted stage: its task spec and the code snapshot it runs.
@@ -145,26 +145,14 @@ impl Control {
             inner.specs.insert(*task, spec.clone());
         }
         inner.stage_deps.extend(depends);
-        if inner.nodes.values().any(LiveNode::schedulable) {
-            let events = tasks
-                .iter()
-                .map(|record| Event::TaskSubmitted {
-                    task: record.id,
-                    request: request_of(&specs[&record.id], record, at, owner_group.clone()),
-                })
-                .collect();
-            self.drive(&mut inner, Event::Batch(events)).await;
-        } else {
-            let reasons: Vec<TaskChange> = tasks
-                .iter()
-                .map(|record| TaskChange::Reason {
-                    task: record.id,
-                    reason: Some(NO_NODE_REASON.into()),
-                })
-                .collect();
-            inner.held.extend(tasks.iter().map(|r| r.id));
-            self.commit(&reasons).await?;
-        }
+        let submitted = tasks
+            .iter()
+            .map(|record| {
+                let request = request_of(&specs[&record.id], record, at, owner_group.clone());
+                (record.id, request)
+            })
+            .collect();
+        self.queue_new(&mut inner, submitted).await?;
         Ok((group, records))
     }
 

@@ -12,14 +12,13 @@ use std::time::Duration;
 
 use tacc_core::{GroupId, SnapshotId, TaskId, TaskState};
 use tacc_proto::{MetricLine, SweepBoard, TrialView};
-use tacc_scheduler::Event;
 use tacc_schema::{SweepSpec, TaskSpec, TrialPoint, parameter_variable, substitute};
 use tacc_store::{
     GroupFilter, GroupKind, GroupRecord, MetricPoint, NewGroup, NewTask, TaskChange, TaskRecord,
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{Control, LiveNode, NO_NODE_REASON, now, request_of};
+use super::{Control, now, request_of};
 use crate::ServerError;
 use crate::asha::{Asha, EARLY_STOPPED, Observation};
 
@@ -177,27 +176,15 @@ impl Control {
         for (record, spec) in records.iter().zip(specs) {
             inner.specs.insert(record.id, spec.clone());
         }
-        if inner.nodes.values().any(LiveNode::schedulable) {
-            let events = records
-                .iter()
-                .zip(specs)
-                .map(|(record, spec)| Event::TaskSubmitted {
-                    task: record.id,
-                    request: request_of(spec, record, record.submitted_at, owner_group.clone()),
-                })
-                .collect();
-            self.drive(&mut inner, Event::Batch(events)).await;
-        } else {
-            let reasons: Vec<TaskChange> = records
-                .iter()
-                .map(|record| TaskChange::Reason {
-                    task: record.id,
-                    reason: Some(NO_NODE_REASON.into()),
-                })
-                .collect();
-            inner.held.extend(records.iter().map(|r| r.id));
-            self.commit(&reasons).await?;
-        }
+        let submitted = records
+            .iter()
+            .zip(specs)
+            .map(|(record, spec)| {
+                let request = request_of(spec, record, record.submitted_at, owner_group.clone());
+                (record.id, request)
+            })
+            .collect();
+        self.queue_new(&mut inner, submitted).await?;
         Ok(())
     }
 
