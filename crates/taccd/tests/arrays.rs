@@ -7,8 +7,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use common::*;
@@ -46,33 +45,6 @@ async fn wait_group_finished(client: &Client, group: GroupId) -> GroupDetail {
         }
     })
     .await
-}
-
-fn tcloud_binary() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_taccd")).with_file_name("tcloud");
-    assert!(
-        path.exists(),
-        "{} is missing: build the binaries first with `cargo build -p taccd -p tcloud --bins`",
-        path.display()
-    );
-    path
-}
-
-/// `tcloud ARGS` against `daemon` as its admin; stdout, asserting success.
-fn tcloud(daemon: &Daemon, home: &Path, args: &[&str]) -> String {
-    let output = Command::new(tcloud_binary())
-        .args(args)
-        .env("TACC_HOME", home)
-        .env("TACC_SERVER", &daemon.url)
-        .env("TACC_TOKEN", &daemon.token)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "tcloud {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,39 +7,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::*;
 use tacc_client::Client;
 use tacc_core::{GroupId, TaskId, TaskState};
 use tacc_proto::{GroupDetail, StageView};
-
-fn tcloud_binary() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_taccd")).with_file_name("tcloud");
-    assert!(
-        path.exists(),
-        "{} is missing: build the binaries first with `cargo build -p taccd -p tcloud --bins`",
-        path.display()
-    );
-    path
-}
-
-/// `tcloud ARGS` against `daemon` as its admin; stdout, asserting success.
-fn tcloud(daemon: &Daemon, home: &Path, args: &[&str]) -> String {
-    let output = Command::new(tcloud_binary())
-        .args(args)
-        .env("TACC_HOME", home)
-        .env("TACC_SERVER", &daemon.url)
-        .env("TACC_TOKEN", &daemon.token)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "tcloud {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
-}
 
 /// Submit a pipeline file with `tcloud submit --json`; its group and stages as answered.
 fn submit_pipeline(daemon: &Daemon, home: &Path, file: &Path) -> (GroupId, Vec<StageView>) {

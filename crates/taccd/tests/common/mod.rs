@@ -382,3 +382,31 @@ pub async fn wait_no_processes(marker: &str) {
     )
     .await
 }
+
+/// The `tcloud` binary built beside `taccd`.
+pub fn tcloud_binary() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_taccd")).with_file_name("tcloud");
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first with `cargo build -p taccd -p tcloud --bins`",
+        path.display()
+    );
+    path
+}
+
+/// `tcloud ARGS` against `daemon` as its admin; stdout, asserting success.
+pub fn tcloud(daemon: &Daemon, home: &Path, args: &[&str]) -> String {
+    let output = Command::new(tcloud_binary())
+        .args(args)
+        .env("TACC_HOME", home)
+        .env("TACC_SERVER", &daemon.url)
+        .env("TACC_TOKEN", &daemon.token)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "tcloud {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
