@@ -30,23 +30,6 @@ const FAST: &[&str] = &[
 /// other's busy loops (and the verdicts with them), so they take turns.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn cgroups_or_skip(test: &str) -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    let mount = Path::new("/sys/fs/cgroup");
-    let hierarchy =
-        mount.join("cgroup.controllers").is_file() || mount.join("memory/cgroup.procs").is_file();
-    if root && hierarchy {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{test}: needs root and a cgroup hierarchy in CI (root: {root})");
-    }
-    eprintln!(
-        "\n######## SKIPPED {test}: not root or no cgroup hierarchy, so tasks get no cgroups.\n######## Run the tests as root on Linux (scripts/test.sh in CI does).\n"
-    );
-    false
-}
-
 /// The CPU quota (thousandths of a CPU) of `pid`'s cgroup, read from the file the
 /// kernel enforces: v2 `cpu.max`, v1 `cpu.cfs_quota_us` / `cpu.cfs_period_us`.
 fn cgroup_quota_millis(pid: u32) -> Option<u64> {

@@ -7,27 +7,8 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::*;
 use tacc_core::TaskState;
-
-fn cgroups_or_skip(test: &str) -> bool {
-    let root = nix::unistd::geteuid().is_root();
-    let mount = Path::new("/sys/fs/cgroup");
-    let hierarchy =
-        mount.join("cgroup.controllers").is_file() || mount.join("memory/cgroup.procs").is_file();
-    if root && hierarchy {
-        return true;
-    }
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{test}: needs root and a cgroup hierarchy in CI (root: {root})");
-    }
-    eprintln!(
-        "\n######## SKIPPED {test}: not root or no cgroup hierarchy, so tasks get no cgroups.\n######## Run the tests as root on Linux (scripts/test.sh in CI does).\n"
-    );
-    false
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_over_its_memory_limit_fails_with_out_of_memory() {

@@ -410,3 +410,22 @@ pub fn tcloud(daemon: &Daemon, home: &Path, args: &[&str]) -> String {
     );
     String::from_utf8(output.stdout).unwrap()
 }
+
+/// Whether tasks get cgroups here (root and a mounted hierarchy); in CI a missing one
+/// fails the test, elsewhere it says SKIPPED loudly.
+pub fn cgroups_or_skip(test: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    let mount = Path::new("/sys/fs/cgroup");
+    let hierarchy =
+        mount.join("cgroup.controllers").is_file() || mount.join("memory/cgroup.procs").is_file();
+    if root && hierarchy {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: needs root and a cgroup hierarchy in CI (root: {root})");
+    }
+    eprintln!(
+        "\n######## SKIPPED {test}: not root or no cgroup hierarchy, so tasks get no cgroups.\n######## Run the tests as root on Linux (scripts/test.sh in CI does).\n"
+    );
+    false
+}
