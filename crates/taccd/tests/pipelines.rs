@@ -2,7 +2,8 @@
 //! `examples/pipeline`: stages run in dependency order, a stage reads the outputs of the
 //! stages it needs from `inputs/<stage>/` (read-only), a failed stage stops its
 //! dependents with `dependency_failed`, one command cancels a whole pipeline, and a rerun
-//! with only the last stage's code changed reruns only that stage.
+//! with only the last stage's code changed reruns only that stage. The example's middle
+//! stage is a sweep with early stopping; the stage after it reads the best trial's outputs.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use tacc_client::Client;
-use tacc_core::{GroupId, TaskId, TaskState};
+use tacc_core::{GroupId, TaskState};
 use tacc_proto::{GroupDetail, StageView};
 
 /// Submit a pipeline file with `tcloud submit --json`; its group and stages as answered.
@@ -44,6 +45,52 @@ fn stage<'a>(detail: &'a GroupDetail, name: &str) -> &'a StageView {
         .iter()
         .find(|s| s.name == name)
         .unwrap_or_else(|| panic!("no stage {name} in {detail:?}"))
+}
+
+/// The example's sweep stage ended as planned: six trials, the worse ones stopped early
+/// by ASHA, the best (lr 0.1) succeeded; every trial had ended before `evaluate` started,
+/// and `evaluate` read the best trial's model. Returns the sweep's group.
+async fn check_example_sweep(client: &Client, detail: &GroupDetail) -> GroupId {
+    let train = stage(detail, "train");
+    let sweep = train.group.expect("a sweep stage is a group");
+    let board = client.sweep(sweep).await.unwrap();
+    assert_eq!(board.trials.len(), 6, "{board:#?}");
+    let best = board.best_trial.expect("a best trial");
+    assert_eq!(
+        train.reason.as_deref(),
+        Some(format!("best trial: task {best}").as_str())
+    );
+    let leader = &board.trials[0];
+    assert_eq!(leader.task_id, best, "{board:#?}");
+    assert_eq!(leader.parameters["lr"], "0.1", "{board:#?}");
+    assert!(
+        board.trials.iter().any(|t| t
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("early_stopped:"))),
+        "ASHA stopped some trials early: {board:#?}"
+    );
+    let evaluate = client
+        .get_task(stage(detail, "evaluate").task.unwrap())
+        .await
+        .unwrap();
+    for trial in &board.trials {
+        let trial = client.get_task(trial.task_id).await.unwrap();
+        assert!(
+            evaluate.started_at.unwrap() >= trial.finished_at.unwrap(),
+            "evaluate started after every trial ended: {trial:?} {evaluate:?}"
+        );
+    }
+    let log = log_text(client, evaluate.id).await;
+    assert!(
+        log.contains("evaluated mean=10 lr=0.1 val_loss=") && log.contains("on 20 numbers"),
+        "evaluate read the best trial's model and generate's data: {log}"
+    );
+    assert!(
+        !log.contains("is writable"),
+        "a stage's inputs are read-only to it: {log}"
+    );
+    sweep
 }
 
 fn copy_example(to: &Path) -> PathBuf {
@@ -85,36 +132,23 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
     for name in ["generate", "train", "evaluate"] {
         assert_eq!(stage(&detail, name).state, "succeeded", "{detail:?}");
     }
-    let task_of = |name: &str| stage(&detail, name).task.expect("a single-task stage");
-    let (generate, train, evaluate) = (task_of("generate"), task_of("train"), task_of("evaluate"));
+    let train = check_example_sweep(&client, &detail).await;
+    let generate = stage(&detail, "generate").task.unwrap();
+    let evaluate = stage(&detail, "evaluate").task.unwrap();
     // Each stage started only after the stages it needs had ended.
-    let view = |id: TaskId| {
-        let client = client.clone();
-        async move { client.get_task(id).await.unwrap() }
-    };
-    let (g, t, e) = (
-        view(generate).await,
-        view(train).await,
-        view(evaluate).await,
-    );
-    assert!(
-        t.started_at.unwrap() >= g.finished_at.unwrap(),
-        "{g:?} {t:?}"
-    );
-    assert!(
-        e.started_at.unwrap() >= t.finished_at.unwrap(),
-        "{t:?} {e:?}"
-    );
+    let g = client.get_task(generate).await.unwrap();
+    for trial in client.get_group(train).await.unwrap().elements {
+        let t = client.get_task(trial.task_id).await.unwrap();
+        assert!(
+            t.started_at.unwrap() >= g.finished_at.unwrap(),
+            "{g:?} {t:?}"
+        );
+    }
     // A stage is no array element.
-    assert!(!log_text(&client, train).await.contains("TACC_ARRAY_INDEX"));
-    let eval_log = log_text(&client, evaluate).await;
     assert!(
-        eval_log.contains("evaluated mean=10 on 20 numbers"),
-        "evaluate read what train and generate wrote: {eval_log}"
-    );
-    assert!(
-        !eval_log.contains("is writable"),
-        "a stage's inputs are read-only to it: {eval_log}"
+        !log_text(&client, generate)
+            .await
+            .contains("TACC_ARRAY_INDEX")
     );
 
     // `tcloud ps` folds the pipeline into one line with each stage's state.
@@ -130,10 +164,7 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
     );
     let stages_table = tcloud(&daemon, &home, &["ps", &group.to_string()]);
     assert!(stages_table.contains("STAGE"), "{stages_table}");
-    assert!(
-        stages_table.contains(&format!("task {train}")),
-        "{stages_table}"
-    );
+    assert!(stages_table.contains(&train.to_string()), "{stages_table}");
 
     // Only the last stage's code changes: only it runs again, reading the cached inputs.
     let script = file.with_file_name("evaluate").join("evaluate.sh");
@@ -146,7 +177,7 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
     assert_ne!(states[2], "cached", "{stages:?}");
     assert_eq!(
         stages[1].reason.as_deref(),
-        Some(format!("cached: task {train}").as_str())
+        Some(format!("cached: group {train}").as_str())
     );
     let detail = wait_pipeline_finished(&client, again).await;
     let rerun = stage(&detail, "evaluate");
@@ -155,7 +186,7 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
     assert_ne!(rerun_task, evaluate);
     let log = log_text(&client, rerun_task).await;
     assert!(
-        log.contains("evaluated mean=10 on 20 numbers") && log.contains("second evaluation"),
+        log.contains("evaluated mean=10 lr=0.1") && log.contains("second evaluation"),
         "{log}"
     );
 
@@ -260,6 +291,46 @@ async fn a_failed_stage_stops_its_dependents_which_never_run() {
     );
 }
 
+/// A sweep stage fails only when the sweep has ended with no successful trial; what needs
+/// it then never runs, and says which sweep it waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_stage_without_a_successful_trial_stops_what_needs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "4"]).await;
+    let client = daemon.client();
+    let home = dir.path().join("home");
+    let file = write_pipeline(
+        &dir.path().join("p"),
+        "name: hopeless\nstages:\n  search:\n    resources: {cpus: 0.5}\n    run: echo trying {{x}}; exit 3\n    sweep:\n      method: grid\n      parameters: {x: [1, 2, 3]}\n      metric: loss\n      parallel: 2\n  use:\n    needs: [search]\n    resources: {cpus: 0.5}\n    run: echo USE-RAN\n",
+    );
+    let (group, stages) = submit_pipeline(&daemon, &home, &file);
+    let waiting = client.get_task(stages[1].task.unwrap()).await.unwrap();
+    let sweep = stages[0].group.expect("a sweep stage is a group");
+    assert!(
+        waiting.state.is_terminal()
+            || waiting.reason.as_deref()
+                == Some(format!("waiting for sweep stage `search` ({sweep}) to end").as_str()),
+        "{waiting:?}"
+    );
+    let detail = wait_pipeline_finished(&client, group).await;
+    assert_eq!(stage(&detail, "search").state, "failed", "{detail:?}");
+    assert_eq!(
+        stage(&detail, "search").reason.as_deref(),
+        Some("no trial succeeded")
+    );
+    assert_eq!(client.get_group(sweep).await.unwrap().elements.len(), 3);
+    let used = client
+        .get_task(stage(&detail, "use").task.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(used.state, TaskState::Failed, "{used:?}");
+    assert!(used.started_at.is_none(), "{used:?}");
+    assert_eq!(
+        used.reason.as_deref(),
+        Some(format!("dependency_failed: search (group {sweep}: no trial succeeded)").as_str())
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_pipeline_cancels_every_unfinished_stage() {
     let dir = tempfile::tempdir().unwrap();
@@ -268,7 +339,7 @@ async fn cancelling_a_pipeline_cancels_every_unfinished_stage() {
     let home = dir.path().join("home");
     let file = write_pipeline(
         &dir.path().join("p"),
-        "name: long\nstages:\n  slow:\n    resources: {cpus: 0.5}\n    run: sleep 300\n  fan:\n    needs: [slow]\n    resources: {cpus: 0.5}\n    array: 0-3\n    run: echo fan\n  last:\n    needs: [fan]\n    resources: {cpus: 0.5}\n    run: echo last\n  wide:\n    resources: {cpus: 0.5}\n    array: 0-1\n    run: sleep 300\n",
+        "name: long\nstages:\n  slow:\n    resources: {cpus: 0.5}\n    run: sleep 300\n  fan:\n    needs: [slow]\n    resources: {cpus: 0.5}\n    array: 0-3\n    run: echo fan\n  last:\n    needs: [fan]\n    resources: {cpus: 0.5}\n    run: echo last\n  wide:\n    resources: {cpus: 0.5}\n    array: 0-1\n    run: sleep 300\n  tune:\n    resources: {cpus: 0.5}\n    run: sleep 300 # {{x}}\n    sweep: {method: grid, parameters: {x: [1, 2, 3]}, metric: loss, parallel: 1}\n  tuned:\n    needs: [tune]\n    resources: {cpus: 0.5}\n    run: echo tuned\n",
     );
     let (group, stages) = submit_pipeline(&daemon, &home, &file);
     let slow = stages[0].task.unwrap();
@@ -278,7 +349,7 @@ async fn cancelling_a_pipeline_cancels_every_unfinished_stage() {
     for s in &detail.group.stages {
         assert_eq!(s.state, "cancelled", "{detail:?}");
     }
-    for array in ["fan", "wide"] {
+    for array in ["fan", "wide", "tune"] {
         let elements = client
             .get_group(stage(&detail, array).group.unwrap())
             .await
@@ -317,9 +388,7 @@ async fn the_example_pipeline_runs_on_a_multi_agent_cluster() {
     for name in ["generate", "train", "evaluate"] {
         assert_eq!(stage(&detail, name).state, "succeeded", "{detail:?}");
     }
-    let log = log_text(&client, stage(&detail, "evaluate").task.unwrap()).await;
-    assert!(log.contains("evaluated mean=10 on 20 numbers"), "{log}");
-    assert!(!log.contains("is writable"), "{log}");
+    check_example_sweep(&client, &detail).await;
 }
 
 /// A restarted server finds the needs of queued stages again in the store: a stage whose
@@ -366,4 +435,51 @@ async fn a_restarted_server_keeps_stages_waiting_for_what_they_need() {
         log.contains(&format!("made by attempt {}", first_view.attempt)),
         "{log}"
     );
+}
+
+/// A stage waiting for a sweep stage still waits after a restart, for the trials launched
+/// before and after it, and then reads the best trial's outputs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_keeps_stages_waiting_for_a_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let mut daemon = start("dev", &data, &["--cpus", "4"]).await;
+    let client = daemon.client();
+    let home = dir.path().join("home");
+    let file = write_pipeline(
+        &dir.path().join("p"),
+        "name: restart-sweep\nstages:\n  search:\n    resources: {cpus: 0.5}\n    run: |\n      echo \"trial {{x}}\"\n      sleep 1\n      echo '{\"step\": 1, \"loss\": {{x}}}' >> \"$TACC_METRICS\"\n      echo \"x={{x}}\" > best.txt\n    outputs: [best.txt]\n    sweep:\n      method: grid\n      parameters: {x: [3, 1, 2]}\n      metric: loss\n      parallel: 1\n  after:\n    needs: [search]\n    resources: {cpus: 0.5}\n    run: cat inputs/search/best.txt\n",
+    );
+    let (group, stages) = submit_pipeline(&daemon, &home, &file);
+    let sweep = stages[0].group.unwrap();
+    let after = stages[1].task.unwrap();
+    let first_trial = client.get_group(sweep).await.unwrap().elements[0].task_id;
+    eventually("the first trial to run", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            log_text(&client, first_trial)
+                .await
+                .contains("trial 3")
+                .then_some(())
+        }
+    })
+    .await;
+    daemon.kill9();
+    let restarted = start("dev", &data, &["--cpus", "4"]).await;
+    let client = restarted.client();
+    let detail = wait_pipeline_finished(&client, group).await;
+    assert_eq!(stage(&detail, "search").state, "succeeded", "{detail:?}");
+    assert_eq!(stage(&detail, "after").state, "succeeded", "{detail:?}");
+    let board = client.sweep(sweep).await.unwrap();
+    assert_eq!(board.trials.len(), 3, "{board:#?}");
+    let after_view = client.get_task(after).await.unwrap();
+    for trial in &board.trials {
+        let trial = client.get_task(trial.task_id).await.unwrap();
+        assert!(
+            after_view.started_at.unwrap() >= trial.finished_at.unwrap(),
+            "{trial:?} {after_view:?}"
+        );
+    }
+    let log = log_text(&client, after).await;
+    assert!(log.contains("x=1"), "the best trial's output: {log}");
 }

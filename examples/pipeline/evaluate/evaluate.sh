@@ -1,5 +1,5 @@
 #!/bin/sh
-# Evaluate the model trained in the previous stage; the inputs are read-only.
+# Evaluate the model of the sweep's best trial (under inputs/train/); inputs are read-only.
 set -eu
 model=$(cat inputs/train/model.txt)
 echo "evaluated $model on $(wc -l < inputs/generate/data/numbers.txt) numbers" > report.txt

@@ -112,7 +112,10 @@ impl Control {
         self.close_sweep(group);
         // A pipeline's single stages are its own elements; its array stages are groups.
         let count = self.cancel_group_elements(group).await?;
-        Ok(count + self.cancel_pipeline_arrays(group).await?)
+        let count = count + self.cancel_pipeline_arrays(group).await?;
+        // A cancelled sweep stage ends the stages after it.
+        self.sweep_stage_ended(group).await?;
+        Ok(count)
     }
 
     /// Cancel the unfinished elements of one group (see [`Control::cancel_group`]).
@@ -150,9 +153,7 @@ impl Control {
             self.commit(&changes).await?;
             let mut events = Vec::new();
             for record in &queued {
-                inner.specs.remove(&record.id);
-                inner.stage_deps.remove(&record.id);
-                if !inner.held.remove(&record.id) {
+                if inner.withdraw(record.id) {
                     events.push(Event::TaskCancelled(record.id));
                 }
                 self.logs.wake(record.id);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tacc_compiler::{DirChunkStore, Instruction};
-use tacc_core::{NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 use tacc_proto::{Assignment, AttemptOutcome, AttemptRef};
 use tacc_scheduler::{
     Action, Event, Explanation, Placement, Plan, Scheduler, SchedulerConfig, TaskRequest,
@@ -30,6 +30,7 @@ mod pipelines;
 mod plans;
 use plans::assignments_for;
 mod records;
+mod sweep_stages;
 mod sweeps;
 
 use crate::logs::LogBook;
@@ -150,9 +151,22 @@ pub(crate) struct Inner {
     /// Pipeline stage tasks and the tasks of the stages they need (the scheduler's
     /// `depends_on`), kept until they leave the queue.
     stage_deps: BTreeMap<TaskId, Vec<TaskId>>,
+    /// Queued stage tasks kept from the scheduler until the sweep stages they need have
+    /// ended (a sweep launches trials over time, so its tasks are no fixed dependency),
+    /// with those sweeps' groups.
+    after_sweeps: BTreeMap<TaskId, BTreeSet<GroupId>>,
 }
 
 impl Inner {
+    /// Forget a queued task that leaves the queue without running (cancelled, or ended by
+    /// a failed dependency). True when the scheduler has it and must be told.
+    fn withdraw(&mut self, task: TaskId) -> bool {
+        self.specs.remove(&task);
+        self.stage_deps.remove(&task);
+        let waiting = self.after_sweeps.remove(&task).is_some();
+        !self.held.remove(&task) && !waiting
+    }
+
     fn group_for(&self, config: &ServerConfig, user: &str) -> Option<String> {
         let configured = config
             .scheduler
@@ -281,6 +295,7 @@ impl Control {
                 nodes: BTreeMap::new(),
                 held: BTreeSet::new(),
                 stage_deps: BTreeMap::new(),
+                after_sweeps: BTreeMap::new(),
                 specs: BTreeMap::new(),
                 preempting: BTreeSet::new(),
                 finished_ranks: BTreeMap::new(),
@@ -311,9 +326,12 @@ impl Control {
         for record in open.into_iter().rev() {
             let spec = spec_of(&record)?;
             if record.state == TaskState::Queued {
-                inner.held.insert(record.id);
-                if let Some(needed) = self.restore_dependencies(&record).await? {
-                    inner.stage_deps.insert(record.id, needed);
+                // A stage after an unfinished sweep waits for it outside the scheduler.
+                if !self.restore_sweep_wait(&mut inner, &record).await? {
+                    inner.held.insert(record.id);
+                    if let Some(needed) = self.restore_dependencies(&record).await? {
+                        inner.stage_deps.insert(record.id, needed);
+                    }
                 }
             } else if !record.cancel_requested {
                 // The allocation in force, where adaptive allocation moved it.
@@ -467,9 +485,7 @@ impl Control {
                     )
                 })])
                 .await?;
-                inner.specs.remove(&task);
-                inner.stage_deps.remove(&task);
-                if !inner.held.remove(&task) {
+                if inner.withdraw(task) {
                     self.drive(&mut inner, Event::TaskCancelled(task)).await;
                 }
                 self.logs.wake(task);

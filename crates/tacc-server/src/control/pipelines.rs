@@ -18,6 +18,8 @@ use tacc_store::{
     TaskChange, TaskRecord,
 };
 
+use super::sweep_stages::{StageKind, SweepEnd};
+use super::sweeps::trial_spec;
 use super::{Control, Inner, Transition, now, request_of};
 use crate::ServerError;
 
@@ -34,7 +36,9 @@ pub struct StageSubmission {
 enum StagePlan {
     Single(TaskSpec),
     Array(TaskSpec),
-    // sweep stages: a `Sweep(TaskSpec)` arm here, made through `submit_sweep`'s group.
+    /// A sweep group with its first `parallel` trials; the sweep controller launches
+    /// the rest.
+    Sweep(TaskSpec),
     Cached(StageRecord),
 }
 
@@ -85,6 +89,7 @@ impl Control {
             let key = cache_key(&stage.snapshot, spec, &inputs)?;
             let plan = match self.cached_run(user, &name, &stage.name, &key).await? {
                 Some(earlier) => StagePlan::Cached(earlier),
+                None if spec.sweep.is_some() => StagePlan::Sweep(spec.clone()),
                 None if spec.array.is_some() => StagePlan::Array(spec.clone()),
                 None => StagePlan::Single(spec.clone()),
             };
@@ -132,6 +137,33 @@ impl Control {
         let specs: BTreeMap<TaskId, TaskSpec> =
             tasks.iter().map(|t| t.id).zip(element_specs).collect();
         let depends = self.stage_dependencies(&records).await?;
+        // Stages after an unfinished sweep wait outside the scheduler until it ends.
+        let mut waiting: Vec<(Vec<TaskId>, BTreeSet<GroupId>, String)> = Vec::new();
+        for stage in &records {
+            if let StageKind::Sweep(group) = self.stage_kind(stage).await?
+                && !stage.cached
+            {
+                self.sweeps.add(group);
+            }
+        }
+        for stage in &records {
+            let awaited = self.sweeps_awaited(stage, &records).await?;
+            if awaited.is_empty() {
+                continue;
+            }
+            let names: Vec<String> = records
+                .iter()
+                .filter(|s| matches!(s.source, StageSource::Group(g) if awaited.contains(&g)))
+                .map(|s| format!("`{}`", s.name))
+                .collect();
+            let tasks = self
+                .source_tasks(stage.source)
+                .await?
+                .iter()
+                .map(|t| t.id)
+                .collect();
+            waiting.push((tasks, awaited, names.join(", ")));
+        }
         for _ in &tasks {
             self.metrics.submitted();
         }
@@ -145,8 +177,15 @@ impl Control {
             inner.specs.insert(*task, spec.clone());
         }
         inner.stage_deps.extend(depends);
+        let mut kept: BTreeSet<TaskId> = BTreeSet::new();
+        for (tasks, sweeps, names) in &waiting {
+            self.wait_for_sweeps(&mut inner, tasks, sweeps, names)
+                .await?;
+            kept.extend(tasks.iter().copied());
+        }
         let submitted = tasks
             .iter()
+            .filter(|record| !kept.contains(&record.id))
             .map(|record| {
                 let request = request_of(&specs[&record.id], record, at, owner_group.clone());
                 (record.id, request)
@@ -218,6 +257,36 @@ impl Control {
                     elements,
                 }
             }
+            StagePlan::Sweep(spec) => {
+                let sweep = spec.sweep.clone().ok_or_else(|| {
+                    ServerError::Internal(format!("stage `{}` lost its sweep", stage.name))
+                })?;
+                // The sweep notifies nothing itself; the pipeline is the unit users watch.
+                let spec = TaskSpec {
+                    notify: None,
+                    ..spec
+                };
+                let group_spec = serde_json::to_value(&spec)
+                    .map_err(|e| ServerError::Internal(e.to_string()))?;
+                let points = sweep.trials();
+                let first = points.len().min(sweep.parallel as usize);
+                let mut elements = Vec::with_capacity(first);
+                for (index, point) in points[..first].iter().enumerate() {
+                    let trial = trial_spec(&spec, point);
+                    elements.push((index as u32, new_task(&trial)?));
+                    specs.push(trial);
+                }
+                NewStageRun::Array {
+                    group: NewGroup {
+                        kind: GroupKind::Sweep,
+                        name: spec.name.clone(),
+                        user: user.to_string(),
+                        spec: group_spec,
+                        created_at: at,
+                    },
+                    elements,
+                }
+            }
             StagePlan::Cached(earlier) => NewStageRun::Cached(earlier.source),
         })
     }
@@ -236,7 +305,7 @@ impl Control {
             .stages_with_key(user, pipeline, stage, key)
             .await?
         {
-            if self.source_state(candidate.source).await? == Some(TaskState::Succeeded) {
+            if self.stage_state(&candidate).await? == Some(TaskState::Succeeded) {
                 return Ok(Some(candidate));
             }
         }
@@ -254,21 +323,38 @@ impl Control {
         })
     }
 
-    /// The tasks whose outputs a dependent of this stage receives: the representative
-    /// task(s) of the stage. A task stage gives its task, an array stage every element.
-    // sweep stages: the best trial (`best_trial`) of the sweep's group.
+    /// The tasks whose outputs a dependent of this stage receives: a task stage's task,
+    /// an array stage's every element, a sweep stage's best trial.
     pub(crate) async fn representative_tasks(
         &self,
         stage: &StageRecord,
     ) -> Result<Vec<TaskRecord>, ServerError> {
+        if let StageKind::Sweep(group) = self.stage_kind(stage).await? {
+            return Ok(match self.sweep_end(group).await? {
+                SweepEnd::Best(best) => self.store.get_task(best).await?.into_iter().collect(),
+                _ => Vec::new(),
+            });
+        }
         self.source_tasks(stage.source).await
     }
 
-    /// Where a stage's run stands: `Succeeded` only when every task did; a failure
-    /// state once any task ended without succeeding; otherwise the least advanced open
-    /// state. `None` when it has no task.
-    async fn source_state(&self, source: StageSource) -> Result<Option<TaskState>, ServerError> {
-        let tasks = self.source_tasks(source).await?;
+    /// Where a stage's run stands: `Succeeded` only when every task did (a sweep: when
+    /// it ended with a best trial); a failure state once any task ended without
+    /// succeeding (a sweep: once it ended without a best trial); otherwise the least
+    /// advanced open state. `None` when it has no task.
+    async fn stage_state(&self, stage: &StageRecord) -> Result<Option<TaskState>, ServerError> {
+        let tasks = self.source_tasks(stage.source).await?;
+        if let StageKind::Sweep(group) = self.stage_kind(stage).await? {
+            return Ok(Some(match self.sweep_end(group).await? {
+                SweepEnd::Best(_) => TaskState::Succeeded,
+                SweepEnd::NoTrialSucceeded => TaskState::Failed,
+                SweepEnd::Cancelled => TaskState::Cancelled,
+                SweepEnd::Open => [TaskState::Running, TaskState::Starting]
+                    .into_iter()
+                    .find(|s| tasks.iter().any(|t| t.state == *s))
+                    .unwrap_or(TaskState::Queued),
+            }));
+        }
         Ok(combined_state(tasks.iter().map(|t| t.state)))
     }
 
@@ -330,6 +416,29 @@ impl Control {
         let Some(stage) = self.stage_of_task(record).await? else {
             return Ok(());
         };
+        // A trial that fails or is stopped early is part of the search: the sweep's end
+        // decides (see `sweep_stages.rs`).
+        if matches!(self.stage_kind(&stage).await?, StageKind::Sweep(_)) {
+            return Ok(());
+        }
+        let end_state = if state == TaskState::Cancelled {
+            TaskState::Cancelled
+        } else {
+            TaskState::Failed
+        };
+        let reason = format!("dependency_failed: {} (task {})", stage.name, record.id);
+        self.end_dependents(inner, &stage, reason, end_state).await
+    }
+
+    /// End, as `end_state` with `reason`, every queued task of the stages that need
+    /// `stage` directly or through others.
+    pub(super) async fn end_dependents(
+        &self,
+        inner: &mut Inner,
+        stage: &StageRecord,
+        reason: String,
+        end_state: TaskState,
+    ) -> Result<(), ServerError> {
         let stages = self.store.pipeline_stages(stage.pipeline).await?;
         let mut ended: BTreeSet<&str> = BTreeSet::from([stage.name.as_str()]);
         // Stages are few: repeat until no stage newly depends on an ended one.
@@ -344,12 +453,6 @@ impl Control {
                 break;
             }
         }
-        let end_state = if state == TaskState::Cancelled {
-            TaskState::Cancelled
-        } else {
-            TaskState::Failed
-        };
-        let reason = format!("dependency_failed: {} (task {})", stage.name, record.id);
         let at = now();
         let mut changes = Vec::new();
         let mut stopped = Vec::new();
@@ -374,9 +477,7 @@ impl Control {
         self.commit(&changes).await?;
         let mut events = Vec::new();
         for task in stopped {
-            inner.specs.remove(&task);
-            inner.stage_deps.remove(&task);
-            if !inner.held.remove(&task) {
+            if inner.withdraw(task) {
                 events.push(Event::TaskCancelled(task));
             }
             self.logs.wake(task);
@@ -425,7 +526,7 @@ impl Control {
         let stages = self.store.pipeline_stages(stage.pipeline).await?;
         let mut files = Vec::new();
         for needed in stages.iter().filter(|s| stage.needs.contains(&s.name)) {
-            let array = matches!(needed.source, StageSource::Group(_));
+            let array = self.stage_kind(needed).await? == StageKind::Array;
             for task in self.representative_tasks(needed).await? {
                 for output in self.store.list_outputs(task.id).await? {
                     if output.attempt != task.attempt {
@@ -470,9 +571,18 @@ impl Control {
                     BTreeMap::new(),
                 )
             } else {
-                let state = combined_state(tasks.iter().map(|t| t.state))
+                let state = self
+                    .stage_state(&stage)
+                    .await?
                     .map_or_else(|| "empty".to_string(), |s| s.to_string());
-                let reason = tasks.iter().find_map(|t| t.reason.clone());
+                let reason = match self.stage_kind(&stage).await? {
+                    StageKind::Sweep(group) => match self.sweep_end(group).await? {
+                        SweepEnd::Best(best) => Some(format!("best trial: task {best}")),
+                        SweepEnd::NoTrialSucceeded => Some("no trial succeeded".into()),
+                        _ => None,
+                    },
+                    _ => tasks.iter().find_map(|t| t.reason.clone()),
+                };
                 let mut counts = BTreeMap::new();
                 if group.is_some() {
                     for t in &tasks {
@@ -503,6 +613,7 @@ impl Control {
         let mut count = 0;
         for stage in self.store.pipeline_stages(pipeline).await? {
             if let (StageSource::Group(group), false) = (stage.source, stage.cached) {
+                self.close_sweep(group);
                 count += self.cancel_group_elements(group).await?;
             }
         }

@@ -32,7 +32,7 @@ pub(crate) struct OpenSweeps {
 }
 
 impl OpenSweeps {
-    fn add(&self, group: GroupId) {
+    pub(crate) fn add(&self, group: GroupId) {
         self.open.lock().unwrap().insert(group);
     }
 
@@ -455,7 +455,13 @@ pub async fn run_sweeps(control: Arc<Control>, shutdown: CancellationToken) {
         for group in control.sweeps.list() {
             match control.reconcile_sweep(group).await {
                 Ok(true) => {}
-                Ok(false) => control.sweeps.remove(group),
+                Ok(false) => {
+                    control.sweeps.remove(group);
+                    if let Err(e) = control.sweep_stage_ended(group).await {
+                        tracing::error!("sweep {group}: its pipeline's next stages wait: {e}");
+                        control.sweeps.add(group);
+                    }
+                }
                 Err(e) => tracing::error!("sweep {group}: {e}; tried again shortly"),
             }
         }
