@@ -27,6 +27,10 @@ pub struct SubmitPipeline {
     pub stages: Vec<SubmitStage>,
     /// Where the pipeline file came from (informational).
     pub source: Option<String>,
+    /// The pipeline's webhook, called once when every stage has ended (JSON form of the
+    /// schema crate's `NotifySpec`: `{"webhook": …, "secret": …}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<serde_json::Value>,
 }
 
 /// One stage as shown: what it ran as and where it is.

@@ -34,6 +34,10 @@ pub struct StageSpec {
 pub struct PipelineSpec {
     pub name: String,
     pub stages: Vec<StageSpec>,
+    /// A webhook called once, when every stage has ended (the stages notify nothing
+    /// themselves).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notify: Option<crate::NotifySpec>,
 }
 
 /// A pipeline read from a file, with each stage's code directory resolved.
@@ -61,6 +65,13 @@ impl PipelineSpec {
                 },
                 other => other,
             })?;
+        }
+        if let Some(problem) = self.notify.as_ref().and_then(crate::spec::check_notify) {
+            return Err(SchemaError::Invalid {
+                field: problem.field,
+                message: problem.message,
+                help: problem.help,
+            });
         }
         self.check_graph().map_err(|problem| SchemaError::Invalid {
             field: problem.field,
@@ -238,12 +249,20 @@ pub fn parse_pipeline(source_name: &str, text: &str) -> Result<PipelineSpec, Sch
     let mut spans = Spans::new(source_name, text);
     let root = reader::load_yaml(text, &spans)?;
     let mut top_reader = Reader { spans: &mut spans };
-    let top = top_reader.fields(&root, None, "", &["name", "stages"])?;
+    let top = top_reader.fields(&root, None, "", &["name", "stages", "notify"])?;
     let name = match top.get("name") {
         Some(node) => top_reader.text(node, "name", "name: my-pipeline")?,
         None => {
             return Err(top_reader.missing(&top, "name", "name: my-pipeline"));
         }
+    };
+    let notify = match top.get("notify") {
+        Some(node) => Some(reader::read_notify(
+            &mut top_reader,
+            node,
+            top.map_key("notify"),
+        )?),
+        None => None,
     };
     let stages_node = match top.get("stages") {
         Some(node) => node,
@@ -293,7 +312,14 @@ pub fn parse_pipeline(source_name: &str, text: &str) -> Result<PipelineSpec, Sch
             task,
         });
     }
-    let spec = PipelineSpec { name, stages };
+    let spec = PipelineSpec {
+        name,
+        stages,
+        notify,
+    };
+    if let Some(problem) = spec.notify.as_ref().and_then(crate::spec::check_notify) {
+        return Err(spans.error_at(&problem.field, problem.message, problem.help));
+    }
     if let Err(problem) = spec.check_graph() {
         // Point at the stage's key, or the offending need inside its list.
         let mut parts = problem.field.splitn(4, '.');
@@ -373,6 +399,26 @@ mod tests {
 
     fn rendered(text: &str) -> String {
         parse(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_pipeline_takes_a_notify_and_its_mistakes_are_located() {
+        let spec = parse_pipeline(
+            "p.yaml",
+            "name: n\nnotify: {webhook: \"https://hooks.example.com/x\", secret: K}\nstages:\n  a:\n    run: true\n",
+        )
+        .unwrap();
+        assert_eq!(spec.notify.as_ref().unwrap().secret, "K");
+        let error = parse_pipeline(
+            "p.yaml",
+            "name: n\nnotify: {webhook: \"ftp://x\", secret: K}\nstages:\n  a:\n    run: true\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("p.yaml:2:") && error.contains("webhook"),
+            "{error}"
+        );
     }
 
     #[test]

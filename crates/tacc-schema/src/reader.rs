@@ -793,7 +793,7 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
 
 impl<'n> Fields<'n> {
     /// The key node of a field, used to point at `resources:` when the whole section is wrong.
-    fn map_key(&self, key: &str) -> Option<&'n MarkedScalarNode> {
+    pub(crate) fn map_key(&self, key: &str) -> Option<&'n MarkedScalarNode> {
         self.map.keys().find(|candidate| candidate.as_str() == key)
     }
 }
@@ -1125,7 +1125,7 @@ fn read_checkpoint<'n>(
     Ok(checkpoint)
 }
 
-fn read_notify<'n>(
+pub(crate) fn read_notify<'n>(
     reader: &mut Reader<'_>,
     node: &'n Node,
     key: Option<&'n MarkedScalarNode>,

@@ -496,7 +496,7 @@ impl TaskSpec {
     }
 }
 
-fn check_notify(notify: &NotifySpec) -> Option<Problem> {
+pub(crate) fn check_notify(notify: &NotifySpec) -> Option<Problem> {
     if let Some(message) = webhook_error(&notify.webhook) {
         return Some(problem(
             "notify.webhook",

@@ -5,7 +5,8 @@
 //! background worker posts each due one as JSON, signed with an HMAC-SHA256 of the body
 //! keyed by the user's named secret (`X-TACC-Signature: sha256=<hex>`), with a timeout,
 //! and retries a failed delivery with exponential backoff until it gives up. An array
-//! notifies once, when its last element ends; its elements notify nothing themselves.
+//! notifies once, when its last element ends; its elements notify nothing themselves. A
+//! pipeline notifies once, when its last stage ends (its stages notify nothing).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -120,11 +121,25 @@ impl Control {
                 at,
             ));
         }
+        let mut pipelines: BTreeSet<GroupId> = BTreeSet::new();
         for (group, ending) in groups {
             // Most groups notify nothing: look at the group before counting its elements.
             let Some(record) = self.store.get_group(group).await? else {
                 continue;
             };
+            // A pipeline ends with its last stage, wherever that stage's tasks are.
+            if record.kind == tacc_store::GroupKind::Pipeline {
+                pipelines.insert(group);
+                continue;
+            }
+            if let Some(stage) = self
+                .store
+                .stage_of(tacc_store::StageSource::Group(group))
+                .await?
+            {
+                pipelines.insert(stage.pipeline);
+                continue;
+            }
             let Some(notify) = notify_of(&record.spec) else {
                 continue;
             };
@@ -162,6 +177,42 @@ impl Control {
             });
             out.push(delivery(
                 format!("group:{}", group.0),
+                &record.user,
+                notify,
+                body,
+                at,
+            ));
+        }
+        for pipeline in pipelines {
+            let Some(record) = self.store.get_group(pipeline).await? else {
+                continue;
+            };
+            let Some(notify) = notify_of(&record.spec) else {
+                continue;
+            };
+            let Some(stages) = self.pipeline_end(pipeline, changes).await? else {
+                continue;
+            };
+            let state = if stages.values().all(|s| s == "succeeded" || s == "cached") {
+                "succeeded"
+            } else if stages.values().any(|s| s == "cancelled") {
+                "cancelled"
+            } else {
+                "failed"
+            };
+            let body = serde_json::json!({
+                "event": "pipeline.ended",
+                "at": at,
+                "pipeline": {
+                    "id": record.id.to_string(),
+                    "name": record.name,
+                    "user": record.user,
+                    "state": state,
+                    "stages": stages,
+                }
+            });
+            out.push(delivery(
+                format!("pipeline:{}", pipeline.0),
                 &record.user,
                 notify,
                 body,

@@ -8,16 +8,13 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
+use common::webhook::{Receiver, sign};
 use common::*;
 use futures::StreamExt;
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 use tacc_client::{Client, HistoryQuery};
 use tacc_core::{GroupId, TaskState};
 use tacc_proto::{GroupDetail, SubmitReply, SubmitTask};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Write `task.yaml` into a new directory and submit it; the reply names the group.
 async fn submit_array(client: &Client, root: &Path, name: &str, yaml: &str) -> SubmitReply {
@@ -170,95 +167,6 @@ async fn cancelling_a_group_stops_every_unfinished_element() {
         BTreeMap::from([(TaskState::Cancelled, 20)])
     );
     wait_no_processes(&marker).await;
-}
-
-/// One request a receiver got: its headers (lower-case names) and body.
-type Request = (BTreeMap<String, String>, String);
-
-/// A webhook receiver on loopback: answers 500 to the first `failures` requests, 200
-/// after; keeps every request's headers and body.
-#[derive(Clone, Default)]
-struct Receiver {
-    seen: Arc<Mutex<Vec<Request>>>,
-}
-
-impl Receiver {
-    async fn start(failures: usize) -> (Receiver, String) {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/hook", listener.local_addr().unwrap());
-        let receiver = Receiver::default();
-        let seen = receiver.seen.clone();
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let mut buffer = Vec::new();
-                let mut chunk = [0u8; 4096];
-                let (headers, body_start) = loop {
-                    let n = stream.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        break (None, 0);
-                    }
-                    buffer.extend_from_slice(&chunk[..n]);
-                    if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let text = String::from_utf8_lossy(&buffer[..end]).to_string();
-                        let headers: BTreeMap<String, String> = text
-                            .lines()
-                            .skip(1)
-                            .filter_map(|l| l.split_once(':'))
-                            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-                            .collect();
-                        break (Some(headers), end + 4);
-                    }
-                };
-                let Some(headers) = headers else { continue };
-                let length: usize = headers
-                    .get("content-length")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
-                while buffer.len() < body_start + length {
-                    let n = stream.read(&mut chunk).await.unwrap_or(0);
-                    if n == 0 {
-                        break;
-                    }
-                    buffer.extend_from_slice(&chunk[..n]);
-                }
-                let body = String::from_utf8_lossy(&buffer[body_start..]).to_string();
-                let count = {
-                    let mut seen = seen.lock().unwrap();
-                    seen.push((headers, body));
-                    seen.len()
-                };
-                let status = if count <= failures {
-                    "500 Internal Server Error"
-                } else {
-                    "200 OK"
-                };
-                let answer =
-                    format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-                let _ = stream.write_all(answer.as_bytes()).await;
-                let _ = stream.shutdown().await;
-            }
-        });
-        (receiver, url)
-    }
-
-    fn requests(&self) -> Vec<Request> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
-fn sign(key: &str, body: &str) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).unwrap();
-    mac.update(body.as_bytes());
-    let hex: String = mac
-        .finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("sha256={hex}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

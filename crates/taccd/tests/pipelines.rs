@@ -483,3 +483,51 @@ async fn a_restarted_server_keeps_stages_waiting_for_a_sweep() {
     let log = log_text(&client, after).await;
     assert!(log.contains("x=1"), "the best trial's output: {log}");
 }
+
+/// A pipeline with `notify:` calls its webhook once, signed, when its last stage has
+/// ended — array and sweep stages included — naming each stage's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_notifies_once_when_its_last_stage_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "4"]).await;
+    let client = daemon.client();
+    let home = dir.path().join("home");
+    let key = "pipeline-hook-key";
+    client
+        .put_secret("HOOK_KEY", key.as_bytes().to_vec())
+        .await
+        .unwrap();
+    let (receiver, url) = common::webhook::Receiver::start(0).await;
+    let file = write_pipeline(
+        &dir.path().join("p"),
+        &format!(
+            "name: notified\nnotify: {{webhook: \"{url}\", secret: HOOK_KEY}}\nstages:\n  first:\n    resources: {{cpus: 0.5}}\n    run: echo first\n  fan:\n    needs: [first]\n    resources: {{cpus: 0.5}}\n    array: 0-1\n    run: test \"$TACC_ARRAY_INDEX\" -ne 1\n  tune:\n    needs: [first]\n    resources: {{cpus: 0.5}}\n    run: |\n      echo '{{\"step\": 1, \"loss\": {{{{x}}}}}}' >> \"$TACC_METRICS\"\n    sweep: {{method: grid, parameters: {{x: [2, 1]}}, metric: loss, parallel: 1}}\n  last:\n    needs: [tune]\n    resources: {{cpus: 0.5}}\n    run: echo last\n"
+        ),
+    );
+    let (group, _) = submit_pipeline(&daemon, &home, &file);
+    let detail = wait_pipeline_finished(&client, group).await;
+    assert_eq!(stage(&detail, "last").state, "succeeded", "{detail:?}");
+    let requests = eventually("the pipeline's notification", DEADLINE, || {
+        let receiver = receiver.clone();
+        async move {
+            let requests = receiver.requests();
+            (!requests.is_empty()).then_some(requests)
+        }
+    })
+    .await;
+    assert_eq!(requests.len(), 1, "one notification: {requests:?}");
+    let (headers, body) = &requests[0];
+    assert_eq!(
+        headers.get("x-tacc-signature"),
+        Some(&common::webhook::sign(key, body))
+    );
+    let event: serde_json::Value = serde_json::from_str(body).unwrap();
+    assert_eq!(event["event"], "pipeline.ended", "{event}");
+    assert_eq!(event["pipeline"]["id"], group.to_string(), "{event}");
+    assert_eq!(event["pipeline"]["state"], "failed", "{event}");
+    let stages = &event["pipeline"]["stages"];
+    assert_eq!(stages["first"], "succeeded", "{event}");
+    assert_eq!(stages["fan"], "failed", "{event}");
+    assert_eq!(stages["tune"], "succeeded", "{event}");
+    assert_eq!(stages["last"], "succeeded", "{event}");
+}

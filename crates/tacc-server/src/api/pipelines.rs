@@ -14,6 +14,15 @@ pub(super) async fn submit_pipeline(
     Json(body): Json<SubmitPipeline>,
 ) -> ApiResult<(StatusCode, Json<PipelineSubmitted>)> {
     let user = user_of(&caller)?;
+    let notify: Option<tacc_schema::NotifySpec> = body
+        .notify
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| {
+            ServerError::InvalidTask(format!(
+                "the pipeline's `notify` is not valid: {e}; write {{\"webhook\": URL, \"secret\": NAME}}"
+            ))
+        })?;
     let mut stages = Vec::with_capacity(body.stages.len());
     let mut tasks = 0u64;
     for stage in body.stages {
@@ -48,7 +57,7 @@ pub(super) async fn submit_pipeline(
     app.control.admit_tasks(user, tasks).await?;
     let (group, _) = app
         .control
-        .submit_pipeline(&user.name, body.name, stages, body.source)
+        .submit_pipeline(&user.name, body.name, stages, body.source, notify)
         .await?;
     let stages = app.control.stage_views(group.id).await?;
     Ok((

@@ -395,14 +395,8 @@ impl Control {
         spec.validate()
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
         let notify_secret = spec.notify.as_ref().map(|n| &n.secret);
-        for name in spec.environment.secrets.iter().chain(notify_secret) {
-            if self.store.get_secret(user, name).await?.is_none() {
-                return Err(ServerError::InvalidTask(format!(
-                    "the task names the secret `{name}`, but you have no secret of that name; \
-                     set it with `tcloud secret set {name}` (the value is read from stdin)"
-                )));
-            }
-        }
+        self.check_secrets(user, spec.environment.secrets.iter().chain(notify_secret))
+            .await?;
         let spec = self.resolve_registered_datasets(spec)?;
         if self.store.get_snapshot(snapshot).await?.is_none() {
             return Err(ServerError::InvalidTask(format!(
@@ -410,6 +404,23 @@ impl Control {
             )));
         }
         Ok(spec)
+    }
+
+    /// Every secret a submission names must be one of the user's.
+    pub(crate) async fn check_secrets(
+        &self,
+        user: &str,
+        names: impl Iterator<Item = &String>,
+    ) -> Result<(), ServerError> {
+        for name in names {
+            if self.store.get_secret(user, name).await?.is_none() {
+                return Err(ServerError::InvalidTask(format!(
+                    "the task names the secret `{name}`, but you have no secret of that name; \
+                     set it with `tcloud secret set {name}` (the value is read from stdin)"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Accept a task: validate, make it durable, then let the scheduler see it.

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use tacc_core::{GroupId, SnapshotId, TaskId, TaskState};
 use tacc_proto::{InputFile, StageView};
 use tacc_scheduler::Event;
-use tacc_schema::{PipelineSpec, StageSpec, TaskSpec};
+use tacc_schema::{NotifySpec, PipelineSpec, StageSpec, TaskSpec};
 use tacc_store::{
     GroupKind, GroupRecord, NewGroup, NewStage, NewStageRun, NewTask, StageRecord, StageSource,
     TaskChange, TaskRecord,
@@ -52,8 +52,14 @@ impl Control {
         name: String,
         stages: Vec<StageSubmission>,
         source: Option<String>,
+        notify: Option<NotifySpec>,
     ) -> Result<(GroupRecord, Vec<StageRecord>), ServerError> {
+        if let Some(notify) = &notify {
+            self.check_secrets(user, std::iter::once(&notify.secret))
+                .await?;
+        }
         let pipeline = PipelineSpec {
+            notify: notify.clone(),
             name: name.clone(),
             stages: stages
                 .iter()
@@ -124,7 +130,7 @@ impl Control {
                     kind: GroupKind::Pipeline,
                     name: name.clone(),
                     user: user.to_string(),
-                    spec: serde_json::json!({"stages": group_spec}),
+                    spec: serde_json::json!({"stages": group_spec, "notify": notify}),
                     created_at: at,
                 },
                 new_stages,
@@ -553,6 +559,64 @@ impl Control {
             }
         }
         Ok(files)
+    }
+
+    /// Each stage's end state once `changes` are committed, when that ends the pipeline
+    /// (every stage has ended; a sweep stage only once every trial was launched, or it
+    /// was cancelled); `None` while something still runs or waits.
+    pub(crate) async fn pipeline_end(
+        &self,
+        pipeline: GroupId,
+        changes: &[TaskChange],
+    ) -> Result<Option<BTreeMap<String, String>>, ServerError> {
+        let mut settled: BTreeMap<TaskId, (TaskState, Option<String>)> = BTreeMap::new();
+        for change in changes {
+            if let TaskChange::Transition(t) = change {
+                settled.insert(t.task, (t.to, t.reason.clone()));
+            }
+        }
+        let mut states = BTreeMap::new();
+        for stage in self.store.pipeline_stages(pipeline).await? {
+            if stage.cached {
+                states.insert(stage.name, "cached".to_string());
+                continue;
+            }
+            let tasks: Vec<(TaskState, Option<String>)> = self
+                .source_tasks(stage.source)
+                .await?
+                .into_iter()
+                .map(|t| settled.get(&t.id).cloned().unwrap_or((t.state, t.reason)))
+                .collect();
+            if tasks.iter().any(|(state, _)| !state.is_terminal()) {
+                return Ok(None);
+            }
+            let state = match self.stage_kind(&stage).await? {
+                StageKind::Sweep(group) => {
+                    let cancelled = tasks
+                        .iter()
+                        .any(|(_, reason)| reason.as_deref() == Some("cancelled by user"));
+                    let launched_all = match self.store.get_group(group).await? {
+                        Some(record) => Control::sweep_launched_all(&record),
+                        None => true,
+                    };
+                    if cancelled {
+                        TaskState::Cancelled
+                    } else if !launched_all {
+                        return Ok(None);
+                    } else if tasks.iter().any(|(s, _)| *s == TaskState::Succeeded) {
+                        TaskState::Succeeded
+                    } else {
+                        TaskState::Failed
+                    }
+                }
+                _ => match combined_state(tasks.iter().map(|(s, _)| *s)) {
+                    Some(state) => state,
+                    None => continue,
+                },
+            };
+            states.insert(stage.name, state.to_string());
+        }
+        Ok(Some(states))
     }
 
     /// Every stage of a pipeline as `tcloud ps` shows it.

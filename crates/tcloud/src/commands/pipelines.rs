@@ -96,6 +96,13 @@ pub async fn submit_pipeline(ctx: &Ctx, path: &Path, follow: bool, as_json: bool
             name: loaded.spec.name.clone(),
             stages,
             source: Some(loaded.source.display().to_string()),
+            notify: loaded
+                .spec
+                .notify
+                .as_ref()
+                .map(serde_json::to_value)
+                .transpose()
+                .context("cannot encode the pipeline's notify")?,
         })
         .await?;
     if as_json {
