@@ -323,9 +323,13 @@ impl Control {
                 ..Default::default()
             })
             .await?;
+        // Stages whose failure was committed just before a crash, before their dependents
+        // were ended: ended now, once the queue is rebuilt.
+        let mut failed_stages = Vec::new();
         for record in open.into_iter().rev() {
             let spec = spec_of(&record)?;
             if record.state == TaskState::Queued {
+                failed_stages.extend(self.failed_needs(&record).await?);
                 // A stage after an unfinished sweep waits for it outside the scheduler.
                 if !self.restore_sweep_wait(&mut inner, &record).await? {
                     inner.held.insert(record.id);
@@ -376,6 +380,10 @@ impl Control {
                 inner.identity_groups.insert(record.user.clone(), group);
             }
             inner.specs.insert(record.id, spec);
+        }
+        for (stage, reason, state) in failed_stages {
+            self.end_dependents(&mut inner, &stage, reason, state)
+                .await?;
         }
         Ok(())
     }

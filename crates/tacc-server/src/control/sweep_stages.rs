@@ -140,24 +140,7 @@ impl Control {
             return Ok(());
         }
         let mut inner = self.inner.lock().await;
-        let failure = match end {
-            SweepEnd::Best(_) | SweepEnd::Open => None,
-            SweepEnd::NoTrialSucceeded => Some((
-                format!(
-                    "dependency_failed: {} (group {group}: no trial succeeded)",
-                    stage.name
-                ),
-                TaskState::Failed,
-            )),
-            SweepEnd::Cancelled => Some((
-                format!(
-                    "dependency_failed: {} (group {group} was cancelled)",
-                    stage.name
-                ),
-                TaskState::Cancelled,
-            )),
-        };
-        if let Some((reason, state)) = failure {
+        if let Some((reason, state)) = self.stage_failure(&stage).await? {
             return self.end_dependents(&mut inner, &stage, reason, state).await;
         }
         let mut released = Vec::new();
@@ -199,6 +182,73 @@ impl Control {
             .collect();
         self.commit(&cleared).await?;
         self.queue_new(&mut inner, submitted).await
+    }
+
+    /// Why the stages after `stage` cannot run, and the state they end in, once `stage`
+    /// has ended without succeeding: its first task that failed, was cancelled or was
+    /// lost; a sweep without a best trial, or cancelled.
+    pub(crate) async fn stage_failure(
+        &self,
+        stage: &StageRecord,
+    ) -> Result<Option<(String, TaskState)>, ServerError> {
+        if stage.cached {
+            return Ok(None);
+        }
+        if let StageKind::Sweep(group) = self.stage_kind(stage).await? {
+            let name = &stage.name;
+            return Ok(match self.sweep_end(group).await? {
+                SweepEnd::Best(_) | SweepEnd::Open => None,
+                SweepEnd::NoTrialSucceeded => Some((
+                    format!("dependency_failed: {name} (group {group}: no trial succeeded)"),
+                    TaskState::Failed,
+                )),
+                SweepEnd::Cancelled => Some((
+                    format!("dependency_failed: {name} (group {group} was cancelled)"),
+                    TaskState::Cancelled,
+                )),
+            });
+        }
+        let failed = [TaskState::Failed, TaskState::Lost, TaskState::Cancelled];
+        Ok(self
+            .source_tasks(stage.source)
+            .await?
+            .into_iter()
+            .find(|t| failed.contains(&t.state))
+            .map(|t| {
+                let state = if t.state == TaskState::Cancelled {
+                    TaskState::Cancelled
+                } else {
+                    TaskState::Failed
+                };
+                (
+                    format!("dependency_failed: {} (task {})", stage.name, t.id),
+                    state,
+                )
+            }))
+    }
+
+    /// After a restart: the stages a queued stage task needs that had already failed
+    /// when the server stopped, before it could end their dependents.
+    pub(super) async fn failed_needs(
+        &self,
+        record: &TaskRecord,
+    ) -> Result<Vec<(StageRecord, String, TaskState)>, ServerError> {
+        let Some(stage) = self.stage_of_task(record).await? else {
+            return Ok(Vec::new());
+        };
+        let mut failed = Vec::new();
+        for needed in self
+            .store
+            .pipeline_stages(stage.pipeline)
+            .await?
+            .into_iter()
+            .filter(|s| stage.needs.contains(&s.name))
+        {
+            if let Some((reason, state)) = self.stage_failure(&needed).await? {
+                failed.push((needed, reason, state));
+            }
+        }
+        Ok(failed)
     }
 
     /// After a restart: a queued stage task waits again for the sweeps it still needs.
