@@ -334,11 +334,19 @@ impl Agent {
             .collect()
     }
 
+    /// What a registration claims: the running attempts and those that ended here whose
+    /// end the server has not acknowledged (it may have restarted meanwhile).
+    fn claimed_attempts(&self) -> Vec<AttemptRef> {
+        let mut claimed: BTreeSet<AttemptRef> = self.running_attempts().into_iter().collect();
+        claimed.extend(self.shared.reports.undelivered_ends());
+        claimed.into_iter().collect()
+    }
+
     /// Register (again), retrying until the server answers or we are shut down.
     async fn register(&self, shutdown: &CancellationToken) -> Option<NodeId> {
         let mut backoff = Backoff::default();
         loop {
-            let running = self.running_attempts();
+            let running = self.claimed_attempts();
             let registration = RegisterAgent {
                 name: self.shared.config.name.clone(),
                 capacity: self.shared.config.capacity,

@@ -15,7 +15,7 @@
 //!   dropped with a line in its task's log saying so — a refused batch never wedges the
 //!   stream.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,6 +40,10 @@ const _: () = assert!(BATCH_BYTES * 2 <= tacc_proto::MAX_REPORTS_BODY_BYTES);
 #[derive(Debug)]
 pub(crate) struct Reports {
     queues: Mutex<Queues>,
+    /// Attempts whose `finished` report the server has not acknowledged yet (queued or
+    /// in flight): still this node's to claim when it registers again, so an attempt that
+    /// ended while the server was away is reported as ended, never lost and run again.
+    ending: Mutex<BTreeSet<AttemptRef>>,
     wake: Notify,
     /// Where spool files go (emptied when the agent starts).
     dir: PathBuf,
@@ -113,6 +117,7 @@ impl Reports {
             .create(&dir)?;
         Ok(Reports {
             queues: Mutex::new(Queues::default()),
+            ending: Mutex::new(BTreeSet::new()),
             wake: Notify::new(),
             dir,
         })
@@ -121,6 +126,9 @@ impl Reports {
     /// Queue a report for delivery (never blocks on the server).
     pub(crate) fn send(&self, report: AgentReport) {
         let attempt = AgentReport::attempt(&report);
+        if matches!(report, AgentReport::Finished { .. }) {
+            self.ending.lock().unwrap().insert(attempt);
+        }
         {
             let mut queues = self.queues.lock().unwrap();
             let queue = queues
@@ -200,6 +208,21 @@ impl Reports {
         batch
     }
 
+    /// Attempts that ended here whose end the server has not acknowledged.
+    pub(crate) fn undelivered_ends(&self) -> Vec<AttemptRef> {
+        self.ending.lock().unwrap().iter().copied().collect()
+    }
+
+    /// The server has answered for these reports (accepted, or refused for good).
+    fn delivered(&self, part: &[AgentReport]) {
+        let mut ending = self.ending.lock().unwrap();
+        for report in part {
+            if let AgentReport::Finished { attempt, .. } = report {
+                ending.remove(attempt);
+            }
+        }
+    }
+
     /// Wait until something may have been queued.
     async fn queued(&self) {
         self.wake.notified().await;
@@ -248,6 +271,7 @@ async fn deliver(
             match shared.client.agent_reports(node, &part).await {
                 Ok(ack) => {
                     shared.lease.renewed(std::time::Instant::now());
+                    shared.reports.delivered(&part);
                     let samples = part
                         .iter()
                         .filter(|r| matches!(r, AgentReport::Usage(_)))
@@ -275,6 +299,7 @@ async fn deliver(
                     break;
                 }
                 Err(e) if refused(&e) => {
+                    shared.reports.delivered(&part);
                     let report = &part[0];
                     tracing::error!(
                         "the server refused a {} report of task {} attempt {} ({e}); it is \
@@ -383,6 +408,21 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    #[test]
+    fn an_end_stays_claimed_until_the_server_has_answered_for_it() {
+        let (_dir, reports) = reports();
+        let (a, b) = (attempt(1), attempt(2));
+        reports.send(log(a, "out\n"));
+        reports.send(finished(a));
+        reports.send(log(b, "still running\n"));
+        assert_eq!(reports.undelivered_ends(), [a]);
+        // Taken into a batch is not delivered: the batch may still fail.
+        let batch = reports.take_batch(BATCH_BYTES);
+        assert_eq!(reports.undelivered_ends(), [a]);
+        reports.delivered(&batch);
+        assert!(reports.undelivered_ends().is_empty());
     }
 
     #[test]

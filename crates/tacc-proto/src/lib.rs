@@ -200,7 +200,8 @@ pub struct RegisterAgent {
     pub capacity: Resources,
     pub gpu_type: Option<String>,
     pub labels: BTreeMap<String, String>,
-    /// Attempts this agent is still running (after an agent restart: none).
+    /// Attempts this agent is still running, and those that ended on it whose end it has
+    /// not delivered yet (after an agent restart: none).
     pub running: Vec<AttemptRef>,
     /// Address other nodes can reach this one at, for multi-node tasks.
     pub address: String,

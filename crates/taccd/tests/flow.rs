@@ -303,3 +303,41 @@ async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
         "the readers grew the server from {server_before} to {server_after} bytes"
     );
 }
+
+/// Issue 10, item 3: an attempt that ends while the server is away is reported as ended
+/// once the server is back (the agent claims it at registration until its end is
+/// acknowledged) — it is neither marked lost nor run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ends_while_the_server_is_away_is_not_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("s");
+    let agent_dir = dir.path().join("a");
+    let mut server = start("server", &data, &[]).await;
+    let url = server.url.clone();
+    let client = server.client();
+    let _agent = start_agent(&server, &agent_dir, &["--name", "away"]);
+    wait_nodes(&client, 1).await;
+    let yaml = "name: away\nretry: {max_attempts: 3}\nrun: |\n  \
+                gate() { while [ ! -e \"$1\" ]; do sleep 0.05; done; }\n  \
+                echo \"attempt $TACC_ATTEMPT\"\n  gate a\n  echo \"finished $TACC_ATTEMPT\"\n";
+    let task = submit(&client, dir.path(), "away", yaml, &[]).await;
+    wait_log_contains(&client, task, "attempt 1\n", DEADLINE).await;
+    server.kill9();
+    open_gate(&agent_dir, task, 1, "a");
+    // The agent removes the working directory just before it queues the end.
+    let workdir = workdir(&agent_dir, task, 1);
+    eventually("the attempt to end on the agent", DEADLINE, || {
+        let gone = !workdir.exists();
+        async move { gone.then_some(()) }
+    })
+    .await;
+    let server = restart_server(&data, &url).await;
+    let client = server.client();
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt.0, 1, "not run again: {view:?}");
+    let (log, _) = client.logs(task, 0).await.unwrap();
+    let log = String::from_utf8_lossy(&log);
+    assert!(log.contains("finished 1\n"), "{log}");
+    assert!(!log.contains("attempt 2"), "{log}");
+}
