@@ -33,11 +33,11 @@ pub use groups::{
     DeliveryOutcome, DeliveryRecord, GroupFilter, GroupKind, GroupRecord, HistoryFilter,
     NewDelivery, NewGroup,
 };
+pub use postgres::{PostgresStore, redacted};
 pub use records::{
     NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
     TaskHistory, TaskRecord, Transition, UsagePeak,
 };
-pub use postgres::{PostgresStore, redacted};
 pub use sqlite::SqliteStore;
 
 use std::collections::BTreeMap;
@@ -94,8 +94,8 @@ impl From<sqlx::Error> for StoreError {
 }
 
 /// Whether `error` says the database cannot be reached now rather than that a statement
-/// failed: the connection broke or could not be had, or the server is shutting down or
-/// starting (SQLSTATE class 08, and 57P01 to 57P03).
+/// failed: the connection broke or could not be had, the server is shutting down or
+/// starting, or it lets no more connections in (SQLSTATE class 08, 57P01 to 57P03, 53300).
 fn is_unavailable(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Io(_)
@@ -103,9 +103,9 @@ fn is_unavailable(error: &sqlx::Error) -> bool {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(e) => e
-            .code()
-            .is_some_and(|code| code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03")),
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+        }),
         _ => false,
     }
 }
@@ -317,7 +317,10 @@ mod tests {
         ] {
             let mapped = StoreError::from(error);
             assert!(matches!(mapped, StoreError::Unavailable(_)), "{mapped:?}");
-            assert!(mapped.to_string().contains("database server is running"), "{mapped}");
+            assert!(
+                mapped.to_string().contains("database server is running"),
+                "{mapped}"
+            );
         }
         let mapped = StoreError::from(sqlx::Error::RowNotFound);
         assert!(matches!(mapped, StoreError::Database(_)), "{mapped:?}");

@@ -215,10 +215,12 @@ impl Store for PostgresStore {
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
-        let row = sqlx::query(&numbered(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?")))
-            .bind(id.0 as i64)
-            .fetch_optional(&self.reader)
-            .await?;
+        let row = sqlx::query(&numbered(&format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"
+        )))
+        .bind(id.0 as i64)
+        .fetch_optional(&self.reader)
+        .await?;
         row.as_ref().map(task_from_row).transpose()
     }
 
@@ -297,11 +299,13 @@ impl Store for PostgresStore {
                 }
                 continue;
             }
-            let row = sqlx::query(&numbered(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?")))
-                .bind(id.0 as i64)
-                .fetch_optional(&mut *tx)
-                .await?
-                .ok_or(StoreError::TaskNotFound(id))?;
+            let row = sqlx::query(&numbered(&format!(
+                "SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"
+            )))
+            .bind(id.0 as i64)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(StoreError::TaskNotFound(id))?;
             let mut record = task_from_row(&row)?;
             let event = apply_transition(&mut record, change)?;
             sqlx::query(&numbered(

@@ -259,7 +259,10 @@ async fn postgres_ids_are_not_reused_after_a_rollback() {
     let kept = store.create_token(token("h1")).await.unwrap();
     assert!(store.create_token(token("h1")).await.is_err());
     let after = store.create_token(token("h2")).await.unwrap();
-    assert!(after.id > kept.id + 1, "a refused insert's id is not handed out again");
+    assert!(
+        after.id > kept.id + 1,
+        "a refused insert's id is not handed out again"
+    );
     let second = store
         .create_task(contract::new_task("b", "alice", 11))
         .await

@@ -5,7 +5,7 @@
 use std::str::FromStr;
 
 use sqlx::postgres::PgRow;
-use sqlx::{Row, PgPool};
+use sqlx::{PgPool, Row};
 use tacc_core::{NodeId, Role, SnapshotId, Timestamp};
 
 use super::numbered;
@@ -95,29 +95,35 @@ fn secret_from_row(row: &PgRow) -> Result<SecretRecord> {
 // ------------------------------------------------------------ users
 
 pub(super) async fn create_user(writer: &PgPool, user: UserRecord) -> Result<()> {
-    sqlx::query(&numbered("INSERT INTO users (name, group_name, role, created_at) VALUES (?, ?, ?, ?)"))
-        .bind(&user.name)
-        .bind(&user.group)
-        .bind(user.role.as_str())
-        .bind(millis(user.created_at))
-        .execute(writer)
-        .await
-        .map_err(|e| refuse_duplicate(e, "user", &user.name))?;
+    sqlx::query(&numbered(
+        "INSERT INTO users (name, group_name, role, created_at) VALUES (?, ?, ?, ?)",
+    ))
+    .bind(&user.name)
+    .bind(&user.group)
+    .bind(user.role.as_str())
+    .bind(millis(user.created_at))
+    .execute(writer)
+    .await
+    .map_err(|e| refuse_duplicate(e, "user", &user.name))?;
     Ok(())
 }
 
 pub(super) async fn get_user(reader: &PgPool, name: &str) -> Result<Option<UserRecord>> {
-    let row = sqlx::query(&numbered(&format!("SELECT {USER_COLUMNS} FROM users WHERE name = ?")))
-        .bind(name)
-        .fetch_optional(reader)
-        .await?;
+    let row = sqlx::query(&numbered(&format!(
+        "SELECT {USER_COLUMNS} FROM users WHERE name = ?"
+    )))
+    .bind(name)
+    .fetch_optional(reader)
+    .await?;
     row.as_ref().map(user_from_row).transpose()
 }
 
 pub(super) async fn list_users(reader: &PgPool) -> Result<Vec<UserRecord>> {
-    let rows = sqlx::query(&numbered(&format!("SELECT {USER_COLUMNS} FROM users ORDER BY name")))
-        .fetch_all(reader)
-        .await?;
+    let rows = sqlx::query(&numbered(&format!(
+        "SELECT {USER_COLUMNS} FROM users ORDER BY name"
+    )))
+    .fetch_all(reader)
+    .await?;
     rows.iter().map(user_from_row).collect()
 }
 
@@ -152,17 +158,16 @@ pub(super) async fn token_by_hash(reader: &PgPool, hash: &str) -> Result<Option<
 }
 
 pub(super) async fn get_token(reader: &PgPool, id: u64) -> Result<Option<TokenRecord>> {
-    let row = sqlx::query(&numbered(&format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?")))
-        .bind(id as i64)
-        .fetch_optional(reader)
-        .await?;
+    let row = sqlx::query(&numbered(&format!(
+        "SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ?"
+    )))
+    .bind(id as i64)
+    .fetch_optional(reader)
+    .await?;
     row.as_ref().map(token_from_row).transpose()
 }
 
-pub(super) async fn list_tokens(
-    reader: &PgPool,
-    user: Option<&str>,
-) -> Result<Vec<TokenRecord>> {
+pub(super) async fn list_tokens(reader: &PgPool, user: Option<&str>) -> Result<Vec<TokenRecord>> {
     let rows = match user {
         Some(user) => {
             sqlx::query(&numbered(&format!(
@@ -173,21 +178,24 @@ pub(super) async fn list_tokens(
             .await?
         }
         None => {
-            sqlx::query(&numbered(&format!("SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY id")))
-                .fetch_all(reader)
-                .await?
+            sqlx::query(&numbered(&format!(
+                "SELECT {TOKEN_COLUMNS} FROM tokens ORDER BY id"
+            )))
+            .fetch_all(reader)
+            .await?
         }
     };
     rows.iter().map(token_from_row).collect()
 }
 
 pub(super) async fn revoke_token(writer: &PgPool, id: u64, at: Timestamp) -> Result<bool> {
-    let result =
-        sqlx::query(&numbered("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL"))
-            .bind(millis(at))
-            .bind(id as i64)
-            .execute(writer)
-            .await?;
+    let result = sqlx::query(&numbered(
+        "UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+    ))
+    .bind(millis(at))
+    .bind(id as i64)
+    .execute(writer)
+    .await?;
     Ok(result.rows_affected() == 1)
 }
 
@@ -270,11 +278,13 @@ pub(super) async fn list_secrets(reader: &PgPool, user: &str) -> Result<Vec<Secr
 }
 
 pub(super) async fn delete_secret(writer: &PgPool, user: &str, name: &str) -> Result<bool> {
-    let result = sqlx::query(&numbered("DELETE FROM secrets WHERE user_name = ? AND name = ?"))
-        .bind(user)
-        .bind(name)
-        .execute(writer)
-        .await?;
+    let result = sqlx::query(&numbered(
+        "DELETE FROM secrets WHERE user_name = ? AND name = ?",
+    ))
+    .bind(user)
+    .bind(name)
+    .execute(writer)
+    .await?;
     Ok(result.rows_affected() == 1)
 }
 
@@ -297,11 +307,13 @@ pub(super) async fn is_snapshot_owner(
     snapshot: &SnapshotId,
     user: &str,
 ) -> Result<bool> {
-    let row = sqlx::query(&numbered("SELECT 1 FROM snapshot_owners WHERE snapshot = ? AND user_name = ?"))
-        .bind(snapshot.as_str())
-        .bind(user)
-        .fetch_optional(reader)
-        .await?;
+    let row = sqlx::query(&numbered(
+        "SELECT 1 FROM snapshot_owners WHERE snapshot = ? AND user_name = ?",
+    ))
+    .bind(snapshot.as_str())
+    .bind(user)
+    .fetch_optional(reader)
+    .await?;
     Ok(row.is_some())
 }
 
@@ -310,11 +322,7 @@ pub(super) async fn is_snapshot_owner(
 /// Hashes per statement: well under PostgreSQL's limit on bound parameters.
 const HASHES_PER_QUERY: usize = 500;
 
-pub(super) async fn add_chunk_owners(
-    writer: &PgPool,
-    user: &str,
-    hashes: &[String],
-) -> Result<()> {
+pub(super) async fn add_chunk_owners(writer: &PgPool, user: &str, hashes: &[String]) -> Result<()> {
     let mut tx = writer.begin().await?;
     for hash in hashes {
         sqlx::query(&numbered(

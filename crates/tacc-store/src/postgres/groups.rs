@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 
 use sqlx::postgres::PgRow;
-use sqlx::{Row, Postgres, PgPool, Transaction};
+use sqlx::{PgPool, Postgres, Row, Transaction};
 use tacc_core::{GroupId, TaskState, Timestamp};
 
 use super::numbered;
@@ -164,11 +164,13 @@ pub(super) async fn add_group_elements(
     elements: Vec<(u32, NewTask)>,
 ) -> Result<Vec<TaskRecord>> {
     let mut tx = pool.begin().await?;
-    let updated = sqlx::query(&numbered("UPDATE task_groups SET size = size + ? WHERE id = ?"))
-        .bind(elements.len() as i64)
-        .bind(group.0 as i64)
-        .execute(&mut *tx)
-        .await?;
+    let updated = sqlx::query(&numbered(
+        "UPDATE task_groups SET size = size + ? WHERE id = ?",
+    ))
+    .bind(elements.len() as i64)
+    .bind(group.0 as i64)
+    .execute(&mut *tx)
+    .await?;
     if updated.rows_affected() == 0 {
         return Err(crate::StoreError::GroupNotFound(group));
     }
@@ -187,10 +189,7 @@ pub(super) async fn get_group(pool: &PgPool, id: GroupId) -> Result<Option<Group
     row.as_ref().map(group_from_row).transpose()
 }
 
-pub(super) async fn list_groups(
-    pool: &PgPool,
-    filter: &GroupFilter,
-) -> Result<Vec<GroupRecord>> {
+pub(super) async fn list_groups(pool: &PgPool, filter: &GroupFilter) -> Result<Vec<GroupRecord>> {
     let mut sql = format!("SELECT {GROUP_COLUMNS} FROM task_groups g WHERE 1 = 1");
     if filter.user.is_some() {
         sql.push_str(" AND user_name = ?");
@@ -226,15 +225,13 @@ pub(super) async fn list_groups(
     rows.iter().map(group_from_row).collect()
 }
 
-pub(super) async fn group_counts(
-    pool: &PgPool,
-    id: GroupId,
-) -> Result<BTreeMap<TaskState, u64>> {
-    let rows =
-        sqlx::query(&numbered("SELECT state, COUNT(*) AS n FROM tasks WHERE group_id = ? GROUP BY state"))
-            .bind(id.0 as i64)
-            .fetch_all(pool)
-            .await?;
+pub(super) async fn group_counts(pool: &PgPool, id: GroupId) -> Result<BTreeMap<TaskState, u64>> {
+    let rows = sqlx::query(&numbered(
+        "SELECT state, COUNT(*) AS n FROM tasks WHERE group_id = ? GROUP BY state",
+    ))
+    .bind(id.0 as i64)
+    .fetch_all(pool)
+    .await?;
     let mut counts = BTreeMap::new();
     for row in &rows {
         let state: String = row.try_get("state")?;
@@ -245,10 +242,7 @@ pub(super) async fn group_counts(
 }
 
 /// Through `tasks_by_finished`: newest end first, stopping at the page's limit.
-pub(super) async fn task_history(
-    pool: &PgPool,
-    filter: &HistoryFilter,
-) -> Result<Vec<TaskRecord>> {
+pub(super) async fn task_history(pool: &PgPool, filter: &HistoryFilter) -> Result<Vec<TaskRecord>> {
     let states: Vec<TaskState> = if filter.states.is_empty() {
         TaskState::ALL
             .into_iter()

@@ -2,12 +2,12 @@
 //! the stage rows written in one transaction.
 
 use sqlx::postgres::PgRow;
-use sqlx::{Row, PgPool};
+use sqlx::{PgPool, Row};
 use tacc_core::{GroupId, TaskId};
 
-use super::numbered;
 use super::corrupt;
 use super::groups::insert_group;
+use super::numbered;
 use crate::{
     GroupRecord, NewGroup, NewStage, NewStageRun, Result, StageRecord, StageSource, TaskRecord,
 };
@@ -105,10 +105,12 @@ pub(super) async fn create_pipeline(
     }
     // A single stage is the pipeline's element without an index: it is no array element
     // (no `TACC_ARRAY_INDEX`).
-    sqlx::query(&numbered("UPDATE tasks SET group_index = NULL WHERE group_id = ?"))
-        .bind(record.id.0 as i64)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(&numbered(
+        "UPDATE tasks SET group_index = NULL WHERE group_id = ?",
+    ))
+    .bind(record.id.0 as i64)
+    .execute(&mut *tx)
+    .await?;
     for task in tasks.iter_mut().filter(|t| t.group == Some(record.id)) {
         task.group_index = None;
     }
@@ -123,10 +125,7 @@ pub(super) async fn create_pipeline(
     Ok((record, records, tasks))
 }
 
-pub(super) async fn pipeline_stages(
-    pool: &PgPool,
-    pipeline: GroupId,
-) -> Result<Vec<StageRecord>> {
+pub(super) async fn pipeline_stages(pool: &PgPool, pipeline: GroupId) -> Result<Vec<StageRecord>> {
     sqlx::query(&numbered(&format!(
         "SELECT {STAGE_COLUMNS} FROM pipeline_stages WHERE pipeline_id = ? ORDER BY position"
     )))
@@ -138,10 +137,7 @@ pub(super) async fn pipeline_stages(
     .collect()
 }
 
-pub(super) async fn stage_of(
-    pool: &PgPool,
-    source: StageSource,
-) -> Result<Option<StageRecord>> {
+pub(super) async fn stage_of(pool: &PgPool, source: StageSource) -> Result<Option<StageRecord>> {
     let (sql, id) = match source {
         StageSource::Task(task) => ("task_id", task.0),
         StageSource::Group(group) => ("group_id", group.0),
