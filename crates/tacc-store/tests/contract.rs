@@ -310,3 +310,25 @@ async fn postgres_open_of_an_unreachable_server_names_it_without_the_password() 
     assert!(text.contains("127.0.0.1:1"), "{text}");
     assert!(!text.contains("secret"), "{text}");
 }
+
+/// Every schema change is made for both stores: the PostgreSQL migrations mirror the
+/// SQLite ones file for file (sqlx applies them by version, so a missing mirror would
+/// leave one store a table short).
+#[test]
+fn every_sqlite_migration_has_a_postgres_mirror() {
+    let names = |dir: &str| -> Vec<String> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(dir);
+        let mut names: Vec<String> = std::fs::read_dir(&path)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let sqlite = names("sqlite");
+    assert!(!sqlite.is_empty());
+    assert_eq!(sqlite, names("postgres"));
+}
