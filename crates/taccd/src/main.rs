@@ -63,6 +63,16 @@ enum Command {
         /// The server's data directory (required).
         #[arg(long, env = "TACC_DATA_DIR", global = true)]
         data_dir: Option<PathBuf>,
+        /// The server's database when it is not DATA_DIR/tacc.db: the server's
+        /// --database (users, tokens and the audit trail live there).
+        #[arg(
+            long,
+            env = "TACC_DATABASE",
+            global = true,
+            hide_env_values = true,
+            value_name = "URL"
+        )]
+        database: Option<String>,
         #[command(subcommand)]
         command: admin::Admin,
     },
@@ -392,11 +402,15 @@ fn main() -> Result<()> {
                 agent,
                 admin_user,
             } => run_dev(server, agent, admin_user, shutdown).await,
-            Command::Admin { data_dir, command } => {
+            Command::Admin {
+                data_dir,
+                database,
+                command,
+            } => {
                 let data_dir = data_dir.context(
                     "taccd admin needs the server's data directory: --data-dir DIR (or TACC_DATA_DIR)",
                 )?;
-                admin::run(&data_dir, command).await
+                admin::run(&data_dir, database.as_deref(), command).await
             }
             Command::Server { server } => run_server(server, shutdown).await.map(|_| ()),
             Command::Agent {

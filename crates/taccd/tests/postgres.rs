@@ -151,3 +151,61 @@ async fn requests_are_503_while_the_database_is_unreachable() {
     })
     .await;
 }
+
+/// `taccd server --database postgres://…` with its first admin made by
+/// `taccd admin --database …` (users and tokens live in the database, not the data
+/// directory): the token works against the running server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_adds_a_user_to_a_server_on_postgres() {
+    let test = "admin_adds_a_user_to_a_server_on_postgres";
+    let Some(database) = TestDatabase::create(test).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("s");
+    let args = ["--database", database.url.as_str()];
+    // The server creates the schema; the operator adds the admin once it answers.
+    let server = tokio::spawn({
+        let data = data.clone();
+        let url = database.url.clone();
+        async move {
+            std::fs::create_dir_all(&data).unwrap();
+            // An empty admin.token: `launch` waits for the token below instead of adding
+            // an admin itself (without --database).
+            std::fs::write(data.join("admin.token"), "").unwrap();
+            launch(
+                "server",
+                &data,
+                &["--listen", "127.0.0.1:0", "--database", &url],
+            )
+            .await
+        }
+    });
+    let token = eventually("taccd admin to add the user", DEADLINE, || {
+        let data = data.clone();
+        async move {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_taccd"))
+                .arg("admin")
+                .arg("--data-dir")
+                .arg(&data)
+                .args(args)
+                .args(["user", "add", "root-admin", "--role", "admin"])
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+    })
+    .await;
+    std::fs::write(data.join("admin.token"), &token).unwrap();
+    let server = server.await.unwrap();
+    let client = server.client();
+    let users = eventually("the server to answer", DEADLINE, || {
+        let client = client.clone();
+        async move { client.list_users().await.ok() }
+    })
+    .await;
+    assert!(users.iter().any(|u| u.name == "root-admin"), "{users:?}");
+    assert!(!data.join("tacc.db").exists(), "a tacc.db was created");
+}
