@@ -68,6 +68,19 @@ if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
   fi
 fi
 
+# A real PostgreSQL for the PostgreSQL store's contract suite (crates/tacc-store) and
+# `taccd --database postgres://…` (crates/taccd/tests/postgres.rs); each test creates and
+# drops its own database. In CI a server that does not come up is a failure; elsewhere
+# those tests say SKIPPED loudly.
+if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
+  if postgres_url=$(bash scripts/ci/setup-postgres.sh); then
+    export TACC_TEST_POSTGRES_URL="$postgres_url"
+  else
+    echo "error: could not start the test PostgreSQL server (scripts/ci/setup-postgres.sh)" >&2
+    [ "${CI:-}" = "true" ] && exit 1
+  fi
+fi
+
 if [ "${CI:-}" = "true" ]; then
   cargo fmt --all -- --check
   cargo clippy --workspace --all-targets --quiet -- -D warnings

@@ -32,7 +32,8 @@ fn snapshot() -> SnapshotId {
     "ab".repeat(32).parse().expect("valid snapshot id")
 }
 
-fn new_task(name: &str, user: &str, at: u64) -> NewTask {
+/// A task of `user` submitted at `at` (milliseconds), on the contract's snapshot.
+pub fn new_task(name: &str, user: &str, at: u64) -> NewTask {
     NewTask {
         name: name.to_string(),
         user: user.to_string(),
@@ -64,11 +65,26 @@ fn change(t: Transition) -> TaskChange {
 /// }
 /// ```
 ///
+/// A store on a server that may be absent (PostgreSQL) uses `optional`: `$fresh` then
+/// takes the test's name and returns `None` when the test is skipped.
+///
+/// ```ignore
+/// mod postgres {
+///     tacc_store::store_contract_tests!(optional super::fresh_postgres);
+/// }
+/// ```
+///
 /// A new check in this module must be added to the list below, or it never runs.
 #[macro_export]
 macro_rules! store_contract_tests {
     ($fresh:path) => {
-        $crate::store_contract_tests!(@each $fresh;
+        $crate::store_contract_tests!(@list plain $fresh);
+    };
+    (optional $fresh:path) => {
+        $crate::store_contract_tests!(@list optional $fresh);
+    };
+    (@list $mode:ident $fresh:path) => {
+        $crate::store_contract_tests!(@each $mode $fresh;
             tasks_get_ids_in_order_and_round_trip,
             lifecycle_records_every_transition,
             apply_is_all_or_nothing,
@@ -122,11 +138,22 @@ macro_rules! store_contract_tests {
             pipeline_stages_found_by_cache_key_newest_first_per_user,
         );
     };
-    (@each $fresh:path; $($check:ident),+ $(,)?) => {
+    (@each plain $fresh:path; $($check:ident),+ $(,)?) => {
         $(
             #[tokio::test]
             async fn $check() {
                 let (store, _guard) = $fresh().await;
+                $crate::contract::$check(&store).await;
+            }
+        )+
+    };
+    (@each optional $fresh:path; $($check:ident),+ $(,)?) => {
+        $(
+            #[tokio::test]
+            async fn $check() {
+                let Some((store, _guard)) = $fresh(stringify!($check)).await else {
+                    return;
+                };
                 $crate::contract::$check(&store).await;
             }
         )+

@@ -2,9 +2,9 @@
 //! every state transition with its timestamp, nodes, code snapshots and task outputs.
 //!
 //! It is a side-effect crate beside the four layers: [`SqliteStore`] is the embedded
-//! default (sqlx, migrations, WAL, synchronous commits) and [`MemoryStore`] the fake for
-//! tests of the layers above; one contract suite ([`contract`]) runs against both, and
-//! against PostgreSQL once it is added. It depends on `tacc-core` only: no scheduler, no
+//! default (sqlx, migrations, WAL, synchronous commits), [`PostgresStore`] the same tables
+//! on a PostgreSQL server, and [`MemoryStore`] the fake for tests of the layers above; one
+//! contract suite ([`contract`]) runs against all three. It depends on `tacc-core` only: no scheduler, no
 //! HTTP, no wire types. Callers pass time in; the store never reads a clock.
 
 mod access;
@@ -13,10 +13,12 @@ mod groups;
 mod memory;
 mod metrics;
 mod pipelines;
+mod postgres;
 mod records;
 mod sqlite;
 
 pub mod contract;
+pub mod test_database;
 
 pub use access::{
     AuditEntry, NewAuditEntry, NewToken, SecretRecord, SnapshotOwner, TokenKind, TokenRecord,
@@ -31,6 +33,7 @@ pub use groups::{
     DeliveryOutcome, DeliveryRecord, GroupFilter, GroupKind, GroupRecord, HistoryFilter,
     NewDelivery, NewGroup,
 };
+pub use postgres::{PostgresStore, redacted};
 pub use records::{
     NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
     TaskHistory, TaskRecord, Transition, UsagePeak,
@@ -66,12 +69,45 @@ pub enum StoreError {
         "database migration failed: {0} (the data directory may belong to a newer TACC version)"
     )]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error(
+        "the database is unavailable: {0} (check that the database server is running and reachable)"
+    )]
+    Unavailable(#[source] sqlx::Error),
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(#[source] sqlx::Error),
     #[error("{what} `{name}` already exists")]
     AlreadyExists { what: &'static str, name: String },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+}
+
+/// A lost or refused connection is [`StoreError::Unavailable`] (the request may succeed
+/// once the database is back), anything else [`StoreError::Database`].
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        if is_unavailable(&error) {
+            StoreError::Unavailable(error)
+        } else {
+            StoreError::Database(error)
+        }
+    }
+}
+
+/// Whether `error` says the database cannot be reached now rather than that a statement
+/// failed: the connection broke or could not be had, the server is shutting down or
+/// starting, or it lets no more connections in (SQLSTATE class 08, 57P01 to 57P03, 53300).
+fn is_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+        }),
+        _ => false,
+    }
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -265,4 +301,28 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         user: &str,
         hashes: &[String],
     ) -> Result<std::collections::BTreeSet<String>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StoreError;
+
+    #[test]
+    fn a_lost_connection_is_unavailable_and_a_bad_statement_is_not() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        for error in [
+            sqlx::Error::Io(refused),
+            sqlx::Error::PoolTimedOut,
+            sqlx::Error::PoolClosed,
+        ] {
+            let mapped = StoreError::from(error);
+            assert!(matches!(mapped, StoreError::Unavailable(_)), "{mapped:?}");
+            assert!(
+                mapped.to_string().contains("database server is running"),
+                "{mapped}"
+            );
+        }
+        let mapped = StoreError::from(sqlx::Error::RowNotFound);
+        assert!(matches!(mapped, StoreError::Database(_)), "{mapped:?}");
+    }
 }

@@ -1,7 +1,11 @@
 //! The shared store contract, one test per behaviour and implementation, plus what only
-//! the SQLite store promises (durability across reopen, a clear open error).
+//! the SQLite store promises (durability across reopen, a clear open error) and what the
+//! PostgreSQL store must do on a server (no transaction left open, recovery of connections).
 
-use tacc_store::{MemoryStore, SqliteStore, Store, contract};
+use std::time::{Duration, Instant};
+
+use tacc_store::test_database::TestDatabase;
+use tacc_store::{MemoryStore, PostgresStore, SqliteStore, Store, contract};
 
 async fn fresh_memory() -> (MemoryStore, ()) {
     (MemoryStore::new(), ())
@@ -15,12 +19,23 @@ async fn fresh_sqlite() -> (SqliteStore, tempfile::TempDir) {
     (store, dir)
 }
 
+/// A store on a new database of the test server, or `None` when the test is skipped.
+async fn fresh_postgres(test: &str) -> Option<(PostgresStore, TestDatabase)> {
+    let database = TestDatabase::create(test).await?;
+    let store = PostgresStore::open(&database.url).await.unwrap();
+    Some((store, database))
+}
+
 mod memory {
     tacc_store::store_contract_tests!(super::fresh_memory);
 }
 
 mod sqlite {
     tacc_store::store_contract_tests!(super::fresh_sqlite);
+}
+
+mod postgres {
+    tacc_store::store_contract_tests!(optional super::fresh_postgres);
 }
 
 #[tokio::test]
@@ -149,4 +164,171 @@ async fn sqlite_outputs_of_earlier_versions_become_rank_0s() {
             size: 14,
         }]
     );
+}
+
+/// The sessions of the test database that sit inside a transaction, polled until there
+/// are none or the deadline passes (a rolled-back transaction is ended when its
+/// connection goes back to the pool, just after the failing call returns).
+async fn open_transactions(database: &TestDatabase) -> i64 {
+    use sqlx::Connection;
+    let mut probe = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let open: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'",
+        )
+        .fetch_one(&mut probe)
+        .await
+        .unwrap();
+        if open == 0 || Instant::now() > deadline {
+            return open;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn postgres_failed_write_leaves_no_transaction_open() {
+    let Some((store, database)) =
+        fresh_postgres("postgres_failed_write_leaves_no_transaction_open").await
+    else {
+        return;
+    };
+    let task = store
+        .create_task(contract::new_task("a", "alice", 10))
+        .await
+        .unwrap();
+    // The second change fails after the first was written inside the transaction.
+    let failed = store
+        .apply(&[
+            tacc_store::TaskChange::Reason {
+                task: task.id,
+                reason: Some("first".into()),
+            },
+            tacc_store::TaskChange::Reason {
+                task: tacc_core::TaskId(task.id.0 + 1000),
+                reason: Some("missing".into()),
+            },
+        ])
+        .await;
+    assert!(
+        matches!(failed, Err(tacc_store::StoreError::TaskNotFound(_))),
+        "{failed:?}"
+    );
+    assert_eq!(open_transactions(&database).await, 0);
+    // Nothing of the failed call was kept, and the writer still writes.
+    let kept = store.get_task(task.id).await.unwrap().unwrap();
+    assert_eq!(kept.reason, None);
+    let next = store
+        .create_task(contract::new_task("b", "alice", 11))
+        .await
+        .unwrap();
+    assert!(next.id > task.id);
+}
+
+#[tokio::test]
+async fn postgres_ids_are_not_reused_after_a_rollback() {
+    let Some((store, _database)) =
+        fresh_postgres("postgres_ids_are_not_reused_after_a_rollback").await
+    else {
+        return;
+    };
+    let first = store
+        .create_task(contract::new_task("a", "alice", 10))
+        .await
+        .unwrap();
+    // A refused token insert (its hash is taken) draws an id from the sequence and
+    // rolls back: that id is never handed out.
+    let user = tacc_store::UserRecord {
+        name: "alice".into(),
+        group: None,
+        role: tacc_core::Role::User,
+        created_at: tacc_core::Timestamp(1),
+    };
+    store.create_user(user).await.unwrap();
+    let token = |hash: &str| tacc_store::NewToken {
+        kind: tacc_store::TokenKind::User,
+        hash: hash.into(),
+        user: Some("alice".into()),
+        node: None,
+        created_at: tacc_core::Timestamp(1),
+        expires_at: None,
+        label: String::new(),
+    };
+    let kept = store.create_token(token("h1")).await.unwrap();
+    assert!(store.create_token(token("h1")).await.is_err());
+    let after = store.create_token(token("h2")).await.unwrap();
+    assert!(
+        after.id > kept.id + 1,
+        "a refused insert's id is not handed out again"
+    );
+    let second = store
+        .create_task(contract::new_task("b", "alice", 11))
+        .await
+        .unwrap();
+    assert!(second.id > first.id);
+}
+
+#[tokio::test]
+async fn postgres_store_recovers_when_its_connections_are_killed() {
+    let Some((store, database)) =
+        fresh_postgres("postgres_store_recovers_when_its_connections_are_killed").await
+    else {
+        return;
+    };
+    let task = store
+        .create_task(contract::new_task("a", "alice", 10))
+        .await
+        .unwrap();
+    use sqlx::Connection;
+    let mut admin = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(&mut admin)
+    .await
+    .unwrap();
+    assert!(!killed.is_empty(), "the store had connections to kill");
+    // Pooled connections are tested before use: the broken ones are replaced.
+    let loaded = store.get_task(task.id).await.unwrap();
+    assert_eq!(loaded.map(|t| t.name), Some("a".to_string()));
+    store
+        .create_task(contract::new_task("b", "alice", 11))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn postgres_open_of_an_unreachable_server_names_it_without_the_password() {
+    // A port nothing listens on: the connection is refused at once.
+    let err = PostgresStore::open("postgres://tacc:secret@127.0.0.1:1/tacc")
+        .await
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("127.0.0.1:1"), "{text}");
+    assert!(!text.contains("secret"), "{text}");
+}
+
+/// Every schema change is made for both stores: the PostgreSQL migrations mirror the
+/// SQLite ones file for file (sqlx applies them by version, so a missing mirror would
+/// leave one store a table short).
+#[test]
+fn every_sqlite_migration_has_a_postgres_mirror() {
+    let names = |dir: &str| -> Vec<String> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("migrations")
+            .join(dir);
+        let mut names: Vec<String> = std::fs::read_dir(&path)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let sqlite = names("sqlite");
+    assert!(!sqlite.is_empty());
+    assert_eq!(sqlite, names("postgres"));
 }

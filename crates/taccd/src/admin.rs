@@ -23,13 +23,13 @@ pub enum Admin {
     Accounts(crate::admin_accounts::AdminCommand),
 }
 
-pub async fn run(data_dir: &Path, command: Admin) -> Result<()> {
+pub async fn run(data_dir: &Path, database: Option<&str>, command: Admin) -> Result<()> {
     match command {
         Admin::TlsInit(mut args) => {
             args.data_dir = data_dir.to_path_buf();
             crate::tls::init(args)
         }
         Admin::Node(command) => crate::admin_nodes::run(data_dir, command).await,
-        Admin::Accounts(command) => crate::admin_accounts::run(data_dir, command).await,
+        Admin::Accounts(command) => crate::admin_accounts::run(data_dir, database, command).await,
     }
 }

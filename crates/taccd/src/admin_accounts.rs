@@ -4,11 +4,14 @@
 //! audited as `operator`.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use tacc_core::{HumanDuration, Role};
-use tacc_store::{NewAuditEntry, SqliteStore, Store};
+use tacc_store::{NewAuditEntry, Store};
+
+use crate::database::Database;
 
 #[derive(Debug, Subcommand)]
 pub enum AdminCommand {
@@ -88,17 +91,23 @@ pub enum TokenCommand {
     Revoke { id: u64 },
 }
 
-async fn open(data_dir: &Path) -> Result<SqliteStore> {
-    let path = data_dir.join("tacc.db");
-    if !path.exists() {
-        bail!(
-            "{} holds no TACC database; point --data-dir at the server's data directory",
-            data_dir.display()
-        );
+/// The server's store: `--database` when given, else the SQLite file of the data
+/// directory, which must exist (a typo in --data-dir must not create an empty one).
+async fn open(data_dir: &Path, database: Option<&str>) -> Result<Arc<dyn Store>> {
+    let database = Database::choose(database, data_dir).map_err(anyhow::Error::msg)?;
+    if let Database::Sqlite(path) = &database {
+        if !path.exists() {
+            bail!(
+                "{} holds no TACC database; point --data-dir at the server's data directory \
+                 (or --database at the server's database)",
+                data_dir.display()
+            );
+        }
     }
-    SqliteStore::open(&path)
+    database
+        .open()
         .await
-        .with_context(|| format!("cannot open {}", path.display()))
+        .with_context(|| format!("cannot open {database}"))
 }
 
 fn audit(action: &str, target: String, detail: String) -> NewAuditEntry {
@@ -116,8 +125,9 @@ fn when(at: Option<tacc_core::Timestamp>) -> String {
     at.map_or_else(|| "-".to_string(), |t| t.to_string())
 }
 
-pub async fn run(data_dir: &Path, command: AdminCommand) -> Result<()> {
-    let store = open(data_dir).await?;
+pub async fn run(data_dir: &Path, database: Option<&str>, command: AdminCommand) -> Result<()> {
+    let opened = open(data_dir, database).await?;
+    let store: &dyn Store = &*opened;
     let now = tacc_server::now();
     match command {
         AdminCommand::User(UserCommand::Add {
@@ -127,7 +137,7 @@ pub async fn run(data_dir: &Path, command: AdminCommand) -> Result<()> {
             ttl,
         }) => {
             let (user, token) = tacc_server::accounts::create_user(
-                &store,
+                store,
                 &name,
                 group.as_deref(),
                 role,
@@ -158,7 +168,7 @@ pub async fn run(data_dir: &Path, command: AdminCommand) -> Result<()> {
         }
         AdminCommand::Token(TokenCommand::Create { user, label, ttl }) => {
             let token = tacc_server::accounts::issue_user_token(
-                &store,
+                store,
                 &user,
                 &label,
                 ttl.map(|t| t.as_secs()),
@@ -213,7 +223,7 @@ pub async fn run(data_dir: &Path, command: AdminCommand) -> Result<()> {
         }
         AdminCommand::AgentToken { ttl } => {
             let token = tacc_server::accounts::issue_join_token(
-                &store,
+                store,
                 "operator",
                 Some(ttl.as_secs()),
                 now,
@@ -235,7 +245,7 @@ pub async fn run(data_dir: &Path, command: AdminCommand) -> Result<()> {
         }
         AdminCommand::MetricsToken { label, ttl } => {
             let token = tacc_server::accounts::issue_metrics_token(
-                &store,
+                store,
                 "operator",
                 &label,
                 ttl.map(|t| t.as_secs()),

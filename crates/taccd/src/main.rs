@@ -6,6 +6,7 @@
 mod admin;
 mod admin_accounts;
 mod admin_nodes;
+mod database;
 mod modes;
 mod node_labels;
 mod pilot_node;
@@ -25,7 +26,6 @@ use serde::Deserialize;
 use tacc_agent::{Agent, AgentConfig};
 use tacc_core::{ByteSize, HumanDuration, Resources};
 use tacc_server::{Control, ServerConfig};
-use tacc_store::SqliteStore;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -63,6 +63,16 @@ enum Command {
         /// The server's data directory (required).
         #[arg(long, env = "TACC_DATA_DIR", global = true)]
         data_dir: Option<PathBuf>,
+        /// The server's database when it is not DATA_DIR/tacc.db: the server's
+        /// --database (users, tokens and the audit trail live there).
+        #[arg(
+            long,
+            env = "TACC_DATABASE",
+            global = true,
+            hide_env_values = true,
+            value_name = "URL"
+        )]
+        database: Option<String>,
         #[command(subcommand)]
         command: admin::Admin,
     },
@@ -119,6 +129,16 @@ struct ServerArgs {
     /// Where the database, logs, chunks and outputs live.
     #[arg(long)]
     data_dir: PathBuf,
+    /// The database for the control plane's state: a PostgreSQL URL
+    /// (postgres://USER:PASSWORD@HOST:PORT/DATABASE, the database created beforehand) or
+    /// an SQLite file. Left out: the embedded SQLite file DATA_DIR/tacc.db.
+    #[arg(
+        long,
+        env = "TACC_DATABASE",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    database: Option<String>,
     /// Address to listen on; port 0 picks a free port (written to DATA_DIR/taccd.json).
     #[arg(long, default_value = "127.0.0.1:8383")]
     listen: SocketAddr,
@@ -382,11 +402,15 @@ fn main() -> Result<()> {
                 agent,
                 admin_user,
             } => run_dev(server, agent, admin_user, shutdown).await,
-            Command::Admin { data_dir, command } => {
+            Command::Admin {
+                data_dir,
+                database,
+                command,
+            } => {
                 let data_dir = data_dir.context(
                     "taccd admin needs the server's data directory: --data-dir DIR (or TACC_DATA_DIR)",
                 )?;
-                admin::run(&data_dir, command).await
+                admin::run(&data_dir, database.as_deref(), command).await
             }
             Command::Server { server } => run_server(server, shutdown).await.map(|_| ()),
             Command::Agent {
@@ -455,7 +479,10 @@ async fn start_server(
     args.tls.check_exposure(args.listen, &args.data_dir)?;
     let tls = args.tls.load()?;
     modes::secure_server_dir(&args.data_dir, hosts_agent)?;
-    let store = SqliteStore::open(&args.data_dir.join("tacc.db")).await?;
+    let database = database::Database::choose(args.database.as_deref(), &args.data_dir)
+        .map_err(anyhow::Error::msg)?;
+    let store = database.open().await?;
+    tracing::info!("control-plane state in {database}");
     let mut config = ServerConfig::new(args.data_dir.clone());
     config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
     config.node_stable_after = Duration::from_secs(args.node_stable_after);
@@ -480,7 +507,7 @@ async fn start_server(
         record_every: (args.adaptive_window.as_std() / 3).min(Duration::from_secs(10)),
         default_bounds: args.adaptive_default,
     };
-    let control = Control::open(Arc::new(store), config).await?;
+    let control = Control::open(store, config).await?;
     let served = control.clone();
     let listener = TcpListener::bind(args.listen).await.with_context(|| {
         format!(

@@ -429,7 +429,10 @@ impl ServerError {
             ServerError::TooManyRequests { .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_requests")
             }
-            ServerError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ServerError::Unavailable(_)
+            | ServerError::Store(tacc_store::StoreError::Unavailable(_)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
             ServerError::NodeTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "node_timeout"),
             ServerError::Store(_) | ServerError::Internal(_) | ServerError::Config(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal")

@@ -1,0 +1,176 @@
+//! Pipeline stages in PostgreSQL: the pipeline group, every stage's task or array group and
+//! the stage rows written in one transaction.
+
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+use tacc_core::{GroupId, TaskId};
+
+use super::corrupt;
+use super::groups::insert_group;
+use super::numbered;
+use crate::{
+    GroupRecord, NewGroup, NewStage, NewStageRun, Result, StageRecord, StageSource, TaskRecord,
+};
+
+const STAGE_COLUMNS: &str = "pipeline_id, position, name, needs, cache_key, task_id, group_id, \
+     cached, user_name, pipeline_name";
+
+fn stage_from_row(row: &PgRow) -> Result<StageRecord> {
+    let needs: String = row.try_get("needs")?;
+    let task: Option<i64> = row.try_get("task_id")?;
+    let group: Option<i64> = row.try_get("group_id")?;
+    let source = match (task, group) {
+        (Some(task), _) => StageSource::Task(TaskId(task as u64)),
+        (None, Some(group)) => StageSource::Group(GroupId(group as u64)),
+        (None, None) => return Err(corrupt("a pipeline stage with neither task nor group")),
+    };
+    Ok(StageRecord {
+        pipeline: GroupId(row.try_get::<i64, _>("pipeline_id")? as u64),
+        position: row.try_get::<i64, _>("position")? as u32,
+        name: row.try_get("name")?,
+        needs: serde_json::from_str(&needs).map_err(corrupt)?,
+        cache_key: row.try_get("cache_key")?,
+        source,
+        cached: row.try_get::<i64, _>("cached")? != 0,
+        user: row.try_get("user_name")?,
+        pipeline_name: row.try_get("pipeline_name")?,
+    })
+}
+
+pub(super) async fn create_pipeline(
+    pool: &PgPool,
+    group: NewGroup,
+    stages: Vec<NewStage>,
+) -> Result<(GroupRecord, Vec<StageRecord>, Vec<TaskRecord>)> {
+    let mut tx = pool.begin().await?;
+    let singles: Vec<(u32, crate::NewTask)> = stages
+        .iter()
+        .enumerate()
+        .filter_map(|(position, stage)| match &stage.run {
+            NewStageRun::Task(task) => Some((position as u32, task.clone())),
+            _ => None,
+        })
+        .collect();
+    let user = group.user.clone();
+    let pipeline_name = group.name.clone();
+    let (mut record, single_tasks) = insert_group(&mut tx, group, singles).await?;
+    let mut singles = single_tasks.into_iter();
+    let mut records = Vec::with_capacity(stages.len());
+    let mut tasks = Vec::new();
+    for (position, stage) in stages.into_iter().enumerate() {
+        let (source, cached) = match stage.run {
+            NewStageRun::Task(_) => {
+                let task = singles
+                    .next()
+                    .ok_or_else(|| corrupt("fewer single-task stages inserted than given"))?;
+                let source = StageSource::Task(task.id);
+                tasks.push(task);
+                (source, false)
+            }
+            NewStageRun::Array { group, elements } => {
+                let (array, elements) = insert_group(&mut tx, group, elements).await?;
+                tasks.extend(elements);
+                (StageSource::Group(array.id), false)
+            }
+            NewStageRun::Cached(source) => (source, true),
+        };
+        let (task_id, group_id) = source.columns();
+        let needs = serde_json::to_string(&stage.needs).map_err(corrupt)?;
+        sqlx::query(&numbered(&format!(
+            "INSERT INTO pipeline_stages ({STAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+        )))
+        .bind(record.id.0 as i64)
+        .bind(position as i64)
+        .bind(&stage.name)
+        .bind(&needs)
+        .bind(&stage.cache_key)
+        .bind(task_id)
+        .bind(group_id)
+        .bind(i64::from(cached))
+        .bind(&user)
+        .bind(&pipeline_name)
+        .execute(&mut *tx)
+        .await?;
+        records.push(StageRecord {
+            pipeline: record.id,
+            position: position as u32,
+            name: stage.name,
+            needs: stage.needs,
+            cache_key: stage.cache_key,
+            source,
+            cached,
+            user: user.clone(),
+            pipeline_name: pipeline_name.clone(),
+        });
+    }
+    // A single stage is the pipeline's element without an index: it is no array element
+    // (no `TACC_ARRAY_INDEX`).
+    sqlx::query(&numbered(
+        "UPDATE tasks SET group_index = NULL WHERE group_id = ?",
+    ))
+    .bind(record.id.0 as i64)
+    .execute(&mut *tx)
+    .await?;
+    for task in tasks.iter_mut().filter(|t| t.group == Some(record.id)) {
+        task.group_index = None;
+    }
+    // The pipeline's size is its number of stages, not its single-task elements.
+    sqlx::query(&numbered("UPDATE task_groups SET size = ? WHERE id = ?"))
+        .bind(records.len() as i64)
+        .bind(record.id.0 as i64)
+        .execute(&mut *tx)
+        .await?;
+    record.size = records.len() as u32;
+    tx.commit().await?;
+    Ok((record, records, tasks))
+}
+
+pub(super) async fn pipeline_stages(pool: &PgPool, pipeline: GroupId) -> Result<Vec<StageRecord>> {
+    sqlx::query(&numbered(&format!(
+        "SELECT {STAGE_COLUMNS} FROM pipeline_stages WHERE pipeline_id = ? ORDER BY position"
+    )))
+    .bind(pipeline.0 as i64)
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(stage_from_row)
+    .collect()
+}
+
+pub(super) async fn stage_of(pool: &PgPool, source: StageSource) -> Result<Option<StageRecord>> {
+    let (sql, id) = match source {
+        StageSource::Task(task) => ("task_id", task.0),
+        StageSource::Group(group) => ("group_id", group.0),
+    };
+    sqlx::query(&numbered(&format!(
+        "SELECT {STAGE_COLUMNS} FROM pipeline_stages WHERE {sql} = ? AND cached = 0 LIMIT 1"
+    )))
+    .bind(id as i64)
+    .fetch_optional(pool)
+    .await?
+    .as_ref()
+    .map(stage_from_row)
+    .transpose()
+}
+
+pub(super) async fn stages_with_key(
+    pool: &PgPool,
+    user: &str,
+    pipeline: &str,
+    stage: &str,
+    cache_key: &str,
+) -> Result<Vec<StageRecord>> {
+    sqlx::query(&numbered(&format!(
+        "SELECT {STAGE_COLUMNS} FROM pipeline_stages WHERE user_name = ? AND pipeline_name = ? \
+         AND name = ? AND cache_key = ? ORDER BY pipeline_id DESC LIMIT 20"
+    )))
+    .bind(user)
+    .bind(pipeline)
+    .bind(stage)
+    .bind(cache_key)
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(stage_from_row)
+    .collect()
+}
