@@ -150,3 +150,33 @@ async fn sqlite_outputs_of_earlier_versions_become_rank_0s() {
         }]
     );
 }
+
+/// Task ids come from an AUTOINCREMENT column: a reopened store never gives out an id it
+/// acknowledged before, even when that was the newest.
+#[tokio::test]
+async fn sqlite_ids_are_never_reused_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tacc.db");
+    let task = |name: &str| tacc_store::NewTask {
+        name: name.into(),
+        user: "alice".into(),
+        spec: serde_json::json!({}),
+        snapshot: "ef".repeat(32).parse().unwrap(),
+        source: None,
+        submitted_at: tacc_core::Timestamp(1),
+    };
+    let before = {
+        let store = SqliteStore::open(&path).await.unwrap();
+        let mut ids = Vec::new();
+        for name in ["a", "b", "c"] {
+            ids.push(store.create_task(task(name)).await.unwrap().id);
+        }
+        ids
+    };
+    let reopened = SqliteStore::open(&path).await.unwrap();
+    let after = reopened.create_task(task("d")).await.unwrap().id;
+    assert!(
+        before.iter().all(|id| *id < after),
+        "id {after} after reopen, acknowledged before: {before:?}"
+    );
+}
