@@ -30,6 +30,9 @@ pub const TASK_FAILED: u8 = 5;
 pub const UNAUTHENTICATED: u8 = 6;
 /// The server knows who you are, and this is not yours to do (HTTP 403).
 pub const FORBIDDEN: u8 = 7;
+/// The server failed, not the request: its disk is full, its database unavailable, an
+/// internal error (HTTP 5xx). Retrying later may succeed.
+pub const SERVER_FAULT: u8 = 8;
 
 /// Where the token of a request came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +153,7 @@ pub fn code_for_api(code: &str) -> u8 {
         "forbidden" => FORBIDDEN,
         "not_found" => NOT_FOUND,
         "invalid_task" | "unsupported" | "bad_request" => INVALID,
+        "storage_full" | "unavailable" | "internal" => SERVER_FAULT,
         _ => FAILURE,
     }
 }
@@ -195,6 +199,7 @@ pub fn render_with(error: &anyhow::Error, auth: Option<&AuthContext>) -> (Option
                 ClientError::Api { code, .. } => {
                     (Some(format!("error: {error:#}")), code_for_api(code))
                 }
+                ClientError::TimedOut { .. } => (Some(format!("error: {client}")), UNREACHABLE),
                 ClientError::Protocol { .. } => (Some(format!("error: {error:#}")), FAILURE),
                 ClientError::Tls { .. } => (Some(format!("error: {client}")), UNREACHABLE),
             };
