@@ -57,6 +57,7 @@ impl SqliteStore {
         };
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .after_release(|conn, _| Box::pin(no_transaction_left_open(conn)))
             .connect_with(options.clone())
             .await
             .map_err(open_error)?;
@@ -68,6 +69,30 @@ impl SqliteStore {
             .map_err(open_error)?;
         Ok(SqliteStore { writer, reader })
     }
+}
+
+/// Whether the writer connection may be used again: no transaction is left open on it.
+///
+/// A write that fails for space can leave one open: SQLite may roll back a transaction
+/// itself when `COMMIT` fails with `SQLITE_FULL`, so sqlx's `ROLLBACK` on drop fails and
+/// sqlx still counts the transaction; or a nested savepoint is rolled back to while the
+/// outer transaction stays. Every later write would then run inside that transaction and
+/// never commit: acknowledged, yet invisible and lost on restart. The pool closes such a
+/// connection (SQLite rolls back whatever it held) and opens a fresh one.
+async fn no_transaction_left_open(
+    conn: &mut sqlx::SqliteConnection,
+) -> std::result::Result<bool, sqlx::Error> {
+    use sqlx::{Connection, TransactionManager};
+    // The rollback a dropped transaction queued runs before this round trip returns.
+    conn.ping().await?;
+    let depth = sqlx::sqlite::SqliteTransactionManager::get_transaction_depth(conn);
+    if depth != 0 {
+        tracing::warn!(
+            "a failed write left {depth} transaction(s) open on the database connection; \
+             closing it and opening a fresh one"
+        );
+    }
+    Ok(depth == 0)
 }
 
 pub(crate) const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \

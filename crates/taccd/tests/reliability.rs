@@ -310,3 +310,149 @@ async fn tcloud_gives_up_on_a_stopped_server_within_its_timeout() {
         "{stderr}"
     );
 }
+
+/// A small tmpfs mounted for the test's data directory, unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mount `size` of tmpfs at `dir`; `None` (SKIPPED, or a failure in CI) when this
+    /// machine does not let the test mount.
+    fn mount(dir: &Path, size: &str, test: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).unwrap();
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output();
+        match mounted {
+            Ok(output) if output.status.success() => Some(Tmpfs(dir.to_path_buf())),
+            other => {
+                let why = match other {
+                    Ok(output) => String::from_utf8_lossy(&output.stderr).into_owned(),
+                    Err(e) => e.to_string(),
+                };
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("{test}: cannot mount a tmpfs in CI (needs root): {why}");
+                }
+                eprintln!(
+                    "\n######## SKIPPED {test}: cannot mount a tmpfs ({why}).\n######## Run \
+                     the tests as root (scripts/test.sh in CI does).\n"
+                );
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Fill the file system holding `dir` until a write fails for space.
+fn fill(dir: &Path) -> std::path::PathBuf {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path).unwrap();
+    let block = vec![0xa5u8; 64 << 10];
+    loop {
+        if let Err(e) = file.write_all(&block).and_then(|()| file.sync_all()) {
+            assert_eq!(e.raw_os_error(), Some(28), "filling failed otherwise: {e}");
+            break;
+        }
+    }
+    // Whatever is left is smaller than a block: fill it byte-wise.
+    while file.write_all(&[0]).and_then(|()| file.sync_all()).is_ok() {}
+    path
+}
+
+/// R3: a full data directory answers 507 naming it, acknowledges nothing it did not keep,
+/// serves again once space returns, and after a restart every acknowledged task is there
+/// and no id was given out twice.
+#[tokio::test]
+async fn a_full_disk_is_the_server_s_fault_and_loses_nothing() {
+    let test = "a_full_disk_is_the_server_s_fault_and_loses_nothing";
+    let dir = tempfile::tempdir().unwrap();
+    let Some(_tmpfs) = Tmpfs::mount(&dir.path().join("vol"), "8m", test) else {
+        return;
+    };
+    let data = dir.path().join("vol/d");
+    let mut server = start("server", &data, &[]).await;
+    let body = submit_body(&server, &task_dir(dir.path(), "full")).await;
+    let mut acknowledged = BTreeSet::new();
+    let (status, reply, _) = post(&server, "/v1/tasks", None, &body).await;
+    assert_eq!(status, 201, "{reply}");
+    acknowledged.insert(reply["task_id"].as_u64().unwrap());
+
+    let filler = fill(&dir.path().join("vol"));
+    let mut faults = Vec::new();
+    for n in 0..200 {
+        let key = format!("full-{n}");
+        let (status, reply, _) = post(&server, "/v1/tasks", Some(&key), &body).await;
+        match status {
+            201 => {
+                acknowledged.insert(reply["task_id"].as_u64().unwrap());
+            }
+            _ => {
+                faults.push((status, reply));
+                if faults.len() == 3 {
+                    break;
+                }
+            }
+        }
+    }
+    eprintln!("R3: {} acknowledged, faults: {faults:?}", acknowledged.len());
+    assert!(!faults.is_empty(), "no submit failed on a full disk");
+    for (status, reply) in &faults {
+        assert_eq!(*status, 507, "{reply}");
+        let message = reply["message"].as_str().unwrap();
+        assert!(
+            message.contains(&data.display().to_string())
+                && message.contains("server's fault")
+                && reply["code"] == "storage_full",
+            "{reply}"
+        );
+    }
+    // An upload that needs space is the server's fault too, not invalid input.
+    let chunk: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    let hash = tacc_compiler::ChunkHash::of(&chunk).to_string();
+    let upload = server
+        .client()
+        .put_chunk(&hash, zstd::bulk::compress(&chunk, 1).unwrap())
+        .await;
+    match upload {
+        Err(tacc_client::ClientError::Api { status, message, .. }) => {
+            assert_eq!(status, 507, "{message}");
+            assert!(message.contains("server's fault"), "{message}");
+        }
+        other => panic!("a chunk upload on a full disk: {other:?}"),
+    }
+    // Nothing acknowledged is missing while the disk is full.
+    for id in &acknowledged {
+        server.client().get_task(TaskId(*id)).await.unwrap();
+    }
+
+    std::fs::remove_file(filler).unwrap();
+    let (status, reply, _) = post(&server, "/v1/tasks", Some("after"), &body).await;
+    assert_eq!(status, 201, "the first submit after space returned: {reply}");
+    acknowledged.insert(reply["task_id"].as_u64().unwrap());
+
+    server.kill9();
+    let server = start("server", &data, &[]).await;
+    let stored: BTreeSet<u64> = server
+        .client()
+        .list_tasks(&Default::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id.0)
+        .collect();
+    assert_eq!(stored, acknowledged, "acknowledged tasks after a restart");
+    let (status, reply, _) = post(&server, "/v1/tasks", None, &body).await;
+    assert_eq!(status, 201, "{reply}");
+    let next = reply["task_id"].as_u64().unwrap();
+    assert!(
+        acknowledged.iter().all(|id| *id < next),
+        "id {next} given out again (acknowledged {acknowledged:?})"
+    );
+}
