@@ -57,9 +57,12 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// True when the server could not be contacted at all.
+    /// True when the server could not be contacted at all, or gave no answer in time.
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, ClientError::Unreachable { .. })
+        matches!(
+            self,
+            ClientError::Unreachable { .. } | ClientError::TimedOut { .. }
+        )
     }
     /// True when the server's host refused the connection (no server runs there now),
     /// as opposed to a network that does not carry the request.

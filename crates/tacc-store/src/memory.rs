@@ -5,11 +5,11 @@ use tacc_core::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, TaskState, Times
 
 use crate::idempotency::key_taken;
 use crate::{
-    Created, IdempotencyKey, KeptReply, Keyed,
-    AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
-    NewAuditEntry, NewDelivery, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord,
-    Result, SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter,
-    TaskHistory, TaskRecord, TokenRecord, Transition, UsagePeak, UserRecord,
+    AuditEntry, Created, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
+    IdempotencyKey, KeptReply, Keyed, NewAuditEntry, NewDelivery, NewGroup, NewNode, NewTask,
+    NewToken, NodeRecord, OutputRecord, Result, SecretRecord, SnapshotOwner, Store, StoreError,
+    TaskChange, TaskEvent, TaskFilter, TaskHistory, TaskRecord, TokenRecord, Transition, UsagePeak,
+    UserRecord,
 };
 
 /// An in-memory [`Store`] for tests of the layers above. It follows the same contract as
@@ -788,12 +788,7 @@ impl Store for MemoryStore {
         Ok(inner.deliveries.values().find(|d| d.key == key).cloned())
     }
 
-    async fn kept_reply(
-        &self,
-        user: &str,
-        key: &str,
-        now: Timestamp,
-    ) -> Result<Option<KeptReply>> {
+    async fn kept_reply(&self, user: &str, key: &str, now: Timestamp) -> Result<Option<KeptReply>> {
         let inner = self.inner.lock().unwrap();
         Ok(inner
             .kept

@@ -108,7 +108,10 @@ async fn same_key_and_body_answer_the_first_reply_once() {
     let long = "x".repeat(256);
     let (status, error, _) = post(&server, "/v1/tasks", Some(&long), &body).await;
     assert_eq!(status, 400, "{error}");
-    assert!(error["message"].as_str().unwrap().contains("255"), "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("255"),
+        "{error}"
+    );
 
     // Rerun and cancel: the same key, the same reply, no second task.
     let id = first["task_id"].as_u64().unwrap();
@@ -401,7 +404,10 @@ async fn a_full_disk_is_the_server_s_fault_and_loses_nothing() {
             }
         }
     }
-    eprintln!("R3: {} acknowledged, faults: {faults:?}", acknowledged.len());
+    eprintln!(
+        "R3: {} acknowledged, faults: {faults:?}",
+        acknowledged.len()
+    );
     assert!(!faults.is_empty(), "no submit failed on a full disk");
     for (status, reply) in &faults {
         assert_eq!(*status, 507, "{reply}");
@@ -421,7 +427,9 @@ async fn a_full_disk_is_the_server_s_fault_and_loses_nothing() {
         .put_chunk(&hash, zstd::bulk::compress(&chunk, 1).unwrap())
         .await;
     match upload {
-        Err(tacc_client::ClientError::Api { status, message, .. }) => {
+        Err(tacc_client::ClientError::Api {
+            status, message, ..
+        }) => {
             assert_eq!(status, 507, "{message}");
             assert!(message.contains("server's fault"), "{message}");
         }
@@ -434,7 +442,10 @@ async fn a_full_disk_is_the_server_s_fault_and_loses_nothing() {
 
     std::fs::remove_file(filler).unwrap();
     let (status, reply, _) = post(&server, "/v1/tasks", Some("after"), &body).await;
-    assert_eq!(status, 201, "the first submit after space returned: {reply}");
+    assert_eq!(
+        status, 201,
+        "the first submit after space returned: {reply}"
+    );
     acknowledged.insert(reply["task_id"].as_u64().unwrap());
 
     server.kill9();

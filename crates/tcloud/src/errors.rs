@@ -243,6 +243,43 @@ mod tests {
     }
 
     #[test]
+    fn no_answer_in_time_is_one_line_exit_3_naming_the_server() {
+        let err: anyhow::Error = ClientError::TimedOut {
+            url: "https://tacc.example:8383".into(),
+            secs: 10,
+            connecting: false,
+        }
+        .into();
+        let (text, code) = render(&err.context("submitting"));
+        let text = text.unwrap();
+        assert_eq!(code, UNREACHABLE);
+        assert_eq!(text.lines().count(), 1);
+        assert!(
+            text.starts_with(
+                "error: no answer from https://tacc.example:8383 within 10 s; is taccd running"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn server_faults_exit_8_never_invalid_input() {
+        for (status, code) in [
+            (507, "storage_full"),
+            (503, "unavailable"),
+            (500, "internal"),
+        ] {
+            let err: anyhow::Error = ClientError::Api {
+                status,
+                code: code.into(),
+                message: "the server is out of disk space".into(),
+            }
+            .into();
+            assert_eq!(render(&err).1, SERVER_FAULT, "{code}");
+        }
+    }
+
+    #[test]
     fn api_errors_map_by_code() {
         let api = |code: &str| -> anyhow::Error {
             ClientError::Api {

@@ -27,10 +27,10 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
+use axum::extract::State;
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post, put};
-use axum::extract::State;
 use tacc_proto::ApiError;
 use tacc_store::StorageFault;
 use tokio_util::sync::CancellationToken;
@@ -441,9 +441,7 @@ impl ServerError {
             ServerError::StorageFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
             ServerError::Store(e) => match e.storage_fault() {
                 Some(StorageFault::Full) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
-                Some(StorageFault::Unavailable) => {
-                    (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-                }
+                Some(StorageFault::Unavailable) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
                 None => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             },
             ServerError::Internal(_) | ServerError::Config(_) => {

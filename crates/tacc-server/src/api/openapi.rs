@@ -758,19 +758,18 @@ fn document(rules: &[RouteRule]) -> OpenApi {
                     ),
             );
         }
-        built = built
-            .response(
-                "default",
-                ResponseBuilder::new()
-                    .description(
-                        "An error: `code` is stable and machine-readable, `message` says what \
+        built = built.response(
+            "default",
+            ResponseBuilder::new()
+                .description(
+                    "An error: `code` is stable and machine-readable, `message` says what \
                      was wrong and how to fix it.",
-                    )
-                    .content(
-                        "application/json",
-                        ContentBuilder::new().schema(Some(error.clone())).build(),
-                    ),
-            );
+                )
+                .content(
+                    "application/json",
+                    ContentBuilder::new().schema(Some(error.clone())).build(),
+                ),
+        );
         built = if rule == Access::Public {
             built.securities(Some(Vec::<SecurityRequirement>::new()))
         } else {

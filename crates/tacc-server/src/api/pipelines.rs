@@ -2,8 +2,8 @@
 //! stage's input files (the kept outputs of the stages it needs).
 
 use tacc_proto::{PipelineSubmitted, StageView, SubmitPipeline};
-use tacc_store::{Created, StageRecord, StageSource};
 use tacc_schema::TaskSpec;
+use tacc_store::{Created, StageRecord, StageSource};
 
 use super::idempotency::{RequestKey, stored};
 use super::outputs::rank_dir;
@@ -47,7 +47,10 @@ fn stages_at_creation(stages: &[StageRecord], tasks: &[TaskRecord]) -> Vec<Stage
             };
             let mut counts = std::collections::BTreeMap::new();
             let (state, reason) = if stage.cached {
-                ("cached".to_string(), Some(format!("cached: {}", stage.source)))
+                (
+                    "cached".to_string(),
+                    Some(format!("cached: {}", stage.source)),
+                )
             } else {
                 let mine: Vec<&TaskRecord> = tasks
                     .iter()

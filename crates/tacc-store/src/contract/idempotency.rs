@@ -85,7 +85,10 @@ pub async fn idempotency_taken_key_creates_nothing(store: &dyn Store) {
     let group = store
         .create_group_keyed(
             group("alice"),
-            vec![(0, new_task("e", "alice", 12)), (1, new_task("e", "alice", 12))],
+            vec![
+                (0, new_task("e", "alice", 12)),
+                (1, new_task("e", "alice", 12)),
+            ],
             keyed("alice", "k1", 12),
         )
         .await;
@@ -93,7 +96,11 @@ pub async fn idempotency_taken_key_creates_nothing(store: &dyn Store) {
         matches!(group, Err(StoreError::AlreadyExists { .. })),
         "{group:?}"
     );
-    assert_eq!(task_count(store).await, 1, "a refused group leaves no element");
+    assert_eq!(
+        task_count(store).await,
+        1,
+        "a refused group leaves no element"
+    );
     assert!(
         store
             .list_groups(&Default::default())
@@ -107,7 +114,10 @@ pub async fn idempotency_keyed_group_keeps_every_element_id(store: &dyn Store) {
     let (_, tasks) = store
         .create_group_keyed(
             group("alice"),
-            vec![(0, new_task("e", "alice", 10)), (1, new_task("e", "alice", 10))],
+            vec![
+                (0, new_task("e", "alice", 10)),
+                (1, new_task("e", "alice", 10)),
+            ],
             keyed("alice", "g", 10),
         )
         .await
@@ -162,7 +172,10 @@ pub async fn idempotency_keys_expire_after_a_day(store: &dyn Store) {
             .is_none()
     );
     let task = store
-        .create_task_keyed(new_task("a", "alice", expired), keyed("alice", "k", expired))
+        .create_task_keyed(
+            new_task("a", "alice", expired),
+            keyed("alice", "k", expired),
+        )
         .await
         .expect("an expired key may be used again");
     let kept = store
@@ -188,7 +201,10 @@ pub async fn idempotency_reply_kept_on_its_own_once(store: &dyn Store) {
         "{again:?}"
     );
     assert_eq!(
-        store.kept_reply("alice", "cancel-1", Timestamp(10)).await.unwrap(),
+        store
+            .kept_reply("alice", "cancel-1", Timestamp(10))
+            .await
+            .unwrap(),
         Some(kept)
     );
 }
@@ -243,7 +259,10 @@ pub async fn idempotency_keyed_pipeline_is_all_or_nothing(store: &dyn Store) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(kept.reply.body, serde_json::json!({ "ids": [tasks[0].id.0] }));
+    assert_eq!(
+        kept.reply.body,
+        serde_json::json!({ "ids": [tasks[0].id.0] })
+    );
     let again = store
         .create_pipeline_keyed(pipeline(), stages(), keyed("alice", "p", 11))
         .await;
