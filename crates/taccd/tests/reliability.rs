@@ -79,6 +79,7 @@ async fn same_key_and_body_answer_the_first_reply_once() {
     let dir = tempfile::tempdir().unwrap();
     let server = start("server", &dir.path().join("d"), &[]).await;
     let body = submit_body(&server, &task_dir(dir.path(), "keyed")).await;
+    let first_body = body.clone();
 
     let (status, first, replayed) = post(&server, "/v1/tasks", Some("k-1"), &body).await;
     assert_eq!((status, replayed), (201, false), "{first}");
@@ -144,6 +145,39 @@ async fn same_key_and_body_answer_the_first_reply_once() {
     let again = post(&server, "/v1/tasks", Some("a-1"), &body).await;
     assert_eq!(again, (201, group, true));
     assert_eq!(tasks_named(&server, "arr").await.len(), 5);
+
+    // A pipeline: the same pipeline group and stages again, its tasks made once.
+    let before = server
+        .client()
+        .list_tasks(&Default::default())
+        .await
+        .unwrap()
+        .len();
+    let stage = |name: &str, needs: &[&str]| {
+        serde_json::json!({
+            "name": name,
+            "needs": needs,
+            "spec": first_body["spec"],
+            "snapshot": first_body["snapshot"],
+        })
+    };
+    let pipeline = serde_json::json!({
+        "name": "pipe",
+        "stages": [stage("prep", &[]), stage("train", &["prep"])],
+        "source": null,
+    });
+    let (status, made, _) = post(&server, "/v1/pipelines", Some("p-1"), &pipeline).await;
+    assert_eq!(status, 201, "{made}");
+    assert_eq!(made["stages"].as_array().unwrap().len(), 2, "{made}");
+    let again = post(&server, "/v1/pipelines", Some("p-1"), &pipeline).await;
+    assert_eq!(again, (201, made, true));
+    let after = server
+        .client()
+        .list_tasks(&Default::default())
+        .await
+        .unwrap()
+        .len();
+    assert_eq!(after, before + 2, "one task per stage, once");
 }
 
 /// A TCP proxy to `upstream` that forwards every request, and for three of every ten
