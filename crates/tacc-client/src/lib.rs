@@ -341,19 +341,26 @@ impl Client {
     }
 
     /// Send a mutating request with a fresh `Idempotency-Key`, again with the same key
-    /// while the failure is transient (up to `Timeouts::attempts` times): the server does
-    /// the work once and answers every retry with the first reply.
+    /// while the failure is transient: the server does the work once and answers every
+    /// retry with the first reply.
     async fn keyed_json<T: DeserializeOwned>(
         &self,
         build: impl Fn() -> RequestBuilder,
     ) -> Result<T> {
         let key = fresh_key();
+        self.retried(|| self.json(build().header("Idempotency-Key", key.as_str())))
+            .await
+    }
+
+    /// Run a request that is safe to repeat (idempotent by itself, or keyed) again while
+    /// its failure is transient, up to `Timeouts::attempts` times with [`backoff`].
+    async fn retried<T, Fut>(&self, mut once: impl FnMut() -> Fut) -> Result<T>
+    where
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         let mut attempt = 1;
         loop {
-            let result = self
-                .json(build().header("Idempotency-Key", key.as_str()))
-                .await;
-            match result {
+            match once().await {
                 Err(error) if error.is_transient() && attempt < self.timeouts.attempts => {
                     tokio::time::sleep(backoff(attempt)).await;
                     attempt += 1;
@@ -380,29 +387,41 @@ impl Client {
     // ------------------------------------------------------------ snapshots
 
     pub async fn offer_snapshot(&self, manifest: serde_json::Value) -> Result<SnapshotOfferReply> {
-        self.json(
-            self.request(Method::POST, "/v1/snapshots/offer")
-                .json(&SnapshotOffer { manifest }),
-        )
+        // Only asks which chunks the server lacks: safe to repeat.
+        let offer = SnapshotOffer { manifest };
+        self.retried(|| {
+            self.json(
+                self.request(Method::POST, "/v1/snapshots/offer")
+                    .json(&offer),
+            )
+        })
         .await
     }
 
-    /// Upload one chunk, zstd-compressed on the wire.
+    /// Upload one chunk, zstd-compressed on the wire. A chunk is named by its hash, so
+    /// sending it again stores nothing twice: it is retried like a keyed request.
     pub async fn put_chunk(&self, hash: &str, compressed: Vec<u8>) -> Result<()> {
-        self.send(
-            self.request(Method::PUT, &format!("/v1/chunks/{hash}"))
-                .header(reqwest::header::CONTENT_ENCODING, "zstd")
-                .body(compressed),
-        )
+        let compressed = Bytes::from(compressed);
+        self.retried(|| {
+            self.send(
+                self.request(Method::PUT, &format!("/v1/chunks/{hash}"))
+                    .header(reqwest::header::CONTENT_ENCODING, "zstd")
+                    .body(compressed.clone()),
+            )
+        })
         .await?;
         Ok(())
     }
 
     pub async fn commit_snapshot(&self, manifest: serde_json::Value) -> Result<SnapshotCommitted> {
-        self.json(
-            self.request(Method::POST, "/v1/snapshots/commit")
-                .json(&SnapshotOffer { manifest }),
-        )
+        // Recording a snapshot's manifest again changes nothing: safe to repeat.
+        let offer = SnapshotOffer { manifest };
+        self.retried(|| {
+            self.json(
+                self.request(Method::POST, "/v1/snapshots/commit")
+                    .json(&offer),
+            )
+        })
         .await
     }
 

@@ -181,16 +181,19 @@ async fn same_key_and_body_answer_the_first_reply_once() {
 }
 
 /// A TCP proxy to `upstream` that forwards every request, and for three of every ten
-/// `POST /v1/tasks` closes the connection instead of forwarding the reply (after the
-/// server sent it, so the work is done and only the answer is lost). Counts the drops.
+/// `POST /v1/tasks` (and, counted apart, of every ten snapshot offers and commits) closes
+/// the connection instead of forwarding the reply (after the server sent it, so the work
+/// is done and only the answer is lost). Counts the drops.
 async fn lossy_proxy(upstream: String, dropped: Arc<AtomicU64>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     let submits = Arc::new(AtomicU64::new(0));
+    let uploads = Arc::new(AtomicU64::new(0));
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let upstream = upstream.clone();
             let submits = submits.clone();
+            let uploads = uploads.clone();
             let dropped = dropped.clone();
             tokio::spawn(async move {
                 let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -208,8 +211,15 @@ async fn lossy_proxy(upstream: String, dropped: Arc<AtomicU64>) -> String {
                             return;
                         }
                         let chunk = &buf[..n];
-                        if chunk.starts_with(b"POST /v1/tasks HTTP/") {
-                            let nth = submits.fetch_add(1, Ordering::SeqCst);
+                        let counter = if chunk.starts_with(b"POST /v1/tasks HTTP/") {
+                            Some(&submits)
+                        } else if chunk.starts_with(b"POST /v1/snapshots/") {
+                            Some(&uploads)
+                        } else {
+                            None
+                        };
+                        if let Some(counter) = counter {
+                            let nth = counter.fetch_add(1, Ordering::SeqCst);
                             // 0, 3, 6 of every ten: 30 %, never two in a row.
                             lose.store(matches!(nth % 10, 0 | 3 | 6), Ordering::SeqCst);
                         }
