@@ -30,6 +30,18 @@ pub enum ClientError {
         /// not cut off by the network.
         refused: bool,
     },
+    /// The server accepted the connection (or not) but gave no answer in time: it is
+    /// stopped, overloaded, or the network drops packets.
+    #[error(
+        "no answer from {url} within {secs} s{while_}; is taccd running there (not stopped or \
+         overloaded)? Raise the limit with --timeout / --connect-timeout for a slow server",
+        while_ = if *.connecting { " while connecting" } else { "" }
+    )]
+    TimedOut {
+        url: String,
+        secs: u64,
+        connecting: bool,
+    },
     #[error("{message}")]
     Api {
         status: u16,
@@ -45,14 +57,26 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// True when the server could not be contacted at all.
+    /// True when the server could not be contacted at all, or gave no answer in time.
     pub fn is_unreachable(&self) -> bool {
-        matches!(self, ClientError::Unreachable { .. })
+        matches!(
+            self,
+            ClientError::Unreachable { .. } | ClientError::TimedOut { .. }
+        )
     }
     /// True when the server's host refused the connection (no server runs there now),
     /// as opposed to a network that does not carry the request.
     pub fn is_refused(&self) -> bool {
         matches!(self, ClientError::Unreachable { refused: true, .. })
+    }
+    /// Whether the same request may be sent again with the same idempotency key: the
+    /// server was not reached, did not answer in time, or answered 502/503/504.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ClientError::Unreachable { .. } | ClientError::TimedOut { .. } => true,
+            ClientError::Api { status, .. } => matches!(status, 502..=504),
+            ClientError::Protocol { .. } | ClientError::Tls { .. } => false,
+        }
     }
     /// The API error code (`not_found`, `invalid_task`, …), when the server answered.
     pub fn code(&self) -> Option<&str> {
@@ -75,6 +99,46 @@ pub struct Client {
     /// clone of its client at once.
     token: std::sync::Arc<std::sync::RwLock<Option<String>>>,
     http: reqwest::Client,
+    /// The trust the HTTP client was built with, kept to rebuild it with other timeouts.
+    tls: Option<rustls::ClientConfig>,
+    timeouts: Timeouts,
+}
+
+/// How long a client waits for the server. Long polls and streams (log follow, agent
+/// work) have their own limits and are never cut by `request`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// To open a connection.
+    pub connect: Duration,
+    /// For a whole request and its answer; `None`: no limit.
+    pub request: Option<Duration>,
+    /// How many times a mutating request (submit, cancel, rerun) is sent at most, with
+    /// the same idempotency key, while the server is unreachable, silent or answers
+    /// 502/503/504.
+    pub attempts: u32,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(5),
+            request: None,
+            attempts: 5,
+        }
+    }
+}
+
+/// The pause before retry `attempt` (1-based) of a keyed request: doubling from 250 ms,
+/// at most 4 s, so five attempts span about 7.5 s.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_millis(250u64.saturating_mul(1 << attempt.min(5).saturating_sub(1)))
+        .min(Duration::from_secs(4))
+}
+
+/// A fresh idempotency key: 128 random bits in hex.
+fn fresh_key() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Whether the innermost cause of `error` is a refused connection.
@@ -117,11 +181,21 @@ impl Client {
     /// `base` is the server's URL, e.g. `http://127.0.0.1:8383`. Requests are anonymous
     /// until a token is given with [`Client::with_token`].
     pub fn new(base: &str) -> Self {
+        let timeouts = Timeouts::default();
         Client {
             base: base.trim_end_matches('/').to_string(),
             token: Default::default(),
-            http: http_client(None),
+            http: http_client(None, timeouts.connect),
+            tls: None,
+            timeouts,
         }
+    }
+
+    /// The same server with other [`Timeouts`].
+    pub fn with_timeouts(mut self, timeouts: Timeouts) -> Self {
+        self.http = http_client(self.tls.clone(), timeouts.connect);
+        self.timeouts = timeouts;
+        self
     }
 
     /// The same server, trusted only if it presents exactly the certificate whose DER
@@ -132,7 +206,8 @@ impl Client {
             .and_then(|pin| self.require_https().map(|()| pin))
             .and_then(tls::pinned_config)
             .map_err(|reason| self.tls_error(reason))?;
-        self.http = http_client(Some(config));
+        self.http = http_client(Some(config.clone()), self.timeouts.connect);
+        self.tls = Some(config);
         Ok(self)
     }
 
@@ -143,7 +218,8 @@ impl Client {
             .require_https()
             .and_then(|()| tls::ca_config(pem))
             .map_err(|reason| self.tls_error(reason))?;
-        self.http = http_client(Some(config));
+        self.http = http_client(Some(config.clone()), self.timeouts.connect);
+        self.tls = Some(config);
         Ok(self)
     }
 
@@ -181,7 +257,17 @@ impl Client {
         &self.base
     }
 
+    /// A request cut after the request timeout, if one is set.
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        let request = self.untimed(method, path);
+        match self.timeouts.request {
+            Some(limit) => request.timeout(limit),
+            None => request,
+        }
+    }
+
+    /// A request without the request timeout: streams, long polls, large transfers.
+    fn untimed(&self, method: Method, path: &str) -> RequestBuilder {
         let request = self.http.request(method, format!("{}{path}", self.base));
         match self.token.read().unwrap().as_deref() {
             Some(token) => request.bearer_auth(token),
@@ -194,6 +280,21 @@ impl Client {
             return self.tls_error(reason);
         }
         let refused = refused(&error);
+        if error.is_timeout() {
+            let connecting = error.is_connect();
+            let limit = if connecting {
+                Some(self.timeouts.connect)
+            } else {
+                self.timeouts.request
+            };
+            if let Some(limit) = limit {
+                return ClientError::TimedOut {
+                    url: self.base.clone(),
+                    secs: limit.as_secs_f64().ceil() as u64,
+                    connecting,
+                };
+            }
+        }
         let reason = if refused {
             "connection refused (is the server running?)".to_string()
         } else if error.is_connect() {
@@ -239,6 +340,36 @@ impl Client {
         })
     }
 
+    /// Send a mutating request with a fresh `Idempotency-Key`, again with the same key
+    /// while the failure is transient: the server does the work once and answers every
+    /// retry with the first reply.
+    async fn keyed_json<T: DeserializeOwned>(
+        &self,
+        build: impl Fn() -> RequestBuilder,
+    ) -> Result<T> {
+        let key = fresh_key();
+        self.retried(|| self.json(build().header("Idempotency-Key", key.as_str())))
+            .await
+    }
+
+    /// Run a request that is safe to repeat (idempotent by itself, or keyed) again while
+    /// its failure is transient, up to `Timeouts::attempts` times with [`backoff`].
+    async fn retried<T, Fut>(&self, mut once: impl FnMut() -> Fut) -> Result<T>
+    where
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut attempt = 1;
+        loop {
+            match once().await {
+                Err(error) if error.is_transient() && attempt < self.timeouts.attempts => {
+                    tokio::time::sleep(backoff(attempt)).await;
+                    attempt += 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
     async fn json<T: DeserializeOwned>(&self, request: RequestBuilder) -> Result<T> {
         let response = self.send(request).await?;
         let url = response.url().to_string();
@@ -256,29 +387,41 @@ impl Client {
     // ------------------------------------------------------------ snapshots
 
     pub async fn offer_snapshot(&self, manifest: serde_json::Value) -> Result<SnapshotOfferReply> {
-        self.json(
-            self.request(Method::POST, "/v1/snapshots/offer")
-                .json(&SnapshotOffer { manifest }),
-        )
+        // Only asks which chunks the server lacks: safe to repeat.
+        let offer = SnapshotOffer { manifest };
+        self.retried(|| {
+            self.json(
+                self.request(Method::POST, "/v1/snapshots/offer")
+                    .json(&offer),
+            )
+        })
         .await
     }
 
-    /// Upload one chunk, zstd-compressed on the wire.
+    /// Upload one chunk, zstd-compressed on the wire. A chunk is named by its hash, so
+    /// sending it again stores nothing twice: it is retried like a keyed request.
     pub async fn put_chunk(&self, hash: &str, compressed: Vec<u8>) -> Result<()> {
-        self.send(
-            self.request(Method::PUT, &format!("/v1/chunks/{hash}"))
-                .header(reqwest::header::CONTENT_ENCODING, "zstd")
-                .body(compressed),
-        )
+        let compressed = Bytes::from(compressed);
+        self.retried(|| {
+            self.send(
+                self.request(Method::PUT, &format!("/v1/chunks/{hash}"))
+                    .header(reqwest::header::CONTENT_ENCODING, "zstd")
+                    .body(compressed.clone()),
+            )
+        })
         .await?;
         Ok(())
     }
 
     pub async fn commit_snapshot(&self, manifest: serde_json::Value) -> Result<SnapshotCommitted> {
-        self.json(
-            self.request(Method::POST, "/v1/snapshots/commit")
-                .json(&SnapshotOffer { manifest }),
-        )
+        // Recording a snapshot's manifest again changes nothing: safe to repeat.
+        let offer = SnapshotOffer { manifest };
+        self.retried(|| {
+            self.json(
+                self.request(Method::POST, "/v1/snapshots/commit")
+                    .json(&offer),
+            )
+        })
         .await
     }
 
@@ -297,7 +440,7 @@ impl Client {
     // ------------------------------------------------------------ tasks
 
     pub async fn submit(&self, task: &SubmitTask) -> Result<SubmitReply> {
-        self.json(self.request(Method::POST, "/v1/tasks").json(task))
+        self.keyed_json(|| self.request(Method::POST, "/v1/tasks").json(task))
             .await
     }
 
@@ -306,7 +449,7 @@ impl Client {
         &self,
         pipeline: &tacc_proto::SubmitPipeline,
     ) -> Result<tacc_proto::PipelineSubmitted> {
-        self.json(self.request(Method::POST, "/v1/pipelines").json(pipeline))
+        self.keyed_json(|| self.request(Method::POST, "/v1/pipelines").json(pipeline))
             .await
     }
 
@@ -454,7 +597,7 @@ impl Client {
 
     /// Submit task `id` again (same snapshot, environment and datasets) as a new task.
     pub async fn rerun(&self, id: TaskId) -> Result<SubmitReply> {
-        self.json(self.request(Method::POST, &format!("/v1/tasks/{id}/rerun")))
+        self.keyed_json(|| self.request(Method::POST, &format!("/v1/tasks/{id}/rerun")))
             .await
     }
 
@@ -469,7 +612,7 @@ impl Client {
     }
 
     pub async fn cancel(&self, id: TaskId) -> Result<CancelReply> {
-        self.json(self.request(Method::POST, &format!("/v1/tasks/{id}/cancel")))
+        self.keyed_json(|| self.request(Method::POST, &format!("/v1/tasks/{id}/cancel")))
             .await
     }
 
@@ -494,7 +637,7 @@ impl Client {
     ) -> Result<impl Stream<Item = Result<Bytes>> + use<>> {
         let response = self
             .send(
-                self.request(Method::GET, &format!("/v1/tasks/{id}/logs"))
+                self.untimed(Method::GET, &format!("/v1/tasks/{id}/logs"))
                     .query(&[
                         ("offset", offset.to_string()),
                         ("follow", "true".to_string()),
@@ -518,7 +661,7 @@ impl Client {
 
     pub async fn get_output(&self, id: TaskId, attempt: AttemptNo, path: &str) -> Result<Bytes> {
         let response = self
-            .send(self.request(
+            .send(self.untimed(
                 Method::GET,
                 &format!("/v1/tasks/{id}/outputs/{attempt}/{path}"),
             ))
@@ -567,7 +710,7 @@ impl Client {
     ) -> Result<Bytes> {
         let response = self
             .send(
-                self.request(
+                self.untimed(
                     Method::GET,
                     &format!("/v1/tasks/{id}/outputs/{attempt}/{path}"),
                 )
@@ -811,7 +954,7 @@ impl Client {
         index: usize,
     ) -> Result<Bytes> {
         let response = self
-            .send(self.request(
+            .send(self.untimed(
                 Method::GET,
                 &format!("/v1/agents/{node}/inputs/{task}/{attempt}/{index}"),
             ))
@@ -831,7 +974,7 @@ impl Client {
         let length = file.metadata().await.map(|m| m.len()).ok();
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
         let mut request = self
-            .request(
+            .untimed(
                 Method::PUT,
                 &format!("/v1/agents/{node}/outputs/{task}/{attempt}/{path}"),
             )
@@ -845,9 +988,9 @@ impl Client {
 }
 
 /// The HTTP client: `tls` replaces the default trust (the web PKI roots) when given.
-fn http_client(tls: Option<rustls::ClientConfig>) -> reqwest::Client {
+fn http_client(tls: Option<rustls::ClientConfig>, connect: Duration) -> reqwest::Client {
     let builder = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
+        .connect_timeout(connect)
         .tcp_nodelay(true);
     let builder = match tls {
         Some(config) => builder.use_preconfigured_tls(config),

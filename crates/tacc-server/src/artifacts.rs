@@ -75,7 +75,12 @@ impl Control {
 
     /// Submit task `id` again as a new task: same spec (environment and datasets
     /// included), same snapshot, same source directory.
-    pub async fn rerun(&self, id: TaskId, user: &str) -> Result<TaskRecord, ServerError> {
+    pub async fn rerun(
+        &self,
+        id: TaskId,
+        user: &str,
+        keyed: Option<tacc_store::Keyed>,
+    ) -> Result<TaskRecord, ServerError> {
         let record = self
             .store
             .get_task(id)
@@ -84,7 +89,7 @@ impl Control {
         let spec: TaskSpec = serde_json::from_value(record.spec.clone()).map_err(|e| {
             ServerError::Internal(format!("stored spec of task {id} is unreadable: {e}"))
         })?;
-        self.submit(user, spec, record.snapshot, record.source)
+        self.submit(user, spec, record.snapshot, record.source, keyed)
             .await
     }
 }

@@ -75,6 +75,12 @@ pub enum ServerError {
     /// A node did not answer a question about its attempt in time.
     #[error("{0}")]
     NodeTimeout(String),
+    /// The server's disk is full (database or chunk store): its fault, not the request's.
+    #[error(
+        "the server is out of disk space ({0}); this is the server's fault, not your \
+         request's: its operator must free space in the server's data directory, then retry"
+    )]
+    StorageFull(String),
     #[error(transparent)]
     Store(#[from] tacc_store::StoreError),
     #[error("invalid server configuration: {0}")]

@@ -6,6 +6,7 @@
 mod access;
 mod adaptive;
 mod groups;
+mod idempotency;
 mod metrics;
 mod outputs;
 mod pipelines;
@@ -14,6 +15,7 @@ mod usage;
 pub use access::*;
 pub use adaptive::*;
 pub use groups::*;
+pub use idempotency::*;
 pub use metrics::*;
 pub use outputs::*;
 pub use pipelines::*;
@@ -136,6 +138,14 @@ macro_rules! store_contract_tests {
             pipelines_create_stages_tasks_and_arrays_at_once,
             pipeline_stages_found_by_what_they_ran_as,
             pipeline_stages_found_by_cache_key_newest_first_per_user,
+            idempotency_keyed_task_keeps_its_reply,
+            idempotency_taken_key_creates_nothing,
+            idempotency_keyed_group_keeps_every_element_id,
+            idempotency_keys_are_per_user,
+            idempotency_keys_expire_after_a_day,
+            idempotency_reply_kept_on_its_own_once,
+            idempotency_keyed_pipeline_is_all_or_nothing,
+            ids_are_never_reused_after_a_refused_write,
         );
     };
     (@each plain $fresh:path; $($check:ident),+ $(,)?) => {

@@ -10,6 +10,7 @@
 mod access;
 mod adaptive;
 mod groups;
+mod idempotency;
 mod memory;
 mod metrics;
 mod pipelines;
@@ -25,6 +26,9 @@ pub use access::{
     UserRecord,
 };
 pub use adaptive::{ResizeRecord, SignalRecord};
+pub use idempotency::{
+    Created, IdempotencyKey, KEY_LIFETIME_MS, KeptReply, Keyed, RenderReply, StoredReply,
+};
 pub use memory::{MemoryStore, apply_transition};
 pub use metrics::{MAX_METRIC_POINTS_PER_ATTEMPT, MetricPoint};
 pub use pipelines::{NewStage, NewStageRun, StageRecord, StageSource};
@@ -89,6 +93,63 @@ impl From<sqlx::Error> for StoreError {
             StoreError::Unavailable(error)
         } else {
             StoreError::Database(error)
+        }
+    }
+}
+
+/// A fault of the server's storage rather than of the request: what callers answer with a
+/// 5xx, never with "invalid input".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StorageFault {
+    /// The disk holding the database is full (`SQLITE_FULL`, `ENOSPC`).
+    Full,
+    /// The database is locked or cannot be reached for now (`SQLITE_BUSY`, a lost connection).
+    Unavailable,
+}
+
+impl StoreError {
+    /// Whether the error is the storage's fault (full, locked, gone), and which.
+    pub fn storage_fault(&self) -> Option<StorageFault> {
+        let error = match self {
+            StoreError::Database(error) => error,
+            StoreError::Unavailable(sqlx::Error::Io(io)) if io.raw_os_error() == Some(28) => {
+                return Some(StorageFault::Full);
+            }
+            StoreError::Unavailable(_) => return Some(StorageFault::Unavailable),
+            _ => return None,
+        };
+        match error {
+            sqlx::Error::Database(db)
+                if db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_some() =>
+            {
+                // PostgreSQL's disk_full and out_of_memory; lost connections are
+                // `Unavailable` already (see `is_unavailable`).
+                match db.code()?.as_ref() {
+                    "53100" => Some(StorageFault::Full),
+                    "53200" | "53300" => Some(StorageFault::Unavailable),
+                    _ => None,
+                }
+            }
+            sqlx::Error::Database(db) => {
+                // SQLite's primary result code is the low byte of the extended one.
+                let code = db.code()?.parse::<i64>().ok()? & 0xff;
+                match code {
+                    // SQLITE_FULL; SQLITE_IOERR carries ENOSPC when a write fails for space.
+                    13 => Some(StorageFault::Full),
+                    10 if db.message().contains("disk") => Some(StorageFault::Full),
+                    // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR, SQLITE_CANTOPEN.
+                    5 | 6 | 10 | 14 => Some(StorageFault::Unavailable),
+                    _ => None,
+                }
+            }
+            sqlx::Error::Io(io) if io.raw_os_error() == Some(28) => Some(StorageFault::Full),
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => Some(StorageFault::Unavailable),
+            _ => None,
         }
     }
 }
@@ -250,6 +311,33 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn finish_delivery(&self, id: u64, outcome: DeliveryOutcome) -> Result<bool>;
     /// The delivery queued under `key`.
     async fn get_delivery(&self, key: &str) -> Result<Option<DeliveryRecord>>;
+
+    // ------------------------------------------------------------ idempotency keys
+
+    /// The reply kept under `user`'s `key`, unless it expired at `now`.
+    async fn kept_reply(&self, user: &str, key: &str, now: Timestamp) -> Result<Option<KeptReply>>;
+    /// Keep a reply on its own, for work that is idempotent by itself (a cancel).
+    /// `AlreadyExists` when the user's key is kept and not expired at `kept.key.created_at`.
+    async fn keep_reply(&self, kept: KeptReply) -> Result<()>;
+    /// [`Store::create_task`] and the key with its rendered reply, in one transaction.
+    /// `AlreadyExists` (and nothing created) when the key is taken.
+    async fn create_task_keyed(&self, task: NewTask, keyed: Keyed) -> Result<TaskRecord>;
+    /// [`Store::create_group`] and the key with its rendered reply, in one transaction.
+    /// `AlreadyExists` (and nothing created) when the key is taken.
+    async fn create_group_keyed(
+        &self,
+        group: NewGroup,
+        elements: Vec<(u32, NewTask)>,
+        keyed: Keyed,
+    ) -> Result<(GroupRecord, Vec<TaskRecord>)>;
+    /// [`Store::create_pipeline`] and the key with its rendered reply, in one transaction.
+    /// `AlreadyExists` (and nothing created) when the key is taken.
+    async fn create_pipeline_keyed(
+        &self,
+        group: NewGroup,
+        stages: Vec<NewStage>,
+        keyed: Keyed,
+    ) -> Result<(GroupRecord, Vec<StageRecord>, Vec<TaskRecord>)>;
 
     // ------------------------------------------------------------ identities
 

@@ -3,11 +3,13 @@ use std::sync::Mutex;
 
 use tacc_core::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
+use crate::idempotency::key_taken;
 use crate::{
-    AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
-    NewAuditEntry, NewDelivery, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord,
-    Result, SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter,
-    TaskHistory, TaskRecord, TokenRecord, Transition, UsagePeak, UserRecord,
+    AuditEntry, Created, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
+    IdempotencyKey, KeptReply, Keyed, NewAuditEntry, NewDelivery, NewGroup, NewNode, NewTask,
+    NewToken, NodeRecord, OutputRecord, Result, SecretRecord, SnapshotOwner, Store, StoreError,
+    TaskChange, TaskEvent, TaskFilter, TaskHistory, TaskRecord, TokenRecord, Transition, UsagePeak,
+    UserRecord,
 };
 
 /// An in-memory [`Store`] for tests of the layers above. It follows the same contract as
@@ -40,9 +42,137 @@ struct Inner {
     deliveries: BTreeMap<u64, DeliveryRecord>,
     /// By pipeline and position.
     stages: BTreeMap<(GroupId, u32), crate::StageRecord>,
+    /// Idempotency keys by user and key.
+    kept: BTreeMap<(String, String), KeptReply>,
 }
 
 impl Inner {
+    fn insert_pipeline(
+        &mut self,
+        group: NewGroup,
+        stages: Vec<crate::NewStage>,
+    ) -> (GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>) {
+        use crate::{NewStageRun, StageRecord, StageSource};
+        let inner = self;
+        let new_group_id =
+            |inner: &Inner| GroupId(inner.groups.keys().next_back().map_or(1, |last| last.0 + 1));
+        let id = new_group_id(inner);
+        let record = GroupRecord {
+            id,
+            kind: group.kind,
+            name: group.name.clone(),
+            user: group.user.clone(),
+            spec: group.spec,
+            size: stages.len() as u32,
+            created_at: group.created_at,
+        };
+        inner.groups.insert(id, record.clone());
+        // Single-task stages first, as SQLite inserts them with the pipeline group.
+        let mut singles = BTreeMap::new();
+        for (position, stage) in stages.iter().enumerate() {
+            if let NewStageRun::Task(task) = &stage.run {
+                let mut task = inner.insert_queued(task.clone());
+                // No index: a single stage is no array element.
+                task.group = Some(id);
+                inner.tasks.insert(task.id, task.clone());
+                singles.insert(position, task);
+            }
+        }
+        let mut records = Vec::new();
+        let mut tasks = Vec::new();
+        for (position, stage) in stages.into_iter().enumerate() {
+            let (source, cached) = match stage.run {
+                NewStageRun::Task(_) => {
+                    let task = singles.remove(&position).expect("inserted above");
+                    let source = StageSource::Task(task.id);
+                    tasks.push(task);
+                    (source, false)
+                }
+                NewStageRun::Array {
+                    group: array,
+                    elements,
+                } => {
+                    let array_id = new_group_id(inner);
+                    inner.groups.insert(
+                        array_id,
+                        GroupRecord {
+                            id: array_id,
+                            kind: array.kind,
+                            name: array.name,
+                            user: array.user,
+                            spec: array.spec,
+                            size: elements.len() as u32,
+                            created_at: array.created_at,
+                        },
+                    );
+                    for (index, task) in elements {
+                        let mut task = inner.insert_queued(task);
+                        task.group = Some(array_id);
+                        task.group_index = Some(index);
+                        inner.tasks.insert(task.id, task.clone());
+                        tasks.push(task);
+                    }
+                    (StageSource::Group(array_id), false)
+                }
+                NewStageRun::Cached(source) => (source, true),
+            };
+            let stage = StageRecord {
+                pipeline: id,
+                position: position as u32,
+                name: stage.name,
+                needs: stage.needs,
+                cache_key: stage.cache_key,
+                source,
+                cached,
+                user: group.user.clone(),
+                pipeline_name: group.name.clone(),
+            };
+            inner.stages.insert((id, position as u32), stage.clone());
+            records.push(stage);
+        }
+        (record, records, tasks)
+    }
+
+    fn insert_group(
+        &mut self,
+        group: NewGroup,
+        elements: Vec<(u32, NewTask)>,
+    ) -> (GroupRecord, Vec<TaskRecord>) {
+        let id = GroupId(self.groups.keys().next_back().map_or(1, |last| last.0 + 1));
+        let record = GroupRecord {
+            id,
+            kind: group.kind,
+            name: group.name,
+            user: group.user,
+            spec: group.spec,
+            size: elements.len() as u32,
+            created_at: group.created_at,
+        };
+        self.groups.insert(id, record.clone());
+        let mut tasks = Vec::with_capacity(elements.len());
+        for (index, task) in elements {
+            let mut task = self.insert_queued(task);
+            task.group = Some(id);
+            task.group_index = Some(index);
+            self.tasks.insert(task.id, task.clone());
+            tasks.push(task);
+        }
+        (record, tasks)
+    }
+
+    /// Fail when the key is kept and live; otherwise nothing changes.
+    fn check_key_free(&self, key: &IdempotencyKey) -> Result<()> {
+        match self.kept.get(&(key.user.clone(), key.key.clone())) {
+            Some(kept) if !kept.key.expired(key.created_at) => Err(key_taken(key)),
+            _ => Ok(()),
+        }
+    }
+
+    fn keep(&mut self, kept: KeptReply) {
+        self.kept
+            .insert((kept.key.user.clone(), kept.key.key.clone()), kept);
+    }
+
     fn next_task_id(&self) -> TaskId {
         TaskId(self.tasks.keys().next_back().map_or(1, |last| last.0 + 1))
     }
@@ -453,27 +583,7 @@ impl Store for MemoryStore {
         group: NewGroup,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
-        let mut inner = self.inner.lock().unwrap();
-        let id = GroupId(inner.groups.keys().next_back().map_or(1, |last| last.0 + 1));
-        let record = GroupRecord {
-            id,
-            kind: group.kind,
-            name: group.name,
-            user: group.user,
-            spec: group.spec,
-            size: elements.len() as u32,
-            created_at: group.created_at,
-        };
-        inner.groups.insert(id, record.clone());
-        let mut tasks = Vec::with_capacity(elements.len());
-        for (index, task) in elements {
-            let mut task = inner.insert_queued(task);
-            task.group = Some(id);
-            task.group_index = Some(index);
-            inner.tasks.insert(task.id, task.clone());
-            tasks.push(task);
-        }
-        Ok((record, tasks))
+        Ok(self.inner.lock().unwrap().insert_group(group, elements))
     }
 
     async fn add_group_elements(
@@ -532,85 +642,24 @@ impl Store for MemoryStore {
         group: NewGroup,
         stages: Vec<crate::NewStage>,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        use crate::{NewStageRun, StageRecord, StageSource};
+        Ok(self.inner.lock().unwrap().insert_pipeline(group, stages))
+    }
+
+    async fn create_pipeline_keyed(
+        &self,
+        group: NewGroup,
+        stages: Vec<crate::NewStage>,
+        keyed: Keyed,
+    ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
         let mut inner = self.inner.lock().unwrap();
-        let new_group_id =
-            |inner: &Inner| GroupId(inner.groups.keys().next_back().map_or(1, |last| last.0 + 1));
-        let id = new_group_id(&inner);
-        let record = GroupRecord {
-            id,
-            kind: group.kind,
-            name: group.name.clone(),
-            user: group.user.clone(),
-            spec: group.spec,
-            size: stages.len() as u32,
-            created_at: group.created_at,
-        };
-        inner.groups.insert(id, record.clone());
-        // Single-task stages first, as SQLite inserts them with the pipeline group.
-        let mut singles = BTreeMap::new();
-        for (position, stage) in stages.iter().enumerate() {
-            if let NewStageRun::Task(task) = &stage.run {
-                let mut task = inner.insert_queued(task.clone());
-                // No index: a single stage is no array element.
-                task.group = Some(id);
-                inner.tasks.insert(task.id, task.clone());
-                singles.insert(position, task);
-            }
-        }
-        let mut records = Vec::new();
-        let mut tasks = Vec::new();
-        for (position, stage) in stages.into_iter().enumerate() {
-            let (source, cached) = match stage.run {
-                NewStageRun::Task(_) => {
-                    let task = singles.remove(&position).expect("inserted above");
-                    let source = StageSource::Task(task.id);
-                    tasks.push(task);
-                    (source, false)
-                }
-                NewStageRun::Array {
-                    group: array,
-                    elements,
-                } => {
-                    let array_id = new_group_id(&inner);
-                    inner.groups.insert(
-                        array_id,
-                        GroupRecord {
-                            id: array_id,
-                            kind: array.kind,
-                            name: array.name,
-                            user: array.user,
-                            spec: array.spec,
-                            size: elements.len() as u32,
-                            created_at: array.created_at,
-                        },
-                    );
-                    for (index, task) in elements {
-                        let mut task = inner.insert_queued(task);
-                        task.group = Some(array_id);
-                        task.group_index = Some(index);
-                        inner.tasks.insert(task.id, task.clone());
-                        tasks.push(task);
-                    }
-                    (StageSource::Group(array_id), false)
-                }
-                NewStageRun::Cached(source) => (source, true),
-            };
-            let stage = StageRecord {
-                pipeline: id,
-                position: position as u32,
-                name: stage.name,
-                needs: stage.needs,
-                cache_key: stage.cache_key,
-                source,
-                cached,
-                user: group.user.clone(),
-                pipeline_name: group.name.clone(),
-            };
-            inner.stages.insert((id, position as u32), stage.clone());
-            records.push(stage);
-        }
-        Ok((record, records, tasks))
+        inner.check_key_free(&keyed.key)?;
+        let made = inner.insert_pipeline(group, stages);
+        let reply = (keyed.render)(Created::Pipeline(&made.0, &made.1, &made.2));
+        inner.keep(KeptReply {
+            key: keyed.key,
+            reply,
+        });
+        Ok(made)
     }
 
     async fn pipeline_stages(&self, pipeline: GroupId) -> Result<Vec<crate::StageRecord>> {
@@ -737,6 +786,51 @@ impl Store for MemoryStore {
     async fn get_delivery(&self, key: &str) -> Result<Option<DeliveryRecord>> {
         let inner = self.inner.lock().unwrap();
         Ok(inner.deliveries.values().find(|d| d.key == key).cloned())
+    }
+
+    async fn kept_reply(&self, user: &str, key: &str, now: Timestamp) -> Result<Option<KeptReply>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .kept
+            .get(&(user.to_string(), key.to_string()))
+            .filter(|kept| !kept.key.expired(now))
+            .cloned())
+    }
+
+    async fn keep_reply(&self, kept: KeptReply) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        inner.check_key_free(&kept.key)?;
+        inner.keep(kept);
+        Ok(())
+    }
+
+    async fn create_task_keyed(&self, task: NewTask, keyed: Keyed) -> Result<TaskRecord> {
+        let mut inner = self.inner.lock().unwrap();
+        inner.check_key_free(&keyed.key)?;
+        let record = inner.insert_queued(task);
+        let reply = (keyed.render)(Created::Task(&record));
+        inner.keep(KeptReply {
+            key: keyed.key,
+            reply,
+        });
+        Ok(record)
+    }
+
+    async fn create_group_keyed(
+        &self,
+        group: NewGroup,
+        elements: Vec<(u32, NewTask)>,
+        keyed: Keyed,
+    ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
+        let mut inner = self.inner.lock().unwrap();
+        inner.check_key_free(&keyed.key)?;
+        let (record, tasks) = inner.insert_group(group, elements);
+        let reply = (keyed.render)(Created::Group(&record, &tasks));
+        inner.keep(KeptReply {
+            key: keyed.key,
+            reply,
+        });
+        Ok((record, tasks))
     }
 
     async fn create_user(&self, user: UserRecord) -> Result<()> {

@@ -21,6 +21,7 @@ use crate::{
 
 mod access;
 mod groups;
+mod idempotency;
 mod pipelines;
 mod placeholders;
 
@@ -188,30 +189,41 @@ fn node_from_row(row: &PgRow) -> Result<NodeRecord> {
     })
 }
 
+/// Insert a queued task and its first event inside the caller's transaction.
+async fn insert_task(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    task: NewTask,
+) -> Result<TaskRecord> {
+    let id: i64 = sqlx::query(&numbered(
+        "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at) \
+             VALUES (?, ?, ?, ?, ?, 'queued', 1, ?) RETURNING id",
+    ))
+    .bind(&task.name)
+    .bind(&task.user)
+    .bind(task.spec.to_string())
+    .bind(task.snapshot.as_str())
+    .bind(&task.source)
+    .bind(millis(task.submitted_at))
+    .fetch_one(&mut **tx)
+    .await?
+    .try_get(0)?;
+    sqlx::query(&numbered(
+        "INSERT INTO task_events (task_id, seq, at, attempt, state) VALUES (?, 1, ?, 1, 'queued')",
+    ))
+    .bind(id)
+    .bind(millis(task.submitted_at))
+    .execute(&mut **tx)
+    .await?;
+    Ok(task.into_queued_record(TaskId(id as u64)))
+}
+
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
-        let id: i64 = sqlx::query(&numbered(
-            "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at) \
-             VALUES (?, ?, ?, ?, ?, 'queued', 1, ?) RETURNING id",
-        ))
-        .bind(&task.name)
-        .bind(&task.user)
-        .bind(task.spec.to_string())
-        .bind(task.snapshot.as_str())
-        .bind(&task.source)
-        .bind(millis(task.submitted_at))
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
-        sqlx::query(&numbered("INSERT INTO task_events (task_id, seq, at, attempt, state) VALUES (?, 1, ?, 1, 'queued')"))
-            .bind(id)
-            .bind(millis(task.submitted_at))
-            .execute(&mut *tx)
-            .await?;
+        let record = insert_task(&mut tx, task).await?;
         tx.commit().await?;
-        Ok(task.into_queued_record(TaskId(id as u64)))
+        Ok(record)
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
@@ -745,7 +757,63 @@ impl Store for PostgresStore {
         group: NewGroup,
         stages: Vec<crate::NewStage>,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        pipelines::create_pipeline(&self.writer, group, stages).await
+        pipelines::create_pipeline(&self.writer, group, stages, None).await
+    }
+
+    async fn kept_reply(
+        &self,
+        user: &str,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<Option<crate::KeptReply>> {
+        idempotency::kept_reply(&self.reader, user, key, now).await
+    }
+
+    async fn keep_reply(&self, kept: crate::KeptReply) -> Result<()> {
+        let mut tx = self.writer.begin().await?;
+        idempotency::insert_key(&mut tx, &kept).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn create_task_keyed(&self, task: NewTask, keyed: crate::Keyed) -> Result<TaskRecord> {
+        let mut tx = self.writer.begin().await?;
+        let record = insert_task(&mut tx, task).await?;
+        let reply = (keyed.render)(crate::Created::Task(&record));
+        let kept = crate::KeptReply {
+            key: keyed.key,
+            reply,
+        };
+        idempotency::insert_key(&mut tx, &kept).await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    async fn create_group_keyed(
+        &self,
+        group: NewGroup,
+        elements: Vec<(u32, NewTask)>,
+        keyed: crate::Keyed,
+    ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
+        let mut tx = self.writer.begin().await?;
+        let (record, tasks) = groups::insert_group(&mut tx, group, elements).await?;
+        let reply = (keyed.render)(crate::Created::Group(&record, &tasks));
+        let kept = crate::KeptReply {
+            key: keyed.key,
+            reply,
+        };
+        idempotency::insert_key(&mut tx, &kept).await?;
+        tx.commit().await?;
+        Ok((record, tasks))
+    }
+
+    async fn create_pipeline_keyed(
+        &self,
+        group: NewGroup,
+        stages: Vec<crate::NewStage>,
+        keyed: crate::Keyed,
+    ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
+        pipelines::create_pipeline(&self.writer, group, stages, Some(keyed)).await
     }
 
     async fn pipeline_stages(&self, pipeline: GroupId) -> Result<Vec<crate::StageRecord>> {

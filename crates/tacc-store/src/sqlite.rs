@@ -21,6 +21,7 @@ use crate::{
 
 mod access;
 mod groups;
+mod idempotency;
 mod pipelines;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -56,6 +57,7 @@ impl SqliteStore {
         };
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .after_release(|conn, _| Box::pin(no_transaction_left_open(conn)))
             .connect_with(options.clone())
             .await
             .map_err(open_error)?;
@@ -67,6 +69,30 @@ impl SqliteStore {
             .map_err(open_error)?;
         Ok(SqliteStore { writer, reader })
     }
+}
+
+/// Whether the writer connection may be used again: no transaction is left open on it.
+///
+/// A write that fails for space can leave one open: SQLite may roll back a transaction
+/// itself when `COMMIT` fails with `SQLITE_FULL`, so sqlx's `ROLLBACK` on drop fails and
+/// sqlx still counts the transaction; or a nested savepoint is rolled back to while the
+/// outer transaction stays. Every later write would then run inside that transaction and
+/// never commit: acknowledged, yet invisible and lost on restart. The pool closes such a
+/// connection (SQLite rolls back whatever it held) and opens a fresh one.
+async fn no_transaction_left_open(
+    conn: &mut sqlx::SqliteConnection,
+) -> std::result::Result<bool, sqlx::Error> {
+    use sqlx::{Connection, TransactionManager};
+    // The rollback a dropped transaction queued runs before this round trip returns.
+    conn.ping().await?;
+    let depth = sqlx::sqlite::SqliteTransactionManager::get_transaction_depth(conn);
+    if depth != 0 {
+        tracing::warn!(
+            "a failed write left {depth} transaction(s) open on the database connection; \
+             closing it and opening a fresh one"
+        );
+    }
+    Ok(depth == 0)
 }
 
 pub(crate) const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
@@ -168,30 +194,41 @@ fn node_from_row(row: &SqliteRow) -> Result<NodeRecord> {
     })
 }
 
+/// Insert a queued task and its first event inside the caller's transaction.
+async fn insert_task(
+    tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+    task: NewTask,
+) -> Result<TaskRecord> {
+    let id: i64 = sqlx::query(
+        "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at) \
+         VALUES (?, ?, ?, ?, ?, 'queued', 1, ?) RETURNING id",
+    )
+    .bind(&task.name)
+    .bind(&task.user)
+    .bind(task.spec.to_string())
+    .bind(task.snapshot.as_str())
+    .bind(&task.source)
+    .bind(millis(task.submitted_at))
+    .fetch_one(&mut **tx)
+    .await?
+    .try_get(0)?;
+    sqlx::query(
+        "INSERT INTO task_events (task_id, seq, at, attempt, state) VALUES (?, 1, ?, 1, 'queued')",
+    )
+    .bind(id)
+    .bind(millis(task.submitted_at))
+    .execute(&mut **tx)
+    .await?;
+    Ok(task.into_queued_record(TaskId(id as u64)))
+}
+
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
-        let id: i64 = sqlx::query(
-            "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at) \
-             VALUES (?, ?, ?, ?, ?, 'queued', 1, ?) RETURNING id",
-        )
-        .bind(&task.name)
-        .bind(&task.user)
-        .bind(task.spec.to_string())
-        .bind(task.snapshot.as_str())
-        .bind(&task.source)
-        .bind(millis(task.submitted_at))
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
-        sqlx::query("INSERT INTO task_events (task_id, seq, at, attempt, state) VALUES (?, 1, ?, 1, 'queued')")
-            .bind(id)
-            .bind(millis(task.submitted_at))
-            .execute(&mut *tx)
-            .await?;
+        let record = insert_task(&mut tx, task).await?;
         tx.commit().await?;
-        Ok(task.into_queued_record(TaskId(id as u64)))
+        Ok(record)
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
@@ -719,7 +756,7 @@ impl Store for SqliteStore {
         group: NewGroup,
         stages: Vec<crate::NewStage>,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        pipelines::create_pipeline(&self.writer, group, stages).await
+        pipelines::create_pipeline(&self.writer, group, stages, None).await
     }
 
     async fn pipeline_stages(&self, pipeline: GroupId) -> Result<Vec<crate::StageRecord>> {
@@ -754,6 +791,62 @@ impl Store for SqliteStore {
 
     async fn get_delivery(&self, key: &str) -> Result<Option<DeliveryRecord>> {
         groups::get_delivery(&self.reader, key).await
+    }
+
+    async fn kept_reply(
+        &self,
+        user: &str,
+        key: &str,
+        now: Timestamp,
+    ) -> Result<Option<crate::KeptReply>> {
+        idempotency::kept_reply(&self.reader, user, key, now).await
+    }
+
+    async fn keep_reply(&self, kept: crate::KeptReply) -> Result<()> {
+        let mut tx = self.writer.begin().await?;
+        idempotency::insert_key(&mut tx, &kept).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn create_task_keyed(&self, task: NewTask, keyed: crate::Keyed) -> Result<TaskRecord> {
+        let mut tx = self.writer.begin().await?;
+        let record = insert_task(&mut tx, task).await?;
+        let reply = (keyed.render)(crate::Created::Task(&record));
+        let kept = crate::KeptReply {
+            key: keyed.key,
+            reply,
+        };
+        idempotency::insert_key(&mut tx, &kept).await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    async fn create_group_keyed(
+        &self,
+        group: NewGroup,
+        elements: Vec<(u32, NewTask)>,
+        keyed: crate::Keyed,
+    ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
+        let mut tx = self.writer.begin().await?;
+        let (record, tasks) = groups::insert_group(&mut tx, group, elements).await?;
+        let reply = (keyed.render)(crate::Created::Group(&record, &tasks));
+        let kept = crate::KeptReply {
+            key: keyed.key,
+            reply,
+        };
+        idempotency::insert_key(&mut tx, &kept).await?;
+        tx.commit().await?;
+        Ok((record, tasks))
+    }
+
+    async fn create_pipeline_keyed(
+        &self,
+        group: NewGroup,
+        stages: Vec<crate::NewStage>,
+        keyed: crate::Keyed,
+    ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
+        pipelines::create_pipeline(&self.writer, group, stages, Some(keyed)).await
     }
 
     async fn create_user(&self, user: UserRecord) -> Result<()> {

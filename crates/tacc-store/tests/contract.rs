@@ -332,3 +332,74 @@ fn every_sqlite_migration_has_a_postgres_mirror() {
     assert!(!sqlite.is_empty());
     assert_eq!(sqlite, names("postgres"));
 }
+
+/// Task ids come from an AUTOINCREMENT column: a reopened store never gives out an id it
+/// acknowledged before, even when that was the newest.
+#[tokio::test]
+async fn sqlite_ids_are_never_reused_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tacc.db");
+    let task = |name: &str| tacc_store::NewTask {
+        name: name.into(),
+        user: "alice".into(),
+        spec: serde_json::json!({}),
+        snapshot: "ef".repeat(32).parse().unwrap(),
+        source: None,
+        submitted_at: tacc_core::Timestamp(1),
+    };
+    let before = {
+        let store = SqliteStore::open(&path).await.unwrap();
+        let mut ids = Vec::new();
+        for name in ["a", "b", "c"] {
+            ids.push(store.create_task(task(name)).await.unwrap().id);
+        }
+        ids
+    };
+    let reopened = SqliteStore::open(&path).await.unwrap();
+    let after = reopened.create_task(task("d")).await.unwrap().id;
+    assert!(
+        before.iter().all(|id| *id < after),
+        "id {after} after reopen, acknowledged before: {before:?}"
+    );
+}
+
+/// A database another process holds locked past the busy timeout is a fault of the
+/// storage (the server answers 503), not of the request; once the lock is gone the store
+/// writes again — the failed write left no transaction open.
+#[tokio::test]
+async fn sqlite_a_locked_database_is_a_storage_fault_and_the_store_recovers() {
+    use sqlx::Connection;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tacc.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let task = |name: &str| tacc_store::NewTask {
+        name: name.into(),
+        user: "alice".into(),
+        spec: serde_json::json!({}),
+        snapshot: "ef".repeat(32).parse().unwrap(),
+        source: None,
+        submitted_at: tacc_core::Timestamp(1),
+    };
+    let first = store.create_task(task("before")).await.unwrap().id;
+    let mut locker = sqlx::SqliteConnection::connect_with(
+        &sqlx::sqlite::SqliteConnectOptions::new().filename(&path),
+    )
+    .await
+    .unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut locker)
+        .await
+        .unwrap();
+    let error = store.create_task(task("locked")).await.unwrap_err();
+    assert_eq!(
+        error.storage_fault(),
+        Some(tacc_store::StorageFault::Unavailable),
+        "{error}"
+    );
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    locker.close().await.unwrap();
+    let after = store.create_task(task("after")).await.unwrap().id;
+    assert!(after > first);
+    let reopened = SqliteStore::open(&path).await.unwrap();
+    assert!(reopened.get_task(after).await.unwrap().is_some());
+}

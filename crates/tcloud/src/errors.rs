@@ -30,6 +30,9 @@ pub const TASK_FAILED: u8 = 5;
 pub const UNAUTHENTICATED: u8 = 6;
 /// The server knows who you are, and this is not yours to do (HTTP 403).
 pub const FORBIDDEN: u8 = 7;
+/// The server failed, not the request: its disk is full, its database unavailable, an
+/// internal error (HTTP 5xx). Retrying later may succeed.
+pub const SERVER_FAULT: u8 = 8;
 
 /// Where the token of a request came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -150,6 +153,7 @@ pub fn code_for_api(code: &str) -> u8 {
         "forbidden" => FORBIDDEN,
         "not_found" => NOT_FOUND,
         "invalid_task" | "unsupported" | "bad_request" => INVALID,
+        "storage_full" | "unavailable" | "internal" => SERVER_FAULT,
         _ => FAILURE,
     }
 }
@@ -195,6 +199,7 @@ pub fn render_with(error: &anyhow::Error, auth: Option<&AuthContext>) -> (Option
                 ClientError::Api { code, .. } => {
                     (Some(format!("error: {error:#}")), code_for_api(code))
                 }
+                ClientError::TimedOut { .. } => (Some(format!("error: {client}")), UNREACHABLE),
                 ClientError::Protocol { .. } => (Some(format!("error: {error:#}")), FAILURE),
                 ClientError::Tls { .. } => (Some(format!("error: {client}")), UNREACHABLE),
             };
@@ -235,6 +240,43 @@ mod tests {
             "error: cannot reach the TACC server at http://127.0.0.1:8383 (connection refused or host unreachable). Start a local cluster with `tcloud up`"
         ));
         assert!(!text.contains("Caused by"));
+    }
+
+    #[test]
+    fn no_answer_in_time_is_one_line_exit_3_naming_the_server() {
+        let err: anyhow::Error = ClientError::TimedOut {
+            url: "https://tacc.example:8383".into(),
+            secs: 10,
+            connecting: false,
+        }
+        .into();
+        let (text, code) = render(&err.context("submitting"));
+        let text = text.unwrap();
+        assert_eq!(code, UNREACHABLE);
+        assert_eq!(text.lines().count(), 1);
+        assert!(
+            text.starts_with(
+                "error: no answer from https://tacc.example:8383 within 10 s; is taccd running"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn server_faults_exit_8_never_invalid_input() {
+        for (status, code) in [
+            (507, "storage_full"),
+            (503, "unavailable"),
+            (500, "internal"),
+        ] {
+            let err: anyhow::Error = ClientError::Api {
+                status,
+                code: code.into(),
+                message: "the server is out of disk space".into(),
+            }
+            .into();
+            assert_eq!(render(&err).1, SERVER_FAULT, "{code}");
+        }
     }
 
     #[test]

@@ -77,6 +77,25 @@ struct Cli {
     /// Server URL; overrides the current cluster profile.
     #[arg(long, global = true, env = "TACC_SERVER", value_name = "URL")]
     server: Option<String>,
+    /// Seconds to wait for a connection to the server
+    #[arg(
+        long,
+        global = true,
+        env = "TACC_CONNECT_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 5.0
+    )]
+    connect_timeout: f64,
+    /// Seconds to wait for the server's answer to a request (log follow and waits are not
+    /// cut); 0: no limit
+    #[arg(
+        long,
+        global = true,
+        env = "TACC_TIMEOUT",
+        value_name = "SECS",
+        default_value_t = 30.0
+    )]
+    timeout: f64,
     #[command(subcommand)]
     command: Command,
 }
@@ -700,6 +719,7 @@ enum ConfigCommand {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let ctx = commands::Ctx {
         server: cli.server.filter(|s| !s.is_empty()),
+        timeouts: commands::timeouts(cli.connect_timeout, cli.timeout)?,
     };
     use commands::*;
     match cli.command {

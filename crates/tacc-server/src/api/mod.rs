@@ -11,6 +11,7 @@ mod dashboard;
 mod files;
 mod groups;
 mod guard;
+mod idempotency;
 mod logs;
 mod metrics;
 mod openapi;
@@ -26,10 +27,12 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
+use axum::extract::State;
 use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, delete, get, post, put};
 use tacc_proto::ApiError;
+use tacc_store::StorageFault;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Access;
@@ -403,6 +406,10 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken, secure_cookies
             state.clone(),
             guard::guard,
         ))
+        .layer(axum::middleware::map_response_with_state(
+            state.clone(),
+            name_data_dir,
+        ))
         .with_state(state)
 }
 
@@ -429,12 +436,15 @@ impl ServerError {
             ServerError::TooManyRequests { .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_requests")
             }
-            ServerError::Unavailable(_)
-            | ServerError::Store(tacc_store::StoreError::Unavailable(_)) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-            }
+            ServerError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             ServerError::NodeTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, "node_timeout"),
-            ServerError::Store(_) | ServerError::Internal(_) | ServerError::Config(_) => {
+            ServerError::StorageFull(_) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
+            ServerError::Store(e) => match e.storage_fault() {
+                Some(StorageFault::Full) => (StatusCode::INSUFFICIENT_STORAGE, "storage_full"),
+                Some(StorageFault::Unavailable) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+                None => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            },
+            ServerError::Internal(_) | ServerError::Config(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal")
             }
         }
@@ -453,11 +463,26 @@ impl IntoResponse for ServerError {
             } => Some(*retry_after_secs),
             _ => None,
         };
+        let message = match &self {
+            ServerError::Store(e) => match e.storage_fault() {
+                Some(StorageFault::Full) => ServerError::StorageFull(e.to_string()).to_string(),
+                Some(StorageFault::Unavailable) => format!(
+                    "the server's database is unavailable ({e}); this is the server's fault, \
+                     not your request's: retry shortly (tcloud retries by itself)"
+                ),
+                None => self.to_string(),
+            },
+            _ => self.to_string(),
+        };
+        let full = status == StatusCode::INSUFFICIENT_STORAGE;
         let body = ApiError {
             code: code.into(),
-            message: self.to_string(),
+            message: message.clone(),
         };
         let mut response = (status, Json(body)).into_response();
+        if full {
+            response.extensions_mut().insert(DataDirFault(message));
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
@@ -474,3 +499,24 @@ impl IntoResponse for ServerError {
 }
 
 pub(crate) type ApiResult<T> = Result<T, ServerError>;
+
+/// Marks a reply about the server's data directory (disk full), with its message: the
+/// error knows no paths, so [`name_data_dir`] adds which directory before it is sent.
+#[derive(Debug, Clone)]
+struct DataDirFault(String);
+
+/// Name the server's data directory in a disk-full reply, for the operator to act on.
+async fn name_data_dir(State(app): State<AppState>, response: Response) -> Response {
+    let Some(DataDirFault(message)) = response.extensions().get::<DataDirFault>().cloned() else {
+        return response;
+    };
+    let dir = app.control.config.data_dir.display().to_string();
+    let body = ApiError {
+        code: "storage_full".into(),
+        message: message.replace(
+            "the server's data directory",
+            &format!("the server's data directory {dir}"),
+        ),
+    };
+    (response.status(), Json(body)).into_response()
+}

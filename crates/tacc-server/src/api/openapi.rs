@@ -80,6 +80,8 @@ struct Operation {
     /// The status of success.
     status: u16,
     response: Body,
+    /// Takes an `Idempotency-Key` header (exactly-once submit, cancel, rerun).
+    keyed: bool,
 }
 
 fn op(method: Method, path: &'static str, summary: &'static str) -> Operation {
@@ -91,6 +93,7 @@ fn op(method: Method, path: &'static str, summary: &'static str) -> Operation {
         request: Body::None,
         status: 200,
         response: Body::None,
+        keyed: false,
     }
 }
 
@@ -106,6 +109,10 @@ impl Operation {
     }
     fn query(mut self, query: &'static [QueryParam]) -> Self {
         self.query = query;
+        self
+    }
+    fn keyed(mut self) -> Self {
+        self.keyed = true;
         self
     }
 }
@@ -185,7 +192,8 @@ fn described() -> Vec<Operation> {
             "Submit a task (durable before the answer).",
         )
         .takes(Json(one::<SubmitTask>))
-        .answers(201, Json(one::<SubmitReply>)),
+        .answers(201, Json(one::<SubmitReply>))
+        .keyed(),
         op(
             M::GET,
             "/v1/tasks",
@@ -246,7 +254,8 @@ fn described() -> Vec<Operation> {
              since a succeeded run are `cached`.",
         )
         .takes(Json(one::<SubmitPipeline>))
-        .answers(201, Json(one::<PipelineSubmitted>)),
+        .answers(201, Json(one::<PipelineSubmitted>))
+        .keyed(),
         op(
             M::GET,
             "/v1/history",
@@ -296,7 +305,8 @@ fn described() -> Vec<Operation> {
             "/v1/tasks/{id}/cancel",
             "Cancel a task (queued ones at once, running ones when their agents confirm).",
         )
-        .answers(200, Json(one::<CancelReply>)),
+        .answers(200, Json(one::<CancelReply>))
+        .keyed(),
         op(
             M::GET,
             "/v1/tasks/{id}/logs",
@@ -341,7 +351,8 @@ fn described() -> Vec<Operation> {
             "/v1/tasks/{id}/rerun",
             "Submit a task's stored spec and snapshot again as a new task.",
         )
-        .answers(201, Json(one::<SubmitReply>)),
+        .answers(201, Json(one::<SubmitReply>))
+        .keyed(),
         op(
             M::GET,
             "/v1/tasks/{id}/outputs",
@@ -701,6 +712,22 @@ fn document(rules: &[RouteRule]) -> OpenApi {
                     .schema(Some(ObjectBuilder::new().schema_type(kind.clone()).build())),
             );
         }
+        if operation.keyed {
+            built = built.parameter(
+                ParameterBuilder::new()
+                    .name("Idempotency-Key")
+                    .parameter_in(ParameterIn::Header)
+                    .required(Required::False)
+                    .description(Some(
+                        "Makes the request exactly-once: 1 to 255 printable ASCII characters \
+                         (a fresh UUID per logical request), kept per user for 24 hours. The \
+                         same key with the same request answers the first reply again (marked by \
+                         the response header `Idempotent-Replay: true`) and does no new work; \
+                         with another request, 409.",
+                    ))
+                    .schema(Some(ObjectBuilder::new().schema_type(Type::String).build())),
+            );
+        }
         if let Some((content_type, body)) = content(operation.request, &mut schemas) {
             built = built.request_body(Some(
                 RequestBodyBuilder::new()
@@ -717,20 +744,32 @@ fn document(rules: &[RouteRule]) -> OpenApi {
         if let Some((content_type, body)) = content(operation.response, &mut schemas) {
             success = success.content(content_type, body);
         }
-        built = built
-            .response(operation.status.to_string(), success)
-            .response(
-                "default",
+        built = built.response(operation.status.to_string(), success);
+        if operation.keyed {
+            built = built.response(
+                "409",
                 ResponseBuilder::new()
                     .description(
-                        "An error: `code` is stable and machine-readable, `message` says what \
-                     was wrong and how to fix it.",
+                        "The `Idempotency-Key` was used for another request: use a new key.",
                     )
                     .content(
                         "application/json",
                         ContentBuilder::new().schema(Some(error.clone())).build(),
                     ),
             );
+        }
+        built = built.response(
+            "default",
+            ResponseBuilder::new()
+                .description(
+                    "An error: `code` is stable and machine-readable, `message` says what \
+                     was wrong and how to fix it.",
+                )
+                .content(
+                    "application/json",
+                    ContentBuilder::new().schema(Some(error.clone())).build(),
+                ),
+        );
         built = if rule == Access::Public {
             built.securities(Some(Vec::<SecurityRequirement>::new()))
         } else {

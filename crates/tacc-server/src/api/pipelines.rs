@@ -1,9 +1,11 @@
 //! Pipeline routes: a whole pipeline submitted in one request, and the agents' fetch of a
 //! stage's input files (the kept outputs of the stages it needs).
 
-use tacc_proto::{PipelineSubmitted, SubmitPipeline};
+use tacc_proto::{PipelineSubmitted, StageView, SubmitPipeline};
 use tacc_schema::TaskSpec;
+use tacc_store::{Created, StageRecord, StageSource};
 
+use super::idempotency::{RequestKey, stored};
 use super::outputs::rank_dir;
 use super::prelude::*;
 use crate::control::StageSubmission;
@@ -11,9 +13,76 @@ use crate::control::StageSubmission;
 pub(super) async fn submit_pipeline(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     Json(body): Json<SubmitPipeline>,
-) -> ApiResult<(StatusCode, Json<PipelineSubmitted>)> {
+) -> ApiResult<Response> {
     let user = user_of(&caller)?;
+    let request = serde_json::to_vec(&body).map_err(|e| ServerError::Internal(e.to_string()))?;
+    let key = RequestKey::from_request(&headers, &user.name, "POST /v1/pipelines", &request)?;
+    if let Some(key) = &key
+        && let Some(reply) = key.replay(&app.control).await?
+    {
+        return Ok(reply);
+    }
+    let submitted = submit_new(&app, user, body, key.as_ref()).await;
+    match (submitted, &key) {
+        (Err(error), Some(key)) => key.after_failure(&app.control, error).await,
+        // The kept reply, so that a retry gets exactly what this request got.
+        (Ok(_), Some(key)) => key.replay(&app.control).await?.ok_or_else(|| {
+            ServerError::Internal("the pipeline's idempotency key was not kept".into())
+        }),
+        (done, None) => done,
+    }
+}
+
+/// A new pipeline's stages as [`Control::stage_views`] shows them, from what was just
+/// made: every stage that runs is queued.
+fn stages_at_creation(stages: &[StageRecord], tasks: &[TaskRecord]) -> Vec<StageView> {
+    stages
+        .iter()
+        .map(|stage| {
+            let (task, group) = match stage.source {
+                StageSource::Task(task) => (Some(task), None),
+                StageSource::Group(group) => (None, Some(group)),
+            };
+            let mut counts = std::collections::BTreeMap::new();
+            let (state, reason) = if stage.cached {
+                (
+                    "cached".to_string(),
+                    Some(format!("cached: {}", stage.source)),
+                )
+            } else {
+                let mine: Vec<&TaskRecord> = tasks
+                    .iter()
+                    .filter(|t| Some(t.id) == task || (group.is_some() && t.group == group))
+                    .collect();
+                if group.is_some() {
+                    for t in &mine {
+                        *counts.entry(t.state).or_insert(0u64) += 1;
+                    }
+                }
+                let state = if mine.is_empty() { "empty" } else { "queued" };
+                (state.to_string(), None)
+            };
+            StageView {
+                name: stage.name.clone(),
+                needs: stage.needs.clone(),
+                state,
+                task,
+                group,
+                counts,
+                reason,
+            }
+        })
+        .collect()
+}
+
+async fn submit_new(
+    app: &AppState,
+    user: &UserCaller,
+    body: SubmitPipeline,
+    key: Option<&RequestKey>,
+) -> ApiResult<Response> {
     let notify: Option<tacc_schema::NotifySpec> = body
         .notify
         .map(serde_json::from_value)
@@ -55,9 +124,23 @@ pub(super) async fn submit_pipeline(
         });
     }
     app.control.admit_tasks(user, tasks).await?;
+    let keyed = key.map(|k| {
+        k.keyed(Box::new(|created| match created {
+            Created::Pipeline(group, stages, tasks) => stored(
+                StatusCode::CREATED,
+                &PipelineSubmitted {
+                    group: group.id,
+                    stages: stages_at_creation(stages, tasks),
+                },
+            ),
+            Created::Task(_) | Created::Group(..) => {
+                unreachable!("a pipeline's key is kept with the pipeline")
+            }
+        }))
+    });
     let (group, _) = app
         .control
-        .submit_pipeline(&user.name, body.name, stages, body.source, notify)
+        .submit_pipeline(&user.name, body.name, stages, body.source, notify, keyed)
         .await?;
     let stages = app.control.stage_views(group.id).await?;
     Ok((
@@ -66,7 +149,8 @@ pub(super) async fn submit_pipeline(
             group: group.id,
             stages,
         }),
-    ))
+    )
+        .into_response())
 }
 
 /// One input file of an attempt this node runs: the `index`th of its assignment's

@@ -157,7 +157,18 @@ pub(super) async fn put_chunk(
     let stored = tokio::task::spawn_blocking(move || control.chunk_store().put(&hash, &bytes))
         .await
         .map_err(|e| ServerError::Internal(e.to_string()))?;
-    stored.map_err(|e| ServerError::BadRequest(e.to_string()))?;
+    stored.map_err(|e| match e {
+        // The server's disk, not the upload, is at fault.
+        tacc_compiler::CompilerError::ChunkStoreIo { source, .. }
+            if source.raw_os_error() == Some(ENOSPC) =>
+        {
+            ServerError::StorageFull(format!("cannot store chunk {name}: {source}"))
+        }
+        e @ tacc_compiler::CompilerError::ChunkStoreIo { .. } => {
+            ServerError::Internal(e.to_string())
+        }
+        e => ServerError::BadRequest(e.to_string()),
+    })?;
     app.control
         .store
         .add_chunk_owners(&user, std::slice::from_ref(&name))
@@ -175,3 +186,6 @@ pub(super) async fn get_chunk(
         .await
         .map_err(|_| ServerError::NotFound(format!("chunk {hash} does not exist")))
 }
+
+/// `ENOSPC`: no space left on the device (the same number on every Linux architecture).
+const ENOSPC: i32 = 28;

@@ -1,5 +1,8 @@
 //! Task routes: submit, list, show, events, cancel, explain, instruction, rerun.
 
+use tacc_store::Created;
+
+use super::idempotency::{RequestKey, stored};
 use super::prelude::*;
 
 pub(super) async fn task_view(control: &Control, record: TaskRecord) -> TaskView {
@@ -65,9 +68,47 @@ pub(super) async fn load(control: &Control, id: TaskId) -> ApiResult<TaskRecord>
 pub(super) async fn submit(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     Json(body): Json<SubmitTask>,
-) -> ApiResult<(StatusCode, Json<SubmitReply>)> {
+) -> ApiResult<Response> {
     let user = user_of(&caller)?;
+    let request = serde_json::to_vec(&body).map_err(|e| ServerError::Internal(e.to_string()))?;
+    let key = RequestKey::from_request(&headers, &user.name, "POST /v1/tasks", &request)?;
+    if let Some(key) = &key
+        && let Some(reply) = key.replay(&app.control).await?
+    {
+        return Ok(reply);
+    }
+    match (submit_new(&app, user, body, key.as_ref()).await, &key) {
+        (Err(error), Some(key)) => key.after_failure(&app.control, error).await,
+        (done, _) => done,
+    }
+}
+
+/// The reply to a submission as kept under its idempotency key: what [`submit`] answers.
+fn submitted_reply() -> tacc_store::RenderReply {
+    Box::new(|created| match created {
+        Created::Task(task) => stored(
+            StatusCode::CREATED,
+            &SubmitReply {
+                task_id: task.id,
+                state: task.state,
+                group: None,
+            },
+        ),
+        Created::Group(group, tasks) | Created::Pipeline(group, _, tasks) => {
+            stored(StatusCode::CREATED, &super::groups::submitted(group, tasks))
+        }
+    })
+}
+
+async fn submit_new(
+    app: &AppState,
+    user: &UserCaller,
+    body: SubmitTask,
+    key: Option<&RequestKey>,
+) -> ApiResult<Response> {
+    let keyed = || key.map(|k| k.keyed(submitted_reply()));
     let spec: TaskSpec = serde_json::from_value(body.spec)
         .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;
     let elements = spec.array.as_ref().map_or(1, |a| a.len() as u64);
@@ -88,27 +129,29 @@ pub(super) async fn submit(
     if spec.sweep.is_some() {
         let group = app
             .control
-            .submit_sweep(&user.name, spec, body.snapshot, body.source)
+            .submit_sweep(&user.name, spec, body.snapshot, body.source, keyed())
             .await?;
         let records = app.control.group_elements(group.id).await?;
         return Ok((
             StatusCode::CREATED,
             Json(super::groups::submitted(&group, &records)),
-        ));
+        )
+            .into_response());
     }
     if spec.array.is_some() {
         let (group, records) = app
             .control
-            .submit_array(&user.name, spec, body.snapshot, body.source, None)
+            .submit_array(&user.name, spec, body.snapshot, body.source, None, keyed())
             .await?;
         return Ok((
             StatusCode::CREATED,
             Json(super::groups::submitted(&group, &records)),
-        ));
+        )
+            .into_response());
     }
     let record = app
         .control
-        .submit(&user.name, spec, body.snapshot, body.source)
+        .submit(&user.name, spec, body.snapshot, body.source, keyed())
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -117,7 +160,8 @@ pub(super) async fn submit(
             state: record.state,
             group: None,
         }),
-    ))
+    )
+        .into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -253,15 +297,38 @@ pub(super) async fn task_events(
 
 pub(super) async fn cancel_task(
     State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     Path(id): Path<u64>,
-) -> ApiResult<Json<CancelReply>> {
+) -> ApiResult<Response> {
+    let key = match caller.user() {
+        Some(user) => RequestKey::from_request(
+            &headers,
+            &user.name,
+            "POST /v1/tasks/{id}/cancel",
+            id.to_string().as_bytes(),
+        )?,
+        None => None,
+    };
+    if let Some(key) = &key
+        && let Some(reply) = key.replay(&app.control).await?
+    {
+        return Ok(reply);
+    }
     let before = load(&app.control, TaskId(id)).await?;
     let after = app.control.cancel(TaskId(id)).await?;
-    Ok(Json(CancelReply {
+    let reply = CancelReply {
         task_id: after.id,
         state: after.state,
         changed: !before.state.is_terminal(),
-    }))
+    };
+    // A cancel is idempotent by itself (cancelling twice changes nothing more), so its
+    // key is kept after it, only for the retry to get the same reply.
+    if let Some(key) = &key {
+        key.keep(&app.control, stored(StatusCode::OK, &reply))
+            .await?;
+    }
+    Ok(Json(reply).into_response())
 }
 
 pub(super) async fn explain_task(
@@ -294,11 +361,36 @@ pub(super) async fn task_instruction(
 pub(super) async fn rerun_task(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
+    headers: HeaderMap,
     Path(id): Path<u64>,
-) -> ApiResult<(StatusCode, Json<SubmitReply>)> {
+) -> ApiResult<Response> {
     let user = user_of(&caller)?;
+    let key = RequestKey::from_request(
+        &headers,
+        &user.name,
+        "POST /v1/tasks/{id}/rerun",
+        id.to_string().as_bytes(),
+    )?;
+    if let Some(key) = &key
+        && let Some(reply) = key.replay(&app.control).await?
+    {
+        return Ok(reply);
+    }
+    match (rerun_new(&app, user, TaskId(id), key.as_ref()).await, &key) {
+        (Err(error), Some(key)) => key.after_failure(&app.control, error).await,
+        (done, _) => done,
+    }
+}
+
+async fn rerun_new(
+    app: &AppState,
+    user: &UserCaller,
+    id: TaskId,
+    key: Option<&RequestKey>,
+) -> ApiResult<Response> {
     app.control.admit_submission(user).await?;
-    let record = app.control.rerun(TaskId(id), &user.name).await?;
+    let keyed = key.map(|k| k.keyed(submitted_reply()));
+    let record = app.control.rerun(id, &user.name, keyed).await?;
     // The rerun's owner may read the code it runs.
     app.control
         .store
@@ -314,5 +406,6 @@ pub(super) async fn rerun_task(
             state: record.state,
             group: None,
         }),
-    ))
+    )
+        .into_response())
 }

@@ -27,6 +27,7 @@ impl Control {
         snapshot: SnapshotId,
         source: Option<String>,
         rerun_of: Option<GroupId>,
+        keyed: Option<tacc_store::Keyed>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>), ServerError> {
         let spec = self.prepare(user, spec, &snapshot).await?;
         let Some(array) = spec.array.clone() else {
@@ -67,19 +68,21 @@ impl Control {
             })
             .collect();
         let committing = std::time::Instant::now();
-        let (group, records) = self
-            .store
-            .create_group(
-                NewGroup {
-                    kind: GroupKind::Array,
-                    name: element.name.clone(),
-                    user: user.to_string(),
-                    spec: group_spec,
-                    created_at: at,
-                },
-                elements,
-            )
-            .await?;
+        let new_group = NewGroup {
+            kind: GroupKind::Array,
+            name: element.name.clone(),
+            user: user.to_string(),
+            spec: group_spec,
+            created_at: at,
+        };
+        let (group, records) = match keyed {
+            Some(keyed) => {
+                self.store
+                    .create_group_keyed(new_group, elements, keyed)
+                    .await?
+            }
+            None => self.store.create_group(new_group, elements).await?,
+        };
         self.metrics.committed("create_group", committing.elapsed());
         for _ in &records {
             self.metrics.submitted();
@@ -213,7 +216,7 @@ impl Control {
         spec.array = Some(array);
         let source = first.source.clone();
         let snapshot = first.snapshot.clone();
-        self.submit_array(user, spec, snapshot, source, Some(group.id))
+        self.submit_array(user, spec, snapshot, source, Some(group.id), None)
             .await
             .map(Some)
     }

@@ -431,29 +431,32 @@ impl Control {
         Ok(())
     }
 
-    /// Accept a task: validate, make it durable, then let the scheduler see it.
+    /// Accept a task: validate, make it durable, then let the scheduler see it. With
+    /// `keyed`, its idempotency key and reply are committed with the task.
     pub async fn submit(
         &self,
         user: &str,
         spec: TaskSpec,
         snapshot: SnapshotId,
         source: Option<String>,
+        keyed: Option<tacc_store::Keyed>,
     ) -> Result<TaskRecord, ServerError> {
         let spec = self.prepare(user, spec, &snapshot).await?;
         let spec_json =
             serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
         let committing = Instant::now();
-        let record = self
-            .store
-            .create_task(NewTask {
-                name: spec.name.clone(),
-                user: user.to_string(),
-                spec: spec_json,
-                snapshot,
-                source,
-                submitted_at: now(),
-            })
-            .await?;
+        let task = NewTask {
+            name: spec.name.clone(),
+            user: user.to_string(),
+            spec: spec_json,
+            snapshot,
+            source,
+            submitted_at: now(),
+        };
+        let record = match keyed {
+            Some(keyed) => self.store.create_task_keyed(task, keyed).await?,
+            None => self.store.create_task(task).await?,
+        };
         self.metrics.committed("create_task", committing.elapsed());
         self.metrics.submitted();
         let group = self.auth.group_of(user).await?;

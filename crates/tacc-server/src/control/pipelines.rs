@@ -53,6 +53,7 @@ impl Control {
         stages: Vec<StageSubmission>,
         source: Option<String>,
         notify: Option<NotifySpec>,
+        keyed: Option<tacc_store::Keyed>,
     ) -> Result<(GroupRecord, Vec<StageRecord>), ServerError> {
         if let Some(notify) = &notify {
             self.check_secrets(user, std::iter::once(&notify.secret))
@@ -123,19 +124,21 @@ impl Control {
         )
         .map_err(|e| ServerError::Internal(e.to_string()))?;
         let committing = std::time::Instant::now();
-        let (group, records, tasks) = self
-            .store
-            .create_pipeline(
-                NewGroup {
-                    kind: GroupKind::Pipeline,
-                    name: name.clone(),
-                    user: user.to_string(),
-                    spec: serde_json::json!({"stages": group_spec, "notify": notify}),
-                    created_at: at,
-                },
-                new_stages,
-            )
-            .await?;
+        let new_group = NewGroup {
+            kind: GroupKind::Pipeline,
+            name: name.clone(),
+            user: user.to_string(),
+            spec: serde_json::json!({"stages": group_spec, "notify": notify}),
+            created_at: at,
+        };
+        let (group, records, tasks) = match keyed {
+            Some(keyed) => {
+                self.store
+                    .create_pipeline_keyed(new_group, new_stages, keyed)
+                    .await?
+            }
+            None => self.store.create_pipeline(new_group, new_stages).await?,
+        };
         self.metrics
             .committed("create_pipeline", committing.elapsed());
         // Tasks come back in stage order, each stage's elements together; the specs were

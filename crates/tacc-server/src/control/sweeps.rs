@@ -105,6 +105,7 @@ impl Control {
         spec: TaskSpec,
         snapshot: SnapshotId,
         source: Option<String>,
+        keyed: Option<tacc_store::Keyed>,
     ) -> Result<GroupRecord, ServerError> {
         let spec = self.prepare(user, spec, &snapshot).await?;
         let Some(sweep) = spec.sweep.clone() else {
@@ -137,20 +138,21 @@ impl Control {
                 ))
             })
             .collect::<Result<Vec<_>, ServerError>>()?;
-        let (group, records) = self
-            .store
-            .create_group(
-                NewGroup {
-                    kind: GroupKind::Sweep,
-                    name: spec.name.clone(),
-                    user: user.to_string(),
-                    spec: serde_json::to_value(&spec)
-                        .map_err(|e| ServerError::Internal(e.to_string()))?,
-                    created_at: at,
-                },
-                elements,
-            )
-            .await?;
+        let new_group = NewGroup {
+            kind: GroupKind::Sweep,
+            name: spec.name.clone(),
+            user: user.to_string(),
+            spec: serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?,
+            created_at: at,
+        };
+        let (group, records) = match keyed {
+            Some(keyed) => {
+                self.store
+                    .create_group_keyed(new_group, elements, keyed)
+                    .await?
+            }
+            None => self.store.create_group(new_group, elements).await?,
+        };
         let specs: Vec<TaskSpec> = trials.into_iter().map(|(_, spec)| spec).collect();
         self.enqueue_trials(user, &records, &specs).await?;
         self.sweeps.add(group.id);

@@ -41,8 +41,28 @@ pub(super) async fn create_pipeline(
     pool: &PgPool,
     group: NewGroup,
     stages: Vec<NewStage>,
+    keyed: Option<crate::Keyed>,
 ) -> Result<(GroupRecord, Vec<StageRecord>, Vec<TaskRecord>)> {
     let mut tx = pool.begin().await?;
+    let made = insert_pipeline(&mut tx, group, stages).await?;
+    if let Some(keyed) = keyed {
+        let reply = (keyed.render)(crate::Created::Pipeline(&made.0, &made.1, &made.2));
+        let kept = crate::KeptReply {
+            key: keyed.key,
+            reply,
+        };
+        super::idempotency::insert_key(&mut tx, &kept).await?;
+    }
+    tx.commit().await?;
+    Ok(made)
+}
+
+/// Insert a pipeline inside the caller's transaction.
+async fn insert_pipeline(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    group: NewGroup,
+    stages: Vec<NewStage>,
+) -> Result<(GroupRecord, Vec<StageRecord>, Vec<TaskRecord>)> {
     let singles: Vec<(u32, crate::NewTask)> = stages
         .iter()
         .enumerate()
@@ -53,7 +73,7 @@ pub(super) async fn create_pipeline(
         .collect();
     let user = group.user.clone();
     let pipeline_name = group.name.clone();
-    let (mut record, single_tasks) = insert_group(&mut tx, group, singles).await?;
+    let (mut record, single_tasks) = insert_group(tx, group, singles).await?;
     let mut singles = single_tasks.into_iter();
     let mut records = Vec::with_capacity(stages.len());
     let mut tasks = Vec::new();
@@ -68,7 +88,7 @@ pub(super) async fn create_pipeline(
                 (source, false)
             }
             NewStageRun::Array { group, elements } => {
-                let (array, elements) = insert_group(&mut tx, group, elements).await?;
+                let (array, elements) = insert_group(tx, group, elements).await?;
                 tasks.extend(elements);
                 (StageSource::Group(array.id), false)
             }
@@ -89,7 +109,7 @@ pub(super) async fn create_pipeline(
         .bind(i64::from(cached))
         .bind(&user)
         .bind(&pipeline_name)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
         records.push(StageRecord {
             pipeline: record.id,
@@ -109,7 +129,7 @@ pub(super) async fn create_pipeline(
         "UPDATE tasks SET group_index = NULL WHERE group_id = ?",
     ))
     .bind(record.id.0 as i64)
-    .execute(&mut *tx)
+    .execute(&mut **tx)
     .await?;
     for task in tasks.iter_mut().filter(|t| t.group == Some(record.id)) {
         task.group_index = None;
@@ -118,10 +138,9 @@ pub(super) async fn create_pipeline(
     sqlx::query(&numbered("UPDATE task_groups SET size = ? WHERE id = ?"))
         .bind(records.len() as i64)
         .bind(record.id.0 as i64)
-        .execute(&mut *tx)
+        .execute(&mut **tx)
         .await?;
     record.size = records.len() as u32;
-    tx.commit().await?;
     Ok((record, records, tasks))
 }
 

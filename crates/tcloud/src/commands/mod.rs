@@ -28,6 +28,33 @@ use crate::errors::{AuthContext, TokenSource, set_auth_context};
 pub struct Ctx {
     /// `--server` / `TACC_SERVER`, overriding the current profile's URL.
     pub server: Option<String>,
+    /// `--connect-timeout` / `--timeout` (or their environment variables).
+    pub timeouts: tacc_client::Timeouts,
+}
+
+/// The client's timeouts from `--connect-timeout` and `--timeout` seconds (a request
+/// timeout of 0: none).
+pub fn timeouts(connect: f64, request: f64) -> Result<tacc_client::Timeouts> {
+    let seconds = |value: f64, flag: &str| {
+        std::time::Duration::try_from_secs_f64(value).map_err(|_| {
+            crate::errors::CliError::invalid(format!(
+                "{flag} must be a number of seconds, 0 or more (got {value})"
+            ))
+        })
+    };
+    let connect = seconds(connect, "--connect-timeout")?;
+    if connect.is_zero() {
+        return Err(crate::errors::CliError::invalid(
+            "--connect-timeout must be more than 0 seconds",
+        )
+        .into());
+    }
+    let request = seconds(request, "--timeout")?;
+    Ok(tacc_client::Timeouts {
+        connect,
+        request: (!request.is_zero()).then_some(request),
+        ..Default::default()
+    })
 }
 
 /// The server a command talks to and the token it sends.
@@ -89,7 +116,7 @@ impl Ctx {
     /// A client for the server in effect, carrying the token in effect.
     pub fn client(&self) -> Result<Client> {
         let target = self.target()?;
-        client_for(&target)
+        Ok(client_for(&target)?.with_timeouts(self.timeouts))
     }
 }
 

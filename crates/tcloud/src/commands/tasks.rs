@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use futures::StreamExt;
 use serde_json::json;
-use tacc_client::{Client, ClientError, TaskQuery};
+use tacc_client::{Client, TaskQuery};
 use tacc_core::{TaskId, TaskState};
 use tacc_proto::TaskView;
 
@@ -544,7 +544,7 @@ pub async fn cancel(ctx: &Ctx, ids: &[TaskId], wait: bool, as_json: bool) -> Res
             Ok(reply) => {
                 results.insert(id, (Some(reply.state), reply.changed, None));
             }
-            Err(e @ ClientError::Unreachable { .. }) => return Err(e.into()),
+            Err(e) if e.is_unreachable() => return Err(e.into()),
             Err(e) => {
                 let code = if e.code() == Some("not_found") {
                     NOT_FOUND
