@@ -44,15 +44,7 @@ const MIB: u64 = 1 << 20;
 
 /// Start `taccd server` again on the address it had (its agents know no other).
 async fn restart_server(data: &Path, url: &str) -> Daemon {
-    let address = url.trim_start_matches("http://").trim_end_matches('/');
-    let server = launch("server", data, &["--listen", address]).await;
-    let client = server.client();
-    eventually("the restarted server to answer", DEADLINE, || {
-        let client = client.clone();
-        async move { client.health().await.ok() }
-    })
-    .await;
-    server
+    restart_on("server", data, url, &[]).await
 }
 
 /// The working directory of a task's attempt on the agent with data directory `agent`.

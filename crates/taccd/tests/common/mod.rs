@@ -247,6 +247,22 @@ pub async fn launch(mode: &str, data_dir: &Path, args: &[&str]) -> Daemon {
     }
 }
 
+/// Start `taccd MODE` again on the address it had (its agents and clients know no other),
+/// on the same data directory, and wait until it answers.
+pub async fn restart_on(mode: &str, data: &Path, url: &str, extra: &[&str]) -> Daemon {
+    let address = url.trim_start_matches("http://").trim_end_matches('/');
+    let mut args = vec!["--listen", address];
+    args.extend_from_slice(extra);
+    let daemon = launch(mode, data, &args).await;
+    let client = daemon.client();
+    eventually("the restarted server to answer", DEADLINE, || {
+        let client = client.clone();
+        async move { client.health().await.ok() }
+    })
+    .await;
+    daemon
+}
+
 /// Start a separate agent process for `server`, with a join token the operator issued.
 pub fn start_agent(server: &Daemon, data_dir: &Path, extra: &[&str]) -> Daemon {
     std::fs::create_dir_all(data_dir).unwrap();
