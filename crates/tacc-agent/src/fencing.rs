@@ -6,6 +6,13 @@
 //! the server, polls at least every `T/4`, starts stopping its attempts after `T/3`
 //! without an answer, and gives them at most `T/3` between SIGTERM and SIGKILL — so they
 //! are gone before `T` has passed on the server's side.
+//!
+//! A server that is stalled (stopped, or stuck behind a long lock) is not a partition: its
+//! host still accepts connections, and the server cannot retry anything while stalled (its
+//! liveness check needs the lock the agents' polls wait for, and it gives every node a
+//! fresh term after a stall). So before fencing the agent opens a fresh connection to the
+//! server; when the server's host accepts it, the lease is renewed instead. A partitioned
+//! node cannot connect and fences as before, only later by at most [`Lease::probe_limit`].
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -61,6 +68,15 @@ impl Lease {
         }
     }
 
+    /// How long the probe of a silent server may take: short enough that fencing after
+    /// it still ends before `T` (`T/3 + T/6 + T/3 < T`).
+    pub fn probe_limit(&self) -> Duration {
+        match self.state.lock().unwrap().term {
+            Some(term) => (term / 6).min(Duration::from_secs(1)),
+            None => Duration::from_secs(1),
+        }
+    }
+
     /// The longest grace between SIGTERM and SIGKILL an attempt may get, so that a fenced
     /// attempt is dead before the server retries it.
     pub fn cap_grace(&self, grace: Duration) -> Duration {
@@ -69,6 +85,22 @@ impl Lease {
             None => grace,
         }
     }
+}
+
+/// Whether the server's host accepts a fresh TCP connection within `limit`: the network
+/// to the server works, so its silence is the server's own stall.
+pub(crate) async fn server_host_accepts(base_url: &str, limit: Duration) -> bool {
+    let Ok(url) = reqwest::Url::parse(base_url) else {
+        return false;
+    };
+    let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+        return false;
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    matches!(
+        tokio::time::timeout(limit, tokio::net::TcpStream::connect((host, port))).await,
+        Ok(Ok(_))
+    )
 }
 
 #[cfg(test)]
@@ -116,7 +148,31 @@ mod tests {
             Duration::from_secs(2)
         );
         // Fencing starts after T/3 and ends T/3 later at the latest: before T.
-        let fenced_by = Duration::from_secs(30) / 3 + lease.cap_grace(Duration::from_secs(600));
+        let fenced_by = Duration::from_secs(30) / 3
+            + lease.probe_limit()
+            + lease.cap_grace(Duration::from_secs(600));
         assert!(fenced_by < Duration::from_secs(30));
+    }
+
+    #[tokio::test]
+    async fn a_listening_host_accepts_and_a_closed_port_does_not() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let limit = Duration::from_secs(1);
+        assert!(server_host_accepts(&format!("http://127.0.0.1:{port}"), limit).await);
+        drop(listener);
+        assert!(!server_host_accepts(&format!("http://127.0.0.1:{port}"), limit).await);
+        assert!(!server_host_accepts("not a url", limit).await);
+    }
+
+    #[tokio::test]
+    async fn a_listening_host_accepts_and_a_closed_port_does_not() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let limit = Duration::from_secs(1);
+        assert!(server_host_accepts(&format!("http://127.0.0.1:{port}"), limit).await);
+        drop(listener);
+        assert!(!server_host_accepts(&format!("http://127.0.0.1:{port}"), limit).await);
+        assert!(!server_host_accepts("not a url", limit).await);
     }
 }

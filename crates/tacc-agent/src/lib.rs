@@ -504,6 +504,21 @@ async fn fence_when_cut_off(
         let Some(silence) = shared.lease.expired(now) else {
             continue;
         };
+        // Nothing to stop: no need to ask whether the server is stalled or cut off.
+        if attempts.lock().unwrap().running.is_empty() {
+            continue;
+        }
+        if fencing::server_host_accepts(shared.client.base_url(), shared.lease.probe_limit())
+            .await
+        {
+            tracing::warn!(
+                "the server accepts connections but has not answered for {}s: it is \
+                 stalled, not cut off, so the attempts here keep running",
+                silence.as_secs()
+            );
+            shared.lease.renewed(std::time::Instant::now());
+            continue;
+        }
         let attempts = attempts.lock().unwrap();
         let mut fenced = shared.fenced.lock().unwrap();
         for (attempt, token) in &attempts.running {

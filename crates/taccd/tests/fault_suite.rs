@@ -682,6 +682,8 @@ async fn r13_cancel_in_every_phase_survives_a_kill_right_after() {
     server = restart_on("server", &data, &url, &[]).await;
     cancelled.push(("queued", queued));
     let client = server.client();
+    // The agent must be back (registered with the new server) before it is stopped.
+    wait_nodes(&client, 1).await;
     client.cancel(blocker).await.unwrap();
     cancelled.push(("blocker", blocker));
     wait_terminal(&client, blocker).await;
