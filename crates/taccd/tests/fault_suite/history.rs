@@ -29,8 +29,9 @@ pub struct Call {
 pub struct History {
     start: Instant,
     calls: Mutex<Vec<Call>>,
-    /// (when, task, state, attempt), in the order observed.
-    observed: Mutex<Vec<(Duration, TaskId, TaskState, u32)>>,
+    /// (listing sent, listing answered, task, state, attempt): the state held at some
+    /// moment between the two.
+    observed: Mutex<Vec<(Duration, Duration, TaskId, TaskState, u32)>>,
 }
 
 impl History {
@@ -82,7 +83,7 @@ impl History {
                 let at = self.now();
                 let mut observed = self.observed.lock().unwrap();
                 for task in &tasks {
-                    observed.push((at, task.id, task.state, task.attempt.0));
+                    observed.push((sent, at, task.id, task.state, task.attempt.0));
                 }
                 drop(observed);
                 self.record(who, "list", "all", sent, Ok(format!("{} tasks", tasks.len())));
@@ -117,20 +118,33 @@ impl History {
         by_key
     }
 
-    /// A task observed in a terminal state is never observed otherwise afterwards.
+    /// A task observed in a terminal state is never observed otherwise afterwards (in a
+    /// listing sent after the one that saw it answered: concurrent listings are not
+    /// ordered), and every terminal observation of it agrees.
     pub fn check_terminal_states_stay(&self) -> usize {
         let observed = self.observed.lock().unwrap();
-        let mut terminal: BTreeMap<TaskId, (TaskState, u32, Duration)> = BTreeMap::new();
-        for (at, task, state, attempt) in observed.iter() {
-            if let Some((first, first_attempt, when)) = terminal.get(task) {
-                assert_eq!(
-                    (first, first_attempt),
-                    (state, attempt),
-                    "task {task} was {first:?} (attempt {first_attempt}) at {when:?}, then \
-                     {state:?} (attempt {attempt}) at {at:?}"
+        let mut ended: BTreeMap<TaskId, (TaskState, u32, Duration)> = BTreeMap::new();
+        for (_, answered, task, state, attempt) in observed.iter() {
+            if !state.is_terminal() {
+                continue;
+            }
+            let entry = ended.entry(*task).or_insert((*state, *attempt, *answered));
+            assert_eq!(
+                (entry.0, entry.1),
+                (*state, *attempt),
+                "task {task} was seen ended as {:?} (attempt {}) and as {state:?} (attempt {attempt})",
+                entry.0,
+                entry.1
+            );
+            entry.2 = entry.2.min(*answered);
+        }
+        for (sent, _, task, state, attempt) in observed.iter() {
+            if let Some((first, first_attempt, seen)) = ended.get(task) {
+                assert!(
+                    sent <= seen || (first, first_attempt) == (state, attempt),
+                    "task {task} was {first:?} (attempt {first_attempt}) by {seen:?}, then \
+                     {state:?} (attempt {attempt}) in a listing sent at {sent:?}"
                 );
-            } else if state.is_terminal() {
-                terminal.insert(*task, (*state, *attempt, *at));
             }
         }
         observed.len()
