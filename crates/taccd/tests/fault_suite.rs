@@ -118,6 +118,14 @@ async fn submit_until_acknowledged(
     }
 }
 
+/// Now, in ns since the epoch (the markers' clock, `date +%s%N`).
+fn epoch_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
 /// How many submits R1 makes; `FAULT_R1_SUBMITS` scales it.
 fn r1_submits() -> usize {
     std::env::var("FAULT_R1_SUBMITS")
@@ -127,6 +135,8 @@ fn r1_submits() -> usize {
 }
 
 const CLIENTS: usize = 8;
+/// How soon after a task's process exits the agent must have recorded its end (250 ms).
+const RECORDING_MARGIN_NS: u128 = 250_000_000;
 const KILLS: usize = 5;
 
 /// R1: `mode` is `server` (with a separate agent that lives through the kills) or `dev`
@@ -202,6 +212,7 @@ async fn r1(mode: &str) {
         })
     };
     let mut kills = Vec::new();
+    let mut kill_epochs: Vec<u128> = Vec::new();
     for k in 1..=KILLS {
         let at = submits * k / (KILLS + 1);
         eventually(&format!("{at} submits acknowledged"), Duration::from_secs(120), || {
@@ -209,6 +220,7 @@ async fn r1(mode: &str) {
             async move { done.then_some(()) }
         })
         .await;
+        kill_epochs.push(epoch_ns());
         server.kill9();
         kills.push(history.now());
         server = restart_on(mode, &data, &url, &extra).await;
@@ -250,6 +262,8 @@ async fn r1(mode: &str) {
     assert_eq!(listed.len(), listed_set.len(), "a task listed twice");
     assert_eq!(listed_set, ids, "the server holds exactly the acknowledged tasks");
     let mut reruns = 0;
+    let mut orphans_finished = 0;
+    let mut latest_orphan_end = 0;
     for task in &all_done {
         assert_eq!(task.state, TaskState::Succeeded, "{task:?}");
         let attempts = marked_attempts(&markers, task.id);
@@ -274,6 +288,35 @@ async fn r1(mode: &str) {
             );
         }
         reruns += attempts.len() - 1;
+        // An attempt that ended before the crash was reported by the agent's next life at
+        // the latest and is never run again. One that the crash caught while launching
+        // may still run to its end as an orphan in the moments after it (the agent
+        // cannot know that it did): that one is run again, never at once (the markers'
+        // pid check), and counted.
+        for (attempt, (_, end)) in &attempts {
+            let Some(end) = end else { continue };
+            if *attempt == task.attempt.0 {
+                continue;
+            }
+            // The crash that interrupted it: the one nearest to its end.
+            let crash = kill_epochs
+                .iter()
+                .min_by_key(|k| (**k as i128 - *end as i128).abs())
+                .unwrap();
+            // The agent notices an exit and records it within moments; an end closer
+            // to the crash than this may have been caught before it was recorded.
+            if *end + RECORDING_MARGIN_NS <= *crash {
+                let events = client.task_events(task.id).await.unwrap();
+                panic!(
+                    "task {}: attempt {attempt} ended {} ms before the crash and ran again: \
+                     {events:?}",
+                    task.id,
+                    (crash - end) / 1_000_000
+                );
+            }
+            orphans_finished += 1;
+            latest_orphan_end = latest_orphan_end.max((*end as i128 - *crash as i128) / 1_000_000);
+        }
         check_events(&client, task.id).await;
     }
     let observations = history.check_terminal_states_stay();
@@ -286,7 +329,9 @@ async fn r1(mode: &str) {
         "R1 {mode}: {submits} submits from {CLIENTS} clients, {KILLS} kills at {kills:?}; \
          {} submit calls ({failed} failed and retried with their key); all acknowledged in \
          {submitted_in:?}, all finished in {finished_in:?}; {reruns} attempts rerun after a \
-         kill; {observations} state observations checked",
+         kill, {orphans_finished} of them after the crash had caught them launching and they \
+         ran to their end as orphans (the latest {latest_orphan_end} ms after it); \
+         {observations} state observations checked",
         calls.iter().filter(|c| c.op == "submit").count()
     );
 }
