@@ -13,7 +13,6 @@ mod attempt;
 mod capacity;
 mod datasets;
 mod environments;
-mod ends;
 mod fencing;
 mod gpu_release;
 mod gpus;
@@ -185,13 +184,7 @@ impl Agent {
         .map_err(data_dir_error)?;
         layout::prepare(&config.data_dir, identities.switches()).map_err(data_dir_error)?;
         let reports =
-            reporter::Reports::open(config.data_dir.join("spool"), &config.data_dir.join("ends.jsonl"))
-                .map_err(data_dir_error)?;
-        // Ends a previous life did not deliver are of attempts that must never start again.
-        let attempts = Attempts {
-            finished: reports.undelivered_ends().into_iter().collect(),
-            ..Attempts::default()
-        };
+            reporter::Reports::open(config.data_dir.join("spool")).map_err(data_dir_error)?;
         let snapshots =
             attempt::SnapshotCache::open(&config.data_dir).map_err(|e| AgentError::DataDir {
                 path: config.data_dir.display().to_string(),
@@ -223,7 +216,7 @@ impl Agent {
                 sampling: sampler::Sampling::default(),
                 resizing: Default::default(),
             }),
-            attempts: Arc::new(Mutex::new(attempts)),
+            attempts: Arc::new(Mutex::new(Attempts::default())),
         })
     }
 

@@ -15,7 +15,7 @@
 //!   dropped with a line in its task's log saying so — a refused batch never wedges the
 //!   stream.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +25,6 @@ use tacc_proto::{AgentReport, AttemptRef};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::ends::EndJournal;
 use crate::spool::Spool;
 use crate::{Backoff, Shared};
 
@@ -42,10 +41,9 @@ const _: () = assert!(BATCH_BYTES * 2 <= tacc_proto::MAX_REPORTS_BODY_BYTES);
 pub(crate) struct Reports {
     queues: Mutex<Queues>,
     /// Attempts whose `finished` report the server has not acknowledged yet (queued or
-    /// in flight, or left by a previous life of this agent): still this node's to claim
-    /// when it registers again, so an attempt that ended while the server (or this agent)
-    /// was away is reported as ended, never lost and run again.
-    ending: Mutex<EndJournal>,
+    /// in flight): still this node's to claim when it registers again, so an attempt that
+    /// ended while the server was away is reported as ended, never lost and run again.
+    ending: Mutex<BTreeSet<AttemptRef>>,
     wake: Notify,
     /// Where spool files go (emptied when the agent starts).
     dir: PathBuf,
@@ -106,10 +104,9 @@ fn report_len(report: &AgentReport) -> usize {
 }
 
 impl Reports {
-    /// The queues, spilling under `dir` (which is emptied: a previous life's running
-    /// attempts are lost, and so is their undelivered output); the ends a previous life
-    /// recorded in `ends` and did not deliver are queued again.
-    pub(crate) fn open(dir: PathBuf, ends: &std::path::Path) -> std::io::Result<Reports> {
+    /// The queues, spilling under `dir` (which is emptied: a previous life's
+    /// attempts are lost, and so is their undelivered output).
+    pub(crate) fn open(dir: PathBuf) -> std::io::Result<Reports> {
         use std::os::unix::fs::DirBuilderExt;
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
@@ -118,42 +115,20 @@ impl Reports {
             .recursive(true)
             .mode(0o700)
             .create(&dir)?;
-        let journal = EndJournal::open(ends)?;
-        let left: Vec<AgentReport> = journal.pending().map(|(_, r)| r.clone()).collect();
-        let reports = Reports {
+        Ok(Reports {
             queues: Mutex::new(Queues::default()),
-            ending: Mutex::new(journal),
+            ending: Mutex::new(BTreeSet::new()),
             wake: Notify::new(),
             dir,
-        };
-        for report in left {
-            reports.enqueue(report);
-        }
-        Ok(reports)
+        })
     }
 
     /// Queue a report for delivery (never blocks on the server).
     pub(crate) fn send(&self, report: AgentReport) {
-        self.record_end(&report);
-        self.enqueue(report);
-    }
-
-    /// Keep a `finished` report on disk until the server acknowledges it (a no-op for
-    /// other reports and for an end already kept).
-    pub(crate) fn record_end(&self, report: &AgentReport) {
-        if matches!(report, AgentReport::Finished { .. })
-            && let Err(e) = self.ending.lock().unwrap().ended(report)
-        {
-            tracing::warn!(
-                "cannot record the end of task {} in the agent's data directory ({e}): \
-                 should this agent crash before reporting it, it will be run again",
-                report.attempt().task
-            );
-        }
-    }
-
-    fn enqueue(&self, report: AgentReport) {
         let attempt = AgentReport::attempt(&report);
+        if matches!(report, AgentReport::Finished { .. }) {
+            self.ending.lock().unwrap().insert(attempt);
+        }
         {
             let mut queues = self.queues.lock().unwrap();
             let queue = queues
@@ -235,22 +210,15 @@ impl Reports {
 
     /// Attempts that ended here whose end the server has not acknowledged.
     pub(crate) fn undelivered_ends(&self) -> Vec<AttemptRef> {
-        self.ending
-            .lock()
-            .unwrap()
-            .pending()
-            .map(|(a, _)| *a)
-            .collect()
+        self.ending.lock().unwrap().iter().copied().collect()
     }
 
     /// The server has answered for these reports (accepted, or refused for good).
     fn delivered(&self, part: &[AgentReport]) {
         let mut ending = self.ending.lock().unwrap();
         for report in part {
-            if let AgentReport::Finished { attempt, .. } = report
-                && let Err(e) = ending.acked(*attempt)
-            {
-                tracing::warn!("cannot record that an end was delivered ({e})");
+            if let AgentReport::Finished { attempt, .. } = report {
+                ending.remove(attempt);
             }
         }
     }
@@ -410,8 +378,7 @@ mod tests {
 
     fn reports() -> (tempfile::TempDir, Reports) {
         let dir = tempfile::tempdir().unwrap();
-        let reports =
-            Reports::open(dir.path().join("spool"), &dir.path().join("ends.jsonl")).unwrap();
+        let reports = Reports::open(dir.path().join("spool")).unwrap();
         (dir, reports)
     }
 

@@ -320,6 +320,7 @@ async fn r1(mode: &str) {
         check_events(&client, task.id).await;
     }
     let observations = history.check_terminal_states_stay();
+    let longest = history.longest_wait("submit");
     let calls = history.calls();
     let failed = calls
         .iter()
@@ -327,7 +328,8 @@ async fn r1(mode: &str) {
         .count();
     eprintln!(
         "R1 {mode}: {submits} submits from {CLIENTS} clients, {KILLS} kills at {kills:?}; \
-         {} submit calls ({failed} failed and retried with their key); all acknowledged in \
+         {} submit calls ({failed} failed and retried with their key, the longest wait for an acknowledgement \
+         {longest:?}); all acknowledged in \
          {submitted_in:?}, all finished in {finished_in:?}; {reruns} attempts rerun after a \
          kill, {orphans_finished} of them after the crash had caught them launching and they \
          ran to their end as orphans (the latest {latest_orphan_end} ms after it); \

@@ -68,15 +68,6 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     } else {
         outcome
     };
-    let finished = AgentReport::Finished {
-        attempt,
-        at: now(),
-        outcome,
-        rank: failed_rank,
-    };
-    // Recorded before the slower clean-up below: should the agent die meanwhile, its next
-    // life still reports this end instead of the server running the attempt again.
-    shared.reports.record_end(&finished);
     // Nothing of the attempt may keep its GPUs from the next task.
     for text in crate::gpu_release::release(shared.gpus.as_ref(), attempt, &assignment.gpu_indices)
     {
@@ -89,7 +80,15 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
         let dir = workdir.clone();
         let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
     }
-    report(&shared, finished);
+    report(
+        &shared,
+        AgentReport::Finished {
+            attempt,
+            at: now(),
+            outcome,
+            rank: failed_rank,
+        },
+    );
 }
 
 /// Remove a working directory even where the code files in it are read-only.

@@ -118,6 +118,35 @@ impl History {
         by_key
     }
 
+    /// The longest a logical request of `op` waited from its first try to its
+    /// acknowledgement (what a client saw of the outages); also checks that no client had
+    /// two calls in flight at once, as the recording assumes.
+    pub fn longest_wait(&self, op: &str) -> Duration {
+        let calls = self.calls();
+        let mut by_client: BTreeMap<usize, Vec<&Call>> = BTreeMap::new();
+        for call in calls.iter().filter(|c| c.op == op) {
+            by_client.entry(call.client).or_default().push(call);
+        }
+        for (client, calls) in &mut by_client {
+            calls.sort_by_key(|c| c.sent);
+            for pair in calls.windows(2) {
+                assert!(
+                    pair[0].answered <= pair[1].sent,
+                    "client {client} had two {op} calls in flight at once: {pair:?}"
+                );
+            }
+        }
+        let mut first_sent: BTreeMap<&str, Duration> = BTreeMap::new();
+        let mut longest = Duration::ZERO;
+        for call in calls.iter().filter(|c| c.op == op) {
+            let first = *first_sent.entry(call.request.as_str()).or_insert(call.sent);
+            if call.outcome.is_ok() {
+                longest = longest.max(call.answered - first);
+            }
+        }
+        longest
+    }
+
     /// A task observed in a terminal state is never observed otherwise afterwards (in a
     /// listing sent after the one that saw it answered: concurrent listings are not
     /// ordered), and every terminal observation of it agrees.
