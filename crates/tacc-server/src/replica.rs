@@ -130,7 +130,9 @@ async fn front(State(replica): State<Arc<Replica>>, request: Request) -> Respons
         let role = replica.role.read().expect("role lock poisoned");
         match &*role {
             Role::Leader { app, .. } => Route::Here(app.clone(), "leader"),
-            Role::Follower { .. } if answered_by_follower(request.method(), request.uri().path()) => {
+            Role::Follower { .. }
+                if answered_by_follower(request.method(), request.uri().path()) =>
+            {
                 Route::Here(replica.follower_app.clone(), "follower")
             }
             Role::Follower { leader: Some(url) } => Route::Forward(url.clone()),
@@ -241,13 +243,16 @@ impl Replica {
 
     async fn learn_leader(&self) {
         let leader = match self.store.current_lease().await {
-            Ok(lease) => lease.filter(|l| !l.expired(crate::now())).map(|l| l.leader_url),
+            Ok(lease) => lease
+                .filter(|l| !l.expired(crate::now()))
+                .map(|l| l.leader_url),
             Err(e) => {
                 tracing::warn!("cannot read the leadership lease: {e}");
                 return;
             }
         };
-        if let Role::Follower { leader: known } = &mut *self.role.write().expect("role lock poisoned")
+        if let Role::Follower { leader: known } =
+            &mut *self.role.write().expect("role lock poisoned")
             && *known != leader
         {
             tracing::info!("following the leader at {leader:?}");
@@ -364,8 +369,14 @@ impl Replica {
 fn hop_by_hop(name: &HeaderName) -> bool {
     matches!(
         name.as_str(),
-        "host" | "connection" | "keep-alive" | "transfer-encoding" | "te" | "upgrade"
-            | "proxy-connection" | "content-length"
+        "host"
+            | "connection"
+            | "keep-alive"
+            | "transfer-encoding"
+            | "te"
+            | "upgrade"
+            | "proxy-connection"
+            | "content-length"
     )
 }
 

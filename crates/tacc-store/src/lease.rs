@@ -6,8 +6,8 @@
 //! every transaction that changes task state: after a takeover those transactions fail
 //! with [`StoreError::Fenced`](crate::StoreError::Fenced) instead of committing.
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use tacc_core::Timestamp;
 

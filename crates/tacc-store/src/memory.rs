@@ -364,7 +364,12 @@ impl Store for MemoryStore {
     }
 
     async fn current_lease(&self) -> Result<Option<crate::LeaderLease>> {
-        Ok(self.inner.lock().expect("store lock poisoned").lease.clone())
+        Ok(self
+            .inner
+            .lock()
+            .expect("store lock poisoned")
+            .lease
+            .clone())
     }
 
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {

@@ -408,7 +408,8 @@ async fn sqlite_a_locked_database_is_a_storage_fault_and_the_store_recovers() {
 /// first can neither change task state nor renew, while the new holder can.
 #[tokio::test]
 async fn postgres_replica_that_lost_the_lease_is_fenced() {
-    let Some((old, database)) = fresh_postgres("postgres_replica_that_lost_the_lease_is_fenced").await
+    let Some((old, database)) =
+        fresh_postgres("postgres_replica_that_lost_the_lease_is_fenced").await
     else {
         return;
     };
@@ -419,20 +420,33 @@ async fn postgres_replica_that_lost_the_lease_is_fenced() {
         now: tacc_core::Timestamp(now),
         ttl_ms: 1_000,
     };
-    let first = old.try_acquire_lease(&claim("old", 1_000)).await.unwrap().unwrap();
+    let first = old
+        .try_acquire_lease(&claim("old", 1_000))
+        .await
+        .unwrap()
+        .unwrap();
     let task = old
         .create_task(contract::new_task("a", "alice", 1_000))
         .await
         .unwrap();
     // A replica that lost an election may not change task state either.
-    assert_eq!(new.try_acquire_lease(&claim("new", 1_500)).await.unwrap(), None);
-    let refused = new.create_task(contract::new_task("b", "alice", 1_001)).await;
+    assert_eq!(
+        new.try_acquire_lease(&claim("new", 1_500)).await.unwrap(),
+        None
+    );
+    let refused = new
+        .create_task(contract::new_task("b", "alice", 1_001))
+        .await;
     assert!(
         matches!(refused, Err(tacc_store::StoreError::Fenced { held: None })),
         "{refused:?}"
     );
 
-    let taken = new.try_acquire_lease(&claim("new", 2_000)).await.unwrap().unwrap();
+    let taken = new
+        .try_acquire_lease(&claim("new", 2_000))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(taken.epoch > first.epoch);
     let cancel = [tacc_store::TaskChange::Reason {
         task: task.id,
@@ -444,9 +458,19 @@ async fn postgres_replica_that_lost_the_lease_is_fenced() {
         "{fenced:?}"
     );
     assert!(fenced.unwrap_err().to_string().contains("no longer leads"));
-    let late = old.create_task(contract::new_task("c", "alice", 2_001)).await;
-    assert!(matches!(late, Err(tacc_store::StoreError::Fenced { .. })), "{late:?}");
-    assert_eq!(old.renew_lease(&claim("old", 2_001), first.epoch).await.unwrap(), None);
+    let late = old
+        .create_task(contract::new_task("c", "alice", 2_001))
+        .await;
+    assert!(
+        matches!(late, Err(tacc_store::StoreError::Fenced { .. })),
+        "{late:?}"
+    );
+    assert_eq!(
+        old.renew_lease(&claim("old", 2_001), first.epoch)
+            .await
+            .unwrap(),
+        None
+    );
     assert_eq!(open_transactions(&database).await, 0);
 
     // Nothing of the old leader's was committed; the new one writes.
@@ -463,7 +487,12 @@ async fn postgres_replica_that_lost_the_lease_is_fenced() {
     .await
     .unwrap();
     assert_eq!(
-        new.get_task(task.id).await.unwrap().unwrap().reason.as_deref(),
+        new.get_task(task.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .reason
+            .as_deref(),
         Some("from the new leader")
     );
 }

@@ -179,7 +179,10 @@ async fn follower_takes_over_a_paused_leader_which_is_fenced_and_nothing_runs_tw
     let paused = Instant::now();
     wait_role(&second.url, "leader", Duration::from_secs(30)).await;
     let failover = paused.elapsed();
-    eprintln!("FAILOVER: the follower led {:.2} s after the leader was paused (lease {LEASE_MS} ms)", failover.as_secs_f64());
+    eprintln!(
+        "FAILOVER: the follower led {:.2} s after the leader was paused (lease {LEASE_MS} ms)",
+        failover.as_secs_f64()
+    );
     assert!(
         failover < Duration::from_millis(3 * LEASE_MS),
         "failover took {failover:?} with a {LEASE_MS} ms lease"
@@ -226,6 +229,9 @@ async fn follower_takes_over_a_paused_leader_which_is_fenced_and_nothing_runs_tw
         assert_eq!(starts, 1, "task {task} started {starts} times");
         let log = log_text(&client, *task).await;
         assert_eq!(log.matches("run-marker").count(), 1, "task {task}: {log}");
-        assert!(log.contains(&format!("run-marker {task} attempt 1")), "{log}");
+        assert!(
+            log.contains(&format!("run-marker {task} attempt 1")),
+            "{log}"
+        );
     }
 }
