@@ -1,4 +1,5 @@
 use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,10 +31,23 @@ const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 /// `bash` (same pid, so the process group and the cgroup carry over), with stdin from
 /// `/dev/null`. Nothing of the task runs before it is in its cgroup; if the parent fails
 /// or dies first, the script reads something else or end of file and exits 125 without
-/// running the task. The parent moves the pid rather than the child joining itself
-/// because the child has already dropped to the task's identity ([`crate::RunAs`]),
-/// which may not write the cgroup's files.
+/// running the task. The parent moves the pid, so the task's identity ([`crate::RunAs`],
+/// taken by `setpriv` only after the join) never needs to write the cgroup's files.
 const JOIN_SCRIPT: &str = r#"IFS= read -r go && [ "$go" = go ] && exec "$@" </dev/null; exit 125"#;
+
+/// The task's shell, by absolute path: with a program found through `PATH`, or with an
+/// identity switch (`uid`/`gid`) or a `pre_exec` in the parent, std falls back from
+/// `posix_spawn` to `fork`, which copies the page tables of the whole agent per task —
+/// the largest cost of a short task when the agent holds a big queue.
+const BASH: &str = "/bin/bash";
+
+/// Switches to the task's identity (util-linux, in every Debian install): gid first, the
+/// supplementary groups dropped, then uid, and only then `exec`s the task's shell — so
+/// nothing of the task runs as the agent, and the agent never forks itself to switch.
+const SETPRIV: &str = "/usr/bin/setpriv";
+
+/// Enters the working directory as the task's identity (coreutils `env --chdir`).
+const ENV: &str = "/usr/bin/env";
 
 /// Tells executions' cgroups apart (with the agent's pid) under one agent root.
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -129,23 +143,48 @@ impl Executor for ProcessExecutor {
                 pids_max: self.pids_max,
             },
         )?;
-        let mut command = match &cgroup {
-            None => Command::new("bash"),
-            Some(_) => {
-                let mut wrapper = Command::new("/bin/sh");
-                wrapper
-                    .arg("-c")
-                    .arg(JOIN_SCRIPT)
-                    .arg("tacc-join")
-                    .arg("bash");
-                wrapper
+        // The task's command: `bash`, run as the task's identity through `setpriv` where
+        // it has one, and behind the join script where it has a cgroup.
+        let mut argv: Vec<String> = Vec::new();
+        if cgroup.is_some() {
+            argv.extend(["/bin/sh", "-c", JOIN_SCRIPT, "tacc-join"].map(String::from));
+        }
+        if let Some(run_as) = spec.placement.run_as {
+            // Checked here to fail the launch cleanly; `env --chdir` after the switch is
+            // what enforces it (the directory is entered as the task's identity).
+            if let Err(source) = identity_can_enter(&spec.workdir, run_as) {
+                if let Some(cgroup) = &cgroup {
+                    let _ = cgroup.remove();
+                }
+                return Err(ExecError::Spawn {
+                    program: BASH.into(),
+                    workdir: spec.workdir.display().to_string(),
+                    source,
+                });
             }
-        };
+            argv.extend([
+                SETPRIV.to_string(),
+                format!("--reuid={}", run_as.uid),
+                format!("--regid={}", run_as.gid),
+                "--clear-groups".to_string(),
+                "--".to_string(),
+                ENV.to_string(),
+                format!("--chdir={}", spec.workdir.display()),
+                "--".to_string(),
+            ]);
+        }
+        argv.push(BASH.to_string());
+        let mut command = Command::new(&argv[0]);
         command
+            .args(&argv[1..])
             .arg("-c")
             .arg(&spec.script)
             .arg(&spec.label)
-            .current_dir(&spec.workdir)
+            .current_dir(if spec.placement.run_as.is_some() {
+                Path::new("/")
+            } else {
+                spec.workdir.as_path()
+            })
             .env_clear()
             .envs(&spec.env)
             .stdin(if cgroup.is_some() {
@@ -156,12 +195,6 @@ impl Executor for ProcessExecutor {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
-        if let Some(run_as) = spec.placement.run_as {
-            // std drops the supplementary groups (setgroups(0, NULL)) when a uid is set,
-            // then calls setgid before setuid; the working directory is entered after
-            // the switch, so it must be reachable by that identity.
-            command.uid(run_as.uid).gid(run_as.gid);
-        }
         let mut child = match command.spawn() {
             Ok(child) => child,
             Err(source) => {
@@ -169,7 +202,7 @@ impl Executor for ProcessExecutor {
                     let _ = cgroup.remove();
                 }
                 return Err(ExecError::Spawn {
-                    program: "bash".into(),
+                    program: argv[0].clone(),
                     workdir: spec.workdir.display().to_string(),
                     source,
                 });
@@ -389,4 +422,33 @@ async fn forward_lines(
         }
     }
     splitter.finish(&output);
+}
+
+/// Whether `run_as` may enter `dir`: search permission on it and every directory above it,
+/// by the mode bits (owner, group, others; the task has no supplementary groups).
+fn identity_can_enter(dir: &Path, run_as: crate::RunAs) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mut path = PathBuf::new();
+    for component in dir.components() {
+        path.push(component);
+        let meta = std::fs::metadata(&path)?;
+        let bits = if meta.uid() == run_as.uid {
+            meta.mode() >> 6
+        } else if meta.gid() == run_as.gid {
+            meta.mode() >> 3
+        } else {
+            meta.mode()
+        };
+        if bits & 0o1 == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "Permission denied: uid {} may not enter {}",
+                    run_as.uid,
+                    path.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

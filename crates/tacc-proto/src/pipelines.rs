@@ -45,9 +45,12 @@ pub struct StageView {
     /// The task it ran as (or reused, when cached).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<TaskId>,
-    /// The array group it ran as (or reused, when cached).
+    /// The array or sweep group it ran as (or reused, when cached).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupId>,
+    /// The group is a sweep (its trials), not an array.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sweep: bool,
     /// An array stage's elements per state.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counts: BTreeMap<TaskState, u64>,

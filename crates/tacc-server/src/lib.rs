@@ -24,6 +24,7 @@ mod node_attempts;
 mod node_requests;
 mod node_selector;
 pub mod notify;
+mod replica;
 pub mod secrets;
 mod tls;
 mod usage;
@@ -35,6 +36,7 @@ pub use control::{
     AdaptiveConfig, AdaptiveMode, Control, DEFAULT_POLICY, DefaultBounds, ServerConfig, now,
 };
 pub use limits::UserLimits;
+pub use replica::{ReplicaConfig, serve_replicated};
 use tacc_core::{NodeId, TaskId};
 pub use tls::TlsConfig;
 use tokio::net::TcpListener;
@@ -130,6 +132,23 @@ async fn serve_on<L>(
 where
     L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
+    let background = spawn_background(control.clone(), shutdown.clone());
+    let app = api::router(control, shutdown.clone(), tls);
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    for task in background {
+        task.abort();
+    }
+    result
+}
+
+/// The leader's background work — node liveness, chunk garbage collection, notification
+/// deliveries, sweeps — until `shutdown` is cancelled.
+pub(crate) fn spawn_background(
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let liveness = {
         let control = control.clone();
         let shutdown = shutdown.clone();
@@ -149,14 +168,6 @@ where
     };
     let gc = tokio::spawn(artifacts::run_gc(control.clone(), shutdown.clone()));
     let deliveries = tokio::spawn(notify::run_deliveries(control.clone(), shutdown.clone()));
-    let sweeps = tokio::spawn(control::run_sweeps(control.clone(), shutdown.clone()));
-    let app = api::router(control, shutdown.clone(), tls);
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
-    liveness.abort();
-    gc.abort();
-    deliveries.abort();
-    sweeps.abort();
-    result
+    let sweeps = tokio::spawn(control::run_sweeps(control, shutdown));
+    vec![liveness, gc, deliveries, sweeps]
 }

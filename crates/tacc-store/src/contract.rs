@@ -7,6 +7,7 @@ mod access;
 mod adaptive;
 mod groups;
 mod idempotency;
+mod lease;
 mod metrics;
 mod outputs;
 mod pipelines;
@@ -16,6 +17,7 @@ pub use access::*;
 pub use adaptive::*;
 pub use groups::*;
 pub use idempotency::*;
+pub use lease::*;
 pub use metrics::*;
 pub use outputs::*;
 pub use pipelines::*;
@@ -146,6 +148,12 @@ macro_rules! store_contract_tests {
             idempotency_reply_kept_on_its_own_once,
             idempotency_keyed_pipeline_is_all_or_nothing,
             ids_are_never_reused_after_a_refused_write,
+            lease_free_is_taken_with_epoch_one,
+            lease_held_is_refused_to_another_replica,
+            lease_lapsed_is_taken_over_with_a_higher_epoch,
+            lease_renewed_by_its_holder_keeps_its_epoch,
+            lease_renewal_after_a_takeover_is_refused,
+            lease_renewal_by_another_replica_is_refused,
         );
     };
     (@each plain $fresh:path; $($check:ident),+ $(,)?) => {

@@ -11,6 +11,7 @@ mod access;
 mod adaptive;
 mod groups;
 mod idempotency;
+mod lease;
 mod memory;
 mod metrics;
 mod pipelines;
@@ -29,6 +30,7 @@ pub use adaptive::{ResizeRecord, SignalRecord};
 pub use idempotency::{
     Created, IdempotencyKey, KEY_LIFETIME_MS, KeptReply, Keyed, RenderReply, StoredReply,
 };
+pub use lease::{LeaderLease, LeaseClaim};
 pub use memory::{MemoryStore, apply_transition};
 pub use metrics::{MAX_METRIC_POINTS_PER_ATTEMPT, MetricPoint};
 pub use pipelines::{NewStage, NewStageRun, StageRecord, StageSource};
@@ -83,6 +85,11 @@ pub enum StoreError {
     AlreadyExists { what: &'static str, name: String },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    #[error(
+        "this server no longer leads: the leadership lease moved past epoch {held:?} to another \
+         replica, so it may not change task state (send the request to the current leader)"
+    )]
+    Fenced { held: Option<u64> },
 }
 
 /// A lost or refused connection is [`StoreError::Unavailable`] (the request may succeed
@@ -112,6 +119,8 @@ impl StoreError {
     pub fn storage_fault(&self) -> Option<StorageFault> {
         let error = match self {
             StoreError::Database(error) => error,
+            // Another replica leads now: the request may succeed there, or here later.
+            StoreError::Fenced { .. } => return Some(StorageFault::Unavailable),
             StoreError::Unavailable(sqlx::Error::Io(io)) if io.raw_os_error() == Some(28) => {
                 return Some(StorageFault::Full);
             }
@@ -338,6 +347,19 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         stages: Vec<NewStage>,
         keyed: Keyed,
     ) -> Result<(GroupRecord, Vec<StageRecord>, Vec<TaskRecord>)>;
+
+    // ------------------------------------------------------------ leadership lease
+
+    /// Take the leadership lease when no one holds it or it lapsed at `claim.now`, raising
+    /// its epoch; `None` while another replica (or this one, see [`Store::renew_lease`])
+    /// holds it. From then on this store checks that epoch in every transaction that
+    /// changes task state ([`StoreError::Fenced`] once it moved on).
+    async fn try_acquire_lease(&self, claim: &LeaseClaim) -> Result<Option<LeaderLease>>;
+    /// Extend the lease held under `epoch` to `claim.now + claim.ttl_ms`; `None` when it was
+    /// taken over (its epoch moved on) or another holder has it.
+    async fn renew_lease(&self, claim: &LeaseClaim, epoch: u64) -> Result<Option<LeaderLease>>;
+    /// The lease as stored, lapsed or not; `None` before any replica took it.
+    async fn current_lease(&self) -> Result<Option<LeaderLease>>;
 
     // ------------------------------------------------------------ identities
 

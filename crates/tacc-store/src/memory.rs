@@ -44,6 +44,8 @@ struct Inner {
     stages: BTreeMap<(GroupId, u32), crate::StageRecord>,
     /// Idempotency keys by user and key.
     kept: BTreeMap<(String, String), KeptReply>,
+    /// The leadership lease (one process: nothing to fence).
+    lease: Option<crate::LeaderLease>,
 }
 
 impl Inner {
@@ -326,6 +328,50 @@ pub(crate) fn matches(filter: &TaskFilter, task: &TaskRecord) -> bool {
 
 #[async_trait::async_trait]
 impl Store for MemoryStore {
+    async fn try_acquire_lease(
+        &self,
+        claim: &crate::LeaseClaim,
+    ) -> Result<Option<crate::LeaderLease>> {
+        let mut inner = self.inner.lock().expect("store lock poisoned");
+        let epoch = match &inner.lease {
+            Some(held) if !held.expired(claim.now) => return Ok(None),
+            Some(held) => held.epoch + 1,
+            None => 1,
+        };
+        let lease = crate::LeaderLease {
+            holder: claim.holder.clone(),
+            leader_url: claim.leader_url.clone(),
+            epoch,
+            expires_at: claim.expires_at(),
+        };
+        inner.lease = Some(lease.clone());
+        Ok(Some(lease))
+    }
+
+    async fn renew_lease(
+        &self,
+        claim: &crate::LeaseClaim,
+        epoch: u64,
+    ) -> Result<Option<crate::LeaderLease>> {
+        let mut inner = self.inner.lock().expect("store lock poisoned");
+        match &mut inner.lease {
+            Some(held) if held.holder == claim.holder && held.epoch == epoch => {
+                held.expires_at = claim.expires_at();
+                Ok(Some(held.clone()))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    async fn current_lease(&self) -> Result<Option<crate::LeaderLease>> {
+        Ok(self
+            .inner
+            .lock()
+            .expect("store lock poisoned")
+            .lease
+            .clone())
+    }
+
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
         Ok(self.inner.lock().unwrap().insert_queued(task))
     }

@@ -29,6 +29,11 @@ pub(crate) use placeholders::numbered;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
+/// A session idle inside a transaction this long is ended by the server: a replica paused
+/// (SIGSTOP, a long GC-like stall) in the middle of a fenced write would otherwise hold the
+/// lease row's lock, and no other replica could take the lease over until it resumed.
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "5s";
+
 /// How long a statement waits for a pooled connection before the store reports the
 /// database unavailable (rather than hanging a request while the server is down).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -45,16 +50,23 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct PostgresStore {
     writer: PgPool,
     reader: PgPool,
+    /// The leadership epoch this store's task-state writes are checked against.
+    fence: crate::lease::Fence,
 }
 
 impl PostgresStore {
     /// Connect to the database at `url` (`postgres://user:password@host:port/database`)
     /// and bring its schema up to date. The database must exist.
     pub async fn open(url: &str) -> Result<Self> {
-        let options = PgConnectOptions::from_str(url).map_err(|source| StoreError::Open {
-            path: redacted(url),
-            source,
-        })?;
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|source| StoreError::Open {
+                path: redacted(url),
+                source,
+            })?
+            .options([(
+                "idle_in_transaction_session_timeout",
+                IDLE_IN_TRANSACTION_TIMEOUT,
+            )]);
         let open_error = |source| StoreError::Open {
             path: redacted(url),
             source,
@@ -72,7 +84,11 @@ impl PostgresStore {
             .connect_with(options)
             .await
             .map_err(open_error)?;
-        Ok(PostgresStore { writer, reader })
+        Ok(PostgresStore {
+            writer,
+            reader,
+            fence: Default::default(),
+        })
     }
 }
 
@@ -189,6 +205,28 @@ fn node_from_row(row: &PgRow) -> Result<NodeRecord> {
     })
 }
 
+/// Fail with [`StoreError::Fenced`] unless the lease epoch `fence` holds is still the
+/// stored one; the row stays share-locked until the caller's transaction ends, so a
+/// takeover waits for it and the transaction cannot commit after one.
+pub(crate) async fn check_fence(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    fence: &crate::lease::Fence,
+) -> Result<()> {
+    let Some(epoch) = fence.epoch() else {
+        return Ok(());
+    };
+    let current = sqlx::query("SELECT 1 FROM leader_lease WHERE id = 1 AND epoch = $1 FOR SHARE")
+        .bind(epoch as i64)
+        .fetch_optional(&mut **tx)
+        .await?;
+    match current {
+        Some(_) => Ok(()),
+        None => Err(StoreError::Fenced {
+            held: (epoch > 0).then_some(epoch),
+        }),
+    }
+}
+
 /// Insert a queued task and its first event inside the caller's transaction.
 async fn insert_task(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
@@ -217,10 +255,59 @@ async fn insert_task(
     Ok(task.into_queued_record(TaskId(id as u64)))
 }
 
+fn lease_from_row(row: &PgRow) -> Result<crate::LeaderLease> {
+    Ok(crate::LeaderLease {
+        holder: row.try_get("holder")?,
+        leader_url: row.try_get("leader_url")?,
+        epoch: row.try_get::<i64, _>("epoch")? as u64,
+        expires_at: Timestamp(row.try_get::<i64, _>("expires_at")? as u64),
+    })
+}
+
 #[async_trait::async_trait]
 impl Store for PostgresStore {
+    async fn try_acquire_lease(
+        &self,
+        claim: &crate::LeaseClaim,
+    ) -> Result<Option<crate::LeaderLease>> {
+        let row = sqlx::query(&numbered(crate::lease::ACQUIRE_SQL))
+            .bind(&claim.holder)
+            .bind(&claim.leader_url)
+            .bind(millis(claim.expires_at()))
+            .bind(millis(claim.now))
+            .fetch_optional(&self.writer)
+            .await?;
+        let lease = row.as_ref().map(lease_from_row).transpose()?;
+        self.fence.set(lease.as_ref().map(|l| l.epoch));
+        Ok(lease)
+    }
+
+    async fn renew_lease(
+        &self,
+        claim: &crate::LeaseClaim,
+        epoch: u64,
+    ) -> Result<Option<crate::LeaderLease>> {
+        let row = sqlx::query(&numbered(crate::lease::RENEW_SQL))
+            .bind(millis(claim.expires_at()))
+            .bind(&claim.holder)
+            .bind(epoch as i64)
+            .fetch_optional(&self.writer)
+            .await?;
+        let lease = row.as_ref().map(lease_from_row).transpose()?;
+        self.fence.set(lease.as_ref().map(|l| l.epoch));
+        Ok(lease)
+    }
+
+    async fn current_lease(&self) -> Result<Option<crate::LeaderLease>> {
+        let row = sqlx::query(&numbered(crate::lease::CURRENT_SQL))
+            .fetch_optional(&self.reader)
+            .await?;
+        row.as_ref().map(lease_from_row).transpose()
+    }
+
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
         let record = insert_task(&mut tx, task).await?;
         tx.commit().await?;
         Ok(record)
@@ -291,6 +378,7 @@ impl Store for PostgresStore {
             return Ok(());
         }
         let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
         for change in changes {
             let Some(id) = change_task(change) else {
                 if let TaskChange::Notify(delivery) = change {
@@ -674,7 +762,7 @@ impl Store for PostgresStore {
         group: NewGroup,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
-        groups::create_group(&self.writer, group, elements).await
+        groups::create_group(&self.writer, &self.fence, group, elements).await
     }
 
     async fn add_group_elements(
@@ -682,7 +770,7 @@ impl Store for PostgresStore {
         group: GroupId,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<Vec<TaskRecord>> {
-        groups::add_group_elements(&self.writer, group, elements).await
+        groups::add_group_elements(&self.writer, &self.fence, group, elements).await
     }
 
     async fn append_metrics(&self, points: Vec<crate::MetricPoint>) -> Result<()> {
@@ -757,7 +845,7 @@ impl Store for PostgresStore {
         group: NewGroup,
         stages: Vec<crate::NewStage>,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        pipelines::create_pipeline(&self.writer, group, stages, None).await
+        pipelines::create_pipeline(&self.writer, &self.fence, group, stages, None).await
     }
 
     async fn kept_reply(
@@ -778,6 +866,7 @@ impl Store for PostgresStore {
 
     async fn create_task_keyed(&self, task: NewTask, keyed: crate::Keyed) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
         let record = insert_task(&mut tx, task).await?;
         let reply = (keyed.render)(crate::Created::Task(&record));
         let kept = crate::KeptReply {
@@ -796,6 +885,7 @@ impl Store for PostgresStore {
         keyed: crate::Keyed,
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
         let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
         let (record, tasks) = groups::insert_group(&mut tx, group, elements).await?;
         let reply = (keyed.render)(crate::Created::Group(&record, &tasks));
         let kept = crate::KeptReply {
@@ -813,7 +903,7 @@ impl Store for PostgresStore {
         stages: Vec<crate::NewStage>,
         keyed: crate::Keyed,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        pipelines::create_pipeline(&self.writer, group, stages, Some(keyed)).await
+        pipelines::create_pipeline(&self.writer, &self.fence, group, stages, Some(keyed)).await
     }
 
     async fn pipeline_stages(&self, pipeline: GroupId) -> Result<Vec<crate::StageRecord>> {

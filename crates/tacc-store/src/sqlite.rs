@@ -222,8 +222,54 @@ async fn insert_task(
     Ok(task.into_queued_record(TaskId(id as u64)))
 }
 
+fn lease_from_row(row: &SqliteRow) -> Result<crate::LeaderLease> {
+    Ok(crate::LeaderLease {
+        holder: row.try_get("holder")?,
+        leader_url: row.try_get("leader_url")?,
+        epoch: row.try_get::<i64, _>("epoch")? as u64,
+        expires_at: Timestamp(row.try_get::<i64, _>("expires_at")? as u64),
+    })
+}
+
 #[async_trait::async_trait]
 impl Store for SqliteStore {
+    async fn try_acquire_lease(
+        &self,
+        claim: &crate::LeaseClaim,
+    ) -> Result<Option<crate::LeaderLease>> {
+        let row = sqlx::query(crate::lease::ACQUIRE_SQL)
+            .bind(&claim.holder)
+            .bind(&claim.leader_url)
+            .bind(millis(claim.expires_at()))
+            .bind(millis(claim.now))
+            .fetch_optional(&self.writer)
+            .await?;
+        let lease = row.as_ref().map(lease_from_row).transpose()?;
+        Ok(lease)
+    }
+
+    async fn renew_lease(
+        &self,
+        claim: &crate::LeaseClaim,
+        epoch: u64,
+    ) -> Result<Option<crate::LeaderLease>> {
+        let row = sqlx::query(crate::lease::RENEW_SQL)
+            .bind(millis(claim.expires_at()))
+            .bind(&claim.holder)
+            .bind(epoch as i64)
+            .fetch_optional(&self.writer)
+            .await?;
+        let lease = row.as_ref().map(lease_from_row).transpose()?;
+        Ok(lease)
+    }
+
+    async fn current_lease(&self) -> Result<Option<crate::LeaderLease>> {
+        let row = sqlx::query(crate::lease::CURRENT_SQL)
+            .fetch_optional(&self.reader)
+            .await?;
+        row.as_ref().map(lease_from_row).transpose()
+    }
+
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
         let record = insert_task(&mut tx, task).await?;

@@ -403,3 +403,96 @@ async fn sqlite_a_locked_database_is_a_storage_fault_and_the_store_recovers() {
     let reopened = SqliteStore::open(&path).await.unwrap();
     assert!(reopened.get_task(after).await.unwrap().is_some());
 }
+
+/// Two replicas' stores on one database: once the second took the lapsed lease over, the
+/// first can neither change task state nor renew, while the new holder can.
+#[tokio::test]
+async fn postgres_replica_that_lost_the_lease_is_fenced() {
+    let Some((old, database)) =
+        fresh_postgres("postgres_replica_that_lost_the_lease_is_fenced").await
+    else {
+        return;
+    };
+    let new = PostgresStore::open(&database.url).await.unwrap();
+    let claim = |holder: &str, now: u64| tacc_store::LeaseClaim {
+        holder: holder.to_string(),
+        leader_url: format!("http://{holder}"),
+        now: tacc_core::Timestamp(now),
+        ttl_ms: 1_000,
+    };
+    let first = old
+        .try_acquire_lease(&claim("old", 1_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let task = old
+        .create_task(contract::new_task("a", "alice", 1_000))
+        .await
+        .unwrap();
+    // A replica that lost an election may not change task state either.
+    assert_eq!(
+        new.try_acquire_lease(&claim("new", 1_500)).await.unwrap(),
+        None
+    );
+    let refused = new
+        .create_task(contract::new_task("b", "alice", 1_001))
+        .await;
+    assert!(
+        matches!(refused, Err(tacc_store::StoreError::Fenced { held: None })),
+        "{refused:?}"
+    );
+
+    let taken = new
+        .try_acquire_lease(&claim("new", 2_000))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(taken.epoch > first.epoch);
+    let cancel = [tacc_store::TaskChange::Reason {
+        task: task.id,
+        reason: Some("from the old leader".into()),
+    }];
+    let fenced = old.apply(&cancel).await;
+    assert!(
+        matches!(fenced, Err(tacc_store::StoreError::Fenced { held: Some(e) }) if e == first.epoch),
+        "{fenced:?}"
+    );
+    assert!(fenced.unwrap_err().to_string().contains("no longer leads"));
+    let late = old
+        .create_task(contract::new_task("c", "alice", 2_001))
+        .await;
+    assert!(
+        matches!(late, Err(tacc_store::StoreError::Fenced { .. })),
+        "{late:?}"
+    );
+    assert_eq!(
+        old.renew_lease(&claim("old", 2_001), first.epoch)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(open_transactions(&database).await, 0);
+
+    // Nothing of the old leader's was committed; the new one writes.
+    assert_eq!(old.get_task(task.id).await.unwrap().unwrap().reason, None);
+    assert_eq!(
+        old.list_tasks(&Default::default()).await.unwrap().len(),
+        1,
+        "a fenced create committed"
+    );
+    new.apply(&[tacc_store::TaskChange::Reason {
+        task: task.id,
+        reason: Some("from the new leader".into()),
+    }])
+    .await
+    .unwrap();
+    assert_eq!(
+        new.get_task(task.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("from the new leader")
+    );
+}

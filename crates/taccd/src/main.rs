@@ -11,6 +11,7 @@ mod modes;
 mod node_labels;
 mod pilot_node;
 mod pilots;
+mod replica;
 mod slurm_agent;
 mod tls;
 
@@ -190,6 +191,8 @@ struct ServerArgs {
     adaptive_default: Option<tacc_server::DefaultBounds>,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
+    #[command(flatten)]
+    replica: replica::ReplicaArgs,
 }
 
 /// `--adaptive off|shrink|on`.
@@ -470,19 +473,8 @@ struct Started {
     serving: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// Start the control plane; returns its URL and the serving task.
-async fn start_server(
-    args: &ServerArgs,
-    hosts_agent: bool,
-    shutdown: CancellationToken,
-) -> Result<Started> {
-    args.tls.check_exposure(args.listen, &args.data_dir)?;
-    let tls = args.tls.load()?;
-    modes::secure_server_dir(&args.data_dir, hosts_agent)?;
-    let database = database::Database::choose(args.database.as_deref(), &args.data_dir)
-        .map_err(anyhow::Error::msg)?;
-    let store = database.open().await?;
-    tracing::info!("control-plane state in {database}");
+/// The control plane's configuration from the command line and configuration file.
+fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
     let mut config = ServerConfig::new(args.data_dir.clone());
     config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
     config.node_stable_after = Duration::from_secs(args.node_stable_after);
@@ -507,6 +499,23 @@ async fn start_server(
         record_every: (args.adaptive_window.as_std() / 3).min(Duration::from_secs(10)),
         default_bounds: args.adaptive_default,
     };
+    Ok(config)
+}
+
+/// Start the control plane; returns its URL and the serving task.
+async fn start_server(
+    args: &ServerArgs,
+    hosts_agent: bool,
+    shutdown: CancellationToken,
+) -> Result<Started> {
+    args.tls.check_exposure(args.listen, &args.data_dir)?;
+    let tls = args.tls.load()?;
+    modes::secure_server_dir(&args.data_dir, hosts_agent)?;
+    let database = database::Database::choose(args.database.as_deref(), &args.data_dir)
+        .map_err(anyhow::Error::msg)?;
+    let store = database.open().await?;
+    tracing::info!("control-plane state in {database}");
+    let config = server_config(args)?;
     let control = Control::open(store, config).await?;
     let served = control.clone();
     let listener = TcpListener::bind(args.listen).await.with_context(|| {
@@ -559,6 +568,9 @@ fn serde_json_string(text: &str) -> String {
 }
 
 async fn run_server(args: ServerArgs, shutdown: CancellationToken) -> Result<()> {
+    if args.replica.replicated {
+        return replica::run(&args, shutdown).await;
+    }
     let started = start_server(&args, false, shutdown).await?;
     started.serving.await??;
     Ok(())

@@ -164,7 +164,15 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
     );
     let stages_table = tcloud(&daemon, &home, &["ps", &group.to_string()]);
     assert!(stages_table.contains("STAGE"), "{stages_table}");
-    assert!(stages_table.contains(&train.to_string()), "{stages_table}");
+    assert!(
+        stages_table.contains(&format!("sweep {train}")),
+        "{stages_table}"
+    );
+    // The sweep stage is shown on its pipeline's line, not as a group of its own.
+    assert!(
+        !table.lines().any(|l| l.starts_with(&format!("{train} "))),
+        "{table}"
+    );
 
     // Only the last stage's code changes: only it runs again, reading the cached inputs.
     let script = file.with_file_name("evaluate").join("evaluate.sh");

@@ -128,13 +128,15 @@ pub(super) async fn list_groups(
     }
     let mut views = Vec::with_capacity(records.len());
     for record in records {
-        // An array stage is shown on its pipeline's line.
-        if record.kind == tacc_store::GroupKind::Array
-            && control
-                .store
-                .stage_of(tacc_store::StageSource::Group(record.id))
-                .await?
-                .is_some()
+        // An array or sweep stage is shown on its pipeline's line.
+        if matches!(
+            record.kind,
+            tacc_store::GroupKind::Array | tacc_store::GroupKind::Sweep
+        ) && control
+            .store
+            .stage_of(tacc_store::StageSource::Group(record.id))
+            .await?
+            .is_some()
         {
             continue;
         }

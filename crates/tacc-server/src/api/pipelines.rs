@@ -36,8 +36,12 @@ pub(super) async fn submit_pipeline(
 }
 
 /// A new pipeline's stages as [`Control::stage_views`] shows them, from what was just
-/// made: every stage that runs is queued.
-fn stages_at_creation(stages: &[StageRecord], tasks: &[TaskRecord]) -> Vec<StageView> {
+/// made: every stage that runs is queued. `sweeps` names the stages that are sweeps.
+fn stages_at_creation(
+    stages: &[StageRecord],
+    tasks: &[TaskRecord],
+    sweeps: &std::collections::BTreeSet<String>,
+) -> Vec<StageView> {
     stages
         .iter()
         .map(|stage| {
@@ -70,6 +74,7 @@ fn stages_at_creation(stages: &[StageRecord], tasks: &[TaskRecord]) -> Vec<Stage
                 state,
                 task,
                 group,
+                sweep: sweeps.contains(&stage.name),
                 counts,
                 reason,
             }
@@ -93,6 +98,7 @@ async fn submit_new(
             ))
         })?;
     let mut stages = Vec::with_capacity(body.stages.len());
+    let mut sweeps = std::collections::BTreeSet::new();
     let mut tasks = 0u64;
     for stage in body.stages {
         let spec: TaskSpec = serde_json::from_value(stage.spec).map_err(|e| {
@@ -102,6 +108,9 @@ async fn submit_new(
             ))
         })?;
         tasks += spec.array.as_ref().map_or(1, |a| a.len() as u64);
+        if spec.sweep.is_some() {
+            sweeps.insert(stage.name.clone());
+        }
         // Knowing a snapshot's id is not a capability: only who uploaded it may run it.
         if user.role != tacc_core::Role::Admin
             && !app
@@ -125,12 +134,13 @@ async fn submit_new(
     }
     app.control.admit_tasks(user, tasks).await?;
     let keyed = key.map(|k| {
-        k.keyed(Box::new(|created| match created {
+        let sweeps = sweeps.clone();
+        k.keyed(Box::new(move |created| match created {
             Created::Pipeline(group, stages, tasks) => stored(
                 StatusCode::CREATED,
                 &PipelineSubmitted {
                     group: group.id,
-                    stages: stages_at_creation(stages, tasks),
+                    stages: stages_at_creation(stages, tasks, &sweeps),
                 },
             ),
             Created::Task(_) | Created::Group(..) => {

@@ -254,6 +254,17 @@ impl Control {
         store: Arc<dyn Store>,
         config: ServerConfig,
     ) -> Result<Arc<Control>, ServerError> {
+        let control = Self::open_follower(store, config)?;
+        control.recover().await?;
+        Ok(control)
+    }
+
+    /// The control plane of a replica that does not lead (see `crate::replica`): it
+    /// answers reads from the store and has recovered nothing, so it decides nothing.
+    pub fn open_follower(
+        store: Arc<dyn Store>,
+        config: ServerConfig,
+    ) -> Result<Arc<Control>, ServerError> {
         let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
         let logs = LogBook::open(config.data_dir.join("logs"), config.limits.max_log_bytes)
             .map_err(|e| io("cannot create the log directory", e))?;
@@ -304,7 +315,6 @@ impl Control {
                 deferred: None,
             }),
         });
-        control.recover().await?;
         Ok(control)
     }
 

@@ -631,6 +631,7 @@ impl Control {
                 StageSource::Task(task) => (Some(task), None),
                 StageSource::Group(group) => (None, Some(group)),
             };
+            let sweep = matches!(self.stage_kind(&stage).await?, StageKind::Sweep(_));
             let (state, reason, counts) = if stage.cached {
                 (
                     "cached".to_string(),
@@ -664,6 +665,7 @@ impl Control {
                 state,
                 task,
                 group,
+                sweep,
                 counts,
                 reason,
             });

@@ -59,10 +59,12 @@ fn delivery_from_row(row: &PgRow) -> Result<DeliveryRecord> {
 /// statement: a 10,000-element array is one quick commit, not 20,000 round trips.
 pub(super) async fn create_group(
     pool: &PgPool,
+    fence: &crate::lease::Fence,
     group: NewGroup,
     elements: Vec<(u32, NewTask)>,
 ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
     let mut tx = pool.begin().await?;
+    super::check_fence(&mut tx, fence).await?;
     let made = insert_group(&mut tx, group, elements).await?;
     tx.commit().await?;
     Ok(made)
@@ -160,10 +162,12 @@ async fn insert_elements(
 
 pub(super) async fn add_group_elements(
     pool: &PgPool,
+    fence: &crate::lease::Fence,
     group: GroupId,
     elements: Vec<(u32, NewTask)>,
 ) -> Result<Vec<TaskRecord>> {
     let mut tx = pool.begin().await?;
+    super::check_fence(&mut tx, fence).await?;
     let updated = sqlx::query(&numbered(
         "UPDATE task_groups SET size = size + ? WHERE id = ?",
     ))

@@ -39,11 +39,13 @@ fn stage_from_row(row: &PgRow) -> Result<StageRecord> {
 
 pub(super) async fn create_pipeline(
     pool: &PgPool,
+    fence: &crate::lease::Fence,
     group: NewGroup,
     stages: Vec<NewStage>,
     keyed: Option<crate::Keyed>,
 ) -> Result<(GroupRecord, Vec<StageRecord>, Vec<TaskRecord>)> {
     let mut tx = pool.begin().await?;
+    super::check_fence(&mut tx, fence).await?;
     let made = insert_pipeline(&mut tx, group, stages).await?;
     if let Some(keyed) = keyed {
         let reply = (keyed.render)(crate::Created::Pipeline(&made.0, &made.1, &made.2));

@@ -120,7 +120,8 @@ fn print_stages(detail: &GroupDetail) -> Result<()> {
                     })
                     .collect::<Vec<_>>()
                     .join(" · ");
-                format!("array {group} {counts}")
+                let kind = if stage.sweep { "sweep" } else { "array" };
+                format!("{kind} {group} {counts}")
             }
             (None, None) => "-".into(),
         };

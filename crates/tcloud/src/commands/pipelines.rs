@@ -122,6 +122,7 @@ pub async fn submit_pipeline(ctx: &Ctx, path: &Path, follow: bool, as_json: bool
         for stage in &reply.stages {
             let what = match (stage.task, stage.group) {
                 (Some(task), _) => format!("task {task}"),
+                (None, Some(group)) if stage.sweep => format!("sweep {group}"),
                 (None, Some(group)) => format!("array {group}"),
                 (None, None) => String::new(),
             };
