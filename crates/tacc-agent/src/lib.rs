@@ -508,8 +508,7 @@ async fn fence_when_cut_off(
         if attempts.lock().unwrap().running.is_empty() {
             continue;
         }
-        if fencing::server_host_accepts(shared.client.base_url(), shared.lease.probe_limit())
-            .await
+        if fencing::server_host_accepts(shared.client.base_url(), shared.lease.probe_limit()).await
         {
             tracing::warn!(
                 "the server accepts connections but has not answered for {}s: it is \

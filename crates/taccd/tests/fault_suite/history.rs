@@ -29,9 +29,18 @@ pub struct Call {
 pub struct History {
     start: Instant,
     calls: Mutex<Vec<Call>>,
-    /// (listing sent, listing answered, task, state, attempt): the state held at some
-    /// moment between the two.
-    observed: Mutex<Vec<(Duration, Duration, TaskId, TaskState, u32)>>,
+    observed: Mutex<Vec<Observation>>,
+}
+
+/// A task's state as one listing showed it: held at some moment between the listing's
+/// sending and its answer.
+#[derive(Debug, Clone, Copy)]
+struct Observation {
+    sent: Duration,
+    answered: Duration,
+    task: TaskId,
+    state: TaskState,
+    attempt: u32,
 }
 
 impl History {
@@ -83,10 +92,22 @@ impl History {
                 let at = self.now();
                 let mut observed = self.observed.lock().unwrap();
                 for task in &tasks {
-                    observed.push((sent, at, task.id, task.state, task.attempt.0));
+                    observed.push(Observation {
+                        sent,
+                        answered: at,
+                        task: task.id,
+                        state: task.state,
+                        attempt: task.attempt.0,
+                    });
                 }
                 drop(observed);
-                self.record(who, "list", "all", sent, Ok(format!("{} tasks", tasks.len())));
+                self.record(
+                    who,
+                    "list",
+                    "all",
+                    sent,
+                    Ok(format!("{} tasks", tasks.len())),
+                );
             }
             Err(e) => self.record(who, "list", "all", sent, Err(e.to_string())),
         }
@@ -153,7 +174,9 @@ impl History {
     pub fn check_terminal_states_stay(&self) -> usize {
         let observed = self.observed.lock().unwrap();
         let mut ended: BTreeMap<TaskId, (TaskState, u32, Duration)> = BTreeMap::new();
-        for (_, answered, task, state, attempt) in observed.iter() {
+        for seen in observed.iter() {
+            let (answered, task, state, attempt) =
+                (&seen.answered, &seen.task, &seen.state, &seen.attempt);
             if !state.is_terminal() {
                 continue;
             }
@@ -167,7 +190,8 @@ impl History {
             );
             entry.2 = entry.2.min(*answered);
         }
-        for (sent, _, task, state, attempt) in observed.iter() {
+        for seen in observed.iter() {
+            let (sent, task, state, attempt) = (&seen.sent, &seen.task, &seen.state, &seen.attempt);
             if let Some((first, first_attempt, seen)) = ended.get(task) {
                 assert!(
                     sent <= seen || (first, first_attempt) == (state, attempt),
@@ -219,7 +243,10 @@ pub fn marked_attempts(markers: &Path, task: TaskId) -> BTreeMap<u32, (u128, Opt
                 let entry = attempts
                     .get_mut(&attempt)
                     .unwrap_or_else(|| panic!("task {task}: attempt {attempt} ended unstarted"));
-                assert!(entry.1.is_none(), "task {task}: attempt {attempt} ended twice");
+                assert!(
+                    entry.1.is_none(),
+                    "task {task}: attempt {attempt} ended twice"
+                );
                 entry.1 = Some(at.parse().unwrap());
             }
             _ => panic!("task {task}: unexpected marker line {line:?}"),
