@@ -13,6 +13,8 @@
 //! fresh term after a stall). So before fencing the agent opens a fresh connection to the
 //! server; when the server's host accepts it, the lease is renewed instead. A partitioned
 //! node cannot connect and fences as before, only later by at most [`Lease::probe_limit`].
+//! Not with replicated servers: there another replica may take over while this one is
+//! stalled, so there the agent fences on silence alone.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -28,6 +30,8 @@ struct LeaseState {
     last_contact: Instant,
     /// The server's heartbeat timeout, once registered.
     term: Option<Duration>,
+    /// The server is one of several replicas: its stall is no reason not to fence.
+    replicated: bool,
 }
 
 impl Lease {
@@ -36,6 +40,7 @@ impl Lease {
             state: Mutex::new(LeaseState {
                 last_contact: now,
                 term: None,
+                replicated: false,
             }),
         }
     }
@@ -45,6 +50,16 @@ impl Lease {
         let mut state = self.state.lock().unwrap();
         state.term = Some(term);
         state.last_contact = now;
+    }
+
+    /// Whether the server is one of several replicas (another may take over while it is
+    /// stalled, so its stall is no reason not to fence).
+    pub fn set_replicated(&self, replicated: bool) {
+        self.state.lock().unwrap().replicated = replicated;
+    }
+
+    pub fn replicated(&self) -> bool {
+        self.state.lock().unwrap().replicated
     }
 
     /// The server answered.

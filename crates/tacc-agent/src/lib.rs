@@ -377,6 +377,7 @@ impl Agent {
                         Duration::from_millis(registered.heartbeat_timeout_ms),
                         std::time::Instant::now(),
                     );
+                    self.shared.lease.set_replicated(registered.replicated);
                     tracing::info!(
                         "registered as node {} ({}) with {}",
                         registered.node_id,
@@ -508,7 +509,9 @@ async fn fence_when_cut_off(
         if attempts.lock().unwrap().running.is_empty() {
             continue;
         }
-        if fencing::server_host_accepts(shared.client.base_url(), shared.lease.probe_limit()).await
+        if !shared.lease.replicated()
+            && fencing::server_host_accepts(shared.client.base_url(), shared.lease.probe_limit())
+                .await
         {
             tracing::warn!(
                 "the server accepts connections but has not answered for {}s: it is \

@@ -220,6 +220,11 @@ pub struct AgentRegistered {
     /// keep it (mode 0600) and present it from now on, also after a restart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_token: Option<String>,
+    /// The server is one of several replicas (`taccd server --replicated`): another may
+    /// take over while this one is stalled, so the agent fences on silence even when the
+    /// server's host still accepts connections.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replicated: bool,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -478,6 +478,7 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
     let mut config = ServerConfig::new(args.data_dir.clone());
     config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
     config.node_stable_after = Duration::from_secs(args.node_stable_after);
+    config.replicated = args.replica.replicated;
     let loaded = load_config(args)?;
     config.policy = loaded.policy;
     config.scheduler = loaded.scheduler;

@@ -26,6 +26,7 @@ pub(super) async fn register_agent(
         node_id: record.id,
         heartbeat_timeout_ms: app.control.config.heartbeat_timeout.as_millis() as u64,
         node_token,
+        replicated: app.control.config.replicated,
     }))
 }
 

@@ -75,6 +75,8 @@ pub struct ServerConfig {
     pub silent_after: Duration,
     /// Adaptive allocation: which running tasks' allocations may move, and how fast.
     pub adaptive: AdaptiveConfig,
+    /// One of several replicas (`--replicated`): agents are told so at registration.
+    pub replicated: bool,
 }
 
 impl ServerConfig {
@@ -91,6 +93,7 @@ impl ServerConfig {
             unix_users: BTreeMap::new(),
             silent_after: Duration::from_secs(300),
             adaptive: AdaptiveConfig::default(),
+            replicated: false,
         }
     }
 }
