@@ -30,6 +30,7 @@ mod pipelines;
 mod plans;
 use plans::assignments_for;
 mod records;
+mod retry;
 mod sweep_stages;
 mod sweeps;
 
@@ -133,6 +134,8 @@ pub(crate) struct Inner {
     /// Queued tasks not yet given to the scheduler because no node is online: the
     /// scheduler would reject them as never fitting an empty cluster.
     held: BTreeSet<TaskId>,
+    /// Retried tasks waiting out their backoff, and when they may run (see `retry`).
+    retry_at: BTreeMap<TaskId, Timestamp>,
     /// Task specs of every non-terminal task, parsed once.
     specs: BTreeMap<TaskId, TaskSpec>,
     /// Tasks told to stop by a preemption, until their attempt has ended.
@@ -163,7 +166,8 @@ impl Inner {
     fn withdraw(&mut self, task: TaskId) -> bool {
         self.specs.remove(&task);
         self.stage_deps.remove(&task);
-        let waiting = self.after_sweeps.remove(&task).is_some();
+        let waiting = self.after_sweeps.remove(&task).is_some()
+            | self.retry_at.remove(&task).is_some();
         !self.held.remove(&task) && !waiting
     }
 
@@ -294,6 +298,7 @@ impl Control {
                 scheduler,
                 nodes: BTreeMap::new(),
                 held: BTreeSet::new(),
+                retry_at: BTreeMap::new(),
                 stage_deps: BTreeMap::new(),
                 after_sweeps: BTreeMap::new(),
                 specs: BTreeMap::new(),
@@ -332,7 +337,11 @@ impl Control {
                 failed_stages.extend(self.failed_needs(&record).await?);
                 // A stage after an unfinished sweep waits for it outside the scheduler.
                 if !self.restore_sweep_wait(&mut inner, &record).await? {
-                    inner.held.insert(record.id);
+                    if let Some(at) = self.restore_retry_wait(&record).await? {
+                        inner.retry_at.insert(record.id, at);
+                    } else {
+                        inner.held.insert(record.id);
+                    }
                     if let Some(needed) = self.restore_dependencies(&record).await? {
                         inner.stage_deps.insert(record.id, needed);
                     }

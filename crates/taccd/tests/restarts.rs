@@ -1,0 +1,178 @@
+//! The retry and restart policy against real processes: backoff between attempts, the
+//! crash limit of a task that keeps taking its node down (fault scenario R4), and the
+//! marked log section of every retried attempt.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::*;
+use tacc_core::{AttemptNo, TaskState};
+use tacc_proto::TaskView;
+
+/// Wait until the task runs an attempt after `after`, or has ended.
+async fn next_run(client: &tacc_client::Client, task: tacc_core::TaskId, after: u32) -> TaskView {
+    eventually(
+        &format!("task {task} to run an attempt after {after} or end"),
+        DEADLINE,
+        || {
+            let client = client.clone();
+            async move {
+                let view = client.get_task(task).await.ok()?;
+                let running = view.state == TaskState::Running && view.attempt.0 > after;
+                (running || view.state.is_terminal()).then_some(view)
+            }
+        },
+    )
+    .await
+}
+
+fn agent(server: &Daemon, root: &Path, name: &str) -> Daemon {
+    start_agent(server, &root.join(name), &["--name", name])
+}
+
+/// R4: the agent running the task is killed (kill -9) every time the task starts on it,
+/// and restarted; after the third loss the task fails for good with the crash limit's
+/// reason, each retry having waited out its backoff and opened a marked log section.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        "server",
+        &dir.path().join("s"),
+        &["--heartbeat-timeout", "3"],
+    )
+    .await;
+    let client = server.client();
+    let mut agents: BTreeMap<String, Daemon> = ["node-a", "node-b"]
+        .into_iter()
+        .map(|name| (name.to_string(), agent(&server, dir.path(), name)))
+        .collect();
+    wait_nodes(&client, 2).await;
+    let marker = format!("crash-limit-{}", std::process::id());
+    let yaml = format!(
+        "name: crasher\nresources: {{cpus: 1}}\nretry: {{max_attempts: 10, on: [node_failure]}}\n\
+         environment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  echo \"attempt $TACC_ATTEMPT\"\n  sleep 300 & wait\n"
+    );
+    let task = submit(&client, dir.path(), "crasher", &yaml, &[]).await;
+    let mut losses = 0;
+    let mut attempt = 0;
+    let mut queued_at: Option<(std::time::Instant, u64)> = None;
+    let view = loop {
+        let view = next_run(&client, task, attempt).await;
+        if view.state.is_terminal() {
+            break view;
+        }
+        if let Some((at, wait)) = queued_at.take() {
+            // Seen queued a little after it was, so up to a second less.
+            assert!(
+                at.elapsed().as_millis() as u64 + 1000 >= wait * 1000,
+                "attempt {} ran {:?} after its retry was queued with a {wait}s backoff",
+                view.attempt,
+                at.elapsed()
+            );
+        }
+        attempt = view.attempt.0;
+        // Killed once the attempt has shown it runs, so its log section is not empty.
+        let line = format!("attempt {attempt}\n");
+        eventually("the attempt's first line", DEADLINE, || {
+            let (client, line) = (client.clone(), line.clone());
+            async move {
+                let (bytes, _) = client.logs(task, 0).await.ok()?;
+                String::from_utf8_lossy(&bytes).contains(&line).then_some(())
+            }
+        })
+        .await;
+        let node = view.nodes[0].clone();
+        let mut doomed = agents.remove(&node).expect("the task runs on a known agent");
+        doomed.kill9();
+        drop(doomed);
+        losses += 1;
+        agents.insert(node.clone(), agent(&server, dir.path(), &node));
+        if losses < 3 {
+            // Queued again, waiting out a backoff that says how long and which attempt.
+            let queued = eventually("the retry to be queued", DEADLINE, || {
+                let client = client.clone();
+                async move {
+                    let view = client.get_task(task).await.ok()?;
+                    (view.state == TaskState::Queued && view.attempt.0 == attempt + 1)
+                        .then_some(view)
+                }
+            })
+            .await;
+            let reason = queued.reason.clone().unwrap_or_default();
+            let wait: u64 = 5 << (attempt - 1);
+            assert_eq!(
+                reason,
+                format!("retrying in {wait}s (attempt {} of 10)", attempt + 1),
+                "{queued:?}"
+            );
+            queued_at = Some((std::time::Instant::now(), wait));
+        }
+    };
+    assert_eq!(view.state, TaskState::Failed, "{view:?}");
+    assert_eq!(
+        view.reason.as_deref(),
+        Some("crash_limit: lost its node 3 times"),
+        "{view:?}"
+    );
+    assert_eq!(view.attempt, AttemptNo(3), "{view:?}");
+    assert_eq!(losses, 3);
+    let log = log_text(&client, task).await;
+    for n in 1..=3 {
+        assert!(log.contains(&format!("attempt {n}\n")), "{log}");
+    }
+    for n in 2..=3 {
+        let marked = log
+            .lines()
+            .any(|l| l.starts_with(&format!("=== attempt {n} (retry after node_")));
+        assert!(marked, "no marker of attempt {n} in {log}");
+    }
+    wait_no_processes(&marker).await;
+}
+
+/// A retried task waits its backoff out even across a restart of the server: the wait is
+/// read back from the durable event that queued it, not started over or forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_backoff_survives_a_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("s");
+    let mut server = start("dev", &data, &["--cpus", "1"]).await;
+    let client = server.client();
+    let yaml = "name: flaky\nresources: {cpus: 1}\nretry: {max_attempts: 2, on: [failed]}\n\
+                run: |\n  echo \"attempt $TACC_ATTEMPT\"\n  test \"$TACC_ATTEMPT\" = 2\n";
+    let task = submit(&client, dir.path(), "flaky", yaml, &[]).await;
+    let queued = eventually("the retry to be queued", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let view = client.get_task(task).await.ok()?;
+            (view.state == TaskState::Queued && view.attempt.0 == 2).then_some(view)
+        }
+    })
+    .await;
+    let queued_at = std::time::Instant::now();
+    assert_eq!(
+        queued.reason.as_deref(),
+        Some("retrying in 5s (attempt 2 of 2)")
+    );
+    server.kill9();
+    drop(server);
+    let server = start("dev", &data, &["--cpus", "1"]).await;
+    let client = server.client();
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    // It started no earlier than the backoff allowed (less the time to the queued view).
+    assert!(
+        queued_at.elapsed() >= std::time::Duration::from_secs(4),
+        "attempt 2 ran {:?} after attempt 1 was queued for a retry",
+        queued_at.elapsed()
+    );
+    let log = log_text(&client, task).await;
+    let first = log.find("attempt 1\n").expect(&log);
+    let marker = log
+        .find("=== attempt 2 (retry after failed) ===\n")
+        .expect(&log);
+    let second = log.find("attempt 2\n").expect(&log);
+    assert!(first < marker && marker < second, "{log}");
+}
