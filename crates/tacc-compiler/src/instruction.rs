@@ -57,6 +57,10 @@ pub struct Instruction {
     /// Paths, relative to the working directory, kept after the attempt.
     pub outputs: Vec<String>,
     pub kill_grace_secs: u64,
+    /// `checkpoint.signal` (e.g. `SIGUSR1`): sent instead of SIGTERM before the grace on
+    /// a cancel, preemption or time limit; `None` is SIGTERM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
     /// The managed environment the task runs in, `None` for the node's own tools.
     #[serde(default)]
     pub environment: Option<InstructionEnvironment>,
@@ -148,6 +152,7 @@ pub fn compile(
             .checkpoint
             .as_ref()
             .map_or(DEFAULT_KILL_GRACE_SECS, |c| c.grace.as_secs()),
+        stop_signal: spec.checkpoint.as_ref().map(|c| c.signal.clone()),
         environment: EnvPlan::from_spec(&spec.environment).map(|plan| InstructionEnvironment {
             spec_key: plan.spec_key(),
             plan,

@@ -80,12 +80,16 @@ async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit() {
             let (client, line) = (client.clone(), line.clone());
             async move {
                 let (bytes, _) = client.logs(task, 0).await.ok()?;
-                String::from_utf8_lossy(&bytes).contains(&line).then_some(())
+                String::from_utf8_lossy(&bytes)
+                    .contains(&line)
+                    .then_some(())
             }
         })
         .await;
         let node = view.nodes[0].clone();
-        let mut doomed = agents.remove(&node).expect("the task runs on a known agent");
+        let mut doomed = agents
+            .remove(&node)
+            .expect("the task runs on a known agent");
         doomed.kill9();
         drop(doomed);
         losses += 1;

@@ -131,6 +131,7 @@ pub(super) async fn setup_then_run(
     let grace = shared
         .lease
         .cap_grace(Duration::from_secs(instruction.kill_grace_secs));
+    let stop_signal = stop_signal_of(instruction);
     let data_dir = &shared.config.data_dir;
     let placement = Placement {
         image: instruction.image.clone(),
@@ -157,6 +158,7 @@ pub(super) async fn setup_then_run(
             env: env.clone(),
             time_limit: remaining(),
             kill_grace: grace,
+            stop_signal,
             placement: placement.clone(),
         };
         match runtime
@@ -201,6 +203,7 @@ pub(super) async fn setup_then_run(
                             env: env_of(local_rank),
                             time_limit: remaining(),
                             kill_grace: grace,
+                            stop_signal,
                             placement: Placement {
                                 cpu_millis: share_of(placement.cpu_millis, processes),
                                 memory_bytes: share_of(placement.memory_bytes, processes),
@@ -224,6 +227,7 @@ pub(super) async fn setup_then_run(
                 env,
                 time_limit: remaining(),
                 kill_grace: grace,
+                stop_signal,
                 placement,
             };
             Ok(RanksEnded::whole_node(
@@ -249,4 +253,21 @@ fn activate(env: &mut BTreeMap<String, String>, lease: &EnvLease) {
     env.insert("PATH".into(), path);
     env.remove("PYTHONHOME");
     env.extend(lease.vars.clone());
+}
+
+/// The signal that asks the attempt to stop: the task's `checkpoint.signal` (validated by
+/// the server; a name this node does not know falls back to SIGTERM, said in its log).
+fn stop_signal_of(instruction: &Instruction) -> nix::sys::signal::Signal {
+    use nix::sys::signal::Signal;
+    let Some(name) = instruction.stop_signal.as_deref() else {
+        return Signal::SIGTERM;
+    };
+    name.parse().unwrap_or_else(|_| {
+        tracing::warn!(
+            "task {} asks for the checkpoint signal `{name}`, which this node does not know: \
+             it gets SIGTERM instead",
+            instruction.task
+        );
+        Signal::SIGTERM
+    })
 }

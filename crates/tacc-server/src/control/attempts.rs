@@ -398,7 +398,10 @@ impl Control {
     /// Open attempt `next`'s section of the task log. A log that cannot be written costs
     /// the marker only, never the retry.
     fn mark_attempt(&self, task: tacc_core::TaskId, next: tacc_core::AttemptNo, cause: &str) {
-        if let Err(e) = self.logs.append(task, &retry::attempt_marker(next, cause)) {
+        if let Err(e) = self
+            .logs
+            .append_line(task, &retry::attempt_marker(next, cause))
+        {
             tracing::warn!("cannot mark attempt {next} in the log of task {task}: {e}");
         }
     }

@@ -166,8 +166,8 @@ impl Inner {
     fn withdraw(&mut self, task: TaskId) -> bool {
         self.specs.remove(&task);
         self.stage_deps.remove(&task);
-        let waiting = self.after_sweeps.remove(&task).is_some()
-            | self.retry_at.remove(&task).is_some();
+        let waiting =
+            self.after_sweeps.remove(&task).is_some() | self.retry_at.remove(&task).is_some();
         !self.held.remove(&task) && !waiting
     }
 

@@ -47,9 +47,10 @@ pub(crate) fn retrying_reason(delay: Duration, next: AttemptNo, max_attempts: u3
 /// Whether an attempt that ended lost with `reason` took its node down with it.
 pub(crate) fn crashed_node(reason: Option<&str>) -> bool {
     reason.is_some_and(|r| {
-        CRASH_CODES
-            .iter()
-            .any(|code| r.strip_prefix(code).is_some_and(|rest| rest.starts_with(':')))
+        CRASH_CODES.iter().any(|code| {
+            r.strip_prefix(code)
+                .is_some_and(|rest| rest.starts_with(':'))
+        })
     })
 }
 
@@ -71,7 +72,10 @@ pub(crate) fn not_before(events: &[TaskEvent]) -> Option<Timestamp> {
     let last = events.last()?;
     let retrying = last.state == TaskState::Queued
         && last.attempt.0 > 1
-        && last.reason.as_deref().is_some_and(|r| r.starts_with(RETRYING));
+        && last
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(RETRYING));
     retrying.then(|| {
         let wait = backoff(AttemptNo(last.attempt.0 - 1));
         Timestamp(last.at.0.saturating_add(wait.as_millis() as u64))
@@ -87,7 +91,7 @@ pub(crate) fn attempt_marker(next: AttemptNo, cause: &str) -> String {
         .take(40)
         .collect();
     let code = if code.is_empty() { "unknown" } else { &code };
-    format!("\n=== attempt {} (retry after {code}) ===\n", next.0)
+    format!("=== attempt {} (retry after {code}) ===\n", next.0)
 }
 
 impl Control {
@@ -193,13 +197,23 @@ mod tests {
     fn a_retry_wait_is_read_back_from_the_last_queued_event() {
         let events = [
             event(1, TaskState::Lost, Some("node_lost: x"), 1_000),
-            event(2, TaskState::Queued, Some("retrying in 5s (attempt 2 of 3)"), 1_000),
+            event(
+                2,
+                TaskState::Queued,
+                Some("retrying in 5s (attempt 2 of 3)"),
+                1_000,
+            ),
         ];
         assert_eq!(not_before(&events), Some(Timestamp(6_000)));
         let third = [event(3, TaskState::Queued, Some("retrying in 10s"), 1_000)];
         assert_eq!(not_before(&third), Some(Timestamp(11_000)));
         // A preempted task requeued, or one queued first, does not wait.
-        let preempted = [event(2, TaskState::Queued, Some("preempted during attempt 1"), 1)];
+        let preempted = [event(
+            2,
+            TaskState::Queued,
+            Some("preempted during attempt 1"),
+            1,
+        )];
         assert_eq!(not_before(&preempted), None);
         assert_eq!(not_before(&[event(1, TaskState::Queued, None, 1)]), None);
         let started = [
@@ -213,15 +227,15 @@ mod tests {
     fn a_marker_carries_only_a_code() {
         assert_eq!(
             attempt_marker(AttemptNo(2), "node_lost: node a stopped responding"),
-            "\n=== attempt 2 (retry after node_lost) ===\n"
+            "=== attempt 2 (retry after node_lost) ===\n"
         );
         assert_eq!(
             attempt_marker(AttemptNo(3), "failed\n=== attempt 9 (retry after x) ==="),
-            "\n=== attempt 3 (retry after failed) ===\n"
+            "=== attempt 3 (retry after failed) ===\n"
         );
         assert_eq!(
             attempt_marker(AttemptNo(2), "\n"),
-            "\n=== attempt 2 (retry after unknown) ===\n"
+            "=== attempt 2 (retry after unknown) ===\n"
         );
     }
 }
