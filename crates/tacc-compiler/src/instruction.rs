@@ -90,6 +90,10 @@ pub struct Instruction {
 
 /// The file in the working directory a task appends metrics to (`$TACC_METRICS`).
 pub const METRICS_FILE: &str = ".tacc_metrics.jsonl";
+/// The task's checkpoint directory in its working directory (`$TACC_CHECKPOINT_DIR`):
+/// kept like outputs whenever an attempt ends, and restored into the next attempt's,
+/// which then finds it in `$TACC_RESUME_FROM`.
+pub const CHECKPOINT_DIR: &str = ".tacc-checkpoint";
 
 /// Which element of which array an instruction runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -230,6 +234,10 @@ impl Instruction {
             (
                 "TACC_METRICS",
                 node.workdir.join(METRICS_FILE).display().to_string(),
+            ),
+            (
+                "TACC_CHECKPOINT_DIR",
+                node.workdir.join(CHECKPOINT_DIR).display().to_string(),
             ),
             ("TACC_NUM_NODES", self.num_nodes.to_string()),
             ("TACC_NODE_RANK", node.node_rank.to_string()),

@@ -69,6 +69,7 @@ pub struct PipelineSubmitted {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputFile {
+    /// The stage that produced it, or [`RESUME_STAGE`] for a checkpoint file.
     pub stage: String,
     /// Relative to `inputs/<stage>/`.
     pub name: String,
@@ -79,3 +80,8 @@ pub struct InputFile {
     pub rank: u32,
     pub path: String,
 }
+
+/// The `stage` of an input that is a file of the previous attempt's checkpoint directory:
+/// the agent restores it into the attempt's own checkpoint directory (writable, and the
+/// task's), not under `inputs/`. No stage can be named so (stage names have no `.`).
+pub const RESUME_STAGE: &str = ".checkpoint";

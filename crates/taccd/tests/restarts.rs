@@ -180,3 +180,57 @@ async fn a_retry_backoff_survives_a_server_restart() {
     let second = log.find("attempt 2\n").expect(&log);
     assert!(first < marker && marker < second, "{log}");
 }
+
+/// A checkpointing task: at its time limit it is sent its checkpoint signal, writes a
+/// counter into its checkpoint directory within the grace, and is retried; the next
+/// attempt runs on another agent (the first node is drained) and resumes from the
+/// counter through `$TACC_RESUME_FROM`, which the first attempt did not have. The log
+/// shows both attempts' sections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_attempt_resumes_from_the_checkpoint_on_another_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", &dir.path().join("s"), &[]).await;
+    let client = server.client();
+    let _a = agent(&server, dir.path(), "node-a");
+    let _b = agent(&server, dir.path(), "node-b");
+    wait_nodes(&client, 2).await;
+    let yaml = r#"name: resumer
+resources: {cpus: 1, time_limit: 6s}
+checkpoint: {signal: SIGUSR1, grace: 3s}
+retry: {max_attempts: 2, on: [failed]}
+run: |
+  n=$(cat "${TACC_RESUME_FROM:-/nonexistent}/counter" 2>/dev/null || echo 0)
+  echo "attempt $TACC_ATTEMPT resumes from ${TACC_RESUME_FROM:-nothing} at $n"
+  if [ "$TACC_ATTEMPT" -ge 2 ]; then echo "done at $n"; exit 0; fi
+  trap 'sleep 1; echo $((n + 1)) > "$TACC_CHECKPOINT_DIR/counter"; echo "checkpointed $((n + 1))"; exit 1' USR1
+  sleep 300 & wait
+"#;
+    let task = submit(&client, dir.path(), "resumer", yaml, &[]).await;
+    let first = wait_state(&client, task, &[TaskState::Running]).await;
+    assert_eq!(first.attempt, AttemptNo(1));
+    let first_node = first.nodes[0].clone();
+    // The retry must go elsewhere: the first node takes no new work.
+    client.drain_node(&first_node, false).await.unwrap();
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt, AttemptNo(2), "{view:?}");
+    assert_ne!(view.nodes[0], first_node, "{view:?}");
+    let log = log_text(&client, task).await;
+    let at = |needle: &str| {
+        log.find(needle)
+            .unwrap_or_else(|| panic!("no `{needle}` in the log:\n{log}"))
+    };
+    let started = at("attempt 1 resumes from nothing at 0\n");
+    let saved = at("checkpointed 1\n");
+    let marker = at("=== attempt 2 (retry after failed) ===\n");
+    let resumed = at(".tacc-checkpoint at 1\n");
+    let done = at("done at 1\n");
+    assert!(
+        started < saved && saved < marker && marker < resumed && resumed < done,
+        "{log}"
+    );
+    assert!(
+        log[marker..].contains("attempt 2 resumes from /"),
+        "attempt 2 was not given TACC_RESUME_FROM: {log}"
+    );
+}

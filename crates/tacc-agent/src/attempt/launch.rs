@@ -39,6 +39,8 @@ pub(super) struct Launch<'a> {
     pub instruction: &'a Instruction,
     pub identity: &'a TaskIdentity,
     pub surroundings: Surroundings,
+    /// The checkpoint directory, when it holds the previous attempt's checkpoint.
+    pub resume_from: Option<std::path::PathBuf>,
     pub mask: Arc<SecretMask>,
     /// When the attempt's preparation began: the time limit counts from there.
     pub started: Instant,
@@ -60,6 +62,7 @@ pub(super) async fn setup_then_run(
         instruction,
         identity,
         surroundings,
+        resume_from,
         mask,
         started,
         workdir,
@@ -106,6 +109,9 @@ pub(super) async fn setup_then_run(
             activate(&mut env, lease);
         }
         crate::secrets::inject(&mut env, &assignment.secrets);
+        if let Some(dir) = &resume_from {
+            env.insert("TACC_RESUME_FROM".into(), dir.display().to_string());
+        }
         env
     };
     let owner_of = |local_rank: u32| Owner {

@@ -30,6 +30,7 @@ mod pipelines;
 mod plans;
 use plans::assignments_for;
 mod records;
+mod resume;
 mod retry;
 mod sweep_stages;
 mod sweeps;
@@ -368,7 +369,7 @@ impl Control {
                     );
                 }
                 let secrets = self.task_secrets(&record, &spec).await;
-                let inputs = self.stage_inputs(&record).await?;
+                let inputs = self.attempt_inputs(&record).await?;
                 let assignments = assignments_for(
                     &record,
                     &spec,

@@ -159,7 +159,7 @@ impl Control {
                 continue;
             };
             let secrets = self.task_secrets(&record, spec).await;
-            let inputs = self.stage_inputs(&record).await?;
+            let inputs = self.attempt_inputs(&record).await?;
             let unix_user = self.config.unix_users.get(&record.user);
             for (node, mut assignment) in
                 assignments_for(&record, spec, &inner.nodes, unix_user, &secrets)
