@@ -63,7 +63,8 @@ pub struct PipelineSubmitted {
     pub stages: Vec<StageView>,
 }
 
-/// A file of a needed stage that an attempt gets under `inputs/<stage>/<name>`; the agent
+/// A file of a needed stage that an attempt gets under `inputs/<stage>/<name>`, or (stage
+/// [`RESUME_STAGE`]) of the checkpoint a retried attempt resumes from; the agent
 /// fetches it with `GET /v1/agents/{node}/inputs/{task}/{attempt}/{index}`, `index` its
 /// place in [`crate::Assignment::inputs`].
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
