@@ -11,7 +11,7 @@ use tacc_scheduler::Event;
 use tacc_schema::RetryOn;
 use tacc_store::{TaskChange, TaskRecord, Transition};
 
-use super::{Control, Inner, now, retry};
+use super::{Control, Inner, LiveNode, now, request_of, retry};
 use crate::ServerError;
 
 /// What becomes of an attempt that ended, and why.
@@ -492,12 +492,24 @@ impl Control {
             self.stop_dependents(inner, &record, state).await?;
         }
         self.drive(inner, Event::TaskEnded(task)).await;
-        if retry && spec.is_some() {
-            // The scheduler sees it again once the backoff is over (`release_due_retries`).
-            let not_before = Timestamp(at.0.saturating_add(delay.as_millis() as u64));
-            inner.retry_at.insert(task, not_before);
-        } else {
-            inner.specs.remove(&task);
+        match (retry, spec) {
+            (true, Some(spec)) => {
+                // Queued at once, so what depends on it keeps waiting, but placed no
+                // earlier than the backoff allows (`release_due_retries` wakes it).
+                let not_before = Timestamp(at.0.saturating_add(delay.as_millis() as u64));
+                inner.retry_at.insert(task, not_before);
+                let group = inner.group_for(&self.config, &record.user);
+                let request = request_of(&spec, &record, at, group);
+                if inner.nodes.values().any(LiveNode::schedulable) {
+                    self.drive(inner, Event::TaskSubmitted { task, request })
+                        .await;
+                } else {
+                    inner.held.insert(task);
+                }
+            }
+            _ => {
+                inner.specs.remove(&task);
+            }
         }
         self.logs.wake(task);
         Ok(())

@@ -135,7 +135,8 @@ pub(crate) struct Inner {
     /// Queued tasks not yet given to the scheduler because no node is online: the
     /// scheduler would reject them as never fitting an empty cluster.
     held: BTreeSet<TaskId>,
-    /// Retried tasks waiting out their backoff, and when they may run (see `retry`).
+    /// Retried tasks waiting out their backoff, and when they may run (see `retry`): the
+    /// scheduler has them (their dependents keep waiting) but places them no earlier.
     retry_at: BTreeMap<TaskId, Timestamp>,
     /// Task specs of every non-terminal task, parsed once.
     specs: BTreeMap<TaskId, TaskSpec>,
@@ -167,8 +168,8 @@ impl Inner {
     fn withdraw(&mut self, task: TaskId) -> bool {
         self.specs.remove(&task);
         self.stage_deps.remove(&task);
-        let waiting =
-            self.after_sweeps.remove(&task).is_some() | self.retry_at.remove(&task).is_some();
+        let waiting = self.after_sweeps.remove(&task).is_some();
+        self.retry_at.remove(&task);
         !self.held.remove(&task) && !waiting
     }
 
@@ -338,10 +339,9 @@ impl Control {
                 failed_stages.extend(self.failed_needs(&record).await?);
                 // A stage after an unfinished sweep waits for it outside the scheduler.
                 if !self.restore_sweep_wait(&mut inner, &record).await? {
+                    inner.held.insert(record.id);
                     if let Some(at) = self.restore_retry_wait(&record).await? {
                         inner.retry_at.insert(record.id, at);
-                    } else {
-                        inner.held.insert(record.id);
                     }
                     if let Some(needed) = self.restore_dependencies(&record).await? {
                         inner.stage_deps.insert(record.id, needed);

@@ -1,5 +1,6 @@
-//! The retry policy's timing and its limit: a retried task waits queued for an exponential
-//! backoff before the scheduler sees it again, and a task whose attempts keep taking their
+//! The retry policy's timing and its limit: a retried task is queued at once (what
+//! depends on it keeps waiting) but the scheduler places it only after an exponential
+//! backoff (`TaskRequest::not_before`), and a task whose attempts keep taking their
 //! node down fails for good instead of being retried forever. The wait survives a restart
 //! without a column of its own: it is a function of the attempt that ended, counted from
 //! the durable `queued` event that started it. Each new attempt's log section opens with a
@@ -7,10 +8,10 @@
 
 use std::time::Duration;
 
-use tacc_core::{AttemptNo, TaskId, TaskState, Timestamp};
+use tacc_core::{AttemptNo, TaskState, Timestamp};
 use tacc_store::TaskEvent;
 
-use super::{Control, Inner, LiveNode};
+use super::{Control, Inner};
 use crate::ServerError;
 use tacc_scheduler::Event;
 
@@ -95,26 +96,6 @@ pub(crate) fn attempt_marker(next: AttemptNo, cause: &str) -> String {
 }
 
 impl Control {
-    /// Hand the scheduler the retried tasks whose backoff is over (called by the periodic
-    /// liveness check, with the time passed in).
-    pub(super) async fn release_due_retries(
-        &self,
-        inner: &mut Inner,
-        at: Timestamp,
-    ) -> Result<(), ServerError> {
-        let due: Vec<TaskId> = inner
-            .retry_at
-            .iter()
-            .filter(|(_, not_before)| **not_before <= at)
-            .map(|(task, _)| *task)
-            .collect();
-        for task in due {
-            inner.retry_at.remove(&task);
-            self.queue_retry(inner, task).await?;
-        }
-        Ok(())
-    }
-
     /// The wait a queued task restored after a restart still has to serve, if any.
     pub(super) async fn restore_retry_wait(
         &self,
@@ -126,26 +107,14 @@ impl Control {
         Ok(not_before(&self.store.task_events(record.id).await?))
     }
 
-    /// A retried task whose wait is over joins the queue (held while no node is up).
-    async fn queue_retry(&self, inner: &mut Inner, task: TaskId) -> Result<(), ServerError> {
-        let Some(record) = self.task_record(task).await? else {
-            return Ok(());
-        };
-        if record.state != TaskState::Queued {
-            return Ok(());
+    /// Wake the scheduler for the retried tasks whose backoff is over (called by the
+    /// periodic liveness check, with the time passed in): it has them queued already.
+    pub(super) async fn release_due_retries(&self, inner: &mut Inner, at: Timestamp) {
+        let before = inner.retry_at.len();
+        inner.retry_at.retain(|_, not_before| *not_before > at);
+        if inner.retry_at.len() < before {
+            self.drive(inner, Event::Tick).await;
         }
-        let Some(spec) = inner.specs.get(&task) else {
-            return Ok(());
-        };
-        if inner.nodes.values().any(LiveNode::schedulable) {
-            let group = inner.group_for(&self.config, &record.user);
-            let request = super::request_of(spec, &record, super::now(), group);
-            self.drive(inner, Event::TaskSubmitted { task, request })
-                .await;
-        } else {
-            inner.held.insert(task);
-        }
-        Ok(())
     }
 }
 
