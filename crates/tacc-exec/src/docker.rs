@@ -510,7 +510,6 @@ async fn stop(docker: &Docker, id: &str, signal: nix::sys::signal::Signal, grace
             Some(StopContainerOptions {
                 t: Some(seconds),
                 signal: Some(signal.as_str().to_string()),
-                ..Default::default()
             }),
         )
         .await;
