@@ -234,3 +234,68 @@ run: |
         "attempt 2 was not given TACC_RESUME_FROM: {log}"
     );
 }
+
+/// The agent running a checkpointing task is killed (`kill -9`) after the task wrote its
+/// checkpoint: the running attempt's checkpoint was copied to the server meanwhile, so
+/// the retry on the other agent resumes from it; the log marks the node loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        "server",
+        &dir.path().join("s"),
+        &["--heartbeat-timeout", "3"],
+    )
+    .await;
+    let client = server.client();
+    let mut agents: BTreeMap<String, Daemon> = ["node-a", "node-b"]
+        .into_iter()
+        .map(|name| (name.to_string(), agent(&server, dir.path(), name)))
+        .collect();
+    wait_nodes(&client, 2).await;
+    let marker = format!("synced-{}", std::process::id());
+    let yaml = format!(
+        r#"name: survivor
+resources: {{cpus: 1}}
+retry: {{max_attempts: 2, on: [node_failure]}}
+environment: {{vars: {{MARKER: {marker}}}}}
+run: |
+  n=$(cat "${{TACC_RESUME_FROM:-/nonexistent}}/counter" 2>/dev/null || echo 0)
+  echo "attempt $TACC_ATTEMPT resumes at $n"
+  if [ "$TACC_ATTEMPT" -ge 2 ]; then echo "done at $n"; exit 0; fi
+  echo 41 > "$TACC_CHECKPOINT_DIR/counter.tmp"
+  mv "$TACC_CHECKPOINT_DIR/counter.tmp" "$TACC_CHECKPOINT_DIR/counter"
+  sleep 300 & wait
+"#
+    );
+    let task = submit(&client, dir.path(), "survivor", &yaml, &[]).await;
+    let first = wait_state(&client, task, &[TaskState::Running]).await;
+    let node = first.nodes[0].clone();
+    eventually("the running attempt's checkpoint on the server", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let outputs = client.list_outputs(task).await.ok()?;
+            outputs
+                .iter()
+                .any(|o| o.attempt.0 == 1 && o.path == ".tacc-checkpoint/counter")
+                .then_some(())
+        }
+    })
+    .await;
+    let mut doomed = agents.remove(&node).unwrap();
+    doomed.kill9();
+    drop(doomed);
+    let view = wait_terminal(&client, task).await;
+    // Back up, it stops what its previous life left running.
+    agents.insert(node.clone(), agent(&server, dir.path(), &node));
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt, AttemptNo(2), "{view:?}");
+    assert_ne!(view.nodes[0], node, "{view:?}");
+    let log = log_text(&client, task).await;
+    let marker_at = log
+        .find("=== attempt 2 (retry after node_lost) ===\n")
+        .unwrap_or_else(|| panic!("no marker in {log}"));
+    assert!(log[..marker_at].contains("attempt 1 resumes at 0\n"), "{log}");
+    assert!(log[marker_at..].contains("done at 41\n"), "{log}");
+    wait_no_processes(&marker).await;
+}

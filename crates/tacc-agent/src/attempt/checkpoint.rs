@@ -3,12 +3,18 @@
 //! identity, so it is the task's to write; on a retry it is first filled with the files
 //! the previous attempt left there (whatever node ran it: the server kept them like
 //! outputs, see `outputs::keep`), and the attempt is told so by `$TACC_RESUME_FROM`.
+//! While the attempt runs, what changed in the directory is copied to the server every
+//! [`SYNC_EVERY`], so an attempt whose agent or machine dies still leaves the checkpoint
+//! it last wrote (a task writes each checkpoint file whole: to a temporary name, then
+//! renamed).
 
+use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use tacc_compiler::CHECKPOINT_DIR;
-use tacc_proto::{Assignment, RESUME_STAGE};
+use tacc_proto::{Assignment, AttemptRef, RESUME_STAGE};
 use tokio_util::sync::CancellationToken;
 
 use super::error::AttemptError;
@@ -83,4 +89,75 @@ async fn fetch_all(
         restored += 1;
     }
     Ok(restored)
+}
+
+/// How often a running attempt's checkpoint directory is copied to the server.
+pub(crate) const SYNC_EVERY: Duration = Duration::from_secs(5);
+
+/// Copy the files of the checkpoint directory that changed since the last pass to the
+/// server, every [`SYNC_EVERY`], until `stop` (the attempt's end, when `outputs::keep`
+/// takes over).
+pub(super) async fn sync_while_running(
+    shared: Arc<Shared>,
+    attempt: AttemptRef,
+    workdir: PathBuf,
+    stop: CancellationToken,
+) {
+    let mut sent: BTreeMap<String, (u64, SystemTime)> = BTreeMap::new();
+    let mut every = tokio::time::interval(SYNC_EVERY);
+    every.tick().await;
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let Some(node) = shared.node() else {
+            continue;
+        };
+        let scan = {
+            let workdir = workdir.clone();
+            tokio::task::spawn_blocking(move || checkpoint_files(&workdir))
+        };
+        let Some((real_workdir, files)) = scan.await.ok().flatten() else {
+            continue;
+        };
+        for (relative, path, size, modified) in files {
+            if sent.get(&relative) == Some(&(size, modified)) {
+                continue;
+            }
+            // Opened as outputs are: no link followed out of the working directory.
+            let Ok(file) = super::outputs::open_inside(&path, &real_workdir) else {
+                continue;
+            };
+            let put = shared.client.put_output(
+                node,
+                attempt.task,
+                attempt.attempt,
+                &relative,
+                tokio::fs::File::from_std(file),
+            );
+            // A failed copy is tried again on the next pass; the end uploads it anyway.
+            if put.await.is_ok() {
+                sent.insert(relative, (size, modified));
+            }
+        }
+    }
+}
+
+/// The real working directory, and the checkpoint directory's files (relative to the
+/// working directory) with their size and modification time.
+type Scan = (PathBuf, Vec<(String, PathBuf, u64, SystemTime)>);
+
+fn checkpoint_files(workdir: &Path) -> Option<Scan> {
+    let real_workdir = std::fs::canonicalize(workdir).ok()?;
+    let mut found = Vec::new();
+    super::outputs::collect_files(workdir, &workdir.join(CHECKPOINT_DIR), &mut found);
+    let files = found
+        .into_iter()
+        .filter_map(|(relative, path, size)| {
+            let modified = std::fs::symlink_metadata(&path).ok()?.modified().ok()?;
+            Some((relative, path, size, modified))
+        })
+        .collect();
+    Some((real_workdir, files))
 }

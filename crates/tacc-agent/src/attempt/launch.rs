@@ -192,6 +192,16 @@ pub(super) async fn setup_then_run(
         ));
         (stop, follower)
     });
+    let syncing = {
+        let stop = CancellationToken::new();
+        let syncer = tokio::spawn(super::checkpoint::sync_while_running(
+            shared.clone(),
+            attempt,
+            workdir.to_path_buf(),
+            stop.clone(),
+        ));
+        (stop, syncer)
+    };
     let ended = async {
         if processes > 1 {
             let launches = (0..processes)
@@ -247,6 +257,9 @@ pub(super) async fn setup_then_run(
         stop.cancel();
         let _ = follower.await;
     }
+    // Stopped before the outputs are kept, which upload the directory's final state.
+    syncing.0.cancel();
+    let _ = syncing.1.await;
     ended
 }
 

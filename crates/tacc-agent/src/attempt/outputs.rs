@@ -201,7 +201,7 @@ pub(crate) fn open_inside(path: &Path, real_workdir: &Path) -> std::io::Result<s
 /// Regular files under `path` (a file or a directory), as paths relative to `root`, with
 /// their sizes. Symbolic links are not followed, so outputs cannot reach outside the
 /// working directory.
-fn collect_files(root: &Path, path: &Path, out: &mut Vec<(String, PathBuf, u64)>) {
+pub(super) fn collect_files(root: &Path, path: &Path, out: &mut Vec<(String, PathBuf, u64)>) {
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return;
     };
