@@ -271,16 +271,20 @@ run: |
     let task = submit(&client, dir.path(), "survivor", &yaml, &[]).await;
     let first = wait_state(&client, task, &[TaskState::Running]).await;
     let node = first.nodes[0].clone();
-    eventually("the running attempt's checkpoint on the server", DEADLINE, || {
-        let client = client.clone();
-        async move {
-            let outputs = client.list_outputs(task).await.ok()?;
-            outputs
-                .iter()
-                .any(|o| o.attempt.0 == 1 && o.path == ".tacc-checkpoint/counter")
-                .then_some(())
-        }
-    })
+    eventually(
+        "the running attempt's checkpoint on the server",
+        DEADLINE,
+        || {
+            let client = client.clone();
+            async move {
+                let outputs = client.list_outputs(task).await.ok()?;
+                outputs
+                    .iter()
+                    .any(|o| o.attempt.0 == 1 && o.path == ".tacc-checkpoint/counter")
+                    .then_some(())
+            }
+        },
+    )
     .await;
     let mut doomed = agents.remove(&node).unwrap();
     doomed.kill9();
@@ -295,7 +299,10 @@ run: |
     let marker_at = log
         .find("=== attempt 2 (retry after node_lost) ===\n")
         .unwrap_or_else(|| panic!("no marker in {log}"));
-    assert!(log[..marker_at].contains("attempt 1 resumes at 0\n"), "{log}");
+    assert!(
+        log[..marker_at].contains("attempt 1 resumes at 0\n"),
+        "{log}"
+    );
     assert!(log[marker_at..].contains("done at 41\n"), "{log}");
     wait_no_processes(&marker).await;
 }
