@@ -57,6 +57,10 @@ pub struct Instruction {
     /// Paths, relative to the working directory, kept after the attempt.
     pub outputs: Vec<String>,
     pub kill_grace_secs: u64,
+    /// `checkpoint.signal` (e.g. `SIGUSR1`): sent instead of SIGTERM before the grace on
+    /// a cancel, preemption or time limit; `None` is SIGTERM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
     /// The managed environment the task runs in, `None` for the node's own tools.
     #[serde(default)]
     pub environment: Option<InstructionEnvironment>,
@@ -86,6 +90,10 @@ pub struct Instruction {
 
 /// The file in the working directory a task appends metrics to (`$TACC_METRICS`).
 pub const METRICS_FILE: &str = ".tacc_metrics.jsonl";
+/// The task's checkpoint directory in its working directory (`$TACC_CHECKPOINT_DIR`):
+/// kept like outputs whenever an attempt ends, and restored into the next attempt's,
+/// which then finds it in `$TACC_RESUME_FROM`.
+pub const CHECKPOINT_DIR: &str = ".tacc-checkpoint";
 
 /// Which element of which array an instruction runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +156,7 @@ pub fn compile(
             .checkpoint
             .as_ref()
             .map_or(DEFAULT_KILL_GRACE_SECS, |c| c.grace.as_secs()),
+        stop_signal: spec.checkpoint.as_ref().map(|c| c.signal.clone()),
         environment: EnvPlan::from_spec(&spec.environment).map(|plan| InstructionEnvironment {
             spec_key: plan.spec_key(),
             plan,
@@ -225,6 +234,10 @@ impl Instruction {
             (
                 "TACC_METRICS",
                 node.workdir.join(METRICS_FILE).display().to_string(),
+            ),
+            (
+                "TACC_CHECKPOINT_DIR",
+                node.workdir.join(CHECKPOINT_DIR).display().to_string(),
             ),
             ("TACC_NUM_NODES", self.num_nodes.to_string()),
             ("TACC_NODE_RANK", node.node_rank.to_string()),

@@ -19,7 +19,8 @@ pub use environment::{
 };
 pub use error::CompilerError;
 pub use instruction::{
-    ArrayElement, INSTRUCTION_FORMAT, Instruction, METRICS_FILE, NodeContext, compile,
+    ArrayElement, CHECKPOINT_DIR, INSTRUCTION_FORMAT, Instruction, METRICS_FILE, NodeContext,
+    compile,
 };
 pub use snapshot::{
     ChunkHash, ChunkRef, ChunkSource, ChunkerParams, DirChunkStore, Entry, EntryKind, GcStats,

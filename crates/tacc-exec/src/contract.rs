@@ -38,6 +38,7 @@ pub fn spec(workdir: &Path, script: &str) -> LaunchSpec {
         ]),
         time_limit: None,
         kill_grace: Duration::from_millis(500),
+        stop_signal: nix::sys::signal::Signal::SIGTERM,
         placement: Default::default(),
     }
 }
@@ -139,6 +140,39 @@ pub async fn cancel_stops_it(executor: &dyn Executor, workdir: &Path) {
     handle.cancel();
     assert_eq!(handle.wait().await, ExitOutcome::Cancelled);
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// The stop signal (a task's `checkpoint.signal`) reaches the task first, on cancel and
+/// at the time limit alike, and the grace lets it finish writing a checkpoint. For every
+/// executor that runs the script itself (a fake that runs nothing is exempt).
+pub async fn stop_signal_comes_first_with_its_grace(executor: &dyn Executor, workdir: &Path) {
+    let script = "trap 'sleep 0.5; echo \"saved at $1\" > checkpoint.txt; exit 0' USR1\n\
+                  echo ready\nsleep 30 & wait\n";
+    for (ending, expected) in [
+        ("cancel", ExitOutcome::Cancelled),
+        ("limit", ExitOutcome::TimeLimit),
+    ] {
+        let _ = std::fs::remove_file(workdir.join("checkpoint.txt"));
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let mut checkpointing = spec(workdir, &script.replace("$1", ending));
+        checkpointing.stop_signal = nix::sys::signal::Signal::SIGUSR1;
+        checkpointing.kill_grace = Duration::from_secs(10);
+        if ending == "limit" {
+            checkpointing.time_limit = Some(Duration::from_secs(1));
+        }
+        let handle = executor.launch(checkpointing, tx).await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("output in time");
+        assert_eq!(first.map(|l| l.text), Some("ready".to_string()));
+        if ending == "cancel" {
+            handle.cancel();
+        }
+        assert_eq!(handle.wait().await, expected, "{ending}");
+        let saved = std::fs::read_to_string(workdir.join("checkpoint.txt"))
+            .unwrap_or_else(|e| panic!("no checkpoint written on {ending}: {e}"));
+        assert_eq!(saved, format!("saved at {ending}\n"));
+    }
 }
 
 pub async fn missing_workdir_is_an_error(executor: &dyn Executor, workdir: &Path) {

@@ -386,11 +386,11 @@ impl Executor for DockerExecutor {
             let outcome = tokio::select! {
                 code = &mut wait => exit_outcome(&docker, &id, code).await,
                 _ = token.cancelled() => {
-                    stop(&docker, &id, spec.kill_grace).await;
+                    stop(&docker, &id, spec.stop_signal, spec.kill_grace).await;
                     ExitOutcome::Cancelled
                 }
                 _ = time_limit => {
-                    stop(&docker, &id, spec.kill_grace).await;
+                    stop(&docker, &id, spec.stop_signal, spec.kill_grace).await;
                     ExitOutcome::TimeLimit
                 }
             };
@@ -502,14 +502,14 @@ async fn exit_outcome(docker: &Docker, id: &str, code: Option<i64>) -> ExitOutco
 }
 
 /// SIGTERM, then SIGKILL after the grace period (Docker's own stop, in whole seconds).
-async fn stop(docker: &Docker, id: &str, grace: Duration) {
+async fn stop(docker: &Docker, id: &str, signal: nix::sys::signal::Signal, grace: Duration) {
     let seconds = grace.as_secs_f64().ceil().max(1.0) as i32;
     let _ = docker
         .stop_container(
             id,
             Some(StopContainerOptions {
                 t: Some(seconds),
-                ..Default::default()
+                signal: Some(signal.as_str().to_string()),
             }),
         )
         .await;

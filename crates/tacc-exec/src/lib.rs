@@ -53,8 +53,12 @@ pub struct LaunchSpec {
     /// The complete environment of the process (nothing is inherited implicitly).
     pub env: BTreeMap<String, String>,
     pub time_limit: Option<Duration>,
-    /// How long to wait after SIGTERM before SIGKILL on cancel or time limit.
+    /// How long to wait after `stop_signal` before SIGKILL on cancel (preemption is a
+    /// cancel) or time limit.
     pub kill_grace: Duration,
+    /// The signal that asks the execution to stop: SIGTERM, or the task's
+    /// `checkpoint.signal`, so it can write a checkpoint within `kill_grace`.
+    pub stop_signal: nix::sys::signal::Signal,
     /// What a runtime that isolates the execution (a container) needs to know, and the
     /// identity every runtime that [honours it](Executor::honours_run_as) runs it as.
     pub placement: Placement,

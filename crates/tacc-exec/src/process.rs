@@ -246,11 +246,11 @@ impl Executor for ProcessExecutor {
             let mut outcome = tokio::select! {
                 status = child.wait() => status.map(outcome_of).unwrap_or(ExitOutcome::Signalled(9)),
                 _ = token.cancelled() => {
-                    hard = terminate(&mut child, group, cgroup.as_ref(), spec.kill_grace).await;
+                    hard = terminate(&mut child, group, cgroup.as_ref(), spec.stop_signal, spec.kill_grace).await;
                     ExitOutcome::Cancelled
                 }
                 _ = time_limit => {
-                    hard = terminate(&mut child, group, cgroup.as_ref(), spec.kill_grace).await;
+                    hard = terminate(&mut child, group, cgroup.as_ref(), spec.stop_signal, spec.kill_grace).await;
                     ExitOutcome::TimeLimit
                 }
             };
@@ -371,19 +371,21 @@ fn outcome_of(status: ExitStatus) -> ExitOutcome {
     }
 }
 
-/// SIGTERM to the whole group (and every process of the cgroup), then SIGKILL once the
-/// grace period is over; says what it had to kill hard.
+/// The stop signal (SIGTERM or the task's checkpoint signal) to the whole group (and
+/// every process of the cgroup), then SIGKILL once the grace period is over; says what
+/// it had to kill hard.
 async fn terminate(
     child: &mut Child,
     group: Option<Pid>,
     cgroup: Option<&Arc<dyn Cgroup>>,
+    signal: Signal,
     grace: Duration,
 ) -> KillReport {
     if let Some(group) = group {
-        let _ = killpg(group, Signal::SIGTERM);
+        let _ = killpg(group, signal);
     }
     if let Some(cgroup) = cgroup {
-        cgroup.signal_all(Signal::SIGTERM);
+        cgroup.signal_all(signal);
     }
     let mut report = KillReport {
         empty: true,

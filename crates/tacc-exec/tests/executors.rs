@@ -17,6 +17,7 @@ async fn fake_executor_meets_the_contract() {
 async fn process_executor_meets_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     contract::run_all(&ProcessExecutor::new(), dir.path()).await;
+    contract::stop_signal_comes_first_with_its_grace(&ProcessExecutor::new(), dir.path()).await;
 }
 
 /// Start a script that puts a `sleep` in the background and prints its pid.

@@ -256,7 +256,8 @@ pub struct Assignment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<Resources>,
     /// A pipeline stage's files from the stages it needs, placed read-only under
-    /// `inputs/<stage>/` before the task starts.
+    /// `inputs/<stage>/` before the task starts; then the previous attempt's checkpoint
+    /// files, restored into the checkpoint directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<InputFile>,
 }

@@ -66,12 +66,14 @@ pub struct PipelineSubmitted {
     pub stages: Vec<StageView>,
 }
 
-/// A file of a needed stage that an attempt gets under `inputs/<stage>/<name>`; the agent
+/// A file of a needed stage that an attempt gets under `inputs/<stage>/<name>`, or (stage
+/// [`RESUME_STAGE`]) of the checkpoint a retried attempt resumes from; the agent
 /// fetches it with `GET /v1/agents/{node}/inputs/{task}/{attempt}/{index}`, `index` its
 /// place in [`crate::Assignment::inputs`].
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputFile {
+    /// The stage that produced it, or [`RESUME_STAGE`] for a checkpoint file.
     pub stage: String,
     /// Relative to `inputs/<stage>/`.
     pub name: String,
@@ -82,3 +84,8 @@ pub struct InputFile {
     pub rank: u32,
     pub path: String,
 }
+
+/// The `stage` of an input that is a file of the previous attempt's checkpoint directory:
+/// the agent restores it into the attempt's own checkpoint directory (writable, and the
+/// task's), not under `inputs/`. No stage can be named so (stage names have no `.`).
+pub const RESUME_STAGE: &str = ".checkpoint";

@@ -46,6 +46,10 @@ pub struct TaskRequest {
     /// policy orders by it. The live server leaves it `None`.
     #[serde(default)]
     pub duration_hint_secs: Option<u64>,
+    /// A retry waiting out its backoff: it stays in the queue (so what depends on it keeps
+    /// waiting) but is not placed before this time.
+    #[serde(default)]
+    pub not_before: Option<Timestamp>,
 }
 
 impl Default for TaskRequest {
@@ -63,6 +67,7 @@ impl Default for TaskRequest {
             node_selector: BTreeMap::new(),
             depends_on: Vec::new(),
             duration_hint_secs: None,
+            not_before: None,
         }
     }
 }
@@ -128,6 +133,8 @@ pub enum PendingReason {
     /// Too few nodes of the cluster carry the labels its `node_selector` asks for; it
     /// waits (without holding up the queue) until enough such nodes register.
     NoMatchingNode { detail: String },
+    /// A retry waiting out its backoff until this time (see [`TaskRequest::not_before`]).
+    Backoff { until: Timestamp },
 }
 
 impl fmt::Display for PendingReason {
@@ -153,6 +160,9 @@ impl fmt::Display for PendingReason {
             PendingReason::Dependency { on } => write!(f, "waiting for task {on} to end"),
             PendingReason::NoMatchingNode { detail } => {
                 write!(f, "no node can run it yet: {detail}")
+            }
+            PendingReason::Backoff { until } => {
+                write!(f, "retrying after a backoff, not before {} ms", until.0)
             }
         }
     }

@@ -42,6 +42,22 @@ impl LogBook {
         self.dir.join(format!("{task}.log"))
     }
 
+    /// Append `line` (with its newline) as a line of its own: a log whose last line was
+    /// cut short (an attempt that died mid-line) gets a newline first.
+    pub fn append_line(&self, task: TaskId, line: &str) -> std::io::Result<()> {
+        let ends_mid_line = match std::fs::File::open(self.path(task)) {
+            Ok(mut file) if file.metadata()?.len() > 0 => {
+                let mut last = [0u8; 1];
+                file.seek(SeekFrom::End(-1))?;
+                file.read_exact(&mut last)?;
+                last[0] != b'\n'
+            }
+            _ => false,
+        };
+        let text = format!("{}{line}", if ends_mid_line { "\n" } else { "" });
+        self.append(task, &text)
+    }
+
     /// Append text to the task's log. Written before this returns, so a crash of the
     /// server after it returns loses nothing.
     pub fn append(&self, task: TaskId, text: &str) -> std::io::Result<()> {

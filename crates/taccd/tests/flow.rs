@@ -168,7 +168,7 @@ async fn numbered_output_survives_agent_and_server_kills_exactly() {
     assert_eq!(view.attempt.0, 2, "{view:?}");
 
     let expected = format!(
-        "attempt 1\n{}{attempt_two}{}",
+        "attempt 1\n{}=== attempt 2 (retry after node_restarted) ===\n{attempt_two}{}",
         numbered(1, 50_000),
         numbered(50_001, 200_000)
     );
@@ -188,7 +188,7 @@ async fn numbered_output_survives_agent_and_server_kills_exactly() {
         &expected,
     );
     eprintln!(
-        "R14-logs: 250,002 lines compared exactly (200,000 of the final attempt); the agent \
+        "R14-logs: 250,003 lines compared exactly (200,000 of the final attempt); the agent \
          spilled {:.1} MiB while the server was down",
         spilled as f64 / MIB as f64
     );

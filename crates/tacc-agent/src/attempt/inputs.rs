@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
-use tacc_proto::Assignment;
+use tacc_proto::{Assignment, RESUME_STAGE};
 use tokio_util::sync::CancellationToken;
 
 use super::error::AttemptError;
@@ -20,7 +20,7 @@ pub(super) async fn fetch(
     workdir: &Path,
     cancel: &CancellationToken,
 ) -> Result<(), AttemptError> {
-    if assignment.inputs.is_empty() {
+    if assignment.inputs.iter().all(|i| i.stage == RESUME_STAGE) {
         return Ok(());
     }
     tokio::select! {
@@ -41,6 +41,10 @@ async fn fetch_all(
     let attempt = assignment.attempt;
     let mut dirs = vec![root.clone()];
     for (index, input) in assignment.inputs.iter().enumerate() {
+        // A checkpoint file, restored by `checkpoint` into the checkpoint directory.
+        if input.stage == RESUME_STAGE {
+            continue;
+        }
         let relative = Path::new(&input.stage).join(&input.name);
         if !stays_inside(&relative) {
             return Err(format!(

@@ -39,6 +39,8 @@ pub(super) struct Launch<'a> {
     pub instruction: &'a Instruction,
     pub identity: &'a TaskIdentity,
     pub surroundings: Surroundings,
+    /// The checkpoint directory, when it holds the previous attempt's checkpoint.
+    pub resume_from: Option<std::path::PathBuf>,
     pub mask: Arc<SecretMask>,
     /// When the attempt's preparation began: the time limit counts from there.
     pub started: Instant,
@@ -60,6 +62,7 @@ pub(super) async fn setup_then_run(
         instruction,
         identity,
         surroundings,
+        resume_from,
         mask,
         started,
         workdir,
@@ -106,6 +109,9 @@ pub(super) async fn setup_then_run(
             activate(&mut env, lease);
         }
         crate::secrets::inject(&mut env, &assignment.secrets);
+        if let Some(dir) = &resume_from {
+            env.insert("TACC_RESUME_FROM".into(), dir.display().to_string());
+        }
         env
     };
     let owner_of = |local_rank: u32| Owner {
@@ -131,6 +137,7 @@ pub(super) async fn setup_then_run(
     let grace = shared
         .lease
         .cap_grace(Duration::from_secs(instruction.kill_grace_secs));
+    let stop_signal = stop_signal_of(instruction);
     let data_dir = &shared.config.data_dir;
     let placement = Placement {
         image: instruction.image.clone(),
@@ -157,6 +164,7 @@ pub(super) async fn setup_then_run(
             env: env.clone(),
             time_limit: remaining(),
             kill_grace: grace,
+            stop_signal,
             placement: placement.clone(),
         };
         match runtime
@@ -184,6 +192,16 @@ pub(super) async fn setup_then_run(
         ));
         (stop, follower)
     });
+    let syncing = {
+        let stop = CancellationToken::new();
+        let syncer = tokio::spawn(super::checkpoint::sync_while_running(
+            shared.clone(),
+            attempt,
+            workdir.to_path_buf(),
+            stop.clone(),
+        ));
+        (stop, syncer)
+    };
     let ended = async {
         if processes > 1 {
             let launches = (0..processes)
@@ -201,6 +219,7 @@ pub(super) async fn setup_then_run(
                             env: env_of(local_rank),
                             time_limit: remaining(),
                             kill_grace: grace,
+                            stop_signal,
                             placement: Placement {
                                 cpu_millis: share_of(placement.cpu_millis, processes),
                                 memory_bytes: share_of(placement.memory_bytes, processes),
@@ -224,6 +243,7 @@ pub(super) async fn setup_then_run(
                 env,
                 time_limit: remaining(),
                 kill_grace: grace,
+                stop_signal,
                 placement,
             };
             Ok(RanksEnded::whole_node(
@@ -237,6 +257,9 @@ pub(super) async fn setup_then_run(
         stop.cancel();
         let _ = follower.await;
     }
+    // Stopped before the outputs are kept, which upload the directory's final state.
+    syncing.0.cancel();
+    let _ = syncing.1.await;
     ended
 }
 
@@ -249,4 +272,21 @@ fn activate(env: &mut BTreeMap<String, String>, lease: &EnvLease) {
     env.insert("PATH".into(), path);
     env.remove("PYTHONHOME");
     env.extend(lease.vars.clone());
+}
+
+/// The signal that asks the attempt to stop: the task's `checkpoint.signal` (validated by
+/// the server; a name this node does not know falls back to SIGTERM, said in its log).
+fn stop_signal_of(instruction: &Instruction) -> nix::sys::signal::Signal {
+    use nix::sys::signal::Signal;
+    let Some(name) = instruction.stop_signal.as_deref() else {
+        return Signal::SIGTERM;
+    };
+    name.parse().unwrap_or_else(|_| {
+        tracing::warn!(
+            "task {} asks for the checkpoint signal `{name}`, which this node does not know: \
+             it gets SIGTERM instead",
+            instruction.task
+        );
+        Signal::SIGTERM
+    })
 }

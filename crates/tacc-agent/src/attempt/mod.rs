@@ -6,6 +6,7 @@
 //! report how it ended. A stage that fails says why with an [`AttemptError`], whose
 //! reason code is what the server records.
 
+mod checkpoint;
 mod error;
 mod execution;
 mod inputs;
@@ -131,6 +132,8 @@ async fn execute(
     // From here on the working directory exists: whatever becomes of the attempt, its
     // outputs are kept once nothing runs any more.
     let ended = async {
+        // Before the hand-over, which makes the checkpoint directory the task's.
+        let resume_from = checkpoint::restore(shared, assignment, workdir, cancel).await?;
         let surroundings =
             prepare::surroundings(shared, &instruction, &identity, &mask, workdir, cancel).await?;
         // After the hand-over: the inputs stay the agent's, read-only to the task.
@@ -141,6 +144,7 @@ async fn execute(
             instruction: &instruction,
             identity: &identity,
             surroundings,
+            resume_from,
             mask: mask.clone(),
             started,
             workdir,

@@ -1,6 +1,6 @@
 //! Keeping an attempt's declared outputs: once its processes are stopped — however it
 //! ended: succeeded, failed, cancelled, preempted, out of time — every rank uploads the
-//! files under the task's `outputs:` paths (checkpoints included), before the agent
+//! files under the task's `outputs:` paths and its checkpoint directory, before the agent
 //! reports the attempt `finished`. The upload is bounded in time, so a huge output
 //! cannot keep a cancel from completing; what did not make it is named in the task's log.
 
@@ -33,9 +33,6 @@ pub(crate) async fn keep(
     rank: u32,
     stopped: bool,
 ) {
-    if instruction.outputs.is_empty() {
-        return;
-    }
     let limit = if stopped {
         STOPPED_DEADLINE
     } else {
@@ -125,9 +122,14 @@ async fn upload(
         let outputs = instruction.outputs.clone();
         tokio::task::spawn_blocking(move || {
             let mut files = Vec::new();
-            for output in &outputs {
+            // The checkpoint directory is kept like outputs, for the next attempt.
+            let checkpoint = tacc_compiler::CHECKPOINT_DIR.to_string();
+            for output in outputs.iter().chain(std::iter::once(&checkpoint)) {
                 collect_files(&workdir, &workdir.join(output), &mut files);
             }
+            // An `outputs:` path may hold the checkpoint directory too: each file once.
+            files.sort();
+            files.dedup();
             files
         })
         .await
@@ -199,7 +201,7 @@ pub(crate) fn open_inside(path: &Path, real_workdir: &Path) -> std::io::Result<s
 /// Regular files under `path` (a file or a directory), as paths relative to `root`, with
 /// their sizes. Symbolic links are not followed, so outputs cannot reach outside the
 /// working directory.
-fn collect_files(root: &Path, path: &Path, out: &mut Vec<(String, PathBuf, u64)>) {
+pub(super) fn collect_files(root: &Path, path: &Path, out: &mut Vec<(String, PathBuf, u64)>) {
     let Ok(meta) = std::fs::symlink_metadata(path) else {
         return;
     };

@@ -124,6 +124,11 @@ impl Scheduler {
             return;
         }
         let entry = &self.tasks[&task];
+        // A retry waiting out its backoff holds nothing up and takes nothing yet.
+        if let Some(until) = entry.request.not_before.filter(|until| *until > now) {
+            self.set_reason(task, PendingReason::Backoff { until }, actions);
+            return;
+        }
         if let Some(dep) = entry
             .request
             .depends_on
@@ -369,5 +374,37 @@ mod tests {
         );
         let plan = s.handle(Timestamp(5), Event::TaskEnded(TaskId(1))).unwrap();
         assert_eq!(started(&plan), vec![TaskId(2)]);
+    }
+
+    #[test]
+    fn a_retry_waits_out_its_backoff_and_what_depends_on_it_waits_too() {
+        let mut s = Scheduler::new();
+        s.handle(Timestamp(0), node(1, 8, 0)).unwrap();
+        let mut retry = request(1, 0, 1, 0);
+        retry.not_before = Some(Timestamp(5_000));
+        let plan = submit(&mut s, 1, retry);
+        assert_eq!(
+            plan.actions,
+            vec![Action::Pending {
+                task: TaskId(1),
+                reason: PendingReason::Backoff {
+                    until: Timestamp(5_000)
+                }
+            }]
+        );
+        // It holds nothing up: a task behind it starts; one that needs it waits.
+        let plan = submit(&mut s, 2, request(1, 0, 1, 1));
+        assert_eq!(started(&plan), vec![TaskId(2)]);
+        let mut after = request(1, 0, 1, 2);
+        after.depends_on = vec![TaskId(1)];
+        assert!(started(&submit(&mut s, 3, after)).is_empty());
+        let plan = s.handle(Timestamp(4_999), Event::Tick).unwrap();
+        assert!(started(&plan).is_empty());
+        let plan = s.handle(Timestamp(5_000), Event::Tick).unwrap();
+        assert_eq!(started(&plan), vec![TaskId(1)]);
+        let plan = s
+            .handle(Timestamp(6_000), Event::TaskEnded(TaskId(1)))
+            .unwrap();
+        assert_eq!(started(&plan), vec![TaskId(3)]);
     }
 }

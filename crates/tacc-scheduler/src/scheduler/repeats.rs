@@ -45,6 +45,8 @@ fn same_request(a: &TaskEntry, b: &TaskEntry) -> bool {
         && a.attained_gpu_ms == b.attained_gpu_ms
         && x.depends_on.is_empty()
         && y.depends_on.is_empty()
+        && x.not_before.is_none()
+        && y.not_before.is_none()
         && x.per_node == y.per_node
         && x.nodes == y.nodes
         && x.gpu_type == y.gpu_type

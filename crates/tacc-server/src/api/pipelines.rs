@@ -184,7 +184,7 @@ pub(super) async fn get_input(
         )));
     }
     let record = super::tasks::load(&app.control, TaskId(task)).await?;
-    let inputs = app.control.stage_inputs(&record).await?;
+    let inputs = app.control.attempt_inputs(&record).await?;
     let Some(input) = inputs.get(index) else {
         return Err(ServerError::NotFound(format!(
             "task {task} has {} input files; there is no file {index}",

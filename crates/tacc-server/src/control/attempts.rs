@@ -11,7 +11,7 @@ use tacc_scheduler::Event;
 use tacc_schema::RetryOn;
 use tacc_store::{TaskChange, TaskRecord, Transition};
 
-use super::{Control, Inner, LiveNode, now, request_of};
+use super::{Control, Inner, LiveNode, now, request_of, retry};
 use crate::ServerError;
 
 /// What becomes of an attempt that ended, and why.
@@ -377,6 +377,7 @@ impl Control {
             )
         })])
         .await?;
+        self.mark_attempt(task, record.attempt.next(), "preempted");
         let attempt = AttemptRef {
             task,
             attempt: record.attempt,
@@ -392,6 +393,17 @@ impl Control {
         self.drive(inner, Event::TaskPreempted(task)).await;
         self.logs.wake(task);
         Ok(())
+    }
+
+    /// Open attempt `next`'s section of the task log. A log that cannot be written costs
+    /// the marker only, never the retry.
+    fn mark_attempt(&self, task: tacc_core::TaskId, next: tacc_core::AttemptNo, cause: &str) {
+        if let Err(e) = self
+            .logs
+            .append_line(task, &retry::attempt_marker(next, cause))
+        {
+            tracing::warn!("cannot mark attempt {next} in the log of task {task}: {e}");
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -423,18 +435,45 @@ impl Control {
             };
             wanted && record.attempt.0 < spec.retry.max_attempts
         });
+        // A task whose attempts keep taking their node down fails instead of taking down
+        // node after node.
+        let crashed = state == TaskState::Lost && retry::crashed_node(reason.as_deref());
+        let losses = if crashed {
+            retry::node_losses(&self.store.task_events(task).await?) + 1
+        } else {
+            0
+        };
+        let (state, reason, retry) = if retry && losses >= retry::CRASH_LIMIT {
+            (
+                TaskState::Failed,
+                Some(retry::crash_limit_reason(losses)),
+                false,
+            )
+        } else {
+            (state, reason, retry)
+        };
         let mut changes = vec![TaskChange::Transition(Transition {
             reason: reason.clone(),
             exit_code,
             ..Transition::new(task, record.state, state, record.attempt, at)
         })];
+        let next = record.attempt.next();
+        let delay = retry::backoff(record.attempt);
         if retry {
+            let max = spec.as_ref().map_or(1, |s| s.retry.max_attempts);
             changes.push(TaskChange::Transition(Transition {
-                reason: Some(format!("retry after attempt {} {}", record.attempt, state)),
-                ..Transition::new(task, state, TaskState::Queued, record.attempt.next(), at)
+                reason: Some(retry::retrying_reason(delay, next, max)),
+                ..Transition::new(task, state, TaskState::Queued, next, at)
             }));
         }
         self.commit(&changes).await?;
+        if retry {
+            let cause = match state {
+                TaskState::Lost => reason.as_deref().unwrap_or("lost"),
+                _ => state.as_str(),
+            };
+            self.mark_attempt(task, next, cause);
+        }
         let attempt = AttemptRef {
             task,
             attempt: record.attempt,
@@ -455,6 +494,10 @@ impl Control {
         self.drive(inner, Event::TaskEnded(task)).await;
         match (retry, spec) {
             (true, Some(spec)) => {
+                // Queued at once, so what depends on it keeps waiting, but placed no
+                // earlier than the backoff allows (`release_due_retries` wakes it).
+                let not_before = Timestamp(at.0.saturating_add(delay.as_millis() as u64));
+                inner.retry_at.insert(task, not_before);
                 let group = inner.group_for(&self.config, &record.user);
                 let request = request_of(&spec, &record, at, group);
                 if inner.nodes.values().any(LiveNode::schedulable) {

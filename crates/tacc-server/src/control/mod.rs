@@ -30,6 +30,8 @@ mod pipelines;
 mod plans;
 use plans::assignments_for;
 mod records;
+mod resume;
+mod retry;
 mod sweep_stages;
 mod sweeps;
 
@@ -136,6 +138,9 @@ pub(crate) struct Inner {
     /// Queued tasks not yet given to the scheduler because no node is online: the
     /// scheduler would reject them as never fitting an empty cluster.
     held: BTreeSet<TaskId>,
+    /// Retried tasks waiting out their backoff, and when they may run (see `retry`): the
+    /// scheduler has them (their dependents keep waiting) but places them no earlier.
+    retry_at: BTreeMap<TaskId, Timestamp>,
     /// Task specs of every non-terminal task, parsed once.
     specs: BTreeMap<TaskId, TaskSpec>,
     /// Tasks told to stop by a preemption, until their attempt has ended.
@@ -167,6 +172,7 @@ impl Inner {
         self.specs.remove(&task);
         self.stage_deps.remove(&task);
         let waiting = self.after_sweeps.remove(&task).is_some();
+        self.retry_at.remove(&task);
         !self.held.remove(&task) && !waiting
     }
 
@@ -308,6 +314,7 @@ impl Control {
                 scheduler,
                 nodes: BTreeMap::new(),
                 held: BTreeSet::new(),
+                retry_at: BTreeMap::new(),
                 stage_deps: BTreeMap::new(),
                 after_sweeps: BTreeMap::new(),
                 specs: BTreeMap::new(),
@@ -346,6 +353,9 @@ impl Control {
                 // A stage after an unfinished sweep waits for it outside the scheduler.
                 if !self.restore_sweep_wait(&mut inner, &record).await? {
                     inner.held.insert(record.id);
+                    if let Some(at) = self.restore_retry_wait(&record).await? {
+                        inner.retry_at.insert(record.id, at);
+                    }
                     if let Some(needed) = self.restore_dependencies(&record).await? {
                         inner.stage_deps.insert(record.id, needed);
                     }
@@ -372,7 +382,7 @@ impl Control {
                     );
                 }
                 let secrets = self.task_secrets(&record, &spec).await;
-                let inputs = self.stage_inputs(&record).await?;
+                let inputs = self.attempt_inputs(&record).await?;
                 let assignments = assignments_for(
                     &record,
                     &spec,

@@ -360,6 +360,7 @@ impl Control {
                 self.lose_attempt(&mut inner, attempt, outcome).await?;
             }
         }
+        self.release_due_retries(&mut inner, super::now()).await;
         Ok(())
     }
 

@@ -45,6 +45,7 @@ impl Control {
         self.adaptive.patch_restored(&mut event);
         let batch = matches!(event, Event::Batch(_));
         patch_dependencies(&inner.stage_deps, &mut event);
+        patch_not_before(&inner.retry_at, &mut event);
         let deciding = Instant::now();
         let decided = inner.scheduler.handle(now(), event);
         self.metrics.decided(deciding.elapsed());
@@ -127,6 +128,11 @@ impl Control {
                     }
                     changes.push(change);
                 }
+                // The task keeps the reason its retry was queued with (`retrying in …`).
+                Action::Pending {
+                    reason: tacc_scheduler::PendingReason::Backoff { .. },
+                    ..
+                } => {}
                 Action::Pending { task, reason } => changes.push(TaskChange::Reason {
                     task,
                     reason: Some(reason.to_string()),
@@ -159,7 +165,7 @@ impl Control {
                 continue;
             };
             let secrets = self.task_secrets(&record, spec).await;
-            let inputs = self.stage_inputs(&record).await?;
+            let inputs = self.attempt_inputs(&record).await?;
             let unix_user = self.config.unix_users.get(&record.user);
             for (node, mut assignment) in
                 assignments_for(&record, spec, &inner.nodes, unix_user, &secrets)
@@ -243,6 +249,7 @@ impl Control {
         let mut batch = Event::Batch(events);
         self.adaptive.patch_restored(&mut batch);
         patch_dependencies(&inner.stage_deps, &mut batch);
+        patch_not_before(&inner.retry_at, &mut batch);
         let plan = scheduler.handle(now(), batch);
         inner.scheduler = scheduler;
         match plan {
@@ -274,6 +281,25 @@ fn patch_dependencies(deps: &BTreeMap<TaskId, Vec<TaskId>>, event: &mut Event) {
         Event::Batch(events) => {
             for event in events {
                 patch_dependencies(deps, event);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Give each submitted retry that is waiting out its backoff its not-before time (every
+/// way it reaches the scheduler: the retry, a held task released, a rebuild).
+fn patch_not_before(waits: &BTreeMap<TaskId, Timestamp>, event: &mut Event) {
+    if waits.is_empty() {
+        return;
+    }
+    match event {
+        Event::TaskSubmitted { task, request } => {
+            request.not_before = waits.get(task).copied();
+        }
+        Event::Batch(events) => {
+            for event in events {
+                patch_not_before(waits, event);
             }
         }
         _ => {}
