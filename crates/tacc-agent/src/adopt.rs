@@ -42,7 +42,11 @@ pub(crate) async fn run(
         tokio::spawn(async move {
             while let Some(line) = output.recv().await {
                 let text = format!("{}{}\n", prefix.as_deref().unwrap_or(""), line.text);
-                shared.reports.send(AgentReport::Log { attempt, text });
+                shared.reports.send(AgentReport::Log {
+                    attempt,
+                    text,
+                    offset: None,
+                });
             }
         })
     };

@@ -541,6 +541,7 @@ async fn fence_when_cut_off(
                      stopped here so that it never runs twice\n",
                     silence.as_secs()
                 ),
+                offset: None,
             });
             token.cancel();
         }

@@ -135,6 +135,7 @@ pub(crate) async fn follow(
                             text: format!(
                                 "[tacc] more than {MAX_LINES_PER_SECOND} metric lines a second: the excess is dropped; report every few steps instead\n"
                             ),
+                            offset: None,
                         },
                     );
                 }

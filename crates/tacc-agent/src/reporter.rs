@@ -54,11 +54,16 @@ struct Queues {
     attempts: BTreeMap<AttemptRef, AttemptQueue>,
     /// The attempt whose turn comes first in the next batch.
     next: Option<AttemptRef>,
+    /// Output already taken of attempts whose queue emptied (and was dropped), in bytes:
+    /// where a new queue's output starts, so the offsets the server sees only grow.
+    taken_before: BTreeMap<AttemptRef, u64>,
 }
 
 #[derive(Debug)]
 struct AttemptQueue {
     log: Spool,
+    /// Output of this attempt taken before this queue existed.
+    base: u64,
     /// Reports other than output, each after the output that came before it.
     events: VecDeque<(u64, AgentReport)>,
 }
@@ -75,11 +80,21 @@ impl AttemptQueue {
                 return self.events.pop_front().map(|(_, report)| report);
             }
             let due = usize::try_from(*after - self.log.taken()).unwrap_or(usize::MAX);
+            let offset = Some(self.base + self.log.taken());
             let text = self.log.take(max_text.min(due))?;
-            return Some(AgentReport::Log { attempt, text });
+            return Some(AgentReport::Log {
+                attempt,
+                text,
+                offset,
+            });
         }
+        let offset = Some(self.base + self.log.taken());
         let text = self.log.take(max_text)?;
-        Some(AgentReport::Log { attempt, text })
+        Some(AgentReport::Log {
+            attempt,
+            text,
+            offset,
+        })
     }
 }
 
@@ -131,10 +146,13 @@ impl Reports {
         }
         {
             let mut queues = self.queues.lock().unwrap();
+            let queues = &mut *queues;
+            let base = &mut queues.taken_before;
             let queue = queues
                 .attempts
                 .entry(attempt)
                 .or_insert_with(|| AttemptQueue {
+                    base: base.remove(&attempt).unwrap_or(0),
                     log: Spool::new(
                         self.dir
                             .join(format!("{}-{}.log", attempt.task, attempt.attempt)),
@@ -186,8 +204,9 @@ impl Reports {
                         Some(AgentReport::Log {
                             attempt: previous,
                             text: so_far,
+                            ..
                         }),
-                        AgentReport::Log { attempt, text },
+                        AgentReport::Log { attempt, text, .. },
                     ) if *previous == attempt => so_far.push_str(&text),
                     (_, report) => batch.push(report),
                 }
@@ -196,7 +215,24 @@ impl Reports {
                 break;
             }
         }
-        queues.attempts.retain(|_, queue| !queue.is_empty());
+        let Queues {
+            attempts,
+            taken_before,
+            ..
+        } = &mut *queues;
+        attempts.retain(|attempt, queue| {
+            if !queue.is_empty() {
+                return true;
+            }
+            taken_before.insert(*attempt, queue.base + queue.log.taken());
+            false
+        });
+        // An attempt that ended sends no more output.
+        for report in &batch {
+            if let AgentReport::Finished { attempt, .. } = report {
+                taken_before.remove(attempt);
+            }
+        }
         // Next time, the turn passes to the attempt after the last one served.
         queues.next = last_served.and_then(|last| {
             queues
@@ -308,7 +344,7 @@ async fn deliver(
                         AgentReport::attempt(report).task,
                         AgentReport::attempt(report).attempt
                     );
-                    if let AgentReport::Log { attempt, text } = report {
+                    if let AgentReport::Log { attempt, text, .. } = report {
                         if !text.starts_with(DROPPED_MARKER) {
                             parts.push(vec![AgentReport::Log {
                                 attempt: *attempt,
@@ -317,6 +353,7 @@ async fn deliver(
                                      server refused them ({e})\n",
                                     text.len()
                                 ),
+                                offset: None,
                             }]);
                         }
                     }
@@ -364,6 +401,7 @@ mod tests {
         AgentReport::Log {
             attempt,
             text: text.to_string(),
+            offset: None,
         }
     }
 
@@ -404,7 +442,7 @@ mod tests {
             .iter()
             .flatten()
             .filter_map(|r| match r {
-                AgentReport::Log { attempt, text } if *attempt == of => Some(text.as_str()),
+                AgentReport::Log { attempt, text, .. } if *attempt == of => Some(text.as_str()),
                 _ => None,
             })
             .collect()
@@ -486,11 +524,35 @@ mod tests {
         reports.send(finished(quiet));
         let first = reports.take_batch(BATCH_BYTES);
         assert!(first.contains(&finished(quiet)), "the quiet task waited");
-        assert!(first.contains(&log(quiet, "hello\n")));
+        // Its output is tagged with where it starts in the attempt's output.
+        assert!(first.contains(&AgentReport::Log {
+            attempt: quiet,
+            text: "hello\n".into(),
+            offset: Some(0),
+        }));
         let rest = drain(&reports);
         let mut all = vec![first];
         all.extend(rest);
         assert_eq!(text_of(&all, chatty), line.repeat(5_000));
+    }
+
+    #[test]
+    fn output_reports_carry_where_they_start_in_the_attempt_s_output() {
+        let (_dir, reports) = reports();
+        let a = attempt(1);
+        reports.send(log(a, "one\n"));
+        reports.send(finished(a));
+        reports.send(log(a, "ignored order\n"));
+        let batches = drain(&reports);
+        let offsets: Vec<(Option<u64>, &str)> = batches
+            .iter()
+            .flatten()
+            .filter_map(|r| match r {
+                AgentReport::Log { text, offset, .. } => Some((*offset, text.as_str())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(offsets, [(Some(0), "one\n"), (Some(4), "ignored order\n")]);
     }
 
     #[test]

@@ -99,6 +99,7 @@ pub(crate) fn announce(shared: &Shared, attempt: AttemptRef, choice: &RuntimeCho
             AgentReport::Log {
                 attempt,
                 text: format!("tacc: {}\n", choice.why),
+                offset: None,
             },
         );
     }

@@ -296,6 +296,11 @@ pub enum AgentReport {
     Log {
         attempt: AttemptRef,
         text: String,
+        /// Where `text` starts in this node's output of the attempt, in bytes: a report
+        /// the server already applied (its answer was lost, the batch sent again) is
+        /// recognised and dropped. Absent on the agent's own notes.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        offset: Option<u64>,
     },
     Started {
         attempt: AttemptRef,

@@ -18,6 +18,7 @@ mod asha;
 pub mod auth;
 mod control;
 mod limits;
+mod log_offsets;
 mod logs;
 mod metrics;
 mod node_attempts;

@@ -545,6 +545,7 @@ fn log(attempt: AttemptRef, text: &str) -> AgentReport {
     AgentReport::Log {
         attempt,
         text: text.into(),
+        offset: None,
     }
 }
 
@@ -629,6 +630,15 @@ async fn r12_duplicated_reordered_and_stale_reports_are_applied_once() {
     other
         .send(&[started(current), log(current, "attempt 2 running\n")])
         .await;
+    // A log report delivered twice (the server's answer lost, the batch sent again) is
+    // appended once: the agent tags it with where it starts in that node's output.
+    let tagged = AgentReport::Log {
+        attempt: current,
+        text: "tagged line\n".into(),
+        offset: Some(1000),
+    };
+    other.send(std::slice::from_ref(&tagged)).await;
+    other.send(&[tagged]).await;
     let (accepted, rejected) = node
         .send(&[
             log(old, "STALE line of attempt 1\n"),
@@ -671,6 +681,11 @@ async fn r12_duplicated_reordered_and_stale_reports_are_applied_once() {
     let text = log_text(&client, stale).await;
     assert!(!text.contains("STALE"), "a stale log line was kept: {text}");
     assert!(text.contains("attempt 2 done"), "{text}");
+    assert_eq!(
+        text.matches("tagged line").count(),
+        1,
+        "a repeated log report was appended again: {text}"
+    );
     let outputs = client.list_outputs(stale).await.unwrap();
     assert!(
         outputs.iter().all(|o| !o.path.contains("stale")),

@@ -567,6 +567,7 @@ async fn a_node_keeps_uploading_for_the_attempt_it_held_until_it_reports_its_end
     let line = AgentReport::Log {
         attempt,
         text: "[1] tacc: stopped\n".into(),
+        offset: None,
     };
     assert_eq!(rank1.report(line).await, (1, 0));
     assert_eq!(

@@ -548,6 +548,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
                 AgentReport::Log {
                     attempt,
                     text: "forged line\n".into(),
+                    offset: None,
                 },
                 AgentReport::Usage(tacc_proto::UsageSample {
                     attempt,

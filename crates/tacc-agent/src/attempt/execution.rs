@@ -141,11 +141,25 @@ pub(crate) async fn launch(
                     clock.store(now().0, std::sync::atomic::Ordering::Relaxed);
                 }
                 if let Some(text) = log.next(line) {
-                    report(&shared, AgentReport::Log { attempt, text });
+                    report(
+                        &shared,
+                        AgentReport::Log {
+                            attempt,
+                            text,
+                            offset: None,
+                        },
+                    );
                 }
             }
             for text in log.finish() {
-                report(&shared, AgentReport::Log { attempt, text });
+                report(
+                    &shared,
+                    AgentReport::Log {
+                        attempt,
+                        text,
+                        offset: None,
+                    },
+                );
             }
         })
     };

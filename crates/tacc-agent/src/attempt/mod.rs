@@ -72,7 +72,14 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     // Nothing of the attempt may keep its GPUs from the next task.
     for text in crate::gpu_release::release(shared.gpus.as_ref(), attempt, &assignment.gpu_indices)
     {
-        report(&shared, AgentReport::Log { attempt, text });
+        report(
+            &shared,
+            AgentReport::Log {
+                attempt,
+                text,
+                offset: None,
+            },
+        );
     }
     // No sample of the attempt may follow its end in the report stream.
     shared.sampling.end(attempt);

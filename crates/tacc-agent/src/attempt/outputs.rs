@@ -44,7 +44,14 @@ pub(crate) async fn keep(
     };
     let kept = upload(shared, instruction, workdir, Instant::now() + limit).await;
     if let Some(text) = kept.log_text(rank, limit, stopped) {
-        super::report(shared, AgentReport::Log { attempt, text });
+        super::report(
+            shared,
+            AgentReport::Log {
+                attempt,
+                text,
+                offset: None,
+            },
+        );
     }
 }
 

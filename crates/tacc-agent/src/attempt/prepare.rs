@@ -82,6 +82,7 @@ pub(super) async fn surroundings(
             AgentReport::Log {
                 attempt,
                 text: format!("{}\n", mask.apply(&line)),
+                offset: None,
             },
         )
     };

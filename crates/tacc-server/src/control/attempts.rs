@@ -107,13 +107,20 @@ impl Control {
             // The node's own end of an attempt it held, and its last lines, count even
             // when the task has moved on (another rank ended it, a retry, a preemption).
             let held = if ending {
+                self.log_offsets.forget(node, attempt);
                 self.node_attempts.finish(node, attempt)
             } else {
                 self.node_attempts.rank_of(node, attempt).is_some()
             };
             if !current && held {
                 ack.accepted += 1;
-                if let AgentReport::Log { attempt, text } = &report {
+                if let AgentReport::Log {
+                    attempt,
+                    text,
+                    offset,
+                } = &report
+                    && self.log_offsets.fresh(node, *attempt, *offset)
+                {
                     self.logs.append(attempt.task, text).map_err(|e| {
                         ServerError::Internal(format!(
                             "cannot write the log of task {}: {e}",
@@ -144,7 +151,14 @@ impl Control {
             }
             ack.accepted += 1;
             match report {
-                AgentReport::Log { attempt, text } => {
+                AgentReport::Log {
+                    attempt,
+                    text,
+                    offset,
+                } => {
+                    if !self.log_offsets.fresh(node, attempt, offset) {
+                        continue;
+                    }
                     self.logs.append(attempt.task, &text).map_err(|e| {
                         ServerError::Internal(format!(
                             "cannot write the log of task {}: {e}",

@@ -203,6 +203,8 @@ pub struct Control {
     pub(crate) chunk_sets: crate::agent_access::ChunkSets,
     /// Attempts each node holds until it reports their end (late outputs are accepted).
     pub(crate) node_attempts: crate::node_attempts::NodeAttempts,
+    /// How far each node's output of each attempt has been applied (repeats dropped).
+    pub(crate) log_offsets: crate::log_offsets::LogOffsets,
     /// Questions to nodes about their running attempts (`tcloud ls`, live files).
     pub(crate) node_requests: crate::node_requests::NodeRequests,
     pub(crate) usage: crate::usage::UsageBook,
@@ -299,6 +301,7 @@ impl Control {
             submit_buckets: Default::default(),
             chunk_sets: Default::default(),
             node_attempts: Default::default(),
+            log_offsets: Default::default(),
             node_requests: Default::default(),
             usage: Default::default(),
             metrics: crate::metrics::Metrics::new(logs.written_counter()),

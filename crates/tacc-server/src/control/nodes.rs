@@ -94,6 +94,7 @@ impl Control {
         live.online = true;
         self.node_attempts
             .forget_node(record.id, &registration.running);
+        self.log_offsets.forget_node(record.id);
         live.last_seen = Instant::now();
         if !was_online && live.flapping() {
             tracing::warn!(
