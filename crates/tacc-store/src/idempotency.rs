@@ -69,6 +69,16 @@ impl std::fmt::Debug for Keyed {
     }
 }
 
+impl Keyed {
+    /// The key with the reply rendered for what its request created.
+    pub(crate) fn kept(self, created: crate::Created<'_>) -> KeptReply {
+        KeptReply {
+            reply: (self.render)(created),
+            key: self.key,
+        }
+    }
+}
+
 pub(crate) fn key_taken(key: &IdempotencyKey) -> crate::StoreError {
     crate::StoreError::AlreadyExists {
         what: "idempotency key",

@@ -868,11 +868,7 @@ impl Store for PostgresStore {
         let mut tx = self.writer.begin().await?;
         check_fence(&mut tx, &self.fence).await?;
         let record = insert_task(&mut tx, task).await?;
-        let reply = (keyed.render)(crate::Created::Task(&record));
-        let kept = crate::KeptReply {
-            key: keyed.key,
-            reply,
-        };
+        let kept = keyed.kept(crate::Created::Task(&record));
         idempotency::insert_key(&mut tx, &kept).await?;
         tx.commit().await?;
         Ok(record)
@@ -887,11 +883,7 @@ impl Store for PostgresStore {
         let mut tx = self.writer.begin().await?;
         check_fence(&mut tx, &self.fence).await?;
         let (record, tasks) = groups::insert_group(&mut tx, group, elements).await?;
-        let reply = (keyed.render)(crate::Created::Group(&record, &tasks));
-        let kept = crate::KeptReply {
-            key: keyed.key,
-            reply,
-        };
+        let kept = keyed.kept(crate::Created::Group(&record, &tasks));
         idempotency::insert_key(&mut tx, &kept).await?;
         tx.commit().await?;
         Ok((record, tasks))

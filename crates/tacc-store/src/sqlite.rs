@@ -858,11 +858,7 @@ impl Store for SqliteStore {
     async fn create_task_keyed(&self, task: NewTask, keyed: crate::Keyed) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
         let record = insert_task(&mut tx, task).await?;
-        let reply = (keyed.render)(crate::Created::Task(&record));
-        let kept = crate::KeptReply {
-            key: keyed.key,
-            reply,
-        };
+        let kept = keyed.kept(crate::Created::Task(&record));
         idempotency::insert_key(&mut tx, &kept).await?;
         tx.commit().await?;
         Ok(record)
@@ -876,11 +872,7 @@ impl Store for SqliteStore {
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
         let mut tx = self.writer.begin().await?;
         let (record, tasks) = groups::insert_group(&mut tx, group, elements).await?;
-        let reply = (keyed.render)(crate::Created::Group(&record, &tasks));
-        let kept = crate::KeptReply {
-            key: keyed.key,
-            reply,
-        };
+        let kept = keyed.kept(crate::Created::Group(&record, &tasks));
         idempotency::insert_key(&mut tx, &kept).await?;
         tx.commit().await?;
         Ok((record, tasks))

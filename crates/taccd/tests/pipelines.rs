@@ -207,6 +207,15 @@ async fn the_example_pipeline_runs_in_order_passes_inputs_and_reruns_only_what_c
     );
 }
 
+/// Wait until `task`'s log contains `text` (`what` names the wait in a timeout).
+async fn wait_log(client: &Client, task: tacc_core::TaskId, text: &str, what: &str) {
+    eventually(what, DEADLINE, || {
+        let client = client.clone();
+        async move { log_text(&client, task).await.contains(text).then_some(()) }
+    })
+    .await;
+}
+
 fn write_pipeline(dir: &Path, yaml: &str) -> PathBuf {
     std::fs::create_dir_all(dir).unwrap();
     let file = dir.join("pipeline.yaml");
@@ -416,16 +425,7 @@ async fn a_restarted_server_keeps_stages_waiting_for_what_they_need() {
     let (group, stages) = submit_pipeline(&daemon, &home, &file);
     let first = stages[0].task.unwrap();
     let second = stages[1].task.unwrap();
-    eventually("the first stage to run", DEADLINE, || {
-        let client = client.clone();
-        async move {
-            log_text(&client, first)
-                .await
-                .contains("first attempt")
-                .then_some(())
-        }
-    })
-    .await;
+    wait_log(&client, first, "first attempt", "the first stage to run").await;
     daemon.kill9();
     let restarted = start("dev", &data, &["--cpus", "4"]).await;
     let client = restarted.client();
@@ -462,16 +462,7 @@ async fn a_restarted_server_keeps_stages_waiting_for_a_sweep() {
     let sweep = stages[0].group.unwrap();
     let after = stages[1].task.unwrap();
     let first_trial = client.get_group(sweep).await.unwrap().elements[0].task_id;
-    eventually("the first trial to run", DEADLINE, || {
-        let client = client.clone();
-        async move {
-            log_text(&client, first_trial)
-                .await
-                .contains("trial 3")
-                .then_some(())
-        }
-    })
-    .await;
+    wait_log(&client, first_trial, "trial 3", "the first trial to run").await;
     daemon.kill9();
     let restarted = start("dev", &data, &["--cpus", "4"]).await;
     let client = restarted.client();

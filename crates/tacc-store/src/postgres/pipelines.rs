@@ -48,11 +48,7 @@ pub(super) async fn create_pipeline(
     super::check_fence(&mut tx, fence).await?;
     let made = insert_pipeline(&mut tx, group, stages).await?;
     if let Some(keyed) = keyed {
-        let reply = (keyed.render)(crate::Created::Pipeline(&made.0, &made.1, &made.2));
-        let kept = crate::KeptReply {
-            key: keyed.key,
-            reply,
-        };
+        let kept = keyed.kept(crate::Created::Pipeline(&made.0, &made.1, &made.2));
         super::idempotency::insert_key(&mut tx, &kept).await?;
     }
     tx.commit().await?;
