@@ -175,8 +175,13 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let limit = Duration::from_secs(1);
         assert!(server_host_accepts(&format!("http://127.0.0.1:{port}"), limit).await);
+        // A port bound but not listening refuses connections, and stays ours: a freed
+        // port could be taken at once by another test's listener.
+        let closed = tokio::net::TcpSocket::new_v4().unwrap();
+        closed.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let closed_port = closed.local_addr().unwrap().port();
+        assert!(!server_host_accepts(&format!("http://127.0.0.1:{closed_port}"), limit).await);
         drop(listener);
-        assert!(!server_host_accepts(&format!("http://127.0.0.1:{port}"), limit).await);
         assert!(!server_host_accepts("not a url", limit).await);
     }
 }
