@@ -73,7 +73,8 @@ fi
 # drops its own database. In CI a server that does not come up is a failure; elsewhere
 # those tests say SKIPPED loudly.
 if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
-  if postgres_url=$(bash scripts/ci/setup-postgres.sh); then
+  if postgres_url=$(bash scripts/ci/setup-postgres.sh | tail -n 1) \
+    && [[ "$postgres_url" == postgres://* ]]; then
     export TACC_TEST_POSTGRES_URL="$postgres_url"
   else
     echo "error: could not start the test PostgreSQL server (scripts/ci/setup-postgres.sh)" >&2

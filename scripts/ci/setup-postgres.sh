@@ -11,6 +11,11 @@
 #                  scripts/ci/setup-postgres.sh stop   # stop the cluster
 set -euo pipefail
 
+# Only the URL goes to stdout, which callers capture: every command below may print
+# (pg_ctlcluster warns about systemd on stdout on a fresh machine), so stdout is the
+# caller's stderr until the last line.
+exec 3>&1 1>&2
+
 ROLE=tacc
 PASSWORD=tacc
 PORT=${TACC_TEST_POSTGRES_PORT:-5432}
@@ -69,4 +74,4 @@ fi
 
 url="postgres://$ROLE:$PASSWORD@127.0.0.1:$PORT/postgres"
 log "ready: PostgreSQL $version at $url"
-echo "$url"
+echo "$url" >&3
