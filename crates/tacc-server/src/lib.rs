@@ -16,6 +16,7 @@ mod api;
 mod artifacts;
 mod asha;
 pub mod auth;
+pub mod clock;
 mod control;
 mod limits;
 mod log_offsets;

@@ -12,7 +12,9 @@ use tacc_core::NodeId;
 use tacc_proto::AttemptRef;
 
 /// More attempts than a server holds at once: past it the record starts afresh (a repeat
-/// may then be appended twice, never a new report dropped).
+/// may then be appended twice, never a new report dropped). Ended attempts stay in the
+/// record (a batch resent after its answer was lost may carry an end and the lines before
+/// it) until their node registers again or this bound clears it.
 const MAX_TRACKED: usize = 100_000;
 
 #[derive(Debug, Default)]
@@ -45,11 +47,6 @@ impl LogOffsets {
     pub fn forget_node(&self, node: NodeId) {
         self.applied.lock().unwrap().retain(|(n, _), _| *n != node);
     }
-
-    /// The node's share of the attempt has ended: nothing more comes for it.
-    pub fn forget(&self, node: NodeId, attempt: AttemptRef) {
-        self.applied.lock().unwrap().remove(&(node, attempt));
-    }
 }
 
 #[cfg(test)]
@@ -72,7 +69,14 @@ mod tests {
         assert!(offsets.fresh(b, attempt, Some(0)), "another node's output");
         assert!(offsets.fresh(a, attempt, None), "the agent's own notes");
         assert!(offsets.fresh(a, attempt, None));
-        offsets.forget(a, attempt);
-        assert!(offsets.fresh(a, attempt, Some(0)));
+        offsets.forget_node(a);
+        assert!(
+            offsets.fresh(a, attempt, Some(0)),
+            "a restarted agent counts from zero"
+        );
+        assert!(
+            !offsets.fresh(b, attempt, Some(0)),
+            "another node's record is kept"
+        );
     }
 }

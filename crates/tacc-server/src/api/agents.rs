@@ -40,11 +40,7 @@ pub(super) async fn agent_work(
     let node = NodeId(node);
     let control = &app.control;
     let mut asked = control.node_requests.subscribe(node);
-    let (mut work, mut changes) = control.desired_work(node, &poll.running).await?;
-    control
-        .node_attempts
-        .sync(node, &poll.running, &work.assignments);
-    work.requests = control.node_requests.take(node);
+    let (work, mut changes) = control.poll_work(node, &poll.running).await?;
     if poll.after != Some(work.version) || !work.requests.is_empty() {
         return Ok(Json(work));
     }
@@ -55,11 +51,7 @@ pub(super) async fn agent_work(
         _ = tokio::time::sleep(wait) => {}
         _ = app.shutdown.cancelled() => {}
     }
-    let (mut work, _) = control.desired_work(node, &poll.running).await?;
-    control
-        .node_attempts
-        .sync(node, &poll.running, &work.assignments);
-    work.requests = control.node_requests.take(node);
+    let (work, _) = control.poll_work(node, &poll.running).await?;
     Ok(Json(work))
 }
 

@@ -32,7 +32,7 @@ use tacc_scheduler::Event;
 use tacc_schema::TaskSpec;
 use tacc_store::{ResizeRecord, SignalRecord, TaskChange};
 
-use super::{Control, Inner, now};
+use super::{Control, Inner};
 use crate::ServerError;
 
 /// Signal points kept per attempt (at the default 10 s: the last 80 minutes).
@@ -388,7 +388,7 @@ impl Control {
             return;
         };
         let requested = spec.resources.per_node();
-        let at = now();
+        let at = self.clock.now();
         let (verdict, point, decide) = self.adaptive.observe(sample, at, requested);
         if let Some(point) = point {
             let record = SignalRecord {
@@ -455,7 +455,7 @@ impl Control {
         reason: String,
     ) -> bool {
         let task = attempt.task;
-        let at = now();
+        let at = self.clock.now();
         let plan = match inner
             .scheduler
             .handle(at, Event::TaskResized { task, per_node: to })
@@ -545,7 +545,7 @@ impl Control {
         let record = ResizeRecord {
             task: attempt.task,
             attempt: attempt.attempt,
-            at: now(),
+            at: self.clock.now(),
             cpu_millis: applied.cpu_millis,
             memory_bytes: applied.memory_bytes,
             reason: format!("adaptive: {failed}; no further changes"),

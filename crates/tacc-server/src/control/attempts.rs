@@ -3,15 +3,13 @@
 //! all its ranks and naming them, lost and fenced attempts, preempted attempts requeued,
 //! and the retry policy.
 
-use std::time::Instant;
-
 use tacc_core::{NodeId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
 use tacc_scheduler::Event;
 use tacc_schema::RetryOn;
 use tacc_store::{TaskChange, TaskRecord, Transition};
 
-use super::{Control, Inner, LiveNode, now, request_of, retry};
+use super::{Control, Inner, LiveNode, request_of, retry};
 use crate::ServerError;
 
 /// What becomes of an attempt that ended, and why.
@@ -51,7 +49,7 @@ impl Control {
     ) -> Result<tacc_proto::ReportsAck, ServerError> {
         let mut inner = self.inner.lock().await;
         match inner.nodes.get_mut(&node) {
-            Some(live) => live.last_seen = Instant::now(),
+            Some(live) => live.last_seen = self.clock.instant(),
             None => return Err(ServerError::NodeNotFound(node)),
         }
         // One scheduling decision for everything the batch ended, not one per attempt:
@@ -106,8 +104,9 @@ impl Control {
             let current = self.attempt_is_on_node(node, attempt, !ending).await?;
             // The node's own end of an attempt it held, and its last lines, count even
             // when the task has moved on (another rank ended it, a retry, a preemption).
+            // (Its output record is kept past the end: a resent batch that carried the end
+            // also carries lines already appended.)
             let held = if ending {
-                self.log_offsets.forget(node, attempt);
                 self.node_attempts.finish(node, attempt)
             } else {
                 self.node_attempts.rank_of(node, attempt).is_some()
@@ -179,8 +178,11 @@ impl Control {
                             at,
                         ))])
                         .await?;
-                        self.metrics
-                            .started(record.submitted_at, attempt.attempt, now());
+                        self.metrics.started(
+                            record.submitted_at,
+                            attempt.attempt,
+                            self.clock.now(),
+                        );
                     }
                 }
                 AgentReport::Finished {
@@ -244,17 +246,25 @@ impl Control {
         if record.attempt != attempt.attempt || !record.state.is_active() {
             return Ok(());
         }
-        let reason = match &outcome {
-            AttemptOutcome::LaunchFailed { reason, message } => format!("{reason}: {message}"),
-            other => format!("{other:?}"),
-        };
-        let state = if record.cancel_requested {
-            TaskState::Cancelled
+        let (state, reason) = if record.cancel_requested {
+            (TaskState::Cancelled, "cancelled by user".to_string())
         } else {
-            TaskState::Lost
+            let reason = match &outcome {
+                AttemptOutcome::LaunchFailed { reason, message } => format!("{reason}: {message}"),
+                other => format!("{other:?}"),
+            };
+            (TaskState::Lost, reason)
         };
-        self.end_attempt(inner, record, state, Some(reason), None, now(), true)
-            .await
+        self.end_attempt(
+            inner,
+            record,
+            state,
+            Some(reason),
+            None,
+            self.clock.now(),
+            true,
+        )
+        .await
     }
 
     /// One node's part of an attempt ended. A multi-node attempt succeeds when every node

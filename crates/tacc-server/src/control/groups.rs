@@ -9,7 +9,7 @@ use tacc_scheduler::Event;
 use tacc_schema::{ArraySpec, TaskSpec};
 use tacc_store::{GroupKind, GroupRecord, NewGroup, NewTask, TaskChange, TaskFilter, TaskRecord};
 
-use super::{Control, Transition, now, request_of};
+use super::{Control, Transition, request_of};
 use crate::ServerError;
 
 /// The states a rerun of "failed" elements starts again.
@@ -49,7 +49,7 @@ impl Control {
         };
         let element_json =
             serde_json::to_value(&element).map_err(|e| ServerError::Internal(e.to_string()))?;
-        let at = now();
+        let at = self.clock.now();
         let elements: Vec<(u32, NewTask)> = array
             .indices()
             .iter()
@@ -137,7 +137,7 @@ impl Control {
                 .await?;
             let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) =
                 open.into_iter().partition(|t| t.state == TaskState::Queued);
-            let at = now();
+            let at = self.clock.now();
             let changes: Vec<TaskChange> = queued
                 .iter()
                 .map(|record| {

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tacc_compiler::{DirChunkStore, Instruction};
 use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
@@ -21,6 +21,7 @@ use tacc_store::{
 use tokio::sync::{Mutex, watch};
 
 use crate::ServerError;
+use crate::clock::{Clock, SystemClock};
 
 mod adaptive;
 mod attempts;
@@ -29,11 +30,15 @@ mod nodes;
 mod pipelines;
 mod plans;
 use plans::assignments_for;
+#[cfg(test)]
+mod lifecycle_tests;
 mod records;
 mod resume;
 mod retry;
 mod sweep_stages;
 mod sweeps;
+#[cfg(test)]
+mod test_env;
 
 use crate::logs::LogBook;
 pub use adaptive::{AdaptiveConfig, AdaptiveMode, DefaultBounds};
@@ -106,11 +111,9 @@ pub const DEFAULT_POLICY: &str = "fairshare";
 /// Policies that need knowledge a live cluster does not have.
 const SIMULATOR_ONLY_POLICIES: &[&str] = &["sjf"];
 
+/// Wall-clock time, for the parts of the server outside the control plane's clock.
 pub fn now() -> Timestamp {
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
-    Timestamp(millis)
+    crate::clock::wall_now()
 }
 
 #[derive(Debug)]
@@ -215,6 +218,8 @@ pub struct Control {
     pub(crate) adaptive: adaptive::AdaptiveBook,
     /// Sweeps whose trials the controller still launches or stops.
     pub(crate) sweeps: sweeps::OpenSweeps,
+    /// The control plane's time: the system's in a server, a manual one in lifecycle tests.
+    pub(crate) clock: Arc<dyn Clock>,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -265,7 +270,16 @@ impl Control {
         store: Arc<dyn Store>,
         config: ServerConfig,
     ) -> Result<Arc<Control>, ServerError> {
-        let control = Self::open_follower(store, config)?;
+        Self::open_on(store, config, Arc::new(SystemClock)).await
+    }
+
+    /// [`Control::open`] on the given clock.
+    pub async fn open_on(
+        store: Arc<dyn Store>,
+        config: ServerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<Control>, ServerError> {
+        let control = Self::follower_on(store, config, clock)?;
         control.recover().await?;
         Ok(control)
     }
@@ -275,6 +289,14 @@ impl Control {
     pub fn open_follower(
         store: Arc<dyn Store>,
         config: ServerConfig,
+    ) -> Result<Arc<Control>, ServerError> {
+        Self::follower_on(store, config, Arc::new(SystemClock))
+    }
+
+    fn follower_on(
+        store: Arc<dyn Store>,
+        config: ServerConfig,
+        clock: Arc<dyn Clock>,
     ) -> Result<Arc<Control>, ServerError> {
         let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
         let logs = LogBook::open(config.data_dir.join("logs"), config.limits.max_log_bytes)
@@ -313,6 +335,7 @@ impl Control {
             chunks,
             outputs_dir,
             config,
+            clock: clock.clone(),
             inner: Mutex::new(Inner {
                 scheduler,
                 nodes: BTreeMap::new(),
@@ -323,7 +346,7 @@ impl Control {
                 specs: BTreeMap::new(),
                 preempting: BTreeSet::new(),
                 finished_ranks: BTreeMap::new(),
-                last_liveness_check: Instant::now(),
+                last_liveness_check: clock.instant(),
                 identity_groups: BTreeMap::new(),
                 deferred: None,
             }),
@@ -337,7 +360,9 @@ impl Control {
     async fn recover(&self) -> Result<(), ServerError> {
         let mut inner = self.inner.lock().await;
         for record in self.store.list_nodes().await? {
-            inner.nodes.insert(record.id, LiveNode::new(record));
+            inner
+                .nodes
+                .insert(record.id, LiveNode::new(record, self.clock.instant()));
         }
         let open = self
             .store
@@ -363,7 +388,19 @@ impl Control {
                         inner.stage_deps.insert(record.id, needed);
                     }
                 }
-            } else if !record.cancel_requested {
+            } else if record.cancel_requested {
+                // Stopped once its nodes' agents are back and confirm, or ended with them
+                // when they are not (see `check_liveness`).
+                let attempt = AttemptRef {
+                    task: record.id,
+                    attempt: record.attempt,
+                };
+                for placement in &record.placements {
+                    if let Some(live) = inner.nodes.get_mut(&placement.node) {
+                        live.cancelling.insert(attempt);
+                    }
+                }
+            } else {
                 // The allocation in force, where adaptive allocation moved it.
                 if let Some(resize) = self
                     .store
@@ -477,7 +514,7 @@ impl Control {
             spec: spec_json,
             snapshot,
             source,
-            submitted_at: now(),
+            submitted_at: self.clock.now(),
         };
         let record = match keyed {
             Some(keyed) => self.store.create_task_keyed(task, keyed).await?,
@@ -529,7 +566,7 @@ impl Control {
                         TaskState::Queued,
                         TaskState::Cancelled,
                         record.attempt,
-                        now(),
+                        self.clock.now(),
                     )
                 })])
                 .await?;
@@ -558,8 +595,13 @@ impl Control {
                     .iter()
                     .any(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
                 if !placed_on_live_node {
-                    self.finish_attempt(&mut inner, attempt, AttemptOutcome::Cancelled, now())
-                        .await?;
+                    self.finish_attempt(
+                        &mut inner,
+                        attempt,
+                        AttemptOutcome::Cancelled,
+                        self.clock.now(),
+                    )
+                    .await?;
                 }
             }
             _ => {}

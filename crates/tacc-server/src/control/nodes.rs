@@ -12,7 +12,7 @@ use tacc_scheduler::{Event, NodeSpec};
 use tacc_store::{NewNode, NodeRecord, TaskFilter};
 use tokio::sync::watch;
 
-use super::{Control, Inner, LiveNode, now, placements_of, request_of};
+use super::{Control, Inner, LiveNode, placements_of, request_of};
 use crate::ServerError;
 
 /// How often the server checks node liveness ([`Control::check_liveness`]).
@@ -24,11 +24,11 @@ pub(crate) const FLAP_LOSSES: usize = 2;
 pub(crate) const FLAP_WINDOW: Duration = Duration::from_secs(600);
 
 impl LiveNode {
-    pub(super) fn new(record: NodeRecord) -> LiveNode {
+    pub(super) fn new(record: NodeRecord, now: Instant) -> LiveNode {
         LiveNode {
             record,
             online: false,
-            last_seen: Instant::now(),
+            last_seen: now,
             version: watch::channel(0).0,
             assignments: BTreeMap::new(),
             cancelling: BTreeSet::new(),
@@ -44,10 +44,10 @@ impl LiveNode {
     }
 
     /// Whether the node was lost often enough lately to count as flapping.
-    pub(super) fn flapping(&self) -> bool {
+    pub(super) fn flapping(&self, now: Instant) -> bool {
         self.losses
             .iter()
-            .filter(|at| at.elapsed() < FLAP_WINDOW)
+            .filter(|at| now.saturating_duration_since(**at) < FLAP_WINDOW)
             .count()
             >= FLAP_LOSSES
     }
@@ -69,7 +69,7 @@ impl Control {
                 gpu_type: registration.gpu_type.clone(),
                 labels: registration.labels.clone(),
                 address: registration.address.clone(),
-                registered_at: now(),
+                registered_at: self.clock.now(),
             })
             .await?;
         // Read before the node comes up: a queued task the scheduler places on it at once
@@ -89,14 +89,14 @@ impl Control {
         let live = inner
             .nodes
             .entry(record.id)
-            .or_insert_with(|| LiveNode::new(record.clone()));
+            .or_insert_with(|| LiveNode::new(record.clone(), self.clock.instant()));
         live.record = record.clone();
         live.online = true;
         self.node_attempts
             .forget_node(record.id, &registration.running);
         self.log_offsets.forget_node(record.id);
-        live.last_seen = Instant::now();
-        if !was_online && live.flapping() {
+        live.last_seen = self.clock.instant();
+        if !was_online && live.flapping(self.clock.instant()) {
             tracing::warn!(
                 "node {} came back after being lost {} times in {}s: no work for it until it has \
                  stayed up for {}s",
@@ -105,7 +105,7 @@ impl Control {
                 FLAP_WINDOW.as_secs(),
                 stable_after.as_secs()
             );
-            live.held_back_until = Some(Instant::now() + stable_after);
+            live.held_back_until = Some(self.clock.instant() + stable_after);
         }
         if !was_online && live.held_back_until.is_none() {
             self.node_joins_scheduler(&mut inner, record.id).await;
@@ -120,6 +120,14 @@ impl Control {
                 task: task.id,
                 attempt: task.attempt,
             };
+            if claimed.contains(&attempt) && task.cancel_requested {
+                // Cancelled while the server was away and still running here: the agent
+                // is told to stop it, and it ends as cancelled once the agent has.
+                if let Some(live) = inner.nodes.get_mut(&record.id) {
+                    live.cancelling.insert(attempt);
+                }
+                continue;
+            }
             let all_nodes_online = task
                 .placements
                 .iter()
@@ -170,7 +178,7 @@ impl Control {
     /// The work a node should be doing; also counts as the node's heartbeat. `running` is
     /// what the agent runs now: a cancelled attempt it does not run (it never received
     /// it, or already stopped it) is cancelled here, since no report about it will come.
-    pub async fn desired_work(
+    async fn desired_work(
         &self,
         node: NodeId,
         running: &[AttemptRef],
@@ -183,7 +191,7 @@ impl Control {
         if !live.online {
             return Err(ServerError::NodeNotRegistered(node));
         }
-        live.last_seen = Instant::now();
+        live.last_seen = self.clock.instant();
         let settled: Vec<AttemptRef> = live
             .cancelling
             .iter()
@@ -194,8 +202,13 @@ impl Control {
             live.cancelling.remove(attempt);
         }
         for attempt in settled {
-            self.finish_attempt(&mut inner, attempt, AttemptOutcome::Cancelled, now())
-                .await?;
+            self.finish_attempt(
+                &mut inner,
+                attempt,
+                AttemptOutcome::Cancelled,
+                self.clock.now(),
+            )
+            .await?;
         }
         let live = inner
             .nodes
@@ -230,9 +243,23 @@ impl Control {
         ))
     }
 
+    /// A node's poll for its work, answered now: its desired work (see
+    /// [`Control::desired_work`]), which attempts it was handed (so their reports and
+    /// outputs are accepted), and the questions waiting for it.
+    pub async fn poll_work(
+        &self,
+        node: NodeId,
+        running: &[AttemptRef],
+    ) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
+        let (mut work, changes) = self.desired_work(node, running).await?;
+        self.node_attempts.sync(node, running, &work.assignments);
+        work.requests = self.node_requests.take(node);
+        Ok((work, changes))
+    }
+
     pub async fn touch(&self, node: NodeId) {
         if let Some(live) = self.inner.lock().await.nodes.get_mut(&node) {
-            live.last_seen = Instant::now();
+            live.last_seen = self.clock.instant();
         }
     }
 
@@ -276,8 +303,8 @@ impl Control {
         let timeout = self.config.heartbeat_timeout;
         // A server that was stalled (stopped, swapped out, a long lock) heard from nobody
         // meanwhile; that silence is its own, not the nodes': their clocks start again.
-        let since_last_check = inner.last_liveness_check.elapsed();
-        inner.last_liveness_check = Instant::now();
+        let since_last_check = self.clock.since(inner.last_liveness_check);
+        inner.last_liveness_check = self.clock.instant();
         if since_last_check > LIVENESS_CHECK_EVERY * 3 {
             tracing::warn!(
                 "the server did not check node liveness for {}s (was it stopped?): giving \
@@ -285,7 +312,7 @@ impl Control {
                 since_last_check.as_secs()
             );
             for live in inner.nodes.values_mut() {
-                live.last_seen = Instant::now();
+                live.last_seen = self.clock.instant();
             }
         }
         let stable: Vec<NodeId> = inner
@@ -294,7 +321,7 @@ impl Control {
             .filter(|(_, n)| {
                 n.online
                     && n.held_back_until
-                        .is_some_and(|until| Instant::now() >= until)
+                        .is_some_and(|until| self.clock.instant() >= until)
             })
             .map(|(id, _)| *id)
             .collect();
@@ -313,7 +340,8 @@ impl Control {
             .nodes
             .iter()
             .filter(|(_, n)| {
-                n.last_seen.elapsed() > timeout && (n.online || !n.assignments.is_empty())
+                self.clock.since(n.last_seen) > timeout
+                    && (n.online || !n.assignments.is_empty() || !n.cancelling.is_empty())
             })
             .map(|(id, _)| *id)
             .collect();
@@ -327,13 +355,13 @@ impl Control {
                 let live = nodes.get_mut(&node).expect("listed above");
                 let was_online = live.schedulable();
                 if live.online {
-                    live.losses.retain(|at| at.elapsed() < FLAP_WINDOW);
-                    live.losses.push(Instant::now());
+                    live.losses.retain(|at| self.clock.since(*at) < FLAP_WINDOW);
+                    live.losses.push(self.clock.instant());
                 }
                 live.online = false;
                 live.held_back_until = None;
                 // A rank that already finished its part lost nothing with its node.
-                let attempts: Vec<AttemptRef> = live
+                let mut attempts: Vec<AttemptRef> = live
                     .assignments
                     .values()
                     .filter(|a| {
@@ -343,6 +371,8 @@ impl Control {
                     })
                     .map(|a| a.attempt)
                     .collect();
+                // A cancel nobody is left to confirm ends with the node.
+                attempts.extend(std::mem::take(&mut live.cancelling));
                 (live.record.name.clone(), attempts, was_online)
             };
             tracing::warn!("node {name} missed its heartbeat for {timeout:?}: marking it offline");
@@ -361,7 +391,7 @@ impl Control {
                 self.lose_attempt(&mut inner, attempt, outcome).await?;
             }
         }
-        self.release_due_retries(&mut inner, super::now()).await;
+        self.release_due_retries(&mut inner, self.clock.now()).await;
         Ok(())
     }
 
@@ -396,9 +426,10 @@ impl Control {
                         (true, true) => "draining".into(),
                     },
                     last_seen: Timestamp(
-                        now()
+                        self.clock
+                            .now()
                             .0
-                            .saturating_sub(live.last_seen.elapsed().as_millis() as u64),
+                            .saturating_sub(self.clock.since(live.last_seen).as_millis() as u64),
                     ),
                     running_tasks: live.assignments.keys().map(|a| a.task).collect(),
                     gpus: self.usage.node_gpus(live.record.id),
@@ -493,7 +524,7 @@ impl Control {
             live.version.send_modify(|v| *v += 1);
         }
         self.store.remove_node(id).await?;
-        let at = now();
+        let at = self.clock.now();
         for token in self.store.list_tokens(None).await? {
             if token.kind == tacc_store::TokenKind::Node
                 && token.node == Some(id)

@@ -20,7 +20,7 @@ use tacc_store::{
 
 use super::sweep_stages::{StageKind, SweepEnd};
 use super::sweeps::trial_spec;
-use super::{Control, Inner, Transition, now, request_of};
+use super::{Control, Inner, Transition, request_of};
 use crate::ServerError;
 
 /// One submitted stage: its task spec and the code snapshot it runs.
@@ -103,7 +103,7 @@ impl Control {
             keys.insert(stage.name.as_str(), key.clone());
             plans.insert(index, (key, plan));
         }
-        let at = now();
+        let at = self.clock.now();
         let mut new_stages = Vec::with_capacity(stages.len());
         let mut element_specs: Vec<TaskSpec> = Vec::new();
         for (index, (key, plan)) in plans {
@@ -462,7 +462,7 @@ impl Control {
                 break;
             }
         }
-        let at = now();
+        let at = self.clock.now();
         let mut changes = Vec::new();
         let mut stopped = Vec::new();
         for s in stages

@@ -47,7 +47,7 @@ impl Control {
         patch_dependencies(&inner.stage_deps, &mut event);
         patch_not_before(&inner.retry_at, &mut event);
         let deciding = Instant::now();
-        let decided = inner.scheduler.handle(now(), event);
+        let decided = inner.scheduler.handle(self.clock.now(), event);
         self.metrics.decided(deciding.elapsed());
         let plan = match decided {
             Ok(plan) => plan,
@@ -250,7 +250,7 @@ impl Control {
         self.adaptive.patch_restored(&mut batch);
         patch_dependencies(&inner.stage_deps, &mut batch);
         patch_not_before(&inner.retry_at, &mut batch);
-        let plan = scheduler.handle(now(), batch);
+        let plan = scheduler.handle(self.clock.now(), batch);
         inner.scheduler = scheduler;
         match plan {
             Ok(plan) => {

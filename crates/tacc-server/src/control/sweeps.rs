@@ -18,7 +18,7 @@ use tacc_store::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{Control, now, request_of};
+use super::{Control, request_of};
 use crate::ServerError;
 use crate::asha::{Asha, EARLY_STOPPED, Observation};
 
@@ -115,7 +115,7 @@ impl Control {
         };
         let points = sweep.trials();
         let first = points.len().min(sweep.parallel as usize);
-        let at = now();
+        let at = self.clock.now();
         let trials: Vec<(u32, TaskSpec)> = points[..first]
             .iter()
             .enumerate()
@@ -196,7 +196,7 @@ impl Control {
         attempt: tacc_proto::AttemptRef,
         lines: Vec<MetricLine>,
     ) -> Result<(), ServerError> {
-        let at = now();
+        let at = self.clock.now();
         let points = lines
             .into_iter()
             .map(|line| MetricPoint {
@@ -388,7 +388,7 @@ impl Control {
             let Some((first, _, _)) = trials.first() else {
                 return Ok(false);
             };
-            let at = now();
+            let at = self.clock.now();
             let specs: Vec<TaskSpec> = points[launched..launched + next]
                 .iter()
                 .map(|point| trial_spec(&spec, point))

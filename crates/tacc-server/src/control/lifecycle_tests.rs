@@ -1,0 +1,558 @@
+//! Every dependability case of the task lifecycle (docs/RELIABILITY.md), one test each,
+//! driven through the [`TestEnv`]: the control plane on a manual clock with fake agents.
+//! The fault suite (`crates/taccd/tests/fault_suite.rs`) proves the same with real
+//! processes and kills; these pin each rule down in milliseconds, so the first broken
+//! rule names itself.
+
+use std::time::Duration;
+
+use tacc_core::TaskState::{self, *};
+
+use super::retry::{BACKOFF_BASE, CRASH_LIMIT};
+use super::test_env::{HEARTBEAT, TestEnv, only};
+
+const ONE_CPU: &str = "name: t\nresources: {cpus: 1}\nrun: true\n";
+
+fn retried(on: &str, max: u32) -> String {
+    format!(
+        "name: t\nresources: {{cpus: 1}}\nrun: true\nretry: {{max_attempts: {max}, on: [{on}]}}\n"
+    )
+}
+
+const MS: Duration = Duration::from_millis(1);
+
+#[tokio::test]
+async fn a_task_is_placed_started_and_succeeds_once() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 2).await;
+    let task = env.submit(ONE_CPU).await;
+    assert_eq!(env.state(task).await, Starting);
+    let attempt = only(&env.poll(&mut agent).await);
+    assert_eq!(env.report(&agent, vec![env.started(attempt)]).await, (1, 0));
+    assert_eq!(env.state(task).await, Running);
+    let out = env.output(&mut agent, attempt, "hello\n");
+    env.report(&agent, vec![out]).await;
+    assert_eq!(env.finish(&mut agent, attempt, 0).await, (1, 0));
+    assert_eq!(env.state(task).await, Succeeded);
+    assert_eq!(
+        env.history(task).await,
+        [(1, Queued), (1, Starting), (1, Running), (1, Succeeded)]
+    );
+    assert_eq!(env.log(task), "hello\n");
+    assert!(env.poll(&mut agent).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_submit_without_any_node_waits_and_is_placed_when_one_registers() {
+    let env = TestEnv::new().await;
+    let task = env.submit(ONE_CPU).await;
+    assert_eq!(env.state(task).await, Queued);
+    assert_eq!(
+        env.task(task).await.reason.as_deref(),
+        Some(super::NO_NODE_REASON)
+    );
+    let mut agent = env.join("n1", 1).await;
+    assert_eq!(env.state(task).await, Starting);
+    assert_eq!(only(&env.poll(&mut agent).await).task, task);
+}
+
+#[tokio::test]
+async fn a_node_is_lost_only_once_silent_past_the_heartbeat_timeout() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+
+    // Checked every second, as a server does, up to the last millisecond of the term.
+    for _ in 0..HEARTBEAT.as_secs() - 1 {
+        env.advance(Duration::from_secs(1));
+        env.check_liveness().await;
+    }
+    env.advance(Duration::from_secs(1));
+    env.check_liveness().await;
+    assert_eq!(env.node_state(&agent).await, "up");
+    assert_eq!(env.state(task).await, Running);
+
+    env.advance(MS);
+    env.check_liveness().await;
+    assert_eq!(env.node_state(&agent).await, "down");
+    let record = env.task(task).await;
+    assert_eq!(record.state, Lost);
+    assert!(
+        record.reason.as_deref().unwrap().starts_with("node_lost:"),
+        "{record:?}"
+    );
+    // A lost node's poll is refused: it must register again.
+    assert!(env.try_poll(&agent).await.is_err());
+}
+
+#[tokio::test]
+async fn every_poll_and_report_is_a_heartbeat() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    for _ in 0..4 {
+        env.advance(HEARTBEAT - MS);
+        env.poll(&mut agent).await;
+        env.check_liveness().await;
+    }
+    assert_eq!(env.node_state(&agent).await, "up");
+    env.advance(HEARTBEAT - MS);
+    env.report(&agent, Vec::new()).await;
+    env.advance(HEARTBEAT - MS);
+    env.check_liveness().await;
+    assert_eq!(env.node_state(&agent).await, "up");
+}
+
+#[tokio::test]
+async fn a_stalled_server_loses_no_node_and_gives_each_a_fresh_term() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    env.check_liveness().await;
+
+    // The server was stopped (no liveness check ran) for twice the term: the silence
+    // was its own.
+    env.advance(HEARTBEAT * 2);
+    env.check_liveness().await;
+    assert_eq!(env.node_state(&agent).await, "up");
+    assert_eq!(env.state(task).await, Running);
+
+    // A fresh term, not an endless one: a node that stays silent is lost after it.
+    for _ in 0..=HEARTBEAT.as_secs() {
+        env.advance(Duration::from_secs(1));
+        env.check_liveness().await;
+    }
+    assert_eq!(env.node_state(&agent).await, "down");
+    assert_eq!(env.state(task).await, Lost);
+}
+
+#[tokio::test]
+async fn a_lost_attempt_is_retried_elsewhere_and_its_old_node_s_reports_are_rejected() {
+    let env = TestEnv::new().await;
+    let mut old = env.join("old", 1).await;
+    let task = env.submit(&retried("node_failure", 2)).await;
+    let first = only(&env.poll(&mut old).await);
+    env.report(&old, vec![env.started(first)]).await;
+    let mut new = env.join("new", 1).await;
+
+    // `old` is cut off; `new` keeps polling.
+    for _ in 0..=HEARTBEAT.as_secs() {
+        env.advance(Duration::from_secs(1));
+        env.poll(&mut new).await;
+        env.check_liveness().await;
+    }
+    assert_eq!(env.state(task).await, Queued, "waiting out its backoff");
+    assert!(env.poll(&mut new).await.is_empty());
+    env.advance(BACKOFF_BASE);
+    env.check_liveness().await;
+    let second = only(&env.poll(&mut new).await);
+    assert_eq!((second.task, second.attempt.0), (task, 2));
+
+    // The old node heals and speaks of attempt 1: every report is refused, none counts.
+    env.register(&old, 1).await;
+    let line = env.output(&mut old, first, "stale line\n");
+    let stale = vec![line, env.started(first), env.exited(first, 0)];
+    assert_eq!(env.report(&old, stale).await, (0, 3));
+    assert_eq!(env.state(task).await, Starting);
+    assert!(!env.log(task).contains("stale line"));
+
+    env.report(&new, vec![env.started(second)]).await;
+    env.finish(&mut new, second, 0).await;
+    assert_eq!(
+        env.history(task).await,
+        [
+            (1, Queued),
+            (1, Starting),
+            (1, Running),
+            (1, Lost),
+            (2, Queued),
+            (2, Starting),
+            (2, Running),
+            (2, Succeeded)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn duplicated_and_reordered_reports_are_applied_once() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    let started = env.started(attempt);
+    let line = env.output(&mut agent, attempt, "once\n");
+    let batch = vec![started.clone(), started, line, env.exited(attempt, 0)];
+    // The batch is sent again, as an agent does when the answer to it was lost.
+    let first = env.report(&agent, batch.clone()).await;
+    let again = env.report(&agent, batch).await;
+    assert_eq!(first.0 + first.1, 4);
+    assert_eq!(again.0 + again.1, 4);
+    assert_eq!(env.log(task), "once\n");
+    assert_eq!(
+        env.history(task).await,
+        [(1, Queued), (1, Starting), (1, Running), (1, Succeeded)]
+    );
+    // A late `started` and a second end with another code change nothing.
+    env.report(&agent, vec![env.started(attempt), env.exited(attempt, 3)])
+        .await;
+    let record = env.task(task).await;
+    assert_eq!((record.state, record.exit_code), (Succeeded, Some(0)));
+}
+
+#[tokio::test]
+async fn an_end_reported_before_the_start_ends_the_attempt() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.exited(attempt, 0), env.started(attempt)])
+        .await;
+    assert_eq!(env.state(task).await, Succeeded);
+    assert_eq!(
+        env.history(task).await,
+        [(1, Queued), (1, Starting), (1, Succeeded)]
+    );
+}
+
+#[tokio::test]
+async fn terminal_states_never_change() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.finish(&mut agent, attempt, 7).await;
+    assert_eq!(env.state(task).await, Failed);
+    let before = env.history(task).await;
+    env.control.cancel(task).await.unwrap();
+    env.report(&agent, vec![env.exited(attempt, 0)]).await;
+    env.advance(HEARTBEAT * 3);
+    env.check_liveness().await;
+    env.check_liveness().await;
+    let record = env.task(task).await;
+    assert_eq!((record.state, record.exit_code), (Failed, Some(7)));
+    assert_eq!(env.history(task).await, before);
+}
+
+#[tokio::test]
+async fn an_end_the_agent_could_not_deliver_counts_when_it_registers_again() {
+    let mut env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+
+    // The server dies; the process exits 0 meanwhile; the agent keeps its end.
+    env.restart_server().await;
+    assert!(
+        env.try_poll(&agent).await.is_err(),
+        "a new server knows no live node"
+    );
+    env.register(&agent, 1).await;
+    env.finish(&mut agent, attempt, 0).await;
+    assert_eq!(env.state(task).await, Succeeded);
+    assert_eq!(
+        env.history(task).await,
+        [(1, Queued), (1, Starting), (1, Running), (1, Succeeded)]
+    );
+}
+
+#[tokio::test]
+async fn an_attempt_its_restarted_agent_does_not_claim_is_lost_and_retried() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(&retried("node_failure", 3)).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+
+    // The agent restarted: its processes died with it, it claims nothing.
+    agent.running.clear();
+    env.register(&agent, 1).await;
+    let record = env.task(task).await;
+    assert_eq!(record.state, Queued);
+    assert_eq!(record.attempt.0, 2);
+    let lost = env.events(task).await;
+    let lost = lost.iter().find(|e| e.state == Lost).expect("a lost event");
+    assert!(
+        lost.reason
+            .as_deref()
+            .unwrap()
+            .starts_with("node_restarted:"),
+        "{lost:?}"
+    );
+    env.advance(BACKOFF_BASE);
+    env.check_liveness().await;
+    assert_eq!(only(&env.poll(&mut agent).await).attempt.0, 2);
+}
+
+#[tokio::test]
+async fn a_node_that_comes_back_stops_what_moved_away_before_it_gets_new_work() {
+    let env = TestEnv::new().await;
+    let mut old = env.join("old", 1).await;
+    let task = env.submit(&retried("node_failure", 2)).await;
+    let first = only(&env.poll(&mut old).await);
+    env.report(&old, vec![env.started(first)]).await;
+    let mut new = env.join("new", 1).await;
+    for _ in 0..=HEARTBEAT.as_secs() {
+        env.advance(Duration::from_secs(1));
+        env.poll(&mut new).await;
+        env.check_liveness().await;
+    }
+    env.advance(BACKOFF_BASE);
+    env.check_liveness().await;
+    only(&env.poll(&mut new).await);
+
+    // `old` heals still running attempt 1, and a new task is waiting for a CPU.
+    env.register(&old, 1).await;
+    let waiting = env.submit(ONE_CPU).await;
+    assert_eq!(env.state(waiting).await, Starting);
+    assert!(
+        env.try_poll(&old).await.unwrap().is_empty(),
+        "no new work while the stale attempt runs"
+    );
+    // It polls, its desired work says nothing of attempt 1: it stops it.
+    let work = env.poll(&mut old).await;
+    assert!(work.is_empty(), "{work:?}");
+    assert!(old.running.is_empty());
+    let fresh = env.poll(&mut old).await;
+    assert_eq!(only(&fresh).task, waiting);
+    assert_eq!(env.task(task).await.attempt.0, 2);
+}
+
+#[tokio::test]
+async fn a_retried_task_waits_out_its_backoff_also_across_a_restart() {
+    let mut env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(&retried("failed", 2)).await;
+    let first = only(&env.poll(&mut agent).await);
+    env.finish(&mut agent, first, 1).await;
+    let record = env.task(task).await;
+    assert_eq!((record.state, record.attempt.0), (Queued, 2));
+    assert!(
+        record
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("retrying in 5s"),
+        "{record:?}"
+    );
+    assert!(env.log(task).contains("attempt 2"), "{}", env.log(task));
+
+    env.advance(BACKOFF_BASE - MS);
+    env.restart_server().await;
+    env.register(&agent, 1).await;
+    env.check_liveness().await;
+    assert!(
+        env.poll(&mut agent).await.is_empty(),
+        "placed before its backoff"
+    );
+    env.advance(MS);
+    env.check_liveness().await;
+    let second = only(&env.poll(&mut agent).await);
+    assert_eq!(second.attempt.0, 2);
+    env.finish(&mut agent, second, 0).await;
+    assert_eq!(env.state(task).await, Succeeded);
+}
+
+#[tokio::test]
+async fn a_task_that_keeps_taking_its_node_down_fails_at_the_crash_limit() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(&retried("node_failure", 10)).await;
+    for crash in 1..=CRASH_LIMIT {
+        env.advance(BACKOFF_BASE * 2u32.pow(crash));
+        env.check_liveness().await;
+        let attempt = only(&env.poll(&mut agent).await);
+        assert_eq!(attempt.attempt.0, crash);
+        env.report(&agent, vec![env.started(attempt)]).await;
+        // The node goes down with it; its agent comes back claiming nothing.
+        agent.running.clear();
+        env.register(&agent, 1).await;
+    }
+    let record = env.task(task).await;
+    assert_eq!(record.state, Failed);
+    assert!(
+        record
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("crash_limit:"),
+        "{record:?}"
+    );
+    assert_eq!(record.attempt.0, CRASH_LIMIT);
+}
+
+#[tokio::test]
+async fn a_cancel_of_a_queued_task_ends_it_at_once_and_holds_across_a_restart() {
+    let mut env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let busy = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    let queued = env.submit(ONE_CPU).await;
+    assert_eq!(env.state(queued).await, Queued);
+    env.control.cancel(queued).await.unwrap();
+    assert_eq!(env.state(queued).await, Cancelled);
+    env.restart_server().await;
+    env.register(&agent, 1).await;
+    assert_eq!(only(&env.poll(&mut agent).await), attempt);
+    assert_eq!(attempt.task, busy);
+    env.finish(&mut agent, attempt, 0).await;
+    assert!(
+        env.poll(&mut agent).await.is_empty(),
+        "the cancelled task ran"
+    );
+    assert_eq!(env.history(queued).await, [(1, Queued), (1, Cancelled)]);
+}
+
+#[tokio::test]
+async fn a_cancel_of_a_running_task_ends_it_when_its_agent_has_stopped_it() {
+    let mut env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    env.control.cancel(task).await.unwrap();
+    assert_eq!(env.state(task).await, Running, "until the agent confirms");
+    assert!(env.task(task).await.cancel_requested);
+
+    // The server dies right after; the cancel is durable.
+    env.restart_server().await;
+    env.register(&agent, 1).await;
+    let work = env.poll(&mut agent).await;
+    assert!(
+        work.is_empty(),
+        "the cancelled attempt is not desired: {work:?}"
+    );
+    assert!(agent.running.is_empty());
+    env.poll(&mut agent).await;
+    assert_eq!(env.state(task).await, Cancelled);
+    let record = env.task(task).await;
+    assert_eq!(record.reason.as_deref(), Some("cancelled by user"));
+}
+
+#[tokio::test]
+async fn a_cancel_while_starting_on_a_lost_node_ends_at_once() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(&retried("node_failure", 3)).await;
+    only(&env.poll(&mut agent).await);
+    for _ in 0..=HEARTBEAT.as_secs() {
+        env.advance(Duration::from_secs(1));
+        env.check_liveness().await;
+    }
+    // Lost and requeued; a cancel now ends the waiting retry at once.
+    assert_eq!(env.state(task).await, Queued);
+    env.control.cancel(task).await.unwrap();
+    assert_eq!(env.state(task).await, Cancelled);
+    env.register(&agent, 1).await;
+    env.advance(BACKOFF_BASE * 2);
+    env.check_liveness().await;
+    assert!(env.poll(&mut agent).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_flapping_node_gets_work_only_once_it_stayed_up() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    for _ in 0..super::nodes::FLAP_LOSSES {
+        for _ in 0..=HEARTBEAT.as_secs() {
+            env.advance(Duration::from_secs(1));
+            env.check_liveness().await;
+        }
+        assert_eq!(env.node_state(&agent).await, "down");
+        env.register(&agent, 1).await;
+    }
+    assert_eq!(env.node_state(&agent).await, "flapping");
+    let task = env.submit(ONE_CPU).await;
+    assert!(env.poll(&mut agent).await.is_empty());
+    assert_eq!(env.state(task).await, Queued);
+    let stable_after = env.control.config.node_stable_after;
+    let mut waited = Duration::ZERO;
+    while waited < stable_after {
+        env.advance(Duration::from_secs(1));
+        waited += Duration::from_secs(1);
+        env.poll(&mut agent).await;
+        env.check_liveness().await;
+    }
+    assert_eq!(env.node_state(&agent).await, "up");
+    assert_eq!(only(&env.poll(&mut agent).await).task, task);
+}
+
+#[tokio::test]
+async fn ids_are_never_reused_across_restarts() {
+    let mut env = TestEnv::new().await;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..3 {
+        for _ in 0..3 {
+            assert!(seen.insert(env.submit(ONE_CPU).await));
+        }
+        env.restart_server().await;
+    }
+    let queued: Vec<TaskState> = {
+        let mut states = Vec::new();
+        for task in &seen {
+            states.push(env.state(*task).await);
+        }
+        states
+    };
+    assert!(queued.iter().all(|s| *s == Queued), "{queued:?}");
+}
+
+#[tokio::test]
+async fn a_cancel_whose_node_never_comes_back_ends_within_the_heartbeat_timeout() {
+    let mut env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    env.control.cancel(task).await.unwrap();
+    env.restart_server().await;
+    // The agent never registers with the new server.
+    for _ in 0..=HEARTBEAT.as_secs() {
+        env.advance(Duration::from_secs(1));
+        env.check_liveness().await;
+    }
+    assert_eq!(env.state(task).await, Cancelled);
+}
+
+#[tokio::test]
+async fn an_attempt_whose_node_never_comes_back_after_a_restart_is_lost() {
+    let mut env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    env.restart_server().await;
+    for _ in 0..HEARTBEAT.as_secs() - 1 {
+        env.advance(Duration::from_secs(1));
+        env.check_liveness().await;
+    }
+    assert_eq!(
+        env.state(task).await,
+        Running,
+        "lost before its node's term ran out"
+    );
+    env.advance(Duration::from_secs(2));
+    env.check_liveness().await;
+    assert_eq!(env.state(task).await, Lost);
+}
+
+#[tokio::test]
+async fn a_cancel_whose_node_falls_silent_ends_with_the_node() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(&retried("node_failure", 3)).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    env.control.cancel(task).await.unwrap();
+    for _ in 0..=HEARTBEAT.as_secs() {
+        env.advance(Duration::from_secs(1));
+        env.check_liveness().await;
+    }
+    let record = env.task(task).await;
+    assert_eq!(record.state, Cancelled, "{record:?}");
+    assert_eq!(record.reason.as_deref(), Some("cancelled by user"));
+    assert_eq!(record.attempt.0, 1, "a cancelled task is not retried");
+}

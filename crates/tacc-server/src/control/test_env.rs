@@ -1,0 +1,260 @@
+//! The lifecycle test environment: the control plane over a `MemoryStore`, on a manual
+//! clock, with fake agents that register, poll and report through the same calls the
+//! HTTP handlers make — no process, socket or sleep. A heartbeat timeout, a stalled
+//! server, a retry backoff or a server restart is one step of a test, so each lifecycle
+//! case runs deterministically in milliseconds (`lifecycle_tests.rs`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tacc_core::{NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef, RegisterAgent};
+use tacc_store::{MemoryStore, Store, TaskEvent, TaskRecord};
+
+use super::{Control, ServerConfig};
+use crate::clock::{Clock, ManualClock};
+
+/// The heartbeat timeout of the environment's server.
+pub(super) const HEARTBEAT: Duration = Duration::from_secs(30);
+
+pub(super) struct TestEnv {
+    pub(super) control: Arc<Control>,
+    pub(super) clock: Arc<ManualClock>,
+    store: Arc<MemoryStore>,
+    config: ServerConfig,
+    snapshot: SnapshotId,
+    _data: tempfile::TempDir,
+}
+
+/// What an agent process would hold: its node, and the attempts it runs or ran.
+#[derive(Debug)]
+pub(super) struct FakeAgent {
+    pub(super) node: NodeId,
+    pub(super) name: String,
+    /// Attempts it runs, or that ended and whose end it has not delivered yet.
+    pub(super) running: BTreeSet<AttemptRef>,
+    log_written: u64,
+}
+
+impl TestEnv {
+    pub(super) async fn new() -> TestEnv {
+        let data = tempfile::tempdir().expect("a temporary data directory");
+        let mut config = ServerConfig::new(data.path().to_path_buf());
+        config.heartbeat_timeout = HEARTBEAT;
+        let store = Arc::new(MemoryStore::new());
+        let clock = Arc::new(ManualClock::new(Timestamp(1_700_000_000_000)));
+        let snapshot = SnapshotId::try_from("ab".repeat(32)).expect("a snapshot id");
+        store
+            .put_snapshot(&snapshot, &serde_json::json!({"files": []}), 0, clock.now())
+            .await
+            .expect("the snapshot is stored");
+        let control = Control::open_on(store.clone(), config.clone(), clock.clone())
+            .await
+            .expect("the control plane opens");
+        TestEnv {
+            control,
+            clock,
+            store,
+            config,
+            snapshot,
+            _data: data,
+        }
+    }
+
+    /// The server process dies and a new one opens the same store (and data directory):
+    /// everything it held only in memory is gone.
+    pub(super) async fn restart_server(&mut self) {
+        self.control =
+            Control::open_on(self.store.clone(), self.config.clone(), self.clock.clone())
+                .await
+                .expect("the control plane reopens");
+    }
+
+    pub(super) fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    /// The server's periodic liveness check (every second in a server).
+    pub(super) async fn check_liveness(&self) {
+        self.control
+            .check_liveness()
+            .await
+            .expect("the liveness check");
+    }
+
+    /// Submit a task file as `alice`.
+    pub(super) async fn submit(&self, yaml: &str) -> TaskId {
+        let (spec, _) = tacc_schema::parse_task("task.yaml", yaml).expect("a valid task file");
+        self.control
+            .submit("alice", spec, self.snapshot.clone(), None, None)
+            .await
+            .expect("the submit is accepted")
+            .id
+    }
+
+    /// A new agent with `cpus` CPUs registers.
+    pub(super) async fn join(&self, name: &str, cpus: u64) -> FakeAgent {
+        let mut agent = FakeAgent {
+            node: NodeId(0),
+            name: name.to_string(),
+            running: BTreeSet::new(),
+            log_written: 0,
+        };
+        agent.node = self.register(&agent, cpus).await;
+        agent
+    }
+
+    /// The agent registers (again), claiming what it runs or has not delivered the end of.
+    pub(super) async fn register(&self, agent: &FakeAgent, cpus: u64) -> NodeId {
+        self.control
+            .register_agent(RegisterAgent {
+                name: agent.name.clone(),
+                capacity: Resources::new(cpus * 1000, 64 << 30, 0),
+                gpu_type: None,
+                labels: Default::default(),
+                running: agent.running.iter().copied().collect(),
+                address: format!("{}.test:0", agent.name),
+                gpus: Vec::new(),
+            })
+            .await
+            .expect("the registration is accepted")
+            .id
+    }
+
+    /// The agent polls for its work and starts what is new to it; what it runs that is
+    /// no longer assigned, it stops. Returns the assignments it got.
+    pub(super) async fn poll(&self, agent: &mut FakeAgent) -> Vec<Assignment> {
+        let running: Vec<AttemptRef> = agent.running.iter().copied().collect();
+        let (work, _) = self
+            .control
+            .poll_work(agent.node, &running)
+            .await
+            .expect("the poll is answered");
+        let assigned: BTreeSet<AttemptRef> = work.assignments.iter().map(|a| a.attempt).collect();
+        agent.running.retain(|a| assigned.contains(a));
+        agent.running.extend(assigned);
+        work.assignments
+    }
+
+    /// Like [`TestEnv::poll`], but an error (the node is unknown or offline) is returned.
+    pub(super) async fn try_poll(
+        &self,
+        agent: &FakeAgent,
+    ) -> Result<Vec<Assignment>, crate::ServerError> {
+        let running: Vec<AttemptRef> = agent.running.iter().copied().collect();
+        Ok(self
+            .control
+            .poll_work(agent.node, &running)
+            .await?
+            .0
+            .assignments)
+    }
+
+    pub(super) async fn report(&self, agent: &FakeAgent, reports: Vec<AgentReport>) -> (u32, u32) {
+        let ack = self
+            .control
+            .agent_reports(agent.node, reports)
+            .await
+            .expect("the reports are answered");
+        (ack.accepted, ack.rejected)
+    }
+
+    pub(super) fn started(&self, attempt: AttemptRef) -> AgentReport {
+        AgentReport::Started {
+            attempt,
+            at: self.clock.now(),
+        }
+    }
+
+    pub(super) fn exited(&self, attempt: AttemptRef, code: i32) -> AgentReport {
+        AgentReport::Finished {
+            attempt,
+            at: self.clock.now(),
+            outcome: AttemptOutcome::Exited { code },
+            rank: None,
+        }
+    }
+
+    pub(super) fn output(
+        &self,
+        agent: &mut FakeAgent,
+        attempt: AttemptRef,
+        text: &str,
+    ) -> AgentReport {
+        let offset = agent.log_written;
+        agent.log_written += text.len() as u64;
+        AgentReport::Log {
+            attempt,
+            text: text.to_string(),
+            offset: Some(offset),
+        }
+    }
+
+    /// The agent's process of `attempt` exits with `code` and the agent reports it.
+    pub(super) async fn finish(
+        &self,
+        agent: &mut FakeAgent,
+        attempt: AttemptRef,
+        code: i32,
+    ) -> (u32, u32) {
+        let reports = vec![self.exited(attempt, code)];
+        let ack = self.report(agent, reports).await;
+        agent.running.remove(&attempt);
+        ack
+    }
+
+    pub(super) async fn task(&self, task: TaskId) -> TaskRecord {
+        self.store
+            .get_task(task)
+            .await
+            .expect("the store answers")
+            .expect("the task exists")
+    }
+
+    pub(super) async fn state(&self, task: TaskId) -> TaskState {
+        self.task(task).await.state
+    }
+
+    pub(super) async fn events(&self, task: TaskId) -> Vec<TaskEvent> {
+        self.store
+            .task_events(task)
+            .await
+            .expect("the store answers")
+    }
+
+    /// The states a task went through, in order, with the attempt of each.
+    pub(super) async fn history(&self, task: TaskId) -> Vec<(u32, TaskState)> {
+        self.events(task)
+            .await
+            .iter()
+            .map(|e| (e.attempt.0, e.state))
+            .collect()
+    }
+
+    pub(super) fn log(&self, task: TaskId) -> String {
+        let bytes = self
+            .control
+            .logs
+            .read(task, 0, usize::MAX)
+            .expect("the log is readable");
+        String::from_utf8(bytes).expect("the log is text")
+    }
+
+    /// The node's state as `tcloud nodes` shows it.
+    pub(super) async fn node_state(&self, agent: &FakeAgent) -> String {
+        self.control
+            .node_views()
+            .await
+            .into_iter()
+            .find(|n| n.id == agent.node)
+            .map(|n| n.state)
+            .expect("the node is listed")
+    }
+}
+
+/// The one attempt an assignment list holds.
+pub(super) fn only(assignments: &[Assignment]) -> AttemptRef {
+    assert_eq!(assignments.len(), 1, "{assignments:?}");
+    assignments[0].attempt
+}
