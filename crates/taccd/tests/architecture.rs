@@ -107,3 +107,45 @@ fn every_crate_depends_only_on_what_its_layer_allows() {
     let expected: BTreeSet<String> = allowed.keys().map(|k| k.to_string()).collect();
     assert_eq!(seen, expected, "every crate of the table exists");
 }
+
+/// What the control plane's rules (`tacc-server/src/control/rules/`) must not reach: they
+/// are plain functions over state with the time passed in, and the shell does the I/O.
+const IMPURE: &[&str] = &[
+    "async ",
+    ".await",
+    "tokio",
+    "Instant::now",
+    "SystemTime",
+    "std::fs",
+    "std::net",
+    "std::thread",
+    "dyn Store",
+    ".store",
+    "Mutex",
+    "tracing::",
+];
+
+#[test]
+fn the_control_plane_rules_do_no_io_and_read_no_clock() {
+    let rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tacc-server/src/control/rules");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&rules).unwrap().flatten() {
+        let path = entry.path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        // The unit tests below a rule may build what they need.
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (number, line) in code.lines().enumerate() {
+            let line = line.split("//").next().unwrap_or_default();
+            for word in IMPURE {
+                assert!(
+                    !line.contains(word),
+                    "{}:{}: a rule uses `{word}`; rules decide, the shell in control/ does I/O",
+                    path.display(),
+                    number + 1
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 4, "only {checked} rule files found in {}", rules.display());
+}

@@ -6,39 +6,12 @@
 use tacc_core::{NodeId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
 use tacc_scheduler::Event;
-use tacc_schema::RetryOn;
 use tacc_store::{TaskChange, TaskRecord, Transition};
 
-use super::{Control, Inner, LiveNode, request_of, retry};
+use super::rules::admission::Admission;
+use super::rules::ending::AttemptEnd;
+use super::{Control, Inner, LiveNode, request_of, retry, rules};
 use crate::ServerError;
-
-/// What becomes of an attempt that ended, and why.
-fn final_state(
-    outcome: &AttemptOutcome,
-    cancel_requested: bool,
-) -> (TaskState, Option<String>, Option<i32>) {
-    match outcome {
-        _ if cancel_requested => (TaskState::Cancelled, Some("cancelled by user".into()), None),
-        AttemptOutcome::Cancelled => (TaskState::Cancelled, Some("cancelled".into()), None),
-        AttemptOutcome::Exited { code: 0 } => (TaskState::Succeeded, None, Some(0)),
-        AttemptOutcome::Exited { code } => (
-            TaskState::Failed,
-            Some(format!("exit code {code}")),
-            Some(*code),
-        ),
-        AttemptOutcome::Signalled { signal } => (
-            TaskState::Failed,
-            Some(format!("killed by signal {signal}")),
-            Some(128 + signal),
-        ),
-        AttemptOutcome::TimeLimit => (TaskState::Failed, Some("time limit reached".into()), None),
-        AttemptOutcome::LaunchFailed { reason, message } => (
-            TaskState::Failed,
-            Some(format!("{reason}: {message}")),
-            None,
-        ),
-    }
-}
 
 impl Control {
     /// Apply an agent's reports, in order.
@@ -111,7 +84,8 @@ impl Control {
             } else {
                 self.node_attempts.rank_of(node, attempt).is_some()
             };
-            if !current && held {
+            let admission = rules::admission::admit(current, held);
+            if admission == Admission::LastWord {
                 ack.accepted += 1;
                 if let AgentReport::Log {
                     attempt,
@@ -129,7 +103,7 @@ impl Control {
                 }
                 continue;
             }
-            if !current {
+            if admission == Admission::Reject {
                 ack.rejected += 1;
                 self.audit.record_as(
                     format!("node:{node}"),
@@ -362,22 +336,7 @@ impl Control {
         if was_preempted && outcome == AttemptOutcome::Cancelled && !record.cancel_requested {
             return self.requeue_preempted(inner, record, at).await;
         }
-        let (state, reason, exit_code) = final_state(&outcome, record.cancel_requested);
-        let reason = match (state, blame, reason) {
-            (TaskState::Failed, Some(blame), Some(reason)) => {
-                Some(format!("{blame}: {reason}; the other ranks were stopped"))
-            }
-            // A sweep's trial stopped early keeps the reason it was stopped with.
-            (TaskState::Cancelled, _, _)
-                if record
-                    .reason
-                    .as_deref()
-                    .is_some_and(|r| r.starts_with(crate::asha::EARLY_STOPPED)) =>
-            {
-                record.reason.clone()
-            }
-            (_, _, reason) => reason,
-        };
+        let (state, reason, exit_code) = rules::ending::outcome_of(&outcome, &record, blame);
         self.end_attempt(inner, record, state, reason, exit_code, at, false)
             .await
     }
@@ -448,55 +407,25 @@ impl Control {
             attempt: record.attempt,
         });
         let spec = inner.specs.get(&task).cloned();
-        let retry = spec.as_ref().is_some_and(|spec| {
-            let wanted = match state {
-                TaskState::Failed => spec.retry.on.contains(&RetryOn::Failed),
-                TaskState::Lost => {
-                    spec.retry.on.contains(&RetryOn::Lost)
-                        || (node_failure && spec.retry.on.contains(&RetryOn::NodeFailure))
-                }
-                _ => false,
-            };
-            wanted && record.attempt.0 < spec.retry.max_attempts
-        });
-        // A task whose attempts keep taking their node down fails instead of taking down
-        // node after node.
-        let crashed = state == TaskState::Lost && retry::crashed_node(reason.as_deref());
-        let losses = if crashed {
-            retry::node_losses(&self.store.task_events(task).await?) + 1
+        let earlier_node_losses = if rules::ending::counts_node_losses(state, reason.as_deref()) {
+            retry::node_losses(&self.store.task_events(task).await?)
         } else {
             0
         };
-        let (state, reason, retry) = if retry && losses >= retry::CRASH_LIMIT {
-            (
-                TaskState::Failed,
-                Some(retry::crash_limit_reason(losses)),
-                false,
-            )
-        } else {
-            (state, reason, retry)
-        };
-        let mut changes = vec![TaskChange::Transition(Transition {
-            reason: reason.clone(),
+        let plan = rules::ending::plan_end(AttemptEnd {
+            record: &record,
+            policy: spec.as_ref().map(|s| &s.retry),
+            state,
+            reason,
             exit_code,
-            ..Transition::new(task, record.state, state, record.attempt, at)
-        })];
-        let next = record.attempt.next();
-        let delay = retry::backoff(record.attempt);
-        if retry {
-            let max = spec.as_ref().map_or(1, |s| s.retry.max_attempts);
-            changes.push(TaskChange::Transition(Transition {
-                reason: Some(retry::retrying_reason(delay, next, max)),
-                ..Transition::new(task, state, TaskState::Queued, next, at)
-            }));
-        }
-        self.commit(&changes).await?;
-        if retry {
-            let cause = match state {
-                TaskState::Lost => reason.as_deref().unwrap_or("lost"),
-                _ => state.as_str(),
-            };
-            self.mark_attempt(task, next, cause);
+            at,
+            node_failure,
+            earlier_node_losses,
+        });
+        self.commit(&plan.changes).await?;
+        let state = plan.state;
+        if let Some(retry) = &plan.retry {
+            self.mark_attempt(task, retry.next, &retry.cause);
         }
         let attempt = AttemptRef {
             task,
@@ -510,18 +439,17 @@ impl Control {
             }
             live.cancelling.remove(&attempt);
         }
-        if !retry {
+        if plan.retry.is_none() {
             inner.stage_deps.remove(&task);
             // Before the scheduler hears of the end: it would start dependents at once.
             self.stop_dependents(inner, &record, state).await?;
         }
         self.drive(inner, Event::TaskEnded(task)).await;
-        match (retry, spec) {
-            (true, Some(spec)) => {
+        match (plan.retry, spec) {
+            (Some(retry), Some(spec)) => {
                 // Queued at once, so what depends on it keeps waiting, but placed no
                 // earlier than the backoff allows (`release_due_retries` wakes it).
-                let not_before = Timestamp(at.0.saturating_add(delay.as_millis() as u64));
-                inner.retry_at.insert(task, not_before);
+                inner.retry_at.insert(task, retry.not_before);
                 let group = inner.group_for(&self.config, &record.user);
                 let request = request_of(&spec, &record, at, group);
                 if inner.nodes.values().any(LiveNode::schedulable) {

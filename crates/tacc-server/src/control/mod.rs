@@ -35,6 +35,7 @@ mod lifecycle_tests;
 mod records;
 mod resume;
 mod retry;
+mod rules;
 mod sweep_stages;
 mod sweeps;
 #[cfg(test)]

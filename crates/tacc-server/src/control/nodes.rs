@@ -12,7 +12,8 @@ use tacc_scheduler::{Event, NodeSpec};
 use tacc_store::{NewNode, NodeRecord, TaskFilter};
 use tokio::sync::watch;
 
-use super::{Control, Inner, LiveNode, placements_of, request_of};
+use super::rules::claims::Claim;
+use super::{Control, Inner, LiveNode, placements_of, request_of, rules};
 use crate::ServerError;
 
 /// How often the server checks node liveness ([`Control::check_liveness`]).
@@ -120,40 +121,43 @@ impl Control {
                 task: task.id,
                 attempt: task.attempt,
             };
-            if claimed.contains(&attempt) && task.cancel_requested {
-                // Cancelled while the server was away and still running here: the agent
-                // is told to stop it, and it ends as cancelled once the agent has.
-                if let Some(live) = inner.nodes.get_mut(&record.id) {
-                    live.cancelling.insert(attempt);
-                }
-                continue;
-            }
             let all_nodes_online = task
                 .placements
                 .iter()
                 .all(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
-            if claimed.contains(&attempt) && all_nodes_online && !task.cancel_requested {
-                if was_online {
-                    continue;
+            match rules::claims::judge(
+                claimed.contains(&attempt),
+                task.cancel_requested,
+                all_nodes_online,
+                was_online,
+            ) {
+                Claim::Keep => {}
+                Claim::Restore => {
+                    if let Some(spec) = inner.specs.get(&task.id) {
+                        let group = inner.group_for(&self.config, &task.user);
+                        let event = Event::TaskRestored {
+                            task: task.id,
+                            request: request_of(spec, &task, task.submitted_at, group),
+                            placements: placements_of(&task.placements),
+                        };
+                        self.drive(&mut inner, event).await;
+                    }
                 }
-                if let Some(spec) = inner.specs.get(&task.id) {
-                    let group = inner.group_for(&self.config, &task.user);
-                    let event = Event::TaskRestored {
-                        task: task.id,
-                        request: request_of(spec, &task, task.submitted_at, group),
-                        placements: placements_of(&task.placements),
+                Claim::StopThenCancel => {
+                    if let Some(live) = inner.nodes.get_mut(&record.id) {
+                        live.cancelling.insert(attempt);
+                    }
+                }
+                Claim::Lose => {
+                    let outcome = AttemptOutcome::LaunchFailed {
+                        reason: "node_restarted".into(),
+                        message: format!(
+                            "the agent on node {} restarted while the attempt was {}; its processes were stopped",
+                            record.name, task.state
+                        ),
                     };
-                    self.drive(&mut inner, event).await;
+                    self.lose_attempt(&mut inner, attempt, outcome).await?;
                 }
-            } else {
-                let outcome = AttemptOutcome::LaunchFailed {
-                    reason: "node_restarted".into(),
-                    message: format!(
-                        "the agent on node {} restarted while the attempt was {}; its processes were stopped",
-                        record.name, task.state
-                    ),
-                };
-                self.lose_attempt(&mut inner, attempt, outcome).await?;
             }
         }
         self.release_held(&mut inner).await?;
@@ -301,33 +305,25 @@ impl Control {
     pub async fn check_liveness(&self) -> Result<(), ServerError> {
         let mut inner = self.inner.lock().await;
         let timeout = self.config.heartbeat_timeout;
-        // A server that was stalled (stopped, swapped out, a long lock) heard from nobody
-        // meanwhile; that silence is its own, not the nodes': their clocks start again.
-        let since_last_check = self.clock.since(inner.last_liveness_check);
-        inner.last_liveness_check = self.clock.instant();
-        if since_last_check > LIVENESS_CHECK_EVERY * 3 {
+        let now = self.clock.instant();
+        let found = {
+            let Inner {
+                nodes,
+                finished_ranks,
+                last_liveness_check,
+                ..
+            } = &mut *inner;
+            rules::liveness::check(nodes, finished_ranks, last_liveness_check, now, timeout)
+        };
+        if let Some(stalled) = found.stalled_for {
             tracing::warn!(
                 "the server did not check node liveness for {}s (was it stopped?): giving \
                  every node a fresh heartbeat period",
-                since_last_check.as_secs()
+                stalled.as_secs()
             );
-            for live in inner.nodes.values_mut() {
-                live.last_seen = self.clock.instant();
-            }
         }
-        let stable: Vec<NodeId> = inner
-            .nodes
-            .iter()
-            .filter(|(_, n)| {
-                n.online
-                    && n.held_back_until
-                        .is_some_and(|until| self.clock.instant() >= until)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for node in stable {
-            if let Some(live) = inner.nodes.get_mut(&node) {
-                live.held_back_until = None;
+        for node in found.stable {
+            if let Some(live) = inner.nodes.get(&node) {
                 tracing::info!(
                     "node {} has been stable: it gets work again",
                     live.record.name
@@ -336,51 +332,14 @@ impl Control {
             self.node_joins_scheduler(&mut inner, node).await;
             self.release_held(&mut inner).await?;
         }
-        let silent: Vec<NodeId> = inner
-            .nodes
-            .iter()
-            .filter(|(_, n)| {
-                self.clock.since(n.last_seen) > timeout
-                    && (n.online || !n.assignments.is_empty() || !n.cancelling.is_empty())
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for node in silent {
-            let (name, attempts, was_online) = {
-                let Inner {
-                    nodes,
-                    finished_ranks,
-                    ..
-                } = &mut *inner;
-                let live = nodes.get_mut(&node).expect("listed above");
-                let was_online = live.schedulable();
-                if live.online {
-                    live.losses.retain(|at| self.clock.since(*at) < FLAP_WINDOW);
-                    live.losses.push(self.clock.instant());
-                }
-                live.online = false;
-                live.held_back_until = None;
-                // A rank that already finished its part lost nothing with its node.
-                let mut attempts: Vec<AttemptRef> = live
-                    .assignments
-                    .values()
-                    .filter(|a| {
-                        !finished_ranks
-                            .get(&a.attempt)
-                            .is_some_and(|done| done.contains(&a.node_rank))
-                    })
-                    .map(|a| a.attempt)
-                    .collect();
-                // A cancel nobody is left to confirm ends with the node.
-                attempts.extend(std::mem::take(&mut live.cancelling));
-                (live.record.name.clone(), attempts, was_online)
-            };
+        for lost in found.lost {
+            let name = lost.name;
             tracing::warn!("node {name} missed its heartbeat for {timeout:?}: marking it offline");
-            self.node_attempts.forget_node(node, &[]);
-            if was_online {
-                self.drive(&mut inner, Event::NodeDown(node)).await;
+            self.node_attempts.forget_node(lost.node, &[]);
+            if lost.was_schedulable {
+                self.drive(&mut inner, Event::NodeDown(lost.node)).await;
             }
-            for attempt in attempts {
+            for attempt in lost.attempts {
                 let outcome = AttemptOutcome::LaunchFailed {
                     reason: "node_lost".into(),
                     message: format!(
