@@ -147,5 +147,9 @@ fn the_control_plane_rules_do_no_io_and_read_no_clock() {
         }
         checked += 1;
     }
-    assert!(checked >= 4, "only {checked} rule files found in {}", rules.display());
+    assert!(
+        checked >= 4,
+        "only {checked} rule files found in {}",
+        rules.display()
+    );
 }

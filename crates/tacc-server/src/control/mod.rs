@@ -22,6 +22,7 @@ use tokio::sync::{Mutex, watch};
 
 use crate::ServerError;
 use crate::clock::{Clock, SystemClock};
+use rules::cancel::CancelPlan;
 
 mod adaptive;
 mod attempts;
@@ -558,8 +559,17 @@ impl Control {
             .get_task(task)
             .await?
             .ok_or(ServerError::TaskNotFound(task))?;
-        match record.state {
-            TaskState::Queued => {
+        // An attempt whose node is gone has nobody left to confirm the cancel.
+        let placed_on_a_live_node = record
+            .placements
+            .iter()
+            .any(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
+        match rules::cancel::plan_cancel(
+            record.state,
+            record.cancel_requested,
+            placed_on_a_live_node,
+        ) {
+            CancelPlan::EndQueued => {
                 self.commit(&[TaskChange::Transition(Transition {
                     reason: Some("cancelled by user".into()),
                     ..Transition::new(
@@ -578,7 +588,7 @@ impl Control {
                 self.stop_dependents(&mut inner, &record, TaskState::Cancelled)
                     .await?;
             }
-            TaskState::Starting | TaskState::Running if !record.cancel_requested => {
+            CancelPlan::Withdraw { end_now } => {
                 self.commit(&[TaskChange::CancelRequested { task }]).await?;
                 let attempt = AttemptRef {
                     task,
@@ -590,12 +600,7 @@ impl Control {
                         live.version.send_modify(|v| *v += 1);
                     }
                 }
-                // An attempt whose node is gone has nobody left to confirm the cancel.
-                let placed_on_live_node = record
-                    .placements
-                    .iter()
-                    .any(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
-                if !placed_on_live_node {
+                if end_now {
                     self.finish_attempt(
                         &mut inner,
                         attempt,
@@ -605,7 +610,7 @@ impl Control {
                     .await?;
                 }
             }
-            _ => {}
+            CancelPlan::Nothing => {}
         }
         self.store
             .get_task(task)

@@ -196,16 +196,7 @@ impl Control {
             return Err(ServerError::NodeNotRegistered(node));
         }
         live.last_seen = self.clock.instant();
-        let settled: Vec<AttemptRef> = live
-            .cancelling
-            .iter()
-            .filter(|a| !running.contains(a))
-            .copied()
-            .collect();
-        for attempt in &settled {
-            live.cancelling.remove(attempt);
-        }
-        for attempt in settled {
+        for attempt in rules::polls::settled_cancels(live, running) {
             self.finish_attempt(
                 &mut inner,
                 attempt,
@@ -218,24 +209,12 @@ impl Control {
             .nodes
             .get_mut(&node)
             .ok_or(ServerError::NodeNotFound(node))?;
-        if !live.stale_claims.is_empty() {
-            live.stale_claims
-                .retain(|attempt| running.contains(attempt));
-            if live.stale_claims.is_empty() {
-                // Answer the next poll at once with the work that was held back.
-                live.version.send_modify(|v| *v += 1);
-            }
+        let desired = rules::polls::desired(live, running);
+        if desired.released {
+            // Answer the next poll at once with the work that was held back.
+            live.version.send_modify(|v| *v += 1);
         }
-        let assignments = if live.stale_claims.is_empty() {
-            live.assignments.values().cloned().collect()
-        } else {
-            // What it already runs and may keep; nothing new until the stale are gone.
-            live.assignments
-                .values()
-                .filter(|a| running.contains(&a.attempt))
-                .cloned()
-                .collect()
-        };
+        let assignments = desired.assignments;
         let receiver = live.version.subscribe();
         Ok((
             DesiredWork {

@@ -6,6 +6,8 @@
 //! a rule needs, applies what it decides, and wakes who must hear of it.
 
 pub(super) mod admission;
+pub(super) mod cancel;
 pub(super) mod claims;
 pub(super) mod ending;
 pub(super) mod liveness;
+pub(super) mod polls;
