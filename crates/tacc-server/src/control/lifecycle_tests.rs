@@ -60,17 +60,10 @@ async fn a_submit_without_any_node_waits_and_is_placed_when_one_registers() {
 async fn a_node_is_lost_only_once_silent_past_the_heartbeat_timeout() {
     let env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
-    let task = env.submit(ONE_CPU).await;
-    let attempt = only(&env.poll(&mut agent).await);
-    env.report(&agent, vec![env.started(attempt)]).await;
+    let (task, _) = env.running(&mut agent, ONE_CPU).await;
 
     // Checked every second, as a server does, up to the last millisecond of the term.
-    for _ in 0..HEARTBEAT.as_secs() - 1 {
-        env.advance(Duration::from_secs(1));
-        env.check_liveness().await;
-    }
-    env.advance(Duration::from_secs(1));
-    env.check_liveness().await;
+    env.pass_seconds(HEARTBEAT.as_secs(), &mut []).await;
     assert_eq!(env.node_state(&agent).await, "up");
     assert_eq!(env.state(task).await, Running);
 
@@ -108,9 +101,7 @@ async fn every_poll_and_report_is_a_heartbeat() {
 async fn a_stalled_server_loses_no_node_and_gives_each_a_fresh_term() {
     let env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
-    let task = env.submit(ONE_CPU).await;
-    let attempt = only(&env.poll(&mut agent).await);
-    env.report(&agent, vec![env.started(attempt)]).await;
+    let (task, _) = env.running(&mut agent, ONE_CPU).await;
     env.check_liveness().await;
 
     // The server was stopped (no liveness check ran) for twice the term: the silence
@@ -121,10 +112,7 @@ async fn a_stalled_server_loses_no_node_and_gives_each_a_fresh_term() {
     assert_eq!(env.state(task).await, Running);
 
     // A fresh term, not an endless one: a node that stays silent is lost after it.
-    for _ in 0..=HEARTBEAT.as_secs() {
-        env.advance(Duration::from_secs(1));
-        env.check_liveness().await;
-    }
+    env.pass_a_term(&mut []).await;
     assert_eq!(env.node_state(&agent).await, "down");
     assert_eq!(env.state(task).await, Lost);
 }
@@ -133,17 +121,11 @@ async fn a_stalled_server_loses_no_node_and_gives_each_a_fresh_term() {
 async fn a_lost_attempt_is_retried_elsewhere_and_its_old_node_s_reports_are_rejected() {
     let env = TestEnv::new().await;
     let mut old = env.join("old", 1).await;
-    let task = env.submit(&retried("node_failure", 2)).await;
-    let first = only(&env.poll(&mut old).await);
-    env.report(&old, vec![env.started(first)]).await;
+    let (task, first) = env.running(&mut old, &retried("node_failure", 2)).await;
     let mut new = env.join("new", 1).await;
 
     // `old` is cut off; `new` keeps polling.
-    for _ in 0..=HEARTBEAT.as_secs() {
-        env.advance(Duration::from_secs(1));
-        env.poll(&mut new).await;
-        env.check_liveness().await;
-    }
+    env.pass_a_term(&mut [&mut new]).await;
     assert_eq!(env.state(task).await, Queued, "waiting out its backoff");
     assert!(env.poll(&mut new).await.is_empty());
     env.advance(BACKOFF_BASE);
@@ -240,9 +222,7 @@ async fn terminal_states_never_change() {
 async fn an_end_the_agent_could_not_deliver_counts_when_it_registers_again() {
     let mut env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
-    let task = env.submit(ONE_CPU).await;
-    let attempt = only(&env.poll(&mut agent).await);
-    env.report(&agent, vec![env.started(attempt)]).await;
+    let (task, attempt) = env.running(&mut agent, ONE_CPU).await;
 
     // The server dies; the process exits 0 meanwhile; the agent keeps its end.
     env.restart_server().await;
@@ -263,9 +243,7 @@ async fn an_end_the_agent_could_not_deliver_counts_when_it_registers_again() {
 async fn an_attempt_its_restarted_agent_does_not_claim_is_lost_and_retried() {
     let env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
-    let task = env.submit(&retried("node_failure", 3)).await;
-    let attempt = only(&env.poll(&mut agent).await);
-    env.report(&agent, vec![env.started(attempt)]).await;
+    let (task, _) = env.running(&mut agent, &retried("node_failure", 3)).await;
 
     // The agent restarted: its processes died with it, it claims nothing.
     agent.running.clear();
@@ -291,15 +269,9 @@ async fn an_attempt_its_restarted_agent_does_not_claim_is_lost_and_retried() {
 async fn a_node_that_comes_back_stops_what_moved_away_before_it_gets_new_work() {
     let env = TestEnv::new().await;
     let mut old = env.join("old", 1).await;
-    let task = env.submit(&retried("node_failure", 2)).await;
-    let first = only(&env.poll(&mut old).await);
-    env.report(&old, vec![env.started(first)]).await;
+    let (task, _) = env.running(&mut old, &retried("node_failure", 2)).await;
     let mut new = env.join("new", 1).await;
-    for _ in 0..=HEARTBEAT.as_secs() {
-        env.advance(Duration::from_secs(1));
-        env.poll(&mut new).await;
-        env.check_liveness().await;
-    }
+    env.pass_a_term(&mut [&mut new]).await;
     env.advance(BACKOFF_BASE);
     env.check_liveness().await;
     only(&env.poll(&mut new).await);
@@ -410,9 +382,7 @@ async fn a_cancel_of_a_queued_task_ends_it_at_once_and_holds_across_a_restart() 
 async fn a_cancel_of_a_running_task_ends_it_when_its_agent_has_stopped_it() {
     let mut env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
-    let task = env.submit(ONE_CPU).await;
-    let attempt = only(&env.poll(&mut agent).await);
-    env.report(&agent, vec![env.started(attempt)]).await;
+    let (task, _) = env.running(&mut agent, ONE_CPU).await;
     env.control.cancel(task).await.unwrap();
     assert_eq!(env.state(task).await, Running, "until the agent confirms");
     assert!(env.task(task).await.cancel_requested);
@@ -438,10 +408,7 @@ async fn a_cancel_while_starting_on_a_lost_node_ends_at_once() {
     let mut agent = env.join("n1", 1).await;
     let task = env.submit(&retried("node_failure", 3)).await;
     only(&env.poll(&mut agent).await);
-    for _ in 0..=HEARTBEAT.as_secs() {
-        env.advance(Duration::from_secs(1));
-        env.check_liveness().await;
-    }
+    env.pass_a_term(&mut []).await;
     // Lost and requeued; a cancel now ends the waiting retry at once.
     assert_eq!(env.state(task).await, Queued);
     env.control.cancel(task).await.unwrap();
@@ -457,10 +424,7 @@ async fn a_flapping_node_gets_work_only_once_it_stayed_up() {
     let env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
     for _ in 0..super::nodes::FLAP_LOSSES {
-        for _ in 0..=HEARTBEAT.as_secs() {
-            env.advance(Duration::from_secs(1));
-            env.check_liveness().await;
-        }
+        env.pass_a_term(&mut []).await;
         assert_eq!(env.node_state(&agent).await, "down");
         env.register(&agent, 1).await;
     }
@@ -468,14 +432,8 @@ async fn a_flapping_node_gets_work_only_once_it_stayed_up() {
     let task = env.submit(ONE_CPU).await;
     assert!(env.poll(&mut agent).await.is_empty());
     assert_eq!(env.state(task).await, Queued);
-    let stable_after = env.control.config.node_stable_after;
-    let mut waited = Duration::ZERO;
-    while waited < stable_after {
-        env.advance(Duration::from_secs(1));
-        waited += Duration::from_secs(1);
-        env.poll(&mut agent).await;
-        env.check_liveness().await;
-    }
+    let stable_after = env.control.config.node_stable_after.as_secs();
+    env.pass_seconds(stable_after, &mut [&mut agent]).await;
     assert_eq!(env.node_state(&agent).await, "up");
     assert_eq!(only(&env.poll(&mut agent).await).task, task);
 }
@@ -504,16 +462,11 @@ async fn ids_are_never_reused_across_restarts() {
 async fn a_cancel_whose_node_never_comes_back_ends_within_the_heartbeat_timeout() {
     let mut env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
-    let task = env.submit(ONE_CPU).await;
-    let attempt = only(&env.poll(&mut agent).await);
-    env.report(&agent, vec![env.started(attempt)]).await;
+    let (task, _) = env.running(&mut agent, ONE_CPU).await;
     env.control.cancel(task).await.unwrap();
     env.restart_server().await;
     // The agent never registers with the new server.
-    for _ in 0..=HEARTBEAT.as_secs() {
-        env.advance(Duration::from_secs(1));
-        env.check_liveness().await;
-    }
+    env.pass_a_term(&mut []).await;
     assert_eq!(env.state(task).await, Cancelled);
 }
 
@@ -521,14 +474,9 @@ async fn a_cancel_whose_node_never_comes_back_ends_within_the_heartbeat_timeout(
 async fn an_attempt_whose_node_never_comes_back_after_a_restart_is_lost() {
     let mut env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
-    let task = env.submit(ONE_CPU).await;
-    let attempt = only(&env.poll(&mut agent).await);
-    env.report(&agent, vec![env.started(attempt)]).await;
+    let (task, _) = env.running(&mut agent, ONE_CPU).await;
     env.restart_server().await;
-    for _ in 0..HEARTBEAT.as_secs() - 1 {
-        env.advance(Duration::from_secs(1));
-        env.check_liveness().await;
-    }
+    env.pass_seconds(HEARTBEAT.as_secs() - 1, &mut []).await;
     assert_eq!(
         env.state(task).await,
         Running,
@@ -543,14 +491,9 @@ async fn an_attempt_whose_node_never_comes_back_after_a_restart_is_lost() {
 async fn a_cancel_whose_node_falls_silent_ends_with_the_node() {
     let env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
-    let task = env.submit(&retried("node_failure", 3)).await;
-    let attempt = only(&env.poll(&mut agent).await);
-    env.report(&agent, vec![env.started(attempt)]).await;
+    let (task, _) = env.running(&mut agent, &retried("node_failure", 3)).await;
     env.control.cancel(task).await.unwrap();
-    for _ in 0..=HEARTBEAT.as_secs() {
-        env.advance(Duration::from_secs(1));
-        env.check_liveness().await;
-    }
+    env.pass_a_term(&mut []).await;
     let record = env.task(task).await;
     assert_eq!(record.state, Cancelled, "{record:?}");
     assert_eq!(record.reason.as_deref(), Some("cancelled by user"));

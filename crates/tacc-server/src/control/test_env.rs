@@ -75,6 +75,32 @@ impl TestEnv {
         self.clock.advance(by);
     }
 
+    /// `seconds` pass as in a server: every second the liveness check runs, after the
+    /// agents in `polling` polled (the others are silent).
+    pub(super) async fn pass_seconds(&self, seconds: u64, polling: &mut [&mut FakeAgent]) {
+        for _ in 0..seconds {
+            self.advance(Duration::from_secs(1));
+            for agent in polling.iter_mut() {
+                self.poll(agent).await;
+            }
+            self.check_liveness().await;
+        }
+    }
+
+    /// A whole heartbeat term and a second more pass: an agent not polling is lost.
+    pub(super) async fn pass_a_term(&self, polling: &mut [&mut FakeAgent]) {
+        self.pass_seconds(HEARTBEAT.as_secs() + 1, polling).await;
+    }
+
+    /// Submit `yaml` and have `agent` take and start its attempt.
+    pub(super) async fn running(&self, agent: &mut FakeAgent, yaml: &str) -> (TaskId, AttemptRef) {
+        let task = self.submit(yaml).await;
+        let attempt = only(&self.poll(agent).await);
+        assert_eq!(attempt.task, task);
+        self.report(agent, vec![self.started(attempt)]).await;
+        (task, attempt)
+    }
+
     /// The server's periodic liveness check (every second in a server).
     pub(super) async fn check_liveness(&self) {
         self.control

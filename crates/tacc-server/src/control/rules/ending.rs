@@ -211,6 +211,37 @@ mod tests {
         }
     }
 
+    /// The plan for an attempt that exited with code 1.
+    fn failed(record: &TaskRecord, policy: &RetrySpec) -> EndPlan {
+        plan_end(end(
+            record,
+            Some(policy),
+            TaskState::Failed,
+            "exit code 1",
+            false,
+            0,
+        ))
+    }
+
+    /// The plan for an attempt lost with `reason`, with its node or not.
+    fn lost(
+        record: &TaskRecord,
+        policy: &RetrySpec,
+        reason: &str,
+        node_failure: bool,
+        earlier_node_losses: u32,
+    ) -> EndPlan {
+        let end = end(
+            record,
+            Some(policy),
+            TaskState::Lost,
+            reason,
+            node_failure,
+            earlier_node_losses,
+        );
+        plan_end(end)
+    }
+
     fn states(plan: &EndPlan) -> Vec<(TaskState, TaskState, u32)> {
         plan.changes
             .iter()
@@ -261,14 +292,7 @@ mod tests {
     fn an_end_without_a_wanted_retry_is_one_transition() {
         let running = record(TaskState::Running, 1);
         let only_lost = policy(&[RetryOn::Lost], 3);
-        let plan = plan_end(end(
-            &running,
-            Some(&only_lost),
-            TaskState::Failed,
-            "exit code 1",
-            false,
-            0,
-        ));
+        let plan = failed(&running, &only_lost);
         assert_eq!(states(&plan), [(TaskState::Running, TaskState::Failed, 1)]);
         assert_eq!(plan.retry, None);
     }
@@ -277,14 +301,7 @@ mod tests {
     fn a_wanted_retry_queues_the_next_attempt_after_its_backoff() {
         let running = record(TaskState::Running, 2);
         let on_failed = policy(&[RetryOn::Failed], 3);
-        let plan = plan_end(end(
-            &running,
-            Some(&on_failed),
-            TaskState::Failed,
-            "exit code 1",
-            false,
-            0,
-        ));
+        let plan = failed(&running, &on_failed);
         assert_eq!(
             states(&plan),
             [
@@ -313,14 +330,7 @@ mod tests {
     fn the_last_allowed_attempt_is_not_retried() {
         let running = record(TaskState::Running, 3);
         let on_failed = policy(&[RetryOn::Failed], 3);
-        let plan = plan_end(end(
-            &running,
-            Some(&on_failed),
-            TaskState::Failed,
-            "exit code 1",
-            false,
-            0,
-        ));
+        let plan = failed(&running, &on_failed);
         assert_eq!(plan.retry, None);
     }
 
@@ -328,23 +338,9 @@ mod tests {
     fn node_failure_retries_only_losses_with_the_node() {
         let running = record(TaskState::Running, 1);
         let on_node = policy(&[RetryOn::NodeFailure], 3);
-        let by_node = plan_end(end(
-            &running,
-            Some(&on_node),
-            TaskState::Lost,
-            "node_lost: gone",
-            true,
-            0,
-        ));
+        let by_node = lost(&running, &on_node, "node_lost: gone", true, 0);
         assert_eq!(by_node.retry.unwrap().cause, "node_lost: gone");
-        let other = plan_end(end(
-            &running,
-            Some(&on_node),
-            TaskState::Lost,
-            "lost",
-            false,
-            0,
-        ));
+        let other = lost(&running, &on_node, "lost", false, 0);
         assert_eq!(other.retry, None);
     }
 
@@ -352,23 +348,9 @@ mod tests {
     fn the_third_crash_of_a_node_fails_the_task() {
         let running = record(TaskState::Running, 3);
         let on_node = policy(&[RetryOn::NodeFailure], 10);
-        let second = plan_end(end(
-            &running,
-            Some(&on_node),
-            TaskState::Lost,
-            "node_restarted: x",
-            true,
-            1,
-        ));
+        let second = lost(&running, &on_node, "node_restarted: x", true, 1);
         assert!(second.retry.is_some());
-        let third = plan_end(end(
-            &running,
-            Some(&on_node),
-            TaskState::Lost,
-            "node_restarted: x",
-            true,
-            2,
-        ));
+        let third = lost(&running, &on_node, "node_restarted: x", true, 2);
         assert_eq!(third.state, TaskState::Failed);
         assert_eq!(third.retry, None);
         let TaskChange::Transition(failed) = &third.changes[0] else {
@@ -382,14 +364,7 @@ mod tests {
                 .starts_with("crash_limit:")
         );
         // A removed node is no crash of the task's.
-        let removed = plan_end(end(
-            &running,
-            Some(&on_node),
-            TaskState::Lost,
-            "node_removed: x",
-            true,
-            5,
-        ));
+        let removed = lost(&running, &on_node, "node_removed: x", true, 5);
         assert!(removed.retry.is_some());
     }
 }

@@ -99,29 +99,12 @@ pub(in crate::control) fn check(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tacc_core::{AttemptNo, Resources, TaskId, Timestamp};
-    use tacc_store::NodeRecord;
+    use tacc_core::{AttemptNo, TaskId};
 
     const TERM: Duration = Duration::from_secs(30);
     const SECOND: Duration = Duration::from_secs(1);
 
-    fn node(id: u64, at: Instant) -> LiveNode {
-        let mut live = LiveNode::new(
-            NodeRecord {
-                id: NodeId(id),
-                name: format!("n{id}"),
-                capacity: Resources::new(1000, 1 << 30, 0),
-                gpu_type: None,
-                labels: BTreeMap::new(),
-                address: String::new(),
-                registered_at: Timestamp(0),
-                drained: false,
-            },
-            at,
-        );
-        live.online = true;
-        live
-    }
+    use crate::control::rules::test_node as node;
 
     fn attempt(task: u64) -> AttemptRef {
         AttemptRef {

@@ -11,3 +11,23 @@ pub(super) mod claims;
 pub(super) mod ending;
 pub(super) mod liveness;
 pub(super) mod polls;
+
+/// A node record for the rules' unit tests: `n<id>`, one CPU, up since `at`.
+#[cfg(test)]
+pub(super) fn test_node(id: u64, at: std::time::Instant) -> super::LiveNode {
+    let mut live = super::LiveNode::new(
+        tacc_store::NodeRecord {
+            id: tacc_core::NodeId(id),
+            name: format!("n{id}"),
+            capacity: tacc_core::Resources::new(1000, 1 << 30, 0),
+            gpu_type: None,
+            labels: Default::default(),
+            address: String::new(),
+            registered_at: tacc_core::Timestamp(0),
+            drained: false,
+        },
+        at,
+    );
+    live.online = true;
+    live
+}

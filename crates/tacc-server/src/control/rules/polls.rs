@@ -54,12 +54,10 @@ pub(in crate::control) fn desired(live: &mut LiveNode, running: &[AttemptRef]) -
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::time::Instant;
 
     use super::*;
-    use tacc_core::{AttemptNo, NodeId, Resources, TaskId, Timestamp};
-    use tacc_store::NodeRecord;
+    use tacc_core::{AttemptNo, TaskId};
 
     fn attempt(task: u64) -> AttemptRef {
         AttemptRef {
@@ -81,19 +79,7 @@ mod tests {
     }
 
     fn node() -> LiveNode {
-        LiveNode::new(
-            NodeRecord {
-                id: NodeId(1),
-                name: "n1".into(),
-                capacity: Resources::new(1000, 1 << 30, 0),
-                gpu_type: None,
-                labels: BTreeMap::new(),
-                address: String::new(),
-                registered_at: Timestamp(0),
-                drained: false,
-            },
-            Instant::now(),
-        )
+        crate::control::rules::test_node(1, Instant::now())
     }
 
     #[test]
