@@ -228,21 +228,22 @@ fn chatty_mib(i: u32) -> u64 {
 
 /// One log line of the chatty task's log: a piece of an output line.
 struct Piece {
-    /// The line's number, on its first piece.
-    number: Option<String>,
+    /// What the piece starts with: its line's number on a first piece (the whole text of
+    /// the last line, which is not numbered).
+    head: Option<String>,
     xs: usize,
     end: &'static [u8],
 }
 
 impl Piece {
     fn len(&self) -> u64 {
-        (self.number.as_ref().map_or(0, String::len) + self.xs + self.end.len()) as u64
+        (self.head.as_ref().map_or(0, String::len) + self.xs + self.end.len()) as u64
     }
 
     fn write_into(&self, out: &mut Vec<u8>, xs: &[u8]) {
         out.clear();
-        if let Some(number) = &self.number {
-            out.extend_from_slice(number.as_bytes());
+        if let Some(head) = &self.head {
+            out.extend_from_slice(head.as_bytes());
         }
         out.extend_from_slice(&xs[..self.xs]);
         out.extend_from_slice(self.end);
@@ -263,13 +264,13 @@ fn chatty_log() -> impl Iterator<Item = Piece> {
                 let first = (k == 0).then(|| number.clone());
                 Piece {
                     xs: end - start - first.as_ref().map_or(0, String::len),
-                    number: first,
+                    head: first,
                     end: if end < len { CONTINUES } else { b"\n" },
                 }
             })
         })
         .chain(std::iter::once(Piece {
-            number: Some("chatty-done".into()),
+            head: Some("chatty-done".into()),
             xs: 0,
             end: b"\n",
         }))
@@ -282,24 +283,24 @@ struct LogCheck {
     xs: Vec<u8>,
     expected: Vec<u8>,
     /// How much of `expected` was matched.
-    at: usize,
+    matched: usize,
     /// The log offset of the next byte.
     offset: u64,
 }
 
 impl LogCheck {
-    fn from(offset: u64) -> Self {
+    fn at(offset: u64) -> Self {
         let mut check = LogCheck {
             pieces: Box::new(chatty_log()),
             xs: vec![b'x'; tacc_exec::MAX_LINE_BYTES],
             expected: Vec::new(),
-            at: 0,
+            matched: 0,
             offset: 0,
         };
         while let Some(piece) = check.pieces.next() {
             if check.offset + piece.len() > offset {
                 piece.write_into(&mut check.expected, &check.xs);
-                check.at = (offset - check.offset) as usize;
+                check.matched = (offset - check.offset) as usize;
                 check.offset = offset;
                 return check;
             }
@@ -314,15 +315,15 @@ impl LogCheck {
 
     fn feed(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
-            if self.at == self.expected.len() {
+            if self.matched == self.expected.len() {
                 let piece = self.pieces.next().unwrap_or_else(|| {
                     panic!("the log goes on past its expected end at {}", self.offset)
                 });
                 piece.write_into(&mut self.expected, &self.xs);
-                self.at = 0;
+                self.matched = 0;
             }
-            let n = bytes.len().min(self.expected.len() - self.at);
-            let (got, want) = (&bytes[..n], &self.expected[self.at..self.at + n]);
+            let n = bytes.len().min(self.expected.len() - self.matched);
+            let (got, want) = (&bytes[..n], &self.expected[self.matched..self.matched + n]);
             if got != want {
                 let wrong = got.iter().zip(want).position(|(g, w)| g != w).unwrap();
                 let show =
@@ -334,7 +335,7 @@ impl LogCheck {
                     show(want)
                 );
             }
-            self.at += n;
+            self.matched += n;
             self.offset += n as u64;
             bytes = &bytes[n..];
         }
@@ -343,7 +344,7 @@ impl LogCheck {
     /// Where the check is, asserting it is at the log's end.
     fn at_end(mut self) -> u64 {
         assert!(
-            self.at == self.expected.len() && self.pieces.next().is_none(),
+            self.matched == self.expected.len() && self.pieces.next().is_none(),
             "the log ends early, at {}",
             self.offset
         );
@@ -358,7 +359,7 @@ impl LogCheck {
 /// bounded amount of memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
-    /// How long printing and delivering 1 GiB may take (about 35 s here in a debug
+    /// How long printing and delivering 1 GiB may take (33–61 s measured in a debug
     /// build, on 2 cores shared with compilers).
     const PRINT_DEADLINE: Duration = Duration::from_secs(300);
     let dir = tempfile::tempdir().unwrap();
@@ -425,7 +426,7 @@ async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
     let expected_size: u64 = chatty_log().map(|piece| piece.len()).sum();
     let (tail, size) = client.logs(chatty, expected_size - 200).await.unwrap();
     assert_eq!(size, expected_size, "the log's size");
-    let mut check = LogCheck::from(expected_size - 200);
+    let mut check = LogCheck::at(expected_size - 200);
     check.feed(&tail);
     check.at_end();
 
@@ -440,7 +441,7 @@ async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
                 use futures::StreamExt;
                 let stream = client.follow_logs(chatty, 0).await.unwrap();
                 futures::pin_mut!(stream);
-                let mut check = LogCheck::from(0);
+                let mut check = LogCheck::at(0);
                 while let Some(chunk) = stream.next().await {
                     check.feed(&chunk.unwrap());
                 }
@@ -481,7 +482,7 @@ async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
                         .unwrap();
                     let header = response.headers()[tacc_proto::LOG_OFFSET_HEADER].clone();
                     assert_eq!(header.to_str().unwrap(), (offset + limit).to_string());
-                    let mut check = LogCheck::from(offset);
+                    let mut check = LogCheck::at(offset);
                     while let Some(chunk) = response.chunk().await.unwrap() {
                         check.feed(&chunk);
                     }
