@@ -98,16 +98,51 @@ impl AttemptQueue {
     }
 }
 
-/// The length of `text` as a JSON string, never less than serde_json writes.
+/// The length of `text` as a JSON string, never less than serde_json writes. Every byte
+/// a task prints passes here, so it goes eight bytes at a time, looking at single bytes
+/// only in the words that hold one JSON escapes (it was a sixth of the agent's time for
+/// a task printing long lines, in a debug build).
 fn json_len(text: &str) -> usize {
-    2 + text
-        .bytes()
-        .map(|b| match b {
-            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
-            0..=0x1f => 6,
-            _ => 1,
-        })
+    let mut words = text.as_bytes().chunks_exact(8);
+    let mut len = 2;
+    for word in &mut words {
+        let value = u64::from_le_bytes(word.try_into().expect("chunks of eight"));
+        len += if may_escape(value) {
+            word.iter().copied().map(escaped_len).sum()
+        } else {
+            8
+        };
+    }
+    len + words
+        .remainder()
+        .iter()
+        .copied()
+        .map(escaped_len)
         .sum::<usize>()
+}
+
+/// What one byte of a string takes in JSON (at most; `\u2028` and the like are kept as
+/// they are by serde_json).
+fn escaped_len(byte: u8) -> usize {
+    match byte {
+        b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+        0..=0x1f => 6,
+        _ => 1,
+    }
+}
+
+/// Whether a byte of `word` may need escaping in JSON: a control byte, a quote or a
+/// backslash. Never false when one does (the tests for a byte below n and a zero byte
+/// are exact as "any byte" tests, see "Bit Twiddling Hacks"); true otherwise only
+/// costs a look at the word's bytes.
+fn may_escape(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    const QUOTES: u64 = ONES * b'"' as u64;
+    const BACKSLASHES: u64 = ONES * b'\\' as u64;
+    const SPACES: u64 = ONES * 0x20;
+    let below = |x: u64, n: u64| x.wrapping_sub(n) & !x & HIGHS != 0;
+    below(word, SPACES) || below(word ^ QUOTES, ONES) || below(word ^ BACKSLASHES, ONES)
 }
 
 /// The size of a report in a batch's JSON body (an estimate that never undercounts).
@@ -559,6 +594,23 @@ mod tests {
     fn json_length_estimate_never_undercounts() {
         let text: String = (0u8..=127).map(char::from).collect::<String>() + "é\u{2028}";
         assert!(json_len(&text) >= serde_json::to_string(&text).unwrap().len());
+        // Each byte at each place of a word and in the tail, among plain text and among
+        // multi-byte characters: what a word at a time finds is what a byte at a time does.
+        for byte in 0u8..=127 {
+            for at in 0..19 {
+                for filler in ["a", "é"] {
+                    let mut text: String = filler.repeat(19);
+                    let at = (0..=at).rev().find(|i| text.is_char_boundary(*i)).unwrap();
+                    text.insert(at, char::from(byte));
+                    let exact: usize = 2 + text.bytes().map(escaped_len).sum::<usize>();
+                    assert_eq!(json_len(&text), exact, "{text:?}");
+                    assert!(
+                        exact >= serde_json::to_string(&text).unwrap().len(),
+                        "{text:?}"
+                    );
+                }
+            }
+        }
         let report = log(attempt(123_456), &text);
         assert!(report_len(&report) >= serde_json::to_vec(&report).unwrap().len());
     }

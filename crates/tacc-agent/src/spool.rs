@@ -165,14 +165,24 @@ impl Spool {
                 self.path.display()
             ));
         }
-        // Whole lines where they fit, else whole characters.
-        let mut cut = match buffer.iter().rposition(|b| *b == b'\n') {
-            Some(newline) if (buffer.len() as u64) < unread => newline + 1,
-            _ => buffer.len(),
-        };
-        if let Err(e) = std::str::from_utf8(&buffer[..cut]) {
+        // Whole characters (the output went in as text: only the end of what was read
+        // can be a character cut short), and whole lines where they fit.
+        let mut cut = buffer.len();
+        if let Err(e) = std::str::from_utf8(&buffer) {
             if e.error_len().is_none() && e.valid_up_to() > 0 {
                 cut = e.valid_up_to();
+            }
+        }
+        if (buffer.len() as u64) < unread {
+            // `str::rfind` searches with the standard library's optimised memrchr; a
+            // byte-by-byte search from the end was a twentieth of the agent's time
+            // reading back a task's long lines (debug build).
+            let newline = match std::str::from_utf8(&buffer[..cut]) {
+                Ok(text) => text.rfind('\n'),
+                Err(_) => buffer[..cut].iter().rposition(|b| *b == b'\n'),
+            };
+            if let Some(newline) = newline {
+                cut = newline + 1;
             }
         }
         buffer.truncate(cut);
@@ -232,6 +242,39 @@ mod tests {
         spool.append("after\n".into());
         assert!(!spool.spilling());
         assert_eq!(spool.take(100).as_deref(), Some("after\n"));
+    }
+
+    #[test]
+    fn spilled_output_comes_back_in_whole_lines_and_whole_characters() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::new(dir.path().join("spool"));
+        spool.append("a".repeat(MEMORY_BYTES));
+        // Lines of at most 86 bytes, with two-byte characters.
+        let lines: Vec<String> = (0..2000)
+            .map(|i| format!("é{i} {}\n", "ü".repeat(i % 40)))
+            .collect();
+        for line in &lines {
+            spool.append(line.clone());
+        }
+        let long = format!("{}\n", "ü".repeat(1000));
+        spool.append(long.clone());
+        assert!(spool.spilling());
+        assert_eq!(spool.take(MEMORY_BYTES).unwrap().len(), MEMORY_BYTES);
+        let mut out = String::new();
+        while out.len() < lines.concat().len() {
+            // A take of 101 bytes holds at least one whole line, and ends with one.
+            let chunk = spool.take(101).unwrap();
+            assert!(chunk.ends_with('\n'), "{chunk:?}");
+            out.push_str(&chunk);
+        }
+        assert_eq!(out, lines.concat());
+        // A line longer than a take comes back a whole character short of the limit.
+        let mut rest = String::new();
+        while let Some(chunk) = spool.take(101) {
+            assert!(chunk.len() == 100 || rest.len() + chunk.len() == long.len());
+            rest.push_str(&chunk);
+        }
+        assert_eq!(rest, long);
     }
 
     #[test]

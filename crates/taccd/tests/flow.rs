@@ -42,6 +42,23 @@ fn memory_line(pid: u32, key: &str) -> u64 {
 
 const MIB: u64 = 1 << 20;
 
+/// The CPU time a process has used so far (user and system), in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command (which may hold spaces) in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap();
+    ticks as f64 / per_second as f64
+}
+
 /// Start `taccd server` again on the address it had (its agents know no other).
 async fn restart_server(data: &Path, url: &str) -> Daemon {
     restart_on("server", data, url, &[]).await
@@ -194,14 +211,160 @@ async fn numbered_output_survives_agent_and_server_kills_exactly() {
     );
 }
 
-/// A task printing 1 MiB lines as fast as it can does not stall another task on the
-/// same node, and the agent's memory stays bounded; then three concurrent readers of
-/// its large log cost the server a bounded amount of memory.
+/// The chatty task prints lines numbered 1 to this, each its number then `x`s.
+const CHATTY_LINES: u32 = 971;
+/// Lines of 8, 16 and 32 MiB of `x` among the 1 MiB ones: 1 GiB of `x` in all.
+const HUGE_LINES: [(u32, u64); 3] = [(100, 8), (500, 16), (900, 32)];
+/// What ends each log line but the last of an output line cut into pieces.
+const CONTINUES: &[u8] = b" [tacc: line continues]\n";
+
+/// MiB of `x` on chatty line `i`.
+fn chatty_mib(i: u32) -> u64 {
+    HUGE_LINES
+        .iter()
+        .find(|(at, _)| *at == i)
+        .map_or(1, |(_, mib)| *mib)
+}
+
+/// One log line of the chatty task's log: a piece of an output line.
+struct Piece {
+    /// What the piece starts with: its line's number on a first piece (the whole text of
+    /// the last line, which is not numbered).
+    head: Option<String>,
+    xs: usize,
+    end: &'static [u8],
+}
+
+impl Piece {
+    fn len(&self) -> u64 {
+        (self.head.as_ref().map_or(0, String::len) + self.xs + self.end.len()) as u64
+    }
+
+    fn write_into(&self, out: &mut Vec<u8>, xs: &[u8]) {
+        out.clear();
+        if let Some(head) = &self.head {
+            out.extend_from_slice(head.as_bytes());
+        }
+        out.extend_from_slice(&xs[..self.xs]);
+        out.extend_from_slice(self.end);
+    }
+}
+
+/// The chatty task's log, log line by log line: an output line longer than
+/// `tacc_exec::MAX_LINE_BYTES` is cut in pieces of that size, every piece but the last
+/// ending with the continuation mark.
+fn chatty_log() -> impl Iterator<Item = Piece> {
+    const PIECE: usize = tacc_exec::MAX_LINE_BYTES;
+    (1..=CHATTY_LINES)
+        .flat_map(|i| {
+            let number = i.to_string();
+            let len = number.len() + (chatty_mib(i) * MIB) as usize;
+            (0..len.div_ceil(PIECE)).map(move |k| {
+                let (start, end) = (k * PIECE, ((k + 1) * PIECE).min(len));
+                let first = (k == 0).then(|| number.clone());
+                Piece {
+                    xs: end - start - first.as_ref().map_or(0, String::len),
+                    head: first,
+                    end: if end < len { CONTINUES } else { b"\n" },
+                }
+            })
+        })
+        .chain(std::iter::once(Piece {
+            head: Some("chatty-done".into()),
+            xs: 0,
+            end: b"\n",
+        }))
+}
+
+/// Compares a stream of log bytes, as it arrives, with the chatty task's log from an
+/// offset (a gigabyte is never held whole).
+struct LogCheck {
+    pieces: Box<dyn Iterator<Item = Piece> + Send>,
+    xs: Vec<u8>,
+    expected: Vec<u8>,
+    /// How much of `expected` was matched.
+    matched: usize,
+    /// The log offset of the next byte.
+    offset: u64,
+}
+
+impl LogCheck {
+    fn at(offset: u64) -> Self {
+        let mut check = LogCheck {
+            pieces: Box::new(chatty_log()),
+            xs: vec![b'x'; tacc_exec::MAX_LINE_BYTES],
+            expected: Vec::new(),
+            matched: 0,
+            offset: 0,
+        };
+        while let Some(piece) = check.pieces.next() {
+            if check.offset + piece.len() > offset {
+                piece.write_into(&mut check.expected, &check.xs);
+                check.matched = (offset - check.offset) as usize;
+                check.offset = offset;
+                return check;
+            }
+            check.offset += piece.len();
+        }
+        assert_eq!(
+            check.offset, offset,
+            "offset {offset} is past the log's end"
+        );
+        check
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.matched == self.expected.len() {
+                let piece = self.pieces.next().unwrap_or_else(|| {
+                    panic!("the log goes on past its expected end at {}", self.offset)
+                });
+                piece.write_into(&mut self.expected, &self.xs);
+                self.matched = 0;
+            }
+            let n = bytes.len().min(self.expected.len() - self.matched);
+            let (got, want) = (&bytes[..n], &self.expected[self.matched..self.matched + n]);
+            if got != want {
+                let wrong = got.iter().zip(want).position(|(g, w)| g != w).unwrap();
+                let show =
+                    |b: &[u8]| String::from_utf8_lossy(&b[wrong..(wrong + 60).min(n)]).into_owned();
+                panic!(
+                    "the log differs at byte {}: {:?} where {:?} was expected",
+                    self.offset + wrong as u64,
+                    show(got),
+                    show(want)
+                );
+            }
+            self.matched += n;
+            self.offset += n as u64;
+            bytes = &bytes[n..];
+        }
+    }
+
+    /// Where the check is, asserting it is at the log's end.
+    fn at_end(mut self) -> u64 {
+        assert!(
+            self.matched == self.expected.len() && self.pieces.next().is_none(),
+            "the log ends early, at {}",
+            self.offset
+        );
+        self.offset
+    }
+}
+
+/// A task printing 1 GiB of long lines (1 MiB, and three of 8, 16 and 32 MiB) as fast
+/// as it can does not stall another task on the same node, the agent's memory stays
+/// bounded, and every line arrives whole, in pieces, exactly; then six concurrent full
+/// readers of its log (three following it, three reading ranges) cost the server a
+/// bounded amount of memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
-    const LINES: u32 = 200;
+    /// How long printing and delivering 1 GiB may take (33–61 s measured in a debug
+    /// build, on 2 cores shared with compilers).
+    const PRINT_DEADLINE: Duration = Duration::from_secs(300);
     let dir = tempfile::tempdir().unwrap();
-    let server = start("server", &dir.path().join("s"), &[]).await;
+    // The log is a little over 1 GiB, the default cap.
+    let server = start("server", &dir.path().join("s"), &["--max-log", "2GiB"]).await;
     let client = server.client();
     let agent = start_agent(
         &server,
@@ -209,14 +372,21 @@ async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
         &["--name", "chatty", "--cpus", "2"],
     );
     wait_nodes(&client, 1).await;
+    let huge: String = HUGE_LINES
+        .iter()
+        .map(|(at, mib)| format!("if (i == {at}) n = {mib}; "))
+        .collect();
+    let printing = Instant::now();
     let chatty = submit(
         &client,
         dir.path(),
         "chatty",
         &format!(
             "name: chatty\nresources: {{cpus: 1}}\nrun: |\n  \
-             awk 'BEGIN {{ s = \"x\"; for (k = 0; k < 20; k++) s = s s; \
-             for (i = 1; i <= {LINES}; i++) print i s }}'\n  echo chatty-done\n"
+             awk 'BEGIN {{ ORS = \"\"; s = \"x\"; for (k = 0; k < 20; k++) s = s s; \
+             for (i = 1; i <= {CHATTY_LINES}; i++) {{ n = 1; {huge}\
+             print i; for (j = 0; j < n; j++) print s; print \"\\n\" }} }}'\n  \
+             echo chatty-done\n"
         ),
         &[],
     )
@@ -241,48 +411,100 @@ async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
         "the quiet task took {quiet_took:?} beside the chatty one"
     );
 
-    let view = wait_terminal(&client, chatty).await;
+    let view = eventually("the chatty task to end", PRINT_DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let view = client.get_task(chatty).await.ok()?;
+            view.state.is_terminal().then_some(view)
+        }
+    })
+    .await;
+    let printed_in = printing.elapsed();
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
     let agent_peak = peak_rss(agent.pid());
-    let size = client.logs(chatty, 0).await.unwrap().1;
-    // Every line arrives whole once its pieces are joined again.
-    let (tail, _) = client.logs(chatty, size - 200).await.unwrap();
-    assert!(String::from_utf8_lossy(&tail).ends_with("xx\nchatty-done\n"));
-    assert!(size > u64::from(LINES) * MIB, "{size} bytes of log");
+    let (agent_cpu, server_cpu) = (cpu_seconds(agent.pid()), cpu_seconds(server.pid()));
+    let expected_size: u64 = chatty_log().map(|piece| piece.len()).sum();
+    let (tail, size) = client.logs(chatty, expected_size - 200).await.unwrap();
+    assert_eq!(size, expected_size, "the log's size");
+    let mut check = LogCheck::at(expected_size - 200);
+    check.feed(&tail);
+    check.at_end();
 
-    // Three readers at once, each through the whole log.
+    // Six full readers at once: three follow the log from its start, three read it in
+    // ranges, each streamed and checked byte for byte as it arrives.
     let server_before = peak_rss(server.pid());
-    let readers: Vec<_> = (0..3)
+    let reading = Instant::now();
+    let followers: Vec<_> = (0..3)
         .map(|_| {
             let client = client.clone();
             tokio::spawn(async move {
                 use futures::StreamExt;
                 let stream = client.follow_logs(chatty, 0).await.unwrap();
                 futures::pin_mut!(stream);
-                let mut read = 0u64;
+                let mut check = LogCheck::at(0);
                 while let Some(chunk) = stream.next().await {
-                    read += chunk.unwrap().len() as u64;
+                    check.feed(&chunk.unwrap());
+                }
+                check.at_end()
+            })
+        })
+        .collect();
+    let http = reqwest::Client::new();
+    let ranged: Vec<_> = (0..3u64)
+        .map(|k| {
+            let (http, url, token) = (http.clone(), server.url.clone(), server.token.clone());
+            tokio::spawn(async move {
+                // Each reader starts a third of the way further and goes round.
+                const RANGE: u64 = 200 * MIB;
+                let start = size / 3 * k;
+                let mut ranges = Vec::new();
+                let mut offset = start;
+                while ranges.is_empty() || offset != start {
+                    let end = if offset < start { start } else { size };
+                    let limit = RANGE.min(end - offset);
+                    ranges.push((offset, limit));
+                    offset = if offset + limit == size {
+                        0
+                    } else {
+                        offset + limit
+                    };
+                }
+                let mut read = 0;
+                for (offset, limit) in ranges {
+                    let mut response = http
+                        .get(format!("{url}/v1/tasks/{chatty}/logs"))
+                        .bearer_auth(&token)
+                        .query(&[("offset", offset), ("limit", limit)])
+                        .send()
+                        .await
+                        .unwrap()
+                        .error_for_status()
+                        .unwrap();
+                    let header = response.headers()[tacc_proto::LOG_OFFSET_HEADER].clone();
+                    assert_eq!(header.to_str().unwrap(), (offset + limit).to_string());
+                    let mut check = LogCheck::at(offset);
+                    while let Some(chunk) = response.chunk().await.unwrap() {
+                        check.feed(&chunk);
+                    }
+                    assert_eq!(check.offset, offset + limit, "the range from {offset}");
+                    read += limit;
                 }
                 read
             })
         })
         .collect();
-    let plain: Vec<_> = (0..3)
-        .map(|_| {
-            let client = client.clone();
-            tokio::spawn(async move { client.logs(chatty, 0).await.unwrap().1 })
-        })
-        .collect();
-    for reader in readers.into_iter().chain(plain) {
+    for reader in followers.into_iter().chain(ranged) {
         assert_eq!(reader.await.unwrap(), size);
     }
+    let read_in = reading.elapsed();
     let server_after = peak_rss(server.pid());
     eprintln!(
-        "flow: the quiet task finished in {quiet_took:.2?} beside the chatty one (which was \
-         {chatty_state}); agent peak RSS {:.1} MiB for {:.0} MiB of 1 MiB lines; server peak \
-         RSS {:.1} MiB before and {:.1} MiB after six concurrent readers of the log",
-        agent_peak as f64 / MIB as f64,
+        "flow: {:.0} MiB of long lines printed and delivered in {printed_in:.2?} (CPU: agent \
+         {agent_cpu:.1} s, server {server_cpu:.1} s); the quiet task finished in {quiet_took:.2?} beside the chatty one (which was {chatty_state}); \
+         agent peak RSS {:.1} MiB; six concurrent full readers checked the log in \
+         {read_in:.2?}, server peak RSS {:.1} MiB before them and {:.1} MiB after",
         size as f64 / MIB as f64,
+        agent_peak as f64 / MIB as f64,
         server_before as f64 / MIB as f64,
         server_after as f64 / MIB as f64,
     );
