@@ -2,7 +2,9 @@
 //! keyed submits (R1, on a server with its own agent and on the embedded cluster), a
 //! restore after partial progress (R2), duplicated, reordered and stale agent reports
 //! (R12), cancels followed at once by a crash (R13) and a stalled server (R6). Each run
-//! records every client call and the checker in `fault_suite/history.rs` judges it.
+//! records every client call and the checker in `fault_suite/history.rs` judges it. Every
+//! scenario runs on each store: `…_on_sqlite` and `…_on_postgres` (a database of its own on
+//! the server named by `TACC_TEST_POSTGRES_URL`, kept across the scenario's restarts).
 
 mod common;
 #[path = "fault_suite/history.rs"]
@@ -144,15 +146,15 @@ const KILLS: usize = 5;
 
 /// R1: `mode` is `server` (with a separate agent that lives through the kills) or `dev`
 /// (the embedded cluster, whose agent dies with it).
-async fn r1(mode: &str) {
+async fn r1(mode: &str, backend: Backend) {
     let submits = r1_submits();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
     let markers = markers_dir(dir.path());
-    let extra: Vec<&str> = if mode == "dev" {
-        vec!["--cpus", "16"]
+    let extra = if mode == "dev" {
+        backend.with(&["--cpus", "16"])
     } else {
-        vec![]
+        backend.args()
     };
     let mut server = start(mode, &data, &extra).await;
     let url = server.url.clone();
@@ -335,31 +337,57 @@ async fn r1(mode: &str) {
         .filter(|c| c.op == "submit" && c.outcome.is_err())
         .count();
     eprintln!(
-        "R1 {mode}: {submits} submits from {CLIENTS} clients, {KILLS} kills at {kills:?}; \
+        "R1 {mode} on {}: {submits} submits from {CLIENTS} clients, {KILLS} kills at {kills:?}; \
          {} submit calls ({failed} failed and retried with their key, the longest wait for an acknowledgement \
          {longest:?}); all acknowledged in \
          {submitted_in:?}, all finished in {finished_in:?}; {reruns} attempts rerun after a \
          kill, {orphans_finished} of them after the crash had caught them launching and they \
          ran to their end as orphans (the latest {latest_orphan_end} ms after it); \
          {observations} state observations checked",
+        backend.name(),
         calls.iter().filter(|c| c.op == "submit").count()
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r1_server_killed_during_keyed_submits_from_8_clients() {
-    if !cgroups_or_skip("r1_server_killed_during_keyed_submits_from_8_clients") {
+async fn r1_server_killed_during_keyed_submits_from_8_clients_on_sqlite() {
+    if !cgroups_or_skip("r1_server_killed_during_keyed_submits_from_8_clients_on_sqlite") {
         return;
     }
-    r1("server").await;
+    r1("server", Backend::Sqlite).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r1_embedded_cluster_killed_during_keyed_submits_from_8_clients() {
-    if !cgroups_or_skip("r1_embedded_cluster_killed_during_keyed_submits_from_8_clients") {
+async fn r1_server_killed_during_keyed_submits_from_8_clients_on_postgres() {
+    let test = "r1_server_killed_during_keyed_submits_from_8_clients_on_postgres";
+    if !cgroups_or_skip(test) {
         return;
     }
-    r1("dev").await;
+    let Some(backend) = Backend::postgres(test).await else {
+        return;
+    };
+    r1("server", backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn r1_embedded_cluster_killed_during_keyed_submits_from_8_clients_on_sqlite() {
+    if !cgroups_or_skip("r1_embedded_cluster_killed_during_keyed_submits_from_8_clients_on_sqlite")
+    {
+        return;
+    }
+    r1("dev", Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn r1_embedded_cluster_killed_during_keyed_submits_from_8_clients_on_postgres() {
+    let test = "r1_embedded_cluster_killed_during_keyed_submits_from_8_clients_on_postgres";
+    if !cgroups_or_skip(test) {
+        return;
+    }
+    let Some(backend) = Backend::postgres(test).await else {
+        return;
+    };
+    r1("dev", backend).await;
 }
 
 /// Whether `$MARKERS/gate-<task>` exists (the task waits for it).
@@ -388,19 +416,36 @@ async fn wait_marked(markers: &Path, task: TaskId, attempt: u32) {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r2_restore_after_partial_progress_reruns_only_unfinished_tasks_on_sqlite() {
+    if !cgroups_or_skip("r2_restore_after_partial_progress_reruns_only_unfinished_tasks_on_sqlite")
+    {
+        return;
+    }
+    r2(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r2_restore_after_partial_progress_reruns_only_unfinished_tasks_on_postgres() {
+    let test = "r2_restore_after_partial_progress_reruns_only_unfinished_tasks_on_postgres";
+    if !cgroups_or_skip(test) {
+        return;
+    }
+    let Some(backend) = Backend::postgres(test).await else {
+        return;
+    };
+    r2(backend).await;
+}
+
 /// R2: the server and its agent both killed with half the tasks finished and half
 /// running; after both are back, only the unfinished ones run again, as attempt 2, and
 /// never while attempt 1 still lives.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r2_restore_after_partial_progress_reruns_only_unfinished_tasks() {
-    if !cgroups_or_skip("r2_restore_after_partial_progress_reruns_only_unfinished_tasks") {
-        return;
-    }
+async fn r2(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("s");
     let agent_dir = dir.path().join("a");
     let markers = markers_dir(dir.path());
-    let mut server = start("server", &data, &[]).await;
+    let mut server = start("server", &data, &backend.args()).await;
     let url = server.url.clone();
     let mut agent = start_agent(&server, &agent_dir, &["--name", "r2", "--cpus", "8"]);
     let client = server.client();
@@ -429,7 +474,7 @@ async fn r2_restore_after_partial_progress_reruns_only_unfinished_tasks() {
     }
     server.kill9();
     agent.kill9();
-    let server = restart_on("server", &data, &url, &[]).await;
+    let server = restart_on("server", &data, &url, &backend.args()).await;
     let client = server.client();
     let _agent = start_agent(&server, &agent_dir, &["--name", "r2", "--cpus", "8"]);
     for task in unfinished {
@@ -461,9 +506,10 @@ async fn r2_restore_after_partial_progress_reruns_only_unfinished_tasks() {
     history.check_acknowledgements();
     let observations = history.check_terminal_states_stay();
     eprintln!(
-        "R2: 3 of 6 tasks finished before server and agent were killed; after the restart \
+        "R2 on {}: 3 of 6 tasks finished before server and agent were killed; after the restart \
          those stayed at attempt 1, the 3 unfinished ran as attempt 2; {observations} \
-         observations checked"
+         observations checked",
+        backend.name()
     );
 }
 
@@ -549,16 +595,29 @@ fn log(attempt: AttemptRef, text: &str) -> AgentReport {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r12_duplicated_reordered_and_stale_reports_are_applied_once_on_sqlite() {
+    r12(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r12_duplicated_reordered_and_stale_reports_are_applied_once_on_postgres() {
+    let test = "r12_duplicated_reordered_and_stale_reports_are_applied_once_on_postgres";
+    let Some(backend) = Backend::postgres(test).await else {
+        return;
+    };
+    r12(backend).await;
+}
+
 /// R12: reports sent twice, in the wrong order, and by a node whose attempt was retried
 /// elsewhere: each state change is applied once, a terminal state never changes, and the
 /// stale attempt's reports, outputs and log lines are refused.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r12_duplicated_reordered_and_stale_reports_are_applied_once() {
+async fn r12(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let server = start(
         "server",
         &dir.path().join("s"),
-        &["--heartbeat-timeout", "3"],
+        &backend.with(&["--heartbeat-timeout", "3"]),
     )
     .await;
     let client = server.client();
@@ -694,9 +753,10 @@ async fn r12_duplicated_reordered_and_stale_reports_are_applied_once() {
     check_events(&client, stale).await;
     let observations = history.check_terminal_states_stay();
     eprintln!(
-        "R12: duplicated batch acked {first:?} then {again:?} (accepted, rejected); stale \
+        "R12 on {}: duplicated batch acked {first:?} then {again:?} (accepted, rejected); stale \
          batch from the lost node acked ({accepted}, {rejected}); {observations} \
-         observations checked"
+         observations checked",
+        backend.name()
     );
     assert_eq!(
         (accepted, rejected),
@@ -710,17 +770,33 @@ fn sleeper(markers: &Path, name: &str) -> String {
         .replace("resources: {cpus: 0.1}", "resources: {cpus: 1}")
 }
 
-/// R13: a cancel in each phase — queued, starting, running — with the server killed right
-/// after it: after the restart the task is cancelled, stays so, and no process is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r13_cancel_in_every_phase_survives_a_kill_right_after() {
-    if !cgroups_or_skip("r13_cancel_in_every_phase_survives_a_kill_right_after") {
+async fn r13_cancel_in_every_phase_survives_a_kill_right_after_on_sqlite() {
+    if !cgroups_or_skip("r13_cancel_in_every_phase_survives_a_kill_right_after_on_sqlite") {
         return;
     }
+    r13(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r13_cancel_in_every_phase_survives_a_kill_right_after_on_postgres() {
+    let test = "r13_cancel_in_every_phase_survives_a_kill_right_after_on_postgres";
+    if !cgroups_or_skip(test) {
+        return;
+    }
+    let Some(backend) = Backend::postgres(test).await else {
+        return;
+    };
+    r13(backend).await;
+}
+
+/// R13: a cancel in each phase — queued, starting, running — with the server killed right
+/// after it: after the restart the task is cancelled, stays so, and no process is left.
+async fn r13(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("s");
     let markers = markers_dir(dir.path());
-    let mut server = start("server", &data, &[]).await;
+    let mut server = start("server", &data, &backend.args()).await;
     let url = server.url.clone();
     let agent = start_agent(
         &server,
@@ -751,7 +827,7 @@ async fn r13_cancel_in_every_phase_survives_a_kill_right_after() {
         Ok(format!("{:?}", reply.state)),
     );
     server.kill9();
-    server = restart_on("server", &data, &url, &[]).await;
+    server = restart_on("server", &data, &url, &backend.args()).await;
     cancelled.push(("running", running));
 
     // Queued: behind a blocker that holds the node's one CPU.
@@ -780,7 +856,7 @@ async fn r13_cancel_in_every_phase_survives_a_kill_right_after() {
     let reply = client.cancel(queued).await.unwrap();
     assert_eq!(reply.state, TaskState::Cancelled);
     server.kill9();
-    server = restart_on("server", &data, &url, &[]).await;
+    server = restart_on("server", &data, &url, &backend.args()).await;
     cancelled.push(("queued", queued));
     let client = server.client();
     // The agent must be back (registered with the new server) before it is stopped.
@@ -807,7 +883,7 @@ async fn r13_cancel_in_every_phase_survives_a_kill_right_after() {
         "the agent must confirm first"
     );
     server.kill9();
-    server = restart_on("server", &data, &url, &[]).await;
+    server = restart_on("server", &data, &url, &backend.args()).await;
     kill(Pid::from_raw(agent.pid() as i32), Signal::SIGCONT).unwrap();
     cancelled.push(("starting", starting));
 
@@ -848,7 +924,8 @@ async fn r13_cancel_in_every_phase_survives_a_kill_right_after() {
     history.observe(&client, 0).await;
     let observations = history.check_terminal_states_stay();
     eprintln!(
-        "R13: cancelled while running, queued and starting, each followed by kill -9 of the server: all cancelled after restart, no process left; {observations} observations checked"
+        "R13 on {}: cancelled while running, queued and starting, each followed by kill -9 of the server: all cancelled after restart, no process left; {observations} observations checked",
+        backend.name()
     );
 }
 
@@ -861,19 +938,35 @@ fn task_processes_of(markers: &Path, task: TaskId) -> Vec<u32> {
         .collect()
 }
 
-/// R6: the server stopped (SIGSTOP) for twice its heartbeat timeout: after SIGCONT no node
-/// is lost and the running task is neither stopped nor retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r6_a_stalled_server_loses_no_node_and_retries_nothing() {
-    if !cgroups_or_skip("r6_a_stalled_server_loses_no_node_and_retries_nothing") {
+async fn r6_a_stalled_server_loses_no_node_and_retries_nothing_on_sqlite() {
+    if !cgroups_or_skip("r6_a_stalled_server_loses_no_node_and_retries_nothing_on_sqlite") {
         return;
     }
+    r6(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r6_a_stalled_server_loses_no_node_and_retries_nothing_on_postgres() {
+    let test = "r6_a_stalled_server_loses_no_node_and_retries_nothing_on_postgres";
+    if !cgroups_or_skip(test) {
+        return;
+    }
+    let Some(backend) = Backend::postgres(test).await else {
+        return;
+    };
+    r6(backend).await;
+}
+
+/// R6: the server stopped (SIGSTOP) for twice its heartbeat timeout: after SIGCONT no node
+/// is lost and the running task is neither stopped nor retried.
+async fn r6(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let markers = markers_dir(dir.path());
     let server = start(
         "server",
         &dir.path().join("s"),
-        &["--heartbeat-timeout", "3"],
+        &backend.with(&["--heartbeat-timeout", "3"]),
     )
     .await;
     let client = server.client();
@@ -929,6 +1022,7 @@ async fn r6_a_stalled_server_loses_no_node_and_retries_nothing() {
     history.observe(&client, 0).await;
     history.check_terminal_states_stay();
     eprintln!(
-        "R6: server stopped 6 s with a 3 s heartbeat timeout; {polls} checks over the 4 s after SIGCONT saw the node up and the task running attempt 1; it then succeeded as attempt 1"
+        "R6 on {}: server stopped 6 s with a 3 s heartbeat timeout; {polls} checks over the 4 s after SIGCONT saw the node up and the task running attempt 1; it then succeeded as attempt 1",
+        backend.name()
     );
 }
