@@ -313,7 +313,11 @@ async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_sqlite()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_postgres() {
-    let Some(backend) = Backend::postgres("a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_postgres").await else {
+    let Some(backend) = Backend::postgres(
+        "a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_postgres",
+    )
+    .await
+    else {
         return;
     };
     crash_limit(backend).await;
@@ -326,7 +330,9 @@ async fn a_retry_backoff_survives_a_server_restart_on_sqlite() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_backoff_survives_a_server_restart_on_postgres() {
-    let Some(backend) = Backend::postgres("a_retry_backoff_survives_a_server_restart_on_postgres").await else {
+    let Some(backend) =
+        Backend::postgres("a_retry_backoff_survives_a_server_restart_on_postgres").await
+    else {
         return;
     };
     backoff_across_a_restart(backend).await;
@@ -339,7 +345,11 @@ async fn a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_sqlite
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_postgres() {
-    let Some(backend) = Backend::postgres("a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_postgres").await else {
+    let Some(backend) = Backend::postgres(
+        "a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_postgres",
+    )
+    .await
+    else {
         return;
     };
     resume_on_another_node(backend).await;
@@ -352,7 +362,11 @@ async fn a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_sql
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_postgres() {
-    let Some(backend) = Backend::postgres("a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_postgres").await else {
+    let Some(backend) = Backend::postgres(
+        "a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_postgres",
+    )
+    .await
+    else {
         return;
     };
     resume_after_a_lost_agent(backend).await;

@@ -215,8 +215,9 @@ pub async fn launch(mode: &str, data_dir: &Path, args: &[&str]) -> Daemon {
     if let Some(at) = args.iter().position(|a| *a == "--database") {
         std::fs::write(data_dir.join(DATABASE_NOTE), args[at + 1]).unwrap();
     }
-    let log = std::fs::File::create(data_dir.join(format!("{mode}.log"))).unwrap();
-    let child = taccd()
+    let log_path = data_dir.join(format!("{mode}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = taccd()
         .arg(mode)
         .arg("--data-dir")
         .arg(data_dir)
@@ -228,6 +229,13 @@ pub async fn launch(mode: &str, data_dir: &Path, args: &[&str]) -> Daemon {
     let endpoint = data_dir.join("taccd.json");
     let url = eventually("taccd to write its endpoint", DEADLINE, || {
         let endpoint = endpoint.clone();
+        // A daemon that exited will never write it: say why at once, not after the deadline.
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "taccd {mode} {args:?} exited ({status}) before writing its endpoint: {}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
         async move {
             let text = std::fs::read_to_string(&endpoint).ok()?;
             let value: serde_json::Value = serde_json::from_str(&text).ok()?;
