@@ -148,8 +148,8 @@ static STORM: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 const CLIENTS: usize = 8;
 /// How soon after a task's process exits the embedded agent must have recorded its end in
 /// the store during the storm (1 s). Measured on a 2-core machine, R1 alone: ends up to
-/// 0.24 s before a kill unrecorded on SQLite, 0.28 s right after a PostgreSQL run (its
-/// checkpoint writes share the disk with SQLite's synchronous commits), 0.5 s on
+/// 0.29 s before a kill unrecorded on SQLite (the upper end right after a PostgreSQL run,
+/// whose checkpoint writes share the disk with SQLite's synchronous commits), 0.5 s on
 /// PostgreSQL (a report's commit is several round trips, behind the submits on the one
 /// writer). It was 250 ms, which both stores overran. An end lost for good (a report
 /// dropped, a commit not kept) is still caught: it stays lost however long before the
