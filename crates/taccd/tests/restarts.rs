@@ -1,6 +1,8 @@
 //! The retry and restart policy against real processes: backoff between attempts, the
 //! crash limit of a task that keeps taking its node down (fault scenario R4), and the
-//! marked log section of every retried attempt.
+//! marked log section of every retried attempt. Each scenario runs on SQLite
+//! (`…_on_sqlite`) and on PostgreSQL (`…_on_postgres`, a database of its own that the
+//! restarted server opens again).
 
 mod common;
 
@@ -35,13 +37,12 @@ fn agent(server: &Daemon, root: &Path, name: &str) -> Daemon {
 /// R4: the agent running the task is killed (kill -9) every time the task starts on it,
 /// and restarted; after the third loss the task fails for good with the crash limit's
 /// reason, each retry having waited out its backoff and opened a marked log section.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit() {
+async fn crash_limit(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let server = start(
         "server",
         &dir.path().join("s"),
-        &["--heartbeat-timeout", "3"],
+        &backend.with(&["--heartbeat-timeout", "3"]),
     )
     .await;
     let client = server.client();
@@ -138,11 +139,11 @@ async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit() {
 
 /// A retried task waits its backoff out even across a restart of the server: the wait is
 /// read back from the durable event that queued it, not started over or forgotten.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_backoff_survives_a_server_restart() {
+async fn backoff_across_a_restart(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("s");
-    let mut server = start("dev", &data, &["--cpus", "1"]).await;
+    let args = backend.with(&["--cpus", "1"]);
+    let mut server = start("dev", &data, &args).await;
     let client = server.client();
     let yaml = "name: flaky\nresources: {cpus: 1}\nretry: {max_attempts: 2, on: [failed]}\n\
                 run: |\n  echo \"attempt $TACC_ATTEMPT\"\n  test \"$TACC_ATTEMPT\" = 2\n";
@@ -162,7 +163,7 @@ async fn a_retry_backoff_survives_a_server_restart() {
     );
     server.kill9();
     drop(server);
-    let server = start("dev", &data, &["--cpus", "1"]).await;
+    let server = start("dev", &data, &args).await;
     let client = server.client();
     let view = wait_terminal(&client, task).await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
@@ -186,10 +187,9 @@ async fn a_retry_backoff_survives_a_server_restart() {
 /// attempt runs on another agent (the first node is drained) and resumes from the
 /// counter through `$TACC_RESUME_FROM`, which the first attempt did not have. The log
 /// shows both attempts' sections.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_attempt_resumes_from_the_checkpoint_on_another_node() {
+async fn resume_on_another_node(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let server = start("server", &dir.path().join("s"), &[]).await;
+    let server = start("server", &dir.path().join("s"), &backend.args()).await;
     let client = server.client();
     let _a = agent(&server, dir.path(), "node-a");
     let _b = agent(&server, dir.path(), "node-b");
@@ -238,13 +238,12 @@ run: |
 /// The agent running a checkpointing task is killed (`kill -9`) after the task wrote its
 /// checkpoint: the running attempt's checkpoint was copied to the server meanwhile, so
 /// the retry on the other agent resumes from it; the log marks the node loss.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced() {
+async fn resume_after_a_lost_agent(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let server = start(
         "server",
         &dir.path().join("s"),
-        &["--heartbeat-timeout", "3"],
+        &backend.with(&["--heartbeat-timeout", "3"]),
     )
     .await;
     let client = server.client();
@@ -305,4 +304,70 @@ run: |
     );
     assert!(log[marker_at..].contains("done at 41\n"), "{log}");
     wait_no_processes(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_sqlite() {
+    crash_limit(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_postgres() {
+    let Some(backend) = Backend::postgres(
+        "a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_postgres",
+    )
+    .await
+    else {
+        return;
+    };
+    crash_limit(backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_backoff_survives_a_server_restart_on_sqlite() {
+    backoff_across_a_restart(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_backoff_survives_a_server_restart_on_postgres() {
+    let Some(backend) =
+        Backend::postgres("a_retry_backoff_survives_a_server_restart_on_postgres").await
+    else {
+        return;
+    };
+    backoff_across_a_restart(backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_sqlite() {
+    resume_on_another_node(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_postgres() {
+    let Some(backend) = Backend::postgres(
+        "a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_postgres",
+    )
+    .await
+    else {
+        return;
+    };
+    resume_on_another_node(backend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_sqlite() {
+    resume_after_a_lost_agent(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_postgres() {
+    let Some(backend) = Backend::postgres(
+        "a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_postgres",
+    )
+    .await
+    else {
+        return;
+    };
+    resume_after_a_lost_agent(backend).await;
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tacc_client::Client;
 use tacc_core::{TaskId, TaskState};
 use tacc_proto::{SubmitTask, TaskView};
+use tacc_store::test_database::TestDatabase;
 
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -152,15 +153,20 @@ fn taccd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_taccd"))
 }
 
-/// `taccd admin --data-dir DATA ARGS…`; panics with its stderr when it fails.
+/// Where [`launch`] notes the `--database` a server was started with, so that
+/// `taccd admin` reaches the same store (users and join tokens live there), as an
+/// operator passes the server's `--database` to it.
+const DATABASE_NOTE: &str = "test-database.url";
+
+/// `taccd admin --data-dir DATA [--database URL] ARGS…`; panics with its stderr when it
+/// fails.
 pub fn admin(data_dir: &Path, args: &[&str]) -> String {
-    let out = taccd()
-        .arg("admin")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args(args)
-        .output()
-        .unwrap();
+    let mut command = taccd();
+    command.arg("admin").arg("--data-dir").arg(data_dir);
+    if let Ok(url) = std::fs::read_to_string(data_dir.join(DATABASE_NOTE)) {
+        command.args(["--database", url.trim()]);
+    }
+    let out = command.args(args).output().unwrap();
     assert!(
         out.status.success(),
         "taccd admin {args:?} failed: {}",
@@ -205,8 +211,13 @@ pub async fn start(mode: &str, data_dir: &Path, extra: &[&str]) -> Daemon {
 pub async fn launch(mode: &str, data_dir: &Path, args: &[&str]) -> Daemon {
     let _ = std::fs::remove_file(data_dir.join("taccd.json"));
     std::fs::create_dir_all(data_dir).unwrap();
-    let log = std::fs::File::create(data_dir.join(format!("{mode}.log"))).unwrap();
-    let child = taccd()
+    let _ = std::fs::remove_file(data_dir.join(DATABASE_NOTE));
+    if let Some(at) = args.iter().position(|a| *a == "--database") {
+        std::fs::write(data_dir.join(DATABASE_NOTE), args[at + 1]).unwrap();
+    }
+    let log_path = data_dir.join(format!("{mode}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = taccd()
         .arg(mode)
         .arg("--data-dir")
         .arg(data_dir)
@@ -218,6 +229,13 @@ pub async fn launch(mode: &str, data_dir: &Path, args: &[&str]) -> Daemon {
     let endpoint = data_dir.join("taccd.json");
     let url = eventually("taccd to write its endpoint", DEADLINE, || {
         let endpoint = endpoint.clone();
+        // A daemon that exited will never write it: say why at once, not after the deadline.
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!(
+                "taccd {mode} {args:?} exited ({status}) before writing its endpoint: {}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
         async move {
             let text = std::fs::read_to_string(&endpoint).ok()?;
             let value: serde_json::Value = serde_json::from_str(&text).ok()?;
@@ -445,4 +463,44 @@ pub fn cgroups_or_skip(test: &str) -> bool {
         "\n######## SKIPPED {test}: not root or no cgroup hierarchy, so tasks get no cgroups.\n######## Run the tests as root on Linux (scripts/test.sh in CI does).\n"
     );
     false
+}
+
+/// The store a scenario's server keeps its state in, so that one scenario runs on each:
+/// `Sqlite` (the default file in the data directory) or `Postgres` (a database of its own,
+/// dropped when this is, so hold it for the whole scenario; every restart of the server
+/// passes the same `--database`).
+pub enum Backend {
+    Sqlite,
+    Postgres(TestDatabase),
+}
+
+impl Backend {
+    /// A new PostgreSQL database for `test`, or `None` (SKIPPED loudly outside CI when
+    /// `TACC_TEST_POSTGRES_URL` is unset; a failure in CI).
+    pub async fn postgres(test: &str) -> Option<Backend> {
+        TestDatabase::create(test).await.map(Backend::Postgres)
+    }
+
+    /// The daemon arguments that select this store.
+    pub fn args(&self) -> Vec<&str> {
+        match self {
+            Backend::Sqlite => vec![],
+            Backend::Postgres(database) => vec!["--database", database.url.as_str()],
+        }
+    }
+
+    /// `extra` followed by [`Backend::args`].
+    pub fn with<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = extra.to_vec();
+        args.extend(self.args());
+        args
+    }
+
+    /// For the figures a scenario prints.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Sqlite => "SQLite",
+            Backend::Postgres(_) => "PostgreSQL",
+        }
+    }
 }
