@@ -59,10 +59,14 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks as f64 / per_second as f64
 }
 
-/// Start `taccd server` again on the address it had (its agents know no other).
-async fn restart_server(data: &Path, url: &str) -> Daemon {
-    restart_on("server", data, url, &[]).await
+/// Start `taccd server` again on the address it had (its agents know no other), on the
+/// same store.
+async fn restart_server(data: &Path, url: &str, backend: &Backend) -> Daemon {
+    restart_on("server", data, url, &backend.args()).await
 }
+
+/// The chatty task's gigabyte is measured alone: two at once would share two cores.
+static CHATTY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The working directory of a task's attempt on the agent with data directory `agent`.
 fn workdir(agent: &Path, task: TaskId, attempt: u32) -> PathBuf {
@@ -122,11 +126,25 @@ fn assert_same_lines(what: &str, got: &str, expected: &str) {
 /// `tcloud logs -f` started at the beginning reconnects. The log, read back and as the
 /// follower printed it, is exactly the lines printed, in order, once each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn numbered_output_survives_agent_and_server_kills_exactly() {
+async fn numbered_output_survives_agent_and_server_kills_exactly_on_sqlite() {
+    numbered_output(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbered_output_survives_agent_and_server_kills_exactly_on_postgres() {
+    if let Some(backend) =
+        Backend::postgres("numbered_output_survives_agent_and_server_kills_exactly_on_postgres")
+            .await
+    {
+        numbered_output(backend).await;
+    }
+}
+
+async fn numbered_output(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("s");
     let agent_dir = dir.path().join("a");
-    let mut server = start("server", &data, &[]).await;
+    let mut server = start("server", &data, &backend.args()).await;
     let url = server.url.clone();
     let client = server.client();
     let mut agent = start_agent(&server, &agent_dir, &["--name", "numbered"]);
@@ -176,7 +194,7 @@ async fn numbered_output_survives_agent_and_server_kills_exactly() {
         }
     })
     .await;
-    let server = restart_server(&data, &url).await;
+    let server = restart_server(&data, &url, &backend).await;
     let client = server.client();
     wait_log_contains(&client, task, &format!("{}\n", line(150_000)), DEADLINE).await;
     open_gate(&agent_dir, task, 2, "b");
@@ -358,13 +376,33 @@ impl LogCheck {
 /// readers of its log (three following it, three reading ranges) cost the server a
 /// bounded amount of memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
+async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory_on_sqlite() {
+    chatty_task(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory_on_postgres() {
+    if let Some(backend) =
+        Backend::postgres("a_chatty_task_neither_stalls_its_node_nor_grows_memory_on_postgres")
+            .await
+    {
+        chatty_task(backend).await;
+    }
+}
+
+async fn chatty_task(backend: Backend) {
+    let _alone = CHATTY.lock().await;
     /// How long printing and delivering 1 GiB may take (33–61 s measured in a debug
     /// build, on 2 cores shared with compilers).
     const PRINT_DEADLINE: Duration = Duration::from_secs(300);
     let dir = tempfile::tempdir().unwrap();
     // The log is a little over 1 GiB, the default cap.
-    let server = start("server", &dir.path().join("s"), &["--max-log", "2GiB"]).await;
+    let server = start(
+        "server",
+        &dir.path().join("s"),
+        &backend.with(&["--max-log", "2GiB"]),
+    )
+    .await;
     let client = server.client();
     let agent = start_agent(
         &server,
@@ -522,11 +560,25 @@ async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory() {
 /// once the server is back (the agent claims it at registration until its end is
 /// acknowledged) — it is neither marked lost nor run again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_that_ends_while_the_server_is_away_is_not_run_again() {
+async fn a_task_that_ends_while_the_server_is_away_is_not_run_again_on_sqlite() {
+    ended_while_away(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ends_while_the_server_is_away_is_not_run_again_on_postgres() {
+    if let Some(backend) =
+        Backend::postgres("a_task_that_ends_while_the_server_is_away_is_not_run_again_on_postgres")
+            .await
+    {
+        ended_while_away(backend).await;
+    }
+}
+
+async fn ended_while_away(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("s");
     let agent_dir = dir.path().join("a");
-    let mut server = start("server", &data, &[]).await;
+    let mut server = start("server", &data, &backend.args()).await;
     let url = server.url.clone();
     let client = server.client();
     let _agent = start_agent(&server, &agent_dir, &["--name", "away"]);
@@ -545,7 +597,7 @@ async fn a_task_that_ends_while_the_server_is_away_is_not_run_again() {
         async move { gone.then_some(()) }
     })
     .await;
-    let server = restart_server(&data, &url).await;
+    let server = restart_server(&data, &url, &backend).await;
     let client = server.client();
     let view = wait_terminal(&client, task).await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");

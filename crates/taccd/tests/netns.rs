@@ -211,15 +211,36 @@ async fn cancel_stops_every_rank_on_every_host_with_setsid_children() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_agents_task_is_retried_on_another_host() {
-    if !network_ready("a_killed_agents_task_is_retried_on_another_host") {
+async fn a_killed_agents_task_is_retried_on_another_host_on_sqlite() {
+    if network_ready("a_killed_agents_task_is_retried_on_another_host_on_sqlite") {
+        killed_agent(Backend::Sqlite).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_agents_task_is_retried_on_another_host_on_postgres() {
+    let test = "a_killed_agents_task_is_retried_on_another_host_on_postgres";
+    if !network_ready(test) {
         return;
     }
+    if let Some(backend) = Backend::postgres(test).await {
+        killed_agent(backend).await;
+    }
+}
+
+/// R5, an agent killed: its task is retried on another host, and the agent, started
+/// again, stops what its previous life left running.
+async fn killed_agent(backend: Backend) {
+    // The hosts' agents are named per test: both stores' variants may run at once.
+    let (h2, h3) = match backend {
+        Backend::Sqlite => ("kill-h2", "kill-h3"),
+        Backend::Postgres(_) => ("kill-pg-h2", "kill-pg-h3"),
+    };
     let dir = tempfile::tempdir().unwrap();
-    let cluster = Cluster::start(dir.path(), &["--heartbeat-timeout", "3"]).await;
-    let mut first = cluster.agent(2, "kill-h2", &[]);
+    let cluster = Cluster::start(dir.path(), &backend.with(&["--heartbeat-timeout", "3"])).await;
+    let mut first = cluster.agent(2, h2, &[]);
     wait_nodes(&cluster.client, 1).await;
-    let marker = format!("netns-kill-{}", std::process::id());
+    let marker = format!("netns-kill-{}-{}", backend.name(), std::process::id());
     let task = cluster
         .submit(
             "survivor",
@@ -229,36 +250,63 @@ async fn a_killed_agents_task_is_retried_on_another_host() {
         )
         .await;
     wait_state(&cluster.client, task, &[TaskState::Running]).await;
-    let _second = cluster.agent(3, "kill-h3", &[]);
+    let _second = cluster.agent(3, h3, &[]);
     wait_nodes(&cluster.client, 2).await;
     first.child.kill().unwrap();
     first.child.wait().unwrap();
     let view = wait_terminal(&cluster.client, task).await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
     assert_eq!(view.attempt.0, 2);
-    assert_eq!(view.nodes, vec!["kill-h3".to_string()]);
+    assert_eq!(view.nodes, vec![h3.to_string()]);
     let log = log_text(&cluster.client, task).await;
     assert!(
         log.contains(&format!("attempt 2 on {}", host_address(3))),
         "{log}"
     );
     // The killed agent, started again, kills what its previous life left running.
-    let _again = cluster.agent(2, "kill-h2", &[]);
+    let _again = cluster.agent(2, h2, &[]);
     wait_no_processes(&marker).await;
 }
 
+/// Host 4's link goes down in the cut-off scenario: one variant at a time has it.
+static HOST_4: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins() {
-    if !network_ready("a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins") {
+async fn a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins_on_sqlite() {
+    let test = "a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins_on_sqlite";
+    if network_ready(test) {
+        cut_off_host(Backend::Sqlite).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins_on_postgres() {
+    let test = "a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins_on_postgres";
+    if !network_ready(test) {
         return;
     }
+    if let Some(backend) = Backend::postgres(test).await {
+        cut_off_host(backend).await;
+    }
+}
+
+/// R5, a host partitioned (its namespace's link taken down): its agent stops the attempt
+/// itself before the server may retry it elsewhere, and the healed host rejoins with
+/// nothing of the old attempt left.
+async fn cut_off_host(backend: Backend) {
+    let _host_4 = HOST_4.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let timeout = 6;
-    let cluster = Cluster::start(dir.path(), &["--heartbeat-timeout", &timeout.to_string()]).await;
+    let timeout_arg = timeout.to_string();
+    let cluster = Cluster::start(
+        dir.path(),
+        &backend.with(&["--heartbeat-timeout", &timeout_arg]),
+    )
+    .await;
     // Host 4 is this test's alone: its link goes down.
     let _cut = cluster.agent(4, "cut-h4", &[]);
     wait_nodes(&cluster.client, 1).await;
-    let marker = format!("netns-cut-{}", std::process::id());
+    let marker = format!("netns-cut-{}-{}", backend.name(), std::process::id());
     let task = cluster
         .submit(
             "fenced",

@@ -446,10 +446,10 @@ fn fill(dir: &Path) -> std::path::PathBuf {
 
 /// R3: a full data directory answers 507 naming it, acknowledges nothing it did not keep,
 /// serves again once space returns, and after a restart every acknowledged task is there
-/// and no id was given out twice. SQLite only: the fault is the full file system under
-/// SQLite's database in the data directory; a PostgreSQL server's disk is not the data
-/// directory, and filling it is not a fault this test can make without taking the shared
-/// test server down for every other test.
+/// and no id was given out twice. The fault is the full file system under SQLite's
+/// database in the data directory; beside PostgreSQL the data directory holds code, logs
+/// and outputs only (the test after this one). Filling the PostgreSQL server's own disk
+/// would take the shared test server down for every other test.
 #[tokio::test]
 async fn a_full_disk_is_the_server_s_fault_and_loses_nothing() {
     let test = "a_full_disk_is_the_server_s_fault_and_loses_nothing";
@@ -528,6 +528,78 @@ async fn a_full_disk_is_the_server_s_fault_and_loses_nothing() {
 
     server.kill9();
     let server = start("server", &data, &[]).await;
+    let stored: BTreeSet<u64> = server
+        .client()
+        .list_tasks(&Default::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id.0)
+        .collect();
+    assert_eq!(stored, acknowledged, "acknowledged tasks after a restart");
+    let (status, reply, _) = post(&server, "/v1/tasks", None, &body).await;
+    assert_eq!(status, 201, "{reply}");
+    let next = reply["task_id"].as_u64().unwrap();
+    assert!(
+        acknowledged.iter().all(|id| *id < next),
+        "id {next} given out again (acknowledged {acknowledged:?})"
+    );
+}
+
+/// R3 beside PostgreSQL: the data directory (code chunks, logs, outputs) fills up while
+/// the database has room. Submits of uploaded code are still acknowledged and kept; an
+/// upload that needs space is the server's fault (507 naming the directory), not the
+/// user's; once space returns uploads work again; after a `kill -9` every acknowledged
+/// task is there and no id is given out twice.
+#[tokio::test]
+async fn a_full_data_directory_beside_postgres_fails_uploads_only_and_loses_nothing() {
+    let test = "a_full_data_directory_beside_postgres_fails_uploads_only_and_loses_nothing";
+    let Some(backend) = Backend::postgres(test).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(_tmpfs) = Tmpfs::mount(&dir.path().join("vol"), "8m", test) else {
+        return;
+    };
+    let data = dir.path().join("vol/d");
+    let mut server = start("server", &data, &backend.args()).await;
+    let body = submit_body(&server, &task_dir(dir.path(), "beside")).await;
+    let filler = fill(&dir.path().join("vol"));
+
+    let mut acknowledged = BTreeSet::new();
+    for n in 0..20 {
+        let key = format!("beside-{n}");
+        let (status, reply, _) = post(&server, "/v1/tasks", Some(&key), &body).await;
+        assert_eq!(
+            status, 201,
+            "a submit with the data directory full: {reply}"
+        );
+        acknowledged.insert(reply["task_id"].as_u64().unwrap());
+    }
+    let chunk: Vec<u8> = (0..200_000u32).map(|i| (i * 11 + 5) as u8).collect();
+    let hash = tacc_compiler::ChunkHash::of(&chunk).to_string();
+    let compressed = zstd::bulk::compress(&chunk, 1).unwrap();
+    match server.client().put_chunk(&hash, compressed.clone()).await {
+        Err(tacc_client::ClientError::Api {
+            status, message, ..
+        }) => {
+            assert_eq!(status, 507, "{message}");
+            assert!(
+                message.contains("server's fault") && message.contains(&data.display().to_string()),
+                "{message}"
+            );
+        }
+        other => panic!("a chunk upload on a full data directory: {other:?}"),
+    }
+
+    std::fs::remove_file(filler).unwrap();
+    server
+        .client()
+        .put_chunk(&hash, compressed)
+        .await
+        .expect("the upload once space returned");
+    server.kill9();
+    let server = start("server", &data, &backend.args()).await;
     let stored: BTreeSet<u64> = server
         .client()
         .list_tasks(&Default::default())
