@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use tacc_core::TaskId;
 use tacc_core::TaskState::{self, *};
 
 use super::retry::{BACKOFF_BASE, CRASH_LIMIT};
@@ -498,4 +499,30 @@ async fn a_cancel_whose_node_falls_silent_ends_with_the_node() {
     assert_eq!(record.state, Cancelled, "{record:?}");
     assert_eq!(record.reason.as_deref(), Some("cancelled by user"));
     assert_eq!(record.attempt.0, 1, "a cancelled task is not retried");
+}
+
+#[tokio::test]
+async fn a_keyed_submit_retried_after_its_reply_was_lost_creates_one_task() {
+    let mut env = TestEnv::new().await;
+    let task = env.submit_keyed(ONE_CPU, "k-1").await.unwrap();
+    // The reply was lost; the server even restarted before the client tried again.
+    env.restart_server().await;
+    let again = env.submit_keyed(ONE_CPU, "k-1").await;
+    assert!(
+        matches!(
+            again,
+            Err(crate::ServerError::Store(
+                tacc_store::StoreError::AlreadyExists { .. }
+            ))
+        ),
+        "{again:?}"
+    );
+    assert_eq!(
+        env.kept_reply("k-1").await,
+        Some(serde_json::json!({ "task_id": task }))
+    );
+    let other = env.submit_keyed(ONE_CPU, "k-2").await.unwrap();
+    assert_ne!(other, task);
+    let stored: Vec<TaskId> = env.all_tasks().await.iter().map(|t| t.id).collect();
+    assert_eq!(stored.len(), 2, "{stored:?}");
 }

@@ -119,6 +119,56 @@ impl TestEnv {
             .id
     }
 
+    /// Submit a task file as `alice` with an `Idempotency-Key`, as the submit route
+    /// does: the key and the reply (here, the task id) are committed with the task.
+    pub(super) async fn submit_keyed(
+        &self,
+        yaml: &str,
+        key: &str,
+    ) -> Result<TaskId, crate::ServerError> {
+        let (spec, _) = tacc_schema::parse_task("task.yaml", yaml).expect("a valid task file");
+        let keyed = tacc_store::Keyed {
+            key: tacc_store::IdempotencyKey {
+                user: "alice".into(),
+                key: key.into(),
+                route: "POST /v1/tasks".into(),
+                request_hash: yaml.into(),
+                created_at: self.clock.now(),
+            },
+            render: Box::new(|created| {
+                let tacc_store::Created::Task(task) = created else {
+                    unreachable!("a task was created")
+                };
+                tacc_store::StoredReply {
+                    status: 201,
+                    body: serde_json::json!({ "task_id": task.id }),
+                }
+            }),
+        };
+        let record = self
+            .control
+            .submit("alice", spec, self.snapshot.clone(), None, Some(keyed))
+            .await?;
+        Ok(record.id)
+    }
+
+    /// The reply kept for `alice`'s key.
+    pub(super) async fn kept_reply(&self, key: &str) -> Option<serde_json::Value> {
+        self.store
+            .kept_reply("alice", key, self.clock.now())
+            .await
+            .expect("the store answers")
+            .map(|kept| kept.reply.body)
+    }
+
+    /// Every task stored.
+    pub(super) async fn all_tasks(&self) -> Vec<TaskRecord> {
+        self.store
+            .list_tasks(&Default::default())
+            .await
+            .expect("the store answers")
+    }
+
     /// A new agent with `cpus` CPUs registers.
     pub(super) async fn join(&self, name: &str, cpus: u64) -> FakeAgent {
         let mut agent = FakeAgent {
