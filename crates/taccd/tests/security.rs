@@ -984,3 +984,41 @@ fn taccd_admin_audits_operator_actions() {
         "{audit}"
     );
 }
+
+/// A refused upload answers with its refusal, not a reset connection: the server reads
+/// (a bounded amount of) the body it refuses before answering, so a client still sending
+/// sees the 401/403 and its reason. 20 streamed uploads of 768 KiB each, without a
+/// credential and with a user's credential on an agent route.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_upload_gets_its_refusal_not_a_reset_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", dir.path(), &[]).await;
+    let url = format!("{}/v1/agents/1/outputs/1/1/result.bin", server.url);
+    let http = reqwest::Client::new();
+    for n in 0..20 {
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+            (0..12).map(|_| Ok(vec![n as u8; 64 << 10])).collect();
+        let mut request = http
+            .put(&url)
+            .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)));
+        if n % 2 == 1 {
+            request = request.bearer_auth(&server.token);
+        }
+        let response = request
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("upload {n}: the refusal was lost: {e}"));
+        let status = response.status();
+        let expected = if n % 2 == 1 {
+            StatusCode::FORBIDDEN
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
+        assert_eq!(status, expected, "upload {n}");
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert!(
+            body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
+    }
+}

@@ -328,6 +328,7 @@ pub(super) async fn put_answer_file(
     let (node_id, id) = (NodeId(node), NodeRequestId(request));
     // Checked before the body is read: only the asked node's answer is worth reading.
     if !app.control.node_requests.is_waiting(node_id, id) {
+        super::drain::drain(body).await;
         return Err(not_waited_for(node, request));
     }
     let bytes = axum::body::to_bytes(body, MAX_LIVE_FILE_BYTES as usize)

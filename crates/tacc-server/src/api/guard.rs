@@ -153,6 +153,7 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
                     other => format!("{other:?}"),
                 },
             );
+            super::drain::drain(request.into_body()).await;
             return answer(refusal_error(refusal));
         }
     };
@@ -166,6 +167,7 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         control
             .audit
             .record(&caller, action, target(), false, format!("{refusal:?}"));
+        super::drain::drain(request.into_body()).await;
         return answer(refusal_error(refusal));
     }
     if let Err(error) = check_object(&app, &caller, access, &params).await {
@@ -177,6 +179,7 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
                 .audit
                 .record(&caller, "access.denied", target(), false, error.to_string());
         }
+        super::drain::drain(request.into_body()).await;
         return answer(error);
     }
     request.extensions_mut().insert(caller);

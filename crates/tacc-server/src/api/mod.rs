@@ -8,6 +8,7 @@ mod admin;
 mod agents;
 mod cluster;
 mod dashboard;
+mod drain;
 mod files;
 mod groups;
 mod guard;

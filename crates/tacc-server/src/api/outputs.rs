@@ -158,7 +158,13 @@ pub(super) async fn put_output(
     use tokio::io::AsyncWriteExt;
 
     app.control.touch(NodeId(node)).await;
-    let relative = safe_relative(&path)?;
+    let relative = match safe_relative(&path) {
+        Ok(relative) => relative,
+        Err(refused) => {
+            super::drain::drain(body).await;
+            return Err(refused);
+        }
+    };
     let attempt_ref = tacc_proto::AttemptRef {
         task: TaskId(task),
         attempt: AttemptNo(attempt),
@@ -171,6 +177,7 @@ pub(super) async fn put_output(
             false,
             format!("upload of `{path}` for an attempt this node does not run"),
         );
+        super::drain::drain(body).await;
         return Err(ServerError::Forbidden(format!(
             "task {task} attempt {attempt} is not running on node {node}; its outputs cannot come from here"
         )));
