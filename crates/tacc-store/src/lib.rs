@@ -17,6 +17,8 @@ mod metrics;
 mod pipelines;
 mod postgres;
 mod records;
+mod rows;
+mod sql;
 mod sqlite;
 
 pub mod contract;

@@ -5,13 +5,16 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{Row, SqlitePool};
-use tacc_core::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 use crate::memory::{apply_transition, change_task};
+use crate::rows::{
+    corrupt, event_from_row, lease_from_row, metric_from_row, node_from_row, output_from_row,
+    resize_from_row, signal_from_row, task_from_row, usage_from_row,
+};
+use crate::sql::{ACTIVE_BETWEEN, NODE_COLUMNS, TASK_COLUMNS, filter_sql, millis};
 use crate::{
     AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
     NewAuditEntry, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
@@ -95,105 +98,6 @@ async fn no_transaction_left_open(
     Ok(depth == 0)
 }
 
-pub(crate) const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
-     placements, cancel_requested, submitted_at, started_at, finished_at, group_id, group_index";
-
-/// The `WHERE` clause of a task filter; binds states, then the user.
-fn filter_sql(filter: &TaskFilter) -> String {
-    let mut sql = String::from(" WHERE 1 = 1");
-    if !filter.states.is_empty() {
-        let marks = vec!["?"; filter.states.len()].join(", ");
-        sql.push_str(&format!(" AND state IN ({marks})"));
-    }
-    if filter.user.is_some() {
-        sql.push_str(" AND user_name = ?");
-    }
-    if filter.group.is_some() {
-        sql.push_str(" AND group_id = ?");
-    }
-    if filter.ungrouped {
-        sql.push_str(" AND group_id IS NULL");
-    }
-    sql
-}
-
-pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(what.to_string())
-}
-
-pub(crate) fn millis(value: Timestamp) -> i64 {
-    value.as_millis() as i64
-}
-
-pub(crate) fn task_from_row(row: &SqliteRow) -> Result<TaskRecord> {
-    let spec: String = row.try_get("spec")?;
-    let placements: String = row.try_get("placements")?;
-    let snapshot: String = row.try_get("snapshot")?;
-    let state: String = row.try_get("state")?;
-    let timestamp = |name: &str| -> Result<Option<Timestamp>> {
-        Ok(row
-            .try_get::<Option<i64>, _>(name)?
-            .map(|v| Timestamp(v as u64)))
-    };
-    Ok(TaskRecord {
-        id: TaskId(row.try_get::<i64, _>("id")? as u64),
-        name: row.try_get("name")?,
-        user: row.try_get("user_name")?,
-        spec: serde_json::from_str(&spec).map_err(corrupt)?,
-        snapshot: SnapshotId::from_str(&snapshot).map_err(corrupt)?,
-        source: row.try_get("source")?,
-        state: TaskState::from_str(&state).map_err(corrupt)?,
-        reason: row.try_get("reason")?,
-        exit_code: row.try_get("exit_code")?,
-        attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-        placements: serde_json::from_str(&placements).map_err(corrupt)?,
-        cancel_requested: row.try_get::<i64, _>("cancel_requested")? != 0,
-        submitted_at: Timestamp(row.try_get::<i64, _>("submitted_at")? as u64),
-        started_at: timestamp("started_at")?,
-        finished_at: timestamp("finished_at")?,
-        group: row
-            .try_get::<Option<i64>, _>("group_id")?
-            .map(|g| GroupId(g as u64)),
-        group_index: row
-            .try_get::<Option<i64>, _>("group_index")?
-            .map(|i| i as u32),
-    })
-}
-
-fn event_from_row(row: &SqliteRow) -> Result<TaskEvent> {
-    let state: String = row.try_get("state")?;
-    Ok(TaskEvent {
-        at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-        attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-        state: TaskState::from_str(&state).map_err(corrupt)?,
-        reason: row.try_get("reason")?,
-    })
-}
-
-/// The tasks [`Store::tasks_active_between`] returns; binds `until`, `since`, then the
-/// user twice. Events since `since` are found through `task_events_by_at`.
-const ACTIVE_BETWEEN: &str = "SELECT id FROM tasks \
-     WHERE EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = tasks.id \
-                   AND e.state = 'starting' AND e.at < ?) \
-       AND (state IN ('starting', 'running') \
-            OR id IN (SELECT task_id FROM task_events WHERE at >= ?)) \
-       AND (? IS NULL OR user_name = ?)";
-
-fn node_from_row(row: &SqliteRow) -> Result<NodeRecord> {
-    let capacity: String = row.try_get("capacity")?;
-    let labels: String = row.try_get("labels")?;
-    Ok(NodeRecord {
-        id: NodeId(row.try_get::<i64, _>("id")? as u64),
-        name: row.try_get("name")?,
-        capacity: serde_json::from_str(&capacity).map_err(corrupt)?,
-        gpu_type: row.try_get("gpu_type")?,
-        labels: serde_json::from_str(&labels).map_err(corrupt)?,
-        address: row.try_get("address")?,
-        registered_at: Timestamp(row.try_get::<i64, _>("registered_at")? as u64),
-        drained: row.try_get::<i64, _>("drained")? != 0,
-    })
-}
-
 /// Insert a queued task and its first event inside the caller's transaction.
 async fn insert_task(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
@@ -220,15 +124,6 @@ async fn insert_task(
     .execute(&mut **tx)
     .await?;
     Ok(task.into_queued_record(TaskId(id as u64)))
-}
-
-fn lease_from_row(row: &SqliteRow) -> Result<crate::LeaderLease> {
-    Ok(crate::LeaderLease {
-        holder: row.try_get("holder")?,
-        leader_url: row.try_get("leader_url")?,
-        epoch: row.try_get::<i64, _>("epoch")? as u64,
-        expires_at: Timestamp(row.try_get::<i64, _>("expires_at")? as u64),
-    })
 }
 
 #[async_trait::async_trait]
@@ -433,7 +328,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
-        let rows = sqlx::query("SELECT id, name, capacity, gpu_type, labels, address, registered_at, drained FROM nodes ORDER BY id")
+        let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY id"))
             .fetch_all(&self.reader)
             .await?;
         rows.iter().map(node_from_row).collect()
@@ -527,17 +422,7 @@ impl Store for SqliteStore {
         .bind(task.0 as i64)
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(OutputRecord {
-                    task,
-                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    rank: row.try_get::<i64, _>("node_rank")? as u32,
-                    path: row.try_get("path")?,
-                    size: row.try_get::<i64, _>("size")? as u64,
-                })
-            })
-            .collect()
+        rows.iter().map(|row| output_from_row(task, row)).collect()
     }
 
     async fn list_resizes(&self, task: TaskId) -> Result<Vec<crate::ResizeRecord>> {
@@ -548,18 +433,7 @@ impl Store for SqliteStore {
         .bind(task.0 as i64)
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(crate::ResizeRecord {
-                    task,
-                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-                    cpu_millis: row.try_get::<i64, _>("cpu_millis")? as u64,
-                    memory_bytes: row.try_get::<i64, _>("memory_bytes")? as u64,
-                    reason: row.try_get("reason")?,
-                })
-            })
-            .collect()
+        rows.iter().map(|row| resize_from_row(task, row)).collect()
     }
 
     async fn record_signal_point(&self, point: crate::SignalRecord, keep: u32) -> Result<()> {
@@ -600,17 +474,7 @@ impl Store for SqliteStore {
         .bind(task.0 as i64)
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let text: String = row.try_get("point")?;
-                Ok(crate::SignalRecord {
-                    task,
-                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-                    point: serde_json::from_str(&text).map_err(corrupt)?,
-                })
-            })
-            .collect()
+        rows.iter().map(|row| signal_from_row(task, row)).collect()
     }
 
     async fn record_usage_peak(&self, peak: UsagePeak) -> Result<()> {
@@ -651,22 +515,7 @@ impl Store for SqliteStore {
         .bind(task.0 as i64)
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(UsagePeak {
-                    task,
-                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    node_rank: row.try_get::<i64, _>("node_rank")? as u32,
-                    node: row.try_get("node")?,
-                    cpu_millis: row.try_get::<i64, _>("cpu_millis")? as u64,
-                    memory_bytes: row.try_get::<i64, _>("memory_bytes")? as u64,
-                    gpu_utilization_percent: row.try_get::<i64, _>("gpu_utilization_percent")?
-                        as u32,
-                    gpu_memory_bytes: row.try_get::<i64, _>("gpu_memory_bytes")? as u64,
-                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-                })
-            })
-            .collect()
+        rows.iter().map(|row| usage_from_row(task, row)).collect()
     }
 
     async fn tasks_active_between(
@@ -767,19 +616,7 @@ impl Store for SqliteStore {
         .bind(task.0 as i64)
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let metrics: String = row.try_get("metrics")?;
-                Ok(crate::MetricPoint {
-                    task,
-                    attempt: tacc_core::AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    seq: row.try_get::<i64, _>("seq")? as u32,
-                    step: row.try_get::<i64, _>("step")? as u64,
-                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-                    values: serde_json::from_str(&metrics).map_err(corrupt)?,
-                })
-            })
-            .collect()
+        rows.iter().map(|row| metric_from_row(task, row)).collect()
     }
 
     async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>> {

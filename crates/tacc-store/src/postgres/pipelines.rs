@@ -1,41 +1,16 @@
 //! Pipeline stages in PostgreSQL: the pipeline group, every stage's task or array group and
 //! the stage rows written in one transaction.
 
-use sqlx::postgres::PgRow;
-use sqlx::{PgPool, Row};
-use tacc_core::{GroupId, TaskId};
+use sqlx::PgPool;
+use tacc_core::GroupId;
 
-use super::corrupt;
 use super::groups::insert_group;
 use super::numbered;
+use crate::rows::{corrupt, stage_from_row};
+use crate::sql::STAGE_COLUMNS;
 use crate::{
     GroupRecord, NewGroup, NewStage, NewStageRun, Result, StageRecord, StageSource, TaskRecord,
 };
-
-const STAGE_COLUMNS: &str = "pipeline_id, position, name, needs, cache_key, task_id, group_id, \
-     cached, user_name, pipeline_name";
-
-fn stage_from_row(row: &PgRow) -> Result<StageRecord> {
-    let needs: String = row.try_get("needs")?;
-    let task: Option<i64> = row.try_get("task_id")?;
-    let group: Option<i64> = row.try_get("group_id")?;
-    let source = match (task, group) {
-        (Some(task), _) => StageSource::Task(TaskId(task as u64)),
-        (None, Some(group)) => StageSource::Group(GroupId(group as u64)),
-        (None, None) => return Err(corrupt("a pipeline stage with neither task nor group")),
-    };
-    Ok(StageRecord {
-        pipeline: GroupId(row.try_get::<i64, _>("pipeline_id")? as u64),
-        position: row.try_get::<i64, _>("position")? as u32,
-        name: row.try_get("name")?,
-        needs: serde_json::from_str(&needs).map_err(corrupt)?,
-        cache_key: row.try_get("cache_key")?,
-        source,
-        cached: row.try_get::<i64, _>("cached")? != 0,
-        user: row.try_get("user_name")?,
-        pipeline_name: row.try_get("pipeline_name")?,
-    })
-}
 
 pub(super) async fn create_pipeline(
     pool: &PgPool,

@@ -2,94 +2,18 @@
 //! snapshot owners. Writes take the writer pool, reads the reader pool (see
 //! [`SqliteStore`](super::SqliteStore)).
 
-use std::str::FromStr;
-
-use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqlitePool};
-use tacc_core::{NodeId, Role, SnapshotId, Timestamp};
+use tacc_core::{SnapshotId, Timestamp};
 
-use super::{corrupt, millis};
-use crate::{
-    AuditEntry, NewAuditEntry, NewToken, Result, SecretRecord, SnapshotOwner, StoreError,
-    TokenKind, TokenRecord, UserRecord,
+use crate::rows::{audit_from_row, secret_from_row, token_from_row, user_from_row};
+use crate::sql::{
+    AUDIT_COLUMNS, HASHES_PER_QUERY, SECRET_COLUMNS, TOKEN_COLUMNS, USER_COLUMNS, millis,
+    refuse_duplicate,
 };
-
-const USER_COLUMNS: &str = "name, group_name, role, created_at";
-const TOKEN_COLUMNS: &str =
-    "id, kind, hash, user_name, node_id, created_at, expires_at, revoked_at, label";
-const AUDIT_COLUMNS: &str = "id, at, actor, action, target, outcome, detail";
-const SECRET_COLUMNS: &str = "user_name, name, nonce, ciphertext, updated_at";
-
-fn timestamp(row: &SqliteRow, column: &str) -> Result<Timestamp> {
-    Ok(Timestamp(row.try_get::<i64, _>(column)? as u64))
-}
-
-fn optional_timestamp(row: &SqliteRow, column: &str) -> Result<Option<Timestamp>> {
-    Ok(row
-        .try_get::<Option<i64>, _>(column)?
-        .map(|v| Timestamp(v as u64)))
-}
-
-/// `AlreadyExists` for a unique-key violation, the database error otherwise.
-fn refuse_duplicate(error: sqlx::Error, what: &'static str, name: &str) -> StoreError {
-    match error {
-        sqlx::Error::Database(e) if e.is_unique_violation() => StoreError::AlreadyExists {
-            what,
-            name: name.to_string(),
-        },
-        other => other.into(),
-    }
-}
-
-fn user_from_row(row: &SqliteRow) -> Result<UserRecord> {
-    let role: String = row.try_get("role")?;
-    Ok(UserRecord {
-        name: row.try_get("name")?,
-        group: row.try_get("group_name")?,
-        role: Role::from_str(&role).map_err(corrupt)?,
-        created_at: timestamp(row, "created_at")?,
-    })
-}
-
-fn token_from_row(row: &SqliteRow) -> Result<TokenRecord> {
-    let kind: String = row.try_get("kind")?;
-    Ok(TokenRecord {
-        id: row.try_get::<i64, _>("id")? as u64,
-        kind: TokenKind::parse(&kind)
-            .ok_or_else(|| corrupt(format!("unknown token kind `{kind}`")))?,
-        hash: row.try_get("hash")?,
-        user: row.try_get("user_name")?,
-        node: row
-            .try_get::<Option<i64>, _>("node_id")?
-            .map(|v| NodeId(v as u64)),
-        created_at: timestamp(row, "created_at")?,
-        expires_at: optional_timestamp(row, "expires_at")?,
-        revoked_at: optional_timestamp(row, "revoked_at")?,
-        label: row.try_get("label")?,
-    })
-}
-
-fn audit_from_row(row: &SqliteRow) -> Result<AuditEntry> {
-    Ok(AuditEntry {
-        id: row.try_get::<i64, _>("id")? as u64,
-        at: timestamp(row, "at")?,
-        actor: row.try_get("actor")?,
-        action: row.try_get("action")?,
-        target: row.try_get("target")?,
-        outcome: row.try_get("outcome")?,
-        detail: row.try_get("detail")?,
-    })
-}
-
-fn secret_from_row(row: &SqliteRow) -> Result<SecretRecord> {
-    Ok(SecretRecord {
-        user: row.try_get("user_name")?,
-        name: row.try_get("name")?,
-        nonce: row.try_get("nonce")?,
-        ciphertext: row.try_get("ciphertext")?,
-        updated_at: timestamp(row, "updated_at")?,
-    })
-}
+use crate::{
+    AuditEntry, NewAuditEntry, NewToken, Result, SecretRecord, SnapshotOwner, TokenRecord,
+    UserRecord,
+};
 
 // ------------------------------------------------------------ users
 
@@ -305,9 +229,6 @@ pub(super) async fn is_snapshot_owner(
 }
 
 // ------------------------------------------------------------ chunk possession
-
-/// Hashes per statement: well under SQLite's limit on bound parameters.
-const HASHES_PER_QUERY: usize = 500;
 
 pub(super) async fn add_chunk_owners(
     writer: &SqlitePool,

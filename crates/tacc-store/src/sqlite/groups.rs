@@ -4,55 +4,19 @@
 use std::collections::BTreeMap;
 use std::str::FromStr;
 
-use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 use tacc_core::{GroupId, TaskState, Timestamp};
 
-use super::{TASK_COLUMNS, corrupt, millis, task_from_row};
+use crate::rows::{corrupt, delivery_from_row, group_from_row, task_from_row};
+use crate::sql::{DELIVERY_COLUMNS, GROUP_COLUMNS, TASK_COLUMNS, millis};
 use crate::{
-    DeliveryOutcome, DeliveryRecord, GroupFilter, GroupKind, GroupRecord, HistoryFilter,
-    NewDelivery, NewGroup, NewTask, Result, TaskRecord,
+    DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter, NewDelivery,
+    NewGroup, NewTask, Result, TaskRecord,
 };
-
-const GROUP_COLUMNS: &str = "id, kind, name, user_name, spec, size, created_at";
-const DELIVERY_COLUMNS: &str = "id, event_key, user_name, url, secret_name, body, attempts, \
-     next_at, last_error, delivered_at, gave_up";
 
 /// Rows per multi-row `INSERT` when creating a group's elements: SQLite allows 32766
 /// bound values, and a task row binds 8.
 const ROWS_PER_INSERT: usize = 500;
-
-fn group_from_row(row: &SqliteRow) -> Result<GroupRecord> {
-    let kind: String = row.try_get("kind")?;
-    let spec: String = row.try_get("spec")?;
-    Ok(GroupRecord {
-        id: GroupId(row.try_get::<i64, _>("id")? as u64),
-        kind: GroupKind::parse(&kind).ok_or_else(|| corrupt(format!("group kind `{kind}`")))?,
-        name: row.try_get("name")?,
-        user: row.try_get("user_name")?,
-        spec: serde_json::from_str(&spec).map_err(corrupt)?,
-        size: row.try_get::<i64, _>("size")? as u32,
-        created_at: Timestamp(row.try_get::<i64, _>("created_at")? as u64),
-    })
-}
-
-fn delivery_from_row(row: &SqliteRow) -> Result<DeliveryRecord> {
-    Ok(DeliveryRecord {
-        id: row.try_get::<i64, _>("id")? as u64,
-        key: row.try_get("event_key")?,
-        user: row.try_get("user_name")?,
-        url: row.try_get("url")?,
-        secret: row.try_get("secret_name")?,
-        body: row.try_get("body")?,
-        attempts: row.try_get::<i64, _>("attempts")? as u32,
-        next_at: Timestamp(row.try_get::<i64, _>("next_at")? as u64),
-        last_error: row.try_get("last_error")?,
-        delivered_at: row
-            .try_get::<Option<i64>, _>("delivered_at")?
-            .map(|v| Timestamp(v as u64)),
-        gave_up: row.try_get::<i64, _>("gave_up")? != 0,
-    })
-}
 
 /// The group and its elements in one transaction. Elements are inserted many rows per
 /// statement: a 10,000-element array is one quick commit, not 20,000 round trips.

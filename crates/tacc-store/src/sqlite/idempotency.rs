@@ -1,11 +1,12 @@
 //! Idempotency keys in SQLite: one row per user and key, written inside the transaction of
 //! the work it acknowledges; expired rows are removed when a new key is written.
 
-use sqlx::{Row, Sqlite, SqlitePool, Transaction};
+use sqlx::{Sqlite, SqlitePool, Transaction};
 use tacc_core::Timestamp;
 
-use super::{corrupt, millis};
 use crate::idempotency::key_taken;
+use crate::rows::Columns;
+use crate::sql::millis;
 use crate::{IdempotencyKey, KEY_LIFETIME_MS, KeptReply, Result, StoredReply};
 
 pub(super) async fn kept_reply(
@@ -25,18 +26,18 @@ pub(super) async fn kept_reply(
     let Some(row) = row else {
         return Ok(None);
     };
-    let body: String = row.try_get("body")?;
     let kept = KeptReply {
         key: IdempotencyKey {
             user: user.to_string(),
             key: key.to_string(),
-            route: row.try_get("route")?,
-            request_hash: row.try_get("request_hash")?,
-            created_at: Timestamp(row.try_get::<i64, _>("created_at")? as u64),
+            route: row.text("route")?,
+            request_hash: row.text("request_hash")?,
+            created_at: row.timestamp("created_at")?,
         },
         reply: StoredReply {
-            status: row.try_get::<i64, _>("status")? as u16,
-            body: serde_json::from_str(&body).map_err(corrupt)?,
+            // A 32-bit INTEGER on PostgreSQL; SQLite's integer reads into it too.
+            status: row.int32("status")? as u16,
+            body: row.json("body")?,
         },
     };
     Ok((!kept.key.expired(now)).then_some(kept))
