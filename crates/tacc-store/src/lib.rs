@@ -20,6 +20,7 @@ mod records;
 mod rows;
 mod sql;
 mod sqlite;
+mod statement;
 
 pub mod contract;
 pub mod test_database;

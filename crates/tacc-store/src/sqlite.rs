@@ -14,6 +14,7 @@ use crate::rows::{
     corrupt, event_from_row, lease_from_row, metric_from_row, node_from_row, output_from_row,
     resize_from_row, signal_from_row, task_from_row, usage_from_row,
 };
+use crate::sql::access;
 use crate::sql::{ACTIVE_BETWEEN, NODE_COLUMNS, TASK_COLUMNS, filter_sql, millis};
 use crate::{
     AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
@@ -22,10 +23,10 @@ use crate::{
     TaskRecord, TokenRecord, UsagePeak, UserRecord,
 };
 
-mod access;
 mod groups;
 mod idempotency;
 mod pipelines;
+mod run;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
