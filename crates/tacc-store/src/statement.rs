@@ -54,6 +54,12 @@ impl From<Option<&str>> for Value {
     }
 }
 
+impl From<Option<String>> for Value {
+    fn from(value: Option<String>) -> Self {
+        Value::OptionalText(value)
+    }
+}
+
 impl From<&Option<String>> for Value {
     fn from(value: &Option<String>) -> Self {
         Value::OptionalText(value.clone())

@@ -1,19 +1,16 @@
 //! Task groups, the history of ended tasks and the notification outbox in PostgreSQL. Writes
 //! take the writer pool, reads the reader pool (see [`PostgresStore`](super::PostgresStore)).
 
-use std::collections::BTreeMap;
-use std::str::FromStr;
-
 use sqlx::{PgPool, Postgres, Row, Transaction};
-use tacc_core::{GroupId, TaskState, Timestamp};
+use tacc_core::GroupId;
 
 use super::numbered;
-use crate::rows::{corrupt, delivery_from_row, group_from_row, task_from_row};
-use crate::sql::{DELIVERY_COLUMNS, GROUP_COLUMNS, TASK_COLUMNS, millis};
-use crate::{
-    DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter, NewDelivery,
-    NewGroup, NewTask, Result, TaskRecord,
+pub(super) use crate::sql::groups::{
+    due_deliveries, finish_delivery, get_delivery, get_group, group_counts, list_groups,
+    task_history,
 };
+use crate::sql::millis;
+use crate::{GroupRecord, NewDelivery, NewGroup, NewTask, Result, TaskRecord};
 
 /// Rows per multi-row `INSERT` when creating a group's elements: PostgreSQL allows 65535
 /// bound values, and a task row binds 8.
@@ -147,117 +144,6 @@ pub(super) async fn add_group_elements(
     Ok(tasks)
 }
 
-pub(super) async fn get_group(pool: &PgPool, id: GroupId) -> Result<Option<GroupRecord>> {
-    let row = sqlx::query(&numbered(&format!(
-        "SELECT {GROUP_COLUMNS} FROM task_groups WHERE id = ?"
-    )))
-    .bind(id.0 as i64)
-    .fetch_optional(pool)
-    .await?;
-    row.as_ref().map(group_from_row).transpose()
-}
-
-pub(super) async fn list_groups(pool: &PgPool, filter: &GroupFilter) -> Result<Vec<GroupRecord>> {
-    let mut sql = format!("SELECT {GROUP_COLUMNS} FROM task_groups g WHERE 1 = 1");
-    if filter.user.is_some() {
-        sql.push_str(" AND user_name = ?");
-    }
-    if filter.since.is_some() {
-        sql.push_str(" AND created_at >= ?");
-    }
-    if !filter.with_states.is_empty() {
-        let marks = vec!["?"; filter.with_states.len()].join(", ");
-        sql.push_str(&format!(
-            " AND EXISTS (SELECT 1 FROM tasks t WHERE t.group_id = g.id AND t.state IN ({marks}))"
-        ));
-    }
-    sql.push_str(" ORDER BY id DESC");
-    if filter.limit.is_some() {
-        sql.push_str(" LIMIT ?");
-    }
-    let sql = numbered(&sql);
-    let mut query = sqlx::query(&sql);
-    if let Some(user) = &filter.user {
-        query = query.bind(user);
-    }
-    if let Some(since) = filter.since {
-        query = query.bind(millis(since));
-    }
-    for state in &filter.with_states {
-        query = query.bind(state.as_str());
-    }
-    if let Some(limit) = filter.limit {
-        query = query.bind(i64::from(limit));
-    }
-    let rows = query.fetch_all(pool).await?;
-    rows.iter().map(group_from_row).collect()
-}
-
-pub(super) async fn group_counts(pool: &PgPool, id: GroupId) -> Result<BTreeMap<TaskState, u64>> {
-    let rows = sqlx::query(&numbered(
-        "SELECT state, COUNT(*) AS n FROM tasks WHERE group_id = ? GROUP BY state",
-    ))
-    .bind(id.0 as i64)
-    .fetch_all(pool)
-    .await?;
-    let mut counts = BTreeMap::new();
-    for row in &rows {
-        let state: String = row.try_get("state")?;
-        let state = TaskState::from_str(&state).map_err(corrupt)?;
-        counts.insert(state, row.try_get::<i64, _>("n")? as u64);
-    }
-    Ok(counts)
-}
-
-/// Through `tasks_by_finished`: newest end first, stopping at the page's limit.
-pub(super) async fn task_history(pool: &PgPool, filter: &HistoryFilter) -> Result<Vec<TaskRecord>> {
-    let states: Vec<TaskState> = if filter.states.is_empty() {
-        TaskState::ALL
-            .into_iter()
-            .filter(|s| s.is_terminal())
-            .collect()
-    } else {
-        filter.states.clone()
-    };
-    let marks = vec!["?"; states.len()].join(", ");
-    let mut sql = format!(
-        "SELECT {TASK_COLUMNS} FROM tasks WHERE finished_at IS NOT NULL AND state IN ({marks})"
-    );
-    if filter.user.is_some() {
-        sql.push_str(" AND user_name = ?");
-    }
-    if filter.name.is_some() {
-        sql.push_str(" AND name = ?");
-    }
-    if filter.since.is_some() {
-        sql.push_str(" AND finished_at >= ?");
-    }
-    if filter.before.is_some() {
-        sql.push_str(" AND (finished_at, id) < (?, ?)");
-    }
-    sql.push_str(" ORDER BY finished_at DESC, id DESC LIMIT ?");
-    let sql = numbered(&sql);
-    let mut query = sqlx::query(&sql);
-    for state in &states {
-        query = query.bind(state.as_str());
-    }
-    if let Some(user) = &filter.user {
-        query = query.bind(user);
-    }
-    if let Some(name) = &filter.name {
-        query = query.bind(name);
-    }
-    if let Some(since) = filter.since {
-        query = query.bind(millis(since));
-    }
-    if let Some((at, id)) = filter.before {
-        query = query.bind(millis(at)).bind(id.0 as i64);
-    }
-    query = query.bind(i64::from(filter.limit));
-    let rows = query.fetch_all(pool).await?;
-    rows.iter().map(task_from_row).collect()
-}
-
 /// Inside the caller's transaction (see `TaskChange::Notify`).
 pub(super) async fn queue_delivery(
     tx: &mut Transaction<'_, Postgres>,
@@ -277,57 +163,4 @@ pub(super) async fn queue_delivery(
     .execute(&mut **tx)
     .await?;
     Ok(())
-}
-
-pub(super) async fn due_deliveries(
-    pool: &PgPool,
-    now: Timestamp,
-    limit: u32,
-) -> Result<Vec<DeliveryRecord>> {
-    let rows = sqlx::query(&numbered(&format!(
-        "SELECT {DELIVERY_COLUMNS} FROM deliveries \
-         WHERE delivered_at IS NULL AND gave_up = 0 AND next_at <= ? ORDER BY next_at, id LIMIT ?"
-    )))
-    .bind(millis(now))
-    .bind(i64::from(limit))
-    .fetch_all(pool)
-    .await?;
-    rows.iter().map(delivery_from_row).collect()
-}
-
-pub(super) async fn finish_delivery(
-    pool: &PgPool,
-    id: u64,
-    outcome: DeliveryOutcome,
-) -> Result<bool> {
-    let (delivered_at, next_at, error, gave_up) = match outcome {
-        DeliveryOutcome::Delivered { at } => (Some(millis(at)), None, None, false),
-        DeliveryOutcome::Retry { next_at, error } => {
-            (None, Some(millis(next_at)), Some(error), false)
-        }
-        DeliveryOutcome::GaveUp { error } => (None, None, Some(error), true),
-    };
-    let done = sqlx::query(&numbered(
-        "UPDATE deliveries SET attempts = attempts + 1, delivered_at = ?, \
-         next_at = COALESCE(?, next_at), last_error = COALESCE(?, last_error), gave_up = ? \
-         WHERE id = ?",
-    ))
-    .bind(delivered_at)
-    .bind(next_at)
-    .bind(error)
-    .bind(i64::from(gave_up))
-    .bind(id as i64)
-    .execute(pool)
-    .await?;
-    Ok(done.rows_affected() > 0)
-}
-
-pub(super) async fn get_delivery(pool: &PgPool, key: &str) -> Result<Option<DeliveryRecord>> {
-    let row = sqlx::query(&numbered(&format!(
-        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE event_key = ?"
-    )))
-    .bind(key)
-    .fetch_optional(pool)
-    .await?;
-    row.as_ref().map(delivery_from_row).transpose()
 }

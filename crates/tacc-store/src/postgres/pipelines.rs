@@ -2,12 +2,12 @@
 //! the stage rows written in one transaction.
 
 use sqlx::PgPool;
-use tacc_core::GroupId;
 
 use super::groups::insert_group;
 use super::numbered;
-use crate::rows::{corrupt, stage_from_row};
+use crate::rows::corrupt;
 use crate::sql::STAGE_COLUMNS;
+pub(super) use crate::sql::pipelines::{pipeline_stages, stage_of, stages_with_key};
 use crate::{
     GroupRecord, NewGroup, NewStage, NewStageRun, Result, StageRecord, StageSource, TaskRecord,
 };
@@ -115,54 +115,4 @@ async fn insert_pipeline(
         .await?;
     record.size = records.len() as u32;
     Ok((record, records, tasks))
-}
-
-pub(super) async fn pipeline_stages(pool: &PgPool, pipeline: GroupId) -> Result<Vec<StageRecord>> {
-    sqlx::query(&numbered(&format!(
-        "SELECT {STAGE_COLUMNS} FROM pipeline_stages WHERE pipeline_id = ? ORDER BY position"
-    )))
-    .bind(pipeline.0 as i64)
-    .fetch_all(pool)
-    .await?
-    .iter()
-    .map(stage_from_row)
-    .collect()
-}
-
-pub(super) async fn stage_of(pool: &PgPool, source: StageSource) -> Result<Option<StageRecord>> {
-    let (sql, id) = match source {
-        StageSource::Task(task) => ("task_id", task.0),
-        StageSource::Group(group) => ("group_id", group.0),
-    };
-    sqlx::query(&numbered(&format!(
-        "SELECT {STAGE_COLUMNS} FROM pipeline_stages WHERE {sql} = ? AND cached = 0 LIMIT 1"
-    )))
-    .bind(id as i64)
-    .fetch_optional(pool)
-    .await?
-    .as_ref()
-    .map(stage_from_row)
-    .transpose()
-}
-
-pub(super) async fn stages_with_key(
-    pool: &PgPool,
-    user: &str,
-    pipeline: &str,
-    stage: &str,
-    cache_key: &str,
-) -> Result<Vec<StageRecord>> {
-    sqlx::query(&numbered(&format!(
-        "SELECT {STAGE_COLUMNS} FROM pipeline_stages WHERE user_name = ? AND pipeline_name = ? \
-         AND name = ? AND cache_key = ? ORDER BY pipeline_id DESC LIMIT 20"
-    )))
-    .bind(user)
-    .bind(pipeline)
-    .bind(stage)
-    .bind(cache_key)
-    .fetch_all(pool)
-    .await?
-    .iter()
-    .map(stage_from_row)
-    .collect()
 }
