@@ -10,6 +10,7 @@ use crate::{StoreError, TaskFilter};
 pub(crate) mod access;
 pub(crate) mod groups;
 pub(crate) mod pipelines;
+pub(crate) mod tasks;
 
 pub(crate) const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
      placements, cancel_requested, submitted_at, started_at, finished_at, group_id, group_index";

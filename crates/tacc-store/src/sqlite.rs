@@ -2,7 +2,6 @@
 //! records (users, tokens, audit, secrets, snapshot owners) in [`access`].
 
 use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
@@ -10,12 +9,9 @@ use sqlx::{Row, SqlitePool};
 use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 use crate::memory::{apply_transition, change_task};
-use crate::rows::{
-    corrupt, event_from_row, lease_from_row, metric_from_row, node_from_row, output_from_row,
-    resize_from_row, signal_from_row, task_from_row, usage_from_row,
-};
-use crate::sql::access;
-use crate::sql::{ACTIVE_BETWEEN, NODE_COLUMNS, TASK_COLUMNS, filter_sql, millis};
+use crate::rows::{corrupt, event_from_row, lease_from_row, task_from_row};
+use crate::sql::{ACTIVE_BETWEEN, TASK_COLUMNS, millis};
+use crate::sql::{access, tasks};
 use crate::{
     AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
     NewAuditEntry, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
@@ -174,59 +170,19 @@ impl Store for SqliteStore {
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
-        let row = sqlx::query(&format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
-            .bind(id.0 as i64)
-            .fetch_optional(&self.reader)
-            .await?;
-        row.as_ref().map(task_from_row).transpose()
+        tasks::get_task(&self.reader, id).await
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>> {
-        let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks{}", filter_sql(filter));
-        sql.push_str(" ORDER BY id DESC");
-        if filter.limit.is_some() {
-            sql.push_str(" LIMIT ?");
-        }
-        let mut query = sqlx::query(&sql);
-        for state in &filter.states {
-            query = query.bind(state.as_str());
-        }
-        if let Some(user) = &filter.user {
-            query = query.bind(user);
-        }
-        if let Some(group) = filter.group {
-            query = query.bind(group.0 as i64);
-        }
-        if let Some(limit) = filter.limit {
-            query = query.bind(limit as i64);
-        }
-        let rows = query.fetch_all(&self.reader).await?;
-        rows.iter().map(task_from_row).collect()
+        tasks::list_tasks(&self.reader, filter).await
     }
 
     async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64> {
-        let sql = format!("SELECT COUNT(*) FROM tasks{}", filter_sql(filter));
-        let mut query = sqlx::query_scalar::<_, i64>(&sql);
-        for state in &filter.states {
-            query = query.bind(state.as_str());
-        }
-        if let Some(user) = &filter.user {
-            query = query.bind(user);
-        }
-        if let Some(group) = filter.group {
-            query = query.bind(group.0 as i64);
-        }
-        Ok(query.fetch_one(&self.reader).await? as u64)
+        tasks::count_tasks(&self.reader, filter).await
     }
 
     async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEvent>> {
-        let rows = sqlx::query(
-            "SELECT at, attempt, state, reason FROM task_events WHERE task_id = ? ORDER BY seq",
-        )
-        .bind(id.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(event_from_row).collect()
+        tasks::task_events(&self.reader, id).await
     }
 
     async fn apply(&self, changes: &[TaskChange]) -> Result<()> {
@@ -311,45 +267,19 @@ impl Store for SqliteStore {
     }
 
     async fn register_node(&self, node: NewNode) -> Result<NodeRecord> {
-        let row = sqlx::query(
-            "INSERT INTO nodes (name, capacity, gpu_type, labels, address, registered_at) VALUES (?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (name) DO UPDATE SET capacity = excluded.capacity, gpu_type = excluded.gpu_type, \
-             labels = excluded.labels, address = excluded.address, registered_at = excluded.registered_at \
-             RETURNING id, name, capacity, gpu_type, labels, address, registered_at, drained",
-        )
-        .bind(&node.name)
-        .bind(serde_json::to_string(&node.capacity).map_err(corrupt)?)
-        .bind(&node.gpu_type)
-        .bind(serde_json::to_string(&node.labels).map_err(corrupt)?)
-        .bind(&node.address)
-        .bind(millis(node.registered_at))
-        .fetch_one(&self.writer)
-        .await?;
-        node_from_row(&row)
+        tasks::register_node(&self.writer, node).await
     }
 
     async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
-        let rows = sqlx::query(&format!("SELECT {NODE_COLUMNS} FROM nodes ORDER BY id"))
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter().map(node_from_row).collect()
+        tasks::list_nodes(&self.reader).await
     }
 
     async fn set_node_drained(&self, node: NodeId, drained: bool) -> Result<bool> {
-        let done = sqlx::query("UPDATE nodes SET drained = ? WHERE id = ?")
-            .bind(i64::from(drained))
-            .bind(node.0 as i64)
-            .execute(&self.writer)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        tasks::set_node_drained(&self.writer, node, drained).await
     }
 
     async fn remove_node(&self, node: NodeId) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM nodes WHERE id = ?")
-            .bind(node.0 as i64)
-            .execute(&self.writer)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        tasks::remove_node(&self.writer, node).await
     }
 
     async fn put_snapshot(
@@ -359,82 +289,27 @@ impl Store for SqliteStore {
         total_bytes: u64,
         at: Timestamp,
     ) -> Result<()> {
-        sqlx::query(
-            "INSERT INTO snapshots (id, manifest, total_bytes, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-        )
-        .bind(id.as_str())
-        .bind(manifest.to_string())
-        .bind(total_bytes as i64)
-        .bind(millis(at))
-        .execute(&self.writer)
-        .await?;
-        Ok(())
+        tasks::put_snapshot(&self.writer, id, manifest, total_bytes, at).await
     }
 
     async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<serde_json::Value>> {
-        let row = sqlx::query("SELECT manifest FROM snapshots WHERE id = ?")
-            .bind(id.as_str())
-            .fetch_optional(&self.reader)
-            .await?;
-        row.map(|row| {
-            let text: String = row.try_get(0)?;
-            serde_json::from_str(&text).map_err(corrupt)
-        })
-        .transpose()
+        tasks::get_snapshot(&self.reader, id).await
     }
 
     async fn list_snapshots(&self) -> Result<Vec<SnapshotId>> {
-        let rows = sqlx::query("SELECT id FROM snapshots ORDER BY id")
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let id: String = row.try_get(0)?;
-                SnapshotId::from_str(&id).map_err(corrupt)
-            })
-            .collect()
+        tasks::list_snapshots(&self.reader).await
     }
 
     async fn add_output(&self, output: OutputRecord) -> Result<()> {
-        let result = sqlx::query(
-            "INSERT INTO outputs (task_id, attempt, node_rank, path, size) VALUES (?, ?, ?, ?, ?) \
-             ON CONFLICT (task_id, attempt, node_rank, path) DO UPDATE SET size = excluded.size",
-        )
-        .bind(output.task.0 as i64)
-        .bind(output.attempt.0 as i64)
-        .bind(i64::from(output.rank))
-        .bind(&output.path)
-        .bind(output.size as i64)
-        .execute(&self.writer)
-        .await;
-        match result {
-            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                Err(StoreError::TaskNotFound(output.task))
-            }
-            other => other.map(|_| ()).map_err(Into::into),
-        }
+        tasks::add_output(&self.writer, output).await
     }
 
     async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>> {
-        let rows = sqlx::query(
-            "SELECT attempt, node_rank, path, size FROM outputs WHERE task_id = ? \
-             ORDER BY attempt, node_rank, path",
-        )
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(|row| output_from_row(task, row)).collect()
+        tasks::list_outputs(&self.reader, task).await
     }
 
     async fn list_resizes(&self, task: TaskId) -> Result<Vec<crate::ResizeRecord>> {
-        let rows = sqlx::query(
-            "SELECT attempt, at, cpu_millis, memory_bytes, reason FROM task_resizes \
-             WHERE task_id = ? ORDER BY seq",
-        )
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(|row| resize_from_row(task, row)).collect()
+        tasks::list_resizes(&self.reader, task).await
     }
 
     async fn record_signal_point(&self, point: crate::SignalRecord, keep: u32) -> Result<()> {
@@ -469,13 +344,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_signal_points(&self, task: TaskId) -> Result<Vec<crate::SignalRecord>> {
-        let rows = sqlx::query(
-            "SELECT attempt, at, point FROM signal_points WHERE task_id = ? ORDER BY attempt, at",
-        )
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(|row| signal_from_row(task, row)).collect()
+        tasks::list_signal_points(&self.reader, task).await
     }
 
     async fn record_usage_peak(&self, peak: UsagePeak) -> Result<()> {
@@ -509,14 +378,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_usage_peaks(&self, task: TaskId) -> Result<Vec<UsagePeak>> {
-        let rows = sqlx::query(
-            "SELECT attempt, node_rank, node, cpu_millis, memory_bytes, gpu_utilization_percent, \
-             gpu_memory_bytes, at FROM usage_peaks WHERE task_id = ? ORDER BY attempt, node_rank",
-        )
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(|row| usage_from_row(task, row)).collect()
+        tasks::list_usage_peaks(&self.reader, task).await
     }
 
     async fn tasks_active_between(
@@ -610,14 +472,7 @@ impl Store for SqliteStore {
     }
 
     async fn list_metrics(&self, task: TaskId) -> Result<Vec<crate::MetricPoint>> {
-        let rows = sqlx::query(
-            "SELECT attempt, seq, step, at, metrics FROM task_metrics WHERE task_id = ? \
-             ORDER BY attempt, seq",
-        )
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(|row| metric_from_row(task, row)).collect()
+        tasks::list_metrics(&self.reader, task).await
     }
 
     async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>> {
