@@ -8,13 +8,12 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
-use crate::memory::{apply_transition, change_task};
-use crate::rows::{corrupt, event_from_row, lease_from_row, task_from_row};
-use crate::sql::{ACTIVE_BETWEEN, TASK_COLUMNS, millis};
-use crate::sql::{access, tasks};
+use crate::rows::lease_from_row;
+use crate::sql::millis;
+use crate::sql::{access, changes, groups, idempotency, pipelines, tasks};
 use crate::{
     AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
     NewAuditEntry, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
@@ -22,9 +21,6 @@ use crate::{
     TaskRecord, TokenRecord, UsagePeak, UserRecord,
 };
 
-mod groups;
-mod idempotency;
-mod pipelines;
 mod placeholders;
 mod run;
 
@@ -131,34 +127,6 @@ pub(crate) async fn check_fence(
     }
 }
 
-/// Insert a queued task and its first event inside the caller's transaction.
-async fn insert_task(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    task: NewTask,
-) -> Result<TaskRecord> {
-    let id: i64 = sqlx::query(&numbered(
-        "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at) \
-             VALUES (?, ?, ?, ?, ?, 'queued', 1, ?) RETURNING id",
-    ))
-    .bind(&task.name)
-    .bind(&task.user)
-    .bind(task.spec.to_string())
-    .bind(task.snapshot.as_str())
-    .bind(&task.source)
-    .bind(millis(task.submitted_at))
-    .fetch_one(&mut **tx)
-    .await?
-    .try_get(0)?;
-    sqlx::query(&numbered(
-        "INSERT INTO task_events (task_id, seq, at, attempt, state) VALUES (?, 1, ?, 1, 'queued')",
-    ))
-    .bind(id)
-    .bind(millis(task.submitted_at))
-    .execute(&mut **tx)
-    .await?;
-    Ok(task.into_queued_record(TaskId(id as u64)))
-}
-
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn try_acquire_lease(
@@ -203,7 +171,7 @@ impl Store for PostgresStore {
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
         check_fence(&mut tx, &self.fence).await?;
-        let record = insert_task(&mut tx, task).await?;
+        let record = changes::insert_task(&mut tx, task).await?;
         tx.commit().await?;
         Ok(record)
     }
@@ -230,80 +198,7 @@ impl Store for PostgresStore {
         }
         let mut tx = self.writer.begin().await?;
         check_fence(&mut tx, &self.fence).await?;
-        for change in changes {
-            let Some(id) = change_task(change) else {
-                if let TaskChange::Notify(delivery) = change {
-                    groups::queue_delivery(&mut tx, delivery).await?;
-                }
-                continue;
-            };
-            // A reason changes one column: no need to read and rewrite the whole row (a
-            // large array gets one for every queued element).
-            if let TaskChange::Reason { reason, .. } = change {
-                let done = sqlx::query(&numbered("UPDATE tasks SET reason = ? WHERE id = ?"))
-                    .bind(reason)
-                    .bind(id.0 as i64)
-                    .execute(&mut *tx)
-                    .await?;
-                if done.rows_affected() == 0 {
-                    return Err(StoreError::TaskNotFound(id));
-                }
-                continue;
-            }
-            let row = sqlx::query(&numbered(&format!(
-                "SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"
-            )))
-            .bind(id.0 as i64)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or(StoreError::TaskNotFound(id))?;
-            let mut record = task_from_row(&row)?;
-            let event = apply_transition(&mut record, change)?;
-            sqlx::query(&numbered(
-                "UPDATE tasks SET state = ?, reason = ?, exit_code = ?, attempt = ?, placements = ?, \
-                 cancel_requested = ?, started_at = ?, finished_at = ? WHERE id = ?",
-            ))
-            .bind(record.state.as_str())
-            .bind(&record.reason)
-            .bind(record.exit_code)
-            .bind(record.attempt.0 as i64)
-            .bind(serde_json::to_string(&record.placements).map_err(corrupt)?)
-            .bind(record.cancel_requested as i64)
-            .bind(record.started_at.map(millis))
-            .bind(record.finished_at.map(millis))
-            .bind(id.0 as i64)
-            .execute(&mut *tx)
-            .await?;
-            if let TaskChange::Resized(resize) = change {
-                sqlx::query(&numbered(
-                    "INSERT INTO task_resizes (task_id, seq, attempt, at, cpu_millis, memory_bytes, reason) \
-                     SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ?, ? FROM task_resizes WHERE task_id = ?",
-                ))
-                .bind(id.0 as i64)
-                .bind(resize.attempt.0 as i64)
-                .bind(millis(resize.at))
-                .bind(resize.cpu_millis as i64)
-                .bind(resize.memory_bytes as i64)
-                .bind(&resize.reason)
-                .bind(id.0 as i64)
-                .execute(&mut *tx)
-                .await?;
-            }
-            if let Some(event) = event {
-                sqlx::query(&numbered(
-                    "INSERT INTO task_events (task_id, seq, at, attempt, state, reason) \
-                     SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ? FROM task_events WHERE task_id = ?",
-                ))
-                .bind(id.0 as i64)
-                .bind(millis(event.at))
-                .bind(event.attempt.0 as i64)
-                .bind(event.state.as_str())
-                .bind(&event.reason)
-                .bind(id.0 as i64)
-                .execute(&mut *tx)
-                .await?;
-            }
-        }
+        changes::apply_changes(&mut tx, changes).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -356,31 +251,7 @@ impl Store for PostgresStore {
 
     async fn record_signal_point(&self, point: crate::SignalRecord, keep: u32) -> Result<()> {
         let mut tx = self.writer.begin().await?;
-        let inserted = sqlx::query(&numbered(
-            "INSERT INTO signal_points (task_id, attempt, at, point) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (task_id, attempt, at) DO UPDATE SET point = excluded.point",
-        ))
-        .bind(point.task.0 as i64)
-        .bind(point.attempt.0 as i64)
-        .bind(millis(point.at))
-        .bind(serde_json::to_string(&point.point).map_err(corrupt)?)
-        .execute(&mut *tx)
-        .await;
-        match inserted {
-            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                return Err(StoreError::TaskNotFound(point.task));
-            }
-            other => other?,
-        };
-        sqlx::query(&numbered(
-            "DELETE FROM signal_points WHERE task_id = ?1 AND attempt = ?2 AND at NOT IN \
-             (SELECT at FROM signal_points WHERE task_id = ?1 AND attempt = ?2 ORDER BY at DESC LIMIT ?3)",
-        ))
-        .bind(point.task.0 as i64)
-        .bind(point.attempt.0 as i64)
-        .bind(i64::from(keep))
-        .execute(&mut *tx)
-        .await?;
+        changes::record_signal_point(&mut tx, point, keep).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -431,41 +302,9 @@ impl Store for PostgresStore {
     ) -> Result<Vec<TaskHistory>> {
         // One read transaction: the tasks and their events come from the same snapshot.
         let mut tx = self.reader.begin().await?;
-        let tasks = sqlx::query(&numbered(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({ACTIVE_BETWEEN}) ORDER BY id"
-        )))
-        .bind(millis(until))
-        .bind(millis(since))
-        .bind(user)
-        .bind(user)
-        .fetch_all(&mut *tx)
-        .await?;
-        let events = sqlx::query(&numbered(&format!(
-            "SELECT task_id, at, attempt, state, reason FROM task_events \
-             WHERE task_id IN ({ACTIVE_BETWEEN}) ORDER BY task_id, seq"
-        )))
-        .bind(millis(until))
-        .bind(millis(since))
-        .bind(user)
-        .bind(user)
-        .fetch_all(&mut *tx)
-        .await?;
+        let active = tasks::active_between(&mut tx, since, until, user).await?;
         tx.commit().await?;
-        let mut by_task: std::collections::BTreeMap<i64, Vec<TaskEvent>> = Default::default();
-        for row in &events {
-            by_task
-                .entry(row.try_get("task_id")?)
-                .or_default()
-                .push(event_from_row(row)?);
-        }
-        tasks
-            .iter()
-            .map(|row| {
-                let task = task_from_row(row)?;
-                let events = by_task.remove(&(task.id.0 as i64)).unwrap_or_default();
-                Ok(TaskHistory { task, events })
-            })
-            .collect()
+        Ok(active)
     }
 
     async fn create_group(
@@ -473,7 +312,11 @@ impl Store for PostgresStore {
         group: NewGroup,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
-        groups::create_group(&self.writer, &self.fence, group, elements).await
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        let made = groups::insert_group(&mut tx, group, elements).await?;
+        tx.commit().await?;
+        Ok(made)
     }
 
     async fn add_group_elements(
@@ -481,34 +324,16 @@ impl Store for PostgresStore {
         group: GroupId,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<Vec<TaskRecord>> {
-        groups::add_group_elements(&self.writer, &self.fence, group, elements).await
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        let tasks = groups::add_elements(&mut tx, group, elements).await?;
+        tx.commit().await?;
+        Ok(tasks)
     }
 
     async fn append_metrics(&self, points: Vec<crate::MetricPoint>) -> Result<()> {
         let mut tx = self.writer.begin().await?;
-        for point in &points {
-            let metrics = serde_json::to_string(&point.values).map_err(corrupt)?;
-            // The next seq of the attempt, unless it is full (then the point is dropped).
-            let inserted = sqlx::query(&numbered(
-                "INSERT INTO task_metrics (task_id, attempt, seq, step, at, metrics) \
-                 SELECT ?1, ?2, COALESCE(MAX(seq) + 1, 0), ?3, ?4, ?5 FROM task_metrics \
-                 WHERE task_id = ?1 AND attempt = ?2 HAVING COALESCE(MAX(seq) + 1, 0) < ?6",
-            ))
-            .bind(point.task.0 as i64)
-            .bind(i64::from(point.attempt.0))
-            .bind(point.step as i64)
-            .bind(millis(point.at))
-            .bind(metrics)
-            .bind(i64::from(crate::MAX_METRIC_POINTS_PER_ATTEMPT))
-            .execute(&mut *tx)
-            .await;
-            match inserted {
-                Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                    return Err(StoreError::TaskNotFound(point.task));
-                }
-                other => other?,
-            };
-        }
+        changes::append_metrics(&mut tx, &points).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -537,7 +362,11 @@ impl Store for PostgresStore {
         group: NewGroup,
         stages: Vec<crate::NewStage>,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        pipelines::create_pipeline(&self.writer, &self.fence, group, stages, None).await
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        let made = pipelines::insert_pipeline(&mut tx, group, stages).await?;
+        tx.commit().await?;
+        Ok(made)
     }
 
     async fn kept_reply(
@@ -559,7 +388,7 @@ impl Store for PostgresStore {
     async fn create_task_keyed(&self, task: NewTask, keyed: crate::Keyed) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
         check_fence(&mut tx, &self.fence).await?;
-        let record = insert_task(&mut tx, task).await?;
+        let record = changes::insert_task(&mut tx, task).await?;
         let kept = keyed.kept(crate::Created::Task(&record));
         idempotency::insert_key(&mut tx, &kept).await?;
         tx.commit().await?;
@@ -587,7 +416,13 @@ impl Store for PostgresStore {
         stages: Vec<crate::NewStage>,
         keyed: crate::Keyed,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        pipelines::create_pipeline(&self.writer, &self.fence, group, stages, Some(keyed)).await
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        let made = pipelines::insert_pipeline(&mut tx, group, stages).await?;
+        let kept = keyed.kept(crate::Created::Pipeline(&made.0, &made.1, &made.2));
+        idempotency::insert_key(&mut tx, &kept).await?;
+        tx.commit().await?;
+        Ok(made)
     }
 
     async fn pipeline_stages(&self, pipeline: GroupId) -> Result<Vec<crate::StageRecord>> {

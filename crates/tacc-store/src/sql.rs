@@ -8,7 +8,9 @@ use tacc_core::Timestamp;
 use crate::{StoreError, TaskFilter};
 
 pub(crate) mod access;
+pub(crate) mod changes;
 pub(crate) mod groups;
+pub(crate) mod idempotency;
 pub(crate) mod pipelines;
 pub(crate) mod tasks;
 

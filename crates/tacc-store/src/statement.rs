@@ -1,8 +1,9 @@
 //! A statement either SQL store can run: SQL text in SQLite's `?` form and the values it
 //! binds, built once by the shared read and write paths in [`sql`](crate::sql) and run on
-//! a store's pool through [`Run`]. Each store implements [`Run`] for its own pool type
-//! (the PostgreSQL store numbering the placeholders first), so the shared paths need no
-//! sqlx bounds on the database type: they only ask for `&impl Run`.
+//! a store's pool through [`Run`] or inside its open transaction through [`Transact`].
+//! Each store implements both for its own types (the PostgreSQL store numbering the
+//! placeholders first), so the shared paths need no sqlx bounds on the database type:
+//! they only ask for `&impl Run` or `&mut impl Transact`.
 
 use std::future::Future;
 
@@ -13,6 +14,9 @@ use crate::rows::Columns;
 pub(crate) enum Value {
     Int(i64),
     OptionalInt(Option<i64>),
+    /// For PostgreSQL's 32-bit `INTEGER` columns (`exit_code`, `status`).
+    Int32(i32),
+    OptionalInt32(Option<i32>),
     Text(String),
     OptionalText(Option<String>),
     Bytes(Vec<u8>),
@@ -27,6 +31,18 @@ impl From<i64> for Value {
 impl From<Option<i64>> for Value {
     fn from(value: Option<i64>) -> Self {
         Value::OptionalInt(value)
+    }
+}
+
+impl From<i32> for Value {
+    fn from(value: i32) -> Self {
+        Value::Int32(value)
+    }
+}
+
+impl From<Option<i32>> for Value {
+    fn from(value: Option<i32>) -> Self {
+        Value::OptionalInt32(value)
     }
 }
 
@@ -124,4 +140,31 @@ pub(crate) trait Run: Sync {
         &self,
         statements: Vec<Statement>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+}
+
+/// An open transaction of either SQL store that runs [`Statement`]s. The store begins it,
+/// checks its fence where it has one, and commits it; the shared paths only write in it.
+pub(crate) trait Transact: Send {
+    type Row: Columns + Send;
+
+    fn fetch_all(
+        &mut self,
+        statement: Statement,
+    ) -> impl Future<Output = Result<Vec<Self::Row>, sqlx::Error>> + Send;
+
+    fn fetch_optional(
+        &mut self,
+        statement: Statement,
+    ) -> impl Future<Output = Result<Option<Self::Row>, sqlx::Error>> + Send;
+
+    fn fetch_one(
+        &mut self,
+        statement: Statement,
+    ) -> impl Future<Output = Result<Self::Row, sqlx::Error>> + Send;
+
+    /// The number of rows the statement changed.
+    fn execute(
+        &mut self,
+        statement: Statement,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send;
 }

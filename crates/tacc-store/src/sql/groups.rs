@@ -1,18 +1,141 @@
-//! Reads of task groups, the history of ended tasks and the notification outbox in either
-//! SQL store, and the outbox's one write that runs on its own (a delivery's outcome; it
-//! touches no task state, so it is not fenced). Group creation stays with each store: it
-//! runs inside the store's own transaction.
+//! Task groups, the history of ended tasks and the notification outbox in either SQL
+//! store. Group creation and queued deliveries are written inside a transaction the store
+//! has begun (and, on PostgreSQL, fenced); reads and a delivery's outcome (no task state,
+//! so not fenced) run on a pool.
 
 use std::collections::BTreeMap;
 
-use tacc_core::{GroupId, TaskState, Timestamp};
+use tacc_core::{GroupId, TaskId, TaskState, Timestamp};
 
 use super::{DELIVERY_COLUMNS, GROUP_COLUMNS, TASK_COLUMNS, millis};
 use crate::rows::{Columns, delivery_from_row, group_from_row, task_from_row};
-use crate::statement::{Run, Statement};
+use crate::statement::{Run, Statement, Transact};
 use crate::{
-    DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter, Result, TaskRecord,
+    DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter, NewDelivery,
+    NewGroup, NewTask, Result, StoreError, TaskRecord,
 };
+
+/// Rows per multi-row `INSERT` when creating a group's elements: a task row binds 8
+/// values, and SQLite allows 32766 bound values a statement, PostgreSQL 65535.
+const ROWS_PER_INSERT: usize = 500;
+
+/// Insert a group and its elements. Elements are inserted many rows per statement: a
+/// 10,000-element array is one quick commit, not 20,000 round trips.
+pub(crate) async fn insert_group(
+    tx: &mut impl Transact,
+    group: NewGroup,
+    elements: Vec<(u32, NewTask)>,
+) -> Result<(GroupRecord, Vec<TaskRecord>)> {
+    let insert = Statement::new(
+        "INSERT INTO task_groups (kind, name, user_name, spec, size, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+    )
+    .bind(group.kind.as_str())
+    .bind(&group.name)
+    .bind(&group.user)
+    .bind(group.spec.to_string())
+    .bind(elements.len() as i64)
+    .bind(millis(group.created_at));
+    let id = tx.fetch_one(insert).await?.int("id")?;
+    let record = GroupRecord {
+        id: GroupId(id as u64),
+        kind: group.kind,
+        name: group.name,
+        user: group.user,
+        spec: group.spec,
+        size: elements.len() as u32,
+        created_at: group.created_at,
+    };
+    let tasks = insert_elements(tx, record.id, &elements).await?;
+    Ok((record, tasks))
+}
+
+/// Grow an existing group by `elements`; `GroupNotFound` when there is none.
+pub(crate) async fn add_elements(
+    tx: &mut impl Transact,
+    group: GroupId,
+    elements: Vec<(u32, NewTask)>,
+) -> Result<Vec<TaskRecord>> {
+    let updated = tx
+        .execute(
+            Statement::new("UPDATE task_groups SET size = size + ? WHERE id = ?")
+                .bind(elements.len() as i64)
+                .bind(group.0 as i64),
+        )
+        .await?;
+    if updated == 0 {
+        return Err(StoreError::GroupNotFound(group));
+    }
+    insert_elements(tx, group, &elements).await
+}
+
+/// Insert queued elements of `group`, many rows per statement.
+async fn insert_elements(
+    tx: &mut impl Transact,
+    group: GroupId,
+    elements: &[(u32, NewTask)],
+) -> Result<Vec<TaskRecord>> {
+    let mut tasks = Vec::with_capacity(elements.len());
+    for batch in elements.chunks(ROWS_PER_INSERT) {
+        let marks = vec!["(?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?)"; batch.len()].join(", ");
+        let mut insert = Statement::new(format!(
+            "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, \
+             submitted_at, group_id, group_index) VALUES {marks} RETURNING id"
+        ));
+        for (index, task) in batch {
+            insert = insert
+                .bind(&task.name)
+                .bind(&task.user)
+                .bind(task.spec.to_string())
+                .bind(task.snapshot.as_str())
+                .bind(&task.source)
+                .bind(millis(task.submitted_at))
+                .bind(group.0 as i64)
+                .bind(i64::from(*index));
+        }
+        let mut ids: Vec<i64> = tx
+            .fetch_all(insert)
+            .await?
+            .iter()
+            .map(|row| row.int("id"))
+            .collect::<Result<_>>()?;
+        // Rows of one statement get increasing ids in the order of their VALUES, whatever
+        // order `RETURNING` reports them in.
+        ids.sort_unstable();
+        let marks = vec!["(?, 1, ?, 1, 'queued')"; batch.len()].join(", ");
+        let mut events = Statement::new(format!(
+            "INSERT INTO task_events (task_id, seq, at, attempt, state) VALUES {marks}"
+        ));
+        for (task_id, (_, task)) in ids.iter().zip(batch) {
+            events = events.bind(*task_id).bind(millis(task.submitted_at));
+        }
+        tx.execute(events).await?;
+        for (task_id, (index, task)) in ids.iter().zip(batch) {
+            let mut queued = task.clone().into_queued_record(TaskId(*task_id as u64));
+            queued.group = Some(group);
+            queued.group_index = Some(*index);
+            tasks.push(queued);
+        }
+    }
+    Ok(tasks)
+}
+
+/// Inside the caller's transaction (see `TaskChange::Notify`).
+pub(crate) async fn queue_delivery(tx: &mut impl Transact, delivery: &NewDelivery) -> Result<()> {
+    let insert = Statement::new(
+        "INSERT INTO deliveries (event_key, user_name, url, secret_name, body, next_at, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (event_key) DO NOTHING",
+    )
+    .bind(&delivery.key)
+    .bind(&delivery.user)
+    .bind(&delivery.url)
+    .bind(&delivery.secret)
+    .bind(&delivery.body)
+    .bind(millis(delivery.created_at))
+    .bind(millis(delivery.created_at));
+    tx.execute(insert).await?;
+    Ok(())
+}
 
 pub(crate) async fn get_group(pool: &impl Run, id: GroupId) -> Result<Option<GroupRecord>> {
     let select = Statement::new(format!(

@@ -3,17 +3,19 @@
 //! which neither store fences. Task-state writes stay with each store: they run in its own
 //! transaction, behind the PostgreSQL store's lease fence.
 
+use std::collections::BTreeMap;
+
 use tacc_core::{NodeId, SnapshotId, TaskId, Timestamp};
 
-use super::{NODE_COLUMNS, TASK_COLUMNS, filter_sql, millis};
+use super::{ACTIVE_BETWEEN, NODE_COLUMNS, TASK_COLUMNS, filter_sql, millis};
 use crate::rows::{
     Columns, corrupt, event_from_row, metric_from_row, node_from_row, output_from_row,
     resize_from_row, signal_from_row, task_from_row, usage_from_row,
 };
-use crate::statement::{Run, Statement};
+use crate::statement::{Run, Statement, Transact};
 use crate::{
-    NewNode, NodeRecord, OutputRecord, Result, StoreError, TaskEvent, TaskFilter, TaskRecord,
-    UsagePeak,
+    NewNode, NodeRecord, OutputRecord, Result, StoreError, TaskEvent, TaskFilter, TaskHistory,
+    TaskRecord, UsagePeak,
 };
 
 /// A task filter's bound values, in the order [`filter_sql`] placed their marks.
@@ -235,4 +237,47 @@ pub(crate) async fn list_metrics(
     .bind(task.0 as i64);
     let rows = reader.fetch_all(select).await?;
     rows.iter().map(|row| metric_from_row(task, row)).collect()
+}
+
+/// The tasks [`Store::tasks_active_between`](crate::Store::tasks_active_between) returns,
+/// with their events, read in the caller's transaction so both come from one snapshot.
+pub(crate) async fn active_between(
+    tx: &mut impl Transact,
+    since: Timestamp,
+    until: Timestamp,
+    user: Option<&str>,
+) -> Result<Vec<TaskHistory>> {
+    let bind_window = |statement: Statement| {
+        statement
+            .bind(millis(until))
+            .bind(millis(since))
+            .bind(user)
+            .bind(user)
+    };
+    let tasks = tx
+        .fetch_all(bind_window(Statement::new(format!(
+            "SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({ACTIVE_BETWEEN}) ORDER BY id"
+        ))))
+        .await?;
+    let events = tx
+        .fetch_all(bind_window(Statement::new(format!(
+            "SELECT task_id, at, attempt, state, reason FROM task_events \
+             WHERE task_id IN ({ACTIVE_BETWEEN}) ORDER BY task_id, seq"
+        ))))
+        .await?;
+    let mut by_task: BTreeMap<i64, Vec<TaskEvent>> = BTreeMap::new();
+    for row in &events {
+        by_task
+            .entry(row.int("task_id")?)
+            .or_default()
+            .push(event_from_row(row)?);
+    }
+    tasks
+        .iter()
+        .map(|row| {
+            let task = task_from_row(row)?;
+            let events = by_task.remove(&(task.id.0 as i64)).unwrap_or_default();
+            Ok(TaskHistory { task, events })
+        })
+        .collect()
 }

@@ -3,9 +3,9 @@
 
 use sqlx::query::Query;
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{Sqlite, SqlitePool};
+use sqlx::{Sqlite, SqlitePool, Transaction};
 
-use crate::statement::{Run, Statement, Value};
+use crate::statement::{Run, Statement, Transact, Value};
 
 fn query(statement: &Statement) -> Query<'_, Sqlite, SqliteArguments<'_>> {
     statement
@@ -14,6 +14,8 @@ fn query(statement: &Statement) -> Query<'_, Sqlite, SqliteArguments<'_>> {
         .fold(sqlx::query(&statement.sql), |query, value| match value {
             Value::Int(v) => query.bind(*v),
             Value::OptionalInt(v) => query.bind(*v),
+            Value::Int32(v) => query.bind(*v),
+            Value::OptionalInt32(v) => query.bind(*v),
             Value::Text(v) => query.bind(v.as_str()),
             Value::OptionalText(v) => query.bind(v.as_deref()),
             Value::Bytes(v) => query.bind(v.as_slice()),
@@ -45,5 +47,31 @@ impl Run for SqlitePool {
             query(statement).execute(&mut *tx).await?;
         }
         tx.commit().await
+    }
+}
+
+impl Transact for Transaction<'_, Sqlite> {
+    type Row = SqliteRow;
+
+    async fn fetch_all(&mut self, statement: Statement) -> Result<Vec<SqliteRow>, sqlx::Error> {
+        query(&statement).fetch_all(&mut **self).await
+    }
+
+    async fn fetch_optional(
+        &mut self,
+        statement: Statement,
+    ) -> Result<Option<SqliteRow>, sqlx::Error> {
+        query(&statement).fetch_optional(&mut **self).await
+    }
+
+    async fn fetch_one(&mut self, statement: Statement) -> Result<SqliteRow, sqlx::Error> {
+        query(&statement).fetch_one(&mut **self).await
+    }
+
+    async fn execute(&mut self, statement: Statement) -> Result<u64, sqlx::Error> {
+        Ok(query(&statement)
+            .execute(&mut **self)
+            .await?
+            .rows_affected())
     }
 }

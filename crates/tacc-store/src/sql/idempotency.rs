@@ -1,30 +1,28 @@
-//! Idempotency keys in PostgreSQL: one row per user and key, written inside the transaction of
-//! the work it acknowledges; expired rows are removed when a new key is written.
+//! Idempotency keys in either SQL store: one row per user and key, written inside the
+//! transaction of the work it acknowledges (begun, and on PostgreSQL fenced, by the
+//! store); expired rows are removed when a new key is written.
 
-use sqlx::{PgPool, Postgres, Transaction};
 use tacc_core::Timestamp;
 
-use super::numbered;
+use super::millis;
 use crate::idempotency::key_taken;
 use crate::rows::Columns;
-use crate::sql::millis;
+use crate::statement::{Run, Statement, Transact};
 use crate::{IdempotencyKey, KEY_LIFETIME_MS, KeptReply, Result, StoredReply};
 
-pub(super) async fn kept_reply(
-    pool: &PgPool,
+pub(crate) async fn kept_reply(
+    pool: &impl Run,
     user: &str,
     key: &str,
     now: Timestamp,
 ) -> Result<Option<KeptReply>> {
-    let row = sqlx::query(&numbered(
+    let select = Statement::new(
         "SELECT route, request_hash, created_at, status, body FROM idempotency_keys \
          WHERE user_name = ? AND key = ?",
-    ))
+    )
     .bind(user)
-    .bind(key)
-    .fetch_optional(pool)
-    .await?;
-    let Some(row) = row else {
+    .bind(key);
+    let Some(row) = pool.fetch_optional(select).await? else {
         return Ok(None);
     };
     let kept = KeptReply {
@@ -36,7 +34,6 @@ pub(super) async fn kept_reply(
             created_at: row.timestamp("created_at")?,
         },
         reply: StoredReply {
-            // A 32-bit INTEGER on PostgreSQL; SQLite's integer reads into it too.
             status: row.int32("status")? as u16,
             body: row.json("body")?,
         },
@@ -44,31 +41,28 @@ pub(super) async fn kept_reply(
     Ok((!kept.key.expired(now)).then_some(kept))
 }
 
-/// Write the key and its reply in the caller's transaction; `AlreadyExists` when the
-/// user's key is kept and live (the caller's transaction must then be dropped).
-pub(super) async fn insert_key(tx: &mut Transaction<'_, Postgres>, kept: &KeptReply) -> Result<()> {
+/// Write the key and its reply; `AlreadyExists` when the user's key is kept and live (the
+/// caller's transaction must then be dropped).
+pub(crate) async fn insert_key(tx: &mut impl Transact, kept: &KeptReply) -> Result<()> {
     let expired_before = millis(kept.key.created_at) - KEY_LIFETIME_MS as i64;
-    sqlx::query(&numbered(
-        "DELETE FROM idempotency_keys WHERE created_at <= ?",
-    ))
-    .bind(expired_before)
-    .execute(&mut **tx)
+    tx.execute(
+        Statement::new("DELETE FROM idempotency_keys WHERE created_at <= ?").bind(expired_before),
+    )
     .await?;
-    let inserted = sqlx::query(&numbered(
+    // `status` is a 32-bit INTEGER on PostgreSQL; SQLite stores the same value.
+    let insert = Statement::new(
         "INSERT INTO idempotency_keys \
          (user_name, key, route, request_hash, created_at, status, body) \
          VALUES (?, ?, ?, ?, ?, ?, ?)",
-    ))
+    )
     .bind(&kept.key.user)
     .bind(&kept.key.key)
     .bind(&kept.key.route)
     .bind(&kept.key.request_hash)
     .bind(millis(kept.key.created_at))
     .bind(i32::from(kept.reply.status))
-    .bind(kept.reply.body.to_string())
-    .execute(&mut **tx)
-    .await;
-    match inserted {
+    .bind(kept.reply.body.to_string());
+    match tx.execute(insert).await {
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Err(key_taken(&kept.key)),
         other => other.map(|_| ()).map_err(Into::into),
     }
