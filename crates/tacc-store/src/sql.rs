@@ -11,6 +11,7 @@ pub(crate) mod access;
 pub(crate) mod changes;
 pub(crate) mod groups;
 pub(crate) mod idempotency;
+pub(crate) mod lease;
 pub(crate) mod pipelines;
 pub(crate) mod tasks;
 

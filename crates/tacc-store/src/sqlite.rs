@@ -4,13 +4,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
-use crate::rows::lease_from_row;
-use crate::sql::millis;
-use crate::sql::{access, changes, groups, idempotency, pipelines, tasks};
+use crate::sql::{access, changes, groups, idempotency, lease, pipelines, tasks};
 use crate::{
     AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
     NewAuditEntry, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
@@ -97,14 +95,7 @@ impl Store for SqliteStore {
         &self,
         claim: &crate::LeaseClaim,
     ) -> Result<Option<crate::LeaderLease>> {
-        let row = sqlx::query(crate::lease::ACQUIRE_SQL)
-            .bind(&claim.holder)
-            .bind(&claim.leader_url)
-            .bind(millis(claim.expires_at()))
-            .bind(millis(claim.now))
-            .fetch_optional(&self.writer)
-            .await?;
-        let lease = row.as_ref().map(lease_from_row).transpose()?;
+        let lease = lease::try_acquire(&self.writer, claim).await?;
         Ok(lease)
     }
 
@@ -113,21 +104,12 @@ impl Store for SqliteStore {
         claim: &crate::LeaseClaim,
         epoch: u64,
     ) -> Result<Option<crate::LeaderLease>> {
-        let row = sqlx::query(crate::lease::RENEW_SQL)
-            .bind(millis(claim.expires_at()))
-            .bind(&claim.holder)
-            .bind(epoch as i64)
-            .fetch_optional(&self.writer)
-            .await?;
-        let lease = row.as_ref().map(lease_from_row).transpose()?;
+        let lease = lease::renew(&self.writer, claim, epoch).await?;
         Ok(lease)
     }
 
     async fn current_lease(&self) -> Result<Option<crate::LeaderLease>> {
-        let row = sqlx::query(crate::lease::CURRENT_SQL)
-            .fetch_optional(&self.reader)
-            .await?;
-        row.as_ref().map(lease_from_row).transpose()
+        lease::current(&self.reader).await
     }
 
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
@@ -221,33 +203,7 @@ impl Store for SqliteStore {
     }
 
     async fn record_usage_peak(&self, peak: UsagePeak) -> Result<()> {
-        let result = sqlx::query(
-            "INSERT INTO usage_peaks (task_id, attempt, node_rank, node, cpu_millis, memory_bytes, \
-             gpu_utilization_percent, gpu_memory_bytes, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (task_id, attempt, node_rank) DO UPDATE SET node = excluded.node, \
-             cpu_millis = MAX(cpu_millis, excluded.cpu_millis), \
-             memory_bytes = MAX(memory_bytes, excluded.memory_bytes), \
-             gpu_utilization_percent = MAX(gpu_utilization_percent, excluded.gpu_utilization_percent), \
-             gpu_memory_bytes = MAX(gpu_memory_bytes, excluded.gpu_memory_bytes), \
-             at = MAX(at, excluded.at)",
-        )
-        .bind(peak.task.0 as i64)
-        .bind(peak.attempt.0 as i64)
-        .bind(i64::from(peak.node_rank))
-        .bind(&peak.node)
-        .bind(peak.cpu_millis as i64)
-        .bind(peak.memory_bytes as i64)
-        .bind(i64::from(peak.gpu_utilization_percent))
-        .bind(peak.gpu_memory_bytes as i64)
-        .bind(millis(peak.at))
-        .execute(&self.writer)
-        .await;
-        match result {
-            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                Err(StoreError::TaskNotFound(peak.task))
-            }
-            other => other.map(|_| ()).map_err(Into::into),
-        }
+        tasks::record_usage_peak(&self.writer, peak).await
     }
 
     async fn list_usage_peaks(&self, task: TaskId) -> Result<Vec<UsagePeak>> {

@@ -114,6 +114,10 @@ impl Statement {
 pub(crate) trait Run: Sync {
     type Row: Columns + Send;
 
+    /// The SQL function for the larger of two values: SQLite's two-argument `MAX`,
+    /// PostgreSQL's `GREATEST` (its `MAX` is only the aggregate).
+    const GREATEST: &'static str;
+
     fn fetch_all(
         &self,
         statement: Statement,

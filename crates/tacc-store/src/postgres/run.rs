@@ -25,6 +25,8 @@ fn query<'q>(sql: &'q str, values: &'q [Value]) -> Query<'q, Postgres, PgArgumen
 impl Run for PgPool {
     type Row = PgRow;
 
+    const GREATEST: &'static str = "GREATEST";
+
     async fn fetch_all(&self, statement: Statement) -> Result<Vec<PgRow>, sqlx::Error> {
         let sql = numbered(&statement.sql);
         query(&sql, &statement.values).fetch_all(self).await

@@ -216,6 +216,35 @@ pub(crate) async fn list_signal_points(
     rows.iter().map(|row| signal_from_row(task, row)).collect()
 }
 
+/// Keep the larger of the stored and the reported value of every measure.
+pub(crate) async fn record_usage_peak<R: Run>(writer: &R, peak: UsagePeak) -> Result<()> {
+    let greatest = R::GREATEST;
+    let upsert = Statement::new(format!(
+        "INSERT INTO usage_peaks (task_id, attempt, node_rank, node, cpu_millis, memory_bytes, \
+         gpu_utilization_percent, gpu_memory_bytes, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         ON CONFLICT (task_id, attempt, node_rank) DO UPDATE SET node = excluded.node, \
+         cpu_millis = {greatest}(usage_peaks.cpu_millis, excluded.cpu_millis), \
+         memory_bytes = {greatest}(usage_peaks.memory_bytes, excluded.memory_bytes), \
+         gpu_utilization_percent = {greatest}(usage_peaks.gpu_utilization_percent, excluded.gpu_utilization_percent), \
+         gpu_memory_bytes = {greatest}(usage_peaks.gpu_memory_bytes, excluded.gpu_memory_bytes), \
+         at = {greatest}(usage_peaks.at, excluded.at)"
+    ))
+    .bind(peak.task.0 as i64)
+    .bind(peak.attempt.0 as i64)
+    .bind(i64::from(peak.node_rank))
+    .bind(&peak.node)
+    .bind(peak.cpu_millis as i64)
+    .bind(peak.memory_bytes as i64)
+    .bind(i64::from(peak.gpu_utilization_percent))
+    .bind(peak.gpu_memory_bytes as i64)
+    .bind(millis(peak.at));
+    writer
+        .execute(upsert)
+        .await
+        .map_err(|e| unknown_task(e, peak.task))?;
+    Ok(())
+}
+
 pub(crate) async fn list_usage_peaks(reader: &impl Run, task: TaskId) -> Result<Vec<UsagePeak>> {
     let select = Statement::new(
         "SELECT attempt, node_rank, node, cpu_millis, memory_bytes, gpu_utilization_percent, \

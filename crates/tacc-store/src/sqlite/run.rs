@@ -25,6 +25,8 @@ fn query(statement: &Statement) -> Query<'_, Sqlite, SqliteArguments<'_>> {
 impl Run for SqlitePool {
     type Row = SqliteRow;
 
+    const GREATEST: &'static str = "MAX";
+
     async fn fetch_all(&self, statement: Statement) -> Result<Vec<SqliteRow>, sqlx::Error> {
         query(&statement).fetch_all(self).await
     }
