@@ -1,8 +1,8 @@
-//! The PostgreSQL store, for a control plane whose state lives on a database server:
-//! tasks, nodes, snapshots and outputs here, groups and the outbox in [`groups`],
-//! pipelines in [`pipelines`], the access records in [`access`]. Same tables as
-//! [`SqliteStore`](crate::SqliteStore) (migrations/postgres mirrors migrations/sqlite)
-//! and the same contract suite.
+//! The PostgreSQL store, for a control plane whose state lives on a database server: its
+//! connection, its transactions and the lease fence they check. Same tables as
+//! [`SqliteStore`](crate::SqliteStore) (migrations/postgres mirrors migrations/sqlite), the
+//! same SQL ([`crate::sql`], placeholders numbered by [`numbered`] in [`run`]) and the same
+//! contract suite.
 
 use std::str::FromStr;
 use std::time::Duration;

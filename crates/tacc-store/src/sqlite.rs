@@ -1,5 +1,6 @@
-//! The embedded store in SQLite: tasks, nodes, snapshots and outputs here, the access
-//! records (users, tokens, audit, secrets, snapshot owners) in [`access`].
+//! The embedded store in SQLite: its file and pools (WAL, synchronous commits, one writer
+//! connection) and its transactions. The SQL it runs is shared with the PostgreSQL store
+//! ([`crate::sql`]; rows decoded by [`crate::rows`]), run on its pools through [`run`].
 
 use std::path::Path;
 use std::time::Duration;
