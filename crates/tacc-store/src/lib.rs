@@ -17,7 +17,10 @@ mod metrics;
 mod pipelines;
 mod postgres;
 mod records;
+mod rows;
+mod sql;
 mod sqlite;
+mod statement;
 
 pub mod contract;
 pub mod test_database;

@@ -1,17 +1,17 @@
-//! The PostgreSQL store, for a control plane whose state lives on a database server:
-//! tasks, nodes, snapshots and outputs here, groups and the outbox in [`groups`],
-//! pipelines in [`pipelines`], the access records in [`access`]. Same tables as
-//! [`SqliteStore`](crate::SqliteStore) (migrations/postgres mirrors migrations/sqlite)
-//! and the same contract suite.
+//! The PostgreSQL store, for a control plane whose state lives on a database server: its
+//! connection, its transactions and the lease fence they check. Same tables as
+//! [`SqliteStore`](crate::SqliteStore) (migrations/postgres mirrors migrations/sqlite), the
+//! same SQL ([`crate::sql`], placeholders numbered by [`numbered`] in [`run`]) and the same
+//! contract suite.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{PgPool, Row};
-use tacc_core::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
-use crate::memory::{apply_transition, change_task};
+use crate::sql::{access, changes, groups, idempotency, lease, pipelines, tasks};
 use crate::{
     AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
     NewAuditEntry, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
@@ -19,11 +19,8 @@ use crate::{
     TaskRecord, TokenRecord, UsagePeak, UserRecord,
 };
 
-mod access;
-mod groups;
-mod idempotency;
-mod pipelines;
 mod placeholders;
+mod run;
 
 pub(crate) use placeholders::numbered;
 
@@ -106,105 +103,6 @@ pub fn redacted(url: &str) -> String {
     }
 }
 
-pub(crate) const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
-     placements, cancel_requested, submitted_at, started_at, finished_at, group_id, group_index";
-
-/// The `WHERE` clause of a task filter; binds states, then the user.
-fn filter_sql(filter: &TaskFilter) -> String {
-    let mut sql = String::from(" WHERE 1 = 1");
-    if !filter.states.is_empty() {
-        let marks = vec!["?"; filter.states.len()].join(", ");
-        sql.push_str(&format!(" AND state IN ({marks})"));
-    }
-    if filter.user.is_some() {
-        sql.push_str(" AND user_name = ?");
-    }
-    if filter.group.is_some() {
-        sql.push_str(" AND group_id = ?");
-    }
-    if filter.ungrouped {
-        sql.push_str(" AND group_id IS NULL");
-    }
-    sql
-}
-
-pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(what.to_string())
-}
-
-pub(crate) fn millis(value: Timestamp) -> i64 {
-    value.as_millis() as i64
-}
-
-pub(crate) fn task_from_row(row: &PgRow) -> Result<TaskRecord> {
-    let spec: String = row.try_get("spec")?;
-    let placements: String = row.try_get("placements")?;
-    let snapshot: String = row.try_get("snapshot")?;
-    let state: String = row.try_get("state")?;
-    let timestamp = |name: &str| -> Result<Option<Timestamp>> {
-        Ok(row
-            .try_get::<Option<i64>, _>(name)?
-            .map(|v| Timestamp(v as u64)))
-    };
-    Ok(TaskRecord {
-        id: TaskId(row.try_get::<i64, _>("id")? as u64),
-        name: row.try_get("name")?,
-        user: row.try_get("user_name")?,
-        spec: serde_json::from_str(&spec).map_err(corrupt)?,
-        snapshot: SnapshotId::from_str(&snapshot).map_err(corrupt)?,
-        source: row.try_get("source")?,
-        state: TaskState::from_str(&state).map_err(corrupt)?,
-        reason: row.try_get("reason")?,
-        exit_code: row.try_get("exit_code")?,
-        attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-        placements: serde_json::from_str(&placements).map_err(corrupt)?,
-        cancel_requested: row.try_get::<i64, _>("cancel_requested")? != 0,
-        submitted_at: Timestamp(row.try_get::<i64, _>("submitted_at")? as u64),
-        started_at: timestamp("started_at")?,
-        finished_at: timestamp("finished_at")?,
-        group: row
-            .try_get::<Option<i64>, _>("group_id")?
-            .map(|g| GroupId(g as u64)),
-        group_index: row
-            .try_get::<Option<i64>, _>("group_index")?
-            .map(|i| i as u32),
-    })
-}
-
-fn event_from_row(row: &PgRow) -> Result<TaskEvent> {
-    let state: String = row.try_get("state")?;
-    Ok(TaskEvent {
-        at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-        attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-        state: TaskState::from_str(&state).map_err(corrupt)?,
-        reason: row.try_get("reason")?,
-    })
-}
-
-/// The tasks [`Store::tasks_active_between`] returns; binds `until`, `since`, then the
-/// user twice. Events since `since` are found through `task_events_by_at`.
-const ACTIVE_BETWEEN: &str = "SELECT id FROM tasks \
-     WHERE EXISTS (SELECT 1 FROM task_events e WHERE e.task_id = tasks.id \
-                   AND e.state = 'starting' AND e.at < ?) \
-       AND (state IN ('starting', 'running') \
-            OR id IN (SELECT task_id FROM task_events WHERE at >= ?)) \
-       AND (? IS NULL OR user_name = ?)";
-
-fn node_from_row(row: &PgRow) -> Result<NodeRecord> {
-    let capacity: String = row.try_get("capacity")?;
-    let labels: String = row.try_get("labels")?;
-    Ok(NodeRecord {
-        id: NodeId(row.try_get::<i64, _>("id")? as u64),
-        name: row.try_get("name")?,
-        capacity: serde_json::from_str(&capacity).map_err(corrupt)?,
-        gpu_type: row.try_get("gpu_type")?,
-        labels: serde_json::from_str(&labels).map_err(corrupt)?,
-        address: row.try_get("address")?,
-        registered_at: Timestamp(row.try_get::<i64, _>("registered_at")? as u64),
-        drained: row.try_get::<i64, _>("drained")? != 0,
-    })
-}
-
 /// Fail with [`StoreError::Fenced`] unless the lease epoch `fence` holds is still the
 /// stored one; the row stays share-locked until the caller's transaction ends, so a
 /// takeover waits for it and the transaction cannot commit after one.
@@ -227,57 +125,13 @@ pub(crate) async fn check_fence(
     }
 }
 
-/// Insert a queued task and its first event inside the caller's transaction.
-async fn insert_task(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    task: NewTask,
-) -> Result<TaskRecord> {
-    let id: i64 = sqlx::query(&numbered(
-        "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at) \
-             VALUES (?, ?, ?, ?, ?, 'queued', 1, ?) RETURNING id",
-    ))
-    .bind(&task.name)
-    .bind(&task.user)
-    .bind(task.spec.to_string())
-    .bind(task.snapshot.as_str())
-    .bind(&task.source)
-    .bind(millis(task.submitted_at))
-    .fetch_one(&mut **tx)
-    .await?
-    .try_get(0)?;
-    sqlx::query(&numbered(
-        "INSERT INTO task_events (task_id, seq, at, attempt, state) VALUES (?, 1, ?, 1, 'queued')",
-    ))
-    .bind(id)
-    .bind(millis(task.submitted_at))
-    .execute(&mut **tx)
-    .await?;
-    Ok(task.into_queued_record(TaskId(id as u64)))
-}
-
-fn lease_from_row(row: &PgRow) -> Result<crate::LeaderLease> {
-    Ok(crate::LeaderLease {
-        holder: row.try_get("holder")?,
-        leader_url: row.try_get("leader_url")?,
-        epoch: row.try_get::<i64, _>("epoch")? as u64,
-        expires_at: Timestamp(row.try_get::<i64, _>("expires_at")? as u64),
-    })
-}
-
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn try_acquire_lease(
         &self,
         claim: &crate::LeaseClaim,
     ) -> Result<Option<crate::LeaderLease>> {
-        let row = sqlx::query(&numbered(crate::lease::ACQUIRE_SQL))
-            .bind(&claim.holder)
-            .bind(&claim.leader_url)
-            .bind(millis(claim.expires_at()))
-            .bind(millis(claim.now))
-            .fetch_optional(&self.writer)
-            .await?;
-        let lease = row.as_ref().map(lease_from_row).transpose()?;
+        let lease = lease::try_acquire(&self.writer, claim).await?;
         self.fence.set(lease.as_ref().map(|l| l.epoch));
         Ok(lease)
     }
@@ -287,90 +141,37 @@ impl Store for PostgresStore {
         claim: &crate::LeaseClaim,
         epoch: u64,
     ) -> Result<Option<crate::LeaderLease>> {
-        let row = sqlx::query(&numbered(crate::lease::RENEW_SQL))
-            .bind(millis(claim.expires_at()))
-            .bind(&claim.holder)
-            .bind(epoch as i64)
-            .fetch_optional(&self.writer)
-            .await?;
-        let lease = row.as_ref().map(lease_from_row).transpose()?;
+        let lease = lease::renew(&self.writer, claim, epoch).await?;
         self.fence.set(lease.as_ref().map(|l| l.epoch));
         Ok(lease)
     }
 
     async fn current_lease(&self) -> Result<Option<crate::LeaderLease>> {
-        let row = sqlx::query(&numbered(crate::lease::CURRENT_SQL))
-            .fetch_optional(&self.reader)
-            .await?;
-        row.as_ref().map(lease_from_row).transpose()
+        lease::current(&self.reader).await
     }
 
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
         check_fence(&mut tx, &self.fence).await?;
-        let record = insert_task(&mut tx, task).await?;
+        let record = changes::insert_task(&mut tx, task).await?;
         tx.commit().await?;
         Ok(record)
     }
 
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>> {
-        let row = sqlx::query(&numbered(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"
-        )))
-        .bind(id.0 as i64)
-        .fetch_optional(&self.reader)
-        .await?;
-        row.as_ref().map(task_from_row).transpose()
+        tasks::get_task(&self.reader, id).await
     }
 
     async fn list_tasks(&self, filter: &TaskFilter) -> Result<Vec<TaskRecord>> {
-        let mut sql = format!("SELECT {TASK_COLUMNS} FROM tasks{}", filter_sql(filter));
-        sql.push_str(" ORDER BY id DESC");
-        if filter.limit.is_some() {
-            sql.push_str(" LIMIT ?");
-        }
-        let sql = numbered(&sql);
-        let mut query = sqlx::query(&sql);
-        for state in &filter.states {
-            query = query.bind(state.as_str());
-        }
-        if let Some(user) = &filter.user {
-            query = query.bind(user);
-        }
-        if let Some(group) = filter.group {
-            query = query.bind(group.0 as i64);
-        }
-        if let Some(limit) = filter.limit {
-            query = query.bind(limit as i64);
-        }
-        let rows = query.fetch_all(&self.reader).await?;
-        rows.iter().map(task_from_row).collect()
+        tasks::list_tasks(&self.reader, filter).await
     }
 
     async fn count_tasks(&self, filter: &TaskFilter) -> Result<u64> {
-        let sql = format!("SELECT COUNT(*) FROM tasks{}", filter_sql(filter));
-        let sql = numbered(&sql);
-        let mut query = sqlx::query_scalar::<_, i64>(&sql);
-        for state in &filter.states {
-            query = query.bind(state.as_str());
-        }
-        if let Some(user) = &filter.user {
-            query = query.bind(user);
-        }
-        if let Some(group) = filter.group {
-            query = query.bind(group.0 as i64);
-        }
-        Ok(query.fetch_one(&self.reader).await? as u64)
+        tasks::count_tasks(&self.reader, filter).await
     }
 
     async fn task_events(&self, id: TaskId) -> Result<Vec<TaskEvent>> {
-        let rows = sqlx::query(&numbered(
-            "SELECT at, attempt, state, reason FROM task_events WHERE task_id = ? ORDER BY seq",
-        ))
-        .bind(id.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter().map(event_from_row).collect()
+        tasks::task_events(&self.reader, id).await
     }
 
     async fn apply(&self, changes: &[TaskChange]) -> Result<()> {
@@ -379,124 +180,25 @@ impl Store for PostgresStore {
         }
         let mut tx = self.writer.begin().await?;
         check_fence(&mut tx, &self.fence).await?;
-        for change in changes {
-            let Some(id) = change_task(change) else {
-                if let TaskChange::Notify(delivery) = change {
-                    groups::queue_delivery(&mut tx, delivery).await?;
-                }
-                continue;
-            };
-            // A reason changes one column: no need to read and rewrite the whole row (a
-            // large array gets one for every queued element).
-            if let TaskChange::Reason { reason, .. } = change {
-                let done = sqlx::query(&numbered("UPDATE tasks SET reason = ? WHERE id = ?"))
-                    .bind(reason)
-                    .bind(id.0 as i64)
-                    .execute(&mut *tx)
-                    .await?;
-                if done.rows_affected() == 0 {
-                    return Err(StoreError::TaskNotFound(id));
-                }
-                continue;
-            }
-            let row = sqlx::query(&numbered(&format!(
-                "SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"
-            )))
-            .bind(id.0 as i64)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or(StoreError::TaskNotFound(id))?;
-            let mut record = task_from_row(&row)?;
-            let event = apply_transition(&mut record, change)?;
-            sqlx::query(&numbered(
-                "UPDATE tasks SET state = ?, reason = ?, exit_code = ?, attempt = ?, placements = ?, \
-                 cancel_requested = ?, started_at = ?, finished_at = ? WHERE id = ?",
-            ))
-            .bind(record.state.as_str())
-            .bind(&record.reason)
-            .bind(record.exit_code)
-            .bind(record.attempt.0 as i64)
-            .bind(serde_json::to_string(&record.placements).map_err(corrupt)?)
-            .bind(record.cancel_requested as i64)
-            .bind(record.started_at.map(millis))
-            .bind(record.finished_at.map(millis))
-            .bind(id.0 as i64)
-            .execute(&mut *tx)
-            .await?;
-            if let TaskChange::Resized(resize) = change {
-                sqlx::query(&numbered(
-                    "INSERT INTO task_resizes (task_id, seq, attempt, at, cpu_millis, memory_bytes, reason) \
-                     SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ?, ? FROM task_resizes WHERE task_id = ?",
-                ))
-                .bind(id.0 as i64)
-                .bind(resize.attempt.0 as i64)
-                .bind(millis(resize.at))
-                .bind(resize.cpu_millis as i64)
-                .bind(resize.memory_bytes as i64)
-                .bind(&resize.reason)
-                .bind(id.0 as i64)
-                .execute(&mut *tx)
-                .await?;
-            }
-            if let Some(event) = event {
-                sqlx::query(&numbered(
-                    "INSERT INTO task_events (task_id, seq, at, attempt, state, reason) \
-                     SELECT ?, COALESCE(MAX(seq), 0) + 1, ?, ?, ?, ? FROM task_events WHERE task_id = ?",
-                ))
-                .bind(id.0 as i64)
-                .bind(millis(event.at))
-                .bind(event.attempt.0 as i64)
-                .bind(event.state.as_str())
-                .bind(&event.reason)
-                .bind(id.0 as i64)
-                .execute(&mut *tx)
-                .await?;
-            }
-        }
+        changes::apply_changes(&mut tx, changes).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn register_node(&self, node: NewNode) -> Result<NodeRecord> {
-        let row = sqlx::query(&numbered(
-            "INSERT INTO nodes (name, capacity, gpu_type, labels, address, registered_at) VALUES (?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (name) DO UPDATE SET capacity = excluded.capacity, gpu_type = excluded.gpu_type, \
-             labels = excluded.labels, address = excluded.address, registered_at = excluded.registered_at \
-             RETURNING id, name, capacity, gpu_type, labels, address, registered_at, drained",
-        ))
-        .bind(&node.name)
-        .bind(serde_json::to_string(&node.capacity).map_err(corrupt)?)
-        .bind(&node.gpu_type)
-        .bind(serde_json::to_string(&node.labels).map_err(corrupt)?)
-        .bind(&node.address)
-        .bind(millis(node.registered_at))
-        .fetch_one(&self.writer)
-        .await?;
-        node_from_row(&row)
+        tasks::register_node(&self.writer, node).await
     }
 
     async fn list_nodes(&self) -> Result<Vec<NodeRecord>> {
-        let rows = sqlx::query(&numbered("SELECT id, name, capacity, gpu_type, labels, address, registered_at, drained FROM nodes ORDER BY id"))
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter().map(node_from_row).collect()
+        tasks::list_nodes(&self.reader).await
     }
 
     async fn set_node_drained(&self, node: NodeId, drained: bool) -> Result<bool> {
-        let done = sqlx::query(&numbered("UPDATE nodes SET drained = ? WHERE id = ?"))
-            .bind(i64::from(drained))
-            .bind(node.0 as i64)
-            .execute(&self.writer)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        tasks::set_node_drained(&self.writer, node, drained).await
     }
 
     async fn remove_node(&self, node: NodeId) -> Result<bool> {
-        let done = sqlx::query(&numbered("DELETE FROM nodes WHERE id = ?"))
-            .bind(node.0 as i64)
-            .execute(&self.writer)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        tasks::remove_node(&self.writer, node).await
     }
 
     async fn put_snapshot(
@@ -506,210 +208,46 @@ impl Store for PostgresStore {
         total_bytes: u64,
         at: Timestamp,
     ) -> Result<()> {
-        sqlx::query(&numbered(
-            "INSERT INTO snapshots (id, manifest, total_bytes, created_at) VALUES (?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
-        ))
-        .bind(id.as_str())
-        .bind(manifest.to_string())
-        .bind(total_bytes as i64)
-        .bind(millis(at))
-        .execute(&self.writer)
-        .await?;
-        Ok(())
+        tasks::put_snapshot(&self.writer, id, manifest, total_bytes, at).await
     }
 
     async fn get_snapshot(&self, id: &SnapshotId) -> Result<Option<serde_json::Value>> {
-        let row = sqlx::query(&numbered("SELECT manifest FROM snapshots WHERE id = ?"))
-            .bind(id.as_str())
-            .fetch_optional(&self.reader)
-            .await?;
-        row.map(|row| {
-            let text: String = row.try_get(0)?;
-            serde_json::from_str(&text).map_err(corrupt)
-        })
-        .transpose()
+        tasks::get_snapshot(&self.reader, id).await
     }
 
     async fn list_snapshots(&self) -> Result<Vec<SnapshotId>> {
-        let rows = sqlx::query(&numbered("SELECT id FROM snapshots ORDER BY id"))
-            .fetch_all(&self.reader)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let id: String = row.try_get(0)?;
-                SnapshotId::from_str(&id).map_err(corrupt)
-            })
-            .collect()
+        tasks::list_snapshots(&self.reader).await
     }
 
     async fn add_output(&self, output: OutputRecord) -> Result<()> {
-        let result = sqlx::query(&numbered(
-            "INSERT INTO outputs (task_id, attempt, node_rank, path, size) VALUES (?, ?, ?, ?, ?) \
-             ON CONFLICT (task_id, attempt, node_rank, path) DO UPDATE SET size = excluded.size",
-        ))
-        .bind(output.task.0 as i64)
-        .bind(output.attempt.0 as i64)
-        .bind(i64::from(output.rank))
-        .bind(&output.path)
-        .bind(output.size as i64)
-        .execute(&self.writer)
-        .await;
-        match result {
-            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                Err(StoreError::TaskNotFound(output.task))
-            }
-            other => other.map(|_| ()).map_err(Into::into),
-        }
+        tasks::add_output(&self.writer, output).await
     }
 
     async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>> {
-        let rows = sqlx::query(&numbered(
-            "SELECT attempt, node_rank, path, size FROM outputs WHERE task_id = ? \
-             ORDER BY attempt, node_rank, path",
-        ))
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(OutputRecord {
-                    task,
-                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    rank: row.try_get::<i64, _>("node_rank")? as u32,
-                    path: row.try_get("path")?,
-                    size: row.try_get::<i64, _>("size")? as u64,
-                })
-            })
-            .collect()
+        tasks::list_outputs(&self.reader, task).await
     }
 
     async fn list_resizes(&self, task: TaskId) -> Result<Vec<crate::ResizeRecord>> {
-        let rows = sqlx::query(&numbered(
-            "SELECT attempt, at, cpu_millis, memory_bytes, reason FROM task_resizes \
-             WHERE task_id = ? ORDER BY seq",
-        ))
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(crate::ResizeRecord {
-                    task,
-                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-                    cpu_millis: row.try_get::<i64, _>("cpu_millis")? as u64,
-                    memory_bytes: row.try_get::<i64, _>("memory_bytes")? as u64,
-                    reason: row.try_get("reason")?,
-                })
-            })
-            .collect()
+        tasks::list_resizes(&self.reader, task).await
     }
 
     async fn record_signal_point(&self, point: crate::SignalRecord, keep: u32) -> Result<()> {
         let mut tx = self.writer.begin().await?;
-        let inserted = sqlx::query(&numbered(
-            "INSERT INTO signal_points (task_id, attempt, at, point) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (task_id, attempt, at) DO UPDATE SET point = excluded.point",
-        ))
-        .bind(point.task.0 as i64)
-        .bind(point.attempt.0 as i64)
-        .bind(millis(point.at))
-        .bind(serde_json::to_string(&point.point).map_err(corrupt)?)
-        .execute(&mut *tx)
-        .await;
-        match inserted {
-            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                return Err(StoreError::TaskNotFound(point.task));
-            }
-            other => other?,
-        };
-        sqlx::query(&numbered(
-            "DELETE FROM signal_points WHERE task_id = ?1 AND attempt = ?2 AND at NOT IN \
-             (SELECT at FROM signal_points WHERE task_id = ?1 AND attempt = ?2 ORDER BY at DESC LIMIT ?3)",
-        ))
-        .bind(point.task.0 as i64)
-        .bind(point.attempt.0 as i64)
-        .bind(i64::from(keep))
-        .execute(&mut *tx)
-        .await?;
+        changes::record_signal_point(&mut tx, point, keep).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn list_signal_points(&self, task: TaskId) -> Result<Vec<crate::SignalRecord>> {
-        let rows = sqlx::query(&numbered(
-            "SELECT attempt, at, point FROM signal_points WHERE task_id = ? ORDER BY attempt, at",
-        ))
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let text: String = row.try_get("point")?;
-                Ok(crate::SignalRecord {
-                    task,
-                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-                    point: serde_json::from_str(&text).map_err(corrupt)?,
-                })
-            })
-            .collect()
+        tasks::list_signal_points(&self.reader, task).await
     }
 
     async fn record_usage_peak(&self, peak: UsagePeak) -> Result<()> {
-        let result = sqlx::query(&numbered(
-            "INSERT INTO usage_peaks (task_id, attempt, node_rank, node, cpu_millis, memory_bytes, \
-             gpu_utilization_percent, gpu_memory_bytes, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
-             ON CONFLICT (task_id, attempt, node_rank) DO UPDATE SET node = excluded.node, \
-             cpu_millis = GREATEST(usage_peaks.cpu_millis, excluded.cpu_millis), \
-             memory_bytes = GREATEST(usage_peaks.memory_bytes, excluded.memory_bytes), \
-             gpu_utilization_percent = GREATEST(usage_peaks.gpu_utilization_percent, excluded.gpu_utilization_percent), \
-             gpu_memory_bytes = GREATEST(usage_peaks.gpu_memory_bytes, excluded.gpu_memory_bytes), \
-             at = GREATEST(usage_peaks.at, excluded.at)",
-        ))
-        .bind(peak.task.0 as i64)
-        .bind(peak.attempt.0 as i64)
-        .bind(i64::from(peak.node_rank))
-        .bind(&peak.node)
-        .bind(peak.cpu_millis as i64)
-        .bind(peak.memory_bytes as i64)
-        .bind(i64::from(peak.gpu_utilization_percent))
-        .bind(peak.gpu_memory_bytes as i64)
-        .bind(millis(peak.at))
-        .execute(&self.writer)
-        .await;
-        match result {
-            Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                Err(StoreError::TaskNotFound(peak.task))
-            }
-            other => other.map(|_| ()).map_err(Into::into),
-        }
+        tasks::record_usage_peak(&self.writer, peak).await
     }
 
     async fn list_usage_peaks(&self, task: TaskId) -> Result<Vec<UsagePeak>> {
-        let rows = sqlx::query(&numbered(
-            "SELECT attempt, node_rank, node, cpu_millis, memory_bytes, gpu_utilization_percent, \
-             gpu_memory_bytes, at FROM usage_peaks WHERE task_id = ? ORDER BY attempt, node_rank",
-        ))
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(UsagePeak {
-                    task,
-                    attempt: AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    node_rank: row.try_get::<i64, _>("node_rank")? as u32,
-                    node: row.try_get("node")?,
-                    cpu_millis: row.try_get::<i64, _>("cpu_millis")? as u64,
-                    memory_bytes: row.try_get::<i64, _>("memory_bytes")? as u64,
-                    gpu_utilization_percent: row.try_get::<i64, _>("gpu_utilization_percent")?
-                        as u32,
-                    gpu_memory_bytes: row.try_get::<i64, _>("gpu_memory_bytes")? as u64,
-                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-                })
-            })
-            .collect()
+        tasks::list_usage_peaks(&self.reader, task).await
     }
 
     async fn tasks_active_between(
@@ -720,41 +258,9 @@ impl Store for PostgresStore {
     ) -> Result<Vec<TaskHistory>> {
         // One read transaction: the tasks and their events come from the same snapshot.
         let mut tx = self.reader.begin().await?;
-        let tasks = sqlx::query(&numbered(&format!(
-            "SELECT {TASK_COLUMNS} FROM tasks WHERE id IN ({ACTIVE_BETWEEN}) ORDER BY id"
-        )))
-        .bind(millis(until))
-        .bind(millis(since))
-        .bind(user)
-        .bind(user)
-        .fetch_all(&mut *tx)
-        .await?;
-        let events = sqlx::query(&numbered(&format!(
-            "SELECT task_id, at, attempt, state, reason FROM task_events \
-             WHERE task_id IN ({ACTIVE_BETWEEN}) ORDER BY task_id, seq"
-        )))
-        .bind(millis(until))
-        .bind(millis(since))
-        .bind(user)
-        .bind(user)
-        .fetch_all(&mut *tx)
-        .await?;
+        let active = tasks::active_between(&mut tx, since, until, user).await?;
         tx.commit().await?;
-        let mut by_task: std::collections::BTreeMap<i64, Vec<TaskEvent>> = Default::default();
-        for row in &events {
-            by_task
-                .entry(row.try_get("task_id")?)
-                .or_default()
-                .push(event_from_row(row)?);
-        }
-        tasks
-            .iter()
-            .map(|row| {
-                let task = task_from_row(row)?;
-                let events = by_task.remove(&(task.id.0 as i64)).unwrap_or_default();
-                Ok(TaskHistory { task, events })
-            })
-            .collect()
+        Ok(active)
     }
 
     async fn create_group(
@@ -762,7 +268,11 @@ impl Store for PostgresStore {
         group: NewGroup,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
-        groups::create_group(&self.writer, &self.fence, group, elements).await
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        let made = groups::insert_group(&mut tx, group, elements).await?;
+        tx.commit().await?;
+        Ok(made)
     }
 
     async fn add_group_elements(
@@ -770,59 +280,22 @@ impl Store for PostgresStore {
         group: GroupId,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<Vec<TaskRecord>> {
-        groups::add_group_elements(&self.writer, &self.fence, group, elements).await
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        let tasks = groups::add_elements(&mut tx, group, elements).await?;
+        tx.commit().await?;
+        Ok(tasks)
     }
 
     async fn append_metrics(&self, points: Vec<crate::MetricPoint>) -> Result<()> {
         let mut tx = self.writer.begin().await?;
-        for point in &points {
-            let metrics = serde_json::to_string(&point.values).map_err(corrupt)?;
-            // The next seq of the attempt, unless it is full (then the point is dropped).
-            let inserted = sqlx::query(&numbered(
-                "INSERT INTO task_metrics (task_id, attempt, seq, step, at, metrics) \
-                 SELECT ?1, ?2, COALESCE(MAX(seq) + 1, 0), ?3, ?4, ?5 FROM task_metrics \
-                 WHERE task_id = ?1 AND attempt = ?2 HAVING COALESCE(MAX(seq) + 1, 0) < ?6",
-            ))
-            .bind(point.task.0 as i64)
-            .bind(i64::from(point.attempt.0))
-            .bind(point.step as i64)
-            .bind(millis(point.at))
-            .bind(metrics)
-            .bind(i64::from(crate::MAX_METRIC_POINTS_PER_ATTEMPT))
-            .execute(&mut *tx)
-            .await;
-            match inserted {
-                Err(sqlx::Error::Database(e)) if e.is_foreign_key_violation() => {
-                    return Err(StoreError::TaskNotFound(point.task));
-                }
-                other => other?,
-            };
-        }
+        changes::append_metrics(&mut tx, &points).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn list_metrics(&self, task: TaskId) -> Result<Vec<crate::MetricPoint>> {
-        let rows = sqlx::query(&numbered(
-            "SELECT attempt, seq, step, at, metrics FROM task_metrics WHERE task_id = ? \
-             ORDER BY attempt, seq",
-        ))
-        .bind(task.0 as i64)
-        .fetch_all(&self.reader)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                let metrics: String = row.try_get("metrics")?;
-                Ok(crate::MetricPoint {
-                    task,
-                    attempt: tacc_core::AttemptNo(row.try_get::<i64, _>("attempt")? as u32),
-                    seq: row.try_get::<i64, _>("seq")? as u32,
-                    step: row.try_get::<i64, _>("step")? as u64,
-                    at: Timestamp(row.try_get::<i64, _>("at")? as u64),
-                    values: serde_json::from_str(&metrics).map_err(corrupt)?,
-                })
-            })
-            .collect()
+        tasks::list_metrics(&self.reader, task).await
     }
 
     async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>> {
@@ -845,7 +318,11 @@ impl Store for PostgresStore {
         group: NewGroup,
         stages: Vec<crate::NewStage>,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        pipelines::create_pipeline(&self.writer, &self.fence, group, stages, None).await
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        let made = pipelines::insert_pipeline(&mut tx, group, stages).await?;
+        tx.commit().await?;
+        Ok(made)
     }
 
     async fn kept_reply(
@@ -867,7 +344,7 @@ impl Store for PostgresStore {
     async fn create_task_keyed(&self, task: NewTask, keyed: crate::Keyed) -> Result<TaskRecord> {
         let mut tx = self.writer.begin().await?;
         check_fence(&mut tx, &self.fence).await?;
-        let record = insert_task(&mut tx, task).await?;
+        let record = changes::insert_task(&mut tx, task).await?;
         let kept = keyed.kept(crate::Created::Task(&record));
         idempotency::insert_key(&mut tx, &kept).await?;
         tx.commit().await?;
@@ -895,7 +372,13 @@ impl Store for PostgresStore {
         stages: Vec<crate::NewStage>,
         keyed: crate::Keyed,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        pipelines::create_pipeline(&self.writer, &self.fence, group, stages, Some(keyed)).await
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        let made = pipelines::insert_pipeline(&mut tx, group, stages).await?;
+        let kept = keyed.kept(crate::Created::Pipeline(&made.0, &made.1, &made.2));
+        idempotency::insert_key(&mut tx, &kept).await?;
+        tx.commit().await?;
+        Ok(made)
     }
 
     async fn pipeline_stages(&self, pipeline: GroupId) -> Result<Vec<crate::StageRecord>> {
