@@ -15,6 +15,7 @@
 pub mod pilot;
 mod script;
 pub mod status;
+mod stop;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use script::SubmitOptions;
 use status::{JobPhase, JobStatus, SlurmNode};
+use stop::StopPolicy;
 
 use crate::{
     ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Phase,
@@ -368,6 +370,10 @@ impl SlurmBackend {
         };
         let _ = std::fs::write(dir.join("job_id"), job_id.to_string());
         let time_limit = first.spec.time_limit;
+        let stop = StopPolicy {
+            signal: first.spec.stop_signal,
+            grace: first.spec.kill_grace,
+        };
         let slots = ranks
             .into_iter()
             .map(|(rank, slot)| SupervisedRank {
@@ -378,7 +384,7 @@ impl SlurmBackend {
                 tail: Tail::resume(&dir, rank),
             })
             .collect();
-        tokio::spawn(backend.supervise(job_id, dir, slots, time_limit, false));
+        tokio::spawn(backend.supervise(job_id, dir, slots, time_limit, stop, false));
         Ok(())
     }
 
@@ -434,18 +440,24 @@ impl SlurmBackend {
                 manifest.attempt
             );
             let limit = manifest.time_limit_secs.map(Duration::from_secs);
-            tokio::spawn(self.clone().supervise(job.job_id, dir, slots, limit, true));
+            let stop = manifest.stop_policy();
+            tokio::spawn(
+                self.clone()
+                    .supervise(job.job_id, dir, slots, limit, stop, true),
+            );
         }
     }
 
     /// Follow one job to its end: tail every rank's output, enforce the time limit,
-    /// carry out cancel, and give each rank its outcome.
+    /// carry out cancel (stop signal, grace, then `scancel`), and give each rank its
+    /// outcome.
     async fn supervise(
         self: Arc<Self>,
         job_id: u64,
         dir: PathBuf,
         mut ranks: Vec<SupervisedRank>,
         time_limit: Option<Duration>,
+        stop: StopPolicy,
         recovered: bool,
     ) {
         let mut jobs = self.jobs.clone();
@@ -455,12 +467,20 @@ impl SlurmBackend {
         let mut pending_reason = String::new();
         let mut pending_since: Option<Instant> = None;
         let mut stopping: Option<ExitOutcome> = None;
+        // When the grace after the stop signal runs out, until the job is cancelled.
+        let mut kill_at: Option<Instant> = None;
         let mut ended_by_exit_files = false;
         let final_status = loop {
             for rank in &mut ranks {
                 rank.tail.forward(&rank.output, false);
             }
             let current = jobs.borrow_and_update().get(&job_id).cloned();
+            if current
+                .as_ref()
+                .is_some_and(|job| status::phase_of(&job.state) == JobPhase::Running)
+            {
+                started.get_or_insert_with(Instant::now);
+            }
             if stopping.is_none() {
                 if ranks.iter().any(|r| r.cancel.is_cancelled()) {
                     stopping = Some(ExitOutcome::Cancelled);
@@ -470,15 +490,19 @@ impl SlurmBackend {
                     }
                 }
                 if stopping.is_some() {
-                    let _ = slurm_command("scancel", &[&job_id.to_string()]).await;
+                    kill_at = Some(signal_job(job_id, stop, started.is_some()).await);
                 }
             }
+            if kill_at.is_some_and(|at| Instant::now() >= at) {
+                kill_at = None;
+                let _ = slurm_command("scancel", &[&job_id.to_string()]).await;
+            }
             // Each rank's script writes its exit file after its last output: once all are
-            // there the attempt is over, without waiting for the next squeue poll.
-            if stopping.is_none()
-                && ranks
-                    .iter()
-                    .all(|r| dir.join(format!("exit-{}", r.rank)).exists())
+            // there the attempt is over, without waiting for the next squeue poll (also
+            // when a task ends within its grace: it keeps the outcome of the stop).
+            if ranks
+                .iter()
+                .all(|r| dir.join(format!("exit-{}", r.rank)).exists())
             {
                 ended_by_exit_files = true;
                 break None;
@@ -507,9 +531,7 @@ impl SlurmBackend {
                                 }
                             }
                         }
-                        JobPhase::Running => {
-                            started.get_or_insert_with(Instant::now);
-                        }
+                        JobPhase::Running => {}
                         _ => break Some(job.clone()),
                     }
                 }
@@ -546,6 +568,24 @@ impl SlurmBackend {
             }
         }
         remove_gang_dir(&dir);
+    }
+}
+
+/// Deliver the stop signal to a running job's processes; when the grace runs out. A job
+/// that has not started (nothing to save), an uncatchable signal, or a signal Slurm
+/// would not deliver means the job is cancelled now.
+async fn signal_job(job_id: u64, stop: StopPolicy, started: bool) -> Instant {
+    if !started || !stop.catchable() {
+        return Instant::now();
+    }
+    let args = stop.scancel_signal_args(job_id);
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    match slurm_command("scancel", &arg_refs).await {
+        Ok(_) => Instant::now() + stop.grace,
+        Err(error) => {
+            tracing::warn!("cannot signal slurm job {job_id}, cancelling it now: {error}");
+            Instant::now()
+        }
     }
 }
 
