@@ -234,10 +234,12 @@ async fn slurm_cancel_of_a_running_and_of_a_pending_job() {
     c.client.cancel(running).await.unwrap();
     let view = wait_terminal(&c.client, running).await;
     assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
-    eventually("the running job cancelled in Slurm", DEADLINE, || async {
+    // The task gets its stop signal (SIGTERM here) first and ends by it within its grace,
+    // so Slurm records the job by the task's own end (FAILED, exit 143), not CANCELLED.
+    eventually("the running job ended in Slurm", DEADLINE, || async {
         jobs_of(&c.tag)
             .iter()
-            .all(|(_, s)| s == "CANCELLED")
+            .all(|(_, s)| s == "FAILED" || s == "CANCELLED")
             .then_some(())
     })
     .await;
@@ -273,9 +275,12 @@ async fn slurm_cancel_of_a_running_and_of_a_pending_job() {
     assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
     let log = log_text(&c.client, pending).await;
     assert!(!log.contains("should never run"), "{log}");
-    eventually("both jobs cancelled in Slurm", DEADLINE, || async {
+    eventually("both jobs ended in Slurm", DEADLINE, || async {
         let jobs = jobs_of(&c.tag);
-        (jobs.len() == 2 && jobs.iter().all(|(_, s)| s == "CANCELLED")).then_some(())
+        let ended = jobs.iter().all(|(_, s)| s == "FAILED" || s == "CANCELLED");
+        // A pending job has no process to signal: it is cancelled at once.
+        let cancelled = jobs.iter().filter(|(_, s)| s == "CANCELLED").count();
+        (jobs.len() == 2 && ended && cancelled >= 1).then_some(())
     })
     .await;
 }
@@ -333,6 +338,50 @@ async fn slurm_agent_restart_refinds_the_running_job() {
     assert_eq!(view.attempt.0, 1, "not retried: {view:?}");
     assert_eq!(log.matches("before restart").count(), 1, "{log}");
     assert_eq!(log.matches("after restart").count(), 1, "{log}");
+    let jobs = jobs_of(&c.tag);
+    assert_eq!(jobs.len(), 1, "re-found, not resubmitted: {jobs:?}");
+}
+
+/// A job re-found after an agent restart is stopped as its launch asked: the gang
+/// manifest keeps the checkpoint signal and grace, so a cancel after the restart still
+/// reaches the task as SIGUSR1 (a plain `scancel`'s SIGTERM would kill it unsaved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_a_refound_job_still_gets_its_checkpoint_signal() {
+    if !slurm_ready("slurm_a_refound_job_still_gets_its_checkpoint_signal").await {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cluster(dir.path(), "refound-signal").await;
+    let task = submit(
+        &c.client,
+        dir.path(),
+        "refound-signal",
+        "name: refound-signal\n\
+         checkpoint: {signal: SIGUSR1, grace: 5s}\n\
+         run: |\n\
+         \x20 trap 'echo \"saved on USR1 at tick $i\"; exit 0' USR1\n\
+         \x20 i=0\n\
+         \x20 while :; do i=$((i+1)); echo \"tick $i\"; sleep 0.3 & wait $!; done\n",
+        &[],
+    )
+    .await;
+    wait_log(&c.client, task, "tick 2\n").await;
+    c.agent.kill9();
+    c.agent = start_slurm_agent(&c._server, &c.agent_dir, &c.tag);
+    // The re-found job's output flowing again means its new supervisor has it.
+    let before = log_text(&c.client, task).await;
+    let last_tick = before
+        .lines()
+        .filter_map(|l| l.strip_prefix("tick ")?.trim().parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    wait_log(&c.client, task, &format!("tick {}\n", last_tick + 3)).await;
+    c.client.cancel(task).await.unwrap();
+    let view = wait_terminal(&c.client, task).await;
+    let log = log_text(&c.client, task).await;
+    assert_eq!(view.state, TaskState::Cancelled, "{view:?}\n{log}");
+    assert_eq!(log.matches("saved on USR1").count(), 1, "{log}");
     let jobs = jobs_of(&c.tag);
     assert_eq!(jobs.len(), 1, "re-found, not resubmitted: {jobs:?}");
 }
