@@ -475,12 +475,6 @@ impl SlurmBackend {
                 rank.tail.forward(&rank.output, false);
             }
             let current = jobs.borrow_and_update().get(&job_id).cloned();
-            if current
-                .as_ref()
-                .is_some_and(|job| status::phase_of(&job.state) == JobPhase::Running)
-            {
-                started.get_or_insert_with(Instant::now);
-            }
             if stopping.is_none() {
                 if ranks.iter().any(|r| r.cancel.is_cancelled()) {
                     stopping = Some(ExitOutcome::Cancelled);
@@ -490,7 +484,7 @@ impl SlurmBackend {
                     }
                 }
                 if stopping.is_some() {
-                    kill_at = Some(signal_job(job_id, stop, started.is_some()).await);
+                    kill_at = Some(signal_job(job_id, stop).await);
                 }
             }
             if kill_at.is_some_and(|at| Instant::now() >= at) {
@@ -531,7 +525,9 @@ impl SlurmBackend {
                                 }
                             }
                         }
-                        JobPhase::Running => {}
+                        JobPhase::Running => {
+                            started.get_or_insert_with(Instant::now);
+                        }
                         _ => break Some(job.clone()),
                     }
                 }
@@ -571,11 +567,12 @@ impl SlurmBackend {
     }
 }
 
-/// Deliver the stop signal to a running job's processes; when the grace runs out. A job
-/// that has not started (nothing to save), an uncatchable signal, or a signal Slurm
-/// would not deliver means the job is cancelled now.
-async fn signal_job(job_id: u64, stop: StopPolicy, started: bool) -> Instant {
-    if !started || !stop.catchable() {
+/// Deliver the stop signal to a running job's processes; when the grace runs out. Slurm
+/// refuses to signal a job that has not started (nothing to save): that, and an
+/// uncatchable signal, mean the job is cancelled now. The last `squeue` is not asked:
+/// a job may be running, its task's first lines already read, before a poll shows it.
+async fn signal_job(job_id: u64, stop: StopPolicy) -> Instant {
+    if !stop.catchable() {
         return Instant::now();
     }
     let args = stop.scancel_signal_args(job_id);
@@ -583,7 +580,7 @@ async fn signal_job(job_id: u64, stop: StopPolicy, started: bool) -> Instant {
     match slurm_command("scancel", &arg_refs).await {
         Ok(_) => Instant::now() + stop.grace,
         Err(error) => {
-            tracing::warn!("cannot signal slurm job {job_id}, cancelling it now: {error}");
+            tracing::info!("slurm job {job_id} not signalled, cancelling it now: {error}");
             Instant::now()
         }
     }
