@@ -484,7 +484,12 @@ impl SlurmBackend {
                     }
                 }
                 if stopping.is_some() {
-                    kill_at = Some(signal_job(job_id, stop).await);
+                    // `node.sh` creates a rank's output file as it starts the task:
+                    // before that there is no process to save anything.
+                    let task_started = ranks
+                        .iter()
+                        .any(|r| dir.join(format!("out-{}.log", r.rank)).exists());
+                    kill_at = Some(signal_job(job_id, stop, task_started).await);
                 }
             }
             if kill_at.is_some_and(|at| Instant::now() >= at) {
@@ -567,12 +572,14 @@ impl SlurmBackend {
     }
 }
 
-/// Deliver the stop signal to a running job's processes; when the grace runs out. Slurm
-/// refuses to signal a job that has not started (nothing to save): that, and an
-/// uncatchable signal, mean the job is cancelled now. The last `squeue` is not asked:
-/// a job may be running, its task's first lines already read, before a poll shows it.
-async fn signal_job(job_id: u64, stop: StopPolicy) -> Instant {
-    if !stop.catchable() {
+/// Deliver the stop signal to the processes of a job whose task has started; when the
+/// grace runs out. A task not started yet has nothing to save, and an uncatchable
+/// signal or one Slurm will not deliver gives it no chance to: the job is cancelled now.
+/// Whether the task started is not read from the last `squeue`, which may not show a
+/// job running whose task has already printed; asking Slurm to signal a job that is
+/// still pending makes `scancel` retry for a minute before it gives up.
+async fn signal_job(job_id: u64, stop: StopPolicy, task_started: bool) -> Instant {
+    if !task_started || !stop.catchable() {
         return Instant::now();
     }
     let args = stop.scancel_signal_args(job_id);
