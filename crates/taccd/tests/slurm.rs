@@ -234,10 +234,12 @@ async fn slurm_cancel_of_a_running_and_of_a_pending_job() {
     c.client.cancel(running).await.unwrap();
     let view = wait_terminal(&c.client, running).await;
     assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
-    eventually("the running job cancelled in Slurm", DEADLINE, || async {
+    // The task gets its stop signal (SIGTERM here) first and ends by it within its grace,
+    // so Slurm records the job by the task's own end (FAILED, exit 143), not CANCELLED.
+    eventually("the running job ended in Slurm", DEADLINE, || async {
         jobs_of(&c.tag)
             .iter()
-            .all(|(_, s)| s == "CANCELLED")
+            .all(|(_, s)| s == "FAILED" || s == "CANCELLED")
             .then_some(())
     })
     .await;
@@ -273,9 +275,12 @@ async fn slurm_cancel_of_a_running_and_of_a_pending_job() {
     assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
     let log = log_text(&c.client, pending).await;
     assert!(!log.contains("should never run"), "{log}");
-    eventually("both jobs cancelled in Slurm", DEADLINE, || async {
+    eventually("both jobs ended in Slurm", DEADLINE, || async {
         let jobs = jobs_of(&c.tag);
-        (jobs.len() == 2 && jobs.iter().all(|(_, s)| s == "CANCELLED")).then_some(())
+        let ended = jobs.iter().all(|(_, s)| s == "FAILED" || s == "CANCELLED");
+        // A pending job has no process to signal: it is cancelled at once.
+        let cancelled = jobs.iter().filter(|(_, s)| s == "CANCELLED").count();
+        (jobs.len() == 2 && ended && cancelled >= 1).then_some(())
     })
     .await;
 }
@@ -333,6 +338,50 @@ async fn slurm_agent_restart_refinds_the_running_job() {
     assert_eq!(view.attempt.0, 1, "not retried: {view:?}");
     assert_eq!(log.matches("before restart").count(), 1, "{log}");
     assert_eq!(log.matches("after restart").count(), 1, "{log}");
+    let jobs = jobs_of(&c.tag);
+    assert_eq!(jobs.len(), 1, "re-found, not resubmitted: {jobs:?}");
+}
+
+/// A job re-found after an agent restart is stopped as its launch asked: the gang
+/// manifest keeps the checkpoint signal and grace, so a cancel after the restart still
+/// reaches the task as SIGUSR1 (a plain `scancel`'s SIGTERM would kill it unsaved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_a_refound_job_still_gets_its_checkpoint_signal() {
+    if !slurm_ready("slurm_a_refound_job_still_gets_its_checkpoint_signal").await {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cluster(dir.path(), "refound-signal").await;
+    let task = submit(
+        &c.client,
+        dir.path(),
+        "refound-signal",
+        "name: refound-signal\n\
+         checkpoint: {signal: SIGUSR1, grace: 5s}\n\
+         run: |\n\
+         \x20 trap 'echo \"saved on USR1 at tick $i\"; exit 0' USR1\n\
+         \x20 i=0\n\
+         \x20 while :; do i=$((i+1)); echo \"tick $i\"; sleep 0.3 & wait $!; done\n",
+        &[],
+    )
+    .await;
+    wait_log(&c.client, task, "tick 2\n").await;
+    c.agent.kill9();
+    c.agent = start_slurm_agent(&c._server, &c.agent_dir, &c.tag);
+    // The re-found job's output flowing again means its new supervisor has it.
+    let before = log_text(&c.client, task).await;
+    let last_tick = before
+        .lines()
+        .filter_map(|l| l.strip_prefix("tick ")?.trim().parse::<u32>().ok())
+        .max()
+        .unwrap_or(0);
+    wait_log(&c.client, task, &format!("tick {}\n", last_tick + 3)).await;
+    c.client.cancel(task).await.unwrap();
+    let view = wait_terminal(&c.client, task).await;
+    let log = log_text(&c.client, task).await;
+    assert_eq!(view.state, TaskState::Cancelled, "{view:?}\n{log}");
+    assert_eq!(log.matches("saved on USR1").count(), 1, "{log}");
     let jobs = jobs_of(&c.tag);
     assert_eq!(jobs.len(), 1, "re-found, not resubmitted: {jobs:?}");
 }
@@ -553,14 +602,99 @@ async fn slurm_executor_meets_the_contract() {
     }
     let _one = CLUSTER.lock().await;
     let dir = tempfile::tempdir().unwrap();
-    let mut config = tacc_exec::SlurmConfig::new(
-        dir.path().join("state"),
-        format!("t{}-contract", std::process::id()),
-    );
+    let executor = slurm_executor(dir.path(), "contract").await;
+    tacc_exec::contract::run_all(&executor, dir.path()).await;
+    tacc_exec::contract::stop_signal_comes_first_with_its_grace(&executor, dir.path()).await;
+}
+
+/// The Slurm executor on node `tacc-n1` of the test cluster, with its state in `dir`.
+async fn slurm_executor(dir: &std::path::Path, name: &str) -> tacc_exec::SlurmExecutor {
+    let mut config =
+        tacc_exec::SlurmConfig::new(dir.join("state"), format!("t{}-{name}", std::process::id()));
     config.poll_interval = Duration::from_millis(100);
     let backend = tacc_exec::SlurmBackend::start(config).await.unwrap();
-    let executor = backend.executor_for("tacc-n1");
-    tacc_exec::contract::run_all(&executor, dir.path()).await;
+    backend.executor_for("tacc-n1")
+}
+
+/// Seconds since the epoch that a task's `date +%s.%N` wrote into `path`.
+fn stamp(path: &std::path::Path) -> Option<f64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// On cancel the task's checkpoint signal arrives first and the job is killed only once
+/// the grace has run out: a task that saves and then keeps running lives through the
+/// whole grace. Prints the figures docs/RELIABILITY.md quotes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slurm_stop_signal_comes_first_and_the_kill_only_after_the_grace() {
+    if !slurm_ready("slurm_stop_signal_comes_first_and_the_kill_only_after_the_grace").await {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path();
+    let executor = slurm_executor(work, "grace").await;
+    let grace = Duration::from_secs(3);
+    let script = "trap 'date +%s.%N > signalled; sleep 0.5; echo saved > checkpoint.tmp; \
+                  mv checkpoint.tmp checkpoint.txt; \
+                  while :; do date +%s.%N > alive; sleep 0.1; done' USR1\n\
+                  echo ready\nsleep 60 & wait\n";
+    let mut spec = tacc_exec::contract::spec(work, script);
+    spec.stop_signal = nix::sys::signal::Signal::SIGUSR1;
+    spec.kill_grace = grace;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let handle = tacc_exec::Executor::launch(&executor, spec, tx)
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+        .await
+        .expect("the task's first line in time");
+    assert_eq!(first.map(|l| l.text), Some("ready".to_string()));
+
+    let epoch = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let cancelled_at = epoch();
+    let cancelled = Instant::now();
+    handle.cancel();
+    let checkpoint = work.join("checkpoint.txt");
+    let saved_after = eventually("the checkpoint", Duration::from_secs(10), || {
+        let found = checkpoint.exists().then(|| cancelled.elapsed());
+        async move { found }
+    })
+    .await;
+    assert_eq!(
+        handle.wait().await,
+        tacc_exec::ExitOutcome::Cancelled,
+        "a cancelled job ends as cancelled"
+    );
+    let ended_after = cancelled.elapsed();
+    let signalled = stamp(&work.join("signalled")).expect("the task got the signal");
+    let last_alive = stamp(&work.join("alive")).expect("the task ran on after saving");
+    assert_eq!(std::fs::read_to_string(&checkpoint).unwrap(), "saved\n");
+    let signal_after = signalled - cancelled_at;
+    let lived = last_alive - signalled;
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "slurm stop: signal {signal_after:.3} s after cancel, checkpoint {:.3} s, \
+         task alive until {lived:.3} s after the signal, ended {:.3} s after cancel (grace {grace:?})",
+        saved_after.as_secs_f64(),
+        ended_after.as_secs_f64()
+    );
+    assert!(
+        signal_after < 2.0,
+        "the signal came {signal_after:.3} s after cancel"
+    );
+    // The task saved 0.5 s into the grace and then kept running: it was killed only when
+    // the grace was over (its heartbeat every 0.1 s), not by the signal nor before.
+    assert!(
+        lived >= grace.as_secs_f64() - 0.3,
+        "the task was killed {lived:.3} s after the signal, within its {grace:?} grace"
+    );
+    assert!(ended_after >= grace, "ended {ended_after:?} after cancel");
 }
 
 /// Benchmark (run on purpose, not in CI):

@@ -15,6 +15,7 @@
 pub mod pilot;
 mod script;
 pub mod status;
+mod stop;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use script::SubmitOptions;
 use status::{JobPhase, JobStatus, SlurmNode};
+use stop::StopPolicy;
 
 use crate::{
     ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Phase,
@@ -368,6 +370,10 @@ impl SlurmBackend {
         };
         let _ = std::fs::write(dir.join("job_id"), job_id.to_string());
         let time_limit = first.spec.time_limit;
+        let stop = StopPolicy {
+            signal: first.spec.stop_signal,
+            grace: first.spec.kill_grace,
+        };
         let slots = ranks
             .into_iter()
             .map(|(rank, slot)| SupervisedRank {
@@ -378,7 +384,7 @@ impl SlurmBackend {
                 tail: Tail::resume(&dir, rank),
             })
             .collect();
-        tokio::spawn(backend.supervise(job_id, dir, slots, time_limit, false));
+        tokio::spawn(backend.supervise(job_id, dir, slots, time_limit, stop, false));
         Ok(())
     }
 
@@ -434,18 +440,24 @@ impl SlurmBackend {
                 manifest.attempt
             );
             let limit = manifest.time_limit_secs.map(Duration::from_secs);
-            tokio::spawn(self.clone().supervise(job.job_id, dir, slots, limit, true));
+            let stop = manifest.stop_policy();
+            tokio::spawn(
+                self.clone()
+                    .supervise(job.job_id, dir, slots, limit, stop, true),
+            );
         }
     }
 
     /// Follow one job to its end: tail every rank's output, enforce the time limit,
-    /// carry out cancel, and give each rank its outcome.
+    /// carry out cancel (stop signal, grace, then `scancel`), and give each rank its
+    /// outcome.
     async fn supervise(
         self: Arc<Self>,
         job_id: u64,
         dir: PathBuf,
         mut ranks: Vec<SupervisedRank>,
         time_limit: Option<Duration>,
+        stop: StopPolicy,
         recovered: bool,
     ) {
         let mut jobs = self.jobs.clone();
@@ -455,6 +467,8 @@ impl SlurmBackend {
         let mut pending_reason = String::new();
         let mut pending_since: Option<Instant> = None;
         let mut stopping: Option<ExitOutcome> = None;
+        // When the grace after the stop signal runs out, until the job is cancelled.
+        let mut kill_at: Option<Instant> = None;
         let mut ended_by_exit_files = false;
         let final_status = loop {
             for rank in &mut ranks {
@@ -470,15 +484,24 @@ impl SlurmBackend {
                     }
                 }
                 if stopping.is_some() {
-                    let _ = slurm_command("scancel", &[&job_id.to_string()]).await;
+                    // `node.sh` creates a rank's output file as it starts the task:
+                    // before that there is no process to save anything.
+                    let task_started = ranks
+                        .iter()
+                        .any(|r| dir.join(format!("out-{}.log", r.rank)).exists());
+                    kill_at = Some(signal_job(job_id, stop, task_started).await);
                 }
             }
+            if kill_at.is_some_and(|at| Instant::now() >= at) {
+                kill_at = None;
+                let _ = slurm_command("scancel", &[&job_id.to_string()]).await;
+            }
             // Each rank's script writes its exit file after its last output: once all are
-            // there the attempt is over, without waiting for the next squeue poll.
-            if stopping.is_none()
-                && ranks
-                    .iter()
-                    .all(|r| dir.join(format!("exit-{}", r.rank)).exists())
+            // there the attempt is over, without waiting for the next squeue poll (also
+            // when a task ends within its grace: it keeps the outcome of the stop).
+            if ranks
+                .iter()
+                .all(|r| dir.join(format!("exit-{}", r.rank)).exists())
             {
                 ended_by_exit_files = true;
                 break None;
@@ -546,6 +569,27 @@ impl SlurmBackend {
             }
         }
         remove_gang_dir(&dir);
+    }
+}
+
+/// Deliver the stop signal to the processes of a job whose task has started; when the
+/// grace runs out. A task not started yet has nothing to save, and an uncatchable
+/// signal or one Slurm will not deliver gives it no chance to: the job is cancelled now.
+/// Whether the task started is not read from the last `squeue`, which may not show a
+/// job running whose task has already printed; asking Slurm to signal a job that is
+/// still pending makes `scancel` retry for a minute before it gives up.
+async fn signal_job(job_id: u64, stop: StopPolicy, task_started: bool) -> Instant {
+    if !task_started || !stop.catchable() {
+        return Instant::now();
+    }
+    let args = stop.scancel_signal_args(job_id);
+    let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    match slurm_command("scancel", &arg_refs).await {
+        Ok(_) => Instant::now() + stop.grace,
+        Err(error) => {
+            tracing::info!("slurm job {job_id} not signalled, cancelling it now: {error}");
+            Instant::now()
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::SlurmConfig;
+use super::stop::{self, StopPolicy};
 use crate::LaunchSpec;
 
 /// Everything that goes onto the `sbatch` command line.
@@ -21,7 +22,8 @@ pub struct SubmitOptions {
     pub cpus_per_node: u64,
     pub memory_mb: Option<u64>,
     pub gpus_per_node: u32,
-    /// Slurm's own limit, a backstop: TACC stops the job at the exact limit itself.
+    /// Slurm's own limit, a backstop: TACC stops the job at the exact limit itself, and
+    /// kills it once the grace after the stop signal has run out, so it covers both.
     pub time_limit_minutes: Option<u64>,
     pub partition: Option<String>,
     pub account: Option<String>,
@@ -64,7 +66,7 @@ impl SubmitOptions {
             gpus_per_node: placement.gpu_indices.len() as u32,
             time_limit_minutes: spec
                 .time_limit
-                .map(|limit| limit.as_secs().div_ceil(60) + 1),
+                .map(|limit| ((limit + spec.kill_grace).as_millis().div_ceil(60_000) as u64) + 1),
             partition: config.partition.clone(),
             account: config
                 .accounts
@@ -124,6 +126,16 @@ pub struct GangManifest {
     pub phase: String,
     pub ranks: Vec<GangRank>,
     pub time_limit_secs: Option<u64>,
+    /// The task's stop signal; manifests from before it was recorded mean SIGTERM.
+    #[serde(with = "stop::signal_name", default = "stop::signal_name::default")]
+    pub stop_signal: nix::sys::signal::Signal,
+    /// The grace after the stop signal; older manifests get [`stop::DEFAULT_GRACE`].
+    #[serde(default = "default_grace_ms")]
+    pub kill_grace_ms: u64,
+}
+
+fn default_grace_ms() -> u64 {
+    stop::DEFAULT_GRACE.as_millis() as u64
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -136,6 +148,14 @@ impl GangManifest {
     pub fn read(dir: &Path) -> std::io::Result<GangManifest> {
         let text = std::fs::read_to_string(dir.join("manifest.json"))?;
         serde_json::from_str(&text).map_err(std::io::Error::other)
+    }
+
+    /// How the re-found job is to be stopped: as its launch asked.
+    pub fn stop_policy(&self) -> StopPolicy {
+        StopPolicy {
+            signal: self.stop_signal,
+            grace: std::time::Duration::from_millis(self.kill_grace_ms),
+        }
     }
 }
 
@@ -161,9 +181,13 @@ pub fn write_gang<'a>(
         phase: options.phase.clone(),
         ranks: Vec::new(),
         time_limit_secs: None,
+        stop_signal: stop::signal_name::default(),
+        kill_grace_ms: default_grace_ms(),
     };
     for ((rank, spec), node) in ranks.zip(options.node_list.iter()) {
         manifest.time_limit_secs = spec.time_limit.map(|l| l.as_secs().max(1));
+        manifest.stop_signal = spec.stop_signal;
+        manifest.kill_grace_ms = spec.kill_grace.as_millis() as u64;
         manifest.ranks.push(GangRank {
             rank,
             node: node.clone(),
@@ -180,6 +204,7 @@ pub fn write_gang<'a>(
         }
     }
     let gang = quote(&dir.display().to_string());
+    let trap = manifest.stop_policy().node_trap_line();
     std::fs::write(
         dir.join("job.sh"),
         format!(
@@ -194,6 +219,8 @@ pub fn write_gang<'a>(
             "#!/bin/bash\n\
              # One node of a TACC gang: load this rank's environment, run its script,\n\
              # keep its output and exit code in per-rank files on the shared file system.\n\
+             # The stop signal reaches this shell too: it outlives it to record the exit code.\n\
+             {trap}\
              dir={gang}\n\
              rank=${{SLURM_NODEID:-0}}\n\
              master=${{SLURM_LAUNCH_NODE_IPADDR:-$(hostname)}}\n\
@@ -314,5 +341,46 @@ mod tests {
         let env = std::fs::read(gang.join("env-1")).unwrap();
         assert!(env.split(|b| *b == 0).any(|kv| kv == b"TACC_GPUS=2"));
         assert_eq!(quote("it's"), "'it'\\''s'");
+    }
+
+    #[test]
+    fn the_manifest_keeps_the_stop_signal_and_grace_and_node_sh_traps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = SlurmConfig::new(dir.path().into(), "ci");
+        let mut a = spec(0);
+        a.stop_signal = nix::sys::signal::Signal::SIGUSR1;
+        a.kill_grace = Duration::from_millis(2500);
+        let options = SubmitOptions::from_spec(&a, 1, vec!["n1".into()], &config, "g");
+        let gang = dir.path().join("g");
+        write_gang(&gang, &options, [(0, &a)].into_iter()).unwrap();
+        let stop = GangManifest::read(&gang).unwrap().stop_policy();
+        assert_eq!(stop.signal, nix::sys::signal::Signal::SIGUSR1);
+        assert_eq!(stop.grace, Duration::from_millis(2500));
+        let node = std::fs::read_to_string(gang.join("node.sh")).unwrap();
+        assert!(node.lines().any(|l| l == "trap : USR1"), "{node}");
+    }
+
+    #[test]
+    fn a_manifest_from_before_the_stop_signal_reads_with_sigterm_and_the_default_grace() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("manifest.json"),
+            r#"{"task":7,"attempt":1,"phase":"run","ranks":[{"rank":0,"node":"n1"}],"time_limit_secs":null}"#,
+        )
+        .unwrap();
+        let stop = GangManifest::read(dir.path()).unwrap().stop_policy();
+        assert_eq!(stop.signal, nix::sys::signal::Signal::SIGTERM);
+        assert_eq!(stop.grace, super::stop::DEFAULT_GRACE);
+    }
+
+    #[test]
+    fn slurms_backstop_limit_leaves_room_for_the_grace() {
+        let config = SlurmConfig::new("/state".into(), "ci");
+        let mut long_grace = spec(0);
+        long_grace.time_limit = Some(Duration::from_secs(60));
+        long_grace.kill_grace = Duration::from_secs(120);
+        let options = SubmitOptions::from_spec(&long_grace, 1, vec![], &config, "g");
+        // 3 minutes of limit and grace, plus one to spare.
+        assert_eq!(options.time_limit_minutes, Some(4));
     }
 }
