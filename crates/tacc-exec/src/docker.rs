@@ -10,8 +10,8 @@ use std::time::Duration;
 use bollard::errors::Error as DockerError;
 use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
 use bollard::query_parameters::{
-    CreateContainerOptions, CreateImageOptions, ListContainersOptions, LogsOptions,
-    RemoveContainerOptions, StopContainerOptions, WaitContainerOptions,
+    CreateContainerOptions, CreateImageOptions, KillContainerOptionsBuilder, ListContainersOptions,
+    LogsOptions, RemoveContainerOptions, WaitContainerOptions,
 };
 use bollard::{ClientVersion, Docker};
 use futures::StreamExt;
@@ -501,18 +501,35 @@ async fn exit_outcome(docker: &Docker, id: &str, code: Option<i64>) -> ExitOutco
     }
 }
 
-/// SIGTERM, then SIGKILL after the grace period (Docker's own stop, in whole seconds).
+/// The stop signal (`checkpoint.signal`, SIGTERM by default), then SIGKILL once the grace
+/// is over. Sent with the engine's kill, not its stop: a stop's signal parameter needs API
+/// 1.42, and older engines (Debian 12's 20.10 speaks 1.41) ignore it and send SIGTERM, so a
+/// task waiting for its checkpoint signal would never get it.
 async fn stop(docker: &Docker, id: &str, signal: nix::sys::signal::Signal, grace: Duration) {
-    let seconds = grace.as_secs_f64().ceil().max(1.0) as i32;
-    let _ = docker
-        .stop_container(
+    let signalled = docker
+        .kill_container(
             id,
-            Some(StopContainerOptions {
-                t: Some(seconds),
-                signal: Some(signal.as_str().to_string()),
-            }),
+            Some(
+                KillContainerOptionsBuilder::new()
+                    .signal(signal.as_str())
+                    .build(),
+            ),
         )
         .await;
+    if signalled.is_ok()
+        && tokio::time::timeout(grace, wait_exit(docker, id))
+            .await
+            .is_ok()
+    {
+        return;
+    }
+    let _ = docker
+        .kill_container(
+            id,
+            Some(KillContainerOptionsBuilder::new().signal("SIGKILL").build()),
+        )
+        .await;
+    let _ = wait_exit(docker, id).await;
 }
 
 /// Split the engine's log frames into lines per stream, as the process runtime does.

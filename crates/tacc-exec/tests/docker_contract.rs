@@ -45,6 +45,7 @@ async fn docker_executor_meets_the_contract() {
     };
     let dir = tempfile::tempdir().unwrap();
     contract::run_all(&executor, dir.path()).await;
+    contract::stop_signal_comes_first_with_its_grace(&executor, dir.path()).await;
     // Every container of the suite is gone once its execution ended.
     assert_eq!(executor.remove_leftovers().await.unwrap(), 0);
 }
