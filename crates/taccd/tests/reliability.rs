@@ -390,6 +390,33 @@ async fn tcloud_gives_up_on_a_stopped_server_within_its_timeout() {
 }
 
 /// A small tmpfs mounted for the test's data directory, unmounted when dropped.
+/// After a `kill -9`, a server started again on `data` (and `args`) holds exactly the
+/// acknowledged tasks, and the next submit gets an id higher than all of them.
+async fn acknowledged_survive_a_restart(
+    data: &Path,
+    args: &[&str],
+    body: &serde_json::Value,
+    acknowledged: &BTreeSet<u64>,
+) {
+    let server = start("server", data, args).await;
+    let stored: BTreeSet<u64> = server
+        .client()
+        .list_tasks(&Default::default())
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.id.0)
+        .collect();
+    assert_eq!(&stored, acknowledged, "acknowledged tasks after a restart");
+    let (status, reply, _) = post(&server, "/v1/tasks", None, body).await;
+    assert_eq!(status, 201, "{reply}");
+    let next = reply["task_id"].as_u64().unwrap();
+    assert!(
+        acknowledged.iter().all(|id| *id < next),
+        "id {next} given out again (acknowledged {acknowledged:?})"
+    );
+}
+
 struct Tmpfs(std::path::PathBuf);
 
 impl Tmpfs {
@@ -527,23 +554,7 @@ async fn a_full_disk_is_the_server_s_fault_and_loses_nothing() {
     acknowledged.insert(reply["task_id"].as_u64().unwrap());
 
     server.kill9();
-    let server = start("server", &data, &[]).await;
-    let stored: BTreeSet<u64> = server
-        .client()
-        .list_tasks(&Default::default())
-        .await
-        .unwrap()
-        .iter()
-        .map(|t| t.id.0)
-        .collect();
-    assert_eq!(stored, acknowledged, "acknowledged tasks after a restart");
-    let (status, reply, _) = post(&server, "/v1/tasks", None, &body).await;
-    assert_eq!(status, 201, "{reply}");
-    let next = reply["task_id"].as_u64().unwrap();
-    assert!(
-        acknowledged.iter().all(|id| *id < next),
-        "id {next} given out again (acknowledged {acknowledged:?})"
-    );
+    acknowledged_survive_a_restart(&data, &[], &body, &acknowledged).await;
 }
 
 /// R3 beside PostgreSQL: the data directory (code chunks, logs, outputs) fills up while
@@ -599,21 +610,5 @@ async fn a_full_data_directory_beside_postgres_fails_uploads_only_and_loses_noth
         .await
         .expect("the upload once space returned");
     server.kill9();
-    let server = start("server", &data, &backend.args()).await;
-    let stored: BTreeSet<u64> = server
-        .client()
-        .list_tasks(&Default::default())
-        .await
-        .unwrap()
-        .iter()
-        .map(|t| t.id.0)
-        .collect();
-    assert_eq!(stored, acknowledged, "acknowledged tasks after a restart");
-    let (status, reply, _) = post(&server, "/v1/tasks", None, &body).await;
-    assert_eq!(status, 201, "{reply}");
-    let next = reply["task_id"].as_u64().unwrap();
-    assert!(
-        acknowledged.iter().all(|id| *id < next),
-        "id {next} given out again (acknowledged {acknowledged:?})"
-    );
+    acknowledged_survive_a_restart(&data, &backend.args(), &body, &acknowledged).await;
 }
