@@ -355,6 +355,7 @@ impl Agent {
                 running,
                 address: self.shared.config.address.clone(),
                 gpus: self.shared.gpus.devices(),
+                life: life(),
             };
             match self.shared.client.register_agent(&registration).await {
                 Ok(registered) => {
@@ -584,4 +585,21 @@ pub(crate) fn now() -> tacc_core::Timestamp {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
     tacc_core::Timestamp(millis)
+}
+
+/// This agent process's life (see `RegisterAgent::life`): random per process start,
+/// never 0.
+fn life() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static LIFE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *LIFE.get_or_init(|| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        hasher.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        hasher.finish().max(1)
+    })
 }

@@ -208,6 +208,12 @@ pub struct RegisterAgent {
     /// The node's GPUs as found (NVML) or faked (`--gpus N --gpu-type T`), by index.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<GpuDevice>,
+    /// Tells this agent process from an earlier one on the node (random per start): the
+    /// offsets of its output reports count from zero in each life, so the server keeps
+    /// what it applied of a life across its own restarts. 0 (an older agent) is a new
+    /// life at every registration.
+    #[serde(default)]
+    pub life: u64,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -578,6 +578,7 @@ impl HandNode {
                 running: vec![],
                 address: "127.0.0.1".into(),
                 gpus: vec![],
+                life: 1,
             })
             .await
             .unwrap();

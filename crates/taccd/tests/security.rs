@@ -500,6 +500,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
         running: vec![],
         address: "10.9.9.9".into(),
         gpus: vec![],
+        life: 1,
     };
 
     // Without a join token nobody registers a node; a user token is not one either.

@@ -92,14 +92,8 @@ impl Control {
                     text,
                     offset,
                 } = &report
-                    && self.log_offsets.fresh(node, *attempt, *offset)
                 {
-                    self.logs.append(attempt.task, text).map_err(|e| {
-                        ServerError::Internal(format!(
-                            "cannot write the log of task {}: {e}",
-                            attempt.task
-                        ))
-                    })?;
+                    self.append_output(node, *attempt, text, *offset)?;
                 }
                 continue;
             }
@@ -129,15 +123,7 @@ impl Control {
                     text,
                     offset,
                 } => {
-                    if !self.log_offsets.fresh(node, attempt, offset) {
-                        continue;
-                    }
-                    self.logs.append(attempt.task, &text).map_err(|e| {
-                        ServerError::Internal(format!(
-                            "cannot write the log of task {}: {e}",
-                            attempt.task
-                        ))
-                    })?;
+                    self.append_output(node, attempt, &text, offset)?;
                 }
                 AgentReport::Started { attempt, at } => {
                     let Some(record) = self.task_record(attempt.task).await? else {
@@ -205,6 +191,28 @@ impl Control {
             }
         }
         Ok(ack)
+    }
+
+    /// Append a node's output of an attempt to the task's log, unless it is a repeat of a
+    /// report already applied; marked applied only once it is in the log.
+    fn append_output(
+        &self,
+        node: NodeId,
+        attempt: AttemptRef,
+        text: &str,
+        offset: Option<u64>,
+    ) -> Result<(), ServerError> {
+        if !self.log_offsets.is_new(node, attempt, offset) {
+            return Ok(());
+        }
+        self.logs.append(attempt.task, text).map_err(|e| {
+            ServerError::Internal(format!(
+                "cannot write the log of task {}: {e}",
+                attempt.task
+            ))
+        })?;
+        self.log_offsets.applied(node, attempt, offset);
+        Ok(())
     }
 
     /// An attempt's node vanished: the attempt is lost (and maybe retried).

@@ -526,3 +526,31 @@ async fn a_keyed_submit_retried_after_its_reply_was_lost_creates_one_task() {
     let stored: Vec<TaskId> = env.all_tasks().await.iter().map(|t| t.id).collect();
     assert_eq!(stored.len(), 2, "{stored:?}");
 }
+
+#[tokio::test]
+async fn output_resent_to_a_restarted_server_is_appended_once() {
+    let mut env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let (task, attempt) = env.running(&mut agent, ONE_CPU).await;
+    let first = env.output(&mut agent, attempt, "one\n");
+    env.report(&agent, vec![first.clone()]).await;
+    // The server died before its answer left; the agent registers again and resends.
+    env.restart_server().await;
+    env.register(&agent, 1).await;
+    let second = env.output(&mut agent, attempt, "two\n");
+    env.report(&agent, vec![first, second]).await;
+    assert_eq!(env.log(task), "one\ntwo\n");
+
+    // A new life of the agent counts its output from zero again.
+    agent.life += 1;
+    agent.running.clear();
+    env.register(&agent, 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    let mut fresh = env.output(&mut agent, attempt, "three\n");
+    if let tacc_proto::AgentReport::Log { offset, .. } = &mut fresh {
+        *offset = Some(0);
+    }
+    env.report(&agent, vec![fresh]).await;
+    assert_eq!(env.log(task), "three\n");
+}

@@ -325,7 +325,7 @@ impl Control {
             submit_buckets: Default::default(),
             chunk_sets: Default::default(),
             node_attempts: Default::default(),
-            log_offsets: Default::default(),
+            log_offsets: crate::log_offsets::LogOffsets::new(config.data_dir.join("logs")),
             node_requests: Default::default(),
             usage: Default::default(),
             metrics: crate::metrics::Metrics::new(logs.written_counter()),

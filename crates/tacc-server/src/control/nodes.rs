@@ -95,7 +95,7 @@ impl Control {
         live.online = true;
         self.node_attempts
             .forget_node(record.id, &registration.running);
-        self.log_offsets.forget_node(record.id);
+        self.log_offsets.registered(record.id, registration.life);
         live.last_seen = self.clock.instant();
         if !was_online && live.flapping(self.clock.instant()) {
             tracing::warn!(

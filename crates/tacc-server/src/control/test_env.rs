@@ -35,6 +35,8 @@ pub(super) struct FakeAgent {
     /// Attempts it runs, or that ended and whose end it has not delivered yet.
     pub(super) running: BTreeSet<AttemptRef>,
     log_written: u64,
+    /// This agent process's life (`RegisterAgent::life`).
+    pub(super) life: u64,
 }
 
 impl TestEnv {
@@ -176,6 +178,7 @@ impl TestEnv {
             name: name.to_string(),
             running: BTreeSet::new(),
             log_written: 0,
+            life: 1,
         };
         agent.node = self.register(&agent, cpus).await;
         agent
@@ -192,6 +195,7 @@ impl TestEnv {
                 running: agent.running.iter().copied().collect(),
                 address: format!("{}.test:0", agent.name),
                 gpus: Vec::new(),
+                life: agent.life,
             })
             .await
             .expect("the registration is accepted")
