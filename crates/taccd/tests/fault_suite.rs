@@ -3,7 +3,7 @@
 //! restore after partial progress (R2), duplicated, reordered and stale agent reports
 //! (R12), cancels followed at once by a crash (R13) and a stalled server (R6). Each run
 //! records every client call and the checker in `fault_suite/history.rs` judges it. Every
-//! scenario runs on each store: `…_on_sqlite` and `…_on_postgres` (a database of its own on
+//! scenario runs on each store: `…::on_sqlite` and `…::on_postgres` (a database of its own on
 //! the server named by `TACC_TEST_POSTGRES_URL`, kept across the scenario's restarts).
 
 mod common;
@@ -394,46 +394,19 @@ async fn r1(mode: &str, backend: Backend) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r1_server_killed_during_keyed_submits_from_8_clients_on_sqlite() {
-    if !cgroups_or_skip("r1_server_killed_during_keyed_submits_from_8_clients_on_sqlite") {
-        return;
-    }
-    r1("server", Backend::Sqlite).await;
-}
+on_both_stores!(
+    r1_server_killed_during_keyed_submits_from_8_clients,
+    threads = 4,
+    needs = cgroups_or_skip,
+    run = |backend| r1("server", backend)
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r1_server_killed_during_keyed_submits_from_8_clients_on_postgres() {
-    let test = "r1_server_killed_during_keyed_submits_from_8_clients_on_postgres";
-    if !cgroups_or_skip(test) {
-        return;
-    }
-    let Some(backend) = Backend::postgres(test).await else {
-        return;
-    };
-    r1("server", backend).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r1_embedded_cluster_killed_during_keyed_submits_from_8_clients_on_sqlite() {
-    if !cgroups_or_skip("r1_embedded_cluster_killed_during_keyed_submits_from_8_clients_on_sqlite")
-    {
-        return;
-    }
-    r1("dev", Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn r1_embedded_cluster_killed_during_keyed_submits_from_8_clients_on_postgres() {
-    let test = "r1_embedded_cluster_killed_during_keyed_submits_from_8_clients_on_postgres";
-    if !cgroups_or_skip(test) {
-        return;
-    }
-    let Some(backend) = Backend::postgres(test).await else {
-        return;
-    };
-    r1("dev", backend).await;
-}
+on_both_stores!(
+    r1_embedded_cluster_killed_during_keyed_submits_from_8_clients,
+    threads = 4,
+    needs = cgroups_or_skip,
+    run = |backend| r1("dev", backend)
+);
 
 /// Whether `$MARKERS/gate-<task>` exists (the task waits for it).
 fn gated(markers: &Path, name: &str, extra: &str) -> String {
@@ -461,26 +434,12 @@ async fn wait_marked(markers: &Path, task: TaskId, attempt: u32) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r2_restore_after_partial_progress_reruns_only_unfinished_tasks_on_sqlite() {
-    if !cgroups_or_skip("r2_restore_after_partial_progress_reruns_only_unfinished_tasks_on_sqlite")
-    {
-        return;
-    }
-    r2(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r2_restore_after_partial_progress_reruns_only_unfinished_tasks_on_postgres() {
-    let test = "r2_restore_after_partial_progress_reruns_only_unfinished_tasks_on_postgres";
-    if !cgroups_or_skip(test) {
-        return;
-    }
-    let Some(backend) = Backend::postgres(test).await else {
-        return;
-    };
-    r2(backend).await;
-}
+on_both_stores!(
+    r2_restore_after_partial_progress_reruns_only_unfinished_tasks,
+    threads = 2,
+    needs = cgroups_or_skip,
+    run = r2
+);
 
 /// R2: the server and its agent both killed with half the tasks finished and half
 /// running; after both are back, only the unfinished ones run again, as attempt 2, and
@@ -642,19 +601,11 @@ fn log(attempt: AttemptRef, text: &str) -> AgentReport {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r12_duplicated_reordered_and_stale_reports_are_applied_once_on_sqlite() {
-    r12(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r12_duplicated_reordered_and_stale_reports_are_applied_once_on_postgres() {
-    let test = "r12_duplicated_reordered_and_stale_reports_are_applied_once_on_postgres";
-    let Some(backend) = Backend::postgres(test).await else {
-        return;
-    };
-    r12(backend).await;
-}
+on_both_stores!(
+    r12_duplicated_reordered_and_stale_reports_are_applied_once,
+    threads = 2,
+    run = r12
+);
 
 /// R12: reports sent twice, in the wrong order, and by a node whose attempt was retried
 /// elsewhere: each state change is applied once, a terminal state never changes, and the
@@ -818,25 +769,12 @@ fn sleeper(markers: &Path, name: &str) -> String {
         .replace("resources: {cpus: 0.1}", "resources: {cpus: 1}")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r13_cancel_in_every_phase_survives_a_kill_right_after_on_sqlite() {
-    if !cgroups_or_skip("r13_cancel_in_every_phase_survives_a_kill_right_after_on_sqlite") {
-        return;
-    }
-    r13(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r13_cancel_in_every_phase_survives_a_kill_right_after_on_postgres() {
-    let test = "r13_cancel_in_every_phase_survives_a_kill_right_after_on_postgres";
-    if !cgroups_or_skip(test) {
-        return;
-    }
-    let Some(backend) = Backend::postgres(test).await else {
-        return;
-    };
-    r13(backend).await;
-}
+on_both_stores!(
+    r13_cancel_in_every_phase_survives_a_kill_right_after,
+    threads = 2,
+    needs = cgroups_or_skip,
+    run = r13
+);
 
 /// R13: a cancel in each phase — queued, starting, running — with the server killed right
 /// after it: after the restart the task is cancelled, stays so, and no process is left.
@@ -987,25 +925,12 @@ fn task_processes_of(markers: &Path, task: TaskId) -> Vec<u32> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r6_a_stalled_server_loses_no_node_and_retries_nothing_on_sqlite() {
-    if !cgroups_or_skip("r6_a_stalled_server_loses_no_node_and_retries_nothing_on_sqlite") {
-        return;
-    }
-    r6(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn r6_a_stalled_server_loses_no_node_and_retries_nothing_on_postgres() {
-    let test = "r6_a_stalled_server_loses_no_node_and_retries_nothing_on_postgres";
-    if !cgroups_or_skip(test) {
-        return;
-    }
-    let Some(backend) = Backend::postgres(test).await else {
-        return;
-    };
-    r6(backend).await;
-}
+on_both_stores!(
+    r6_a_stalled_server_loses_no_node_and_retries_nothing,
+    threads = 2,
+    needs = cgroups_or_skip,
+    run = r6
+);
 
 /// R6: the server stopped (SIGSTOP) for twice its heartbeat timeout: after SIGCONT no node
 /// is lost and the running task is neither stopped nor retried.

@@ -120,25 +120,16 @@ fn assert_same_lines(what: &str, got: &str, expected: &str) {
     assert_eq!(got, expected, "{what}: same lines, different bytes");
 }
 
-/// R14, the log half: 200,000 numbered lines while the agent is killed and restarted (its
-/// attempt is lost and retried: the retry prints them all again) and the server is
-/// killed while the task prints, the agent spilling the output to disk meanwhile; a
-/// `tcloud logs -f` started at the beginning reconnects. The log, read back and as the
-/// follower printed it, is exactly the lines printed, in order, once each.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn numbered_output_survives_agent_and_server_kills_exactly_on_sqlite() {
-    numbered_output(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn numbered_output_survives_agent_and_server_kills_exactly_on_postgres() {
-    if let Some(backend) =
-        Backend::postgres("numbered_output_survives_agent_and_server_kills_exactly_on_postgres")
-            .await
-    {
-        numbered_output(backend).await;
-    }
-}
+// R14, the log half: 200,000 numbered lines while the agent is killed and restarted (its
+// attempt is lost and retried: the retry prints them all again) and the server is
+// killed while the task prints, the agent spilling the output to disk meanwhile; a
+// `tcloud logs -f` started at the beginning reconnects. The log, read back and as the
+// follower printed it, is exactly the lines printed, in order, once each.
+on_both_stores!(
+    numbered_output_survives_agent_and_server_kills_exactly,
+    threads = 2,
+    run = numbered_output
+);
 
 async fn numbered_output(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
@@ -370,25 +361,16 @@ impl LogCheck {
     }
 }
 
-/// A task printing 1 GiB of long lines (1 MiB, and three of 8, 16 and 32 MiB) as fast
-/// as it can does not stall another task on the same node, the agent's memory stays
-/// bounded, and every line arrives whole, in pieces, exactly; then six concurrent full
-/// readers of its log (three following it, three reading ranges) cost the server a
-/// bounded amount of memory.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory_on_sqlite() {
-    chatty_task(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_chatty_task_neither_stalls_its_node_nor_grows_memory_on_postgres() {
-    if let Some(backend) =
-        Backend::postgres("a_chatty_task_neither_stalls_its_node_nor_grows_memory_on_postgres")
-            .await
-    {
-        chatty_task(backend).await;
-    }
-}
+// A task printing 1 GiB of long lines (1 MiB, and three of 8, 16 and 32 MiB) as fast
+// as it can does not stall another task on the same node, the agent's memory stays
+// bounded, and every line arrives whole, in pieces, exactly; then six concurrent full
+// readers of its log (three following it, three reading ranges) cost the server a
+// bounded amount of memory.
+on_both_stores!(
+    a_chatty_task_neither_stalls_its_node_nor_grows_memory,
+    threads = 2,
+    run = chatty_task
+);
 
 async fn chatty_task(backend: Backend) {
     let _alone = CHATTY.lock().await;
@@ -560,23 +542,14 @@ async fn chatty_task(backend: Backend) {
     );
 }
 
-/// Issue 10, item 3: an attempt that ends while the server is away is reported as ended
-/// once the server is back (the agent claims it at registration until its end is
-/// acknowledged) — it is neither marked lost nor run again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_that_ends_while_the_server_is_away_is_not_run_again_on_sqlite() {
-    ended_while_away(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_that_ends_while_the_server_is_away_is_not_run_again_on_postgres() {
-    if let Some(backend) =
-        Backend::postgres("a_task_that_ends_while_the_server_is_away_is_not_run_again_on_postgres")
-            .await
-    {
-        ended_while_away(backend).await;
-    }
-}
+// Issue 10, item 3: an attempt that ends while the server is away is reported as ended
+// once the server is back (the agent claims it at registration until its end is
+// acknowledged) — it is neither marked lost nor run again.
+on_both_stores!(
+    a_task_that_ends_while_the_server_is_away_is_not_run_again,
+    threads = 2,
+    run = ended_while_away
+);
 
 async fn ended_while_away(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();

@@ -210,23 +210,12 @@ async fn cancel_stops_every_rank_on_every_host_with_setsid_children() {
     wait_no_processes(&marker).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_agents_task_is_retried_on_another_host_on_sqlite() {
-    if network_ready("a_killed_agents_task_is_retried_on_another_host_on_sqlite") {
-        killed_agent(Backend::Sqlite).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_agents_task_is_retried_on_another_host_on_postgres() {
-    let test = "a_killed_agents_task_is_retried_on_another_host_on_postgres";
-    if !network_ready(test) {
-        return;
-    }
-    if let Some(backend) = Backend::postgres(test).await {
-        killed_agent(backend).await;
-    }
-}
+on_both_stores!(
+    a_killed_agents_task_is_retried_on_another_host,
+    threads = 2,
+    needs = network_ready,
+    run = killed_agent
+);
 
 /// R5, an agent killed: its task is retried on another host, and the agent, started
 /// again, stops what its previous life left running.
@@ -271,24 +260,12 @@ async fn killed_agent(backend: Backend) {
 /// Host 4's link goes down in the cut-off scenario: one variant at a time has it.
 static HOST_4: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins_on_sqlite() {
-    let test = "a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins_on_sqlite";
-    if network_ready(test) {
-        cut_off_host(Backend::Sqlite).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins_on_postgres() {
-    let test = "a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins_on_postgres";
-    if !network_ready(test) {
-        return;
-    }
-    if let Some(backend) = Backend::postgres(test).await {
-        cut_off_host(backend).await;
-    }
-}
+on_both_stores!(
+    a_cut_off_host_stops_its_attempt_before_the_retry_and_rejoins,
+    threads = 2,
+    needs = network_ready,
+    run = cut_off_host
+);
 
 /// R5, a host partitioned (its namespace's link taken down): its agent stops the attempt
 /// itself before the server may retry it elsewhere, and the healed host rejoins with

@@ -2,7 +2,7 @@
 //! `Idempotency-Key` on submit, cancel and rerun; `tcloud` retrying through a proxy that
 //! drops a third of the submit replies; `tcloud` against a stopped server; a full disk.
 //! The tests of what the store keeps (keyed replies, acknowledged submits) run on SQLite
-//! (`…_on_sqlite`) and on PostgreSQL (`…_on_postgres`).
+//! (`…::on_sqlite`) and on PostgreSQL (`…::on_postgres`).
 
 mod common;
 
@@ -76,19 +76,11 @@ async fn tasks_named(server: &Daemon, name: &str) -> Vec<TaskId> {
         .collect()
 }
 
-#[tokio::test]
-async fn same_key_and_body_answer_the_first_reply_once_on_sqlite() {
-    same_key_and_body(Backend::Sqlite).await;
-}
-
-#[tokio::test]
-async fn same_key_and_body_answer_the_first_reply_once_on_postgres() {
-    let test = "same_key_and_body_answer_the_first_reply_once_on_postgres";
-    let Some(backend) = Backend::postgres(test).await else {
-        return;
-    };
-    same_key_and_body(backend).await;
-}
+on_both_stores!(
+    same_key_and_body_answer_the_first_reply_once,
+    threads = 2,
+    run = same_key_and_body
+);
 
 async fn same_key_and_body(backend: Backend) {
     let dir = tempfile::tempdir().unwrap();
@@ -270,19 +262,11 @@ async fn lossy_proxy(upstream: String, dropped: Arc<AtomicU64>) -> String {
     format!("http://{address}")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_submit_replies_are_retried_into_one_task_each_on_sqlite() {
-    lost_submit_replies(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_submit_replies_are_retried_into_one_task_each_on_postgres() {
-    let test = "lost_submit_replies_are_retried_into_one_task_each_on_postgres";
-    let Some(backend) = Backend::postgres(test).await else {
-        return;
-    };
-    lost_submit_replies(backend).await;
-}
+on_both_stores!(
+    lost_submit_replies_are_retried_into_one_task_each,
+    threads = 2,
+    run = lost_submit_replies
+);
 
 /// R9: with 30 % of submit replies lost, `tcloud submit` retries with its key and every
 /// logical submit makes exactly one task.

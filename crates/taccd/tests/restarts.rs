@@ -1,7 +1,7 @@
 //! The retry and restart policy against real processes: backoff between attempts, the
 //! crash limit of a task that keeps taking its node down (fault scenario R4), and the
 //! marked log section of every retried attempt. Each scenario runs on SQLite
-//! (`…_on_sqlite`) and on PostgreSQL (`…_on_postgres`, a database of its own that the
+//! (`…::on_sqlite`) and on PostgreSQL (`…::on_postgres`, a database of its own that the
 //! restarted server opens again).
 
 mod common;
@@ -306,68 +306,26 @@ run: |
     wait_no_processes(&marker).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_sqlite() {
-    crash_limit(Backend::Sqlite).await;
-}
+on_both_stores!(
+    a_task_that_keeps_killing_its_node_fails_at_the_crash_limit,
+    threads = 2,
+    run = crash_limit
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_postgres() {
-    let Some(backend) = Backend::postgres(
-        "a_task_that_keeps_killing_its_node_fails_at_the_crash_limit_on_postgres",
-    )
-    .await
-    else {
-        return;
-    };
-    crash_limit(backend).await;
-}
+on_both_stores!(
+    a_retry_backoff_survives_a_server_restart,
+    threads = 2,
+    run = backoff_across_a_restart
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_backoff_survives_a_server_restart_on_sqlite() {
-    backoff_across_a_restart(Backend::Sqlite).await;
-}
+on_both_stores!(
+    a_retried_attempt_resumes_from_the_checkpoint_on_another_node,
+    threads = 2,
+    run = resume_on_another_node
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_backoff_survives_a_server_restart_on_postgres() {
-    let Some(backend) =
-        Backend::postgres("a_retry_backoff_survives_a_server_restart_on_postgres").await
-    else {
-        return;
-    };
-    backoff_across_a_restart(backend).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_sqlite() {
-    resume_on_another_node(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_postgres() {
-    let Some(backend) = Backend::postgres(
-        "a_retried_attempt_resumes_from_the_checkpoint_on_another_node_on_postgres",
-    )
-    .await
-    else {
-        return;
-    };
-    resume_on_another_node(backend).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_sqlite() {
-    resume_after_a_lost_agent(Backend::Sqlite).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_postgres() {
-    let Some(backend) = Backend::postgres(
-        "a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced_on_postgres",
-    )
-    .await
-    else {
-        return;
-    };
-    resume_after_a_lost_agent(backend).await;
-}
+on_both_stores!(
+    a_retry_after_a_lost_agent_resumes_from_the_checkpoint_it_synced,
+    threads = 2,
+    run = resume_after_a_lost_agent
+);

@@ -504,3 +504,38 @@ impl Backend {
         }
     }
 }
+
+/// One scenario as two tests, `$name::on_sqlite` and `$name::on_postgres` (each on a new
+/// database of the server `TACC_TEST_POSTGRES_URL` names; SKIPPED loudly without one,
+/// except in CI). `$scenario` is called with the [`Backend`]; with `needs`, each test first
+/// asks that check (`cgroups_or_skip`, `network_ready`) whether this machine can run it.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($name:ident, threads = $threads:literal, $(needs = $check:path,)? run = $scenario:expr) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+            async fn on_sqlite() {
+                #[allow(unused_variables)]
+                let test = concat!(stringify!($name), "::on_sqlite");
+                $(if !$check(test) {
+                    return;
+                })?
+                ($scenario)($crate::common::Backend::Sqlite).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = $threads)]
+            async fn on_postgres() {
+                let test = concat!(stringify!($name), "::on_postgres");
+                $(if !$check(test) {
+                    return;
+                })?
+                if let Some(backend) = $crate::common::Backend::postgres(test).await {
+                    ($scenario)(backend).await;
+                }
+            }
+        }
+    };
+}
