@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use common::hand_node::HandNode;
 use common::*;
 use history::{History, check_events, marked_attempts, marked_script};
 use nix::sys::signal::{Signal, kill};
@@ -518,35 +519,7 @@ async fn r2(backend: Backend) {
     );
 }
 
-/// A node of our own, registered with a join token, speaking the agent protocol by hand.
-struct HandNode {
-    id: tacc_core::NodeId,
-    client: Client,
-}
-
 impl HandNode {
-    async fn register(server: &Daemon, name: &str) -> HandNode {
-        let join = server.admin(&["agent-token", "--ttl", "1h"]);
-        let registered = Client::new(&server.url)
-            .with_token(join.trim())
-            .register_agent(&tacc_proto::RegisterAgent {
-                name: name.into(),
-                capacity: tacc_core::Resources::new(4000, 8 << 30, 0),
-                gpu_type: None,
-                labels: Default::default(),
-                running: vec![],
-                address: "127.0.0.1".into(),
-                gpus: vec![],
-                life: 1,
-            })
-            .await
-            .unwrap();
-        HandNode {
-            id: registered.node_id,
-            client: Client::new(&server.url).with_token(registered.node_token.unwrap()),
-        }
-    }
-
     /// Poll until the server assigns `task` to this node; the attempt it was given.
     async fn assigned(&self, task: TaskId) -> AttemptRef {
         eventually(

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+use common::hand_node::HandNode;
 use common::*;
 use tacc_client::Client;
 use tacc_core::{AttemptNo, TaskId, TaskState};
@@ -399,36 +400,7 @@ async fn ls_and_download_reach_a_running_tasks_files_on_every_node_and_nothing_e
     assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
 }
 
-/// A node of our own, registered with a join token, that speaks the agent protocol by
-/// hand: it shows exactly which uploads and reports the server takes from a node.
-struct HandNode {
-    id: tacc_core::NodeId,
-    client: Client,
-}
-
 impl HandNode {
-    async fn register(server: &Daemon, name: &str) -> HandNode {
-        let join = server.admin(&["agent-token", "--ttl", "1h"]);
-        let registered = Client::new(&server.url)
-            .with_token(join.trim())
-            .register_agent(&tacc_proto::RegisterAgent {
-                name: name.into(),
-                capacity: tacc_core::Resources::new(4000, 8 << 30, 0),
-                gpu_type: None,
-                labels: Default::default(),
-                running: vec![],
-                address: "127.0.0.1".into(),
-                gpus: vec![],
-                life: 1,
-            })
-            .await
-            .unwrap();
-        HandNode {
-            id: registered.node_id,
-            client: Client::new(&server.url).with_token(registered.node_token.unwrap()),
-        }
-    }
-
     async fn poll(&self, running: Vec<tacc_proto::AttemptRef>) -> tacc_proto::DesiredWork {
         self.client
             .agent_work(self.id, None, Duration::from_millis(50), running)

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod hand_node;
 pub mod netns;
 pub mod webhook;
 
