@@ -68,24 +68,13 @@ async fn fetch_all(
             return Err("the agent is not registered; the checkpoint cannot be fetched".into());
         };
         let target = dir.join(relative);
-        if let Some(parent) = target.parent() {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-        }
-        let bytes = shared
-            .client
-            .get_input(node, attempt.task, attempt.attempt, index)
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot fetch checkpoint file `{}` of attempt {}: {e}",
-                    input.name, input.attempt
-                )
-            })?;
-        tokio::fs::write(&target, &bytes)
-            .await
-            .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+        super::inputs::fetch_to(shared, node, attempt, index, &target, || {
+            format!(
+                "checkpoint file `{}` of attempt {}",
+                input.name, input.attempt
+            )
+        })
+        .await?;
         restored += 1;
     }
     Ok(restored)

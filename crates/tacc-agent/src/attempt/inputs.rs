@@ -61,24 +61,13 @@ async fn fetch_all(
             parent = dir.parent().map(Path::to_path_buf);
             dirs.push(dir);
         }
-        if let Some(dir) = target.parent() {
-            tokio::fs::create_dir_all(dir)
-                .await
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        }
-        let bytes = shared
-            .client
-            .get_input(node, attempt.task, attempt.attempt, index)
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot fetch input `{}` of stage `{}` (task {}): {e}",
-                    input.name, input.stage, input.task
-                )
-            })?;
-        tokio::fs::write(&target, &bytes)
-            .await
-            .map_err(|e| format!("cannot write {}: {e}", target.display()))?;
+        fetch_to(shared, node, attempt, index, &target, || {
+            format!(
+                "input `{}` of stage `{}` (task {})",
+                input.name, input.stage, input.task
+            )
+        })
+        .await?;
         set_mode(&target, 0o444)?;
     }
     // Deepest first is not needed for modes; every directory is read-only once filled.
@@ -86,6 +75,31 @@ async fn fetch_all(
         set_mode(&dir, 0o555)?;
     }
     Ok(())
+}
+
+/// Fetch input file `index` of `attempt` from the server into `target` (its directory
+/// created); `what` names the file in an error.
+pub(super) async fn fetch_to(
+    shared: &Shared,
+    node: tacc_core::NodeId,
+    attempt: tacc_proto::AttemptRef,
+    index: usize,
+    target: &Path,
+    what: impl Fn() -> String,
+) -> Result<(), String> {
+    if let Some(dir) = target.parent() {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+    let bytes = shared
+        .client
+        .get_input(node, attempt.task, attempt.attempt, index)
+        .await
+        .map_err(|e| format!("cannot fetch {}: {e}", what()))?;
+    tokio::fs::write(target, &bytes)
+        .await
+        .map_err(|e| format!("cannot write {}: {e}", target.display()))
 }
 
 fn set_mode(path: &PathBuf, mode: u32) -> Result<(), String> {
