@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need() { command -v "$1" >/dev/null 2>&1; }
+# One line per phase on stderr, so a run cut off by a time limit shows where it was.
+phase() { echo "test.sh: $(date -u +%H:%M:%S) $*" >&2; }
 
 if ! need python3; then
   if [ "$(id -u)" = 0 ] && need apt-get; then
@@ -73,20 +75,29 @@ fi
 # drops its own database. In CI a server that does not come up is a failure; elsewhere
 # those tests say SKIPPED loudly.
 if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
-  if postgres_url=$(bash scripts/ci/setup-postgres.sh | tail -n 1) \
+  # Captured through a file, not a pipe: a reader of a pipe waits for every holder of its
+  # writing end, and a daemon started on the way could hold it for good.
+  postgres_url_file=$(mktemp)
+  if bash scripts/ci/setup-postgres.sh >"$postgres_url_file" \
+    && postgres_url=$(tail -n 1 "$postgres_url_file") \
     && [[ "$postgres_url" == postgres://* ]]; then
     export TACC_TEST_POSTGRES_URL="$postgres_url"
   else
     echo "error: could not start the test PostgreSQL server (scripts/ci/setup-postgres.sh)" >&2
     [ "${CI:-}" = "true" ] && exit 1
   fi
+  rm -f "$postgres_url_file"
 fi
 
 if [ "${CI:-}" = "true" ]; then
+  phase "cargo fmt --check"
   cargo fmt --all -- --check
+  phase "cargo clippy"
   cargo clippy --workspace --all-targets --quiet -- -D warnings
 fi
 
 # The CLI's end-to-end tests start the real taccd binary, so build every binary first.
+phase "cargo build --bins"
 cargo build --workspace --bins --quiet
+phase "cargo test"
 cargo test --workspace

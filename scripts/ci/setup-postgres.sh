@@ -55,7 +55,9 @@ as_postgres() { runuser -u postgres -- "$@"; }
 
 if ! as_postgres pg_isready -q -p "$PORT"; then
   log "starting cluster $version/main on port $PORT"
-  pg_ctlcluster "$version" main start
+  # The server outlives this script: it must not inherit fd 3, the caller's capture, or
+  # the caller would wait for an end of file that comes only when PostgreSQL stops.
+  pg_ctlcluster "$version" main start 3>&- </dev/null
   deadline=$((SECONDS + START_DEADLINE_SECS))
   until as_postgres pg_isready -q -p "$PORT"; do
     if [ "$SECONDS" -ge "$deadline" ]; then
