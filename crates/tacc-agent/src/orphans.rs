@@ -15,18 +15,7 @@ use std::sync::Mutex;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-/// The kernel's start time of a process (clock ticks since boot), which tells a process
-/// apart from a later one that reused its pid.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Field 22; the command name (field 2) may contain spaces, so count after its ')'.
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(19)?
-        .parse()
-        .ok()
-}
+use crate::process_mark::start_time;
 
 /// Each record directory's free slots and the next slot number never used.
 static SLOTS: Mutex<BTreeMap<PathBuf, (Vec<u32>, u32)>> = Mutex::new(BTreeMap::new());

@@ -1,12 +1,13 @@
 //! `taccd`: the TACC daemon. `taccd server` runs the control plane, `taccd agent` a node
-//! agent, and `taccd dev` both in one process (the embedded single-machine cluster that
-//! `tcloud up` starts). A thin binary: all behaviour lives in `tacc-server` and
+//! agent, and `taccd dev` both (the embedded single-machine cluster that `tcloud up`
+//! starts; its agent runs in a process of its own, see `embedded_agent`). A thin binary: all behaviour lives in `tacc-server` and
 //! `tacc-agent`.
 
 mod admin;
 mod admin_accounts;
 mod admin_nodes;
 mod database;
+mod embedded_agent;
 mod modes;
 mod node_labels;
 mod pilot_node;
@@ -43,7 +44,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Control plane and a local agent in one process: the embedded single-machine cluster.
+    /// Control plane and a local agent: the embedded single-machine cluster. The agent
+    /// runs as a process of its own (its log: DATA_DIR/agent.log, also shown here): it and
+    /// its tasks live through a crash of the server, which adopts them when started again.
     ///
     /// Example: taccd dev --data-dir ~/.local/share/tacc/local --listen 127.0.0.1:8383
     Dev {
@@ -55,6 +58,13 @@ enum Command {
         /// DATA_DIR/admin.token (mode 0600), where `tcloud up` picks it up.
         #[arg(long, env = "USER", default_value = "admin")]
         admin_user: String,
+        /// Run as the embedded cluster's agent for the server at this URL (the server
+        /// starts itself again with it; see `embedded_agent`).
+        #[arg(long = "embedded-agent", hide = true, value_name = "URL")]
+        embedded_agent: Option<String>,
+        /// The embedded agent's join token, from the server that started it.
+        #[arg(long, hide = true, env = embedded_agent::JOIN_TOKEN_ENV, hide_env_values = true)]
+        embedded_join_token: Option<String>,
     },
     /// Operator commands on a server's data directory (run on the server's machine, as
     /// the account that owns it): TLS set-up, users, tokens, agent join tokens, audit.
@@ -403,7 +413,15 @@ fn main() -> Result<()> {
             Command::Dev {
                 server,
                 agent,
+                embedded_agent: Some(url),
+                embedded_join_token,
+                ..
+            } => run_embedded_agent(server, agent, &url, embedded_join_token, shutdown).await,
+            Command::Dev {
+                server,
+                agent,
                 admin_user,
+                ..
             } => run_dev(server, agent, admin_user, shutdown).await,
             Command::Admin {
                 data_dir,
@@ -592,6 +610,9 @@ async fn run_dev(
     } else {
         gpu_type_offered(node.gpus, 0, None, &node.gpu_type)?;
     }
+    std::fs::create_dir_all(&server.data_dir)
+        .with_context(|| format!("cannot create {}", server.data_dir.display()))?;
+    embedded_agent::record_server(&server.data_dir)?;
     let Started {
         url,
         control,
@@ -600,16 +621,48 @@ async fn run_dev(
     let join = control
         .provision_local(&admin_user, &server.data_dir.join("admin.token"))
         .await?;
-    let client = server.tls.local_client(&url)?;
-    let agent_dir = server.data_dir.join("agent");
-    let agent = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { run_agent(client, &agent_dir, Some(join), node, shutdown).await }
-    });
+    let heartbeat = Duration::from_secs(server.heartbeat_timeout);
+    let agent = tokio::spawn(embedded_agent::supervise(
+        embedded_agent::AgentLaunch {
+            data_dir: server.data_dir.clone(),
+            url,
+            join_token: join,
+            settings: format!("{node:?} {:?}", server.tls.tls_cert),
+            // The agent stops its tasks with a grace of at most a third of the heartbeat
+            // timeout (and its outputs take their time): then it is killed.
+            stop_wait: heartbeat / 3 + Duration::from_secs(30),
+        },
+        shutdown.clone(),
+    ));
     serving.await??;
     shutdown.cancel();
     agent.await??;
     Ok(())
+}
+
+/// The embedded cluster's agent, in a process of its own (see `embedded_agent`): it
+/// reports to the server at `url` and outlives a crash of it by one heartbeat timeout.
+async fn run_embedded_agent(
+    server: ServerArgs,
+    node: NodeArgs,
+    url: &str,
+    join_token: Option<String>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    embedded_agent::watch_server(
+        server.data_dir.clone(),
+        Duration::from_secs(server.heartbeat_timeout),
+        shutdown.clone(),
+    );
+    let client = server.tls.local_client(url)?;
+    run_agent(
+        client,
+        &server.data_dir.join("agent"),
+        join_token,
+        node,
+        shutdown,
+    )
+    .await
 }
 
 async fn run_agent(

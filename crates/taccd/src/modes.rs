@@ -25,6 +25,7 @@ const SERVER_PRIVATE: &[&str] = &[
     "secret.key",
     "admin.token",
     "tls",
+    "agent.log",
 ];
 
 /// Creates the server's data directory, and makes it and what an earlier version left

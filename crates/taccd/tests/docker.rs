@@ -310,7 +310,7 @@ async fn a_restarted_agent_removes_the_containers_it_left() {
     );
     let task = submit(&client, dir.path(), "orphan", &yaml, &[]).await;
     wait_log(&client, task, "ready").await;
-    dev.kill9();
+    dev.crash();
     assert_eq!(
         containers_of(&dev_dir, task).len(),
         1,

@@ -130,7 +130,8 @@ async fn kill_9_of_the_daemon_loses_no_acknowledged_task_and_leaves_no_process()
         TaskState::Queued
     );
 
-    daemon.kill9();
+    // The machine goes down: the server and the embedded agent, whose tasks are orphaned.
+    daemon.crash();
     let mut restarted = start("dev", &data, &["--cpus", "1"]).await;
     let client = restarted.client();
     // The task that was running is lost with a reason, its logs so far kept...
@@ -163,6 +164,67 @@ async fn kill_9_of_the_daemon_loses_no_acknowledged_task_and_leaves_no_process()
     restarted.kill9();
 }
 
+/// `kill -9` of the embedded cluster's server alone: its agent and the task live on, the
+/// task ends while the server is down, and the server started again on its address
+/// records that end — attempt 1 succeeded, with what it printed during the outage, and
+/// nothing ran again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ends_while_the_embedded_server_is_down_is_recorded_not_rerun() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let markers = markers_dir(dir.path());
+    let gate = markers.join("gate");
+    let ended = markers.join("ended");
+    let retry = "retry: {max_attempts: 3, on: [node_failure]}";
+    let yaml = format!(
+        "name: outage\n{retry}\nrun: |\n  echo \"attempt $TACC_ATTEMPT before\"\n  \
+         while [ ! -e {gate} ]; do sleep 0.05; done\n  echo during-the-outage\n  \
+         echo $TACC_ATTEMPT >> {ended}\n",
+        gate = gate.display(),
+        ended = ended.display()
+    );
+    let mut daemon = start("dev", &data, &["--cpus", "1"]).await;
+    let url = daemon.url.clone();
+    let client = daemon.client();
+    let task = submit(&client, dir.path(), "outage", &yaml, &[]).await;
+    eventually("attempt 1 to print", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            log_text(&client, task)
+                .await
+                .contains("attempt 1 before")
+                .then_some(())
+        }
+    })
+    .await;
+    daemon.kill9();
+    std::fs::write(&gate, "").unwrap();
+    eventually("the task to end while the server is down", DEADLINE, || {
+        let done = std::fs::read_to_string(&ended).is_ok_and(|t| t == "1\n");
+        async move { done.then_some(()) }
+    })
+    .await;
+    let restarted = restart_on("dev", &data, &url, &["--cpus", "1"]).await;
+    let client = restarted.client();
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt.0, 1, "{view:?}");
+    let log = log_text(&client, task).await;
+    assert!(log.contains("during-the-outage"), "{log}");
+    assert_eq!(std::fs::read_to_string(&ended).unwrap(), "1\n", "ran once");
+    let states: Vec<(u32, TaskState)> = client
+        .task_events(task)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| (e.attempt.0, e.state))
+        .collect();
+    assert!(
+        !states.iter().any(|(_, state)| *state == TaskState::Lost),
+        "{states:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_retried_on_node_failure_runs_again_after_a_crash() {
     let dir = tempfile::tempdir().unwrap();
@@ -187,7 +249,7 @@ async fn a_task_retried_on_node_failure_runs_again_after_a_crash() {
         }
     })
     .await;
-    daemon.kill9();
+    daemon.crash();
     let restarted = start("dev", &data, &[]).await;
     let client = restarted.client();
     let view = wait_terminal(&client, task).await;

@@ -30,6 +30,11 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A dev cluster's agent outlives its server; unless another server took it over,
+        // it goes too.
+        if !embedded_server_alive(&self.data_dir) {
+            kill_embedded_agent(&self.data_dir);
+        }
         // A killed daemon leaves its tasks' cgroups (and any process still in them) for
         // nobody to clean, unless another daemon runs on the same data directory (a test's
         // restart, which sweeps them itself and whose tasks must live on): sweep them, so
@@ -39,6 +44,35 @@ impl Drop for Daemon {
                 sweep_task_cgroups(&agent_dir);
             }
         }
+    }
+}
+
+/// A record `taccd dev` keeps of a process in its data directory, if it names one alive.
+fn live_record(path: &Path) -> Option<tacc_agent::ProcessMark> {
+    let value: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    let mark: tacc_agent::ProcessMark =
+        serde_json::from_value(value.get("process").unwrap_or(&value).clone()).ok()?;
+    mark.is_alive().then_some(mark)
+}
+
+/// Whether a dev cluster's server runs on `data_dir` (`DATA/dev.json`).
+fn embedded_server_alive(data_dir: &Path) -> bool {
+    live_record(&data_dir.join("dev.json")).is_some()
+}
+
+/// `kill -9` of the dev cluster's agent on `data_dir` (`DATA/embedded-agent.json`), and
+/// wait until it is gone.
+fn kill_embedded_agent(data_dir: &Path) {
+    let Some(agent) = live_record(&data_dir.join("embedded-agent.json")) else {
+        return;
+    };
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    while agent.is_alive() && Instant::now() < end {
+        std::thread::yield_now();
     }
 }
 
@@ -140,9 +174,18 @@ impl Daemon {
         admin(&self.data_dir, args)
     }
 
+    /// `kill -9` of this process. A dev cluster's agent is a process of its own and lives
+    /// on with its tasks (see [`Daemon::crash`]).
     pub fn kill9(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+    }
+
+    /// The machine goes down: `kill -9` of this process and of a dev cluster's agent
+    /// (whose tasks are left as orphans, as a crash leaves them).
+    pub fn crash(&mut self) {
+        self.kill9();
+        kill_embedded_agent(&self.data_dir);
     }
 
     pub fn pid(&self) -> u32 {
@@ -539,4 +582,15 @@ macro_rules! on_both_stores {
             }
         }
     };
+}
+
+/// Where the tasks write their markers: tasks run as another user, so the directory
+/// (and the way to it) is open to all.
+pub fn markers_dir(root: &Path) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let markers = root.join("markers");
+    std::fs::create_dir_all(&markers).unwrap();
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&markers, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    markers
 }
