@@ -342,7 +342,7 @@ mod tests {
         let mut spec = tacc_exec::contract::spec(dir.path(), "while :; do :; done");
         spec.placement.cpu_millis = 1000;
         spec.placement.memory_bytes = 256 << 20;
-        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        let (tx, _rx) = tacc_exec::output_channel();
         let handle = ProcessExecutor::with_cgroups(cgroups.clone())
             .launch(spec, tx)
             .await

@@ -4,8 +4,6 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
-
 use tacc_core::{AttemptNo, Priority, TaskId, UserName};
 
 use crate::{Executor, ExitOutcome, LaunchSpec, OutputLine, Owner, Phase, Stream};
@@ -43,7 +41,7 @@ pub fn spec(workdir: &Path, script: &str) -> LaunchSpec {
     }
 }
 
-async fn collect(mut rx: mpsc::UnboundedReceiver<OutputLine>) -> Vec<OutputLine> {
+async fn collect(mut rx: crate::OutputReceiver) -> Vec<OutputLine> {
     let mut lines = Vec::new();
     while let Some(line) = rx.recv().await {
         lines.push(line);
@@ -82,7 +80,7 @@ pub async fn run_all(executor: &dyn Executor, workdir: &Path) {
 }
 
 pub async fn output_and_exit_code(executor: &dyn Executor, workdir: &Path) {
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = crate::output_channel();
     let handle = executor
         .launch(
             spec(workdir, "echo first\necho oops >&2\necho $GREETING\nexit 3"),
@@ -107,13 +105,13 @@ pub async fn output_and_exit_code(executor: &dyn Executor, workdir: &Path) {
 }
 
 pub async fn success_is_exit_zero(executor: &dyn Executor, workdir: &Path) {
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = crate::output_channel();
     let handle = executor.launch(spec(workdir, "true"), tx).await.unwrap();
     assert_eq!(handle.wait().await, ExitOutcome::Exited(0));
 }
 
 pub async fn time_limit_stops_it(executor: &dyn Executor, workdir: &Path) {
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = crate::output_channel();
     let mut limited = spec(workdir, "sleep 30");
     limited.time_limit = Some(Duration::from_millis(300));
     let started = Instant::now();
@@ -127,7 +125,7 @@ pub async fn time_limit_stops_it(executor: &dyn Executor, workdir: &Path) {
 }
 
 pub async fn cancel_stops_it(executor: &dyn Executor, workdir: &Path) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = crate::output_channel();
     let handle = executor
         .launch(spec(workdir, "echo ready\nsleep 30"), tx)
         .await
@@ -153,7 +151,7 @@ pub async fn stop_signal_comes_first_with_its_grace(executor: &dyn Executor, wor
         ("limit", ExitOutcome::TimeLimit),
     ] {
         let _ = std::fs::remove_file(workdir.join("checkpoint.txt"));
-        let (tx, mut rx) = mpsc::unbounded_channel();
+        let (tx, mut rx) = crate::output_channel();
         let mut checkpointing = spec(workdir, &script.replace("$1", ending));
         checkpointing.stop_signal = nix::sys::signal::Signal::SIGUSR1;
         checkpointing.kill_grace = Duration::from_secs(10);
@@ -176,7 +174,7 @@ pub async fn stop_signal_comes_first_with_its_grace(executor: &dyn Executor, wor
 }
 
 pub async fn missing_workdir_is_an_error(executor: &dyn Executor, workdir: &Path) {
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = crate::output_channel();
     let err = executor
         .launch(spec(&workdir.join("does-not-exist"), "true"), tx)
         .await

@@ -7,6 +7,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::lines::LineSplitter;
+use crate::{
+    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputSender, Stream,
+    handle_parts,
+};
 use bollard::errors::Error as DockerError;
 use bollard::models::{ContainerCreateBody, DeviceRequest, HostConfig};
 use bollard::query_parameters::{
@@ -15,12 +20,6 @@ use bollard::query_parameters::{
 };
 use bollard::{ClientVersion, Docker};
 use futures::StreamExt;
-use tokio::sync::mpsc;
-
-use crate::lines::LineSplitter;
-use crate::{
-    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Stream, handle_parts,
-};
 
 /// Label naming the agent (its data directory) that started a container: a restarted
 /// agent removes the containers it left, and only those.
@@ -301,7 +300,7 @@ impl Executor for DockerExecutor {
     async fn launch(
         &self,
         spec: LaunchSpec,
-        output: mpsc::UnboundedSender<OutputLine>,
+        output: OutputSender,
     ) -> Result<ExecutionHandle, ExecError> {
         spec.require_workdir()?;
         let image = spec
@@ -535,7 +534,7 @@ async fn stop(docker: &Docker, id: &str, signal: nix::sys::signal::Signal, grace
 /// Split the engine's log frames into lines per stream, as the process runtime does.
 async fn forward_logs(
     logs: impl futures::Stream<Item = Result<bollard::container::LogOutput, DockerError>>,
-    output: mpsc::UnboundedSender<OutputLine>,
+    output: OutputSender,
 ) {
     use bollard::container::LogOutput;
     tokio::pin!(logs);
@@ -549,12 +548,12 @@ async fn forward_logs(
             LogOutput::StdErr { message } => (1, message),
             LogOutput::StdIn { .. } => continue,
         };
-        if !splitters[index].push(&bytes, &output) {
+        if !splitters[index].push(&bytes, &output).await {
             return;
         }
     }
-    for splitter in splitters {
-        splitter.finish(&output);
+    for splitter in &mut splitters {
+        splitter.finish(&output).await;
     }
 }
 

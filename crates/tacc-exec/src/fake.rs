@@ -1,10 +1,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
 use crate::{
-    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Stream, handle_parts,
+    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, OutputSender,
+    Stream, handle_parts,
 };
 
 /// A scripted stand-in for a real runtime, for tests of the layers above. It understands a
@@ -37,7 +36,7 @@ impl Executor for FakeExecutor {
     async fn launch(
         &self,
         spec: LaunchSpec,
-        output: mpsc::UnboundedSender<OutputLine>,
+        output: OutputSender,
     ) -> Result<ExecutionHandle, ExecError> {
         spec.require_workdir()?;
         let (cancel, exit_tx, exit_rx) = handle_parts();
@@ -60,11 +59,7 @@ impl Executor for FakeExecutor {
     }
 }
 
-async fn interpret(
-    script: &str,
-    env: &BTreeMap<String, String>,
-    output: &mpsc::UnboundedSender<OutputLine>,
-) -> i32 {
+async fn interpret(script: &str, env: &BTreeMap<String, String>, output: &OutputSender) -> i32 {
     let mut last = 0;
     for line in script
         .lines()
@@ -78,11 +73,13 @@ async fn interpret(
                     Some(text) => (text.trim_end(), Stream::Stderr),
                     None => (rest, Stream::Stdout),
                 };
-                let _ = output.send(OutputLine {
-                    stream,
-                    text: expand(text, env),
-                    partial: false,
-                });
+                let _ = output
+                    .send(OutputLine {
+                        stream,
+                        text: expand(text, env),
+                        partial: false,
+                    })
+                    .await;
                 0
             }
             "sleep" => match rest.trim().parse::<f64>() {
@@ -96,11 +93,13 @@ async fn interpret(
             "true" => 0,
             "false" => 1,
             other => {
-                let _ = output.send(OutputLine {
-                    stream: Stream::Stderr,
-                    text: format!("fake: {other}: command not found"),
-                    partial: false,
-                });
+                let _ = output
+                    .send(OutputLine {
+                        stream: Stream::Stderr,
+                        text: format!("fake: {other}: command not found"),
+                        partial: false,
+                    })
+                    .await;
                 127
             }
         };

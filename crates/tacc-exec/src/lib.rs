@@ -161,6 +161,21 @@ pub struct OutputLine {
     pub partial: bool,
 }
 
+/// Lines of output in flight from an execution to its reader at most: a reader that
+/// falls behind holds the execution back (its pipe fills and its writes wait) instead of
+/// buffering without bound. With pieces of at most [`MAX_LINE_BYTES`] that is 16 MiB.
+pub const OUTPUT_BUFFER_LINES: usize = 256;
+
+/// Where an execution sends its output lines (bounded: see [`OUTPUT_BUFFER_LINES`]).
+pub type OutputSender = mpsc::Sender<OutputLine>;
+/// Where the reader of an execution's output takes them from.
+pub type OutputReceiver = mpsc::Receiver<OutputLine>;
+
+/// A channel for one execution's output.
+pub fn output_channel() -> (OutputSender, OutputReceiver) {
+    mpsc::channel(OUTPUT_BUFFER_LINES)
+}
+
 /// How an execution ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExitOutcome {
@@ -214,7 +229,8 @@ impl ExecutionHandle {
         self.resizer.clone()
     }
 
-    /// Wait for the end. All output lines have been sent before this returns.
+    /// Wait for the end. All output lines have been sent before this returns, so the
+    /// output's reader must be reading meanwhile (its channel is bounded).
     pub async fn wait(self) -> ExitOutcome {
         // The sender lives until the execution ends; a dropped sender means the
         // supervising task panicked, which we report as a kill.
@@ -284,7 +300,7 @@ pub struct RecoveredExecution {
     pub num_nodes: u32,
     pub handle: ExecutionHandle,
     /// Output from where the previous life stopped forwarding.
-    pub output: mpsc::UnboundedReceiver<OutputLine>,
+    pub output: OutputReceiver,
 }
 
 /// A runtime that can run launch specs.
@@ -294,11 +310,11 @@ pub trait Executor: Send + Sync + std::fmt::Debug {
     fn kind(&self) -> RuntimeKind;
 
     /// Start the execution. Output lines go to `output` in order, each stream's lines in
-    /// the order written.
+    /// the order written; while `output` is full the execution's output waits.
     async fn launch(
         &self,
         spec: LaunchSpec,
-        output: mpsc::UnboundedSender<OutputLine>,
+        output: OutputSender,
     ) -> Result<ExecutionHandle, ExecError>;
 
     /// Whether executions run as [`Placement::run_as`]. A runtime that cannot switch

@@ -4,9 +4,7 @@
 //! most one piece of memory per stream, never the whole line. Pieces are cut on UTF-8
 //! character boundaries, so no character is mangled by the cut.
 
-use tokio::sync::mpsc;
-
-use crate::{OutputLine, Stream};
+use crate::{OutputLine, OutputSender, Stream};
 
 /// The longest piece of one line forwarded at once (bytes, before the newline).
 pub const MAX_LINE_BYTES: usize = 64 << 10;
@@ -26,27 +24,23 @@ impl LineSplitter {
         }
     }
 
-    /// Take `bytes`, sending every finished line and every full piece of a long one;
-    /// false once nobody listens any more.
-    pub(crate) fn push(
-        &mut self,
-        mut bytes: &[u8],
-        output: &mpsc::UnboundedSender<OutputLine>,
-    ) -> bool {
+    /// Take `bytes`, sending every finished line and every full piece of a long one
+    /// (waiting while `output` is full); false once nobody listens any more.
+    pub(crate) async fn push(&mut self, mut bytes: &[u8], output: &OutputSender) -> bool {
         while !bytes.is_empty() {
             let room = MAX_LINE_BYTES - self.pending.len();
             let window = &bytes[..bytes.len().min(room)];
             if let Some(newline) = window.iter().position(|b| *b == b'\n') {
                 self.pending.extend_from_slice(&window[..newline]);
                 bytes = &bytes[newline + 1..];
-                if !self.send(false, output) {
+                if !self.send(false, output).await {
                     return false;
                 }
                 continue;
             }
             self.pending.extend_from_slice(window);
             bytes = &bytes[window.len()..];
-            if self.pending.len() >= MAX_LINE_BYTES && !self.send(true, output) {
+            if self.pending.len() >= MAX_LINE_BYTES && !self.send(true, output).await {
                 return false;
             }
         }
@@ -54,13 +48,18 @@ impl LineSplitter {
     }
 
     /// The stream ended: what is left is the last line, without its newline.
-    pub(crate) fn finish(mut self, output: &mpsc::UnboundedSender<OutputLine>) {
+    pub(crate) async fn finish(&mut self, output: &OutputSender) {
         if !self.pending.is_empty() {
-            self.send(false, output);
+            self.send(false, output).await;
         }
     }
 
-    fn send(&mut self, partial: bool, output: &mpsc::UnboundedSender<OutputLine>) -> bool {
+    /// Bytes taken but not sent yet (the start of an unfinished line).
+    pub(crate) fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    async fn send(&mut self, partial: bool, output: &OutputSender) -> bool {
         // A piece ends before a character the cut would split; its first bytes open the
         // next piece.
         let cut = if partial {
@@ -79,6 +78,7 @@ impl LineSplitter {
                 text,
                 partial,
             })
+            .await
             .is_ok()
     }
 }
@@ -88,18 +88,26 @@ mod tests {
     use super::*;
 
     fn split(chunks: &[&[u8]]) -> Vec<OutputLine> {
-        let (tx, mut rx) = mpsc::unbounded_channel();
-        let mut splitter = LineSplitter::new(Stream::Stdout);
-        for chunk in chunks {
-            assert!(splitter.push(chunk, &tx));
-        }
-        splitter.finish(&tx);
-        drop(tx);
-        let mut lines = Vec::new();
-        while let Ok(line) = rx.try_recv() {
-            lines.push(line);
-        }
-        lines
+        let chunks: Vec<Vec<u8>> = chunks.iter().map(|c| c.to_vec()).collect();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let (tx, mut rx) = crate::output_channel();
+            let splitting = tokio::spawn(async move {
+                let mut splitter = LineSplitter::new(Stream::Stdout);
+                for chunk in &chunks {
+                    assert!(splitter.push(chunk, &tx).await);
+                }
+                splitter.finish(&tx).await;
+            });
+            let mut lines = Vec::new();
+            while let Some(line) = rx.recv().await {
+                lines.push(line);
+            }
+            splitting.await.unwrap();
+            lines
+        })
     }
 
     #[test]

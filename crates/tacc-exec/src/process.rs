@@ -3,25 +3,26 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
-use tokio::sync::mpsc;
 
 use crate::cgroups::{
     Cgroup, Cgroups, DEFAULT_PIDS_MAX, KILL_DEADLINE, KillReport, Limits, NoCgroups, UsageReader,
 };
 use crate::lines::LineSplitter;
 use crate::{
-    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Stream, handle_parts,
+    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, OutputSender,
+    Stream, handle_parts,
 };
 
-/// How long to wait for output pipes to drain after the process group is gone. A process
-/// that escaped the group (with `setsid`) may hold a pipe open forever; we stop reading
-/// rather than hang.
+/// How long a pipe may stay silent after the process group is gone before it is given up.
+/// A process that escaped the group (with `setsid`) may hold a pipe open forever; we stop
+/// reading rather than hang. Time spent waiting for the output's reader does not count:
+/// what the pipe held is delivered however slow the reader.
 const PIPE_DRAIN_LIMIT: Duration = Duration::from_secs(2);
 
 /// How a process joins its cgroup before the task's code runs, without `unsafe`
@@ -132,7 +133,7 @@ impl Executor for ProcessExecutor {
     async fn launch(
         &self,
         spec: LaunchSpec,
-        output: mpsc::UnboundedSender<OutputLine>,
+        output: OutputSender,
     ) -> Result<ExecutionHandle, ExecError> {
         spec.require_workdir()?;
         let cgroup = self.cgroups.create(
@@ -217,14 +218,26 @@ impl Executor for ProcessExecutor {
             }
         }
         let readers = [
-            child
-                .stdout
-                .take()
-                .map(|out| tokio::spawn(forward_lines(out, Stream::Stdout, output.clone()))),
-            child
-                .stderr
-                .take()
-                .map(|err| tokio::spawn(forward_lines(err, Stream::Stderr, output.clone()))),
+            child.stdout.take().map(|out| {
+                let waiting = PipeWait::new();
+                let reader = tokio::spawn(forward_lines(
+                    out,
+                    Stream::Stdout,
+                    output.clone(),
+                    waiting.clone(),
+                ));
+                (reader, waiting)
+            }),
+            child.stderr.take().map(|err| {
+                let waiting = PipeWait::new();
+                let reader = tokio::spawn(forward_lines(
+                    err,
+                    Stream::Stderr,
+                    output.clone(),
+                    waiting.clone(),
+                ));
+                (reader, waiting)
+            }),
         ];
         let (cancel, exit_tx, exit_rx) = handle_parts();
         let token = cancel.clone();
@@ -272,14 +285,8 @@ impl Executor for ProcessExecutor {
                     }
                 }
             }
-            for reader in readers.into_iter().flatten() {
-                let abort = reader.abort_handle();
-                if tokio::time::timeout(PIPE_DRAIN_LIMIT, reader)
-                    .await
-                    .is_err()
-                {
-                    abort.abort();
-                }
+            for (reader, waiting) in readers.into_iter().flatten() {
+                drain(reader, &waiting).await;
             }
             if let Some(cgroup) = &cgroup {
                 // Checked: the cgroup is empty after the kill, else it is said.
@@ -296,11 +303,13 @@ impl Executor for ProcessExecutor {
                 }
                 for text in notes {
                     tracing::info!("{}: {text}", spec.label);
-                    let _ = output.send(OutputLine {
-                        stream: Stream::Stderr,
-                        text,
-                        partial: false,
-                    });
+                    let _ = output
+                        .send(OutputLine {
+                            stream: Stream::Stderr,
+                            text,
+                            partial: false,
+                        })
+                        .await;
                 }
                 if hard.empty {
                     if let Err(error) = cgroup.remove() {
@@ -405,25 +414,82 @@ async fn terminate(
     report
 }
 
-/// Forward a pipe's output as lines, in pieces of at most [`crate::MAX_LINE_BYTES`].
+/// Since when a reader has been waiting for its pipe (not for the output's reader).
+#[derive(Debug, Clone)]
+struct PipeWait {
+    origin: Instant,
+    /// Milliseconds after `origin` plus one when the current wait began; 0 when not waiting.
+    since: Arc<AtomicU64>,
+}
+
+impl PipeWait {
+    fn new() -> PipeWait {
+        PipeWait {
+            origin: Instant::now(),
+            since: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn begin(&self) {
+        let at = self.origin.elapsed().as_millis() as u64 + 1;
+        self.since.store(at, Ordering::Relaxed);
+    }
+
+    fn end(&self) {
+        self.since.store(0, Ordering::Relaxed);
+    }
+
+    /// How long the current wait for the pipe has lasted.
+    fn waited(&self) -> Duration {
+        match self.since.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            at => self
+                .origin
+                .elapsed()
+                .saturating_sub(Duration::from_millis(at - 1)),
+        }
+    }
+}
+
+/// Let a reader deliver what its pipe holds; give it up once the pipe has been silent for
+/// [`PIPE_DRAIN_LIMIT`].
+async fn drain(mut reader: tokio::task::JoinHandle<()>, waiting: &PipeWait) {
+    const LOOK_EVERY: Duration = Duration::from_millis(100);
+    loop {
+        if tokio::time::timeout(LOOK_EVERY, &mut reader).await.is_ok() {
+            return;
+        }
+        if waiting.waited() >= PIPE_DRAIN_LIMIT {
+            reader.abort();
+            return;
+        }
+    }
+}
+
+/// Forward a pipe's output as lines, in pieces of at most [`crate::MAX_LINE_BYTES`]; while
+/// `output` is full the pipe is not read, so the task's writes wait.
 async fn forward_lines(
     mut pipe: impl AsyncRead + Unpin,
     stream: Stream,
-    output: mpsc::UnboundedSender<OutputLine>,
+    output: OutputSender,
+    waiting: PipeWait,
 ) {
     let mut splitter = LineSplitter::new(stream);
     let mut buffer = vec![0u8; 64 << 10];
     loop {
-        match pipe.read(&mut buffer).await {
+        waiting.begin();
+        let read = pipe.read(&mut buffer).await;
+        waiting.end();
+        match read {
             Ok(0) | Err(_) => break,
             Ok(read) => {
-                if !splitter.push(&buffer[..read], &output) {
+                if !splitter.push(&buffer[..read], &output).await {
                     return;
                 }
             }
         }
     }
-    splitter.finish(&output);
+    splitter.finish(&output).await;
 }
 
 /// Whether `run_as` may enter `dir`: search permission on it and every directory above it,

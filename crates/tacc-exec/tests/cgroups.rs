@@ -10,10 +10,7 @@ use std::time::{Duration, Instant};
 
 use tacc_exec::cgroups::{self, Cgroups};
 use tacc_exec::contract::wait_gone;
-use tacc_exec::{
-    ExecutionHandle, Executor, ExitOutcome, OutputLine, ProcessExecutor, RunAs, contract,
-};
-use tokio::sync::mpsc;
+use tacc_exec::{ExecutionHandle, Executor, ExitOutcome, ProcessExecutor, RunAs, contract};
 
 /// A hierarchy of this test's own (`tacc/test-<pid>-<n>`), or `None` (skipped).
 struct Hierarchy {
@@ -116,7 +113,7 @@ fn cgroup_cpu(pid: u32, version: &str) -> Duration {
     Duration::from_nanos(usage.trim().parse().unwrap())
 }
 
-async fn first_line(rx: &mut mpsc::UnboundedReceiver<OutputLine>) -> String {
+async fn first_line(rx: &mut tacc_exec::OutputReceiver) -> String {
     tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
         .expect("output in time")
@@ -124,7 +121,7 @@ async fn first_line(rx: &mut mpsc::UnboundedReceiver<OutputLine>) -> String {
         .text
 }
 
-async fn rest(mut rx: mpsc::UnboundedReceiver<OutputLine>) -> String {
+async fn rest(mut rx: tacc_exec::OutputReceiver) -> String {
     let mut text = String::new();
     while let Some(line) = rx.recv().await {
         text.push_str(&line.text);
@@ -152,7 +149,7 @@ async fn exceeding_the_memory_limit_ends_with_out_of_memory() {
     // `tail` holds the whole 300 MiB "line" in memory; the limit is 64 MiB.
     let mut spec = contract::spec(dir.path(), "head -c 300M /dev/zero | tail > /dev/null");
     spec.placement.memory_bytes = 64 << 20;
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = tacc_exec::output_channel();
     let handle = executor(&h).launch(spec, tx).await.unwrap();
     let outcome = tokio::time::timeout(Duration::from_secs(60), handle.wait())
         .await
@@ -169,7 +166,7 @@ async fn exceeding_the_memory_limit_ends_with_out_of_memory() {
     // Under the limit, the same shape of work succeeds.
     let mut spec = contract::spec(dir.path(), "head -c 16M /dev/zero | tail > /dev/null");
     spec.placement.memory_bytes = 64 << 20;
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = tacc_exec::output_channel();
     let handle = executor(&h).launch(spec, tx).await.unwrap();
     assert_eq!(handle.wait().await, ExitOutcome::Exited(0));
 }
@@ -182,7 +179,7 @@ async fn half_a_cpu_is_half_a_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = contract::spec(dir.path(), "echo ready\nwhile :; do :; done");
     spec.placement.cpu_millis = 500;
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = tacc_exec::output_channel();
     let handle = executor(&h).launch(spec, tx).await.unwrap();
     let pid = handle.pid.unwrap();
     assert_eq!(first_line(&mut rx).await, "ready");
@@ -207,7 +204,7 @@ async fn the_usage_of_a_busy_loop_is_read_from_its_cgroup() {
     let mut spec = contract::spec(dir.path(), "echo ready\nwhile :; do :; done");
     spec.placement.cpu_millis = 1000;
     spec.placement.memory_bytes = 256 << 20;
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = tacc_exec::output_channel();
     let handle = executor(&h).launch(spec, tx).await.unwrap();
     let reader = handle
         .usage_reader()
@@ -258,7 +255,7 @@ async fn cancel_kills_a_setsid_child_and_leaves_the_cgroup_empty() {
         dir.path(),
         "setsid bash -c 'trap \"\" TERM; echo $$; exec sleep 300' &\nwait",
     );
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = tacc_exec::output_channel();
     let handle = executor(&h).launch(spec, tx).await.unwrap();
     let main = handle.pid.unwrap();
     let escaped: u32 = first_line(&mut rx).await.trim().parse().unwrap();
@@ -296,7 +293,7 @@ async fn the_time_limit_kills_a_setsid_child() {
         "setsid bash -c 'echo $$; exec sleep 300' &\nwait",
     );
     spec.time_limit = Some(Duration::from_millis(500));
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = tacc_exec::output_channel();
     let handle: ExecutionHandle = executor(&h).launch(spec, tx).await.unwrap();
     let escaped: u32 = first_line(&mut rx).await.trim().parse().unwrap();
     assert_eq!(handle.wait().await, ExitOutcome::TimeLimit);
@@ -318,7 +315,7 @@ async fn a_process_running_as_another_identity_is_in_its_cgroup() {
         gid: 54_321,
     });
     spec.placement.memory_bytes = 64 << 20;
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (tx, rx) = tacc_exec::output_channel();
     let handle = executor(&h).launch(spec, tx).await.unwrap();
     assert_eq!(handle.wait().await, ExitOutcome::Exited(0));
     let output = rest(rx).await;
@@ -397,7 +394,7 @@ async fn cgroup_setup_cost() {
             (ProcessExecutor::new(), &mut without),
         ] {
             let started = Instant::now();
-            let (tx, _rx) = mpsc::unbounded_channel();
+            let (tx, _rx) = tacc_exec::output_channel();
             let handle = executor.launch(spec.clone(), tx).await.unwrap();
             assert_eq!(handle.wait().await, ExitOutcome::Exited(0));
             *total += started.elapsed();
@@ -428,7 +425,7 @@ async fn limits_of_a_running_execution_change_live() {
     );
     spec.placement.cpu_millis = 500;
     spec.placement.memory_bytes = 64 << 20;
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = tacc_exec::output_channel();
     let handle = executor(&h).launch(spec, tx).await.unwrap();
     assert_eq!(first_line(&mut rx).await, "ready");
     let reader = handle.usage_reader().unwrap();

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use tacc_exec::{DockerExecutor, ExecError, Executor, contract};
-use tokio::sync::mpsc;
 
 const SOCKET: &str = "/var/run/docker.sock";
 const TEST_IMAGE: &str = "tacc-test/busybox:latest";
@@ -58,7 +57,7 @@ async fn a_missing_image_is_image_not_found() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = contract::spec(dir.path(), "true");
     spec.placement.image = Some("tacc-test/no-such-image:never".into());
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = tacc_exec::output_channel();
     let launched = tokio::time::timeout(Duration::from_secs(120), executor.launch(spec, tx))
         .await
         .expect("a missing image must not hang");
@@ -74,7 +73,7 @@ async fn an_engine_that_does_not_answer_is_an_infrastructure_failure() {
         DockerExecutor::new(dir.path().join("no-docker.sock").display().to_string(), "x")
             .with_default_image(Some(TEST_IMAGE.to_string()));
     assert!(executor.ping().await.is_err());
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = tacc_exec::output_channel();
     let err = executor
         .launch(contract::spec(dir.path(), "true"), tx)
         .await
@@ -95,7 +94,7 @@ async fn a_running_container_s_limits_change_live() {
     let mut spec = contract::spec(dir.path(), "sleep 120");
     spec.placement.cpu_millis = 500;
     spec.placement.memory_bytes = 64 << 20;
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = tacc_exec::output_channel();
     let handle = executor.launch(spec, tx).await.unwrap();
     let reader = handle
         .usage_reader()

@@ -6,8 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
-use tacc_exec::{ExitOutcome, OutputLine, ProcessExecutor, RunAs, contract};
-use tokio::sync::mpsc;
+use tacc_exec::{ExitOutcome, ProcessExecutor, RunAs, contract};
 
 /// Two identities no account on a test machine is expected to have.
 const ALICE: RunAs = RunAs {
@@ -46,7 +45,7 @@ fn private_dir(who: RunAs) -> tempfile::TempDir {
 async fn run_as(who: RunAs, workdir: &Path, script: &str) -> (String, ExitOutcome) {
     let mut spec = contract::spec(workdir, script);
     spec.placement.run_as = Some(who);
-    let (tx, mut rx) = mpsc::unbounded_channel::<OutputLine>();
+    let (tx, mut rx) = tacc_exec::output_channel();
     let handle = tacc_exec::Executor::launch(&ProcessExecutor::new(), spec, tx)
         .await
         .unwrap();
@@ -141,7 +140,7 @@ async fn a_working_directory_the_identity_cannot_enter_fails_the_launch_cleanly(
     std::fs::set_permissions(rootdir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
     let mut spec = contract::spec(rootdir.path(), "echo never");
     spec.placement.run_as = Some(ALICE);
-    let (tx, _rx) = mpsc::unbounded_channel();
+    let (tx, _rx) = tacc_exec::output_channel();
     let error = tacc_exec::Executor::launch(&ProcessExecutor::new(), spec, tx)
         .await
         .unwrap_err();

@@ -641,7 +641,7 @@ async fn slurm_stop_signal_comes_first_and_the_kill_only_after_the_grace() {
     let mut spec = tacc_exec::contract::spec(work, script);
     spec.stop_signal = nix::sys::signal::Signal::SIGUSR1;
     spec.kill_grace = grace;
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (tx, mut rx) = tacc_exec::output_channel();
     let handle = tacc_exec::Executor::launch(&executor, spec, tx)
         .await
         .unwrap();

@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use tacc_exec::{ExecError, Executor, ExitOutcome, LaunchSpec, OutputLine, Stream};
 use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::report;
@@ -118,7 +117,7 @@ pub(crate) async fn launch(
     cancel: &CancellationToken,
     record_name: &str,
 ) -> Result<ExitOutcome, ExecError> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<OutputLine>();
+    let (tx, mut rx) = tacc_exec::output_channel();
     let handle = executor.launch(spec, tx).await?;
     let _record = handle.pid.and_then(|pid| {
         GroupRecord::write(&shared.config.data_dir.join("run"), record_name, pid).ok()

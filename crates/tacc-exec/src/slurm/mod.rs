@@ -16,6 +16,7 @@ pub mod pilot;
 mod script;
 pub mod status;
 mod stop;
+mod tail;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -24,15 +25,16 @@ use std::time::{Duration, Instant};
 
 use tacc_core::{AttemptNo, TaskId};
 use tokio::process::Command;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 pub use script::SubmitOptions;
 use status::{JobPhase, JobStatus, SlurmNode};
 use stop::StopPolicy;
+use tail::Tail;
 
 use crate::{
-    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, Phase,
+    ExecError, ExecutionHandle, Executor, ExitOutcome, LaunchSpec, OutputLine, OutputSender, Phase,
     RecoveredExecution, Stream, handle_parts,
 };
 
@@ -112,7 +114,7 @@ struct Gang {
 struct RankSlot {
     node: String,
     spec: LaunchSpec,
-    output: mpsc::UnboundedSender<OutputLine>,
+    output: OutputSender,
     exit: oneshot::Sender<ExitOutcome>,
     cancel: CancellationToken,
 }
@@ -255,7 +257,7 @@ impl SlurmBackend {
         self: &Arc<Self>,
         node: &str,
         spec: LaunchSpec,
-        output: mpsc::UnboundedSender<OutputLine>,
+        output: OutputSender,
     ) -> Result<ExecutionHandle, ExecError> {
         let member = GangMember::of(&spec);
         let gang_name = format!("{}-{}", self.config.tag, member.key);
@@ -410,7 +412,7 @@ impl SlurmBackend {
             let mut slots = Vec::new();
             for member in &manifest.ranks {
                 let (cancel, exit_tx, exit_rx) = handle_parts();
-                let (out_tx, out_rx) = mpsc::unbounded_channel();
+                let (out_tx, out_rx) = crate::output_channel();
                 slots.push(SupervisedRank {
                     rank: member.rank,
                     output: out_tx,
@@ -472,7 +474,7 @@ impl SlurmBackend {
         let mut ended_by_exit_files = false;
         let final_status = loop {
             for rank in &mut ranks {
-                rank.tail.forward(&rank.output, false);
+                rank.tail.forward(&rank.output, false).await;
             }
             let current = jobs.borrow_and_update().get(&job_id).cloned();
             if stopping.is_none() {
@@ -519,14 +521,17 @@ impl SlurmBackend {
                             {
                                 pending_reason = job.reason.clone();
                                 if let Some(rank) = ranks.first() {
-                                    let _ = rank.output.send(OutputLine {
-                                        stream: Stream::Stderr,
-                                        text: format!(
-                                            "tacc: slurm job {job_id} is pending ({})",
-                                            job.reason
-                                        ),
-                                        partial: false,
-                                    });
+                                    let _ = rank
+                                        .output
+                                        .send(OutputLine {
+                                            stream: Stream::Stderr,
+                                            text: format!(
+                                                "tacc: slurm job {job_id} is pending ({})",
+                                                job.reason
+                                            ),
+                                            partial: false,
+                                        })
+                                        .await;
                                 }
                             }
                         }
@@ -550,7 +555,7 @@ impl SlurmBackend {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         for rank in &mut ranks {
-            rank.tail.forward(&rank.output, true);
+            rank.tail.forward(&rank.output, true).await;
         }
         for rank in &mut ranks {
             let outcome = match (&stopping, &final_status) {
@@ -662,95 +667,10 @@ fn outcome_of_job(job: &JobStatus, rank_exit: Option<i32>) -> ExitOutcome {
 #[derive(Debug)]
 struct SupervisedRank {
     rank: u32,
-    output: mpsc::UnboundedSender<OutputLine>,
+    output: OutputSender,
     exit: Option<oneshot::Sender<ExitOutcome>>,
     cancel: CancellationToken,
     tail: Tail,
-}
-
-/// Follows one rank's stdout and stderr files, from where a previous life stopped.
-#[derive(Debug)]
-struct Tail {
-    files: [(PathBuf, Stream, u64, Vec<u8>); 2],
-    offsets: PathBuf,
-}
-
-impl Tail {
-    fn resume(dir: &Path, rank: u32) -> Tail {
-        let offsets = dir.join(format!("offsets-{rank}"));
-        let saved: Vec<u64> = std::fs::read_to_string(&offsets)
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|n| n.parse().ok())
-            .collect();
-        Tail {
-            files: [
-                (
-                    dir.join(format!("out-{rank}.log")),
-                    Stream::Stdout,
-                    saved.first().copied().unwrap_or(0),
-                    Vec::new(),
-                ),
-                (
-                    dir.join(format!("err-{rank}.log")),
-                    Stream::Stderr,
-                    saved.get(1).copied().unwrap_or(0),
-                    Vec::new(),
-                ),
-            ],
-            offsets,
-        }
-    }
-
-    /// Send every complete new line; at the end (`last`), a final unterminated one too.
-    fn forward(&mut self, output: &mpsc::UnboundedSender<OutputLine>, last: bool) {
-        use std::io::{Read, Seek, SeekFrom};
-        let mut moved = false;
-        for (path, stream, offset, partial) in &mut self.files {
-            let Ok(mut file) = std::fs::File::open(&*path) else {
-                continue;
-            };
-            if file.seek(SeekFrom::Start(*offset)).is_err() {
-                continue;
-            }
-            let mut bytes = Vec::new();
-            if file.read_to_end(&mut bytes).is_err() || (bytes.is_empty() && !last) {
-                continue;
-            }
-            *offset += bytes.len() as u64;
-            moved |= !bytes.is_empty();
-            partial.extend_from_slice(&bytes);
-            let mut start = 0;
-            while let Some(end) = partial[start..].iter().position(|b| *b == b'\n') {
-                let text = String::from_utf8_lossy(&partial[start..start + end]).into_owned();
-                let _ = output.send(OutputLine {
-                    stream: *stream,
-                    text,
-                    partial: false,
-                });
-                start += end + 1;
-            }
-            partial.drain(..start);
-            if last && !partial.is_empty() {
-                let text = String::from_utf8_lossy(partial).into_owned();
-                let _ = output.send(OutputLine {
-                    stream: *stream,
-                    text,
-                    partial: false,
-                });
-                partial.clear();
-            }
-        }
-        if moved {
-            // Complete lines only, so a restarted agent resumes at a line boundary.
-            let done: Vec<String> = self
-                .files
-                .iter()
-                .map(|(_, _, offset, partial)| (offset - partial.len() as u64).to_string())
-                .collect();
-            let _ = std::fs::write(&self.offsets, done.join(" "));
-        }
-    }
 }
 
 /// Run a Slurm command with an argument list; its stdout, or what went wrong.
@@ -825,7 +745,7 @@ impl Executor for SlurmExecutor {
     async fn launch(
         &self,
         spec: LaunchSpec,
-        output: mpsc::UnboundedSender<OutputLine>,
+        output: OutputSender,
     ) -> Result<ExecutionHandle, ExecError> {
         spec.require_workdir()?;
         self.backend.launch_rank(&self.node, spec, output).await
