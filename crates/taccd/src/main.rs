@@ -159,6 +159,18 @@ struct ServerArgs {
     /// they are retried elsewhere.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     heartbeat_timeout: u64,
+    /// The wait before a task's second attempt when its `retry:` policy retries it (e.g.
+    /// 5s, 1m); each further retry waits twice as long, up to --retry-backoff-max.
+    #[arg(long, default_value = "5s")]
+    retry_backoff: HumanDuration,
+    /// The longest wait between two attempts of a retried task.
+    #[arg(long, default_value = "5m")]
+    retry_backoff_max: HumanDuration,
+    /// A task whose attempts took their node down this many times (the node was lost, or
+    /// its agent restarted, while running it) fails with `crash_limit` instead of being
+    /// retried on node after node.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    crash_limit: u32,
     /// Seconds a node that was lost twice within 10 minutes must stay up after it comes
     /// back before it gets work again (a flapping node).
     #[arg(long, default_value_t = 60)]
@@ -496,6 +508,7 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
     let mut config = ServerConfig::new(args.data_dir.clone());
     config.heartbeat_timeout = Duration::from_secs(args.heartbeat_timeout);
     config.node_stable_after = Duration::from_secs(args.node_stable_after);
+    config.retry = retry_settings(args)?;
     config.replicated = args.replica.replicated;
     let loaded = load_config(args)?;
     config.policy = loaded.policy;
@@ -567,6 +580,24 @@ async fn start_server(
         control,
         serving,
     })
+}
+
+/// `--retry-backoff`, `--retry-backoff-max` and `--crash-limit`, checked together.
+fn retry_settings(args: &ServerArgs) -> Result<tacc_server::RetrySettings> {
+    let settings = tacc_server::RetrySettings {
+        backoff: args.retry_backoff.as_std(),
+        backoff_max: args.retry_backoff_max.as_std(),
+        crash_limit: args.crash_limit,
+    };
+    if settings.backoff > settings.backoff_max {
+        anyhow::bail!(
+            "--retry-backoff {} is longer than --retry-backoff-max {}: raise the maximum or \
+             shorten the first wait",
+            args.retry_backoff,
+            args.retry_backoff_max
+        );
+    }
+    Ok(settings)
 }
 
 /// Tell clients where we listen (matters when port 0 was asked for).
@@ -841,6 +872,64 @@ mod cli_tests {
     #[test]
     fn the_command_line_is_well_formed() {
         super::Cli::command().debug_assert();
+    }
+
+    /// The server arguments of `taccd server --data-dir d ARGS`.
+    fn server_args(args: &[&str]) -> super::ServerArgs {
+        use clap::Parser;
+        let line = ["taccd", "server", "--data-dir", "d"].iter().chain(args);
+        match super::Cli::try_parse_from(line).unwrap().command {
+            super::Command::Server { server } => server,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn retry_settings_come_from_the_command_line_and_are_checked_together() {
+        let defaults = super::retry_settings(&server_args(&[])).unwrap();
+        assert_eq!(defaults, tacc_server::RetrySettings::default());
+        let chosen = super::retry_settings(&server_args(&[
+            "--retry-backoff",
+            "2s",
+            "--retry-backoff-max",
+            "1m",
+            "--crash-limit",
+            "5",
+        ]))
+        .unwrap();
+        assert_eq!(
+            (
+                chosen.backoff.as_secs(),
+                chosen.backoff_max.as_secs(),
+                chosen.crash_limit
+            ),
+            (2, 60, 5)
+        );
+        let inverted = super::retry_settings(&server_args(&[
+            "--retry-backoff",
+            "10m",
+            "--retry-backoff-max",
+            "1m",
+        ]))
+        .unwrap_err();
+        assert!(
+            inverted
+                .to_string()
+                .contains("--retry-backoff 10m is longer than --retry-backoff-max 1m"),
+            "{inverted}"
+        );
+        use clap::Parser;
+        assert!(
+            super::Cli::try_parse_from([
+                "taccd",
+                "server",
+                "--data-dir",
+                "d",
+                "--crash-limit",
+                "0"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

@@ -429,6 +429,7 @@ impl Control {
             at,
             node_failure,
             earlier_node_losses,
+            settings: &self.config.retry,
         });
         self.commit(&plan.changes).await?;
         let state = plan.state;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tacc_core::TaskId;
 use tacc_core::TaskState::{self, *};
 
-use super::retry::{BACKOFF_BASE, CRASH_LIMIT};
+use super::retry::RetrySettings;
 use super::test_env::{HEARTBEAT, TestEnv, only};
 
 const ONE_CPU: &str = "name: t\nresources: {cpus: 1}\nrun: true\n";
@@ -129,7 +129,7 @@ async fn a_lost_attempt_is_retried_elsewhere_and_its_old_node_s_reports_are_reje
     env.pass_a_term(&mut [&mut new]).await;
     assert_eq!(env.state(task).await, Queued, "waiting out its backoff");
     assert!(env.poll(&mut new).await.is_empty());
-    env.advance(BACKOFF_BASE);
+    env.advance(RetrySettings::default().backoff);
     env.check_liveness().await;
     let second = only(&env.poll(&mut new).await);
     assert_eq!((second.task, second.attempt.0), (task, 2));
@@ -261,7 +261,7 @@ async fn an_attempt_its_restarted_agent_does_not_claim_is_lost_and_retried() {
             .starts_with("node_restarted:"),
         "{lost:?}"
     );
-    env.advance(BACKOFF_BASE);
+    env.advance(RetrySettings::default().backoff);
     env.check_liveness().await;
     assert_eq!(only(&env.poll(&mut agent).await).attempt.0, 2);
 }
@@ -273,7 +273,7 @@ async fn a_node_that_comes_back_stops_what_moved_away_before_it_gets_new_work() 
     let (task, _) = env.running(&mut old, &retried("node_failure", 2)).await;
     let mut new = env.join("new", 1).await;
     env.pass_a_term(&mut [&mut new]).await;
-    env.advance(BACKOFF_BASE);
+    env.advance(RetrySettings::default().backoff);
     env.check_liveness().await;
     only(&env.poll(&mut new).await);
 
@@ -295,6 +295,50 @@ async fn a_node_that_comes_back_stops_what_moved_away_before_it_gets_new_work() 
 }
 
 #[tokio::test]
+async fn the_operator_s_backoff_and_crash_limit_are_the_ones_served() {
+    let settings = RetrySettings {
+        backoff: Duration::from_secs(2),
+        backoff_max: Duration::from_secs(2),
+        crash_limit: 1,
+    };
+    let mut env = TestEnv::configured(|config| config.retry = settings).await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(&retried("failed, node_failure", 3)).await;
+    let first = only(&env.poll(&mut agent).await);
+    env.finish(&mut agent, first, 1).await;
+    let record = env.task(task).await;
+    assert!(
+        record
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("retrying in 2s"),
+        "{record:?}"
+    );
+    env.advance(settings.backoff - MS);
+    env.restart_server().await;
+    env.register(&agent, 1).await;
+    env.check_liveness().await;
+    assert!(env.poll(&mut agent).await.is_empty(), "placed before 2 s");
+    env.advance(MS);
+    env.check_liveness().await;
+    let second = only(&env.poll(&mut agent).await);
+    assert_eq!(second.attempt.0, 2);
+    // Its node goes silent: with a crash limit of one, that first crash ends it.
+    env.pass_seconds(HEARTBEAT.as_secs() + 1, &mut []).await;
+    let record = env.task(task).await;
+    assert_eq!(record.state, Failed, "{record:?}");
+    assert!(
+        record
+            .reason
+            .as_deref()
+            .unwrap()
+            .starts_with("crash_limit:"),
+        "{record:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_retried_task_waits_out_its_backoff_also_across_a_restart() {
     let mut env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
@@ -313,7 +357,7 @@ async fn a_retried_task_waits_out_its_backoff_also_across_a_restart() {
     );
     assert!(env.log(task).contains("attempt 2"), "{}", env.log(task));
 
-    env.advance(BACKOFF_BASE - MS);
+    env.advance(RetrySettings::default().backoff - MS);
     env.restart_server().await;
     env.register(&agent, 1).await;
     env.check_liveness().await;
@@ -334,8 +378,8 @@ async fn a_task_that_keeps_taking_its_node_down_fails_at_the_crash_limit() {
     let env = TestEnv::new().await;
     let mut agent = env.join("n1", 1).await;
     let task = env.submit(&retried("node_failure", 10)).await;
-    for crash in 1..=CRASH_LIMIT {
-        env.advance(BACKOFF_BASE * 2u32.pow(crash));
+    for crash in 1..=RetrySettings::default().crash_limit {
+        env.advance(RetrySettings::default().backoff * 2u32.pow(crash));
         env.check_liveness().await;
         let attempt = only(&env.poll(&mut agent).await);
         assert_eq!(attempt.attempt.0, crash);
@@ -354,7 +398,7 @@ async fn a_task_that_keeps_taking_its_node_down_fails_at_the_crash_limit() {
             .starts_with("crash_limit:"),
         "{record:?}"
     );
-    assert_eq!(record.attempt.0, CRASH_LIMIT);
+    assert_eq!(record.attempt.0, RetrySettings::default().crash_limit);
 }
 
 #[tokio::test]
@@ -415,7 +459,7 @@ async fn a_cancel_while_starting_on_a_lost_node_ends_at_once() {
     env.control.cancel(task).await.unwrap();
     assert_eq!(env.state(task).await, Cancelled);
     env.register(&agent, 1).await;
-    env.advance(BACKOFF_BASE * 2);
+    env.advance(RetrySettings::default().backoff * 2);
     env.check_liveness().await;
     assert!(env.poll(&mut agent).await.is_empty());
 }

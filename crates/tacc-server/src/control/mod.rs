@@ -48,6 +48,7 @@ pub(crate) use groups::RERUN_STATES;
 pub use nodes::LIVENESS_CHECK_EVERY;
 use nodes::node_spec;
 pub use pipelines::StageSubmission;
+pub use retry::RetrySettings;
 pub use sweeps::run_sweeps;
 
 /// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
@@ -86,6 +87,8 @@ pub struct ServerConfig {
     pub adaptive: AdaptiveConfig,
     /// One of several replicas (`--replicated`): agents are told so at registration.
     pub replicated: bool,
+    /// How retries are spaced, and the crash limit.
+    pub retry: RetrySettings,
 }
 
 impl ServerConfig {
@@ -103,6 +106,7 @@ impl ServerConfig {
             silent_after: Duration::from_secs(300),
             adaptive: AdaptiveConfig::default(),
             replicated: false,
+            retry: RetrySettings::default(),
         }
     }
 }

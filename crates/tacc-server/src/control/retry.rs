@@ -15,26 +15,46 @@ use super::{Control, Inner};
 use crate::ServerError;
 use tacc_scheduler::Event;
 
-/// The wait before the second attempt; each further retry waits twice as long.
-pub(crate) const BACKOFF_BASE: Duration = Duration::from_secs(5);
-/// No retry waits longer than this.
-pub(crate) const BACKOFF_CAP: Duration = Duration::from_secs(300);
-/// A task whose attempts lost their node this many times fails with [`CRASH_LIMIT_CODE`].
-pub(crate) const CRASH_LIMIT: u32 = 3;
+/// How retries are spaced and when a task that keeps taking its node down stops being
+/// retried: the operator's settings (`taccd --retry-backoff`, `--retry-backoff-max`,
+/// `--crash-limit`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetrySettings {
+    /// The wait before the second attempt; each further retry waits twice as long.
+    pub backoff: Duration,
+    /// No retry waits longer than this.
+    pub backoff_max: Duration,
+    /// A task whose attempts lost their node this many times fails with
+    /// [`CRASH_LIMIT_CODE`].
+    pub crash_limit: u32,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            backoff: Duration::from_secs(5),
+            backoff_max: Duration::from_secs(300),
+            crash_limit: 3,
+        }
+    }
+}
+
+impl RetrySettings {
+    /// How long a task waits before attempt `ended + 1` after attempt `ended` ended.
+    pub(crate) fn backoff(&self, ended: AttemptNo) -> Duration {
+        let doublings = ended.0.saturating_sub(1).min(16);
+        self.backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.backoff_max)
+    }
+}
+
 pub(crate) const CRASH_LIMIT_CODE: &str = "crash_limit";
 /// How the reason of a task waiting out its backoff starts.
 const RETRYING: &str = "retrying in ";
 /// Loss reasons that mean the node went down (or its agent died) while running the task:
 /// what a task that crashes its node causes. A removed or fenced node is not counted.
 const CRASH_CODES: [&str; 2] = ["node_lost", "node_restarted"];
-
-/// How long a task waits before attempt `ended + 1` after attempt `ended` ended.
-pub(crate) fn backoff(ended: AttemptNo) -> Duration {
-    let doublings = ended.0.saturating_sub(1).min(16);
-    BACKOFF_BASE
-        .saturating_mul(1u32 << doublings)
-        .min(BACKOFF_CAP)
-}
 
 /// The reason a task shows while it waits out its backoff.
 pub(crate) fn retrying_reason(delay: Duration, next: AttemptNo, max_attempts: u32) -> String {
@@ -69,7 +89,7 @@ pub(crate) fn crash_limit_reason(losses: u32) -> String {
 
 /// When a queued task may run again, if its last event queued it for a retry: read back
 /// after a restart, so a restart neither forgets the wait nor starts it over.
-pub(crate) fn not_before(events: &[TaskEvent]) -> Option<Timestamp> {
+pub(crate) fn not_before(events: &[TaskEvent], settings: &RetrySettings) -> Option<Timestamp> {
     let last = events.last()?;
     let retrying = last.state == TaskState::Queued
         && last.attempt.0 > 1
@@ -78,7 +98,7 @@ pub(crate) fn not_before(events: &[TaskEvent]) -> Option<Timestamp> {
             .as_deref()
             .is_some_and(|r| r.starts_with(RETRYING));
     retrying.then(|| {
-        let wait = backoff(AttemptNo(last.attempt.0 - 1));
+        let wait = settings.backoff(AttemptNo(last.attempt.0 - 1));
         Timestamp(last.at.0.saturating_add(wait.as_millis() as u64))
     })
 }
@@ -104,7 +124,10 @@ impl Control {
         if record.attempt.0 < 2 {
             return Ok(None);
         }
-        Ok(not_before(&self.store.task_events(record.id).await?))
+        Ok(not_before(
+            &self.store.task_events(record.id).await?,
+            &self.config.retry,
+        ))
     }
 
     /// Wake the scheduler for the retried tasks whose backoff is over (called by the
@@ -133,9 +156,12 @@ mod tests {
 
     #[test]
     fn backoff_doubles_from_five_seconds_and_is_capped() {
-        let waits: Vec<u64> = (1..=9).map(|a| backoff(AttemptNo(a)).as_secs()).collect();
+        let settings = RetrySettings::default();
+        let waits: Vec<u64> = (1..=9)
+            .map(|a| settings.backoff(AttemptNo(a)).as_secs())
+            .collect();
         assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
-        assert_eq!(backoff(AttemptNo(u32::MAX)), BACKOFF_CAP);
+        assert_eq!(settings.backoff(AttemptNo(u32::MAX)), settings.backoff_max);
     }
 
     #[test]
@@ -173,9 +199,15 @@ mod tests {
                 1_000,
             ),
         ];
-        assert_eq!(not_before(&events), Some(Timestamp(6_000)));
+        assert_eq!(
+            not_before(&events, &RetrySettings::default()),
+            Some(Timestamp(6_000))
+        );
         let third = [event(3, TaskState::Queued, Some("retrying in 10s"), 1_000)];
-        assert_eq!(not_before(&third), Some(Timestamp(11_000)));
+        assert_eq!(
+            not_before(&third, &RetrySettings::default()),
+            Some(Timestamp(11_000))
+        );
         // A preempted task requeued, or one queued first, does not wait.
         let preempted = [event(
             2,
@@ -183,13 +215,19 @@ mod tests {
             Some("preempted during attempt 1"),
             1,
         )];
-        assert_eq!(not_before(&preempted), None);
-        assert_eq!(not_before(&[event(1, TaskState::Queued, None, 1)]), None);
+        assert_eq!(not_before(&preempted, &RetrySettings::default()), None);
+        assert_eq!(
+            not_before(
+                &[event(1, TaskState::Queued, None, 1)],
+                &RetrySettings::default()
+            ),
+            None
+        );
         let started = [
             event(2, TaskState::Queued, Some("retrying in 5s"), 1),
             event(2, TaskState::Starting, None, 9_000),
         ];
-        assert_eq!(not_before(&started), None);
+        assert_eq!(not_before(&started, &RetrySettings::default()), None);
     }
 
     #[test]

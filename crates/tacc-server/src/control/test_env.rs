@@ -41,9 +41,15 @@ pub(super) struct FakeAgent {
 
 impl TestEnv {
     pub(super) async fn new() -> TestEnv {
+        TestEnv::configured(|_| {}).await
+    }
+
+    /// A TestEnv whose server runs with `configure`'s changes to the test configuration.
+    pub(super) async fn configured(configure: impl FnOnce(&mut ServerConfig)) -> TestEnv {
         let data = tempfile::tempdir().expect("a temporary data directory");
         let mut config = ServerConfig::new(data.path().to_path_buf());
         config.heartbeat_timeout = HEARTBEAT;
+        configure(&mut config);
         let store = Arc::new(MemoryStore::new());
         let clock = Arc::new(ManualClock::new(Timestamp(1_700_000_000_000)));
         let snapshot = SnapshotId::try_from("ab".repeat(32)).expect("a snapshot id");

@@ -8,7 +8,7 @@ use tacc_proto::AttemptOutcome;
 use tacc_schema::{RetryOn, RetrySpec};
 use tacc_store::{TaskChange, TaskRecord, Transition};
 
-use crate::control::retry;
+use crate::control::retry::{self, RetrySettings};
 
 /// What an attempt's outcome makes of its task: state, reason and exit code. A cancel
 /// the user asked for wins over how the process ended; `blame` names the rank whose end
@@ -73,6 +73,8 @@ pub(in crate::control) struct AttemptEnd<'a> {
     pub node_failure: bool,
     /// Earlier attempts of the task lost with their node (see [`counts_node_losses`]).
     pub earlier_node_losses: u32,
+    /// The operator's backoff and crash limit.
+    pub settings: &'a RetrySettings,
 }
 
 /// A retry to arrange: attempt `next` is queued now and placed no earlier than
@@ -121,7 +123,7 @@ pub(in crate::control) fn plan_end(end: AttemptEnd<'_>) -> EndPlan {
     // A task whose attempts keep taking their node down fails instead of taking down
     // node after node.
     let (state, reason, policy) = match wanted {
-        Some(_) if losses >= retry::CRASH_LIMIT => (
+        Some(_) if losses >= end.settings.crash_limit => (
             TaskState::Failed,
             Some(retry::crash_limit_reason(losses)),
             None,
@@ -135,7 +137,7 @@ pub(in crate::control) fn plan_end(end: AttemptEnd<'_>) -> EndPlan {
     })];
     let retry = policy.map(|policy| {
         let next = record.attempt.next();
-        let delay = retry::backoff(record.attempt);
+        let delay = end.settings.backoff(record.attempt);
         changes.push(TaskChange::Transition(Transition {
             reason: Some(retry::retrying_reason(delay, next, policy.max_attempts)),
             ..Transition::new(record.id, state, TaskState::Queued, next, end.at)
@@ -208,8 +210,15 @@ mod tests {
             at: Timestamp(10_000),
             node_failure,
             earlier_node_losses,
+            settings: &DEFAULTS,
         }
     }
+
+    const DEFAULTS: RetrySettings = RetrySettings {
+        backoff: std::time::Duration::from_secs(5),
+        backoff_max: std::time::Duration::from_secs(300),
+        crash_limit: 3,
+    };
 
     /// The plan for an attempt that exited with code 1.
     fn failed(record: &TaskRecord, policy: &RetrySpec) -> EndPlan {
@@ -366,5 +375,51 @@ mod tests {
         // A removed node is no crash of the task's.
         let removed = lost(&running, &on_node, "node_removed: x", true, 5);
         assert!(removed.retry.is_some());
+    }
+
+    #[test]
+    fn the_operator_s_settings_space_retries_and_limit_crashes() {
+        assert_eq!(DEFAULTS, RetrySettings::default());
+        let settings = RetrySettings {
+            backoff: std::time::Duration::from_secs(2),
+            backoff_max: std::time::Duration::from_secs(7),
+            crash_limit: 1,
+        };
+        let on_node = policy(&[RetryOn::NodeFailure, RetryOn::Failed], 10);
+        // 2 s, then 4 s, then capped at 7 s.
+        for (attempt, after) in [(1, 12_000), (2, 14_000), (3, 17_000), (9, 17_000)] {
+            let running = record(TaskState::Running, attempt);
+            let plan = plan_end(AttemptEnd {
+                settings: &settings,
+                ..end(
+                    &running,
+                    Some(&on_node),
+                    TaskState::Failed,
+                    "exit code 1",
+                    false,
+                    0,
+                )
+            });
+            assert_eq!(
+                plan.retry.unwrap().not_before,
+                Timestamp(after),
+                "attempt {attempt}"
+            );
+        }
+        // The first crash already reaches a limit of one.
+        let running = record(TaskState::Running, 1);
+        let crashed = plan_end(AttemptEnd {
+            settings: &settings,
+            ..end(
+                &running,
+                Some(&on_node),
+                TaskState::Lost,
+                "node_lost: x",
+                true,
+                0,
+            )
+        });
+        assert_eq!(crashed.state, TaskState::Failed);
+        assert_eq!(crashed.retry, None);
     }
 }
