@@ -74,6 +74,13 @@ if [ "$(as_postgres psql -p "$PORT" -tAc "SELECT 1 FROM pg_roles WHERE rolname =
   as_postgres psql -q -p "$PORT" -c "CREATE ROLE $ROLE LOGIN CREATEDB PASSWORD '$PASSWORD'"
 fi
 
+# The TLS test (crates/taccd/tests/postgres.rs) connects with sslmode=verify-full against
+# the certificate Debian's packages give every cluster (ssl-cert's snakeoil, for localhost).
+if [ "$(as_postgres psql -p "$PORT" -tAc "SHOW ssl")" != on ]; then
+  log "the cluster serves no TLS (ssl = off in its postgresql.conf); the TLS test needs it"
+  exit 1
+fi
+
 url="postgres://$ROLE:$PASSWORD@127.0.0.1:$PORT/postgres"
 log "ready: PostgreSQL $version at $url"
 echo "$url" >&3

@@ -66,16 +66,17 @@ pub enum StoreError {
         expected: String,
         actual: String,
     },
-    #[error(
-        "cannot open the database at {path}: {source} (check the directory exists and is writable)"
-    )]
+    #[error("cannot open the database at {path}: {source} ({hint})")]
     Open {
         path: String,
         #[source]
         source: sqlx::Error,
+        /// What to check, for this kind of database.
+        hint: &'static str,
     },
     #[error(
-        "database migration failed: {0} (the data directory may belong to a newer TACC version)"
+        "database migration failed: {0} (a database written by a newer TACC version, or a \
+         role that may not create tables in it)"
     )]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error(

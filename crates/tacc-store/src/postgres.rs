@@ -51,6 +51,11 @@ pub struct PostgresStore {
     fence: crate::lease::Fence,
 }
 
+/// What to check when the database cannot be opened.
+const OPEN_HINT: &str = "check the server is reachable, the database exists and the role may \
+     use it; for TLS, `sslmode` and `sslrootcert` in the URL, whose host must be a name the \
+     server's certificate is valid for";
+
 impl PostgresStore {
     /// Connect to the database at `url` (`postgres://user:password@host:port/database`)
     /// and bring its schema up to date. The database must exist.
@@ -59,6 +64,7 @@ impl PostgresStore {
             .map_err(|source| StoreError::Open {
                 path: redacted(url),
                 source,
+                hint: OPEN_HINT,
             })?
             .options([(
                 "idle_in_transaction_session_timeout",
@@ -67,6 +73,7 @@ impl PostgresStore {
         let open_error = |source| StoreError::Open {
             path: redacted(url),
             source,
+            hint: OPEN_HINT,
         };
         let writer = PgPoolOptions::new()
             .max_connections(1)

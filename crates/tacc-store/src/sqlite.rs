@@ -49,6 +49,7 @@ impl SqliteStore {
         let open_error = |source| StoreError::Open {
             path: path.display().to_string(),
             source,
+            hint: "check the directory exists and is writable",
         };
         let writer = SqlitePoolOptions::new()
             .max_connections(1)

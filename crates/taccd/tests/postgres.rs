@@ -209,3 +209,62 @@ async fn admin_adds_a_user_to_a_server_on_postgres() {
     assert!(users.iter().any(|u| u.name == "root-admin"), "{users:?}");
     assert!(!data.join("tacc.db").exists(), "a tacc.db was created");
 }
+
+/// The control plane reaches PostgreSQL over TLS and checks the server's certificate
+/// (`sslmode=verify-full`): its connections show in `pg_stat_ssl`, none in the clear. A
+/// certificate no trusted root signed is refused, and the message says what to check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_reaches_postgres_over_verified_tls() {
+    use sqlx::Connection;
+    let test = "the_server_reaches_postgres_over_verified_tls";
+    let Some(database) = TestDatabase::create(test).await else {
+        return;
+    };
+    // Debian's PostgreSQL serves the machine's self-signed "snakeoil" certificate, valid
+    // for `localhost` (scripts/ci/setup-postgres.sh checks that TLS is on).
+    let certificate = std::path::Path::new("/etc/ssl/certs/ssl-cert-snakeoil.pem");
+    assert!(
+        certificate.exists(),
+        "{test}: no {} for the server's TLS",
+        certificate.display()
+    );
+    let by_name = database.url.replacen("@127.0.0.1:", "@localhost:", 1);
+    assert!(by_name.contains("@localhost:"), "{by_name}");
+    let verified = format!(
+        "{by_name}?sslmode=verify-full&sslrootcert={}",
+        certificate.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", &dir.path().join("s"), &["--database", &verified]).await;
+    server.client().list_nodes().await.unwrap();
+    let mut probe = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    let (encrypted, clear): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl) \
+         FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()",
+    )
+    .fetch_one(&mut probe)
+    .await
+    .unwrap();
+    assert!(
+        encrypted >= 1 && clear == 0,
+        "the server's connections: {encrypted} over TLS, {clear} in the clear"
+    );
+    drop(server);
+
+    // Public roots did not sign the snakeoil certificate.
+    let unverifiable =
+        format!("{by_name}?sslmode=verify-full&sslrootcert=/etc/ssl/certs/ca-certificates.crt");
+    let refused = taccd()
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("refused"))
+        .args(["--database", &unverifiable])
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    assert!(said.contains("invalid peer certificate"), "{said}");
+    assert!(said.contains("sslrootcert"), "{said}");
+    assert!(!said.contains(":tacc@"), "the password is shown: {said}");
+}

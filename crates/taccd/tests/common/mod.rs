@@ -193,7 +193,7 @@ impl Daemon {
     }
 }
 
-fn taccd() -> Command {
+pub fn taccd() -> Command {
     Command::new(env!("CARGO_BIN_EXE_taccd"))
 }
 
