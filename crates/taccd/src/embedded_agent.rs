@@ -147,8 +147,21 @@ impl LogRelay {
 
 /// Record this process as the embedded cluster's server, before it starts serving: an
 /// agent that outlived the previous one sees it is back.
+/// Refused while another embedded cluster's server runs on the same data directory.
 pub fn record_server(data_dir: &Path) -> Result<()> {
-    write_record(&data_dir.join(SERVER_RECORD), &ProcessMark::current())
+    let path = data_dir.join(SERVER_RECORD);
+    if let Some(other) = read_record::<ProcessMark>(&path)
+        && other.is_alive()
+        && other.pid != std::process::id()
+    {
+        anyhow::bail!(
+            "another taccd dev (pid {}) runs on {}: stop it first (`tcloud down`, or kill {})",
+            other.pid,
+            data_dir.display(),
+            other.pid
+        );
+    }
+    write_record(&path, &ProcessMark::current())
 }
 
 /// Start the embedded agent (or adopt the one a previous server left), start it again
@@ -291,6 +304,26 @@ mod tests {
         write_record(&path, &record).unwrap();
         assert_eq!(read_record::<AgentRecord>(&path), Some(record));
         assert!(!path.with_extension("json.partial").exists());
+    }
+
+    #[test]
+    fn a_second_server_on_the_same_data_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        record_server(dir.path()).unwrap();
+        // This process again (a restart in the same process) is no other server.
+        record_server(dir.path()).unwrap();
+        let mut other = Command::new("sleep").arg("30").spawn().unwrap();
+        let mark = ProcessMark::of(other.id()).unwrap();
+        write_record(&dir.path().join(SERVER_RECORD), &mark).unwrap();
+        let refused = record_server(dir.path()).unwrap_err().to_string();
+        assert!(
+            refused.contains(&format!("another taccd dev (pid {})", other.id())),
+            "{refused}"
+        );
+        other.kill().unwrap();
+        other.wait().unwrap();
+        // Once it is gone, the data directory is free.
+        record_server(dir.path()).unwrap();
     }
 
     #[tokio::test]
