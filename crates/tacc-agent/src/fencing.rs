@@ -58,6 +58,11 @@ impl Lease {
         self.state.lock().unwrap().replicated = replicated;
     }
 
+    /// The server's heartbeat timeout, once registered.
+    pub fn term(&self) -> Option<Duration> {
+        self.state.lock().unwrap().term
+    }
+
     pub fn replicated(&self) -> bool {
         self.state.lock().unwrap().replicated
     }

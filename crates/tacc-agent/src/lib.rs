@@ -28,6 +28,7 @@ mod runtimes;
 mod sampler;
 mod secrets;
 mod spool;
+pub mod watchdog;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -134,6 +135,8 @@ pub(crate) struct Shared {
     pub identities: identity::Identities,
     /// The server's heartbeat lease, renewed by every answer.
     pub lease: fencing::Lease,
+    /// The pipe to this agent's watchdog process, if it has one (see [`watchdog`]).
+    pub watchdog: Mutex<Option<std::process::ChildStdin>>,
     /// Attempts this agent stopped because it lost contact with the server.
     pub fenced: Mutex<BTreeSet<AttemptRef>>,
     /// The node's GPUs, for registration and the sampler.
@@ -214,12 +217,20 @@ impl Agent {
                 identities,
                 lease: fencing::Lease::new(std::time::Instant::now()),
                 fenced: Mutex::new(BTreeSet::new()),
+                watchdog: Mutex::new(None),
                 gpus: Arc::new(gpus::FakeGpus::default()),
                 sampling: sampler::Sampling::default(),
                 resizing: Default::default(),
             }),
             attempts: Arc::new(Mutex::new(Attempts::default())),
         })
+    }
+
+    /// Ping the watchdog process whose standard input is `pipe` while this agent runs: it
+    /// kills the agent's tasks should the agent die or stop answering (see [`watchdog`]).
+    pub fn with_watchdog(self, pipe: std::process::ChildStdin) -> Agent {
+        *self.shared.watchdog.lock().unwrap() = Some(pipe);
+        self
     }
 
     /// Offer the container runtime too: tasks with `environment.image` (or `runtime:
@@ -245,6 +256,7 @@ impl Agent {
     /// so when this agent registers without them.
     pub async fn run(self, shutdown: CancellationToken) {
         let killed = orphans::kill_leftovers(&self.shared.config.data_dir.join("run"));
+        watchdog::keep_pinging(self.shared.clone());
         if killed > 0 {
             tracing::warn!("killed {killed} process group(s) left by a previous run of this agent");
         }
@@ -381,6 +393,8 @@ impl Agent {
                         std::time::Instant::now(),
                     );
                     self.shared.lease.set_replicated(registered.replicated);
+                    // At once: an agent stopped right after it registered must be fenced.
+                    watchdog::ping(&self.shared);
                     tracing::info!(
                         "registered as node {} ({}) with {}",
                         registered.node_id,

@@ -72,6 +72,42 @@ impl Drop for GroupRecord {
     }
 }
 
+/// What a slot holds once the watchdog killed its group (see [`fence_recorded`]).
+const FENCED: &str = "fenced\n";
+
+impl GroupRecord {
+    /// Whether the agent's watchdog killed this group (the agent was gone or silent).
+    pub fn fenced(&self) -> bool {
+        std::fs::read_to_string(slot_path(&self.dir, self.slot)).is_ok_and(|t| t == FENCED)
+    }
+}
+
+/// The watchdog's kill: every recorded group that is still the same process is killed and
+/// its slot marked fenced (the agent, should it resume, tells its attempts' end from the
+/// task's own); returns how many. Slots stay where they are: the agent owns them.
+pub(crate) fn fence_recorded(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut killed = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_none_or(|e| e != "pgid") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+        if let (Some(Some(pgid)), Some(Some(started))) = (fields.next(), fields.next())
+            && start_time(pgid as u32) == Some(started)
+            && killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL).is_ok()
+        {
+            killed += 1;
+            let _ = fill(&path, FENCED);
+        }
+    }
+    killed
+}
+
 /// Kill every recorded group that is still the same process; returns how many. Slots are
 /// emptied and made the directory's free slots; records of the older one-file-per-group
 /// layout are removed.

@@ -96,6 +96,13 @@ enum Command {
         #[command(flatten)]
         server: ServerArgs,
     },
+    /// The watchdog of the agent with this data directory (the agent starts it; see
+    /// `tacc_agent::watchdog`).
+    #[command(hide = true)]
+    AgentWatchdog {
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
     /// A node agent that runs tasks for the server at --server.
     ///
     /// Example: taccd agent --server https://head:8383 --server-fingerprint HEX --data-dir /var/lib/tacc-agent --token JOIN_TOKEN
@@ -446,6 +453,10 @@ fn main() -> Result<()> {
                 admin::run(&data_dir, database.as_deref(), command).await
             }
             Command::Server { server } => run_server(server, shutdown).await.map(|_| ()),
+            Command::AgentWatchdog { data_dir } => {
+                run_watchdog(&data_dir);
+                Ok(())
+            }
             Command::Agent {
                 server,
                 token,
@@ -760,6 +771,13 @@ async fn run_agent(
     let processes = tacc_exec::ProcessExecutor::with_cgroups(cgroups.clone());
     let gpu_probe = tacc_agent::choose_probe(node.gpus, config.gpu_type.clone());
     let mut agent = Agent::new(client, config, Arc::new(processes))?.with_gpu_probe(gpu_probe);
+    match start_watchdog(data_dir) {
+        Ok(pipe) => agent = agent.with_watchdog(pipe),
+        Err(error) => tracing::warn!(
+            "no watchdog for this agent ({error:#}): should it die, its tasks run on until it \
+             is started again"
+        ),
+    }
     if let Some(docker) = container_runtime(&node, data_dir).await {
         tracing::info!("container runtime: Docker engine at the configured socket");
         agent = agent.with_container_runtime(docker);
@@ -767,6 +785,47 @@ async fn run_agent(
     agent.run(shutdown).await;
     cgroups.close();
     Ok(())
+}
+
+/// Start this agent's watchdog (`taccd agent-watchdog`), a process of its own (and its
+/// own process group, so a signal to the agent's group leaves it to act); returns the pipe
+/// the agent pings it through.
+fn start_watchdog(data_dir: &Path) -> Result<std::process::ChildStdin> {
+    use std::os::unix::process::CommandExt;
+    let program = std::env::current_exe().context("cannot find the taccd binary")?;
+    let mut child = std::process::Command::new(program)
+        .arg("agent-watchdog")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()
+        .context("cannot start the agent's watchdog")?;
+    child.stdin.take().context("no pipe to the watchdog")
+}
+
+/// The watchdog's life: until the agent's pipe ends (see `tacc_agent::watchdog`).
+fn run_watchdog(data_dir: &Path) {
+    let cgroups = tacc_exec::cgroups::detect(&agent_cgroup_name(data_dir));
+    tacc_agent::watchdog::watch(
+        std::io::stdin(),
+        &data_dir.join("run"),
+        cgroups.as_ref(),
+        |verdict, killed| match verdict {
+            tacc_agent::watchdog::Verdict::AgentGone if killed > 0 => tracing::warn!(
+                "watchdog: the agent of {} is gone; killed what it left running ({killed} \
+                 process groups and processes)",
+                data_dir.display()
+            ),
+            tacc_agent::watchdog::Verdict::AgentGone => {}
+            tacc_agent::watchdog::Verdict::AgentSilent(silence) => tracing::warn!(
+                "watchdog: the agent of {} has not answered for {silence:?}; killed its \
+                 {killed} task process groups so that none runs twice",
+                data_dir.display()
+            ),
+        },
+    );
 }
 
 /// The local address this machine's traffic to the server at `url` leaves from: the
@@ -844,17 +903,23 @@ fn gpu_type_offered(
 /// there killed and removed before anything runs. Where no hierarchy is writable, tasks
 /// run in process groups only (said once in the log).
 fn agent_cgroups(data_dir: &Path) -> Box<dyn tacc_exec::cgroups::Cgroups> {
-    let canonical = data_dir
-        .canonicalize()
-        .unwrap_or_else(|_| data_dir.to_path_buf());
-    let hash = blake3::hash(canonical.as_os_str().as_encoded_bytes()).to_hex();
-    let cgroups = tacc_exec::cgroups::detect(&format!("tacc/agent-{}", &hash[..12]));
+    let cgroups = tacc_exec::cgroups::detect(&agent_cgroup_name(data_dir));
     let killed = cgroups.remove_stale();
     if killed > 0 {
         tracing::warn!("killed {killed} processes left in the cgroups of a previous run");
     }
     tracing::info!("task cgroups: {}", cgroups.version());
     cgroups
+}
+
+/// `tacc/agent-<H(canonical data dir)>`: one per agent data directory, the same across
+/// restarts.
+fn agent_cgroup_name(data_dir: &Path) -> String {
+    let canonical = data_dir
+        .canonicalize()
+        .unwrap_or_else(|_| data_dir.to_path_buf());
+    let hash = blake3::hash(canonical.as_os_str().as_encoded_bytes()).to_hex();
+    format!("tacc/agent-{}", &hash[..12])
 }
 
 fn host_name() -> String {

@@ -265,6 +265,76 @@ async fn a_task_retried_on_node_failure_runs_again_after_a_crash() {
     assert!(states.contains(&(1, TaskState::Lost)), "{states:?}");
 }
 
+/// R5, an agent stopped (`SIGSTOP`) while its task runs: the agent cannot fence itself,
+/// so its watchdog kills the attempt once the agent has been silent for 2/3 of the
+/// heartbeat timeout — before the server loses the node and retries the attempt on the
+/// other agent. Continued, the agent's late report of the attempt changes nothing: the
+/// task succeeds once, as attempt 2, on the other node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_agent_s_attempt_is_killed_by_its_watchdog_before_the_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        "server",
+        &dir.path().join("s"),
+        &["--heartbeat-timeout", "3"],
+    )
+    .await;
+    let client = server.client();
+    let frozen = start_agent(&server, &dir.path().join("a"), &["--name", "frozen"]);
+    wait_nodes(&client, 1).await;
+    let marker = format!("frozen-{}", std::process::id());
+    let yaml = format!(
+        "name: frozen\nretry: {{max_attempts: 2, on: [node_failure]}}\n\
+         environment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  echo \"attempt $TACC_ATTEMPT\"\n  \
+         if [ \"$TACC_ATTEMPT\" = 1 ]; then sleep 600 & wait; fi\n"
+    );
+    let task = submit(&client, dir.path(), "frozen", &yaml, &[]).await;
+    eventually("attempt 1 to run", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            log_text(&client, task)
+                .await
+                .contains("attempt 1")
+                .then_some(())
+        }
+    })
+    .await;
+    let _spare = start_agent(&server, &dir.path().join("b"), &["--name", "spare"]);
+    wait_nodes(&client, 2).await;
+    let agent = Pid::from_raw(frozen.pid() as i32);
+    kill(agent, Signal::SIGSTOP).unwrap();
+    let stopped = std::time::Instant::now();
+    wait_no_processes(&marker).await;
+    let fenced_after = stopped.elapsed();
+    let view = client.get_task(task).await.unwrap();
+    assert_eq!(
+        view.attempt.0, 1,
+        "attempt 1 was still running when attempt 2 was placed: {view:?}"
+    );
+    let view = wait_terminal(&client, task).await;
+    kill(agent, Signal::SIGCONT).unwrap();
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt.0, 2, "{view:?}");
+    assert_eq!(view.nodes, vec!["spare".to_string()]);
+    eprintln!(
+        "the stopped agent's attempt was killed {fenced_after:?} after SIGSTOP (heartbeat timeout 3 s)"
+    );
+    // The continued agent registers again; what it says of attempt 1 changes nothing.
+    eventually("the stopped agent back", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let nodes = client.list_nodes().await.ok()?;
+            nodes
+                .iter()
+                .any(|n| n.name == "frozen" && n.state != "down")
+                .then_some(())
+        }
+    })
+    .await;
+    let view = client.get_task(task).await.unwrap();
+    assert_eq!((view.state, view.attempt.0), (TaskState::Succeeded, 2));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_agent_is_lost_after_the_heartbeat_timeout() {
     let dir = tempfile::tempdir().unwrap();
@@ -292,9 +362,9 @@ async fn a_silent_agent_is_lost_after_the_heartbeat_timeout() {
     );
     let nodes = client.list_nodes().await.unwrap();
     assert_eq!(nodes[0].state, "down");
-    // The restarted agent cleans up what its previous life left running.
-    let _agent = start_agent(&server, &dir.path().join("a"), &["--name", "doomed"]);
+    // Nothing of its task runs on: the agent's watchdog killed it when the agent died.
     wait_no_processes(&marker).await;
+    let _agent = start_agent(&server, &dir.path().join("a"), &["--name", "doomed"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -217,8 +217,8 @@ on_both_stores!(
     run = killed_agent
 );
 
-/// R5, an agent killed: its task is retried on another host, and the agent, started
-/// again, stops what its previous life left running.
+/// R5, an agent killed: its watchdog kills its task at once, before the server loses the
+/// node, and the task is retried on another host.
 async fn killed_agent(backend: Backend) {
     // The hosts' agents are named per test: both stores' variants may run at once.
     let (h2, h3) = match backend {
@@ -243,6 +243,10 @@ async fn killed_agent(backend: Backend) {
     wait_nodes(&cluster.client, 2).await;
     first.child.kill().unwrap();
     first.child.wait().unwrap();
+    // Its watchdog kills the attempt at once: gone before the server even loses the node.
+    wait_no_processes(&marker).await;
+    let view = cluster.client.get_task(task).await.unwrap();
+    assert_eq!(view.attempt.0, 1, "retried while attempt 1 ran: {view:?}");
     let view = wait_terminal(&cluster.client, task).await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
     assert_eq!(view.attempt.0, 2);
@@ -252,7 +256,7 @@ async fn killed_agent(backend: Backend) {
         log.contains(&format!("attempt 2 on {}", host_address(3))),
         "{log}"
     );
-    // The killed agent, started again, kills what its previous life left running.
+    // The killed agent, started again, finds nothing of its previous life running.
     let _again = cluster.agent(2, h2, &[]);
     wait_no_processes(&marker).await;
 }

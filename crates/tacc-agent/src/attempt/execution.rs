@@ -119,7 +119,7 @@ pub(crate) async fn launch(
 ) -> Result<ExitOutcome, ExecError> {
     let (tx, mut rx) = tacc_exec::output_channel();
     let handle = executor.launch(spec, tx).await?;
-    let _record = handle.pid.and_then(|pid| {
+    let record = handle.pid.and_then(|pid| {
         GroupRecord::write(&shared.config.data_dir.join("run"), record_name, pid).ok()
     });
     if let Some(reader) = handle.usage_reader() {
@@ -176,6 +176,20 @@ pub(crate) async fn launch(
     shared.resizing.detach(attempt, record_name);
     // Every line is forwarded before the attempt's end is reported.
     let _ = forwarder.await;
+    // Killed by the watchdog while this agent was stopped: the node's fault, not the task's.
+    if record.as_ref().is_some_and(|record| record.fenced()) {
+        shared.fenced.lock().unwrap().insert(attempt);
+        report(
+            shared,
+            AgentReport::Log {
+                attempt,
+                text: "tacc: this node's agent stopped answering; its watchdog stopped the \
+                       attempt here so that it never runs twice\n"
+                    .into(),
+                offset: None,
+            },
+        );
+    }
     Ok(outcome)
 }
 
