@@ -86,21 +86,9 @@ impl GroupRecord {
 /// its slot marked fenced (the agent, should it resume, tells its attempts' end from the
 /// task's own); returns how many. Slots stay where they are: the agent owns them.
 pub(crate) fn fence_recorded(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
     let mut killed = 0;
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.extension().is_none_or(|e| e != "pgid") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
-        if let (Some(Some(pgid)), Some(Some(started))) = (fields.next(), fields.next())
-            && start_time(pgid as u32) == Some(started)
-            && killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL).is_ok()
-        {
+    for path in record_files(dir) {
+        if kill_recorded(&path) {
             killed += 1;
             let _ = fill(&path, FENCED);
         }
@@ -108,26 +96,38 @@ pub(crate) fn fence_recorded(dir: &Path) -> usize {
     killed
 }
 
+/// The record files (`*.pgid`) in `dir`.
+fn record_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "pgid"))
+        .collect()
+}
+
+/// Kill the group a record names, if it is still the same process; whether it did.
+fn kill_recorded(path: &Path) -> bool {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
+    matches!(
+        (fields.next(), fields.next()),
+        (Some(Some(pgid)), Some(Some(started)))
+            if start_time(pgid as u32) == Some(started)
+                && killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL).is_ok()
+    )
+}
+
 /// Kill every recorded group that is still the same process; returns how many. Slots are
 /// emptied and made the directory's free slots; records of the older one-file-per-group
 /// layout are removed.
 pub(crate) fn kill_leftovers(dir: &Path) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
     let mut killed = 0;
     let mut slots = Vec::new();
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.extension().is_none_or(|e| e != "pgid") {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let mut fields = text.split_whitespace().map(|f| f.parse::<u64>().ok());
-        if let (Some(Some(pgid)), Some(Some(started))) = (fields.next(), fields.next())
-            && start_time(pgid as u32) == Some(started)
-            && killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL).is_ok()
-        {
+    for path in record_files(dir) {
+        if kill_recorded(&path) {
             killed += 1;
         }
         let slot = path

@@ -218,26 +218,14 @@ impl Executor for ProcessExecutor {
             }
         }
         let readers = [
-            child.stdout.take().map(|out| {
-                let waiting = PipeWait::new();
-                let reader = tokio::spawn(forward_lines(
-                    out,
-                    Stream::Stdout,
-                    output.clone(),
-                    waiting.clone(),
-                ));
-                (reader, waiting)
-            }),
-            child.stderr.take().map(|err| {
-                let waiting = PipeWait::new();
-                let reader = tokio::spawn(forward_lines(
-                    err,
-                    Stream::Stderr,
-                    output.clone(),
-                    waiting.clone(),
-                ));
-                (reader, waiting)
-            }),
+            child
+                .stdout
+                .take()
+                .map(|out| spawn_reader(out, Stream::Stdout, &output)),
+            child
+                .stderr
+                .take()
+                .map(|err| spawn_reader(err, Stream::Stderr, &output)),
         ];
         let (cancel, exit_tx, exit_rx) = handle_parts();
         let token = cancel.clone();
@@ -449,6 +437,17 @@ impl PipeWait {
                 .saturating_sub(Duration::from_millis(at - 1)),
         }
     }
+}
+
+/// Forward one pipe in a task of its own; with what tells how long it waited for the pipe.
+fn spawn_reader(
+    pipe: impl AsyncRead + Unpin + Send + 'static,
+    stream: Stream,
+    output: &OutputSender,
+) -> (tokio::task::JoinHandle<()>, PipeWait) {
+    let waiting = PipeWait::new();
+    let reader = tokio::spawn(forward_lines(pipe, stream, output.clone(), waiting.clone()));
+    (reader, waiting)
 }
 
 /// Let a reader deliver what its pipe holds; give it up once the pipe has been silent for

@@ -63,17 +63,6 @@ fn containers_of(dev_dir: &Path, task: TaskId) -> Vec<String> {
         .collect()
 }
 
-async fn wait_log(client: &tacc_client::Client, task: TaskId, needle: &str) -> String {
-    eventually(&format!("`{needle}` in the log"), DEADLINE, || {
-        let client = client.clone();
-        async move {
-            let text = String::from_utf8(client.logs(task, 0).await.ok()?.0.to_vec()).ok()?;
-            text.contains(needle).then_some(text)
-        }
-    })
-    .await
-}
-
 async fn wait_no_containers(dev_dir: &Path, task: TaskId) {
     eventually(
         "the task's containers to be removed",

@@ -30,16 +30,7 @@ async fn cancel_of_queued_and_running_tasks_leaves_no_process() {
     )
     .await;
     wait_state(&client, running, &[TaskState::Running]).await;
-    eventually("the running task's output", DEADLINE, || {
-        let client = client.clone();
-        async move {
-            log_text(&client, running)
-                .await
-                .contains("started")
-                .then_some(())
-        }
-    })
-    .await;
+    wait_log(&client, running, "started").await;
     assert!(!task_processes(&marker).is_empty());
     let view = client.get_task(queued).await.unwrap();
     assert_eq!(view.state, TaskState::Queued);
@@ -115,16 +106,7 @@ async fn kill_9_of_the_daemon_loses_no_acknowledged_task_and_leaves_no_process()
         &[],
     )
     .await;
-    eventually("the running task's output", DEADLINE, || {
-        let client = client.clone();
-        async move {
-            log_text(&client, running)
-                .await
-                .contains("started")
-                .then_some(())
-        }
-    })
-    .await;
+    wait_log(&client, running, "started").await;
     assert_eq!(
         client.get_task(queued).await.unwrap().state,
         TaskState::Queued
@@ -187,16 +169,7 @@ async fn a_task_that_ends_while_the_embedded_server_is_down_is_recorded_not_reru
     let url = daemon.url.clone();
     let client = daemon.client();
     let task = submit(&client, dir.path(), "outage", &yaml, &[]).await;
-    eventually("attempt 1 to print", DEADLINE, || {
-        let client = client.clone();
-        async move {
-            log_text(&client, task)
-                .await
-                .contains("attempt 1 before")
-                .then_some(())
-        }
-    })
-    .await;
+    wait_log(&client, task, "attempt 1 before").await;
     daemon.kill9();
     std::fs::write(&gate, "").unwrap();
     eventually("the task to end while the server is down", DEADLINE, || {
@@ -239,16 +212,7 @@ async fn a_task_retried_on_node_failure_runs_again_after_a_crash() {
         &[],
     )
     .await;
-    eventually("attempt 1 output", DEADLINE, || {
-        let client = client.clone();
-        async move {
-            log_text(&client, task)
-                .await
-                .contains("attempt 1")
-                .then_some(())
-        }
-    })
-    .await;
+    wait_log(&client, task, "attempt 1").await;
     daemon.crash();
     let restarted = start("dev", &data, &[]).await;
     let client = restarted.client();
@@ -289,16 +253,7 @@ async fn a_stopped_agent_s_attempt_is_killed_by_its_watchdog_before_the_retry() 
          if [ \"$TACC_ATTEMPT\" = 1 ]; then sleep 600 & wait; fi\n"
     );
     let task = submit(&client, dir.path(), "frozen", &yaml, &[]).await;
-    eventually("attempt 1 to run", DEADLINE, || {
-        let client = client.clone();
-        async move {
-            log_text(&client, task)
-                .await
-                .contains("attempt 1")
-                .then_some(())
-        }
-    })
-    .await;
+    wait_log(&client, task, "attempt 1").await;
     let _spare = start_agent(&server, &dir.path().join("b"), &["--name", "spare"]);
     wait_nodes(&client, 2).await;
     let agent = Pid::from_raw(frozen.pid() as i32);

@@ -127,17 +127,6 @@ fn jobs_of(tag: &str) -> Vec<(u64, String)> {
         .collect()
 }
 
-async fn wait_log(client: &tacc_client::Client, task: TaskId, needle: &str) -> String {
-    eventually(&format!("`{needle}` in the log"), DEADLINE, || {
-        let client = client.clone();
-        async move {
-            let text = String::from_utf8(client.logs(task, 0).await.ok()?.0.to_vec()).ok()?;
-            text.contains(needle).then_some(text)
-        }
-    })
-    .await
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_single_node_task_streams_logs_live() {
     if !slurm_ready("slurm_single_node_task_streams_logs_live").await {

@@ -594,3 +594,15 @@ pub fn markers_dir(root: &Path) -> std::path::PathBuf {
     std::fs::set_permissions(&markers, std::fs::Permissions::from_mode(0o1777)).unwrap();
     markers
 }
+
+/// Wait until the task's log holds `needle`; the log then.
+pub async fn wait_log(client: &Client, task: TaskId, needle: &str) -> String {
+    eventually(&format!("`{needle}` in the log"), DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let text = String::from_utf8(client.logs(task, 0).await.ok()?.0.to_vec()).ok()?;
+            text.contains(needle).then_some(text)
+        }
+    })
+    .await
+}
