@@ -1,0 +1,81 @@
+//! Administration under `/v1/admin` (an admin's token): users, API tokens, agent join
+//! tokens, draining and removing nodes, the audit log, and a chunk garbage-collection pass.
+
+use reqwest::Method;
+use tacc_proto::NodeView;
+
+use crate::{Client, Result};
+
+impl Client {
+    pub async fn create_user(
+        &self,
+        user: &tacc_proto::CreateUser,
+    ) -> Result<tacc_proto::UserCreated> {
+        self.json(self.request(Method::POST, "/v1/admin/users").json(user))
+            .await
+    }
+
+    pub async fn list_users(&self) -> Result<Vec<tacc_proto::UserView>> {
+        self.json(self.request(Method::GET, "/v1/admin/users"))
+            .await
+    }
+
+    pub async fn create_token(
+        &self,
+        token: &tacc_proto::CreateToken,
+    ) -> Result<tacc_proto::TokenIssued> {
+        self.json(self.request(Method::POST, "/v1/admin/tokens").json(token))
+            .await
+    }
+
+    pub async fn list_tokens(&self) -> Result<Vec<tacc_proto::TokenView>> {
+        self.json(self.request(Method::GET, "/v1/admin/tokens"))
+            .await
+    }
+
+    pub async fn revoke_token(&self, id: u64) -> Result<()> {
+        self.send(self.request(Method::POST, &format!("/v1/admin/tokens/{id}/revoke")))
+            .await?;
+        Ok(())
+    }
+
+    /// Drain a node (`resume: false`) or let it take tasks again (`resume: true`).
+    pub async fn drain_node(&self, name: &str, resume: bool) -> Result<NodeView> {
+        let verb = if resume { "resume" } else { "drain" };
+        self.json(self.request(Method::POST, &format!("/v1/admin/nodes/{name}/{verb}")))
+            .await
+    }
+
+    /// Forget a node and revoke its credential.
+    pub async fn remove_node(&self, name: &str) -> Result<()> {
+        self.send(self.request(Method::DELETE, &format!("/v1/admin/nodes/{name}")))
+            .await?;
+        Ok(())
+    }
+
+    /// A join token with which a new agent can register its node.
+    pub async fn create_agent_token(
+        &self,
+        ttl_secs: Option<u64>,
+    ) -> Result<tacc_proto::TokenIssued> {
+        let request = self.request(Method::POST, "/v1/admin/agent-tokens");
+        let request = match ttl_secs {
+            Some(ttl) => request.query(&[("ttl_secs", ttl)]),
+            None => request,
+        };
+        self.json(request).await
+    }
+
+    pub async fn audit(&self, limit: u32) -> Result<Vec<tacc_proto::AuditView>> {
+        self.json(
+            self.request(Method::GET, "/v1/admin/audit")
+                .query(&[("limit", limit)]),
+        )
+        .await
+    }
+
+    /// Run one chunk garbage-collection pass on the server now.
+    pub async fn collect_garbage(&self) -> Result<tacc_proto::GcReport> {
+        self.json(self.request(Method::POST, "/v1/admin/gc")).await
+    }
+}
