@@ -78,10 +78,27 @@ pub fn watch(
         let silence = last_ping.elapsed();
         if !fenced && !term.is_zero() && silence > term * 2 / 3 {
             fenced = true;
-            let killed = orphans::fence_recorded(run_dir);
+            // The groups, and what left them with `setsid` (still in their cgroups); the
+            // cgroups stay for the agent, which removes them as it sees each attempt end.
+            let killed = orphans::fence_recorded(run_dir) + kill_in_cgroups(cgroups);
             acted(Verdict::AgentSilent(silence), killed);
         }
     }
+}
+
+/// Kill every process in the agent's execution cgroups; how many.
+fn kill_in_cgroups(cgroups: &dyn Cgroups) -> usize {
+    cgroups
+        .existing()
+        .iter()
+        .filter_map(|name| cgroups.open(name))
+        .map(|cgroup| {
+            cgroup
+                .kill_all(tacc_exec::cgroups::KILL_DEADLINE)
+                .killed
+                .len()
+        })
+        .sum()
 }
 
 /// What the watchdog heard from the agent.

@@ -230,7 +230,8 @@ async fn a_task_retried_on_node_failure_runs_again_after_a_crash() {
 }
 
 /// R5, an agent stopped (`SIGSTOP`) while its task runs: the agent cannot fence itself,
-/// so its watchdog kills the attempt once the agent has been silent for 2/3 of the
+/// so its watchdog kills the attempt — a process that left its group with `setsid`
+/// too — once the agent has been silent for 2/3 of the
 /// heartbeat timeout — before the server loses the node and retries the attempt on the
 /// other agent. Continued, the agent's late report of the attempt changes nothing: the
 /// task succeeds once, as attempt 2, on the other node.
@@ -250,7 +251,7 @@ async fn a_stopped_agent_s_attempt_is_killed_by_its_watchdog_before_the_retry() 
     let yaml = format!(
         "name: frozen\nretry: {{max_attempts: 2, on: [node_failure]}}\n\
          environment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  echo \"attempt $TACC_ATTEMPT\"\n  \
-         if [ \"$TACC_ATTEMPT\" = 1 ]; then sleep 600 & wait; fi\n"
+         if [ \"$TACC_ATTEMPT\" = 1 ]; then setsid sleep 600 & sleep 600 & wait; fi\n"
     );
     let task = submit(&client, dir.path(), "frozen", &yaml, &[]).await;
     wait_log(&client, task, "attempt 1").await;
