@@ -12,6 +12,7 @@ mod modes;
 mod node_labels;
 mod pilot_node;
 mod pilots;
+mod process_agent;
 mod replica;
 mod slurm_agent;
 mod tls;
@@ -25,8 +26,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
-use tacc_agent::{Agent, AgentConfig};
-use tacc_core::{ByteSize, HumanDuration, Resources};
+use tacc_core::{ByteSize, HumanDuration};
 use tacc_server::{Control, ServerConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -383,34 +383,6 @@ struct NodeArgs {
     labels: Vec<(String, String)>,
 }
 
-const DEFAULT_DOCKER_SOCKET: &str = "/var/run/docker.sock";
-
-/// The container runtime this node offers, if any (see `--docker-socket`).
-async fn container_runtime(node: &NodeArgs, data_dir: &Path) -> Option<tacc_exec::DockerExecutor> {
-    // The owner label is the agent's data directory: unique per agent on a machine.
-    let owner = std::fs::canonicalize(data_dir)
-        .unwrap_or_else(|_| data_dir.to_path_buf())
-        .display()
-        .to_string();
-    let executor = |socket: &str| {
-        tacc_exec::DockerExecutor::new(socket, owner.clone())
-            .with_default_image(node.container_image.clone())
-    };
-    match &node.docker_socket {
-        Some(socket) => Some(executor(&socket.display().to_string())),
-        None => {
-            let docker = executor(DEFAULT_DOCKER_SOCKET);
-            match docker.ping().await {
-                Ok(()) => Some(docker),
-                Err(why) => {
-                    tracing::info!("no container runtime on this node: {why}");
-                    None
-                }
-            }
-        }
-    }
-}
-
 fn main() -> Result<()> {
     // Before anything is created: the daemon's files are its own (see `modes`).
     modes::private_umask();
@@ -454,7 +426,7 @@ fn main() -> Result<()> {
             }
             Command::Server { server } => run_server(server, shutdown).await.map(|_| ()),
             Command::AgentWatchdog { data_dir } => {
-                run_watchdog(&data_dir);
+                process_agent::run_watchdog(&data_dir);
                 Ok(())
             }
             Command::Agent {
@@ -482,7 +454,7 @@ fn main() -> Result<()> {
                         )
                         .await
                     }
-                    _ => run_agent(client, &data_dir, token, node, shutdown).await,
+                    _ => process_agent::run_agent(client, &data_dir, token, node, shutdown).await,
                 }
             }
         }
@@ -648,9 +620,9 @@ async fn run_dev(
     // Checked before the server starts: the agent's own failure would only be logged.
     if node.gpu_type.is_some() && node.gpus.is_none() {
         let (found, found_type) = tacc_agent::detect_gpus();
-        gpu_type_offered(None, found, found_type, &node.gpu_type)?;
+        process_agent::gpu_type_offered(None, found, found_type, &node.gpu_type)?;
     } else {
-        gpu_type_offered(node.gpus, 0, None, &node.gpu_type)?;
+        process_agent::gpu_type_offered(node.gpus, 0, None, &node.gpu_type)?;
     }
     std::fs::create_dir_all(&server.data_dir)
         .with_context(|| format!("cannot create {}", server.data_dir.display()))?;
@@ -697,7 +669,7 @@ async fn run_embedded_agent(
         shutdown.clone(),
     );
     let client = server.tls.local_client(url)?;
-    run_agent(
+    process_agent::run_agent(
         client,
         &server.data_dir.join("agent"),
         join_token,
@@ -705,160 +677,6 @@ async fn run_embedded_agent(
         shutdown,
     )
     .await
-}
-
-async fn run_agent(
-    client: tacc_client::Client,
-    data_dir: &Path,
-    join_token: Option<String>,
-    node: NodeArgs,
-    shutdown: CancellationToken,
-) -> Result<()> {
-    std::fs::create_dir_all(data_dir)
-        .with_context(|| format!("cannot create {}", data_dir.display()))?;
-    let (detected, detected_type) = tacc_agent::detect_capacity();
-    let gpus = node.gpus.unwrap_or(detected.gpus);
-    let gpu_type = gpu_type_offered(node.gpus, detected.gpus, detected_type, &node.gpu_type)?;
-    let capacity = Resources::new(
-        node.cpus
-            .map_or(detected.cpu_millis, |c| (c * 1000.0).round() as u64),
-        node.memory.map_or(detected.memory_bytes, |m| m.as_bytes()),
-        gpus,
-    );
-    let name = match node.name.clone() {
-        Some(name) => name,
-        None => host_name(),
-    };
-    let config = AgentConfig {
-        name,
-        data_dir: data_dir.to_path_buf(),
-        capacity,
-        gpu_type,
-        labels: node
-            .labels
-            .iter()
-            .cloned()
-            .chain(pilot_node::labels_from_env()?)
-            .collect(),
-        address: match &node.address {
-            Some(address) => address.clone(),
-            None => address_towards(client.base_url())?,
-        },
-        poll_wait: Duration::from_secs(20),
-        keep_workdirs: node.keep_workdirs,
-        env_cache_bytes: node.env_cache_size.as_bytes(),
-        task_uid_base: node.task_uid_base,
-    };
-    let stored = tacc_agent::stored_credential(data_dir)?;
-    let token = match (stored, join_token) {
-        (Some(stored), Some(join)) if credential_refused(&client, &stored).await => {
-            tracing::warn!(
-                "the server refuses this node's stored credential (an admin removed the node, \
-                 or revoked it): registering again with the join token"
-            );
-            Some(join)
-        }
-        (stored, join) => stored.or(join),
-    };
-    let client = match token {
-        Some(token) => client.with_token(token),
-        None => anyhow::bail!(
-            "this agent has no credential: give it a join token (`taccd agent --token T`; an \
-             admin makes one with `taccd admin agent-token`)"
-        ),
-    };
-    let cgroups: Arc<dyn tacc_exec::cgroups::Cgroups> = Arc::from(agent_cgroups(data_dir));
-    let processes = tacc_exec::ProcessExecutor::with_cgroups(cgroups.clone());
-    let gpu_probe = tacc_agent::choose_probe(node.gpus, config.gpu_type.clone());
-    let mut agent = Agent::new(client, config, Arc::new(processes))?.with_gpu_probe(gpu_probe);
-    match start_watchdog(data_dir) {
-        Ok(pipe) => agent = agent.with_watchdog(pipe),
-        Err(error) => tracing::warn!(
-            "no watchdog for this agent ({error:#}): should it die, its tasks run on until it \
-             is started again"
-        ),
-    }
-    if let Some(docker) = container_runtime(&node, data_dir).await {
-        tracing::info!("container runtime: Docker engine at the configured socket");
-        agent = agent.with_container_runtime(docker);
-    }
-    agent.run(shutdown).await;
-    cgroups.close();
-    Ok(())
-}
-
-/// Start this agent's watchdog (`taccd agent-watchdog`), a process of its own (and its
-/// own process group, so a signal to the agent's group leaves it to act); returns the pipe
-/// the agent pings it through.
-fn start_watchdog(data_dir: &Path) -> Result<std::process::ChildStdin> {
-    use std::os::unix::process::CommandExt;
-    let program = std::env::current_exe().context("cannot find the taccd binary")?;
-    let mut child = std::process::Command::new(program)
-        .arg("agent-watchdog")
-        .arg("--data-dir")
-        .arg(data_dir)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .process_group(0)
-        .spawn()
-        .context("cannot start the agent's watchdog")?;
-    child.stdin.take().context("no pipe to the watchdog")
-}
-
-/// The watchdog's life: until the agent's pipe ends (see `tacc_agent::watchdog`).
-fn run_watchdog(data_dir: &Path) {
-    let cgroups = tacc_exec::cgroups::detect(&agent_cgroup_name(data_dir));
-    tacc_agent::watchdog::watch(
-        std::io::stdin(),
-        &data_dir.join("run"),
-        cgroups.as_ref(),
-        |verdict, killed| match verdict {
-            tacc_agent::watchdog::Verdict::AgentGone if killed > 0 => tracing::warn!(
-                "watchdog: the agent of {} is gone; killed what it left running ({killed} \
-                 process groups and processes)",
-                data_dir.display()
-            ),
-            tacc_agent::watchdog::Verdict::AgentGone => {}
-            tacc_agent::watchdog::Verdict::AgentSilent(silence) => tracing::warn!(
-                "watchdog: the agent of {} has not answered for {silence:?}; killed its \
-                 {killed} task process groups so that none runs twice",
-                data_dir.display()
-            ),
-        },
-    );
-}
-
-/// The local address this machine's traffic to the server at `url` leaves from: the
-/// address the server (and so the other nodes of its network) reach this node at.
-fn address_towards(url: &str) -> Result<String> {
-    let parsed = url::Url::parse(url).with_context(|| format!("bad server URL `{url}`"))?;
-    let server = parsed
-        .socket_addrs(|| None)
-        .with_context(|| format!("cannot resolve the server's address in `{url}`"))?
-        .into_iter()
-        .next()
-        .with_context(|| format!("the server's host in `{url}` has no address"))?;
-    let unspecified: std::net::SocketAddr = if server.is_ipv4() {
-        ([0, 0, 0, 0], 0).into()
-    } else {
-        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    // Connecting a UDP socket sends nothing; it only asks the kernel for the route.
-    let socket = std::net::UdpSocket::bind(unspecified)?;
-    socket.connect(server).with_context(|| {
-        format!("no route to the server at {server}; give this node's address with --address")
-    })?;
-    Ok(socket.local_addr()?.ip().to_string())
-}
-
-/// True when the server answers that `credential` is not valid (revoked or unknown); an
-/// unreachable server or any other answer keeps the credential.
-async fn credential_refused(client: &tacc_client::Client, credential: &str) -> bool {
-    let probe = client.clone().with_token(credential.to_string());
-    matches!(
-        probe.whoami().await,
-        Err(tacc_client::ClientError::Api { status: 401, .. })
-    )
 }
 
 /// `--gpu-type`: a model name as task files write it (letters, digits, `-`, `_`, `.`).
@@ -876,52 +694,7 @@ fn parse_gpu_type(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
-/// The GPU type the node offers: `--gpu-type` when given (it needs GPUs to describe:
-/// found through NVML, or `--gpus N` fake ones), else what NVML reported.
-fn gpu_type_offered(
-    asked_gpus: Option<u32>,
-    detected_gpus: u32,
-    detected_type: Option<String>,
-    asked_type: &Option<String>,
-) -> Result<Option<String>> {
-    let Some(asked) = asked_type else {
-        return Ok(detected_type);
-    };
-    match asked_gpus {
-        Some(0) => anyhow::bail!(
-            "--gpu-type {asked} names the model of the GPUs offered, but --gpus is 0; drop --gpu-type or offer some GPUs with --gpus N"
-        ),
-        None if detected_gpus == 0 => anyhow::bail!(
-            "--gpu-type {asked} needs GPUs to describe, and NVML found none on this machine; offer fake ones with --gpus N --gpu-type {asked}"
-        ),
-        _ => Ok(Some(asked.clone())),
-    }
-}
-
-/// This agent's part of the machine's cgroup hierarchy, `tacc/agent-<H(data dir)>` (one
-/// per agent data directory, the same across restarts), with what a previous life left
-/// there killed and removed before anything runs. Where no hierarchy is writable, tasks
-/// run in process groups only (said once in the log).
-fn agent_cgroups(data_dir: &Path) -> Box<dyn tacc_exec::cgroups::Cgroups> {
-    let cgroups = tacc_exec::cgroups::detect(&agent_cgroup_name(data_dir));
-    let killed = cgroups.remove_stale();
-    if killed > 0 {
-        tracing::warn!("killed {killed} processes left in the cgroups of a previous run");
-    }
-    tracing::info!("task cgroups: {}", cgroups.version());
-    cgroups
-}
-
-/// `tacc/agent-<H(canonical data dir)>`: one per agent data directory, the same across
-/// restarts.
-fn agent_cgroup_name(data_dir: &Path) -> String {
-    let canonical = data_dir
-        .canonicalize()
-        .unwrap_or_else(|_| data_dir.to_path_buf());
-    let hash = blake3::hash(canonical.as_os_str().as_encoded_bytes()).to_hex();
-    format!("tacc/agent-{}", &hash[..12])
-}
-
+/// This machine's host name (`localhost` when it has none).
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
@@ -1000,17 +773,20 @@ mod cli_tests {
     #[test]
     fn an_agent_advertises_the_address_it_reaches_its_server_from() {
         assert_eq!(
-            super::address_towards("https://127.0.0.1:8383").unwrap(),
+            super::process_agent::address_towards("https://127.0.0.1:8383").unwrap(),
             "127.0.0.1"
         );
-        assert_eq!(super::address_towards("http://[::1]:80/").unwrap(), "::1");
-        let bad = super::address_towards("127.0.0.1:8383").unwrap_err();
+        assert_eq!(
+            super::process_agent::address_towards("http://[::1]:80/").unwrap(),
+            "::1"
+        );
+        let bad = super::process_agent::address_towards("127.0.0.1:8383").unwrap_err();
         assert!(format!("{bad:#}").contains("bad server URL"), "{bad:#}");
     }
 
     #[test]
     fn a_gpu_type_needs_gpus_to_describe() {
-        use super::gpu_type_offered as offered;
+        use super::process_agent::gpu_type_offered as offered;
         let a100 = Some("A100".to_string());
         let h100 = Some("H100".to_string());
         assert_eq!(offered(None, 0, None, &None).unwrap(), None);
