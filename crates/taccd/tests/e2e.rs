@@ -153,13 +153,7 @@ async fn failures_say_why_and_retries_make_new_attempts() {
         log.contains("attempt 1") && log.contains("attempt 2"),
         "{log}"
     );
-    let states: Vec<(u32, TaskState)> = client
-        .task_events(retried)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| (e.attempt.0, e.state))
-        .collect();
+    let states = attempt_states(&client, retried).await;
     assert!(
         states.contains(&(1, TaskState::Failed)) && states.contains(&(2, TaskState::Queued)),
         "{states:?}"

@@ -185,13 +185,7 @@ async fn a_task_that_ends_while_the_embedded_server_is_down_is_recorded_not_reru
     let log = log_text(&client, task).await;
     assert!(log.contains("during-the-outage"), "{log}");
     assert_eq!(std::fs::read_to_string(&ended).unwrap(), "1\n", "ran once");
-    let states: Vec<(u32, TaskState)> = client
-        .task_events(task)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| (e.attempt.0, e.state))
-        .collect();
+    let states = attempt_states(&client, task).await;
     assert!(
         !states.iter().any(|(_, state)| *state == TaskState::Lost),
         "{states:?}"
@@ -219,13 +213,7 @@ async fn a_task_retried_on_node_failure_runs_again_after_a_crash() {
     let view = wait_terminal(&client, task).await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
     assert_eq!(view.attempt.0, 2);
-    let states: Vec<(u32, TaskState)> = client
-        .task_events(task)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| (e.attempt.0, e.state))
-        .collect();
+    let states = attempt_states(&client, task).await;
     assert!(states.contains(&(1, TaskState::Lost)), "{states:?}");
 }
 

@@ -22,6 +22,37 @@ fn retried(on: &str, max: u32) -> String {
 
 const MS: Duration = Duration::from_millis(1);
 
+fn assert_reason(record: &tacc_store::TaskRecord, prefix: &str) {
+    assert!(
+        record
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(prefix)),
+        "the reason should start with {prefix:?}: {record:?}"
+    );
+}
+
+/// A retried task waiting out `backoff`: the server restarts a millisecond before it is
+/// over and the agent registers again; the task is not placed before the backoff is
+/// over, and is placed right after. Its new attempt's assignment.
+async fn placed_after_its_backoff_across_a_restart(
+    env: &mut TestEnv,
+    agent: &mut super::test_env::FakeAgent,
+    backoff: Duration,
+) -> tacc_proto::AttemptRef {
+    env.advance(backoff - MS);
+    env.restart_server().await;
+    env.register(agent, 1).await;
+    env.check_liveness().await;
+    assert!(
+        env.poll(agent).await.is_empty(),
+        "placed before its backoff"
+    );
+    env.advance(MS);
+    env.check_liveness().await;
+    only(&env.poll(agent).await)
+}
+
 #[tokio::test]
 async fn a_task_is_placed_started_and_succeeds_once() {
     let env = TestEnv::new().await;
@@ -73,10 +104,7 @@ async fn a_node_is_lost_only_once_silent_past_the_heartbeat_timeout() {
     assert_eq!(env.node_state(&agent).await, "down");
     let record = env.task(task).await;
     assert_eq!(record.state, Lost);
-    assert!(
-        record.reason.as_deref().unwrap().starts_with("node_lost:"),
-        "{record:?}"
-    );
+    assert_reason(&record, "node_lost:");
     // A lost node's poll is refused: it must register again.
     assert!(env.try_poll(&agent).await.is_err());
 }
@@ -307,35 +335,15 @@ async fn the_operator_s_backoff_and_crash_limit_are_the_ones_served() {
     let first = only(&env.poll(&mut agent).await);
     env.finish(&mut agent, first, 1).await;
     let record = env.task(task).await;
-    assert!(
-        record
-            .reason
-            .as_deref()
-            .unwrap()
-            .starts_with("retrying in 2s"),
-        "{record:?}"
-    );
-    env.advance(settings.backoff - MS);
-    env.restart_server().await;
-    env.register(&agent, 1).await;
-    env.check_liveness().await;
-    assert!(env.poll(&mut agent).await.is_empty(), "placed before 2 s");
-    env.advance(MS);
-    env.check_liveness().await;
-    let second = only(&env.poll(&mut agent).await);
+    assert_reason(&record, "retrying in 2s");
+    let second =
+        placed_after_its_backoff_across_a_restart(&mut env, &mut agent, settings.backoff).await;
     assert_eq!(second.attempt.0, 2);
     // Its node goes silent: with a crash limit of one, that first crash ends it.
     env.pass_seconds(HEARTBEAT.as_secs() + 1, &mut []).await;
     let record = env.task(task).await;
     assert_eq!(record.state, Failed, "{record:?}");
-    assert!(
-        record
-            .reason
-            .as_deref()
-            .unwrap()
-            .starts_with("crash_limit:"),
-        "{record:?}"
-    );
+    assert_reason(&record, "crash_limit:");
 }
 
 #[tokio::test]
@@ -347,27 +355,15 @@ async fn a_retried_task_waits_out_its_backoff_also_across_a_restart() {
     env.finish(&mut agent, first, 1).await;
     let record = env.task(task).await;
     assert_eq!((record.state, record.attempt.0), (Queued, 2));
-    assert!(
-        record
-            .reason
-            .as_deref()
-            .unwrap()
-            .starts_with("retrying in 5s"),
-        "{record:?}"
-    );
+    assert_reason(&record, "retrying in 5s");
     assert!(env.log(task).contains("attempt 2"), "{}", env.log(task));
 
-    env.advance(RetrySettings::default().backoff - MS);
-    env.restart_server().await;
-    env.register(&agent, 1).await;
-    env.check_liveness().await;
-    assert!(
-        env.poll(&mut agent).await.is_empty(),
-        "placed before its backoff"
-    );
-    env.advance(MS);
-    env.check_liveness().await;
-    let second = only(&env.poll(&mut agent).await);
+    let second = placed_after_its_backoff_across_a_restart(
+        &mut env,
+        &mut agent,
+        RetrySettings::default().backoff,
+    )
+    .await;
     assert_eq!(second.attempt.0, 2);
     env.finish(&mut agent, second, 0).await;
     assert_eq!(env.state(task).await, Succeeded);
@@ -390,14 +386,7 @@ async fn a_task_that_keeps_taking_its_node_down_fails_at_the_crash_limit() {
     }
     let record = env.task(task).await;
     assert_eq!(record.state, Failed);
-    assert!(
-        record
-            .reason
-            .as_deref()
-            .unwrap()
-            .starts_with("crash_limit:"),
-        "{record:?}"
-    );
+    assert_reason(&record, "crash_limit:");
     assert_eq!(record.attempt.0, RetrySettings::default().crash_limit);
 }
 

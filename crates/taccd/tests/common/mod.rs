@@ -606,3 +606,14 @@ pub async fn wait_log(client: &Client, task: TaskId, needle: &str) -> String {
     })
     .await
 }
+
+/// A task's events as (attempt, state), oldest first.
+pub async fn attempt_states(client: &Client, task: TaskId) -> Vec<(u32, TaskState)> {
+    client
+        .task_events(task)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| (e.attempt.0, e.state))
+        .collect()
+}

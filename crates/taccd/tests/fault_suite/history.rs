@@ -270,13 +270,7 @@ pub fn marked_attempts(markers: &Path, task: TaskId) -> BTreeMap<u32, (u128, Opt
 /// A task's events: at most one terminal event, last; attempts never go backwards; an
 /// attempt is never running again after a later attempt began.
 pub async fn check_events(client: &Client, task: TaskId) -> Vec<(u32, TaskState)> {
-    let events: Vec<(u32, TaskState)> = client
-        .task_events(task)
-        .await
-        .unwrap()
-        .iter()
-        .map(|e| (e.attempt.0, e.state))
-        .collect();
+    let events = crate::common::attempt_states(client, task).await;
     // An attempt ends at most once, with its last event (a lost attempt may be
     // followed by the next one; nothing follows the task's final end).
     for (i, (attempt, state)) in events.iter().enumerate() {
