@@ -6,7 +6,11 @@ cd "$(dirname "$0")/.."
 
 need() { command -v "$1" >/dev/null 2>&1; }
 # One line per phase on stderr, so a run cut off by a time limit shows where it was.
-phase() { echo "test.sh: $(date -u +%H:%M:%S) $*" >&2; }
+# Each line also says how much disk is left where the build goes: a full disk is the one
+# failure a compiler names badly.
+phase() {
+  echo "test.sh: $(date -u +%H:%M:%S) $* ($(df -h --output=avail . | tail -n 1 | tr -d ' ') free)" >&2
+}
 
 if ! need python3; then
   if [ "$(id -u)" = 0 ] && need apt-get; then
@@ -90,6 +94,8 @@ if [ "${CI:-}" = "true" ] || { [ "$(id -u)" = 0 ] && need apt-get; }; then
 fi
 
 if [ "${CI:-}" = "true" ]; then
+  # A fresh clone builds once: incremental state would only take disk (5 GB of it).
+  export CARGO_INCREMENTAL=0
   phase "cargo fmt --check"
   cargo fmt --all -- --check
   phase "cargo clippy"
@@ -101,3 +107,4 @@ phase "cargo build --bins"
 cargo build --workspace --bins --quiet
 phase "cargo test"
 cargo test --workspace
+phase "done"
