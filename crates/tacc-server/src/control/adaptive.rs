@@ -486,10 +486,10 @@ impl Control {
                 .or_insert_with(|| AdaptiveBook::tracked(span))
                 .allocation = Some(to);
         }
-        for live in inner.nodes.values_mut() {
+        for (node, live) in inner.nodes.iter_mut() {
             if let Some(assignment) = live.assignments.get_mut(&attempt) {
                 assignment.allocation = Some(to);
-                live.version.send_modify(|v| *v += 1);
+                self.comm.work_changed(*node);
             }
         }
         if let Err(e) = self.carry_out(inner, plan).await {

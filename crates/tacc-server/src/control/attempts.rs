@@ -373,11 +373,11 @@ impl Control {
             task,
             attempt: record.attempt,
         };
-        for live in inner.nodes.values_mut() {
+        for (node, live) in inner.nodes.iter_mut() {
             // Wake the node's poll: its part of the attempt is withdrawn, so it stops it
             // now (a rank still running when another ended the attempt).
             if live.assignments.remove(&attempt).is_some() {
-                live.version.send_modify(|v| *v += 1);
+                self.comm.work_changed(*node);
             }
             live.cancelling.remove(&attempt);
         }
@@ -440,11 +440,11 @@ impl Control {
             task,
             attempt: record.attempt,
         };
-        for live in inner.nodes.values_mut() {
+        for (node, live) in inner.nodes.iter_mut() {
             // Wake the node's poll: its part of the attempt is withdrawn, so it stops it
             // now (a rank still running when another ended the attempt).
             if live.assignments.remove(&attempt).is_some() {
-                live.version.send_modify(|v| *v += 1);
+                self.comm.work_changed(*node);
             }
             live.cancelling.remove(&attempt);
         }

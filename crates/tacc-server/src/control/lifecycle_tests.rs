@@ -587,3 +587,64 @@ async fn output_resent_to_a_restarted_server_is_appended_once() {
     env.report(&agent, vec![fresh]).await;
     assert_eq!(env.log(task), "three\n");
 }
+
+// Wake-ups: a decision that changes a node's work answers the poll that node holds open
+// (see `comm.rs`); without one the agent hears of it only at its next poll, up to 30 s on.
+
+#[tokio::test]
+async fn a_placement_wakes_the_node_it_is_placed_on_and_no_other() {
+    let env = TestEnv::new().await;
+    let small = env.join("n1", 1).await;
+    let mut big = env.join("n2", 4).await;
+    let held_by_small = env.held_poll(&small);
+    let held_by_big = env.held_poll(&big);
+    env.woken();
+    let task = env
+        .submit("name: t\nresources: {cpus: 2}\nrun: true\n")
+        .await;
+    assert_eq!(env.woken(), [big.node]);
+    assert!(held_by_big.has_changed().unwrap());
+    assert!(!held_by_small.has_changed().unwrap());
+    assert_eq!(only(&env.poll(&mut big).await).task, task);
+}
+
+#[tokio::test]
+async fn a_cancel_wakes_the_node_running_the_task_at_once() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let (task, _) = env.running(&mut agent, ONE_CPU).await;
+    let held = env.held_poll(&agent);
+    env.woken();
+    env.control.cancel(task).await.unwrap();
+    assert_eq!(env.woken(), [agent.node]);
+    assert!(held.has_changed().unwrap());
+    assert!(
+        env.poll(&mut agent).await.is_empty(),
+        "the cancelled attempt is withdrawn"
+    );
+}
+
+#[tokio::test]
+async fn output_and_start_reports_wake_nobody() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    let held = env.held_poll(&agent);
+    env.woken();
+    let out = env.output(&mut agent, attempt, "hello\n");
+    env.report(&agent, vec![env.started(attempt), out]).await;
+    assert_eq!(env.state(task).await, Running);
+    assert_eq!(env.woken(), []);
+    assert!(!held.has_changed().unwrap());
+}
+
+#[tokio::test]
+async fn removing_a_node_answers_the_poll_it_holds_open() {
+    let env = TestEnv::new().await;
+    let agent = env.join("n1", 1).await;
+    let mut held = env.held_poll(&agent);
+    env.control.remove_node("n1").await.unwrap();
+    assert!(held.changed().await.is_err(), "the held poll is answered");
+    assert!(env.try_poll(&agent).await.is_err(), "the node is gone");
+}

@@ -18,14 +18,16 @@ use tacc_store::{
     NewTask, NodeRecord, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter, TaskRecord,
     Transition,
 };
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
 
 use crate::ServerError;
 use crate::clock::{Clock, SystemClock};
+use comm::{Comm, WatchComm};
 use rules::cancel::CancelPlan;
 
 mod adaptive;
 mod attempts;
+mod comm;
 mod groups;
 mod nodes;
 mod pipelines;
@@ -127,7 +129,6 @@ pub(crate) struct LiveNode {
     record: NodeRecord,
     online: bool,
     last_seen: Instant,
-    version: watch::Sender<u64>,
     pub(crate) assignments: BTreeMap<AttemptRef, Assignment>,
     /// Attempts withdrawn by a cancel, until the agent confirms they are not running.
     cancelling: BTreeSet<AttemptRef>,
@@ -226,6 +227,8 @@ pub struct Control {
     pub(crate) sweeps: sweeps::OpenSweeps,
     /// The control plane's time: the system's in a server, a manual one in lifecycle tests.
     pub(crate) clock: Arc<dyn Clock>,
+    /// How decisions reach the nodes (see `comm.rs`).
+    comm: Arc<dyn Comm>,
     pub(crate) inner: Mutex<Inner>,
 }
 
@@ -285,7 +288,17 @@ impl Control {
         config: ServerConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<Control>, ServerError> {
-        let control = Self::follower_on(store, config, clock)?;
+        Self::open_with(store, config, clock, Arc::new(WatchComm::default())).await
+    }
+
+    /// [`Control::open`] on the given clock, telling nodes of their work through `comm`.
+    pub(crate) async fn open_with(
+        store: Arc<dyn Store>,
+        config: ServerConfig,
+        clock: Arc<dyn Clock>,
+        comm: Arc<dyn Comm>,
+    ) -> Result<Arc<Control>, ServerError> {
+        let control = Self::follower_on(store, config, clock, comm)?;
         control.recover().await?;
         Ok(control)
     }
@@ -296,13 +309,19 @@ impl Control {
         store: Arc<dyn Store>,
         config: ServerConfig,
     ) -> Result<Arc<Control>, ServerError> {
-        Self::follower_on(store, config, Arc::new(SystemClock))
+        Self::follower_on(
+            store,
+            config,
+            Arc::new(SystemClock),
+            Arc::new(WatchComm::default()),
+        )
     }
 
     fn follower_on(
         store: Arc<dyn Store>,
         config: ServerConfig,
         clock: Arc<dyn Clock>,
+        comm: Arc<dyn Comm>,
     ) -> Result<Arc<Control>, ServerError> {
         let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
         let logs = LogBook::open(config.data_dir.join("logs"), config.limits.max_log_bytes)
@@ -342,6 +361,7 @@ impl Control {
             outputs_dir,
             config,
             clock: clock.clone(),
+            comm,
             inner: Mutex::new(Inner {
                 scheduler,
                 nodes: BTreeMap::new(),
@@ -598,10 +618,10 @@ impl Control {
                     task,
                     attempt: record.attempt,
                 };
-                for live in inner.nodes.values_mut() {
+                for (node, live) in inner.nodes.iter_mut() {
                     if live.assignments.remove(&attempt).is_some() {
                         live.cancelling.insert(attempt);
-                        live.version.send_modify(|v| *v += 1);
+                        self.comm.work_changed(*node);
                     }
                 }
                 if end_now {

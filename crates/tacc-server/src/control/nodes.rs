@@ -30,7 +30,6 @@ impl LiveNode {
             record,
             online: false,
             last_seen: now,
-            version: watch::channel(0).0,
             assignments: BTreeMap::new(),
             cancelling: BTreeSet::new(),
             losses: Vec::new(),
@@ -174,7 +173,7 @@ impl Control {
                     live.stale_claims.len()
                 );
             }
-            live.version.send_modify(|v| *v += 1);
+            self.comm.work_changed(record.id);
         }
         Ok(record)
     }
@@ -212,13 +211,14 @@ impl Control {
         let desired = rules::polls::desired(live, running);
         if desired.released {
             // Answer the next poll at once with the work that was held back.
-            live.version.send_modify(|v| *v += 1);
+            self.comm.work_changed(node);
         }
         let assignments = desired.assignments;
-        let receiver = live.version.subscribe();
+        let receiver = self.comm.work_version(node);
+        let version = *receiver.borrow();
         Ok((
             DesiredWork {
-                version: *live.version.borrow(),
+                version,
                 assignments,
                 requests: Vec::new(),
             },
@@ -457,10 +457,9 @@ impl Control {
             self.lose_attempt(&mut inner, attempt, outcome).await?;
         }
         self.node_attempts.forget_node(id, &[]);
-        if let Some(live) = inner.nodes.remove(&id) {
-            // Wake a waiting poll so the agent hears at once that its node is gone.
-            live.version.send_modify(|v| *v += 1);
-        }
+        // Wake a waiting poll so the agent hears at once that its node is gone.
+        inner.nodes.remove(&id);
+        self.comm.node_removed(id);
         self.store.remove_node(id).await?;
         let at = self.clock.now();
         for token in self.store.list_tokens(None).await? {

@@ -173,7 +173,7 @@ impl Control {
                 assignment.inputs = inputs.clone();
                 if let Some(live) = inner.nodes.get_mut(&node) {
                     live.assignments.insert(assignment.attempt, assignment);
-                    live.version.send_modify(|v| *v += 1);
+                    self.comm.work_changed(node);
                 }
             }
         }
@@ -184,7 +184,7 @@ impl Control {
         // grace period; its end comes back as a cancelled attempt and is requeued.
         for task in preempted {
             inner.preempting.insert(task);
-            for live in inner.nodes.values_mut() {
+            for (node, live) in inner.nodes.iter_mut() {
                 let withdrawn: Vec<AttemptRef> = live
                     .assignments
                     .keys()
@@ -194,7 +194,7 @@ impl Control {
                 for attempt in withdrawn {
                     live.assignments.remove(&attempt);
                     live.cancelling.insert(attempt);
-                    live.version.send_modify(|v| *v += 1);
+                    self.comm.work_changed(*node);
                 }
             }
         }

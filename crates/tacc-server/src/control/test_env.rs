@@ -12,6 +12,7 @@ use tacc_core::{NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef, RegisterAgent};
 use tacc_store::{MemoryStore, Store, TaskEvent, TaskRecord};
 
+use super::comm::{Comm, WatchComm};
 use super::{Control, ServerConfig};
 use crate::clock::{Clock, ManualClock};
 
@@ -21,10 +22,34 @@ pub(super) const HEARTBEAT: Duration = Duration::from_secs(30);
 pub(super) struct TestEnv {
     pub(super) control: Arc<Control>,
     pub(super) clock: Arc<ManualClock>,
+    comm: Arc<RecordingComm>,
     store: Arc<MemoryStore>,
     config: ServerConfig,
     snapshot: SnapshotId,
     _data: tempfile::TempDir,
+}
+
+/// The server's [`WatchComm`], and a record of every node it woke.
+#[derive(Debug, Default)]
+struct RecordingComm {
+    watches: WatchComm,
+    woken: std::sync::Mutex<Vec<NodeId>>,
+}
+
+impl Comm for RecordingComm {
+    fn work_changed(&self, node: NodeId) {
+        self.woken.lock().unwrap().push(node);
+        self.watches.work_changed(node);
+    }
+
+    fn work_version(&self, node: NodeId) -> tokio::sync::watch::Receiver<u64> {
+        self.watches.work_version(node)
+    }
+
+    fn node_removed(&self, node: NodeId) {
+        self.woken.lock().unwrap().push(node);
+        self.watches.node_removed(node);
+    }
 }
 
 /// What an agent process would hold: its node, and the attempts it runs or ran.
@@ -57,12 +82,15 @@ impl TestEnv {
             .put_snapshot(&snapshot, &serde_json::json!({"files": []}), 0, clock.now())
             .await
             .expect("the snapshot is stored");
-        let control = Control::open_on(store.clone(), config.clone(), clock.clone())
-            .await
-            .expect("the control plane opens");
+        let comm = Arc::new(RecordingComm::default());
+        let control =
+            Control::open_with(store.clone(), config.clone(), clock.clone(), comm.clone())
+                .await
+                .expect("the control plane opens");
         TestEnv {
             control,
             clock,
+            comm,
             store,
             config,
             snapshot,
@@ -73,10 +101,25 @@ impl TestEnv {
     /// The server process dies and a new one opens the same store (and data directory):
     /// everything it held only in memory is gone.
     pub(super) async fn restart_server(&mut self) {
-        self.control =
-            Control::open_on(self.store.clone(), self.config.clone(), self.clock.clone())
-                .await
-                .expect("the control plane reopens");
+        self.comm = Arc::new(RecordingComm::default());
+        self.control = Control::open_with(
+            self.store.clone(),
+            self.config.clone(),
+            self.clock.clone(),
+            self.comm.clone(),
+        )
+        .await
+        .expect("the control plane reopens");
+    }
+
+    /// The nodes told their work changed since the last call, in order, with repeats.
+    pub(super) fn woken(&self) -> Vec<NodeId> {
+        std::mem::take(&mut *self.comm.woken.lock().unwrap())
+    }
+
+    /// What a poll of `agent` held open waits on (see [`Comm::work_version`]).
+    pub(super) fn held_poll(&self, agent: &FakeAgent) -> tokio::sync::watch::Receiver<u64> {
+        self.comm.work_version(agent.node)
     }
 
     pub(super) fn advance(&self, by: Duration) {
