@@ -229,6 +229,10 @@ impl Agent {
     /// Ping the watchdog process whose standard input is `pipe` while this agent runs: it
     /// kills the agent's tasks should the agent die or stop answering (see [`watchdog`]).
     pub fn with_watchdog(self, pipe: std::process::ChildStdin) -> Agent {
+        if let Err(e) = watchdog::nonblocking(&pipe) {
+            // A blocking pipe still works until the watchdog stops reading.
+            tracing::warn!("cannot make the pipe to the agent's watchdog non-blocking: {e}");
+        }
         *self.shared.watchdog.lock().unwrap() = Some(pipe);
         self
     }

@@ -114,11 +114,55 @@ enum Heard {
 pub(crate) fn ping(shared: &crate::Shared) {
     let term = shared.lease.term().map_or(0, |t| t.as_millis() as u64);
     let mut watchdog = shared.watchdog.lock().unwrap();
-    if let Some(pipe) = watchdog.as_mut()
-        && writeln!(pipe, "{term}").is_err()
-    {
-        tracing::warn!("the agent's watchdog is gone: should the agent die, its tasks run on");
-        *watchdog = None;
+    let Some(pipe) = watchdog.as_mut() else {
+        return;
+    };
+    match write_ping(pipe, term) {
+        Pinged::Sent | Pinged::Full => {}
+        Pinged::Gone => {
+            tracing::warn!("the agent's watchdog is gone: should the agent die, its tasks run on");
+            *watchdog = None;
+        }
+    }
+}
+
+/// The agent's end of the pipe to its watchdog, made non-blocking: a watchdog that stops
+/// reading (stopped itself) fills the pipe in some 45 minutes of pings, and a blocking
+/// write would then hang the agent on the lock its runtime takes too.
+pub(crate) fn nonblocking(pipe: &std::process::ChildStdin) -> std::io::Result<()> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    use std::os::fd::AsRawFd;
+    let fd = pipe.as_raw_fd();
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// What became of one ping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Pinged {
+    Sent,
+    /// The watchdog reads nothing (the pipe is full): this ping is dropped, the next may go.
+    Full,
+    /// The watchdog's end is closed.
+    Gone,
+}
+
+/// One ping line in one `write`: a pipe writes up to `PIPE_BUF` bytes whole or not at
+/// all, so a full pipe never gets half a line.
+fn write_ping(pipe: &mut impl Write, term_ms: u64) -> Pinged {
+    let line = format!("{term_ms}\n");
+    match pipe.write(line.as_bytes()) {
+        Ok(_) => Pinged::Sent,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+            ) =>
+        {
+            Pinged::Full
+        }
+        Err(_) => Pinged::Gone,
     }
 }
 
@@ -204,5 +248,36 @@ mod tests {
         watching.join().unwrap();
         let rest: Vec<_> = verdicts.try_iter().collect();
         assert_eq!(rest.last(), Some(&(Verdict::AgentGone, 0)), "{rest:?}");
+    }
+
+    #[test]
+    fn pings_to_a_watchdog_that_reads_nothing_never_block_the_agent() {
+        // `sleep` never reads its standard input: the pipe fills as a stopped watchdog's.
+        let mut reader_not = std::process::Command::new("sleep")
+            .arg("300")
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = reader_not.stdin.take().unwrap();
+        nonblocking(&pipe).unwrap();
+        let started = Instant::now();
+        let mut results = std::collections::BTreeMap::new();
+        // 100,000 pings: far more than a 64 KiB pipe holds (over five hours of pings).
+        for _ in 0..100_000 {
+            *results.entry(write_ping(&mut pipe, 30_000)).or_insert(0) += 1;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "pinging took {:?}",
+            started.elapsed()
+        );
+        assert!(results[&Pinged::Sent] > 1000, "{results:?}");
+        assert!(results[&Pinged::Full] > 1000, "{results:?}");
+        assert!(!results.contains_key(&Pinged::Gone), "{results:?}");
+
+        // Once the watchdog is gone, the agent hears so.
+        reader_not.kill().unwrap();
+        reader_not.wait().unwrap();
+        assert_eq!(write_ping(&mut pipe, 30_000), Pinged::Gone);
     }
 }
