@@ -95,6 +95,13 @@ fn ended(state: &str) -> bool {
     )
 }
 
+/// How often the manager looks at the queue: a burst of short tasks waits at most this
+/// long before its allocations are asked for.
+const TICK: Duration = Duration::from_millis(200);
+/// How often it asks Slurm about its pilots while any may hold or await an allocation
+/// (each look is an RPC to slurmctld); never while none may.
+const SLURM_LOOK_EVERY: Duration = Duration::from_millis(500);
+
 #[derive(Default)]
 struct Manager {
     /// Pilot nodes idle since, by node name.
@@ -102,6 +109,9 @@ struct Manager {
     /// Pilot nodes drained to leave (name → job).
     leaving: BTreeMap<String, u64>,
     submissions: u64,
+    /// This installation's pilot jobs with their Slurm states as last seen, and when;
+    /// a job submitted since is added as pending. None before the first look.
+    slurm: Option<(Instant, BTreeMap<u64, String>)>,
 }
 
 pub async fn run(args: PilotArgs, ctx: PilotContext, shutdown: CancellationToken) -> Result<()> {
@@ -153,7 +163,7 @@ pub async fn run(args: PilotArgs, ctx: PilotContext, shutdown: CancellationToken
         }
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = tokio::time::sleep(TICK) => {}
         }
     }
 }
@@ -166,17 +176,32 @@ impl Manager {
         admin: &tacc_client::Client,
         job: &PilotJob,
     ) -> Result<()> {
-        let jobs: BTreeMap<u64, String> = list_pilots(&ctx.tag, ctx.json)
-            .await?
-            .into_iter()
-            .map(|j| (j.job_id, j.state))
-            .collect();
-        let live: BTreeSet<u64> = jobs
+        let nodes = admin.list_nodes().await?;
+        let pilot_nodes = nodes
             .iter()
+            .any(|node| node.labels.contains_key(labels::PILOT));
+        let look = match &self.slurm {
+            None => true,
+            Some((at, jobs)) => {
+                (pilot_nodes || jobs.values().any(|state| !ended(state)))
+                    && at.elapsed() >= SLURM_LOOK_EVERY
+            }
+        };
+        if look {
+            let jobs = list_pilots(&ctx.tag, ctx.json)
+                .await?
+                .into_iter()
+                .map(|j| (j.job_id, j.state))
+                .collect();
+            self.slurm = Some((Instant::now(), jobs));
+        }
+        let live: BTreeSet<u64> = self
+            .slurm
+            .iter()
+            .flat_map(|(_, jobs)| jobs)
             .filter(|(_, state)| !ended(state))
             .map(|(id, _)| *id)
             .collect();
-        let nodes = admin.list_nodes().await?;
         for node in &nodes {
             let Some(pilot) = node
                 .labels
@@ -287,6 +312,9 @@ impl Manager {
         let mut job = job.clone();
         job.token_file = token_file;
         let id = job.submit().await?;
+        if let Some((_, jobs)) = &mut self.slurm {
+            jobs.insert(id, "PENDING".to_string());
+        }
         tracing::info!(
             "{waiting} short task(s) waiting: requested pilot allocation (Slurm job {id}, {})",
             args.pilot_time

@@ -68,6 +68,27 @@ async fn slurm_ready(test: &str) -> bool {
     false
 }
 
+/// Wait until every Slurm node is idle: a benchmark phase starts on a cluster no earlier
+/// phase still occupies (Slurm cleans up after a job for a while after it ended).
+async fn wait_all_nodes_idle() {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let out = Command::new("sinfo")
+            .args(["-h", "-N", "-o", "%t"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.lines().count() > 0 && text.lines().all(|state| state.trim() == "idle") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Slurm's nodes are not idle: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 struct SlurmCluster {
     _server: Daemon,
     agent: Daemon,
@@ -1047,6 +1068,7 @@ async fn slurm_pilot_benchmark() {
 
     let dir = tempfile::tempdir().unwrap();
     let per_task = cluster(dir.path(), "bench-sbatch").await;
+    wait_all_nodes_idle().await;
     let started = Instant::now();
     let group = submit_short_array(&per_task.client, dir.path(), count).await;
     let detail = wait_group(&per_task.client, group, long).await;
@@ -1063,6 +1085,7 @@ async fn slurm_pilot_benchmark() {
     let dir = tempfile::tempdir().unwrap();
     let pilots = pilot_cluster(dir.path(), "bench-pilot", "5s").await;
     let _cleanup = PilotCleanup(pilots.tag.clone());
+    wait_all_nodes_idle().await;
     let started = Instant::now();
     let group = submit_short_array(&pilots.client, dir.path(), count).await;
     let detail = wait_group(&pilots.client, group, long).await;
