@@ -101,6 +101,10 @@ const TICK: Duration = Duration::from_millis(200);
 /// How often it asks Slurm about its pilots while any may hold or await an allocation
 /// (each look is an RPC to slurmctld); never while none may.
 const SLURM_LOOK_EVERY: Duration = Duration::from_millis(500);
+/// A queue longer than this is listed at most every [`LONG_QUEUE_LOOK_EVERY`], not every
+/// tick: listing it costs the server in proportion to its length.
+const LONG_QUEUE: usize = 1000;
+const LONG_QUEUE_LOOK_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Manager {
@@ -112,6 +116,8 @@ struct Manager {
     /// This installation's pilot jobs with their Slurm states as last seen, and when;
     /// a job submitted since is added as pending. None before the first look.
     slurm: Option<(Instant, BTreeMap<u64, String>)>,
+    /// When the queue was last listed, and how many tasks it held.
+    queue_look: Option<(Instant, usize)>,
 }
 
 pub async fn run(args: PilotArgs, ctx: PilotContext, shutdown: CancellationToken) -> Result<()> {
@@ -263,14 +269,22 @@ impl Manager {
         if held >= args.pilot_max {
             return Ok(());
         }
+        if self
+            .queue_look
+            .is_some_and(|(at, listed)| listed > LONG_QUEUE && at.elapsed() < LONG_QUEUE_LOOK_EVERY)
+        {
+            return Ok(());
+        }
         let short = args.short_secs();
-        let waiting = admin
+        let queued = admin
             .list_tasks(&tacc_client::TaskQuery {
                 states: vec![TaskState::Queued],
                 limit: Some(10_000),
                 ..Default::default()
             })
-            .await?
+            .await?;
+        self.queue_look = Some((Instant::now(), queued.len()));
+        let waiting = queued
             .into_iter()
             .filter(|t| t.num_nodes <= 1 && t.time_limit_secs.is_some_and(|l| l <= short))
             .count();
