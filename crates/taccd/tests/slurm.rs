@@ -18,15 +18,20 @@ use tokio::sync::Mutex;
 /// The tests share one small cluster; one at a time keeps them deterministic.
 static CLUSTER: Mutex<()> = Mutex::const_new(());
 
+/// `sinfo`'s line per node: `NAME STATE` (short state names: `idle`, `mix`, `comp`, …).
+fn node_states() -> std::io::Result<std::process::Output> {
+    Command::new("sinfo")
+        .args(["-h", "-N", "-o", "%N %t"])
+        .output()
+}
+
 /// Whether Slurm answers with at least two usable nodes; panics in CI when it does not.
 /// Nodes an earlier test left `completing` (or otherwise busy) are waited for, up to a
 /// deadline: that state passes, it does not mean Slurm is missing.
 async fn slurm_ready(test: &str) -> bool {
     let deadline = Instant::now() + Duration::from_secs(120);
     let (output, usable) = loop {
-        let output = Command::new("sinfo")
-            .args(["-h", "-N", "-o", "%N %t"])
-            .output();
+        let output = node_states();
         let (listed, usable) = match &output {
             Ok(out) if out.status.success() => {
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -73,12 +78,13 @@ async fn slurm_ready(test: &str) -> bool {
 async fn wait_all_nodes_idle() {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let out = Command::new("sinfo")
-            .args(["-h", "-N", "-o", "%t"])
-            .output()
-            .unwrap();
+        let out = node_states().unwrap();
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        if text.lines().count() > 0 && text.lines().all(|state| state.trim() == "idle") {
+        if text.lines().count() > 0
+            && text
+                .lines()
+                .all(|line| line.split_whitespace().nth(1) == Some("idle"))
+        {
             return;
         }
         assert!(

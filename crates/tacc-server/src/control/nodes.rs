@@ -457,8 +457,8 @@ impl Control {
             self.lose_attempt(&mut inner, attempt, outcome).await?;
         }
         self.node_attempts.forget_node(id, &[]);
-        // Wake a waiting poll so the agent hears at once that its node is gone.
         inner.nodes.remove(&id);
+        // Answers a waiting poll, so the agent hears at once that its node is gone.
         self.comm.node_removed(id);
         self.store.remove_node(id).await?;
         let at = self.clock.now();
