@@ -1,27 +1,23 @@
 //! Who a task runs as on this node. Tasks never run as root:
 //!
 //! - an agent running as root runs each attempt as the Unix account the operator mapped the
-//!   task's user to (`Instruction::unix_user`, looked up on this node), or else as an
-//!   unprivileged uid/gid of its own for that TACC user, allocated from `--task-uid-base`
-//!   upwards and kept in `DATA/task-uids.json`, so a user keeps their uid across agent
-//!   restarts and two users never share one;
+//!   task's user to (`Instruction::unix_user`, looked up on this node), or else as the
+//!   unprivileged uid (and gid) the server allocated to that TACC user
+//!   (`Assignment::task_uid`): one durable map in the server's database, so a user has
+//!   the same uid on every node and two users never share one, whichever agent runs
+//!   their tasks;
 //! - an agent that is not root cannot switch identities: it runs every task as itself,
 //!   and says so once in its log (tasks are then not isolated from each other or from the
 //!   agent's files; the agent's own modes still keep them from other local accounts).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use nix::unistd::{Gid, Group, Uid, User};
-use serde::{Deserialize, Serialize};
 use tacc_exec::RunAs;
 
-/// The default first uid (and gid) of the accounts the agent allocates for tasks.
-pub const DEFAULT_TASK_UID_BASE: u32 = 200_000;
-
-/// The file under the agent's data directory that keeps the allocated uids.
-pub(crate) const UID_TABLE_FILE: &str = "task-uids.json";
+/// Where agents before server-allocated uids kept their own (no longer read).
+pub(crate) const OLD_UID_TABLE_FILE: &str = "task-uids.json";
 
 /// The identity one attempt runs as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,7 +99,7 @@ impl StepIdentity {
 #[derive(Debug)]
 pub(crate) enum Identities {
     /// Root with a runtime that switches identities: every task gets its own account.
-    Switch { table: UidTable, node: String },
+    Switch { node: String },
     /// Every task runs as the agent itself.
     AsAgent,
 }
@@ -111,12 +107,7 @@ pub(crate) enum Identities {
 impl Identities {
     /// Decide once, at start: `runtime_switches` is whether the node's runtime runs
     /// executions as a given identity (the Slurm backend does not).
-    pub fn open(
-        data_dir: &Path,
-        uid_base: u32,
-        node: &str,
-        runtime_switches: bool,
-    ) -> std::io::Result<Identities> {
+    pub fn open(data_dir: &Path, node: &str, runtime_switches: bool) -> Identities {
         let me = nix::unistd::geteuid();
         if !me.is_root() {
             tracing::warn!(
@@ -124,29 +115,31 @@ impl Identities {
                  not isolated from each other or from the agent's files; run the agent as \
                  root to give every user's tasks their own unprivileged account"
             );
-            return Ok(Identities::AsAgent);
+            return Identities::AsAgent;
         }
         if !runtime_switches {
             tracing::warn!(
                 "this node's runtime cannot run tasks as another account: tasks run as the \
                  agent's user (root)"
             );
-            return Ok(Identities::AsAgent);
+            return Identities::AsAgent;
         }
-        if uid_base == 0 {
-            return Err(std::io::Error::other(
-                "--task-uid-base must not be 0: tasks never run as root",
-            ));
+        let old_table = data_dir.join(OLD_UID_TABLE_FILE);
+        if old_table.exists() {
+            tracing::warn!(
+                "{} is no longer used: task uids now come from the server, the same on every \
+                 node; users' directories pass to their new uid at their next task. The file \
+                 may be deleted",
+                old_table.display()
+            );
         }
-        let table = UidTable::open(data_dir.join(UID_TABLE_FILE), uid_base)?;
         tracing::info!(
-            "tasks run as unprivileged accounts: the mapped unix_user, else a uid of their \
-             own from {uid_base} upwards"
+            "tasks run as unprivileged accounts: the mapped unix_user, else the uid the \
+             server allocated to their user"
         );
-        Ok(Identities::Switch {
-            table,
+        Identities::Switch {
             node: node.to_string(),
-        })
+        }
     }
 
     /// Whether tasks run as accounts other than the agent's.
@@ -154,26 +147,57 @@ impl Identities {
         matches!(self, Identities::Switch { .. })
     }
 
-    /// The identity an attempt of `user`'s runs as; `Err` is the message the attempt
-    /// fails with (`launch_failed`).
-    pub fn for_task(&self, user: &str, unix_user: Option<&str>) -> Result<TaskIdentity, String> {
-        let Identities::Switch { table, node } = self else {
+    /// The identity an attempt of `user`'s runs as: the operator's `unix_user`, else the
+    /// `task_uid` the server allocated to the user. `Err` is the message the attempt fails
+    /// with (`launch_failed`).
+    pub fn for_task(
+        &self,
+        user: &str,
+        unix_user: Option<&str>,
+        task_uid: Option<u32>,
+    ) -> Result<TaskIdentity, String> {
+        let Identities::Switch { node } = self else {
             return Ok(TaskIdentity::agent());
         };
-        match unix_user {
-            Some(account) => mapped_account(account, node),
-            None => {
-                let uid = table
-                    .uid_of(user)
-                    .map_err(|e| format!("cannot allocate a task account for `{user}`: {e}"))?;
-                Ok(TaskIdentity {
-                    run_as: Some(RunAs { uid, gid: uid }),
-                    name: Some(user.to_string()),
-                    home: None,
-                })
-            }
+        match (unix_user, task_uid) {
+            (Some(account), _) => mapped_account(account, node),
+            (None, Some(uid)) => allocated_uid(user, uid, node),
+            (None, None) => Err(format!(
+                "the server sent no task uid for user `{user}` (a server older than this \
+                 agent, or its database failed to allocate one: see the server's log); \
+                 tasks never run as root"
+            )),
         }
     }
+}
+
+/// The uid the server allocated to `user`, unless it is root or an account or group of
+/// this node's own (the task would get that account's or group's files).
+fn allocated_uid(user: &str, uid: u32, node: &str) -> Result<TaskIdentity, String> {
+    if uid == 0 {
+        return Err(format!(
+            "the server allocated uid 0 to user `{user}`; tasks never run as root"
+        ));
+    }
+    let account = User::from_uid(Uid::from_raw(uid)).ok().flatten();
+    let group = Group::from_gid(Gid::from_raw(uid)).ok().flatten();
+    if account.is_some() || group.is_some() {
+        let what = match (account, group) {
+            (Some(account), _) => format!("account {}", account.name),
+            (None, Some(group)) => format!("group {}", group.name),
+            (None, None) => unreachable!("checked above"),
+        };
+        return Err(format!(
+            "task uid {uid} of user `{user}` belongs to the {what} on node {node}: start the \
+             server with a --task-uid-base above this node's accounts, or map the user to an \
+             account with `[users.{user}] unix_user`"
+        ));
+    }
+    Ok(TaskIdentity {
+        run_as: Some(RunAs { uid, gid: uid }),
+        name: Some(user.to_string()),
+        home: None,
+    })
 }
 
 /// The account the operator mapped a user to, as this node knows it.
@@ -202,137 +226,29 @@ fn mapped_account(account: &str, node: &str) -> Result<TaskIdentity, String> {
     })
 }
 
-/// The uids allocated to TACC users on this node, persisted (0600, replaced atomically)
-/// before one is handed out.
-#[derive(Debug)]
-pub(crate) struct UidTable {
-    path: PathBuf,
-    base: u32,
-    users: Mutex<BTreeMap<String, u32>>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct UidFile {
-    /// The base the table was started with (for the operator; allocations keep their uid
-    /// if the base changes).
-    base: u32,
-    users: BTreeMap<String, u32>,
-}
-
-impl UidTable {
-    /// Reads the table; a missing file is an empty table, an unreadable one an error (it
-    /// is never silently replaced: users would change uids and lose their files).
-    pub fn open(path: PathBuf, base: u32) -> std::io::Result<UidTable> {
-        let users = match std::fs::read(&path) {
-            Ok(bytes) => {
-                let file: UidFile = serde_json::from_slice(&bytes).map_err(|e| {
-                    std::io::Error::other(format!(
-                        "{} is not a task uid table ({e}); fix or remove it",
-                        path.display()
-                    ))
-                })?;
-                file.users
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(e),
-        };
-        Ok(UidTable {
-            path,
-            base,
-            users: Mutex::new(users),
-        })
-    }
-
-    /// The uid of `user`, allocated now (the lowest free one from the base that no
-    /// account or group on this node has) if the user has none yet.
-    pub fn uid_of(&self, user: &str) -> std::io::Result<u32> {
-        let mut users = self.users.lock().unwrap();
-        if let Some(uid) = users.get(user) {
-            return Ok(*uid);
-        }
-        let taken: std::collections::BTreeSet<u32> = users.values().copied().collect();
-        let mut candidate = self.base;
-        loop {
-            let free = !taken.contains(&candidate)
-                && User::from_uid(Uid::from_raw(candidate))
-                    .ok()
-                    .flatten()
-                    .is_none()
-                && Group::from_gid(Gid::from_raw(candidate))
-                    .ok()
-                    .flatten()
-                    .is_none();
-            if free {
-                break;
-            }
-            candidate = candidate
-                .checked_add(1)
-                .filter(|c| *c < u32::MAX)
-                .ok_or_else(|| std::io::Error::other("no free uid above the task uid base"))?;
-        }
-        users.insert(user.to_string(), candidate);
-        if let Err(e) = self.save(&users) {
-            users.remove(user);
-            return Err(e);
-        }
-        tracing::info!("user {user} runs tasks as uid {candidate} on this node");
-        Ok(candidate)
-    }
-
-    fn save(&self, users: &BTreeMap<String, u32>) -> std::io::Result<()> {
-        let text = serde_json::to_vec_pretty(&UidFile {
-            base: self.base,
-            users: users.clone(),
-        })
-        .map_err(std::io::Error::other)?;
-        crate::write_private(&self.path, &text)?;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
     #[test]
-    fn users_get_distinct_uids_that_survive_a_restart() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(UID_TABLE_FILE);
-        // A base far from any real account.
-        let base = 3_000_000_000;
-        let table = UidTable::open(path.clone(), base).unwrap();
-        let alice = table.uid_of("alice").unwrap();
-        let bob = table.uid_of("bob").unwrap();
-        assert_eq!(alice, base);
-        assert_eq!(bob, base + 1);
-        assert_eq!(table.uid_of("alice").unwrap(), alice);
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode, 0o600);
-
-        // A new life of the agent, even with another base, keeps what was handed out.
-        let again = UidTable::open(path.clone(), base + 100).unwrap();
-        assert_eq!(again.uid_of("bob").unwrap(), bob);
-        assert_eq!(again.uid_of("alice").unwrap(), alice);
-        assert_eq!(again.uid_of("carol").unwrap(), base + 100);
-
-        // A damaged table is an error, never a fresh start.
-        std::fs::write(&path, "{not json").unwrap();
-        let error = UidTable::open(path, base).unwrap_err();
-        assert!(
-            error.to_string().contains("not a task uid table"),
-            "{error}"
+    fn an_allocated_uid_must_not_be_root_nor_a_local_account_or_group() {
+        let root = allocated_uid("alice", 0, "node-a").unwrap_err();
+        assert!(root.contains("never run as root"), "{root}");
+        // uid/gid 1 is `daemon` on Debian-like systems.
+        if User::from_uid(Uid::from_raw(1)).unwrap().is_some() {
+            let taken = allocated_uid("alice", 1, "node-a").unwrap_err();
+            assert!(taken.contains("--task-uid-base"), "{taken}");
+        }
+        let identity = allocated_uid("alice", 3_000_000_000, "node-a").unwrap();
+        assert_eq!(
+            identity.run_as,
+            Some(RunAs {
+                uid: 3_000_000_000,
+                gid: 3_000_000_000
+            })
         );
-    }
-
-    #[test]
-    fn allocation_skips_uids_of_existing_accounts() {
-        let dir = tempfile::tempdir().unwrap();
-        // uid 0 (root) exists on every machine: the base itself is skipped.
-        let table = UidTable::open(dir.path().join(UID_TABLE_FILE), 0).unwrap();
-        let uid = table.uid_of("alice").unwrap();
-        assert_ne!(uid, 0);
-        assert!(User::from_uid(Uid::from_raw(uid)).unwrap().is_none());
+        assert_eq!(identity.name.as_deref(), Some("alice"));
     }
 
     #[test]

@@ -28,7 +28,7 @@ use tacc_exec::RunAs;
 /// Directories only the agent uses.
 const PRIVATE_DIRS: &[&str] = &["run", "chunks", "files"];
 /// Files only the agent reads (the node credential, the task uid table).
-const PRIVATE_FILES: &[&str] = &["node.token", crate::identity::UID_TABLE_FILE];
+const PRIVATE_FILES: &[&str] = &["node.token", crate::identity::OLD_UID_TABLE_FILE];
 /// Directories tasks pass through to reach what is theirs or shared.
 const TRAVERSED_DIRS: &[&str] = &["work", "users", "envs", "datasets"];
 

@@ -37,7 +37,6 @@ use std::time::Duration;
 
 pub use capacity::detect_capacity;
 pub use gpus::{FakeGpus, GpuProbe, NvmlProbe, choose_probe, detect_gpus};
-pub use identity::DEFAULT_TASK_UID_BASE;
 pub use process_mark::ProcessMark;
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
@@ -113,9 +112,6 @@ pub struct AgentConfig {
     pub keep_workdirs: bool,
     /// Total size of managed environments past which idle ones are evicted (LRU).
     pub env_cache_bytes: u64,
-    /// The first uid (and gid) an agent running as root gives a user's tasks that have no
-    /// mapped Unix account ([`DEFAULT_TASK_UID_BASE`] by default).
-    pub task_uid_base: u32,
 }
 
 /// What the attempt runners share.
@@ -182,11 +178,9 @@ impl Agent {
         std::fs::create_dir_all(&config.data_dir).map_err(data_dir_error)?;
         let identities = identity::Identities::open(
             &config.data_dir,
-            config.task_uid_base,
             &config.name,
             executor.honours_run_as(),
-        )
-        .map_err(data_dir_error)?;
+        );
         layout::prepare(&config.data_dir, identities.switches()).map_err(data_dir_error)?;
         let reports =
             reporter::Reports::open(config.data_dir.join("spool")).map_err(data_dir_error)?;

@@ -266,6 +266,12 @@ pub struct Assignment {
     /// files, restored into the checkpoint directory.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<InputFile>,
+    /// The uid (and gid) the task's processes run as on a root agent, allocated by the
+    /// server once per user and the same on every node, so no two users share one. `None`
+    /// when the operator mapped the user to a Unix account (the instruction's
+    /// `unix_user`), or from a server that allocates none (a root agent refuses it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_uid: Option<u32>,
 }
 
 /// Agent → server long poll for work.

@@ -35,8 +35,8 @@ use std::sync::Arc;
 
 pub use api::{RouteRule, openapi_json, route_rules};
 pub use control::{
-    AdaptiveConfig, AdaptiveMode, Control, DEFAULT_POLICY, DefaultBounds, RetrySettings,
-    ServerConfig, now,
+    AdaptiveConfig, AdaptiveMode, Control, DEFAULT_POLICY, DEFAULT_TASK_UID_BASE, DefaultBounds,
+    RetrySettings, ServerConfig, now,
 };
 pub use limits::UserLimits;
 pub use replica::{ReplicaConfig, serve_replicated};

@@ -110,6 +110,7 @@ mod tests {
             secrets: Default::default(),
             allocation: None,
             inputs: Vec::new(),
+            task_uid: None,
         }
     }
 

@@ -11,6 +11,7 @@ mod lease;
 mod metrics;
 mod outputs;
 mod pipelines;
+mod task_uids;
 mod usage;
 
 pub use access::*;
@@ -21,6 +22,7 @@ pub use lease::*;
 pub use metrics::*;
 pub use outputs::*;
 pub use pipelines::*;
+pub use task_uids::*;
 pub use usage::*;
 
 use std::collections::BTreeMap;
@@ -154,6 +156,9 @@ macro_rules! store_contract_tests {
             lease_renewed_by_its_holder_keeps_its_epoch,
             lease_renewal_after_a_takeover_is_refused,
             lease_renewal_by_another_replica_is_refused,
+            task_uids_allocated_from_the_base_and_kept,
+            task_uids_never_repeat_when_the_base_changes,
+            task_uids_racing_allocations_never_share_a_uid,
         );
     };
     (@each plain $fresh:path; $($check:ident),+ $(,)?) => {

@@ -382,6 +382,16 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Mark a token revoked at `at`; false when it does not exist or was revoked already.
     async fn revoke_token(&self, id: u64, at: tacc_core::Timestamp) -> Result<bool>;
 
+    // ------------------------------------------------------------ task uids
+
+    /// The Unix uid `user`'s tasks run as on every node, allocated now (the lowest uid at
+    /// least `base` above every uid handed out so far) when they have none. A user keeps
+    /// their uid for good, also across restarts and a changed `base`; no uid is ever given
+    /// to two users, however many servers allocate at once.
+    async fn task_uid(&self, user: &str, base: u32) -> Result<u32>;
+    /// Every user's task uid, by user.
+    async fn list_task_uids(&self) -> Result<Vec<(String, u32)>>;
+
     // ------------------------------------------------------------ audit
 
     async fn append_audit(&self, entry: NewAuditEntry) -> Result<()>;

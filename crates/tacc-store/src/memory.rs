@@ -44,6 +44,8 @@ struct Inner {
     stages: BTreeMap<(GroupId, u32), crate::StageRecord>,
     /// Idempotency keys by user and key.
     kept: BTreeMap<(String, String), KeptReply>,
+    /// The task uid of each user.
+    task_uids: BTreeMap<String, u32>,
     /// The leadership lease (one process: nothing to fence).
     lease: Option<crate::LeaderLease>,
 }
@@ -978,6 +980,36 @@ impl Store for MemoryStore {
             .collect();
         let skip = matching.len().saturating_sub(limit as usize);
         Ok(matching.into_iter().skip(skip).collect())
+    }
+
+    async fn task_uid(&self, user: &str, base: u32) -> Result<u32> {
+        let mut inner = self.inner.lock().unwrap();
+        if let Some(uid) = inner.task_uids.get(user) {
+            return Ok(*uid);
+        }
+        let next = inner
+            .task_uids
+            .values()
+            .max()
+            .map_or(0, |highest| highest.saturating_add(1))
+            .max(base)
+            .max(1);
+        if next == 0 || next > crate::sql::task_uids::MAX_TASK_UID {
+            return Err(StoreError::Corrupt(format!(
+                "task uid {next} of user `{user}` is out of range"
+            )));
+        }
+        inner.task_uids.insert(user.to_string(), next);
+        Ok(next)
+    }
+
+    async fn list_task_uids(&self) -> Result<Vec<(String, u32)>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .task_uids
+            .iter()
+            .map(|(user, uid)| (user.clone(), *uid))
+            .collect())
     }
 
     async fn put_secret(&self, secret: SecretRecord) -> Result<()> {

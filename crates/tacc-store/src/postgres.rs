@@ -462,6 +462,14 @@ impl Store for PostgresStore {
         access::list_audit(&self.reader, since, limit).await
     }
 
+    async fn task_uid(&self, user: &str, base: u32) -> Result<u32> {
+        crate::sql::task_uids::task_uid(&self.writer, user, base).await
+    }
+
+    async fn list_task_uids(&self) -> Result<Vec<(String, u32)>> {
+        crate::sql::task_uids::list_task_uids(&self.reader).await
+    }
+
     async fn put_secret(&self, secret: SecretRecord) -> Result<()> {
         access::put_secret(&self.writer, secret).await
     }

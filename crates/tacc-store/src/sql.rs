@@ -13,6 +13,7 @@ pub(crate) mod groups;
 pub(crate) mod idempotency;
 pub(crate) mod lease;
 pub(crate) mod pipelines;
+pub(crate) mod task_uids;
 pub(crate) mod tasks;
 
 pub(crate) const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \

@@ -496,3 +496,57 @@ async fn postgres_replica_that_lost_the_lease_is_fenced() {
         Some("from the new leader")
     );
 }
+
+/// A user's task uid survives a restart of the server, and a restarted server never hands
+/// a uid given before to anyone else.
+#[tokio::test]
+async fn sqlite_task_uids_survive_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tacc.db");
+    let (alice, bob) = {
+        let store = SqliteStore::open(&path).await.unwrap();
+        let alice = store.task_uid("alice", 200_000).await.unwrap();
+        let bob = store.task_uid("bob", 200_000).await.unwrap();
+        (alice, bob)
+    };
+    let reopened = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(reopened.task_uid("bob", 200_000).await.unwrap(), bob);
+    assert_eq!(reopened.task_uid("alice", 200_000).await.unwrap(), alice);
+    let carol = reopened.task_uid("carol", 200_000).await.unwrap();
+    assert!(![alice, bob].contains(&carol), "carol got {carol}");
+}
+
+/// Two servers on one PostgreSQL database (replicas, or a server and its restart)
+/// allocating at once never give one uid to two users, nor two uids to one user.
+#[tokio::test]
+async fn postgres_task_uids_from_two_servers_never_collide() {
+    let Some(database) = TestDatabase::create("postgres_task_uids_from_two_servers").await else {
+        return;
+    };
+    let first = PostgresStore::open(&database.url).await.unwrap();
+    let second = PostgresStore::open(&database.url).await.unwrap();
+    let users: Vec<String> = (0..12).map(|n| format!("user{n}")).collect();
+    let mut handles = Vec::new();
+    for (n, user) in users.iter().enumerate() {
+        for store in [first.clone(), second.clone()] {
+            let user = user.clone();
+            handles.push(tokio::spawn(async move {
+                (user.clone(), store.task_uid(&user, 400_000 + n as u32 % 3).await.unwrap())
+            }));
+        }
+    }
+    let mut given = std::collections::BTreeMap::new();
+    for handle in handles {
+        let (user, uid) = handle.await.unwrap();
+        if let Some(before) = given.insert(user.clone(), uid) {
+            assert_eq!(before, uid, "{user} was given two uids");
+        }
+    }
+    let distinct: std::collections::BTreeSet<u32> = given.values().copied().collect();
+    assert_eq!(distinct.len(), users.len(), "users share uids: {given:?}");
+    drop(first);
+    let restarted = PostgresStore::open(&database.url).await.unwrap();
+    for (user, uid) in &given {
+        assert_eq!(restarted.task_uid(user, 1).await.unwrap(), *uid);
+    }
+}

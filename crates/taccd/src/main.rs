@@ -132,6 +132,13 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct ServerArgs {
+    /// Root agents run each user's tasks as an unprivileged uid (and gid) of their own,
+    /// which the server allocates once per user from this one upwards and keeps in its
+    /// database, so a user has the same uid on every node and no two users share one
+    /// (users the operator mapped to a Unix account run as that account). Tasks never run
+    /// as root. Changing it later keeps the uids already given.
+    #[arg(long, default_value_t = tacc_server::DEFAULT_TASK_UID_BASE, value_parser = clap::value_parser!(u32).range(1..=4_000_000_000))]
+    task_uid_base: u32,
     /// Submissions per second one user may sustain (beyond it: 429 Too Many Requests).
     #[arg(long, default_value_t = 500.0)]
     submit_rate: f64,
@@ -371,11 +378,6 @@ struct NodeArgs {
     /// is down they run as processes, and the task's log says so).
     #[arg(long)]
     container_image: Option<String>,
-    /// An agent running as root runs each user's tasks as an unprivileged uid (and gid)
-    /// of their own, allocated from this one upwards (users the operator mapped to a Unix
-    /// account run as that account). Tasks never run as root.
-    #[arg(long, default_value_t = tacc_agent::DEFAULT_TASK_UID_BASE, value_parser = clap::value_parser!(u32).range(1..))]
-    task_uid_base: u32,
     /// A label of this node (of every node, with --backend slurm) that task files select
     /// with `placement.labels`, e.g. `gpu-gen=hopper`; repeatable. The agent adds the
     /// runtimes it offers itself (`tacc.io/runtime.process=true`, …).
@@ -497,6 +499,7 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
     config.policy = loaded.policy;
     config.scheduler = loaded.scheduler;
     config.unix_users = loaded.unix_users;
+    config.task_uid_base = args.task_uid_base;
     config.limits = tacc_server::UserLimits {
         submit_rate: args.submit_rate,
         submit_burst: args.submit_burst,

@@ -81,7 +81,6 @@ pub(crate) async fn run_agent(
         poll_wait: Duration::from_secs(20),
         keep_workdirs: node.keep_workdirs,
         env_cache_bytes: node.env_cache_size.as_bytes(),
-        task_uid_base: node.task_uid_base,
     };
     let stored = tacc_agent::stored_credential(data_dir)?;
     let token = match (stored, join_token) {

@@ -138,8 +138,6 @@ pub async fn run(
             // Environments are built under the agent's data directory, which a Slurm
             // backend requires on the shared file system.
             env_cache_bytes: tacc_core::ByteSize::gib(50).as_bytes(),
-            // Slurm jobs are submitted as the agent's user: the agent says so at start.
-            task_uid_base: tacc_agent::DEFAULT_TASK_UID_BASE,
         };
         // Each Slurm node registers once with the join token and keeps its own credential.
         let credential = tacc_agent::stored_credential(&config.data_dir)?.or(join_token.clone());

@@ -131,7 +131,11 @@ async fn execute(
     // root) the agent itself.
     let identity = shared
         .identities
-        .for_task(&instruction.user, instruction.unix_user.as_deref())
+        .for_task(
+            &instruction.user,
+            instruction.unix_user.as_deref(),
+            assignment.task_uid,
+        )
         .map_err(AttemptError::Refused)?;
     let mask = Arc::new(SecretMask::new(assignment.secrets.values()));
     let started = Instant::now();

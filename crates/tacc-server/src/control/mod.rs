@@ -41,6 +41,8 @@ mod retry;
 mod rules;
 mod sweep_stages;
 mod sweeps;
+mod task_accounts;
+pub(crate) use task_accounts::TaskAccount;
 #[cfg(test)]
 mod test_env;
 
@@ -82,6 +84,9 @@ pub struct ServerConfig {
     /// unix_user` in the configuration file); unmapped users run as the agent's
     /// unprivileged task account.
     pub unix_users: BTreeMap<String, String>,
+    /// The first task uid (and gid) the server allocates to users not in `unix_users`
+    /// (`--task-uid-base`): one durable map in the store, the same on every node.
+    pub task_uid_base: u32,
     /// A running rank with no output (and no CPU use, where measured) for this long is
     /// flagged silent in its task's usage (`tcloud top`).
     pub silent_after: Duration,
@@ -105,6 +110,7 @@ impl ServerConfig {
             chunk_retention: Duration::from_secs(7 * 24 * 3600),
             limits: crate::limits::UserLimits::default(),
             unix_users: BTreeMap::new(),
+            task_uid_base: DEFAULT_TASK_UID_BASE,
             silent_after: Duration::from_secs(300),
             adaptive: AdaptiveConfig::default(),
             replicated: false,
@@ -112,6 +118,10 @@ impl ServerConfig {
         }
     }
 }
+
+/// The default first uid of the accounts the server allocates for users' tasks: above the
+/// ranges distributions give to local and directory accounts.
+pub const DEFAULT_TASK_UID_BASE: u32 = 200_000;
 
 /// The production default: multifactor fair share with EASY backfill.
 pub const DEFAULT_POLICY: &str = "fairshare";
@@ -225,6 +235,8 @@ pub struct Control {
     pub(crate) adaptive: adaptive::AdaptiveBook,
     /// Sweeps whose trials the controller still launches or stops.
     pub(crate) sweeps: sweeps::OpenSweeps,
+    /// Task uids of users, as the store allocated them.
+    pub(crate) task_uids: task_accounts::TaskUidCache,
     /// The control plane's time: the system's in a server, a manual one in lifecycle tests.
     pub(crate) clock: Arc<dyn Clock>,
     /// How decisions reach the nodes (see `comm.rs`).
@@ -355,6 +367,7 @@ impl Control {
             placed: records::PlacedRecords::default(),
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
             sweeps: sweeps::OpenSweeps::default(),
+            task_uids: Default::default(),
             store,
             logs,
             chunks,
@@ -449,13 +462,9 @@ impl Control {
                 }
                 let secrets = self.task_secrets(&record, &spec).await;
                 let inputs = self.attempt_inputs(&record).await?;
-                let assignments = assignments_for(
-                    &record,
-                    &spec,
-                    &inner.nodes,
-                    self.config.unix_users.get(&record.user),
-                    &secrets,
-                );
+                let account = self.task_account(&record.user).await;
+                let assignments =
+                    assignments_for(&record, &spec, &inner.nodes, &account, &secrets);
                 for (node, mut assignment) in assignments {
                     assignment.allocation = self.adaptive.allocation(assignment.attempt);
                     assignment.inputs = inputs.clone();

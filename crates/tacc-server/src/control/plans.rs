@@ -166,9 +166,9 @@ impl Control {
             };
             let secrets = self.task_secrets(&record, spec).await;
             let inputs = self.attempt_inputs(&record).await?;
-            let unix_user = self.config.unix_users.get(&record.user);
+            let account = self.task_account(&record.user).await;
             for (node, mut assignment) in
-                assignments_for(&record, spec, &inner.nodes, unix_user, &secrets)
+                assignments_for(&record, spec, &inner.nodes, &account, &secrets)
             {
                 assignment.inputs = inputs.clone();
                 if let Some(live) = inner.nodes.get_mut(&node) {
@@ -311,7 +311,7 @@ pub(super) fn assignments_for(
     record: &TaskRecord,
     spec: &TaskSpec,
     nodes: &BTreeMap<NodeId, LiveNode>,
-    unix_user: Option<&String>,
+    account: &super::TaskAccount,
     secrets: &BTreeMap<String, String>,
 ) -> Vec<(NodeId, Assignment)> {
     let mut instruction: Instruction = tacc_compiler::compile(
@@ -321,7 +321,7 @@ pub(super) fn assignments_for(
         spec,
         record.snapshot.clone(),
     );
-    instruction.unix_user = unix_user.cloned();
+    instruction.unix_user = account.unix_user.clone();
     if let (Some(group), Some(index)) = (record.group, record.group_index) {
         instruction.set_array_element(tacc_compiler::ArrayElement {
             group: group.0,
@@ -355,6 +355,7 @@ pub(super) fn assignments_for(
                     secrets: secrets.clone(),
                     allocation: None,
                     inputs: Vec::new(),
+                    task_uid: account.task_uid,
                 },
             )
         })
