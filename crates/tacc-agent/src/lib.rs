@@ -20,6 +20,7 @@ mod identity;
 mod layout;
 mod live_files;
 mod metrics;
+mod node_secrets;
 mod orphans;
 mod process_mark;
 mod reporter;
@@ -141,6 +142,8 @@ pub(crate) struct Shared {
     pub sampling: sampler::Sampling,
     /// Running attempts' executions whose limits can change live.
     pub resizing: Arc<resize::Resizing>,
+    /// The secret values of every running attempt, masked in every task's log.
+    pub secrets: Arc<node_secrets::NodeSecrets>,
 }
 
 impl Shared {
@@ -176,11 +179,8 @@ impl Agent {
             source,
         };
         std::fs::create_dir_all(&config.data_dir).map_err(data_dir_error)?;
-        let identities = identity::Identities::open(
-            &config.data_dir,
-            &config.name,
-            executor.honours_run_as(),
-        );
+        let identities =
+            identity::Identities::open(&config.data_dir, &config.name, executor.honours_run_as());
         layout::prepare(&config.data_dir, identities.switches()).map_err(data_dir_error)?;
         let reports =
             reporter::Reports::open(config.data_dir.join("spool")).map_err(data_dir_error)?;
@@ -215,6 +215,7 @@ impl Agent {
                 gpus: Arc::new(gpus::FakeGpus::default()),
                 sampling: sampler::Sampling::default(),
                 resizing: Default::default(),
+                secrets: Default::default(),
             }),
             attempts: Arc::new(Mutex::new(Attempts::default())),
         })

@@ -531,7 +531,10 @@ async fn postgres_task_uids_from_two_servers_never_collide() {
         for store in [first.clone(), second.clone()] {
             let user = user.clone();
             handles.push(tokio::spawn(async move {
-                (user.clone(), store.task_uid(&user, 400_000 + n as u32 % 3).await.unwrap())
+                (
+                    user.clone(),
+                    store.task_uid(&user, 400_000 + n as u32 % 3).await.unwrap(),
+                )
             }));
         }
     }

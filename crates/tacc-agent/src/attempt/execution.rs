@@ -15,16 +15,17 @@ use tokio_util::sync::CancellationToken;
 
 use super::report;
 use crate::Shared;
+use crate::node_secrets::NodeSecrets;
 use crate::now;
 use crate::orphans::GroupRecord;
 use crate::secrets::SecretMask;
 
 /// How a task's output lines are written into its log: the node's prefix in a
-/// multi-node attempt, and the task's secret values masked.
+/// multi-node attempt, and the secret values of every attempt on the node masked.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LogLines {
     pub prefix: Option<String>,
-    pub mask: Arc<SecretMask>,
+    pub secrets: Arc<NodeSecrets>,
 }
 
 /// What ends each log line but the last of an output line that was too long for one.
@@ -32,11 +33,11 @@ pub(crate) const LINE_CONTINUES: &str = " [tacc: line continues]";
 
 impl LogLines {
     fn format(&self, line: &str) -> String {
-        self.render(line, "\n")
+        self.render(&self.secrets.mask(), line, "\n")
     }
 
-    fn render(&self, line: &str, end: &str) -> String {
-        let line = self.mask.apply(line);
+    fn render(&self, mask: &SecretMask, line: &str, end: &str) -> String {
+        let line = mask.apply(line);
         let mut text = String::with_capacity(line.len() + end.len() + 8);
         if let Some(prefix) = &self.prefix {
             text.push_str(prefix);
@@ -79,8 +80,9 @@ impl LogText {
             return Some(self.lines.format(&whole));
         }
         slot.push_str(&line.text);
+        let mask = self.lines.secrets.mask();
         // Keep enough back that a value starting near the end is seen whole next time.
-        let keep = self.lines.mask.longest().saturating_sub(1);
+        let keep = mask.longest().saturating_sub(1);
         if slot.len() <= keep {
             return None;
         }
@@ -88,13 +90,16 @@ impl LogText {
         while !slot.is_char_boundary(cut) {
             cut -= 1;
         }
-        let cut = self.lines.mask.safe_cut(slot, cut);
+        let cut = mask.safe_cut(slot, cut);
         if cut == 0 {
             return None;
         }
         let rest = slot.split_off(cut);
         let piece = std::mem::replace(slot, rest);
-        Some(self.lines.render(&piece, &format!("{LINE_CONTINUES}\n")))
+        Some(
+            self.lines
+                .render(&mask, &piece, &format!("{LINE_CONTINUES}\n")),
+        )
     }
 
     /// What is left when the output ends.
@@ -212,10 +217,10 @@ mod tests {
 
     #[test]
     fn log_lines_are_masked_then_prefixed() {
-        let secrets = ["s3cr3t-value".to_string()];
+        let (secrets, _held) = NodeSecrets::fixed(&["s3cr3t-value".to_string()]);
         let lines = LogLines {
             prefix: Some("[1] ".into()),
-            mask: Arc::new(SecretMask::new(&secrets)),
+            secrets,
         };
         assert_eq!(lines.format("key=s3cr3t-value"), "[1] key=***\n");
         assert_eq!(LogLines::default().format("plain"), "plain\n");
@@ -231,10 +236,10 @@ mod tests {
 
     #[test]
     fn a_long_line_is_written_in_marked_pieces_with_secrets_masked_across_cuts() {
-        let secrets = ["s3cr3t-value".to_string()];
+        let (secrets, _held) = NodeSecrets::fixed(&["s3cr3t-value".to_string()]);
         let mut log = LogText::new(LogLines {
             prefix: None,
-            mask: Arc::new(SecretMask::new(&secrets)),
+            secrets,
         });
         // The secret straddles the cut between the first and second piece.
         let mut written: Vec<String> = [

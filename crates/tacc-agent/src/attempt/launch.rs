@@ -26,7 +26,6 @@ use crate::environments::EnvLease;
 use crate::identity::TaskIdentity;
 use crate::now;
 use crate::runtimes::Failover;
-use crate::secrets::SecretMask;
 
 /// Variables of the agent's own environment that tasks inherit.
 const INHERITED_VARS: &[&str] = &[
@@ -41,7 +40,6 @@ pub(super) struct Launch<'a> {
     pub surroundings: Surroundings,
     /// The checkpoint directory, when it holds the previous attempt's checkpoint.
     pub resume_from: Option<std::path::PathBuf>,
-    pub mask: Arc<SecretMask>,
     /// When the attempt's preparation began: the time limit counts from there.
     pub started: Instant,
     pub workdir: &'a Path,
@@ -63,7 +61,6 @@ pub(super) async fn setup_then_run(
         identity,
         surroundings,
         resume_from,
-        mask,
         started,
         workdir,
         name,
@@ -129,7 +126,7 @@ pub(super) async fn setup_then_run(
     let several = instruction.num_nodes * processes > 1;
     let lines_of = |rank: u32| LogLines {
         prefix: several.then(|| format!("[{rank}] ")),
-        mask: mask.clone(),
+        secrets: shared.secrets.clone(),
     };
     let lines = lines_of(assignment.node_rank * processes);
     let limit = instruction.time_limit_secs.map(Duration::from_secs);

@@ -31,7 +31,6 @@ pub(crate) use ranks::share_of;
 
 use crate::Shared;
 use crate::now;
-use crate::secrets::SecretMask;
 
 pub(crate) fn report(shared: &Shared, report: AgentReport) {
     shared.reports.send(report);
@@ -137,7 +136,9 @@ async fn execute(
             assignment.task_uid,
         )
         .map_err(AttemptError::Refused)?;
-    let mask = Arc::new(SecretMask::new(assignment.secrets.values()));
+    // Masked in every task's log on this node (this one's included) until the attempt's
+    // last line is written: until this function returns.
+    let _held = shared.secrets.hold(assignment.secrets.values().cloned());
     let started = Instant::now();
     prepare::workdir(shared, &instruction.snapshot, workdir, cancel).await?;
     // From here on the working directory exists: whatever becomes of the attempt, its
@@ -146,7 +147,7 @@ async fn execute(
         // Before the hand-over, which makes the checkpoint directory the task's.
         let resume_from = checkpoint::restore(shared, assignment, workdir, cancel).await?;
         let surroundings =
-            prepare::surroundings(shared, &instruction, &identity, &mask, workdir, cancel).await?;
+            prepare::surroundings(shared, &instruction, &identity, workdir, cancel).await?;
         // After the hand-over: the inputs stay the agent's, read-only to the task.
         inputs::fetch(shared, assignment, workdir, cancel).await?;
         let name = workdir_name(assignment);
@@ -156,7 +157,6 @@ async fn execute(
             identity: &identity,
             surroundings,
             resume_from,
-            mask: mask.clone(),
             started,
             workdir,
             name: &name,

@@ -19,7 +19,6 @@ use super::{remove_tree, report};
 use crate::Shared;
 use crate::environments::EnvLease;
 use crate::identity::TaskIdentity;
-use crate::secrets::SecretMask;
 
 /// The node's caches of code: manifests by snapshot id, chunks by hash, whole files.
 #[derive(Debug)]
@@ -66,7 +65,6 @@ pub(super) async fn surroundings(
     shared: &Arc<Shared>,
     instruction: &Instruction,
     identity: &TaskIdentity,
-    mask: &SecretMask,
     workdir: &Path,
     cancel: &CancellationToken,
 ) -> Result<Surroundings, AttemptError> {
@@ -81,7 +79,7 @@ pub(super) async fn surroundings(
             shared,
             AgentReport::Log {
                 attempt,
-                text: format!("{}\n", mask.apply(&line)),
+                text: format!("{}\n", shared.secrets.mask().apply(&line)),
                 offset: None,
             },
         )

@@ -463,8 +463,7 @@ impl Control {
                 let secrets = self.task_secrets(&record, &spec).await;
                 let inputs = self.attempt_inputs(&record).await?;
                 let account = self.task_account(&record.user).await;
-                let assignments =
-                    assignments_for(&record, &spec, &inner.nodes, &account, &secrets);
+                let assignments = assignments_for(&record, &spec, &inner.nodes, &account, &secrets);
                 for (node, mut assignment) in assignments {
                     assignment.allocation = self.adaptive.allocation(assignment.attempt);
                     assignment.inputs = inputs.clone();

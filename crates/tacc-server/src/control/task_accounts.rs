@@ -40,11 +40,7 @@ impl Control {
                 task_uid: Some(*uid),
             };
         }
-        match self
-            .store
-            .task_uid(user, self.config.task_uid_base)
-            .await
-        {
+        match self.store.task_uid(user, self.config.task_uid_base).await {
             Ok(uid) => {
                 self.task_uids
                     .0
