@@ -6,7 +6,9 @@
 //! ```text
 //! DATA/                 0711 root   tasks may pass through, not list
 //!   run/ chunks/ files/ 0700 root   the agent's alone: process records, every user's code
-//!   node.token task-uids.json 0600 root
+//!   scratch/            0700 root   attempts' private /tmp and /dev/shm (tmpfs, bound
+//!                                   into each attempt's own mount namespace)
+//!   node.token          0600 root
 //!   work/ users/        0711 root   tasks reach their own directory by name ...
 //!     <attempt>/ <user>/ 0700 task  ... which only their uid may enter
 //!   envs/ datasets/     0711 root   the caches tasks read through known paths ...
@@ -26,8 +28,8 @@ use std::path::{Path, PathBuf};
 use tacc_exec::RunAs;
 
 /// Directories only the agent uses.
-const PRIVATE_DIRS: &[&str] = &["run", "chunks", "files"];
-/// Files only the agent reads (the node credential, the task uid table).
+const PRIVATE_DIRS: &[&str] = &["run", "chunks", "files", crate::private_tmp::SCRATCH_DIR];
+/// Files only the agent reads (the node credential; the uid table of older versions).
 const PRIVATE_FILES: &[&str] = &["node.token", crate::identity::OLD_UID_TABLE_FILE];
 /// Directories tasks pass through to reach what is theirs or shared.
 const TRAVERSED_DIRS: &[&str] = &["work", "users", "envs", "datasets"];

@@ -22,6 +22,7 @@ mod live_files;
 mod metrics;
 mod node_secrets;
 mod orphans;
+mod private_tmp;
 mod process_mark;
 mod reporter;
 mod resize;
@@ -130,6 +131,8 @@ pub(crate) struct Shared {
     pub datasets: datasets::DatasetCache,
     /// Who each attempt runs as.
     pub identities: identity::Identities,
+    /// Whether attempts get a private /tmp and /dev/shm.
+    pub private_tmps: private_tmp::PrivateTmps,
     /// The server's heartbeat lease, renewed by every answer.
     pub lease: fencing::Lease,
     /// The pipe to this agent's watchdog process, if it has one (see [`watchdog`]).
@@ -182,6 +185,7 @@ impl Agent {
         let identities =
             identity::Identities::open(&config.data_dir, &config.name, executor.honours_run_as());
         layout::prepare(&config.data_dir, identities.switches()).map_err(data_dir_error)?;
+        let private_tmps = private_tmp::PrivateTmps::open(&config.data_dir, identities.switches());
         let reports =
             reporter::Reports::open(config.data_dir.join("spool")).map_err(data_dir_error)?;
         let snapshots =
@@ -209,6 +213,7 @@ impl Agent {
                 envs: Arc::new(envs),
                 datasets,
                 identities,
+                private_tmps,
                 lease: fencing::Lease::new(std::time::Instant::now()),
                 fenced: Mutex::new(BTreeSet::new()),
                 watchdog: Mutex::new(None),

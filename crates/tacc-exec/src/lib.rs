@@ -16,6 +16,7 @@
 mod docker;
 mod fake;
 mod lines;
+mod private_tmp;
 mod process;
 
 pub mod cgroups;
@@ -32,6 +33,7 @@ use std::time::Duration;
 pub use docker::{DockerExecutor, LABEL_OWNER};
 pub use fake::FakeExecutor;
 pub use lines::MAX_LINE_BYTES;
+pub use private_tmp::{PrivateTmp, probe_private_tmp};
 pub use process::ProcessExecutor;
 pub use slurm::{SlurmBackend, SlurmConfig, SlurmExecutor};
 pub use tacc_core::RuntimeKind;
@@ -142,6 +144,9 @@ pub struct Placement {
     pub extra_mounts: Vec<(PathBuf, bool)>,
     /// Who the execution runs as; `None` is the agent's own identity.
     pub run_as: Option<RunAs>,
+    /// What the process runtime mounts on `/tmp` and `/dev/shm` in a mount namespace of
+    /// the execution's own; `None` leaves the host's. A container has its own anyway.
+    pub private_tmp: Option<PrivateTmp>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -150,6 +150,11 @@ impl Executor for ProcessExecutor {
         if cgroup.is_some() {
             argv.extend(["/bin/sh", "-c", JOIN_SCRIPT, "tacc-join"].map(String::from));
         }
+        // After the join (the namespace steps run in the cgroup), before the switch
+        // (mounting needs root).
+        if let Some(private) = &spec.placement.private_tmp {
+            argv.extend(private.argv());
+        }
         if let Some(run_as) = spec.placement.run_as {
             // Checked here to fail the launch cleanly; `env --chdir` after the switch is
             // what enforces it (the directory is entered as the task's identity).

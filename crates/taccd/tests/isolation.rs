@@ -313,3 +313,105 @@ async fn a_mapped_unix_account_is_used_and_a_missing_one_fails_the_attempt() {
         Some("launch_failed: unix account tacc-no-such-account-9c2 does not exist on node node-x")
     );
 }
+
+/// Two agents on one host (the embedded one of `taccd dev` and a second `taccd agent`
+/// with its own data directory, both root) and two users. Each agent used to number users
+/// from the base in its own table, so alice on one and bob on the other got the same uid:
+/// alice's task read and overwrote the 0600 file bob's left in the shared /tmp, read bob's
+/// secret from his running task's /proc/PID/environ, and printed it unmasked. Now the
+/// server gives each user one uid for every node, each attempt has its own /tmp and
+/// /dev/shm, and every running task's secrets are masked in every log of the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_on_one_host_keep_two_users_apart() {
+    if !root_or_skip("two_agents_on_one_host_keep_two_users_apart") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let daemon = start(
+        "dev",
+        &data,
+        &["--task-uid-base", "3600000", "--label", "host=embedded"],
+    )
+    .await;
+    let _second = start_agent(
+        &daemon,
+        &dir.path().join("second"),
+        &["--name", "second", "--label", "host=second"],
+    );
+    wait_nodes(&daemon.client(), 2).await;
+    let alice = daemon.user_client("alice", None, "user").await;
+    let bob = daemon.user_client("bob", None, "user").await;
+    let value = "bob-Zq8s3cr3t-4711";
+    bob.put_secret("BSEC", value.as_bytes().to_vec())
+        .await
+        .unwrap();
+    // Names no other run of this test (nor anything else) uses in the host's /tmp.
+    let tag = format!("tacc-uids-{}", std::process::id());
+
+    // Bob's task on the second agent leaves private files in /tmp and /dev/shm and keeps
+    // running with his secret in its environment.
+    let bob_yaml = format!(
+        "name: bob-keeps\nplacement: {{labels: {{host: second}}}}\nenvironment:\n  secrets: [BSEC]\nrun: |\n  \
+         umask 077\n  echo bob-private > /tmp/{tag}-bob\n  echo bob-shm > /dev/shm/{tag}-bob\n  \
+         echo uid=$(id -u)\n  echo pid=$$\n  echo tmp-mode=$(stat -c %a /tmp)\n  echo ready\n  sleep 300\n"
+    );
+    let bobs = submit(&bob, dir.path(), "bob-keeps", &bob_yaml, &[]).await;
+    let bob_log = wait_log(&bob, bobs, "ready").await;
+    let bob_uid = field(&bob_log, "uid").unwrap().to_string();
+    let bob_pid = field(&bob_log, "pid").unwrap().to_string();
+    assert_eq!(field(&bob_log, "tmp-mode"), Some("1777"), "{bob_log}");
+
+    // Alice's tasks, on the other agent and on the same one, try everything bob left.
+    let probe = |host: &str, leak: bool| {
+        let leak = if leak {
+            format!("  echo leaked={value}\n")
+        } else {
+            String::new()
+        };
+        format!(
+            "name: alice-on-{host}\nplacement: {{labels: {{host: {host}}}}}\nrun: |\n  \
+             echo uid=$(id -u)\n  \
+             try() {{ if sh -c \"$2\" >/dev/null 2>&1; then echo \"ALLOWED $1\"; else echo \"DENIED $1\"; fi; }}\n  \
+             try see-bob-tmp \"test -e /tmp/{tag}-bob\"\n  \
+             try read-bob-tmp \"cat /tmp/{tag}-bob\"\n  \
+             try overwrite-bob-tmp \"test -e /tmp/{tag}-bob && echo x >> /tmp/{tag}-bob\"\n  \
+             try see-bob-shm \"test -e /dev/shm/{tag}-bob\"\n  \
+             try read-bob-environ \"grep -q BSEC /proc/{bob_pid}/environ\"\n  \
+             echo alice-private > /tmp/{tag}-alice && cat /tmp/{tag}-alice\n{leak}"
+        )
+    };
+    let mut alice_uids = Vec::new();
+    for (host, leak) in [("embedded", false), ("second", true)] {
+        let (state, log) = run_task(
+            &alice,
+            dir.path(),
+            &format!("alice-{host}"),
+            &probe(host, leak),
+        )
+        .await;
+        assert_eq!(state, TaskState::Succeeded, "{host}: {log}");
+        assert!(!log.contains("ALLOWED"), "{host}: {log}");
+        assert_eq!(log.matches("DENIED ").count(), 5, "{host}: {log}");
+        assert!(log.contains("alice-private"), "{host}: {log}");
+        alice_uids.push(field(&log, "uid").unwrap().to_string());
+        if leak {
+            // Bob's secret, printed by alice's task beside his running one: masked.
+            assert!(log.contains("leaked=***"), "{log}");
+            assert!(!log.contains(value), "{log}");
+        }
+    }
+    // One uid for alice on both nodes, never bob's.
+    assert_eq!(alice_uids[0], alice_uids[1], "{alice_uids:?}");
+    assert_ne!(alice_uids[0], bob_uid);
+    // Nothing of either reached the host's /tmp or /dev/shm.
+    for path in [
+        format!("/tmp/{tag}-bob"),
+        format!("/tmp/{tag}-alice"),
+        format!("/dev/shm/{tag}-bob"),
+    ] {
+        assert!(!Path::new(&path).exists(), "{path} is on the host");
+    }
+    bob.cancel(bobs).await.unwrap();
+    wait_terminal(&bob, bobs).await;
+}

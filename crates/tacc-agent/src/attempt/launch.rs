@@ -40,6 +40,9 @@ pub(super) struct Launch<'a> {
     pub surroundings: Surroundings,
     /// The checkpoint directory, when it holds the previous attempt's checkpoint.
     pub resume_from: Option<std::path::PathBuf>,
+    /// What the process runtime binds onto `/tmp` and `/dev/shm`, where the agent gives
+    /// attempts private ones.
+    pub private_tmp: Option<tacc_exec::PrivateTmp>,
     /// When the attempt's preparation began: the time limit counts from there.
     pub started: Instant,
     pub workdir: &'a Path,
@@ -61,6 +64,7 @@ pub(super) async fn setup_then_run(
         identity,
         surroundings,
         resume_from,
+        private_tmp,
         started,
         workdir,
         name,
@@ -148,6 +152,7 @@ pub(super) async fn setup_then_run(
             (data_dir.join("envs"), false),
         ],
         run_as: identity.run_as,
+        private_tmp,
     };
     let env = env_of(0);
 

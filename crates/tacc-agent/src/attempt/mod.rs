@@ -151,12 +151,18 @@ async fn execute(
         // After the hand-over: the inputs stay the agent's, read-only to the task.
         inputs::fetch(shared, assignment, workdir, cancel).await?;
         let name = workdir_name(assignment);
+        // Lives until every execution of the attempt has ended (the end of this block).
+        let private_tmp = shared
+            .private_tmps
+            .for_attempt(&name, instruction.per_node.memory_bytes)
+            .map_err(AttemptError::Refused)?;
         let stage = launch::Launch {
             assignment,
             instruction: &instruction,
             identity: &identity,
             surroundings,
             resume_from,
+            private_tmp: private_tmp.as_ref().map(|t| t.placement()),
             started,
             workdir,
             name: &name,

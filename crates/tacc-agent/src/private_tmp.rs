@@ -1,0 +1,196 @@
+//! A private `/tmp` and `/dev/shm` for every attempt, where the agent runs as root: a
+//! tmpfs of the attempt's own under `DATA/scratch/<attempt>/` (0700 root, so no task
+//! reaches it from outside), holding `tmp/` and `shm/` (1777), which the process runtime
+//! binds onto `/tmp` and `/dev/shm` in each execution's own mount namespace
+//! ([`tacc_exec::PrivateTmp`]). Setup and every local rank of the attempt share them; no
+//! other attempt — another user's, or the same user's — sees them, and they are gone
+//! (unmounted) when the attempt ends.
+//!
+//! The tmpfs is bounded by the attempt's memory on this node (`resources.memory`; the
+//! kernel's default, half of RAM, when it has none). Its pages count against the attempt's
+//! cgroup memory limit as well, so `/tmp` and `/dev/shm` never hold more than the task
+//! may use in memory.
+//!
+//! Where the agent cannot (not root, a runtime that does not switch identities, mount
+//! namespaces refused), tasks share the node's `/tmp` and `/dev/shm`; the agent says so
+//! once in its log at start.
+
+use std::path::{Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags};
+use tacc_exec::PrivateTmp;
+
+/// The directory under the agent's data directory that holds the attempts' tmpfs mounts.
+pub(crate) const SCRATCH_DIR: &str = "scratch";
+
+/// The mode of `tmp/` and `shm/` inside an attempt's tmpfs: like the host's, private to
+/// the attempt by its namespace.
+const SHARED_TMP_MODE: u32 = 0o1777;
+
+/// Whether this agent gives attempts a private `/tmp`, and where their tmpfs mounts live.
+#[derive(Debug)]
+pub(crate) enum PrivateTmps {
+    Enabled {
+        root: PathBuf,
+        /// The data directory, when it lies under `/tmp` (bound back at its path).
+        keep: Option<PathBuf>,
+    },
+    Disabled,
+}
+
+impl PrivateTmps {
+    /// Decide once, at start (after the data directory's layout is prepared), saying
+    /// plainly in the log when tasks share the node's `/tmp` and `/dev/shm`. Mounts a
+    /// previous life of the agent left behind are removed first (their processes were
+    /// killed with the rest of its orphans).
+    pub fn open(data_dir: &Path, tasks_switch: bool) -> PrivateTmps {
+        let shared = |why: String| {
+            tracing::warn!("tasks share this node's /tmp and /dev/shm with each other: {why}");
+            PrivateTmps::Disabled
+        };
+        if !tasks_switch {
+            return shared(
+                "only an agent running as root, on a runtime that switches identities, gives \
+                 each attempt a private /tmp and /dev/shm"
+                    .to_string(),
+            );
+        }
+        let data_dir = match data_dir.canonicalize() {
+            Ok(dir) => dir,
+            Err(e) => return shared(format!("cannot resolve {}: {e}", data_dir.display())),
+        };
+        if data_dir.starts_with("/dev/shm") {
+            return shared(format!(
+                "the agent's data directory {} lies under /dev/shm; move it (e.g. to \
+                 /var/lib/tacc-agent) to give tasks private ones",
+                data_dir.display()
+            ));
+        }
+        let keep = data_dir.starts_with("/tmp").then(|| data_dir.clone());
+        let root = data_dir.join(SCRATCH_DIR);
+        remove_leftovers(&root);
+        let enabled = PrivateTmps::Enabled { root, keep };
+        match enabled.probe() {
+            Ok(()) => {
+                tracing::info!(
+                    "each attempt gets a private /tmp and /dev/shm (a tmpfs the size of its \
+                     memory, in a mount namespace of its own)"
+                );
+                enabled
+            }
+            Err(e) => shared(format!("the agent cannot give them private ones ({e})")),
+        }
+    }
+
+    /// A private `/tmp` made and used in a throwaway namespace, as an attempt's will be.
+    fn probe(&self) -> Result<(), String> {
+        let attempt = self
+            .for_attempt(".probe", 1 << 20)?
+            .ok_or_else(|| "disabled".to_string())?;
+        tacc_exec::probe_private_tmp(&attempt.placement())
+    }
+
+    /// The private `/tmp` of the attempt whose working directory is `name`, sized to
+    /// `memory_bytes` (0: the kernel's default); `None` where attempts get none. `Err` is
+    /// the message the attempt fails with.
+    pub fn for_attempt(&self, name: &str, memory_bytes: u64) -> Result<Option<AttemptTmp>, String> {
+        let PrivateTmps::Enabled { root, keep } = self else {
+            return Ok(None);
+        };
+        let dir = root.join(name);
+        mount_tmpfs(&dir, memory_bytes).map_err(|e| {
+            format!(
+                "cannot make the attempt's private /tmp at {}: {e}",
+                dir.display()
+            )
+        })?;
+        let attempt = AttemptTmp {
+            dir,
+            keep: keep.clone(),
+        };
+        for sub in ["tmp", "shm"] {
+            let path = attempt.dir.join(sub);
+            std::fs::create_dir(&path)
+                .and_then(|()| crate::layout::set_mode(&path, SHARED_TMP_MODE))
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+        }
+        Ok(Some(attempt))
+    }
+}
+
+/// One attempt's tmpfs, unmounted (lazily: a process that outlived the attempt keeps its
+/// files until it ends) and removed when dropped.
+#[derive(Debug)]
+pub(crate) struct AttemptTmp {
+    dir: PathBuf,
+    keep: Option<PathBuf>,
+}
+
+impl AttemptTmp {
+    /// What the runtime binds onto `/tmp` and `/dev/shm`.
+    pub fn placement(&self) -> PrivateTmp {
+        PrivateTmp {
+            tmp: self.dir.join("tmp"),
+            shm: self.dir.join("shm"),
+            keep: self.keep.clone(),
+        }
+    }
+}
+
+impl Drop for AttemptTmp {
+    fn drop(&mut self) {
+        if let Err(e) = unmount_and_remove(&self.dir) {
+            tracing::warn!(
+                "cannot remove the private /tmp at {}: {e}",
+                self.dir.display()
+            );
+        }
+    }
+}
+
+/// A fresh tmpfs at `dir` (created, 0700 root), with no devices and no set-id programs.
+fn mount_tmpfs(dir: &Path, memory_bytes: u64) -> std::io::Result<()> {
+    std::fs::create_dir(dir)?;
+    let mut options = String::from("mode=0700");
+    if memory_bytes > 0 {
+        options.push_str(&format!(",size={memory_bytes}"));
+    }
+    let mounted = nix::mount::mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    );
+    if let Err(e) = mounted {
+        let _ = std::fs::remove_dir(dir);
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+fn unmount_and_remove(dir: &Path) -> std::io::Result<()> {
+    match nix::mount::umount2(dir, MntFlags::MNT_DETACH) {
+        // EINVAL: nothing mounted there (a leftover directory).
+        Ok(()) | Err(nix::errno::Errno::EINVAL) => {}
+        Err(e) => return Err(e.into()),
+    }
+    std::fs::remove_dir(dir)
+}
+
+/// Unmounts and removes what a previous life of the agent left under `root`.
+fn remove_leftovers(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        match unmount_and_remove(&path) {
+            Ok(()) => tracing::info!("removed the leftover private /tmp {}", path.display()),
+            Err(e) => tracing::warn!(
+                "cannot remove the leftover private /tmp {}: {e}",
+                path.display()
+            ),
+        }
+    }
+}
