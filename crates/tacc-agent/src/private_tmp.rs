@@ -12,8 +12,11 @@
 //! may use in memory.
 //!
 //! Where the agent cannot (not root, a runtime that does not switch identities, mount
-//! namespaces refused), tasks share the node's `/tmp` and `/dev/shm`; the agent says so
-//! once in its log at start.
+//! namespaces refused, a data directory under `/dev/shm`), tasks share the node's `/tmp`
+//! and `/dev/shm`; the agent says so once in its log at start. An agent whose data
+//! directory lies under `/tmp` (tests, scratch machines) binds the top directory there
+//! that holds it (`/tmp/NAME`) back into every attempt's `/tmp`, so tasks still reach
+//! their working directories: what lies in `/tmp/NAME` is then shared as on the host.
 
 use std::path::{Path, PathBuf};
 
@@ -32,7 +35,8 @@ const SHARED_TMP_MODE: u32 = 0o1777;
 pub(crate) enum PrivateTmps {
     Enabled {
         root: PathBuf,
-        /// The data directory, when it lies under `/tmp` (bound back at its path).
+        /// The top directory in `/tmp` that holds the data directory, when it lies there
+        /// (bound back at its path in every attempt's `/tmp`).
         keep: Option<PathBuf>,
     },
     Disabled,
@@ -66,7 +70,14 @@ impl PrivateTmps {
                 data_dir.display()
             ));
         }
-        let keep = data_dir.starts_with("/tmp").then(|| data_dir.clone());
+        // The top directory in /tmp that holds the data directory stays visible, so
+        // whatever tasks reached through it on the host (their working directories, and
+        // a test's files beside the data directory) they still reach.
+        let keep = data_dir
+            .strip_prefix("/tmp")
+            .ok()
+            .and_then(|below| below.components().next())
+            .map(|top| Path::new("/tmp").join(top));
         let root = data_dir.join(SCRATCH_DIR);
         remove_leftovers(&root);
         let enabled = PrivateTmps::Enabled { root, keep };

@@ -34,8 +34,9 @@ const BIND_KEEPING_SCRIPT: &str = r#"cd "$3" && /bin/mount --bind "$2" /dev/shm 
 pub struct PrivateTmp {
     pub tmp: PathBuf,
     pub shm: PathBuf,
-    /// A directory under `/tmp` the execution must still reach at its path: the agent's
-    /// data directory, when it lies there. (One under `/dev/shm` is not supported.)
+    /// A directory under `/tmp` the execution must still reach at its path: the one that
+    /// holds the agent's data directory, when it lies there. (One under `/dev/shm` is not
+    /// supported.)
     pub keep: Option<PathBuf>,
 }
 
