@@ -229,7 +229,6 @@ fn mapped_account(account: &str, node: &str) -> Result<TaskIdentity, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn an_allocated_uid_must_not_be_root_nor_a_local_account_or_group() {

@@ -42,6 +42,7 @@ impl Drop for Daemon {
         if !data_dir_in_use(&self.data_dir) {
             for agent_dir in [self.data_dir.clone(), self.data_dir.join("agent")] {
                 sweep_task_cgroups(&agent_dir);
+                sweep_private_tmps(&agent_dir);
             }
         }
     }
@@ -95,6 +96,19 @@ fn data_dir_in_use(data_dir: &Path) -> bool {
             .is_some_and(|program| program.ends_with(b"taccd"));
         is_taccd && process_alive(pid) && args.any(|arg| arg == wanted)
     })
+}
+
+/// Unmount and remove the attempts' private /tmp mounts a killed agent left in its data
+/// directory (`AGENT_DATA/scratch/*`, see `tacc_agent`'s `private_tmp`), so the test's
+/// temporary directory can go.
+fn sweep_private_tmps(agent_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(agent_dir.join("scratch")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let _ = nix::mount::umount2(&entry.path(), nix::mount::MntFlags::MNT_DETACH);
+        let _ = std::fs::remove_dir(entry.path());
+    }
 }
 
 /// Kill every process in the task cgroups of the agent whose data directory is
