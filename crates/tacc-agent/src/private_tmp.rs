@@ -2,7 +2,7 @@
 //! tmpfs of the attempt's own under `DATA/scratch/<attempt>/` (0700 root, so no task
 //! reaches it from outside), holding `tmp/` and `shm/` (1777), which the process runtime
 //! binds onto `/tmp` and `/dev/shm` in each execution's own mount namespace
-//! ([`tacc_exec::PrivateTmp`]). Setup and every local rank of the attempt share them; no
+//! ([`tacc_exec::PrivateTmp`], mounted by this agent's own binary, `taccd private-tmp`). Setup and every local rank of the attempt share them; no
 //! other attempt — another user's, or the same user's — sees them, and they are gone
 //! (unmounted) when the attempt ends.
 //!
@@ -34,6 +34,8 @@ const SHARED_TMP_MODE: u32 = 0o1777;
 #[derive(Debug)]
 pub(crate) enum PrivateTmps {
     Enabled {
+        /// The program that mounts them in each execution (this agent's own binary).
+        helper: PathBuf,
         root: PathBuf,
         /// The top directory in `/tmp` that holds the data directory, when it lies there
         /// (bound back at its path in every attempt's `/tmp`).
@@ -73,6 +75,10 @@ impl PrivateTmps {
         // The top directory in /tmp that holds the data directory stays visible, so
         // whatever tasks reached through it on the host (their working directories, and
         // a test's files beside the data directory) they still reach.
+        let helper = match std::env::current_exe() {
+            Ok(helper) => helper,
+            Err(e) => return shared(format!("cannot find the agent's own program: {e}")),
+        };
         let keep = data_dir
             .strip_prefix("/tmp")
             .ok()
@@ -80,7 +86,7 @@ impl PrivateTmps {
             .map(|top| Path::new("/tmp").join(top));
         let root = data_dir.join(SCRATCH_DIR);
         remove_leftovers(&root);
-        let enabled = PrivateTmps::Enabled { root, keep };
+        let enabled = PrivateTmps::Enabled { helper, root, keep };
         match enabled.probe() {
             Ok(()) => {
                 tracing::info!(
@@ -105,7 +111,7 @@ impl PrivateTmps {
     /// `memory_bytes` (0: the kernel's default); `None` where attempts get none. `Err` is
     /// the message the attempt fails with.
     pub fn for_attempt(&self, name: &str, memory_bytes: u64) -> Result<Option<AttemptTmp>, String> {
-        let PrivateTmps::Enabled { root, keep } = self else {
+        let PrivateTmps::Enabled { helper, root, keep } = self else {
             return Ok(None);
         };
         let dir = root.join(name);
@@ -116,6 +122,7 @@ impl PrivateTmps {
             )
         })?;
         let attempt = AttemptTmp {
+            helper: helper.clone(),
             dir,
             keep: keep.clone(),
         };
@@ -133,6 +140,7 @@ impl PrivateTmps {
 /// files until it ends) and removed when dropped.
 #[derive(Debug)]
 pub(crate) struct AttemptTmp {
+    helper: PathBuf,
     dir: PathBuf,
     keep: Option<PathBuf>,
 }
@@ -141,6 +149,7 @@ impl AttemptTmp {
     /// What the runtime binds onto `/tmp` and `/dev/shm`.
     pub fn placement(&self) -> PrivateTmp {
         PrivateTmp {
+            helper: self.helper.clone(),
             tmp: self.dir.join("tmp"),
             shm: self.dir.join("shm"),
             keep: self.keep.clone(),

@@ -33,7 +33,7 @@ use std::time::Duration;
 pub use docker::{DockerExecutor, LABEL_OWNER};
 pub use fake::FakeExecutor;
 pub use lines::MAX_LINE_BYTES;
-pub use private_tmp::{PrivateTmp, probe_private_tmp};
+pub use private_tmp::{PRIVATE_TMP_SUBCOMMAND, PrivateTmp, enter_private_tmp, probe_private_tmp};
 pub use process::ProcessExecutor;
 pub use slurm::{SlurmBackend, SlurmConfig, SlurmExecutor};
 pub use tacc_core::RuntimeKind;

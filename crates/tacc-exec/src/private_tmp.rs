@@ -1,37 +1,39 @@
 //! A private `/tmp` and `/dev/shm` for a process execution: the child enters a mount
-//! namespace of its own (`unshare --mount`, propagation `slave`, so the host's mounts
-//! still reach it but nothing it mounts leaves it) and binds the directories the caller
-//! prepared for the attempt ([`PrivateTmp`]) onto `/tmp` and `/dev/shm` — as root, before
-//! the identity switch, and before anything of the task runs. Every execution of one
-//! attempt (setup, each local rank) binds the same directories, so they share their
-//! temporary files and shared memory; no other attempt sees them.
+//! namespace of its own (propagation `slave`, so the host's mounts still reach it but
+//! nothing it mounts leaves it) and binds the directories the caller prepared for the
+//! attempt ([`PrivateTmp`]) onto `/tmp` and `/dev/shm` — as root, before the identity
+//! switch, and before anything of the task runs. Every execution of one attempt (setup,
+//! each local rank) binds the same directories, so they share their temporary files and
+//! shared memory; no other attempt sees them.
 //!
-//! Like the cgroup join and the identity switch, this is done by programs the child
-//! `exec`s in turn (util-linux `unshare` and `mount`, `sh`), never by code of the agent
-//! between `fork` and `exec` (the workspace has no `unsafe`).
+//! Like the cgroup join and the identity switch, this is done by a program the child
+//! `exec`s, never by code of the agent between `fork` and `exec` (the workspace has no
+//! `unsafe`): the agent's own binary, run as `HELPER private-tmp --tmp T --shm S [--keep K]
+//! -- PROGRAM ARGS…`, calls [`enter_private_tmp`], which `exec`s the rest (same pid) —
+//! one short-lived program per launch rather than a shell and a `mount` per directory.
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
 
-/// util-linux: the new mount namespace.
-const UNSHARE: &str = "/usr/bin/unshare";
+use nix::mount::MsFlags;
 
-/// Binds `$2` on `/dev/shm` and `$1` on `/tmp`, then `exec`s the rest of its arguments
-/// (same pid); any failure ends it with 125 before the task runs. `/tmp` goes last, so a
-/// source under `/tmp` is still found.
-const BIND_SCRIPT: &str = r#"/bin/mount --bind "$2" /dev/shm && /bin/mount --bind "$1" /tmp && shift 2 && exec "$@"; exit 125"#;
+/// The helper's subcommand (hidden in `taccd`).
+pub const PRIVATE_TMP_SUBCOMMAND: &str = "private-tmp";
 
-/// The same, for an agent whose data directory `$3` lies under `/tmp` (a test's, a
-/// scratch machine's): the shell holds on to it as its working directory while `/tmp` is
-/// covered, then binds it back at its own path inside the new `/tmp` (through
-/// `/proc/self/cwd`, which `mount -c` leaves for the kernel to follow), so the task still
-/// reaches its working directory, its home and the caches. The directories made for it in
-/// the new `/tmp` are searchable by the task (umask 022 for `mkdir` alone: the task keeps
-/// the agent's).
-const BIND_KEEPING_SCRIPT: &str = r#"cd "$3" && /bin/mount --bind "$2" /dev/shm && /bin/mount --bind "$1" /tmp && (umask 022 && /bin/mkdir -p "$3") && /bin/mount -c --rbind /proc/self/cwd "$3" && cd / && shift 3 && exec "$@"; exit 125"#;
+/// The mode of the directories made in the new `/tmp` on the way to `keep`: searchable by
+/// the task.
+const KEEP_PATH_MODE: u32 = 0o755;
 
-/// The directories an attempt's executions see as `/tmp` and `/dev/shm`.
+/// The directories an attempt's executions see as `/tmp` and `/dev/shm`, and the program
+/// that mounts them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrivateTmp {
+    /// A program that runs [`enter_private_tmp`] as its [`PRIVATE_TMP_SUBCOMMAND`] (the
+    /// agent's own binary, `taccd`).
+    pub helper: PathBuf,
     pub tmp: PathBuf,
     pub shm: PathBuf,
     /// A directory under `/tmp` the execution must still reach at its path: the one that
@@ -41,41 +43,101 @@ pub struct PrivateTmp {
 }
 
 impl PrivateTmp {
-    /// The programs the child runs before the task's own (whose argv follows).
+    /// The program the child runs before the task's own (whose argv follows).
     pub(crate) fn argv(&self) -> Vec<String> {
-        let mut argv: Vec<String> = [
-            UNSHARE,
-            "--mount",
-            "--propagation",
-            "slave",
-            "--",
-            "/bin/sh",
-            "-c",
-        ]
-        .map(String::from)
-        .to_vec();
-        argv.push(
-            if self.keep.is_some() {
-                BIND_KEEPING_SCRIPT
-            } else {
-                BIND_SCRIPT
-            }
-            .to_string(),
-        );
-        argv.push("tacc-private-tmp".to_string());
-        argv.push(self.tmp.display().to_string());
-        argv.push(self.shm.display().to_string());
+        let mut argv = vec![
+            self.helper.display().to_string(),
+            PRIVATE_TMP_SUBCOMMAND.to_string(),
+            "--tmp".to_string(),
+            self.tmp.display().to_string(),
+            "--shm".to_string(),
+            self.shm.display().to_string(),
+        ];
         if let Some(keep) = &self.keep {
+            argv.push("--keep".to_string());
             argv.push(keep.display().to_string());
         }
+        argv.push("--".to_string());
         argv
     }
 }
 
+/// The helper's work: a new mount namespace, `shm` bound on `/dev/shm` and `tmp` on
+/// `/tmp`, `keep` bound back at its path inside the new `/tmp`, then `exec` of `command`
+/// (environment, working directory and descriptors as they are). Returns only on failure.
+pub fn enter_private_tmp(
+    tmp: &Path,
+    shm: &Path,
+    keep: Option<&Path>,
+    command: &[OsString],
+) -> std::io::Error {
+    match namespace(tmp, shm, keep) {
+        Ok(()) => {}
+        Err(e) => return e,
+    }
+    let Some((program, args)) = command.split_first() else {
+        return std::io::Error::other("no program to run");
+    };
+    std::process::Command::new(program).args(args).exec()
+}
+
+fn namespace(tmp: &Path, shm: &Path, keep: Option<&Path>) -> std::io::Result<()> {
+    let context =
+        |what: String| move |e: nix::errno::Errno| std::io::Error::other(format!("{what}: {e}"));
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .map_err(context("cannot make a mount namespace".into()))?;
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(context("cannot make / a slave mount".into()))?;
+    // Held open while /tmp is covered: the way back to it (opened in the new namespace,
+    // whose mounts alone may be bound here).
+    let kept = keep
+        .map(|dir| {
+            std::fs::File::open(dir)
+                .map_err(|e| std::io::Error::other(format!("cannot open {}: {e}", dir.display())))
+        })
+        .transpose()?;
+    // /dev/shm first: a source under /tmp (a test's data directory) is still found.
+    for (source, target) in [(shm, "/dev/shm"), (tmp, "/tmp")] {
+        nix::mount::mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(context(format!(
+            "cannot bind {} on {target}",
+            source.display()
+        )))?;
+    }
+    if let (Some(dir), Some(kept)) = (keep, kept) {
+        std::fs::create_dir_all(dir)?;
+        for made in dir.ancestors().take_while(|p| *p != Path::new("/tmp")) {
+            std::fs::set_permissions(made, std::fs::Permissions::from_mode(KEEP_PATH_MODE))?;
+        }
+        let source = format!("/proc/self/fd/{}", kept.as_raw_fd());
+        nix::mount::mount(
+            Some(source.as_str()),
+            dir,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(context(format!("cannot bind {} back", dir.display())))?;
+    }
+    Ok(())
+}
+
 /// Whether executions can get `private` as their `/tmp` and `/dev/shm` here: runs the
-/// namespace and bind steps in a throwaway namespace, then checks `/tmp` is the new one
-/// and `keep` still reached. `Err` says why not (no `unshare`, a kernel or container that
-/// refuses mount namespaces, a failed bind).
+/// helper in a throwaway namespace, then checks `/tmp` is the new one and `keep` still
+/// reached. `Err` says why not (a kernel or container that refuses mount namespaces, a
+/// helper that is not `taccd`, a failed bind).
 pub fn probe_private_tmp(private: &PrivateTmp) -> Result<(), String> {
     let marker = "tacc-private-tmp-probe";
     std::fs::write(private.tmp.join(marker), "")
@@ -91,7 +153,7 @@ pub fn probe_private_tmp(private: &PrivateTmp) -> Result<(), String> {
         .current_dir("/")
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(|e| format!("cannot run {UNSHARE}: {e}"))?;
+        .map_err(|e| format!("cannot run {}: {e}", argv[0]))?;
     let _ = std::fs::remove_file(private.tmp.join(marker));
     if output.status.success() {
         Ok(())
@@ -109,18 +171,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_namespace_binds_both_directories_before_the_task() {
+    fn the_helper_gets_both_directories_then_the_task() {
         let private = PrivateTmp {
+            helper: "/usr/bin/taccd".into(),
             tmp: "/data/scratch/a/tmp".into(),
             shm: "/data/scratch/a/shm".into(),
             keep: None,
         };
-        let argv = private.argv();
-        assert_eq!(argv[0], UNSHARE);
         assert_eq!(
-            &argv[argv.len() - 2..],
-            ["/data/scratch/a/tmp", "/data/scratch/a/shm"]
+            private.argv(),
+            [
+                "/usr/bin/taccd",
+                PRIVATE_TMP_SUBCOMMAND,
+                "--tmp",
+                "/data/scratch/a/tmp",
+                "--shm",
+                "/data/scratch/a/shm",
+                "--"
+            ]
         );
-        assert!(argv.contains(&"slave".to_string()));
     }
 }

@@ -12,6 +12,7 @@ mod modes;
 mod node_labels;
 mod pilot_node;
 mod pilots;
+mod private_tmp_helper;
 mod process_agent;
 mod replica;
 mod slurm_agent;
@@ -386,6 +387,9 @@ struct NodeArgs {
 }
 
 fn main() -> Result<()> {
+    if private_tmp_helper::requested() {
+        private_tmp_helper::run();
+    }
     // Before anything is created: the daemon's files are its own (see `modes`).
     modes::private_umask();
     let cli = Cli::parse();

@@ -350,10 +350,11 @@ async fn two_agents_on_one_host_keep_two_users_apart() {
     let tag = format!("tacc-uids-{}", std::process::id());
 
     // Bob's task on the second agent leaves private files in /tmp and /dev/shm and keeps
-    // running with his secret in its environment.
+    // running with his secret in its environment; its setup leaves a file for its run.
     let bob_yaml = format!(
-        "name: bob-keeps\nplacement: {{labels: {{host: second}}}}\nenvironment:\n  secrets: [BSEC]\nrun: |\n  \
-         umask 077\n  echo bob-private > /tmp/{tag}-bob\n  echo bob-shm > /dev/shm/{tag}-bob\n  \
+        "name: bob-keeps\nplacement: {{labels: {{host: second}}}}\nenvironment:\n  secrets: [BSEC]\n\
+         setup: echo from-setup > /tmp/{tag}-setup\nrun: |\n  \
+         echo setup-saw=$(cat /tmp/{tag}-setup)\n  umask 077\n  echo bob-private > /tmp/{tag}-bob\n  echo bob-shm > /dev/shm/{tag}-bob\n  \
          echo uid=$(id -u)\n  echo pid=$$\n  echo tmp-mode=$(stat -c %a /tmp)\n  echo ready\n  sleep 300\n"
     );
     let bobs = submit(&bob, dir.path(), "bob-keeps", &bob_yaml, &[]).await;
@@ -361,6 +362,12 @@ async fn two_agents_on_one_host_keep_two_users_apart() {
     let bob_uid = field(&bob_log, "uid").unwrap().to_string();
     let bob_pid = field(&bob_log, "pid").unwrap().to_string();
     assert_eq!(field(&bob_log, "tmp-mode"), Some("1777"), "{bob_log}");
+    // Setup and run of one attempt share its /tmp.
+    assert_eq!(
+        field(&bob_log, "setup-saw"),
+        Some("from-setup"),
+        "{bob_log}"
+    );
 
     // Alice's tasks, on the other agent and on the same one, try everything bob left.
     let probe = |host: &str, leak: bool| {
@@ -408,6 +415,7 @@ async fn two_agents_on_one_host_keep_two_users_apart() {
     for path in [
         format!("/tmp/{tag}-bob"),
         format!("/tmp/{tag}-alice"),
+        format!("/tmp/{tag}-setup"),
         format!("/dev/shm/{tag}-bob"),
     ] {
         assert!(!Path::new(&path).exists(), "{path} is on the host");
