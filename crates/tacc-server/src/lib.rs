@@ -30,6 +30,7 @@ mod replica;
 pub mod secrets;
 mod tls;
 mod usage;
+pub mod webhook_destination;
 
 use std::sync::Arc;
 
@@ -42,6 +43,7 @@ pub use limits::UserLimits;
 pub use replica::{ReplicaConfig, serve_replicated};
 use tacc_core::{NodeId, TaskId};
 pub use tls::TlsConfig;
+pub use webhook_destination::WebhookPolicy;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

@@ -218,10 +218,27 @@ struct ServerArgs {
     /// Left out, such tasks keep what they asked for.
     #[arg(long, value_name = "MIN..MAX")]
     adaptive_default: Option<tacc_server::DefaultBounds>,
+    /// Let webhook notifications (`notify.webhook`) reach internal addresses: loopback,
+    /// link-local, private, shared (CGNAT), multicast and the like. Off by default, so a
+    /// user's webhook cannot make the server call its own API or internal services.
+    #[arg(long)]
+    webhook_allow_private: bool,
+    /// An internal address range webhooks may reach all the same, e.g. 10.20.0.0/16 or
+    /// a single address (repeatable). Public addresses are always allowed.
+    #[arg(long = "webhook-allow", value_name = "CIDR", value_parser = parse_cidr)]
+    webhook_allow: Vec<ipnet::IpNet>,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
     #[command(flatten)]
     replica: replica::ReplicaArgs,
+}
+
+/// `ADDRESS/PREFIX`, or one address (a range of one).
+fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
+    let text = text.trim();
+    text.parse::<ipnet::IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("`{text}` is not an address range: write e.g. 10.20.0.0/16, fd00::/8 or 10.20.0.5"))
 }
 
 /// `--adaptive off|shrink|on`.
@@ -504,6 +521,10 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
         max_log_bytes: args.max_log.as_bytes(),
     };
     config.datasets = args.datasets.iter().cloned().collect();
+    config.webhooks = tacc_server::WebhookPolicy {
+        allow_private: args.webhook_allow_private,
+        allowed: args.webhook_allow.clone(),
+    };
     config.chunk_retention = Duration::from_secs(args.chunk_retention.as_secs());
     config.silent_after = Duration::from_secs(args.silent_after.as_secs());
     config.adaptive = tacc_server::AdaptiveConfig {

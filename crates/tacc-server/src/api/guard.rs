@@ -8,8 +8,9 @@
 //! authenticated and authorised exactly as that token is. The cookie counts on the
 //! dashboard's routes and on reading (`GET`) API routes — the live log stream, output
 //! downloads — never for an API route that changes anything (the dashboard's own forms
-//! carry a CSRF token). A dashboard route that refuses answers with a page (or the way to
-//! the sign-in form), not JSON.
+//! carry a CSRF token, and a browser that says a dashboard form came from another site is
+//! refused first, see `dashboard::csrf`). A dashboard route that refuses answers with a
+//! page (or the way to the sign-in form), not JSON.
 
 use std::collections::HashMap;
 
@@ -107,6 +108,28 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         })
         .unwrap_or_default();
     let control = &app.control;
+    let reading = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    // A dashboard form another site made the browser send (a forged sign-in included)
+    // is refused before anything else looks at it.
+    if ui
+        && !reading
+        && let Some(why) = dashboard::csrf::cross_site(request.headers())
+    {
+        control.audit.record_as(
+            "anonymous".into(),
+            "ui.cross_site_refused",
+            format!("{} {path}", request.method()),
+            false,
+            why.clone(),
+        );
+        super::drain::drain(request.into_body()).await;
+        return answer(ServerError::Forbidden(format!(
+            "{why}; use the dashboard's own pages"
+        )));
+    }
     if access == Access::Public {
         // Health checks must answer whatever credential a probe happens to carry.
         request.extensions_mut().insert(Caller::Anonymous);
@@ -116,10 +139,6 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .cloned();
-    let reading = matches!(
-        *request.method(),
-        axum::http::Method::GET | axum::http::Method::HEAD
-    );
     if header.is_none() && (ui || reading) {
         let session = dashboard::session::session_id(request.headers())
             .and_then(|id| app.sessions.get(&id, std::time::Instant::now()));

@@ -117,6 +117,8 @@ pub(super) async fn get_output(
     })?;
     let length = opened.metadata().await.map(|m| m.len()).unwrap_or(0);
     let mut response = Body::from_stream(tokio_util::io::ReaderStream::new(opened)).into_response();
+    // A task chose these bytes and their name: saved, never rendered (see `headers`).
+    super::headers::as_download(&mut response, &path);
     response.headers_mut().insert(
         axum::http::header::CONTENT_LENGTH,
         HeaderValue::from(length),

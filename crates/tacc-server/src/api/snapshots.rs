@@ -179,12 +179,16 @@ pub(super) async fn put_chunk(
 pub(super) async fn get_chunk(
     State(app): State<AppState>,
     Path(hash): Path<String>,
-) -> ApiResult<Vec<u8>> {
+) -> ApiResult<Response> {
     let hash = chunk_hash(&hash)?;
     let path = app.control.chunk_store().path_of(&hash);
-    tokio::fs::read(&path)
+    let bytes = tokio::fs::read(&path)
         .await
-        .map_err(|_| ServerError::NotFound(format!("chunk {hash} does not exist")))
+        .map_err(|_| ServerError::NotFound(format!("chunk {hash} does not exist")))?;
+    // A user's file content: saved, never rendered.
+    let mut response = bytes.into_response();
+    super::headers::as_download(&mut response, &hash.to_string());
+    Ok(response)
 }
 
 /// `ENOSPC`: no space left on the device (the same number on every Linux architecture).

@@ -91,6 +91,9 @@ pub struct ServerConfig {
     pub replicated: bool,
     /// How retries are spaced, and the crash limit.
     pub retry: RetrySettings,
+    /// Which webhook destinations are allowed (internal addresses only when the operator
+    /// says so).
+    pub webhooks: crate::webhook_destination::WebhookPolicy,
 }
 
 impl ServerConfig {
@@ -109,6 +112,7 @@ impl ServerConfig {
             adaptive: AdaptiveConfig::default(),
             replicated: false,
             retry: RetrySettings::default(),
+            webhooks: Default::default(),
         }
     }
 }
@@ -491,6 +495,9 @@ impl Control {
     ) -> Result<TaskSpec, ServerError> {
         spec.validate()
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
+        if let Some(notify) = &spec.notify {
+            self.check_webhook(&notify.webhook)?;
+        }
         let notify_secret = spec.notify.as_ref().map(|n| &n.secret);
         self.check_secrets(user, spec.environment.secrets.iter().chain(notify_secret))
             .await?;
@@ -501,6 +508,25 @@ impl Control {
             )));
         }
         Ok(spec)
+    }
+
+    /// A webhook whose host is a literal internal address is refused at submit, as a
+    /// mistake in the task file's `notify.webhook` (host names are checked when resolved).
+    pub(crate) fn check_webhook(&self, url: &str) -> Result<(), ServerError> {
+        self.config.webhooks.check_url(url).map_err(|refused| {
+            ServerError::InvalidTask(
+                tacc_schema::SchemaError::Invalid {
+                    field: "notify.webhook".into(),
+                    message: refused.to_string(),
+                    help: Some(
+                        "give the receiver's public address or host name, or ask the \
+                         operator to allow this range"
+                            .into(),
+                    ),
+                }
+                .to_string(),
+            )
+        })
     }
 
     /// Every secret a submission names must be one of the user's.
