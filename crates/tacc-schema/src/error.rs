@@ -48,6 +48,24 @@ impl SchemaError {
         }
     }
 
+    /// An [`SchemaError::Invalid`] back from the text it renders as (what a server sends
+    /// when it refuses a field of a submitted spec), so a client holding the task file can
+    /// point at the line that wrote the field; `None` for any other text.
+    pub fn invalid_from_rendered(text: &str) -> Option<SchemaError> {
+        let rest = text.strip_prefix("error: ")?;
+        let (message, rest) = rest.split_once("\n  --> field `")?;
+        let (field, rest) = rest.split_once('`')?;
+        let help = match rest {
+            "" => None,
+            rest => Some(rest.strip_prefix("\n   = help: ")?.to_string()),
+        };
+        Some(SchemaError::Invalid {
+            field: field.to_string(),
+            message: message.to_string(),
+            help,
+        })
+    }
+
     /// The help line, if the error carries one.
     pub fn help(&self) -> Option<&str> {
         match self {
@@ -118,5 +136,33 @@ impl fmt::Display for Diagnostic {
             write!(f, "\n{gutter}= help: {help}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invalid_field_survives_its_trip_through_text() {
+        for help in [Some("do this".to_string()), None] {
+            let error = SchemaError::Invalid {
+                field: "notify.webhook".into(),
+                message: "the webhook's host 127.0.0.1 is a loopback address".into(),
+                help: help.clone(),
+            };
+            let Some(SchemaError::Invalid {
+                field,
+                message,
+                help: back,
+            }) = SchemaError::invalid_from_rendered(&error.to_string())
+            else {
+                panic!("{error} did not parse back");
+            };
+            assert_eq!(field, "notify.webhook");
+            assert!(message.ends_with("loopback address"));
+            assert_eq!(back, help);
+        }
+        assert!(SchemaError::invalid_from_rendered("snapshot x is unknown").is_none());
     }
 }

@@ -47,6 +47,23 @@ fn first_line(text: &str) -> String {
     }
 }
 
+/// The server's refusal of one field of the task (a rule only it knows, such as where
+/// webhooks may go), pointed at the line of the file that wrote the field, as the file's
+/// own mistakes are; any other error as it came.
+fn locate(task: &LoadedTask, error: tacc_client::ClientError) -> anyhow::Error {
+    if let tacc_client::ClientError::Api { code, message, .. } = &error
+        && code == "invalid_task"
+        && let Some(tacc_schema::SchemaError::Invalid {
+            field,
+            message,
+            help,
+        }) = tacc_schema::SchemaError::invalid_from_rendered(message)
+    {
+        return CliError::schema(&task.error_at(&field, message, help)).into();
+    }
+    error.into()
+}
+
 pub fn check(path: &Path, as_json: bool) -> Result<()> {
     if super::pipelines::is_pipeline_file(path) {
         return super::pipelines::check_pipeline(path, as_json);
@@ -143,7 +160,8 @@ pub async fn submit(
             snapshot: report.snapshot.clone(),
             source: Some(task.source.display().to_string()),
         })
-        .await?;
+        .await
+        .map_err(|error| locate(&task, error))?;
     let id = reply.task_id;
     if let Some(group) = &reply.group {
         if as_json {
