@@ -13,7 +13,10 @@
 //!   ([`DASHBOARD_CSP`]: scripts and styles only from `/ui/assets/`, nothing inline), every
 //!   other response one that lets nothing load or run at all ([`API_CSP`], `sandbox`);
 //!   and no response may be framed (`frame-ancestors 'none'`, `X-Frame-Options: DENY`)
-//!   or leak its URL to another site (`Referrer-Policy: no-referrer`).
+//!   or leak its URL to another site (`Referrer-Policy: same-origin`: no `Referer` leaves
+//!   for another site. Not `no-referrer`, under which browsers send `Origin: null` with
+//!   the dashboard's own forms, and the check that refuses forms from other sites by
+//!   their `Origin` could no longer tell them apart).
 
 use axum::extract::Request;
 use axum::http::{HeaderValue, header};
@@ -47,7 +50,7 @@ pub(super) async fn security_headers(request: Request, next: Next) -> Response {
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     let csp = if page { DASHBOARD_CSP } else { API_CSP };
     headers.insert(
