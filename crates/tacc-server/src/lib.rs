@@ -43,9 +43,9 @@ pub use limits::UserLimits;
 pub use replica::{ReplicaConfig, serve_replicated};
 use tacc_core::{NodeId, TaskId};
 pub use tls::TlsConfig;
-pub use webhook_destination::WebhookPolicy;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+pub use webhook_destination::WebhookPolicy;
 
 /// The crate's errors; each maps to one HTTP status and stable error code.
 #[derive(Debug, thiserror::Error)]

@@ -236,7 +236,11 @@ impl Control {
             },
             Err(Failure::Refused(why)) => {
                 let error = format!("not sent to {}: {why}", delivery.url);
-                tracing::warn!("notification {} of {}: {error}", delivery.key, delivery.user);
+                tracing::warn!(
+                    "notification {} of {}: {error}",
+                    delivery.key,
+                    delivery.user
+                );
                 self.audit.record_as(
                     delivery.user.clone(),
                     "notify.refused",

@@ -88,9 +88,7 @@ pub fn literal_host(url: &str) -> Option<IpAddr> {
 /// The IPv4 address an IPv6 one stands for (mapped `::ffff:a.b.c.d`), else `ip` itself.
 fn unmapped(ip: IpAddr) -> IpAddr {
     match ip {
-        IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .map_or(IpAddr::V6(v6), IpAddr::V4),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
     }
 }
@@ -162,9 +160,8 @@ impl reqwest::dns::Resolve for CheckedResolver {
         let policy = self.policy.clone();
         Box::pin(async move {
             let host = name.as_str().to_string();
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
-                .await?
-                .collect();
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             let mut refused = None;
             let kept: Vec<SocketAddr> = found
                 .into_iter()

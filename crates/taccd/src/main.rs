@@ -238,7 +238,11 @@ fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
     let text = text.trim();
     text.parse::<ipnet::IpNet>()
         .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
-        .map_err(|_| format!("`{text}` is not an address range: write e.g. 10.20.0.0/16, fd00::/8 or 10.20.0.5"))
+        .map_err(|_| {
+            format!(
+                "`{text}` is not an address range: write e.g. 10.20.0.0/16, fd00::/8 or 10.20.0.5"
+            )
+        })
 }
 
 /// `--adaptive off|shrink|on`.

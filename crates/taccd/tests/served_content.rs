@@ -29,7 +29,11 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
 
 /// The headers no response may lack: no sniffing, no framing, no referrer.
 fn assert_never_sniffed_or_framed(headers: &HeaderMap, what: &str) {
-    assert_eq!(header(headers, "x-content-type-options"), "nosniff", "{what}");
+    assert_eq!(
+        header(headers, "x-content-type-options"),
+        "nosniff",
+        "{what}"
+    );
     assert_eq!(header(headers, "x-frame-options"), "DENY", "{what}");
     // Nothing for other sites (`no-referrer` would make browsers send `Origin: null` with
     // the dashboard's own forms, which the cross-site check must be able to refuse).
@@ -101,7 +105,10 @@ async fn task_bytes_come_as_downloads_and_plain_text_never_as_pages() {
         &[],
     )
     .await;
-    assert_eq!(wait_terminal(&client, task).await.state, TaskState::Succeeded);
+    assert_eq!(
+        wait_terminal(&client, task).await.state,
+        TaskState::Succeeded
+    );
     let outputs = client.list_outputs(task).await.unwrap();
     let output = outputs.iter().find(|o| o.path.ends_with("x.html")).unwrap();
 
@@ -146,7 +153,10 @@ async fn task_bytes_come_as_downloads_and_plain_text_never_as_pages() {
             header(&headers, "content-security-policy").contains("sandbox"),
             "a rendered download still runs nothing"
         );
-        assert!(reply.text().await.unwrap().contains("<script>"), "the bytes are intact");
+        assert!(
+            reply.text().await.unwrap().contains("<script>"),
+            "the bytes are intact"
+        );
     }
 
     // The log, read once and followed, as the dashboard's script follows it.
@@ -238,8 +248,7 @@ async fn a_forged_sign_in_is_refused_and_opens_no_session() {
         vec![("sec-fetch-site", "cross-site")],
         vec![("origin", url), ("sec-fetch-site", "same-site")],
     ] {
-        let (status, session) =
-            post_sign_in(url, token, Some(&csrf), Some(&cookie), &extra).await;
+        let (status, session) = post_sign_in(url, token, Some(&csrf), Some(&cookie), &extra).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{extra:?}");
         assert_eq!(session, None, "{extra:?} opened a session");
     }
@@ -255,8 +264,9 @@ async fn a_forged_sign_in_is_refused_and_opens_no_session() {
     }
     let audit = daemon.client().audit(200).await.unwrap();
     assert!(
-        audit.iter().any(|e| e.action == "ui.cross_site_refused"
-            && e.detail.contains("http://evil.example")),
+        audit.iter().any(
+            |e| e.action == "ui.cross_site_refused" && e.detail.contains("http://evil.example")
+        ),
         "{audit:?}"
     );
 

@@ -52,7 +52,10 @@ async fn a_webhook_to_a_literal_internal_address_is_refused_at_submit() {
         // The finding: the server posting to its own admin API.
         (format!("http://127.0.0.1:{port}/v1/admin/gc"), "loopback"),
         (format!("http://[::ffff:127.0.0.1]:{port}/x"), "loopback"),
-        ("http://169.254.169.254/latest/meta-data".to_string(), "link-local"),
+        (
+            "http://169.254.169.254/latest/meta-data".to_string(),
+            "link-local",
+        ),
         ("http://10.0.0.7/hook".to_string(), "private"),
     ]
     .into_iter()
@@ -108,7 +111,10 @@ async fn a_webhook_name_that_resolves_to_loopback_is_never_called() {
     // A host name is not an address: accepted at submit, checked once resolved.
     let hook = url.replace("127.0.0.1", "localhost");
     let task = submit(&client, dir.path(), "named", &notified_task(&hook), &[]).await;
-    assert_eq!(wait_terminal(&client, task).await.state, TaskState::Succeeded);
+    assert_eq!(
+        wait_terminal(&client, task).await.state,
+        TaskState::Succeeded
+    );
     let refusal = eventually("the refusal to be audited", DEADLINE, || {
         let client = client.clone();
         async move {
@@ -153,7 +159,10 @@ async fn an_allowed_range_is_delivered_to() {
     let by_name = url.replace("127.0.0.1", "localhost");
     for (name, hook) in [("by-name", &by_name), ("by-address", &url)] {
         let task = submit(&client, dir.path(), name, &notified_task(hook), &[]).await;
-        assert_eq!(wait_terminal(&client, task).await.state, TaskState::Succeeded);
+        assert_eq!(
+            wait_terminal(&client, task).await.state,
+            TaskState::Succeeded
+        );
     }
     eventually("both notifications to arrive", DEADLINE, || {
         let receiver = receiver.clone();

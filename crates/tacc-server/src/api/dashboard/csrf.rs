@@ -56,7 +56,9 @@ pub(crate) fn login_cookie(token: Option<&str>, secure: bool) -> String {
         Some(token) => (token, LOGIN_TTL_SECS),
         None => ("", 0),
     };
-    format!("{LOGIN_COOKIE}={value}; Path=/ui/login; HttpOnly; SameSite=Strict; Max-Age={age}{secure}")
+    format!(
+        "{LOGIN_COOKIE}={value}; Path=/ui/login; HttpOnly; SameSite=Strict; Max-Age={age}{secure}"
+    )
 }
 
 /// 256 random bits, base64url: what [`super::session::random_text`] makes.
