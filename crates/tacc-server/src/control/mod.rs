@@ -91,6 +91,8 @@ pub struct ServerConfig {
     pub replicated: bool,
     /// How retries are spaced, and the crash limit.
     pub retry: RetrySettings,
+    /// Header and idle timeouts and the most connections the listener keeps open.
+    pub connections: crate::ConnectionLimits,
 }
 
 impl ServerConfig {
@@ -109,6 +111,7 @@ impl ServerConfig {
             adaptive: AdaptiveConfig::default(),
             replicated: false,
             retry: RetrySettings::default(),
+            connections: crate::ConnectionLimits::default(),
         }
     }
 }
