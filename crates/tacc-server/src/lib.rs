@@ -35,6 +35,7 @@ mod usage;
 use std::sync::Arc;
 
 pub use api::{RouteRule, openapi_json, route_rules};
+pub use auth::AuditSettings;
 pub use connections::ConnectionLimits;
 pub use control::{
     AdaptiveConfig, AdaptiveMode, Control, DEFAULT_POLICY, DefaultBounds, RetrySettings,

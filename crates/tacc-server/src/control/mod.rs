@@ -93,6 +93,8 @@ pub struct ServerConfig {
     pub retry: RetrySettings,
     /// Header and idle timeouts and the most connections the listener keeps open.
     pub connections: crate::ConnectionLimits,
+    /// Audit retention and the bounds on refused-request noise.
+    pub audit: crate::auth::AuditSettings,
 }
 
 impl ServerConfig {
@@ -112,6 +114,7 @@ impl ServerConfig {
             replicated: false,
             retry: RetrySettings::default(),
             connections: crate::ConnectionLimits::default(),
+            audit: crate::auth::AuditSettings::default(),
         }
     }
 }
@@ -346,7 +349,7 @@ impl Control {
         let secret_box = crate::secrets::SecretBox::open(&config.data_dir.join("secret.key"))?;
         let control = Arc::new(Control {
             auth: crate::auth::Authenticator::new(store.clone()),
-            audit: crate::auth::AuditTrail::start(store.clone()),
+            audit: crate::auth::AuditTrail::start(store.clone(), config.audit),
             secret_box,
             submit_buckets: Default::default(),
             chunk_sets: Default::default(),
