@@ -360,6 +360,7 @@ fn oversized_vars_and_commands_are_refused_where_they_are_written() {
         "run: x\nenvironment:\n  vars:\n    SMALL: a\n    BLOB: {big}\n"
     ));
     assert!(rendered.contains("the value of `BLOB` is 65 KiB"), "{rendered}");
+    assert!(rendered.len() < 2000, "the 65 KiB line is cut in the error:\n{rendered}");
     assert_located(&rendered, 5, 5, "file in the code directory");
     // Each value within its limit, together past theirs: refused at the one crossing it.
     let half = "y".repeat(tacc_schema::MAX_VAR_VALUE_BYTES - 16);
