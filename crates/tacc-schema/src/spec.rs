@@ -61,10 +61,10 @@ pub struct TaskSpec {
     pub environment: EnvironmentSpec,
     #[serde(default)]
     pub datasets: Vec<DatasetSpec>,
-    /// Shell commands run once per node before `run`.
+    /// Shell commands run once per node before `run`; at most 64 KiB.
     #[serde(default)]
     pub setup: Option<String>,
-    /// The shell command(s) run on every node.
+    /// The shell command(s) run on every node; at most 64 KiB (put more in a script).
     pub run: String,
     /// Paths (relative to the working directory) kept for download after the task ends.
     #[serde(default)]
@@ -227,7 +227,9 @@ pub struct EnvironmentSpec {
     #[serde(default)]
     pub image: Option<String>,
     /// Environment variables set for `setup` and `run`. They are part of the task's
-    /// spec, visible to whoever may read the task: never put a secret here.
+    /// spec, visible to whoever may read the task: never put a secret here. Each value
+    /// at most 64 KiB, all of them (`NAME=value`) at most 512 KiB: the kernel refuses to
+    /// start a program with more.
     #[serde(default)]
     pub vars: BTreeMap<String, String>,
     /// Names of the submitter's secrets (`tcloud secret set NAME`) to put into the
