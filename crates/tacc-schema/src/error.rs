@@ -119,11 +119,7 @@ impl fmt::Display for Diagnostic {
         )?;
         writeln!(f, "{gutter}|")?;
         writeln!(f, " {number} | {shown_line}")?;
-        write!(
-            f,
-            "{gutter}| {caret_indent}{}",
-            "^".repeat(underline)
-        )?;
+        write!(f, "{gutter}| {caret_indent}{}", "^".repeat(underline))?;
         if let Some(help) = &self.help {
             write!(f, "\n{gutter}= help: {help}")?;
         }

@@ -359,14 +359,23 @@ fn oversized_vars_and_commands_are_refused_where_they_are_written() {
     let rendered = rejected(&format!(
         "run: x\nenvironment:\n  vars:\n    SMALL: a\n    BLOB: {big}\n"
     ));
-    assert!(rendered.contains("the value of `BLOB` is 65 KiB"), "{rendered}");
-    assert!(rendered.len() < 2000, "the 65 KiB line is cut in the error:\n{rendered}");
+    assert!(
+        rendered.contains("the value of `BLOB` is 65 KiB"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.len() < 2000,
+        "the 65 KiB line is cut in the error:\n{rendered}"
+    );
     assert_located(&rendered, 5, 5, "file in the code directory");
     // Each value within its limit, together past theirs: refused at the one crossing it.
     let half = "y".repeat(tacc_schema::MAX_VAR_VALUE_BYTES - 16);
     let many: String = (0..10).map(|i| format!("    V{i}: {half}\n")).collect();
     let rendered = rejected(&format!("run: x\nenvironment:\n  vars:\n{many}"));
-    assert!(rendered.contains("at most 512 KiB are allowed in all"), "{rendered}");
+    assert!(
+        rendered.contains("at most 512 KiB are allowed in all"),
+        "{rendered}"
+    );
     assert_located(&rendered, 12, 5, "their paths");
     let long_run = format!("run: echo {}\n", "z".repeat(tacc_schema::MAX_COMMAND_BYTES));
     let rendered = rejected(&long_run);
@@ -379,7 +388,10 @@ fn oversized_vars_and_commands_are_refused_where_they_are_written() {
     assert_located(&rejected(&long_setup), 2, 8, "script");
     // At the limits, accepted.
     let fits = "w".repeat(tacc_schema::MAX_VAR_VALUE_BYTES);
-    parse(&format!("run: x\nenvironment: {{ vars: {{ FITS: {fits} }} }}\n")).unwrap();
+    parse(&format!(
+        "run: x\nenvironment: {{ vars: {{ FITS: {fits} }} }}\n"
+    ))
+    .unwrap();
 }
 
 #[test]

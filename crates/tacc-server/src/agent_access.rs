@@ -187,7 +187,11 @@ impl Control {
             )
             .await;
         if let Err(error) = recorded {
-            if let Err(e) = self.store.revoke_token(issued.record.id, crate::now()).await {
+            if let Err(e) = self
+                .store
+                .revoke_token(issued.record.id, crate::now())
+                .await
+            {
                 tracing::error!(
                     "cannot revoke node credential {}, whose issue was not audited: {e}",
                     issued.record.id

@@ -548,7 +548,10 @@ async fn sqlite_refuses_a_damaged_file_naming_it_and_the_way_back() {
     let path = dir.path().join("tacc.db");
     sqlite_file_with_pages(&path).await;
     let size = std::fs::metadata(&path).unwrap().len();
-    assert!(size > 64 * 1024, "the file has pages to damage ({size} bytes)");
+    assert!(
+        size > 64 * 1024,
+        "the file has pages to damage ({size} bytes)"
+    );
     let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.seek(SeekFrom::Start(size / 2)).unwrap();
     file.write_all(&garbage(16 * 1024)).unwrap();
@@ -559,8 +562,15 @@ async fn sqlite_refuses_a_damaged_file_naming_it_and_the_way_back() {
         "{err:?}"
     );
     let message = err.to_string();
-    for needed in [path.display().to_string(), "backup".into(), ".recover".into()] {
-        assert!(message.contains(&needed), "`{needed}` missing from: {message}");
+    for needed in [
+        path.display().to_string(),
+        "backup".into(),
+        ".recover".into(),
+    ] {
+        assert!(
+            message.contains(&needed),
+            "`{needed}` missing from: {message}"
+        );
     }
 }
 
@@ -571,7 +581,9 @@ async fn sqlite_integrity_check_stops_at_its_budget_and_opens_a_sound_file() {
     sqlite_file_with_pages(&path).await;
     // No time at all: the check is interrupted at once, and the sound file still opens.
     let started = Instant::now();
-    let store = SqliteStore::open_checked(&path, Duration::ZERO).await.unwrap();
+    let store = SqliteStore::open_checked(&path, Duration::ZERO)
+        .await
+        .unwrap();
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(store.list_audit(None, 5).await.unwrap().len(), 5);
     drop(store);

@@ -123,7 +123,8 @@ async fn an_auth_failure_flood_is_limited_and_aggregated_while_every_audited_act
         rows.len()
     );
     assert!(
-        rows.iter().all(|e| e.detail.contains("127.0.0.1") && e.outcome == "denied"),
+        rows.iter()
+            .all(|e| e.detail.contains("127.0.0.1") && e.outcome == "denied"),
         "{rows:#?}"
     );
 }

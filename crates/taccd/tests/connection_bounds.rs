@@ -52,7 +52,9 @@ async fn idle_and_slowloris_connections_are_closed_and_normal_requests_still_ser
     } else {
         // Said loudly: a hard limit this low tests fewer idle connections.
         let fewer = (hard as usize).saturating_sub(SLOWLORIS + 512);
-        eprintln!("######## the hard open-file limit is {hard}: {fewer} idle connections, not {IDLE}");
+        eprintln!(
+            "######## the hard open-file limit is {hard}: {fewer} idle connections, not {IDLE}"
+        );
         fewer
     };
     let dir = tempfile::tempdir().unwrap();

@@ -87,6 +87,9 @@ async fn a_server_refuses_to_start_on_a_damaged_database_and_says_how_to_recover
         "backup".to_string(),
         ".recover".to_string(),
     ] {
-        assert!(stderr.contains(&needed), "`{needed}` missing from: {stderr}");
+        assert!(
+            stderr.contains(&needed),
+            "`{needed}` missing from: {stderr}"
+        );
     }
 }

@@ -62,7 +62,10 @@ async fn an_oversized_var_or_run_line_is_refused_at_check_and_submit_where_it_is
     .unwrap();
     let (ok, stderr) = tcloud_failing(&server, &home, &["submit", long_run.to_str().unwrap()]);
     let shown: String = stderr.chars().take(2000).collect();
-    assert!(!ok && shown.contains("task.yaml:2:6") && shown.contains("`run` is"), "{shown}");
+    assert!(
+        !ok && shown.contains("task.yaml:2:6") && shown.contains("`run` is"),
+        "{shown}"
+    );
 
     // A spec sent to the API directly is refused by the server, naming the field.
     let snapshot = upload(&server.client(), &task).await;

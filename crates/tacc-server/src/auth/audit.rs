@@ -302,8 +302,9 @@ async fn close_windows(
     window: Duration,
     stop: CancellationToken,
 ) {
-    let mut tick =
-        tokio::time::interval((window / 4).clamp(Duration::from_millis(100), Duration::from_secs(15)));
+    let mut tick = tokio::time::interval(
+        (window / 4).clamp(Duration::from_millis(100), Duration::from_secs(15)),
+    );
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,

@@ -355,13 +355,21 @@ pub async fn audit_prune_deletes_only_older_entries(store: &dyn Store) {
     }
     let actions =
         |entries: Vec<crate::AuditEntry>| entries.into_iter().map(|e| e.action).collect::<Vec<_>>();
-    assert_eq!(store.prune_audit(Timestamp(10)).await.unwrap(), 0, "strictly before");
+    assert_eq!(
+        store.prune_audit(Timestamp(10)).await.unwrap(),
+        0,
+        "strictly before"
+    );
     assert_eq!(store.prune_audit(Timestamp(21)).await.unwrap(), 2);
     assert_eq!(
         actions(store.list_audit(None, 10).await.unwrap()),
         vec!["c"]
     );
-    assert_eq!(store.prune_audit(Timestamp(21)).await.unwrap(), 0, "idempotent");
+    assert_eq!(
+        store.prune_audit(Timestamp(21)).await.unwrap(),
+        0,
+        "idempotent"
+    );
     // Entries appended after a prune still list after the ones kept.
     store.append_audit(audit(40, "d")).await.unwrap();
     let kept = store.list_audit(None, 10).await.unwrap();

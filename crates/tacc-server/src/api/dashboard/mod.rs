@@ -163,23 +163,22 @@ pub(crate) async fn login(
     let next = safe_next(form.next.as_deref());
     let token = form.token.trim();
     let control = &app.control;
-    let refuse = |status: StatusCode, why: String| {
-        match control
-            .audit
-            .failed_authentication(peer, "POST /ui/login".into(), why.clone())
-        {
-            Ok(()) => login_page(status, &next, Some(why)),
-            Err(wait) => {
-                let mut page = login_page(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    &next,
-                    Some(super::guard::too_many_failures(wait).to_string()),
-                );
-                if let Ok(value) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
-                    page.headers_mut().insert(header::RETRY_AFTER, value);
-                }
-                page
+    let refuse = |status: StatusCode, why: String| match control.audit.failed_authentication(
+        peer,
+        "POST /ui/login".into(),
+        why.clone(),
+    ) {
+        Ok(()) => login_page(status, &next, Some(why)),
+        Err(wait) => {
+            let mut page = login_page(
+                StatusCode::TOO_MANY_REQUESTS,
+                &next,
+                Some(super::guard::too_many_failures(wait).to_string()),
+            );
+            if let Ok(value) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+                page.headers_mut().insert(header::RETRY_AFTER, value);
             }
+            page
         }
     };
     if token.is_empty() {
