@@ -156,6 +156,8 @@ async fn connection<I>(
         })
     };
     let served = hyper::server::conn::http1::Builder::new()
+        // Ours above, with Go's semantics; hyper's would also count idle time.
+        .header_read_timeout(None)
         .serve_connection(watched, service)
         .with_upgrades();
     tokio::pin!(served);
