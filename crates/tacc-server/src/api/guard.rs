@@ -43,6 +43,17 @@ pub(super) fn peer<B>(request: &axum::http::Request<B>) -> Option<std::net::IpAd
         .map(|info| info.0.ip())
 }
 
+/// Whom a refusal is aggregated under: the identity that was refused, or, for a request
+/// without a credential, its address.
+fn source_of<B>(caller: &Caller, request: &axum::http::Request<B>) -> String {
+    match caller {
+        Caller::Anonymous => {
+            peer(request).map_or_else(|| "an unknown address".to_string(), |ip| ip.to_string())
+        }
+        known => known.audit_name(),
+    }
+}
+
 /// 429 for an address past its limit on failed authentications.
 pub(super) fn too_many_failures(wait: std::time::Duration) -> ServerError {
     ServerError::TooManyRequests {
@@ -195,10 +206,13 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
             Refusal::Unauthenticated(_) => "auth.failed",
             _ => "access.denied",
         };
-        let who = caller.audit_name();
-        control
-            .audit
-            .refused(&who, who.clone(), action, target(), format!("{refusal:?}"));
+        control.audit.refused(
+            &source_of(&caller, &request),
+            caller.audit_name(),
+            action,
+            target(),
+            format!("{refusal:?}"),
+        );
         super::drain::drain(request.into_body()).await;
         return answer(refusal_error(refusal));
     }
@@ -207,10 +221,9 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
             error,
             ServerError::NotFound(_) | ServerError::TaskNotFound(_) | ServerError::GroupNotFound(_)
         ) {
-            let who = caller.audit_name();
             control.audit.refused(
-                &who,
-                who.clone(),
+                &source_of(&caller, &request),
+                caller.audit_name(),
                 "access.denied",
                 target(),
                 error.to_string(),
