@@ -109,12 +109,22 @@ pub struct Diagnostic {
     pub help: Option<String>,
 }
 
+/// Characters of a source line an error shows at most (more when the column is further).
+const SHOWN_CHARS: usize = 160;
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let number = self.line.to_string();
         let gutter = " ".repeat(number.len() + 2);
         // Tabs would make the caret drift; columns count characters, so one space per tab keeps it aligned.
-        let shown_line = self.source_line.replace('\t', " ");
+        let mut shown_line = self.source_line.replace('\t', " ");
+        let mut underline = self.underline.max(1);
+        // A line of megabytes (an oversized value) is cut, so the error stays readable.
+        let limit = SHOWN_CHARS.max(self.column + 20);
+        if shown_line.chars().count() > limit {
+            shown_line = shown_line.chars().take(limit).collect::<String>() + "…";
+            underline = underline.min(limit + 1 - self.column.min(limit)).max(1);
+        }
         let caret_indent = " ".repeat(self.column.saturating_sub(1));
         writeln!(f, "error: {}", self.message)?;
         writeln!(
@@ -127,11 +137,7 @@ impl fmt::Display for Diagnostic {
         )?;
         writeln!(f, "{gutter}|")?;
         writeln!(f, " {number} | {shown_line}")?;
-        write!(
-            f,
-            "{gutter}| {caret_indent}{}",
-            "^".repeat(self.underline.max(1))
-        )?;
+        write!(f, "{gutter}| {caret_indent}{}", "^".repeat(underline))?;
         if let Some(help) = &self.help {
             write!(f, "\n{gutter}= help: {help}")?;
         }

@@ -354,6 +354,47 @@ fn environment_variable_names_must_be_shell_identifiers() {
 }
 
 #[test]
+fn oversized_vars_and_commands_are_refused_where_they_are_written() {
+    let big = "x".repeat(tacc_schema::MAX_VAR_VALUE_BYTES + 1);
+    let rendered = rejected(&format!(
+        "run: x\nenvironment:\n  vars:\n    SMALL: a\n    BLOB: {big}\n"
+    ));
+    assert!(
+        rendered.contains("the value of `BLOB` is 65 KiB"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.len() < 2000,
+        "the 65 KiB line is cut in the error:\n{rendered}"
+    );
+    assert_located(&rendered, 5, 5, "file in the code directory");
+    // Each value within its limit, together past theirs: refused at the one crossing it.
+    let half = "y".repeat(tacc_schema::MAX_VAR_VALUE_BYTES - 16);
+    let many: String = (0..10).map(|i| format!("    V{i}: {half}\n")).collect();
+    let rendered = rejected(&format!("run: x\nenvironment:\n  vars:\n{many}"));
+    assert!(
+        rendered.contains("at most 512 KiB are allowed in all"),
+        "{rendered}"
+    );
+    assert_located(&rendered, 12, 5, "their paths");
+    let long_run = format!("run: echo {}\n", "z".repeat(tacc_schema::MAX_COMMAND_BYTES));
+    let rendered = rejected(&long_run);
+    assert!(rendered.contains("`run` is 65 KiB"), "{rendered}");
+    assert_located(&rendered, 1, 6, "bash train.sh");
+    let long_setup = format!(
+        "run: x\nsetup: echo {}\n",
+        "z".repeat(tacc_schema::MAX_COMMAND_BYTES)
+    );
+    assert_located(&rejected(&long_setup), 2, 8, "script");
+    // At the limits, accepted.
+    let fits = "w".repeat(tacc_schema::MAX_VAR_VALUE_BYTES);
+    parse(&format!(
+        "run: x\nenvironment: {{ vars: {{ FITS: {fits} }} }}\n"
+    ))
+    .unwrap();
+}
+
+#[test]
 fn paths_must_stay_inside_the_task_directory() {
     let mount = rejected("run: x\ndatasets:\n  - { name: d, source: /data, mount: /mnt/d }\n");
     assert!(mount.contains("`/mnt/d` is an absolute path"), "{mount}");

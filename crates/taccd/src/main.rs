@@ -10,6 +10,7 @@ mod database;
 mod embedded_agent;
 mod modes;
 mod node_labels;
+mod open_files;
 mod pilot_node;
 mod pilots;
 mod process_agent;
@@ -227,6 +228,20 @@ struct ServerArgs {
     /// a single address (repeatable). Public addresses are always allowed.
     #[arg(long = "webhook-allow", value_name = "CIDR", value_parser = parse_cidr)]
     webhook_allow: Vec<ipnet::IpNet>,
+    /// A request's head (request line and headers) must arrive within this long of its
+    /// first byte; a slower client (slowloris) is disconnected.
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    header_timeout: HumanDuration,
+    /// A connection with no request in progress (a new one, or a kept-alive one between
+    /// requests) is closed after this long.
+    #[arg(long, default_value = "60s", value_parser = positive_duration)]
+    idle_timeout: HumanDuration,
+    /// Connections the server keeps open at once; past it new ones wait in the kernel's
+    /// backlog until one closes.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    #[command(flatten)]
+    audit: AuditArgs,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
     #[command(flatten)]
@@ -243,6 +258,31 @@ fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
                 "`{text}` is not an address range: write e.g. 10.20.0.0/16, fd00::/8 or 10.20.0.5"
             )
         })
+}
+
+/// The audit trail's retention and the bounds on refused-request noise.
+#[derive(Debug, Args)]
+struct AuditArgs {
+    /// Audit entries older than this are deleted (checked hourly), e.g. 90d, 365d.
+    #[arg(long, default_value = "90d", value_parser = positive_duration)]
+    audit_retention: HumanDuration,
+    /// Failed authentications one source address may make per minute; past it, further
+    /// failures are answered 429 with Retry-After.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
+    auth_failure_limit: u32,
+    /// Refused requests (auth.failed, access.denied) are audited as the first of each
+    /// source in this window and one row counting the rest when it closes.
+    #[arg(long, default_value = "60s", value_parser = positive_duration)]
+    audit_window: HumanDuration,
+}
+
+/// A duration of at least a second (`0s` would disable what it bounds).
+fn positive_duration(text: &str) -> Result<HumanDuration, String> {
+    let duration: HumanDuration = text.parse().map_err(|e| format!("{e}"))?;
+    if duration.as_secs() == 0 {
+        return Err(format!("`{text}` must be at least 1s"));
+    }
+    Ok(duration)
 }
 
 /// `--adaptive off|shrink|on`.
@@ -524,6 +564,16 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
         max_queued: args.max_queued,
         max_log_bytes: args.max_log.as_bytes(),
     };
+    config.connections = tacc_server::ConnectionLimits {
+        header_timeout: args.header_timeout.as_std(),
+        idle_timeout: args.idle_timeout.as_std(),
+        max_connections: args.max_connections as usize,
+    };
+    config.audit = tacc_server::AuditSettings {
+        retention: args.audit.audit_retention.as_std(),
+        failures_per_minute: args.audit.auth_failure_limit,
+        window: args.audit.audit_window.as_std(),
+    };
     config.datasets = args.datasets.iter().cloned().collect();
     config.webhooks = tacc_server::WebhookPolicy {
         allow_private: args.webhook_allow_private,
@@ -556,6 +606,7 @@ async fn start_server(
     let store = database.open().await?;
     tracing::info!("control-plane state in {database}");
     let config = server_config(args)?;
+    open_files::raise_for(config.connections.max_connections);
     let control = Control::open(store, config).await?;
     let served = control.clone();
     let listener = TcpListener::bind(args.listen).await.with_context(|| {

@@ -36,6 +36,36 @@ fn refusal_error(refusal: Refusal) -> ServerError {
     }
 }
 
+/// The address the request came from (set by the listener; absent in in-process tests).
+pub(super) fn peer<B>(request: &axum::http::Request<B>) -> Option<std::net::IpAddr> {
+    request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip())
+}
+
+/// Whom a refusal is aggregated under: the identity that was refused, or, for a request
+/// without a credential, its address.
+fn source_of<B>(caller: &Caller, request: &axum::http::Request<B>) -> String {
+    match caller {
+        Caller::Anonymous => {
+            peer(request).map_or_else(|| "an unknown address".to_string(), |ip| ip.to_string())
+        }
+        known => known.audit_name(),
+    }
+}
+
+/// 429 for an address past its limit on failed authentications.
+pub(super) fn too_many_failures(wait: std::time::Duration) -> ServerError {
+    ServerError::TooManyRequests {
+        message: "too many failed authentications from your address; wait before trying \
+                  again, and check the token you send (`tcloud login`, or ask an admin for a \
+                  new one)"
+            .into(),
+        retry_after_secs: wait.as_secs().max(1),
+    }
+}
+
 pub(super) async fn guard(State(app): State<AppState>, request: Request, next: Next) -> Response {
     let (mut parts, body) = request.into_parts();
     let params = RawPathParams::from_request_parts(&mut parts, &())
@@ -162,17 +192,29 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
     {
         Ok(caller) => caller,
         Err(refusal) => {
-            control.audit.record_as(
-                "anonymous".into(),
-                "auth.failed",
-                format!("{} {path}", request.method()),
-                false,
-                match &refusal {
-                    Refusal::Unauthenticated(why) => why.clone(),
-                    other => format!("{other:?}"),
-                },
-            );
+            let target = format!("{} {path}", request.method());
+            let limited = match &refusal {
+                Refusal::Unauthenticated(why) => {
+                    control
+                        .audit
+                        .failed_authentication(peer(&request), target, why.clone())
+                }
+                // The database could not be asked: not the client's failure.
+                other => {
+                    control.audit.record_as(
+                        "anonymous".into(),
+                        "auth.unchecked",
+                        target,
+                        false,
+                        format!("{other:?}"),
+                    );
+                    Ok(())
+                }
+            };
             super::drain::drain(request.into_body()).await;
+            if let Err(wait) = limited {
+                return answer(too_many_failures(wait));
+            }
             return answer(refusal_error(refusal));
         }
     };
@@ -183,9 +225,13 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
             Refusal::Unauthenticated(_) => "auth.failed",
             _ => "access.denied",
         };
-        control
-            .audit
-            .record(&caller, action, target(), false, format!("{refusal:?}"));
+        control.audit.refused(
+            &source_of(&caller, &request),
+            caller.audit_name(),
+            action,
+            target(),
+            format!("{refusal:?}"),
+        );
         super::drain::drain(request.into_body()).await;
         return answer(refusal_error(refusal));
     }
@@ -194,9 +240,13 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
             error,
             ServerError::NotFound(_) | ServerError::TaskNotFound(_) | ServerError::GroupNotFound(_)
         ) {
-            control
-                .audit
-                .record(&caller, "access.denied", target(), false, error.to_string());
+            control.audit.refused(
+                &source_of(&caller, &request),
+                caller.audit_name(),
+                "access.denied",
+                target(),
+                error.to_string(),
+            );
         }
         super::drain::drain(request.into_body()).await;
         return answer(error);

@@ -94,6 +94,10 @@ pub struct ServerConfig {
     /// Which webhook destinations are allowed (internal addresses only when the operator
     /// says so).
     pub webhooks: crate::webhook_destination::WebhookPolicy,
+    /// Header and idle timeouts and the most connections the listener keeps open.
+    pub connections: crate::ConnectionLimits,
+    /// Audit retention and the bounds on refused-request noise.
+    pub audit: crate::auth::AuditSettings,
 }
 
 impl ServerConfig {
@@ -113,6 +117,8 @@ impl ServerConfig {
             replicated: false,
             retry: RetrySettings::default(),
             webhooks: Default::default(),
+            connections: crate::ConnectionLimits::default(),
+            audit: crate::auth::AuditSettings::default(),
         }
     }
 }
@@ -347,7 +353,7 @@ impl Control {
         let secret_box = crate::secrets::SecretBox::open(&config.data_dir.join("secret.key"))?;
         let control = Arc::new(Control {
             auth: crate::auth::Authenticator::new(store.clone()),
-            audit: crate::auth::AuditTrail::start(store.clone()),
+            audit: crate::auth::AuditTrail::start(store.clone(), config.audit),
             secret_box,
             submit_buckets: Default::default(),
             chunk_sets: Default::default(),

@@ -179,10 +179,12 @@ pub(crate) struct LoginForm {
 pub(crate) async fn login(
     State(app): State<AppState>,
     headers: HeaderMap,
+    connected: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
     let form_token = csrf::login_token(&headers);
     let secure = app.secure_cookies;
+    let peer = connected.map(|info| info.0.0.ip());
     let Ok(Form(form)) = form else {
         return login_page(
             StatusCode::BAD_REQUEST,
@@ -195,15 +197,25 @@ pub(crate) async fn login(
     let next = safe_next(form.next.as_deref());
     let token = form.token.trim();
     let control = &app.control;
-    let refuse = |status: StatusCode, why: String| {
-        control.audit.record_as(
-            "anonymous".into(),
-            "auth.failed",
-            "POST /ui/login".into(),
-            false,
-            why.clone(),
-        );
-        login_page(status, &next, Some(why), &form_token, secure)
+    let refuse = |status: StatusCode, why: String| match control.audit.failed_authentication(
+        peer,
+        "POST /ui/login".into(),
+        why.clone(),
+    ) {
+        Ok(()) => login_page(status, &next, Some(why), &form_token, secure),
+        Err(wait) => {
+            let mut page = login_page(
+                StatusCode::TOO_MANY_REQUESTS,
+                &next,
+                Some(super::guard::too_many_failures(wait).to_string()),
+                &form_token,
+                secure,
+            );
+            if let Ok(value) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+                page.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            page
+        }
     };
     if !csrf::login_token_matches(&headers, &form.csrf) {
         return refuse(
@@ -229,16 +241,20 @@ pub(crate) async fn login(
     };
     match control.auth.authenticate(Some(&header), crate::now()).await {
         Ok(Caller::User(user)) => {
-            let (id, _) = app
-                .sessions
-                .open(&user.name, token, std::time::Instant::now());
-            control.audit.record(
-                &Caller::User(user),
-                "ui.sign_in",
-                "dashboard".into(),
-                true,
-                String::new(),
-            );
+            let name = user.name.clone();
+            let recorded = control
+                .audit
+                .commit(
+                    &Caller::User(user),
+                    "ui.sign_in",
+                    "dashboard".into(),
+                    String::new(),
+                )
+                .await;
+            if let Err(error) = recorded {
+                return render::error_page(&error, true);
+            }
+            let (id, _) = app.sessions.open(&name, token, std::time::Instant::now());
             let mut response = Redirect::to(&next).into_response();
             for cookie in [
                 session::set_cookie(Some(&id), secure),
