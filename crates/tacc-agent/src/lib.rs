@@ -12,6 +12,7 @@ mod adopt;
 mod attempt;
 mod capacity;
 mod datasets;
+mod ends;
 mod environments;
 mod fencing;
 mod gpu_release;
@@ -188,8 +189,12 @@ impl Agent {
         )
         .map_err(data_dir_error)?;
         layout::prepare(&config.data_dir, identities.switches()).map_err(data_dir_error)?;
-        let reports =
-            reporter::Reports::open(config.data_dir.join("spool")).map_err(data_dir_error)?;
+        let reports = reporter::Reports::open(&config.data_dir).map_err(data_dir_error)?;
+        // Attempts that ended in a previous life are never started again.
+        let attempts = Attempts {
+            finished: reports.undelivered_ends().into_iter().collect(),
+            ..Attempts::default()
+        };
         let snapshots =
             attempt::SnapshotCache::open(&config.data_dir).map_err(|e| AgentError::DataDir {
                 path: config.data_dir.display().to_string(),
@@ -222,7 +227,7 @@ impl Agent {
                 sampling: sampler::Sampling::default(),
                 resizing: Default::default(),
             }),
-            attempts: Arc::new(Mutex::new(Attempts::default())),
+            attempts: Arc::new(Mutex::new(attempts)),
         })
     }
 

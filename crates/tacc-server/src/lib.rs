@@ -18,6 +18,8 @@ mod asha;
 pub mod auth;
 pub mod clock;
 mod control;
+pub mod daemon_log;
+mod disk_errors;
 mod limits;
 mod log_offsets;
 mod logs;

@@ -392,7 +392,10 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_env("TACC_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        // A log line that cannot be written (a full disk) is dropped and counted, never
+        // a panic in the thread that logged it.
+        .with_writer(tacc_server::daemon_log::stderr)
+        .log_internal_errors(false)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
