@@ -423,6 +423,7 @@ impl Agent {
     fn adopt(&self, recovered: tacc_exec::RecoveredExecution) {
         let key = adopt::attempt_of(&recovered);
         let token = CancellationToken::new();
+        self.shared.reports.starting(key);
         self.attempts
             .lock()
             .unwrap()
@@ -464,6 +465,7 @@ impl Agent {
                 continue;
             }
             let token = CancellationToken::new();
+            self.shared.reports.starting(key);
             attempts.running.insert(key, token.clone());
             attempts
                 .workdirs

@@ -304,6 +304,11 @@ impl Reports {
         batch
     }
 
+    /// An attempt starts here: the room for recording its end is taken now.
+    pub(crate) fn starting(&self, attempt: AttemptRef) {
+        self.end_records.reserve(attempt);
+    }
+
     /// Attempts that ended here whose end the server has not acknowledged.
     pub(crate) fn undelivered_ends(&self) -> Vec<AttemptRef> {
         self.ending.lock().unwrap().iter().copied().collect()
