@@ -137,6 +137,22 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
          rm -f fill\n  \
          for i in $(seq 1 120); do echo \"after $i\"; done\n"
     );
+    // A task whose output is uploaded while the server's disk is full: the agent keeps
+    // it until there is room (a 500 would lose it).
+    let keeper_marker = format!("full-disk-keeper-{}", std::process::id());
+    let keeper_yaml = format!(
+        "name: keeper\noutputs: [result.txt]\nenvironment: {{vars: {{MARKER: {keeper_marker}}}}}\n\
+         run: |\n  echo kept > result.txt\n  \
+         touch {m}/written\n  \
+         while [ ! -e {m}/full ]; do sleep 0.05; done\n  \
+         echo keeper done\n"
+    );
+    let keeper = submit(&client, outside.path(), "keeper", &keeper_yaml, &[]).await;
+    eventually("the keeper to write its output", DEADLINE, || {
+        let written = markers.join("written");
+        async move { written.exists().then_some(()) }
+    })
+    .await;
     let filler = submit(&client, outside.path(), "filler", &yaml, &[]).await;
     eventually("the task to fill the volume", DEADLINE, || {
         let full = markers.join("full");
@@ -171,6 +187,9 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
     );
     assert!(process_alive(agent_pid), "the agent died on a full disk");
 
+    // The keeper has ended: its output is being uploaded to a full disk.
+    wait_no_processes(&keeper_marker).await;
+
     // Space returns: within seconds the task's end and every line it printed since are in.
     std::fs::write(markers.join("free"), "").unwrap();
     let view = eventually("the filler's end, soon after space returned", CATCH_UP, || {
@@ -187,6 +206,27 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
     for i in 1..=120 {
         assert!(log.contains(&format!("after {i}\n")), "line {i} is missing: {log}");
     }
+    let kept = eventually("the keeper's end", CATCH_UP, || {
+        let client = client.clone();
+        async move {
+            let view = client.get_task(keeper).await.ok()?;
+            view.state.is_terminal().then_some(view)
+        }
+    })
+    .await;
+    assert_eq!(kept.state, TaskState::Succeeded, "{kept:?}");
+    let keeper_log = log_text(&client, keeper).await;
+    assert!(!keeper_log.contains("could not keep"), "{keeper_log}");
+    let listed = client.list_outputs(keeper).await.unwrap();
+    assert!(
+        listed.iter().any(|o| o.path == "result.txt" && o.size == 5),
+        "{listed:?}"
+    );
+    let output = client
+        .get_output(keeper, kept.attempt, "result.txt")
+        .await
+        .unwrap();
+    assert_eq!(&output[..], b"kept\n");
     // The same agent, never restarted: it did not die on the way.
     assert_eq!(embedded_agent_pid(&data), agent_pid);
     let after = submit(
