@@ -112,6 +112,10 @@ pub struct AgentConfig {
     pub poll_wait: Duration,
     /// Keep attempts' working directories after they end (for debugging).
     pub keep_workdirs: bool,
+    /// Where attempts' working directories go; `None` is `DATA/work`. Given its own
+    /// volume, a task filling its working directory cannot fill the disk the agent keeps
+    /// its reports on.
+    pub work_dir: Option<PathBuf>,
     /// Total size of managed environments past which idle ones are evicted (LRU).
     pub env_cache_bytes: u64,
     /// The first uid (and gid) an agent running as root gives a user's tasks that have no
@@ -146,6 +150,15 @@ pub(crate) struct Shared {
     pub sampling: sampler::Sampling,
     /// Running attempts' executions whose limits can change live.
     pub resizing: Arc<resize::Resizing>,
+}
+
+impl AgentConfig {
+    /// The directory attempts' working directories go in.
+    pub fn work_root(&self) -> PathBuf {
+        self.work_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("work"))
+    }
 }
 
 impl Shared {
@@ -189,6 +202,14 @@ impl Agent {
         )
         .map_err(data_dir_error)?;
         layout::prepare(&config.data_dir, identities.switches()).map_err(data_dir_error)?;
+        if let Some(work_dir) = &config.work_dir {
+            layout::prepare_work_dir(work_dir, identities.switches()).map_err(|source| {
+                AgentError::DataDir {
+                    path: work_dir.display().to_string(),
+                    source,
+                }
+            })?;
+        }
         let reports = reporter::Reports::open(&config.data_dir).map_err(data_dir_error)?;
         // Attempts that ended in a previous life are never started again.
         let attempts = Attempts {

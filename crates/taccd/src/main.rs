@@ -357,6 +357,11 @@ struct NodeArgs {
     /// Keep attempts' working directories after they end.
     #[arg(long)]
     keep_workdirs: bool,
+    /// Where attempts' working directories go (default: DATA_DIR/work). A volume of their
+    /// own keeps a task that fills its working directory from filling the disk that
+    /// holds the agent's spool, records and logs (see docs/OPERATIONS.md).
+    #[arg(long, value_name = "PATH")]
+    work_dir: Option<PathBuf>,
     /// Size of the node's managed-environment cache; idle environments beyond it are
     /// evicted, least recently used first.
     #[arg(long, default_value = "50GiB")]

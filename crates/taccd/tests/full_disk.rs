@@ -324,3 +324,50 @@ async fn an_attempt_that_ended_on_a_full_disk_is_not_run_again_after_a_restart()
     drop(server);
     drop(volume);
 }
+
+/// `resources.disk` and `--work-dir`: working directories go where the operator says, and
+/// a task that writes more into its own than its task file allows is stopped, ending
+/// failed with the reason `disk_limit` and a message naming the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_writing_past_its_disk_limit_ends_with_disk_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let markers = markers_dir(dir.path());
+    let work = dir.path().join("work-volume");
+    let work_arg = work.display().to_string();
+    let server = start("dev", &dir.path().join("data"), &["--work-dir", &work_arg]).await;
+    let client = server.client();
+    wait_nodes(&client, 1).await;
+    let m = markers.display();
+    let marker = format!("disk-limit-{}", std::process::id());
+    let yaml = format!(
+        "name: grows\nresources: {{disk: 2MiB}}\nenvironment: {{vars: {{MARKER: {marker}}}}}\n\
+         run: |\n  pwd > {m}/pwd\n  \
+         for i in $(seq 1 600); do head -c 1048576 /dev/zero > f$i; sleep 0.1; done\n  \
+         echo never stopped\n"
+    );
+    let task = submit(&client, dir.path(), "grows", &yaml, &[]).await;
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Failed, "{view:?}");
+    let reason = view.reason.clone().unwrap_or_default();
+    assert!(reason.starts_with("disk_limit: "), "{reason}");
+    assert!(reason.contains("`resources.disk: 2MiB`"), "{reason}");
+    let log = log_text(&client, task).await;
+    assert!(!log.contains("never stopped"), "{log}");
+    assert!(log.contains("resources.disk"), "{log}");
+    wait_no_processes(&marker).await;
+    // Its working directory was on the operator's volume, and is gone.
+    let pwd = std::fs::read_to_string(markers.join("pwd")).unwrap();
+    assert!(Path::new(pwd.trim()).starts_with(&work), "{pwd}");
+    assert!(!Path::new(pwd.trim()).exists(), "{pwd}");
+    // A task within its limit is not disturbed.
+    let small = submit(
+        &client,
+        dir.path(),
+        "small",
+        "name: small\nresources: {disk: 64MiB}\nrun: |\n  head -c 1048576 /dev/zero > f\n  sleep 2\n  echo fine\n",
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&client, small).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+}
