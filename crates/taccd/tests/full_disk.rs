@@ -371,3 +371,62 @@ async fn a_task_writing_past_its_disk_limit_ends_with_disk_limit() {
     let view = wait_terminal(&client, small).await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
 }
+
+/// Item 1 of the finding without a volume to fill: a dev cluster whose standard error
+/// (its log) is `/dev/full`, where every write fails with ENOSPC. It serves, runs a task,
+/// and counts the lines it could not write; before, the first log line panicked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_log_cannot_be_written_keeps_serving_and_counts_what_it_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let mut child = taccd()
+        .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&data)
+        .stdout(std::process::Stdio::null())
+        .stderr(full)
+        .spawn()
+        .unwrap();
+    let endpoint = data.join("taccd.json");
+    let token_file = data.join("admin.token");
+    let (url, token) = eventually("the server to start", DEADLINE, || {
+        let exited = child.try_wait().ok().flatten();
+        assert!(exited.is_none(), "taccd exited: {exited:?}");
+        let (endpoint, token_file) = (endpoint.clone(), token_file.clone());
+        async move {
+            let text = std::fs::read_to_string(&endpoint).ok()?;
+            let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+            let token = std::fs::read_to_string(&token_file).ok()?;
+            let complete = token.ends_with('\n') || token.trim().len() >= 48;
+            complete.then(|| (value["url"].as_str().unwrap().to_string(), token))
+        }
+    })
+    .await;
+    let server = Daemon {
+        child,
+        url,
+        data_dir: data.clone(),
+        token: token.trim().to_string(),
+    };
+    let client = server.client();
+    wait_nodes(&client, 1).await;
+    let task = submit(
+        &client,
+        dir.path(),
+        "hello",
+        "name: hello\nrun: echo hello\n",
+        &[],
+    )
+    .await;
+    assert_eq!(
+        wait_terminal(&client, task).await.state,
+        TaskState::Succeeded
+    );
+    assert_eq!(log_text(&client, task).await, "hello\n");
+    let dropped = metric(&server, "tacc_log_lines_dropped_total").await;
+    assert!(dropped.is_some_and(|n| n > 0.0), "{dropped:?}");
+}
