@@ -213,7 +213,9 @@ mod full_disk_tests {
                 std::env::var_os("CI").is_none(),
                 "CI runs as root and must be able to mount a tmpfs"
             );
-            eprintln!("######## SKIPPED an_end_is_recorded_in_its_reserved_room_on_a_full_disk: cannot mount a tmpfs (not root?)");
+            eprintln!(
+                "######## SKIPPED an_end_is_recorded_in_its_reserved_room_on_a_full_disk: cannot mount a tmpfs (not root?)"
+            );
             return;
         };
         let _unmount = Unmount(volume.path());

@@ -634,9 +634,7 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
         if disk.as_bytes() == 0 || disk > MAX_DISK_PER_NODE {
             return Some(problem(
                 "resources.disk",
-                format!(
-                    "`disk` must be more than 0 and at most {MAX_DISK_PER_NODE}, found {disk}"
-                ),
+                format!("`disk` must be more than 0 and at most {MAX_DISK_PER_NODE}, found {disk}"),
                 "write the most the working directory may hold with a unit, e.g. `disk: 10GiB`",
             ));
         }

@@ -62,7 +62,13 @@ fn volume_or_skip(test: &str, size: &str) -> Option<Volume> {
     let dir = tempfile::tempdir().unwrap();
     let mounted = nix::unistd::geteuid().is_root()
         && std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755"), "tmpfs"])
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size},mode=0755"),
+                "tmpfs",
+            ])
             .arg(dir.path())
             .status()
             .is_ok_and(|s| s.success());
@@ -170,7 +176,10 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
         let (client, server) = (client.clone(), &server);
         async move {
             let error = client.put_chunk(&hash, bytes).await.unwrap_err();
-            assert!(is_storage_full(&error), "a chunk upload on a full disk: {error:?}");
+            assert!(
+                is_storage_full(&error),
+                "a chunk upload on a full disk: {error:?}"
+            );
             (metric(server, "tacc_log_lines_dropped_total").await? > 0.0).then_some(())
         }
     })
@@ -178,7 +187,10 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
     let secret = client.put_secret("FULL_DISK", b"value".to_vec()).await;
     eprintln!("secret set on a full disk: {secret:?}");
     if let Err(error) = &secret {
-        assert!(is_storage_full(error), "a secret set on a full disk: {error:?}");
+        assert!(
+            is_storage_full(error),
+            "a secret set on a full disk: {error:?}"
+        );
     }
     assert!(
         matches!(server.child.try_wait(), Ok(None)),
@@ -192,19 +204,26 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
 
     // Space returns: within seconds the task's end and every line it printed since are in.
     std::fs::write(markers.join("free"), "").unwrap();
-    let view = eventually("the filler's end, soon after space returned", CATCH_UP, || {
-        let client = client.clone();
-        async move {
-            let view = client.get_task(filler).await.ok()?;
-            view.state.is_terminal().then_some(view)
-        }
-    })
+    let view = eventually(
+        "the filler's end, soon after space returned",
+        CATCH_UP,
+        || {
+            let client = client.clone();
+            async move {
+                let view = client.get_task(filler).await.ok()?;
+                view.state.is_terminal().then_some(view)
+            }
+        },
+    )
     .await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
     let log = log_text(&client, filler).await;
     assert!(log.contains("before the fill\n"), "{log}");
     for i in 1..=120 {
-        assert!(log.contains(&format!("after {i}\n")), "line {i} is missing: {log}");
+        assert!(
+            log.contains(&format!("after {i}\n")),
+            "line {i} is missing: {log}"
+        );
     }
     let kept = eventually("the keeper's end", CATCH_UP, || {
         let client = client.clone();
@@ -312,7 +331,10 @@ async fn an_attempt_that_ended_on_a_full_disk_is_not_run_again_after_a_restart()
     let client = server.client();
     let view = wait_terminal(&client, task).await;
     assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
-    assert_eq!(view.attempt.0, 1, "the finished attempt ran again: {view:?}");
+    assert_eq!(
+        view.attempt.0, 1,
+        "the finished attempt ran again: {view:?}"
+    );
     let states = attempt_states(&client, task).await;
     assert!(
         states

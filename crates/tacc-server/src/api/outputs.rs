@@ -183,8 +183,9 @@ pub(super) async fn put_output(
         )));
     };
     let file = rank_dir(&app.control, TaskId(task), AttemptNo(attempt), rank).join(&relative);
-    let internal =
-        |e: std::io::Error| ServerError::io(format!("cannot store output `{path}` of task {task}"), e);
+    let internal = |e: std::io::Error| {
+        ServerError::io(format!("cannot store output `{path}` of task {task}"), e)
+    };
     if let Some(parent) = file.parent() {
         tokio::fs::create_dir_all(parent).await.map_err(internal)?;
     }
