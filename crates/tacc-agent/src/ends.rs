@@ -173,6 +173,8 @@ fn open_slot(path: &Path) -> std::io::Result<File> {
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
+        // Kept: its blocks are the room an end is written into on a full disk.
+        .truncate(false)
         .mode(0o600)
         .open(path)
 }
