@@ -8,7 +8,8 @@
 //! never lost and run a second time.
 //!
 //! Mounting needs root: elsewhere the tests say SKIPPED loudly, except in CI
-//! (`CI=true`), where they fail.
+//! (`CI=true`), where they fail. Build the binaries first: `cargo build -p taccd -p
+//! tcloud --bins`.
 
 mod common;
 
@@ -184,8 +185,24 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
         }
     })
     .await;
+    // `tcloud submit` as a user runs it: it says the server is out of space and exits 8
+    // (a server fault), never "connection closed before message completed".
+    let code_dir = outside.path().join("late");
+    std::fs::create_dir_all(&code_dir).unwrap();
+    std::fs::write(code_dir.join("task.yaml"), "name: late\nrun: echo late\n").unwrap();
+    std::fs::write(code_dir.join("data.txt"), "fresh code ".repeat(5000)).unwrap();
+    let submitted = std::process::Command::new(tcloud_binary())
+        .arg("submit")
+        .arg(&code_dir)
+        .env("TACC_HOME", outside.path().join("home"))
+        .env("TACC_SERVER", &server.url)
+        .env("TACC_TOKEN", &server.token)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&submitted.stderr);
+    assert_eq!(submitted.status.code(), Some(8), "{said}");
+    assert!(said.contains("out of disk space"), "{said}");
     let secret = client.put_secret("FULL_DISK", b"value".to_vec()).await;
-    eprintln!("secret set on a full disk: {secret:?}");
     if let Err(error) = &secret {
         assert!(
             is_storage_full(error),
