@@ -110,7 +110,8 @@ async fn metric(server: &Daemon, series: &str) -> Option<f64> {
 
 /// A chunk the server does not have yet, as `tcloud submit` uploads one.
 fn fresh_chunk(n: usize) -> (String, Vec<u8>) {
-    let bytes = format!("full-disk chunk {n} {}\n", std::process::id()).repeat(2000);
+    // 200 KB: more than a few pages another process may free meanwhile.
+    let bytes = format!("full-disk chunk {n} {}\n", std::process::id()).repeat(8000);
     let hash = blake3::hash(bytes.as_bytes()).to_hex().to_string();
     (hash, zstd::bulk::compress(bytes.as_bytes(), 3).unwrap())
 }
