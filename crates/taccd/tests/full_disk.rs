@@ -138,18 +138,19 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
     let agent_pid = embedded_agent_pid(&data);
     let m = markers.display();
     let yaml = format!(
-        "name: filler\nrun: |\n  echo before the fill\n  \
+        "name: filler\nresources: {{cpus: 0.2, memory: 128MiB}}\nrun: |\n  echo before the fill\n  \
          head -c 200000000 /dev/zero > fill 2>/dev/null || true\n  \
          touch {m}/full\n  \
          while [ ! -e {m}/free ]; do sleep 0.05; done\n  \
          rm -f fill\n  \
+         touch {m}/freed\n  \
          for i in $(seq 1 120); do echo \"after $i\"; done\n"
     );
     // A task whose output is uploaded while the server's disk is full: the agent keeps
     // it until there is room (a 500 would lose it).
     let keeper_marker = format!("full-disk-keeper-{}", std::process::id());
     let keeper_yaml = format!(
-        "name: keeper\noutputs: [result.txt]\nenvironment: {{vars: {{MARKER: {keeper_marker}}}}}\n\
+        "name: keeper\nresources: {{cpus: 0.2, memory: 128MiB}}\noutputs: [result.txt]\nenvironment: {{vars: {{MARKER: {keeper_marker}}}}}\n\
          run: |\n  echo kept > result.txt\n  \
          touch {m}/written\n  \
          while [ ! -e {m}/full ]; do sleep 0.05; done\n  \
@@ -161,6 +162,18 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
         async move { written.exists().then_some(()) }
     })
     .await;
+    // A task that prints 10 MB while the disk is full (more than the agent's spool holds
+    // in memory), then once space is back a last line.
+    let chatty_yaml = format!(
+        "name: chatty\nresources: {{cpus: 0.2, memory: 128MiB}}\nrun: |\n  \
+         while [ ! -e {m}/full ]; do sleep 0.05; done\n  \
+         head -c 10000000 /dev/zero | tr '\\0' x | fold -w 1000\n  \
+         touch {m}/printed\n  \
+         while [ ! -e {m}/freed ]; do sleep 0.05; done\n  \
+         echo chatty after\n"
+    );
+    let chatty = submit(&client, outside.path(), "chatty", &chatty_yaml, &[]).await;
+    wait_state(&client, chatty, &[TaskState::Running]).await;
     let filler = submit(&client, outside.path(), "filler", &yaml, &[]).await;
     eventually("the task to fill the volume", DEADLINE, || {
         let full = markers.join("full");
@@ -220,6 +233,12 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
     // The keeper has ended: its output is being uploaded to a full disk.
     wait_no_processes(&keeper_marker).await;
 
+    eventually("the chatty task to have printed", DEADLINE, || {
+        let printed = markers.join("printed");
+        async move { printed.exists().then_some(()) }
+    })
+    .await;
+
     // Space returns: within seconds the task's end and every line it printed since are in.
     std::fs::write(markers.join("free"), "").unwrap();
     let view = eventually(
@@ -243,6 +262,28 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
             "line {i} is missing: {log}"
         );
     }
+    let chatted = eventually("the chatty task's end", CATCH_UP, || {
+        let client = client.clone();
+        async move {
+            let view = client.get_task(chatty).await.ok()?;
+            view.state.is_terminal().then_some(view)
+        }
+    })
+    .await;
+    assert_eq!(chatted.state, TaskState::Succeeded, "{chatted:?}");
+    // What it printed while the disk was full is dropped past the spool's memory, and
+    // said so in its place; what it printed after is there, after that.
+    let chatty_log = log_text(&client, chatty).await;
+    assert!(
+        chatty_log.contains("bytes of this task's output were dropped"),
+        "{}",
+        &chatty_log[chatty_log.len().saturating_sub(500)..]
+    );
+    assert!(
+        chatty_log.ends_with("chatty after\n"),
+        "{}",
+        &chatty_log[chatty_log.len().saturating_sub(500)..]
+    );
     let kept = eventually("the keeper's end", CATCH_UP, || {
         let client = client.clone();
         async move {
