@@ -310,7 +310,9 @@ mod tests {
         while let Some(chunk) = spool.take(1 << 20) {
             out.push_str(&chunk);
         }
-        let marker_at = out.find("tacc: 20 bytes").expect(&out[out.len() - 300..]);
+        let marker_at = out
+            .find("tacc: 20 bytes")
+            .unwrap_or_else(|| panic!("no marker: {}", &out[out.len() - 300..]));
         assert_eq!(out[..marker_at], "a".repeat(MEMORY_BYTES - 110));
         assert!(out.ends_with("\nlater\n"), "{}", &out[out.len() - 300..]);
         assert_eq!(spool.taken(), spool.appended());
