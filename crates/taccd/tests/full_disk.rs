@@ -319,6 +319,35 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
         wait_terminal(&client, after).await.state,
         TaskState::Succeeded
     );
+
+    // The cluster stops and starts again (`tcloud down`, `tcloud up`): nothing that
+    // finished runs again, nothing ends `lost`.
+    let url = server.url.clone();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    eventually("the cluster to stop", DEADLINE, || {
+        let exited = matches!(server.child.try_wait(), Ok(Some(_)));
+        async move { (exited && !process_alive(agent_pid)).then_some(()) }
+    })
+    .await;
+    drop(server);
+    let server = restart_on("dev", &data, &url, &[]).await;
+    let client = server.client();
+    wait_nodes(&client, 1).await;
+    for task in [filler, keeper, chatty, after] {
+        let view = client.get_task(task).await.unwrap();
+        assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+        let states = attempt_states(&client, task).await;
+        assert!(
+            states
+                .iter()
+                .all(|(attempt, state)| *attempt == 1 && *state != TaskState::Lost),
+            "task {task}: {states:?}"
+        );
+    }
     drop(server);
     drop(volume);
 }
