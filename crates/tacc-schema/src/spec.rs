@@ -19,6 +19,8 @@ pub const MAX_NODES: u32 = 4096;
 pub const MAX_GPUS_PER_NODE: u32 = 1024;
 pub const MAX_CPUS_PER_NODE: f64 = 4096.0;
 pub const MAX_MEMORY_PER_NODE: ByteSize = ByteSize::from_bytes(64 << 40);
+/// The largest `resources.disk` a task may ask for (per node).
+pub const MAX_DISK_PER_NODE: ByteSize = ByteSize::from_bytes(1 << 50);
 pub const MAX_TIME_LIMIT: HumanDuration = HumanDuration::from_secs(365 * 86_400);
 pub const MAX_ATTEMPTS: u32 = 100;
 pub const MAX_NAME_LEN: usize = 63;
@@ -132,6 +134,11 @@ pub struct ResourceSpec {
     #[serde(default)]
     #[schemars(with = "Option<String>", example = "4h")]
     pub time_limit: Option<HumanDuration>,
+    /// The most the task's working directory may hold on each node, e.g. `10GiB`; a task
+    /// that writes more is stopped with the reason `disk_limit`. No limit when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", example = "10GiB")]
+    pub disk: Option<ByteSize>,
     /// Copies of `run` each node starts: `per_node` (default), `per_gpu` (one per GPU, as
     /// torchrun does) or a number. Sets `WORLD_SIZE`, `RANK` and `LOCAL_RANK`.
     #[serde(default, skip_serializing_if = "is_per_node")]
@@ -162,6 +169,7 @@ impl Default for ResourceSpec {
             cpus: default_cpus(),
             memory: default_memory(),
             time_limit: None,
+            disk: None,
             processes: Processes::PerNode,
         }
     }
@@ -634,6 +642,23 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
             format!("`memory` is only {memory}; did you forget the unit?"),
             "write memory per node with a unit, e.g. `memory: 64GiB` or `memory: 512MiB`",
         ));
+    }
+    if let Some(disk) = resources.disk {
+        if disk.as_bytes() == 0 || disk > MAX_DISK_PER_NODE {
+            return Some(problem(
+                "resources.disk",
+                format!("`disk` must be more than 0 and at most {MAX_DISK_PER_NODE}, found {disk}"),
+                "write the most the working directory may hold with a unit, e.g. `disk: 10GiB`",
+            ));
+        }
+        // A bare number is bytes; anything under a MiB is almost surely a forgotten unit.
+        if disk < ByteSize::mib(1) {
+            return Some(problem(
+                "resources.disk",
+                format!("`disk` is only {disk}; did you forget the unit?"),
+                "write the most the working directory may hold with a unit, e.g. `disk: 10GiB`",
+            ));
+        }
     }
     if resources.processes == Processes::PerGpu && resources.gpus == 0 {
         return Some(problem(

@@ -166,6 +166,9 @@ fn fractional_cpus_sizes_and_durations_are_accepted() {
         spec.resources.time_limit,
         Some(HumanDuration::from_secs(5400))
     );
+    assert_eq!(spec.resources.disk, None);
+    let limited = parse("run: x\nresources: { disk: 1GiB }\n").unwrap();
+    assert_eq!(limited.resources.disk, Some(ByteSize::gib(1)));
     // Signals are normalised to their full upper-case name; grace takes its default.
     assert_eq!(spec.checkpoint.unwrap().signal, "SIGUSR2");
 }
@@ -179,7 +182,7 @@ error: unknown field `memroy` in `resources`
    |
  5 |   memroy: 64GiB
    |   ^^^^^^
-   = help: did you mean `memory`? Valid fields: nodes, gpus, gpu_type, cpus, memory, time_limit, processes";
+   = help: did you mean `memory`? Valid fields: nodes, gpus, gpu_type, cpus, memory, time_limit, disk, processes";
     assert_eq!(rejected(text), expected);
 }
 
@@ -242,6 +245,9 @@ fn absurd_quantities_are_refused_at_their_value() {
         ("resources: { memory: 0 }", 22, "more than 0"),
         ("resources: { memory: 65TiB }", 22, "at most 64TiB"),
         ("resources: { memory: 2048 }", 22, "forget the unit"),
+        ("resources: { disk: 0 }", 20, "more than 0"),
+        ("resources: { disk: 2000TiB }", 20, "at most 1024TiB"),
+        ("resources: { disk: 4096 }", 20, "forget the unit"),
         ("resources: { time_limit: 0s }", 26, "more than 0s"),
         ("resources: { time_limit: 400d }", 26, "at most 365d"),
         ("retry: { max_attempts: 0 }", 24, "between 1 and 100"),

@@ -19,6 +19,8 @@ pub mod auth;
 pub mod clock;
 mod connections;
 mod control;
+pub mod daemon_log;
+mod disk_errors;
 mod limits;
 mod log_offsets;
 mod logs;

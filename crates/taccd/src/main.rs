@@ -418,6 +418,11 @@ struct NodeArgs {
     /// Keep attempts' working directories after they end.
     #[arg(long)]
     keep_workdirs: bool,
+    /// Where attempts' working directories go (default: DATA_DIR/work). A volume of their
+    /// own keeps a task that fills its working directory from filling the disk that
+    /// holds the agent's spool, records and logs (see docs/OPERATIONS.md).
+    #[arg(long, value_name = "PATH")]
+    work_dir: Option<PathBuf>,
     /// Size of the node's managed-environment cache; idle environments beyond it are
     /// evicted, least recently used first.
     #[arg(long, default_value = "50GiB")]
@@ -453,7 +458,10 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_env("TACC_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        // A log line that cannot be written (a full disk) is dropped and counted, never
+        // a panic in the thread that logged it.
+        .with_writer(tacc_server::daemon_log::stderr)
+        .log_internal_errors(false)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

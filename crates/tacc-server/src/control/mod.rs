@@ -333,7 +333,7 @@ impl Control {
         clock: Arc<dyn Clock>,
         comm: Arc<dyn Comm>,
     ) -> Result<Arc<Control>, ServerError> {
-        let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
+        let io = |what: &str, e: std::io::Error| ServerError::io(what, e);
         let logs = LogBook::open(config.data_dir.join("logs"), config.limits.max_log_bytes)
             .map_err(|e| io("cannot create the log directory", e))?;
         let chunks = DirChunkStore::open(config.data_dir.join("chunks"))

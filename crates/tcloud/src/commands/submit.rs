@@ -24,7 +24,7 @@ fn print_warnings(task: &LoadedTask) {
     }
 }
 
-/// `16 cpu, 64GiB, 4 gpu` with the GPU type and time limit when set.
+/// `16 cpu, 64GiB, 4 gpu` with the GPU type, time limit and disk limit when set.
 fn describe_resources(spec: &TaskSpec) -> String {
     let r = &spec.resources;
     let mut text = format::resources(&r.per_node());
@@ -33,6 +33,9 @@ fn describe_resources(spec: &TaskSpec) -> String {
     }
     if let Some(limit) = r.time_limit {
         text.push_str(&format!(", time limit {limit}"));
+    }
+    if let Some(disk) = r.disk {
+        text.push_str(&format!(", disk {disk}"));
     }
     text
 }
