@@ -65,6 +65,17 @@ pub(crate) fn prepare(data_dir: &Path, tasks_switch: bool) -> std::io::Result<()
     Ok(())
 }
 
+/// Creates the operator's `--work-dir` (working directories on a volume of their own)
+/// with the mode of `DATA/work`: tasks reach their own directory by name, list nothing.
+pub(crate) fn prepare_work_dir(work_dir: &Path, tasks_switch: bool) -> std::io::Result<()> {
+    std::fs::create_dir_all(work_dir)?;
+    set_mode(work_dir, TRAVERSE_ONLY_MODE)?;
+    if tasks_switch {
+        grant_search_above(work_dir)?;
+    }
+    Ok(())
+}
+
 /// Makes every directory above `dir` searchable by others (adds o+x where it is missing).
 fn grant_search_above(dir: &Path) -> std::io::Result<()> {
     let dir = std::fs::canonicalize(dir)?;

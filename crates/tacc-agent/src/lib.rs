@@ -12,6 +12,7 @@ mod adopt;
 mod attempt;
 mod capacity;
 mod datasets;
+mod ends;
 mod environments;
 mod fencing;
 mod gpu_release;
@@ -112,6 +113,10 @@ pub struct AgentConfig {
     pub poll_wait: Duration,
     /// Keep attempts' working directories after they end (for debugging).
     pub keep_workdirs: bool,
+    /// Where attempts' working directories go; `None` is `DATA/work`. Given its own
+    /// volume, a task filling its working directory cannot fill the disk the agent keeps
+    /// its reports on.
+    pub work_dir: Option<PathBuf>,
     /// Total size of managed environments past which idle ones are evicted (LRU).
     pub env_cache_bytes: u64,
 }
@@ -147,6 +152,15 @@ pub(crate) struct Shared {
     pub resizing: Arc<resize::Resizing>,
     /// The secret values of every running attempt, masked in every task's log.
     pub secrets: Arc<node_secrets::NodeSecrets>,
+}
+
+impl AgentConfig {
+    /// The directory attempts' working directories go in.
+    pub fn work_root(&self) -> PathBuf {
+        self.work_dir
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join("work"))
+    }
 }
 
 impl Shared {
@@ -186,8 +200,20 @@ impl Agent {
             identity::Identities::open(&config.data_dir, &config.name, executor.honours_run_as());
         layout::prepare(&config.data_dir, identities.switches()).map_err(data_dir_error)?;
         let private_tmps = private_tmp::PrivateTmps::open(&config.data_dir, identities.switches());
-        let reports =
-            reporter::Reports::open(config.data_dir.join("spool")).map_err(data_dir_error)?;
+        if let Some(work_dir) = &config.work_dir {
+            layout::prepare_work_dir(work_dir, identities.switches()).map_err(|source| {
+                AgentError::DataDir {
+                    path: work_dir.display().to_string(),
+                    source,
+                }
+            })?;
+        }
+        let reports = reporter::Reports::open(&config.data_dir).map_err(data_dir_error)?;
+        // Attempts that ended in a previous life are never started again.
+        let attempts = Attempts {
+            finished: reports.undelivered_ends().into_iter().collect(),
+            ..Attempts::default()
+        };
         let snapshots =
             attempt::SnapshotCache::open(&config.data_dir).map_err(|e| AgentError::DataDir {
                 path: config.data_dir.display().to_string(),
@@ -222,7 +248,7 @@ impl Agent {
                 resizing: Default::default(),
                 secrets: Default::default(),
             }),
-            attempts: Arc::new(Mutex::new(Attempts::default())),
+            attempts: Arc::new(Mutex::new(attempts)),
         })
     }
 
@@ -418,6 +444,7 @@ impl Agent {
     fn adopt(&self, recovered: tacc_exec::RecoveredExecution) {
         let key = adopt::attempt_of(&recovered);
         let token = CancellationToken::new();
+        self.shared.reports.starting(key);
         self.attempts
             .lock()
             .unwrap()
@@ -459,6 +486,7 @@ impl Agent {
                 continue;
             }
             let token = CancellationToken::new();
+            self.shared.reports.starting(key);
             attempts.running.insert(key, token.clone());
             attempts
                 .workdirs

@@ -25,6 +25,7 @@ use tacc_proto::{AgentReport, AttemptRef};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::ends::EndRecords;
 use crate::spool::Spool;
 use crate::{Backoff, Shared};
 
@@ -44,6 +45,8 @@ pub(crate) struct Reports {
     /// in flight): still this node's to claim when it registers again, so an attempt that
     /// ended while the server was away is reported as ended, never lost and run again.
     ending: Mutex<BTreeSet<AttemptRef>>,
+    /// The same ends on disk, for the agent's next life should it stop first.
+    end_records: EndRecords,
     wake: Notify,
     /// Where spool files go (emptied when the agent starts).
     dir: PathBuf,
@@ -154,10 +157,13 @@ fn report_len(report: &AgentReport) -> usize {
 }
 
 impl Reports {
-    /// The queues, spilling under `dir` (which is emptied: a previous life's
-    /// attempts are lost, and so is their undelivered output).
-    pub(crate) fn open(dir: PathBuf) -> std::io::Result<Reports> {
+    /// The queues of an agent whose data directory is `data_dir`, spilling under
+    /// `DATA/spool` (which is emptied: a previous life's undelivered output is lost),
+    /// with the ends a previous life recorded but did not deliver queued again (see
+    /// [`crate::ends`]).
+    pub(crate) fn open(data_dir: &std::path::Path) -> std::io::Result<Reports> {
         use std::os::unix::fs::DirBuilderExt;
+        let dir = data_dir.join("spool");
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
@@ -165,16 +171,35 @@ impl Reports {
             .recursive(true)
             .mode(0o700)
             .create(&dir)?;
-        Ok(Reports {
+        let (end_records, ends) = EndRecords::open(crate::ends::dir_of(data_dir))?;
+        let reports = Reports {
             queues: Mutex::new(Queues::default()),
             ending: Mutex::new(BTreeSet::new()),
+            end_records,
             wake: Notify::new(),
             dir,
-        })
+        };
+        for end in ends {
+            tracing::info!(
+                "task {} attempt {} ended before this agent stopped; reporting its end",
+                AgentReport::attempt(&end).task,
+                AgentReport::attempt(&end).attempt
+            );
+            reports.queue(end);
+        }
+        Ok(reports)
     }
 
-    /// Queue a report for delivery (never blocks on the server).
+    /// Queue a report for delivery (never blocks on the server); an attempt's end is
+    /// recorded on disk first.
     pub(crate) fn send(&self, report: AgentReport) {
+        if matches!(report, AgentReport::Finished { .. }) {
+            self.end_records.record(&report);
+        }
+        self.queue(report);
+    }
+
+    fn queue(&self, report: AgentReport) {
         let attempt = AgentReport::attempt(&report);
         if matches!(report, AgentReport::Finished { .. }) {
             self.ending.lock().unwrap().insert(attempt);
@@ -279,6 +304,11 @@ impl Reports {
         batch
     }
 
+    /// An attempt starts here: the room for recording its end is taken now.
+    pub(crate) fn starting(&self, attempt: AttemptRef) {
+        self.end_records.reserve(attempt);
+    }
+
     /// Attempts that ended here whose end the server has not acknowledged.
     pub(crate) fn undelivered_ends(&self) -> Vec<AttemptRef> {
         self.ending.lock().unwrap().iter().copied().collect()
@@ -290,6 +320,7 @@ impl Reports {
         for report in part {
             if let AgentReport::Finished { attempt, .. } = report {
                 ending.remove(attempt);
+                self.end_records.delivered(*attempt);
             }
         }
     }
@@ -451,7 +482,7 @@ mod tests {
 
     fn reports() -> (tempfile::TempDir, Reports) {
         let dir = tempfile::tempdir().unwrap();
-        let reports = Reports::open(dir.path().join("spool")).unwrap();
+        let reports = Reports::open(dir.path()).unwrap();
         (dir, reports)
     }
 
@@ -496,6 +527,26 @@ mod tests {
         assert_eq!(reports.undelivered_ends(), [a]);
         reports.delivered(&batch);
         assert!(reports.undelivered_ends().is_empty());
+    }
+
+    #[test]
+    fn an_end_not_delivered_is_reported_by_the_agent_s_next_life() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = attempt(1);
+        {
+            let reports = Reports::open(dir.path()).unwrap();
+            reports.send(log(a, "out\n"));
+            reports.send(finished(a));
+            // The agent stops before the server took them.
+        }
+        let next = Reports::open(dir.path()).unwrap();
+        assert_eq!(next.undelivered_ends(), [a]);
+        let batch = next.take_batch(BATCH_BYTES);
+        assert_eq!(batch, [finished(a)]);
+        next.delivered(&batch);
+        let after = Reports::open(dir.path()).unwrap();
+        assert!(after.undelivered_ends().is_empty());
+        assert!(after.take_batch(BATCH_BYTES).is_empty());
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! directory and read back from there. A task that prints faster than the server takes
 //! its output — or while the server is away — never stalls and never grows the agent's
 //! memory; nothing is lost or reordered. Only when the file cannot be written (the disk
-//! is full) is output dropped, and the log then says how much and why.
+//! is full) is output dropped, and the log then says how much and why, at the place the
+//! output was dropped from: output that could be kept after it (the disk has room again)
+//! comes after that line.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -24,8 +26,16 @@ pub(crate) struct Spool {
     /// Bytes ever put in, and taken out (positions in the attempt's output).
     appended: u64,
     taken: u64,
-    /// Output dropped because it could not be spilled, and why.
-    dropped: Option<(u64, String)>,
+    /// Runs of output dropped because they could not be spilled, oldest first.
+    gaps: VecDeque<Gap>,
+}
+
+/// A run of dropped output, in the attempt's output positions.
+#[derive(Debug)]
+struct Gap {
+    start: u64,
+    bytes: u64,
+    why: String,
 }
 
 #[derive(Debug)]
@@ -45,7 +55,7 @@ impl Spool {
             path,
             appended: 0,
             taken: 0,
-            dropped: None,
+            gaps: VecDeque::new(),
         }
     }
 
@@ -60,7 +70,7 @@ impl Spool {
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.taken == self.appended && self.dropped.is_none()
+        self.taken == self.appended && self.gaps.is_empty()
     }
 
     /// Whether part of the output waits in the spill file.
@@ -78,16 +88,18 @@ impl Spool {
             self.memory_bytes += len;
             self.memory.push_back(text);
         } else if let Err(e) = self.spill(text.as_bytes()) {
-            let (bytes, _) = self.dropped.get_or_insert_with(|| {
-                (
-                    0,
-                    format!(
+            match self.gaps.back_mut() {
+                // Dropped right after the last run: one run.
+                Some(gap) if gap.start + gap.bytes == self.appended => gap.bytes += len as u64,
+                _ => self.gaps.push_back(Gap {
+                    start: self.appended,
+                    bytes: len as u64,
+                    why: format!(
                         "cannot keep it in {} until the server takes it: {e}",
                         self.path.display()
                     ),
-                )
-            });
-            *bytes += len as u64;
+                }),
+            }
         }
         self.appended += len as u64;
     }
@@ -113,8 +125,25 @@ impl Spool {
     }
 
     /// Up to `max` bytes of the oldest output (at least one character; whole lines
-    /// where they fit), or `None` when there is nothing to take.
+    /// where they fit), or `None` when there is nothing to take. A run of dropped output
+    /// comes as the line that says so, in its place.
     pub(crate) fn take(&mut self, max: usize) -> Option<String> {
+        if let Some(gap) = self.gaps.front()
+            && gap.start <= self.taken
+        {
+            // The marker takes the place of the output it stands for.
+            let gap = self.gaps.pop_front().expect("looked at above");
+            self.taken += gap.bytes;
+            return Some(format!(
+                "tacc: {} bytes of this task's output were dropped: {}\n",
+                gap.bytes, gap.why
+            ));
+        }
+        // Never past the next run of dropped output: its marker comes first.
+        let max = match self.gaps.front() {
+            Some(gap) => max.min(usize::try_from(gap.start - self.taken).unwrap_or(usize::MAX)),
+            None => max,
+        };
         if !self.memory.is_empty() {
             let mut out = String::new();
             while let Some(front) = self.memory.front_mut() {
@@ -142,15 +171,7 @@ impl Spool {
             self.taken += out.len() as u64;
             return Some(out);
         }
-        let Some(spill) = self.spill.as_mut() else {
-            // The marker takes the place of the output it stands for (which came after
-            // what was held).
-            let (bytes, why) = self.dropped.take()?;
-            self.taken += bytes;
-            return Some(format!(
-                "tacc: {bytes} bytes of this task's output were dropped: {why}\n"
-            ));
-        };
+        let spill = self.spill.as_mut()?;
         let unread = spill.write_at - spill.read_at;
         let mut buffer = vec![0u8; unread.min(max as u64) as usize];
         if let Err(e) = spill.file.read_exact_at(&mut buffer, spill.read_at) {
@@ -275,6 +296,27 @@ mod tests {
             rest.push_str(&chunk);
         }
         assert_eq!(rest, long);
+    }
+
+    #[test]
+    fn output_kept_after_a_drop_comes_after_the_marker() {
+        let mut spool = Spool::new("/nonexistent/dir/spool".into());
+        spool.append("a".repeat(MEMORY_BYTES - 10));
+        spool.append("b".repeat(20));
+        // Memory has room again once some is taken; what comes then follows the marker.
+        assert_eq!(spool.take(100).unwrap(), "a".repeat(100));
+        spool.append("later\n".into());
+        let mut out = String::new();
+        while let Some(chunk) = spool.take(1 << 20) {
+            out.push_str(&chunk);
+        }
+        let marker_at = out
+            .find("tacc: 20 bytes")
+            .unwrap_or_else(|| panic!("no marker: {}", &out[out.len() - 300..]));
+        assert_eq!(out[..marker_at], "a".repeat(MEMORY_BYTES - 110));
+        assert!(out.ends_with("\nlater\n"), "{}", &out[out.len() - 300..]);
+        assert_eq!(spool.taken(), spool.appended());
+        assert!(spool.is_empty());
     }
 
     #[test]

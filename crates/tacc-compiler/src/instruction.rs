@@ -18,8 +18,12 @@ use crate::environment::{DatasetMount, EnvPlan, InstructionEnvironment, resolve_
 /// added `processes_per_node`; only an instruction with more than one process per node
 /// needs it (an older agent would start one process where the task asked for several).
 /// Version 5 added `array`; only an array element's instruction needs it (an older agent
-/// would run every element without its index).
-pub const INSTRUCTION_FORMAT: u32 = 5;
+/// would run every element without its index). Version 6 added `disk_limit_bytes`;
+/// only an instruction with a limit needs it (an older agent would not enforce it).
+pub const INSTRUCTION_FORMAT: u32 = 6;
+
+/// The format of an instruction that uses nothing newer than version 5.
+const FORMAT_WITH_ARRAY: u32 = 5;
 
 /// The format of an instruction that uses nothing newer than version 4.
 const FORMAT_WITH_PROCESSES: u32 = 4;
@@ -49,6 +53,10 @@ pub struct Instruction {
     pub processes_per_node: u32,
     pub per_node: Resources,
     pub time_limit_secs: Option<u64>,
+    /// `resources.disk`: the most the working directory may hold on each node; the
+    /// agent stops a task that writes more (reason `disk_limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_limit_bytes: Option<u64>,
     /// Runs once per node before `run`; its failure fails the attempt as `setup_failed`.
     pub setup: Option<String>,
     pub run: String,
@@ -132,7 +140,9 @@ pub fn compile(
     let runtime = spec.runtime;
     let processes_per_node = spec.resources.processes_per_node();
     Instruction {
-        format_version: if processes_per_node > 1 {
+        format_version: if spec.resources.disk.is_some() {
+            INSTRUCTION_FORMAT
+        } else if processes_per_node > 1 {
             FORMAT_WITH_PROCESSES
         } else if image.is_some() || runtime.is_some() {
             FORMAT_WITH_RUNTIME
@@ -148,6 +158,7 @@ pub fn compile(
         processes_per_node,
         per_node: spec.resources.per_node(),
         time_limit_secs: spec.resources.time_limit.map(|t| t.as_secs()),
+        disk_limit_bytes: spec.resources.disk.map(|d| d.as_bytes()),
         setup: spec.setup.clone().filter(|s| !s.trim().is_empty()),
         run: spec.run.clone(),
         vars: spec.environment.vars.clone(),
@@ -182,7 +193,7 @@ impl Instruction {
     /// Make this the instruction of one array element (which needs format 5).
     pub fn set_array_element(&mut self, element: ArrayElement) {
         self.array = Some(element);
-        self.format_version = INSTRUCTION_FORMAT;
+        self.format_version = self.format_version.max(FORMAT_WITH_ARRAY);
     }
 
     /// Replace dataset sources that name a registered dataset (`registry`: name → path or
@@ -340,6 +351,22 @@ mod tests {
     }
 
     #[test]
+    fn a_disk_limit_travels_and_needs_an_agent_that_enforces_it() {
+        let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
+        let plain = compile(TaskId(7), AttemptNo(1), "alice", &spec(), snapshot.clone());
+        assert_eq!(plain.disk_limit_bytes, None);
+        assert!(plain.format_version < INSTRUCTION_FORMAT);
+        let (limited, _) =
+            tacc_schema::parse_task("task.yaml", "run: x\nresources: {disk: 1GiB}\n").unwrap();
+        let mut instruction = compile(TaskId(7), AttemptNo(1), "alice", &limited, snapshot);
+        assert_eq!(instruction.disk_limit_bytes, Some(1 << 30));
+        assert_eq!(instruction.format_version, INSTRUCTION_FORMAT);
+        // An array element's instruction keeps the newer format it needs.
+        instruction.set_array_element(ArrayElement { group: 1, index: 0 });
+        assert_eq!(instruction.format_version, INSTRUCTION_FORMAT);
+    }
+
+    #[test]
     fn an_array_element_sees_its_group_and_index() {
         let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
         let mut instruction = compile(TaskId(7), AttemptNo(1), "alice", &spec(), snapshot);
@@ -347,7 +374,7 @@ mod tests {
             group: 12,
             index: 41,
         });
-        assert_eq!(instruction.format_version, INSTRUCTION_FORMAT);
+        assert_eq!(instruction.format_version, FORMAT_WITH_ARRAY);
         let node = NodeContext {
             node_rank: 0,
             local_rank: 0,

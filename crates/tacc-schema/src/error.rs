@@ -48,6 +48,24 @@ impl SchemaError {
         }
     }
 
+    /// An [`SchemaError::Invalid`] back from the text it renders as (what a server sends
+    /// when it refuses a field of a submitted spec), so a client holding the task file can
+    /// point at the line that wrote the field; `None` for any other text.
+    pub fn invalid_from_rendered(text: &str) -> Option<SchemaError> {
+        let rest = text.strip_prefix("error: ")?;
+        let (message, rest) = rest.split_once("\n  --> field `")?;
+        let (field, rest) = rest.split_once('`')?;
+        let help = match rest {
+            "" => None,
+            rest => Some(rest.strip_prefix("\n   = help: ")?.to_string()),
+        };
+        Some(SchemaError::Invalid {
+            field: field.to_string(),
+            message: message.to_string(),
+            help,
+        })
+    }
+
     /// The help line, if the error carries one.
     pub fn help(&self) -> Option<&str> {
         match self {
@@ -91,12 +109,22 @@ pub struct Diagnostic {
     pub help: Option<String>,
 }
 
+/// Characters of a source line an error shows at most (more when the column is further).
+const SHOWN_CHARS: usize = 160;
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let number = self.line.to_string();
         let gutter = " ".repeat(number.len() + 2);
         // Tabs would make the caret drift; columns count characters, so one space per tab keeps it aligned.
-        let shown_line = self.source_line.replace('\t', " ");
+        let mut shown_line = self.source_line.replace('\t', " ");
+        let mut underline = self.underline.max(1);
+        // A line of megabytes (an oversized value) is cut, so the error stays readable.
+        let limit = SHOWN_CHARS.max(self.column + 20);
+        if shown_line.chars().count() > limit {
+            shown_line = shown_line.chars().take(limit).collect::<String>() + "…";
+            underline = underline.min(limit + 1 - self.column.min(limit)).max(1);
+        }
         let caret_indent = " ".repeat(self.column.saturating_sub(1));
         writeln!(f, "error: {}", self.message)?;
         writeln!(
@@ -109,14 +137,38 @@ impl fmt::Display for Diagnostic {
         )?;
         writeln!(f, "{gutter}|")?;
         writeln!(f, " {number} | {shown_line}")?;
-        write!(
-            f,
-            "{gutter}| {caret_indent}{}",
-            "^".repeat(self.underline.max(1))
-        )?;
+        write!(f, "{gutter}| {caret_indent}{}", "^".repeat(underline))?;
         if let Some(help) = &self.help {
             write!(f, "\n{gutter}= help: {help}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_invalid_field_survives_its_trip_through_text() {
+        for help in [Some("do this".to_string()), None] {
+            let error = SchemaError::Invalid {
+                field: "notify.webhook".into(),
+                message: "the webhook's host 127.0.0.1 is a loopback address".into(),
+                help: help.clone(),
+            };
+            let Some(SchemaError::Invalid {
+                field,
+                message,
+                help: back,
+            }) = SchemaError::invalid_from_rendered(&error.to_string())
+            else {
+                panic!("{error} did not parse back");
+            };
+            assert_eq!(field, "notify.webhook");
+            assert!(message.ends_with("loopback address"));
+            assert_eq!(back, help);
+        }
+        assert!(SchemaError::invalid_from_rendered("snapshot x is unknown").is_none());
     }
 }

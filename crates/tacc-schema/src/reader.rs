@@ -63,6 +63,7 @@ pub(crate) const RESOURCE_FIELDS: &[&str] = &[
     "cpus",
     "memory",
     "time_limit",
+    "disk",
     "processes",
 ];
 pub(crate) const CODE_FIELDS: &[&str] = &["dir", "exclude"];
@@ -103,6 +104,7 @@ const ALIASES: &[(&str, &str)] = &[
     ("time", "time_limit"),
     ("timeout", "time_limit"),
     ("mem", "memory"),
+    ("disk_size", "disk"),
     ("env", "vars"),
     ("envs", "vars"),
     ("num_nodes", "nodes"),
@@ -823,6 +825,9 @@ fn read_resources<'n>(
     if let Some(node) = fields.get("time_limit") {
         resources.time_limit =
             Some(reader.duration(node, "resources.time_limit", "time_limit: 4h")?);
+    }
+    if let Some(node) = fields.get("disk") {
+        resources.disk = Some(reader.size(node, "resources.disk", "disk: 10GiB")?);
     }
     if let Some(node) = fields.get("processes") {
         resources.processes = reader.processes(node)?;

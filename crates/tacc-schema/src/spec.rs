@@ -19,9 +19,21 @@ pub const MAX_NODES: u32 = 4096;
 pub const MAX_GPUS_PER_NODE: u32 = 1024;
 pub const MAX_CPUS_PER_NODE: f64 = 4096.0;
 pub const MAX_MEMORY_PER_NODE: ByteSize = ByteSize::from_bytes(64 << 40);
+/// The largest `resources.disk` a task may ask for (per node).
+pub const MAX_DISK_PER_NODE: ByteSize = ByteSize::from_bytes(1 << 50);
 pub const MAX_TIME_LIMIT: HumanDuration = HumanDuration::from_secs(365 * 86_400);
 pub const MAX_ATTEMPTS: u32 = 100;
 pub const MAX_NAME_LEN: usize = 63;
+/// Bytes of one `environment.vars` value. Linux refuses to start a program with an
+/// environment string (`NAME=value`) over 128 KiB ("Argument list too long"); half of it
+/// leaves room for the name and what the platform adds.
+pub const MAX_VAR_VALUE_BYTES: usize = 64 << 10;
+/// Bytes of all `environment.vars` together (`NAME=value` each): a quarter of the usual
+/// 2 MiB the kernel allows a program's arguments and environment, the rest being the
+/// platform's variables and the task's own arguments.
+pub const MAX_VARS_TOTAL_BYTES: usize = 512 << 10;
+/// Bytes of `run`, and of `setup`: each is handed to the shell as one argument.
+pub const MAX_COMMAND_BYTES: usize = 64 << 10;
 /// Signals a task may ask to receive before it is stopped, so it can write a checkpoint.
 pub const CHECKPOINT_SIGNALS: &[&str] = &[
     "SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGALRM", "SIGCONT",
@@ -51,10 +63,10 @@ pub struct TaskSpec {
     pub environment: EnvironmentSpec,
     #[serde(default)]
     pub datasets: Vec<DatasetSpec>,
-    /// Shell commands run once per node before `run`.
+    /// Shell commands run once per node before `run`; at most 64 KiB.
     #[serde(default)]
     pub setup: Option<String>,
-    /// The shell command(s) run on every node.
+    /// The shell command(s) run on every node; at most 64 KiB (put more in a script).
     pub run: String,
     /// Paths (relative to the working directory) kept for download after the task ends.
     #[serde(default)]
@@ -122,6 +134,11 @@ pub struct ResourceSpec {
     #[serde(default)]
     #[schemars(with = "Option<String>", example = "4h")]
     pub time_limit: Option<HumanDuration>,
+    /// The most the task's working directory may hold on each node, e.g. `10GiB`; a task
+    /// that writes more is stopped with the reason `disk_limit`. No limit when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", example = "10GiB")]
+    pub disk: Option<ByteSize>,
     /// Copies of `run` each node starts: `per_node` (default), `per_gpu` (one per GPU, as
     /// torchrun does) or a number. Sets `WORLD_SIZE`, `RANK` and `LOCAL_RANK`.
     #[serde(default, skip_serializing_if = "is_per_node")]
@@ -152,6 +169,7 @@ impl Default for ResourceSpec {
             cpus: default_cpus(),
             memory: default_memory(),
             time_limit: None,
+            disk: None,
             processes: Processes::PerNode,
         }
     }
@@ -217,7 +235,9 @@ pub struct EnvironmentSpec {
     #[serde(default)]
     pub image: Option<String>,
     /// Environment variables set for `setup` and `run`. They are part of the task's
-    /// spec, visible to whoever may read the task: never put a secret here.
+    /// spec, visible to whoever may read the task: never put a secret here. Each value
+    /// at most 64 KiB, all of them (`NAME=value`) at most 512 KiB: the kernel refuses to
+    /// start a program with more.
     #[serde(default)]
     pub vars: BTreeMap<String, String>,
     /// Names of the submitter's secrets (`tcloud secret set NAME`) to put into the
@@ -475,6 +495,7 @@ impl TaskSpec {
             .or_else(|| check_placement(&self.placement, self.runtime, &self.environment))
             .or_else(|| check_datasets(&self.datasets))
             .or_else(|| check_commands(self))
+            .or_else(|| check_sizes(self))
             .or_else(|| check_outputs(&self.outputs))
             .or_else(|| check_retry(&self.retry))
             .or_else(|| {
@@ -621,6 +642,23 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
             format!("`memory` is only {memory}; did you forget the unit?"),
             "write memory per node with a unit, e.g. `memory: 64GiB` or `memory: 512MiB`",
         ));
+    }
+    if let Some(disk) = resources.disk {
+        if disk.as_bytes() == 0 || disk > MAX_DISK_PER_NODE {
+            return Some(problem(
+                "resources.disk",
+                format!("`disk` must be more than 0 and at most {MAX_DISK_PER_NODE}, found {disk}"),
+                "write the most the working directory may hold with a unit, e.g. `disk: 10GiB`",
+            ));
+        }
+        // A bare number is bytes; anything under a MiB is almost surely a forgotten unit.
+        if disk < ByteSize::mib(1) {
+            return Some(problem(
+                "resources.disk",
+                format!("`disk` is only {disk}; did you forget the unit?"),
+                "write the most the working directory may hold with a unit, e.g. `disk: 10GiB`",
+            ));
+        }
     }
     if resources.processes == Processes::PerGpu && resources.gpus == 0 {
         return Some(problem(
@@ -935,6 +973,56 @@ fn check_commands(spec: &TaskSpec) -> Option<Problem> {
             "`setup` is empty",
             "write the commands to run once per node before `run`, or remove `setup`",
         ));
+    }
+    None
+}
+
+/// What would be refused at launch ("Argument list too long") is refused at submit.
+fn check_sizes(spec: &TaskSpec) -> Option<Problem> {
+    let kib = |bytes: usize| bytes.div_ceil(1024);
+    for (field, text) in [("run", Some(&spec.run)), ("setup", spec.setup.as_ref())] {
+        if let Some(text) = text
+            && text.len() > MAX_COMMAND_BYTES
+        {
+            return Some(problem(
+                field,
+                format!(
+                    "`{field}` is {} KiB; at most {} KiB are allowed",
+                    kib(text.len()),
+                    kib(MAX_COMMAND_BYTES)
+                ),
+                "put the commands in a script in the code directory and run that, e.g. \
+                 `run: bash train.sh`",
+            ));
+        }
+    }
+    let mut total = 0;
+    for (name, value) in &spec.environment.vars {
+        if value.len() > MAX_VAR_VALUE_BYTES {
+            return Some(problem(
+                format!("environment.vars.{name}"),
+                format!(
+                    "the value of `{name}` is {} KiB; at most {} KiB are allowed",
+                    kib(value.len()),
+                    kib(MAX_VAR_VALUE_BYTES)
+                ),
+                "put large values in a file in the code directory and pass its path, e.g. \
+                 `CONFIG: config.json`",
+            ));
+        }
+        // `NAME=value` and its terminating NUL, as the kernel counts it.
+        total += name.len() + value.len() + 2;
+        if total > MAX_VARS_TOTAL_BYTES {
+            return Some(problem(
+                format!("environment.vars.{name}"),
+                format!(
+                    "`environment.vars` reach {} KiB here; at most {} KiB are allowed in all",
+                    kib(total),
+                    kib(MAX_VARS_TOTAL_BYTES)
+                ),
+                "put large values in files in the code directory and pass their paths",
+            ));
+        }
     }
     None
 }

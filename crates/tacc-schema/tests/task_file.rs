@@ -166,6 +166,9 @@ fn fractional_cpus_sizes_and_durations_are_accepted() {
         spec.resources.time_limit,
         Some(HumanDuration::from_secs(5400))
     );
+    assert_eq!(spec.resources.disk, None);
+    let limited = parse("run: x\nresources: { disk: 1GiB }\n").unwrap();
+    assert_eq!(limited.resources.disk, Some(ByteSize::gib(1)));
     // Signals are normalised to their full upper-case name; grace takes its default.
     assert_eq!(spec.checkpoint.unwrap().signal, "SIGUSR2");
 }
@@ -179,7 +182,7 @@ error: unknown field `memroy` in `resources`
    |
  5 |   memroy: 64GiB
    |   ^^^^^^
-   = help: did you mean `memory`? Valid fields: nodes, gpus, gpu_type, cpus, memory, time_limit, processes";
+   = help: did you mean `memory`? Valid fields: nodes, gpus, gpu_type, cpus, memory, time_limit, disk, processes";
     assert_eq!(rejected(text), expected);
 }
 
@@ -242,6 +245,9 @@ fn absurd_quantities_are_refused_at_their_value() {
         ("resources: { memory: 0 }", 22, "more than 0"),
         ("resources: { memory: 65TiB }", 22, "at most 64TiB"),
         ("resources: { memory: 2048 }", 22, "forget the unit"),
+        ("resources: { disk: 0 }", 20, "more than 0"),
+        ("resources: { disk: 2000TiB }", 20, "at most 1024TiB"),
+        ("resources: { disk: 4096 }", 20, "forget the unit"),
         ("resources: { time_limit: 0s }", 26, "more than 0s"),
         ("resources: { time_limit: 400d }", 26, "at most 365d"),
         ("retry: { max_attempts: 0 }", 24, "between 1 and 100"),
@@ -351,6 +357,47 @@ fn environment_variable_names_must_be_shell_identifiers() {
     // Numbers are fine as values; they arrive as text.
     let spec = parse("run: x\nenvironment: { vars: { THREADS: 4 } }\n").unwrap();
     assert_eq!(spec.environment.vars["THREADS"], "4");
+}
+
+#[test]
+fn oversized_vars_and_commands_are_refused_where_they_are_written() {
+    let big = "x".repeat(tacc_schema::MAX_VAR_VALUE_BYTES + 1);
+    let rendered = rejected(&format!(
+        "run: x\nenvironment:\n  vars:\n    SMALL: a\n    BLOB: {big}\n"
+    ));
+    assert!(
+        rendered.contains("the value of `BLOB` is 65 KiB"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.len() < 2000,
+        "the 65 KiB line is cut in the error:\n{rendered}"
+    );
+    assert_located(&rendered, 5, 5, "file in the code directory");
+    // Each value within its limit, together past theirs: refused at the one crossing it.
+    let half = "y".repeat(tacc_schema::MAX_VAR_VALUE_BYTES - 16);
+    let many: String = (0..10).map(|i| format!("    V{i}: {half}\n")).collect();
+    let rendered = rejected(&format!("run: x\nenvironment:\n  vars:\n{many}"));
+    assert!(
+        rendered.contains("at most 512 KiB are allowed in all"),
+        "{rendered}"
+    );
+    assert_located(&rendered, 12, 5, "their paths");
+    let long_run = format!("run: echo {}\n", "z".repeat(tacc_schema::MAX_COMMAND_BYTES));
+    let rendered = rejected(&long_run);
+    assert!(rendered.contains("`run` is 65 KiB"), "{rendered}");
+    assert_located(&rendered, 1, 6, "bash train.sh");
+    let long_setup = format!(
+        "run: x\nsetup: echo {}\n",
+        "z".repeat(tacc_schema::MAX_COMMAND_BYTES)
+    );
+    assert_located(&rejected(&long_setup), 2, 8, "script");
+    // At the limits, accepted.
+    let fits = "w".repeat(tacc_schema::MAX_VAR_VALUE_BYTES);
+    parse(&format!(
+        "run: x\nenvironment: {{ vars: {{ FITS: {fits} }} }}\n"
+    ))
+    .unwrap();
 }
 
 #[test]

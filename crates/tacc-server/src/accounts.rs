@@ -224,7 +224,7 @@ pub async fn ensure_local_admin(
         }
     };
     write_secret_file(token_file, &issued.secret)
-        .map_err(|e| ServerError::Internal(format!("cannot write {}: {e}", token_file.display())))
+        .map_err(|e| ServerError::io(format!("cannot write {}", token_file.display()), e))
 }
 
 impl crate::Control {

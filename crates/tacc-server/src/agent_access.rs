@@ -175,13 +175,30 @@ impl Control {
             crate::now(),
         )
         .await?;
-        self.audit.record(
-            caller,
-            "node.register",
-            format!("node:{}", record.name),
-            true,
-            format!("node {} issued credential {}", record.id, issued.record.id),
-        );
+        // Recorded after, to name the credential: if the record cannot be written, the
+        // credential is revoked (its secret is only in the answer, which is then an error).
+        let recorded = self
+            .audit
+            .commit(
+                caller,
+                "node.register",
+                format!("node:{}", record.name),
+                format!("node {} issued credential {}", record.id, issued.record.id),
+            )
+            .await;
+        if let Err(error) = recorded {
+            if let Err(e) = self
+                .store
+                .revoke_token(issued.record.id, crate::now())
+                .await
+            {
+                tracing::error!(
+                    "cannot revoke node credential {}, whose issue was not audited: {e}",
+                    issued.record.id
+                );
+            }
+            return Err(error);
+        }
         Ok(issued.secret)
     }
 

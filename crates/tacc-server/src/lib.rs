@@ -17,7 +17,10 @@ mod artifacts;
 mod asha;
 pub mod auth;
 pub mod clock;
+mod connections;
 mod control;
+pub mod daemon_log;
+mod disk_errors;
 mod limits;
 mod log_offsets;
 mod logs;
@@ -30,10 +33,13 @@ mod replica;
 pub mod secrets;
 mod tls;
 mod usage;
+pub mod webhook_destination;
 
 use std::sync::Arc;
 
 pub use api::{RouteRule, openapi_json, route_rules};
+pub use auth::AuditSettings;
+pub use connections::ConnectionLimits;
 pub use control::{
     AdaptiveConfig, AdaptiveMode, Control, DEFAULT_POLICY, DEFAULT_TASK_UID_BASE, DefaultBounds,
     RetrySettings, ServerConfig, now,
@@ -44,6 +50,7 @@ use tacc_core::{NodeId, TaskId};
 pub use tls::TlsConfig;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+pub use webhook_destination::WebhookPolicy;
 
 /// The crate's errors; each maps to one HTTP status and stable error code.
 #[derive(Debug, thiserror::Error)]
@@ -100,8 +107,7 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let listener = axum::serve::ListenerExt::tap_io(listener, set_nodelay);
-    serve_on(control, listener, shutdown, false).await
+    serve_on(control, listener, None, shutdown).await
 }
 
 /// Serve the API in HTTPS on `listener`, with `tls`'s certificate, until `shutdown` is
@@ -112,34 +118,30 @@ pub async fn serve_tls(
     tls: TlsConfig,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let listener = tls::TlsListener::new(listener, &tls)?;
-    serve_on(control, listener, shutdown, true).await
+    serve_on(control, listener, Some(tls), shutdown).await
 }
 
 /// Without TCP_NODELAY a streamed response (log follow, long poll) can wait out the peer's
 /// delayed ACK: ~40 ms added to every small exchange.
-fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
+fn set_nodelay(tcp: &tokio::net::TcpStream) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::warn!("cannot set TCP_NODELAY: {e}");
     }
 }
 
-/// The API, the dashboard and the background tasks (liveness, garbage collection) on any
-/// listener; `tls` marks the dashboard's cookies `Secure`.
-async fn serve_on<L>(
+/// The API, the dashboard and the background tasks (liveness, garbage collection) on the
+/// listener, within the configured connection limits; TLS marks the dashboard's cookies
+/// `Secure`.
+async fn serve_on(
     control: Arc<Control>,
-    listener: L,
+    listener: TcpListener,
+    tls: Option<TlsConfig>,
     shutdown: CancellationToken,
-    tls: bool,
-) -> std::io::Result<()>
-where
-    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
-{
+) -> std::io::Result<()> {
     let background = spawn_background(control.clone(), shutdown.clone());
-    let app = api::router(control, shutdown.clone(), tls);
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    let limits = control.config.connections;
+    let app = api::router(control, shutdown.clone(), tls.is_some());
+    let result = connections::serve(listener, tls, app, limits, shutdown).await;
     for task in background {
         task.abort();
     }

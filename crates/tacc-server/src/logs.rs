@@ -71,22 +71,30 @@ impl LogBook {
             return Ok(());
         }
         let room = usize::try_from(self.max_bytes - size).unwrap_or(usize::MAX);
-        if text.len() < room {
-            file.write_all(text.as_bytes())?;
-            self.written.inc_by(text.len() as u64);
+        let written = if text.len() < room {
+            file.write_all(text.as_bytes()).map(|()| text.len())
         } else {
             let mut cut = room;
             while !text.is_char_boundary(cut) {
                 cut -= 1;
             }
-            file.write_all(&text.as_bytes()[..cut])?;
             let marker = format!(
                 "\n{TRUNCATED_MARKER} {} bytes; the rest of its output was dropped \
                  (taccd server --max-log)\n",
                 self.max_bytes
             );
-            file.write_all(marker.as_bytes())?;
-            self.written.inc_by((cut + marker.len()) as u64);
+            file.write_all(&text.as_bytes()[..cut])
+                .and_then(|()| file.write_all(marker.as_bytes()))
+                .map(|()| cut + marker.len())
+        };
+        match written {
+            Ok(bytes) => self.written.inc_by(bytes as u64),
+            Err(e) => {
+                // Part of the text may be in (the disk filled up midway): take it out,
+                // so the sender's retry of the whole text leaves it in the log once.
+                let _ = file.set_len(size);
+                return Err(e);
+            }
         }
         self.wake(task);
         Ok(())

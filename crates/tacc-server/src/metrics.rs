@@ -149,6 +149,7 @@ impl Metrics {
             Box::new(metrics.submit_to_start_seconds.clone()),
             Box::new(metrics.commit_seconds.clone()),
             Box::new(log_bytes),
+            Box::new(crate::daemon_log::lines_dropped()),
         ];
         #[cfg(target_os = "linux")]
         collectors.push(Box::new(

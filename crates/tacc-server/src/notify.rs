@@ -7,6 +7,12 @@
 //! and retries a failed delivery with exponential backoff until it gives up. An array
 //! notifies once, when its last element ends; its elements notify nothing themselves. A
 //! pipeline notifies once, when its last stage ends (its stages notify nothing).
+//!
+//! Each try goes only where [`crate::webhook_destination`] allows (internal addresses
+//! only when the operator says so, checked on the resolved address it connects to),
+//! follows no redirect, goes through no proxy and is bounded by [`DELIVERY_TIMEOUT`] in
+//! all. A refused destination is given up at once — retrying cannot change the rule —
+//! with a warning in the server's log and an audit entry (`notify.refused`) saying why.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -228,7 +234,23 @@ impl Control {
             Ok(()) => DeliveryOutcome::Delivered {
                 at: crate::control::now(),
             },
-            Err(error) if delivery.attempts + 1 >= MAX_TRIES => {
+            Err(Failure::Refused(why)) => {
+                let error = format!("not sent to {}: {why}", delivery.url);
+                tracing::warn!(
+                    "notification {} of {}: {error}",
+                    delivery.key,
+                    delivery.user
+                );
+                self.audit.record_as(
+                    delivery.user.clone(),
+                    "notify.refused",
+                    format!("{} {}", delivery.key, delivery.url),
+                    false,
+                    error.clone(),
+                );
+                DeliveryOutcome::GaveUp { error }
+            }
+            Err(Failure::Failed(error)) if delivery.attempts + 1 >= MAX_TRIES => {
                 tracing::warn!(
                     "gave up notifying {} of {} after {MAX_TRIES} tries: {error}",
                     delivery.url,
@@ -236,7 +258,7 @@ impl Control {
                 );
                 DeliveryOutcome::GaveUp { error }
             }
-            Err(error) => {
+            Err(Failure::Failed(error)) => {
                 let wait = backoff(delivery.attempts + 1);
                 DeliveryOutcome::Retry {
                     next_at: Timestamp(crate::control::now().as_millis() + wait.as_millis() as u64),
@@ -253,7 +275,14 @@ impl Control {
         &self,
         client: &reqwest::Client,
         delivery: &DeliveryRecord,
-    ) -> Result<(), String> {
+    ) -> Result<(), Failure> {
+        // A literal address is never resolved, so the resolver cannot check it: here.
+        if let Some(ip) = crate::webhook_destination::literal_host(&delivery.url) {
+            self.config
+                .webhooks
+                .permits(ip)
+                .map_err(|why| Failure::Refused(why.to_string()))?;
+        }
         let secret = self
             .store
             .get_secret(&delivery.user, &delivery.secret)
@@ -281,14 +310,46 @@ impl Control {
             .body(delivery.body.clone())
             .send()
             .await
-            .map_err(|e| format!("cannot reach {}: {e}", delivery.url))?;
+            .map_err(|e| match crate::webhook_destination::refusal_in(&e) {
+                Some(why) => Failure::Refused(why.to_string()),
+                None => Failure::Failed(format!("cannot reach {}: {}", delivery.url, causes(&e))),
+            })?;
         let status = response.status();
         if status.is_success() {
             Ok(())
         } else {
-            Err(format!("{} answered HTTP {status}", delivery.url))
+            Err(Failure::Failed(format!(
+                "{} answered HTTP {status}",
+                delivery.url
+            )))
         }
     }
+}
+
+/// Why a try did not deliver.
+#[derive(Debug)]
+enum Failure {
+    /// The destination is one the operator does not allow: never retried.
+    Refused(String),
+    /// Anything else (unreachable, an error status, a missing secret): retried.
+    Failed(String),
+}
+
+impl From<String> for Failure {
+    fn from(error: String) -> Self {
+        Failure::Failed(error)
+    }
+}
+
+/// An error and its causes on one line (reqwest's own message names none of them).
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(current) = cause {
+        text.push_str(&format!(": {current}"));
+        cause = current.source();
+    }
+    text
 }
 
 /// A group's counts as they are once `changes` are committed: the elements ending in
@@ -342,10 +403,16 @@ fn delivery(
 
 /// Deliver due notifications until `shutdown`.
 pub(crate) async fn run_deliveries(control: Arc<Control>, shutdown: CancellationToken) {
+    let resolver = crate::webhook_destination::CheckedResolver {
+        policy: Arc::new(control.config.webhooks.clone()),
+    };
     let client = match reqwest::Client::builder()
         .timeout(DELIVERY_TIMEOUT)
         .connect_timeout(DELIVERY_TIMEOUT)
         .redirect(reqwest::redirect::Policy::none())
+        // A proxy would connect to the destination itself, past the resolver's check.
+        .no_proxy()
+        .dns_resolver(Arc::new(resolver))
         .build()
     {
         Ok(client) => client,

@@ -109,10 +109,8 @@ pub async fn serve_replicated(
     let app = axum::Router::new()
         .fallback(front)
         .with_state(replica.clone());
-    let listener = axum::serve::ListenerExt::tap_io(listener, crate::set_nodelay);
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    let limits = replica.config.connections;
+    let served = crate::connections::serve(listener, None, app, limits, shutdown).await;
     elections.abort();
     replica.demote("the server is shutting down");
     served.map_err(|e| ServerError::Internal(format!("serving failed: {e}")))

@@ -66,9 +66,8 @@ pub fn check_secret_name(name: &str) -> Result<(), ServerError> {
 impl SecretBox {
     /// Open the key file, creating it (0600) on first use.
     pub fn open(key_file: &Path) -> Result<Self, ServerError> {
-        let internal = |e: std::io::Error| {
-            ServerError::Internal(format!("secret key {}: {e}", key_file.display()))
-        };
+        let internal =
+            |e: std::io::Error| ServerError::io(format!("secret key {}", key_file.display()), e);
         let key = match std::fs::read(key_file) {
             Ok(bytes) if bytes.len() == KEY_BYTES => bytes,
             Ok(bytes) => {

@@ -1,12 +1,11 @@
-//! HTTPS: the server's certificate and key, and a listener that hands the HTTP server
-//! connections only once their TLS handshake is done.
+//! HTTPS: the server's certificate and key, and the handshake the listener
+//! (`connections.rs`) runs on each connection before it speaks HTTP.
 //!
-//! Handshakes run in their own tasks with a deadline, so a client that connects and says
-//! nothing holds up no one else's connection. A client speaking plain HTTP to the TLS
+//! Each handshake runs in its connection's own task with a deadline, so a client that
+//! connects and says nothing holds up no one else's connection. A client speaking plain HTTP to the TLS
 //! port gets a plain-HTTP 400 that says to use `https://`, not a silent hang-up.
 
 use std::io;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,8 +13,7 @@ use std::time::Duration;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
@@ -77,101 +75,29 @@ impl TlsConfig {
         })
     }
 
+    /// What completes handshakes with this certificate.
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(self.server.clone())
+    }
+
     /// The server's own certificate (DER), e.g. to print the fingerprint clients pin.
     pub fn certificate_der(&self) -> &[u8] {
         &self.certificate
     }
 }
 
-/// A TCP listener whose connections come out TLS-terminated.
-pub(crate) struct TlsListener {
-    local_addr: SocketAddr,
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    accepting: tokio::task::JoinHandle<()>,
-}
-
-impl TlsListener {
-    pub(crate) fn new(listener: TcpListener, config: &TlsConfig) -> io::Result<Self> {
-        let local_addr = listener.local_addr()?;
-        let (sender, ready) = mpsc::channel(64);
-        let acceptor = TlsAcceptor::from(config.server.clone());
-        let accepting = tokio::spawn(accept_loop(listener, acceptor, sender));
-        Ok(TlsListener {
-            local_addr,
-            ready,
-            accepting,
-        })
-    }
-}
-
-impl Drop for TlsListener {
-    /// Stop accepting (and free the port) when the HTTP server lets go of the listener.
-    fn drop(&mut self) {
-        self.accepting.abort();
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(connection) => connection,
-            // The accept loop only ends when this listener is dropped.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local_addr)
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-) {
-    loop {
-        let (mut tcp, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) if is_connection_error(&e) => continue,
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::error!("cannot accept a connection: {e}");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        crate::set_nodelay(&mut tcp);
-        let acceptor = acceptor.clone();
-        let ready = ready.clone();
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&acceptor, tcp)).await {
-                Ok(Ok(Some(tls))) => {
-                    let _ = ready.send((tls, peer)).await;
-                }
-                Ok(Ok(None)) => {}
-                Ok(Err(e)) => tracing::debug!("TLS handshake with {peer} failed: {e}"),
-                Err(_) => tracing::debug!("TLS handshake with {peer} timed out"),
-            }
-        });
-    }
-}
-
-fn is_connection_error(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::ConnectionRefused
-            | io::ErrorKind::ConnectionAborted
-            | io::ErrorKind::ConnectionReset
-    )
-}
-
 /// The TLS connection, or `None` when the client spoke plain HTTP (and was told so) or
-/// left before saying anything.
-async fn handshake(
+/// left before saying anything; an error past [`HANDSHAKE_TIMEOUT`].
+pub(crate) async fn handshake(
+    acceptor: &TlsAcceptor,
+    tcp: TcpStream,
+) -> io::Result<Option<TlsStream<TcpStream>>> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake_within(acceptor, tcp))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the TLS handshake timed out"))?
+}
+
+async fn handshake_within(
     acceptor: &TlsAcceptor,
     tcp: TcpStream,
 ) -> io::Result<Option<TlsStream<TcpStream>>> {

@@ -111,6 +111,7 @@ macro_rules! store_contract_tests {
             audit_lists_oldest_first,
             audit_since_is_inclusive,
             audit_limit_keeps_the_newest,
+            audit_prune_deletes_only_older_entries,
             secrets_round_trip,
             secrets_put_replaces,
             secrets_listed_by_name,

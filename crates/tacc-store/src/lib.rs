@@ -89,6 +89,15 @@ pub enum StoreError {
     AlreadyExists { what: &'static str, name: String },
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The SQLite file's pages are damaged: the server refuses to start on it.
+    #[error(
+        "the database file {path} is damaged ({detail}); taccd will not start on it. \
+         Restore it from a backup (stop taccd, copy the backup over {path}, remove \
+         {path}-wal and {path}-shm), or salvage what SQLite can still read: \
+         `sqlite3 {path} .recover > salvaged.sql` (or `.dump` with an older sqlite3), \
+         `sqlite3 fresh.db < salvaged.sql`, then move fresh.db to {path}"
+    )]
+    Damaged { path: String, detail: String },
     #[error(
         "this server no longer leads: the leadership lease moved past epoch {held:?} to another \
          replica, so it may not change task state (send the request to the current leader)"
@@ -395,6 +404,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     // ------------------------------------------------------------ audit
 
     async fn append_audit(&self, entry: NewAuditEntry) -> Result<()>;
+    /// Delete the entries from before `before` (`--audit-retention`); how many were.
+    async fn prune_audit(&self, before: tacc_core::Timestamp) -> Result<u64>;
     /// The newest `limit` entries at or after `since`, oldest first.
     async fn list_audit(
         &self,

@@ -957,7 +957,8 @@ impl Store for MemoryStore {
 
     async fn append_audit(&self, entry: NewAuditEntry) -> Result<()> {
         let mut inner = self.inner.lock().unwrap();
-        let id = inner.audit.len() as u64 + 1;
+        // After the last, not the count: pruning leaves gaps.
+        let id = inner.audit.last().map_or(0, |e| e.id) + 1;
         inner.audit.push(AuditEntry {
             id,
             at: entry.at,
@@ -968,6 +969,13 @@ impl Store for MemoryStore {
             detail: entry.detail,
         });
         Ok(())
+    }
+
+    async fn prune_audit(&self, before: Timestamp) -> Result<u64> {
+        let mut inner = self.inner.lock().unwrap();
+        let was = inner.audit.len();
+        inner.audit.retain(|e| e.at >= before);
+        Ok((was - inner.audit.len()) as u64)
     }
 
     async fn list_audit(&self, since: Option<Timestamp>, limit: u32) -> Result<Vec<AuditEntry>> {

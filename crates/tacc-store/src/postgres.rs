@@ -458,6 +458,10 @@ impl Store for PostgresStore {
         access::append_audit(&self.writer, entry).await
     }
 
+    async fn prune_audit(&self, before: Timestamp) -> Result<u64> {
+        access::prune_audit(&self.writer, before).await
+    }
+
     async fn list_audit(&self, since: Option<Timestamp>, limit: u32) -> Result<Vec<AuditEntry>> {
         access::list_audit(&self.reader, since, limit).await
     }

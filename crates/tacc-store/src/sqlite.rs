@@ -17,6 +17,7 @@ use crate::{
     TaskRecord, TokenRecord, UsagePeak, UserRecord,
 };
 
+mod integrity;
 mod run;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
@@ -35,8 +36,14 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
-    /// Open (creating if needed) the database file and bring its schema up to date.
+    /// Open (creating if needed) the database file and bring its schema up to date,
+    /// after checking the file is sound ([`integrity`]; [`StoreError::Damaged`] if not).
     pub async fn open(path: &Path) -> Result<Self> {
+        Self::open_checked(path, integrity::CHECK_BUDGET).await
+    }
+
+    /// [`SqliteStore::open`] with the integrity check bounded by `budget`.
+    pub async fn open_checked(path: &Path, budget: Duration) -> Result<Self> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -46,11 +53,23 @@ impl SqliteStore {
             // Reads served from the page cache through a mapping, not a pread each.
             .pragma("mmap_size", "268435456")
             .busy_timeout(Duration::from_secs(10));
-        let open_error = |source| StoreError::Open {
-            path: path.display().to_string(),
-            source,
-            hint: "check the directory exists and is writable",
+        let open_error = |source: sqlx::Error| {
+            if integrity::is_damage(&source) {
+                return integrity::damaged(path, source.to_string());
+            }
+            StoreError::Open {
+                path: path.display().to_string(),
+                source,
+                hint: "check the directory exists and is writable",
+            }
         };
+        if integrity::check(&options, path, budget).await? == integrity::Checked::Unfinished {
+            tracing::warn!(
+                "the integrity check of {} did not finish within {}s (a large database);                  what it read is sound",
+                path.display(),
+                budget.as_secs()
+            );
+        }
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .after_release(|conn, _| Box::pin(no_transaction_left_open(conn)))
@@ -405,6 +424,10 @@ impl Store for SqliteStore {
 
     async fn append_audit(&self, entry: NewAuditEntry) -> Result<()> {
         access::append_audit(&self.writer, entry).await
+    }
+
+    async fn prune_audit(&self, before: Timestamp) -> Result<u64> {
+        access::prune_audit(&self.writer, before).await
     }
 
     async fn list_audit(&self, since: Option<Timestamp>, limit: u32) -> Result<Vec<AuditEntry>> {

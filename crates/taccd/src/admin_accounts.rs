@@ -208,14 +208,26 @@ pub async fn run(data_dir: &Path, database: Option<&str>, command: AdminCommand)
             }
         }
         AdminCommand::Token(TokenCommand::Revoke { id }) => {
-            if !store.revoke_token(id, now).await? {
-                bail!(
+            let missing = || {
+                anyhow::anyhow!(
                     "token {id} does not exist or was already revoked (see `taccd admin token ls`)"
-                );
+                )
+            };
+            if store
+                .get_token(id)
+                .await?
+                .is_none_or(|token| token.revoked_at.is_some())
+            {
+                return Err(missing());
             }
+            // Recorded first: a revocation never takes effect without its row. (Issued
+            // tokens are recorded before their secret is printed, for the same reason.)
             store
                 .append_audit(audit("token.revoke", format!("token:{id}"), String::new()))
                 .await?;
+            if !store.revoke_token(id, now).await? {
+                return Err(missing());
+            }
             eprintln!(
                 "revoked token {id}; servers stop accepting it within {} s",
                 tacc_server::auth::authenticate::CACHE_TTL.as_secs()

@@ -10,6 +10,7 @@ mod database;
 mod embedded_agent;
 mod modes;
 mod node_labels;
+mod open_files;
 mod pilot_node;
 mod pilots;
 mod private_tmp_helper;
@@ -226,10 +227,70 @@ struct ServerArgs {
     /// Left out, such tasks keep what they asked for.
     #[arg(long, value_name = "MIN..MAX")]
     adaptive_default: Option<tacc_server::DefaultBounds>,
+    /// Let webhook notifications (`notify.webhook`) reach internal addresses: loopback,
+    /// link-local, private, shared (CGNAT), multicast and the like. Off by default, so a
+    /// user's webhook cannot make the server call its own API or internal services.
+    #[arg(long)]
+    webhook_allow_private: bool,
+    /// An internal address range webhooks may reach all the same, e.g. 10.20.0.0/16 or
+    /// a single address (repeatable). Public addresses are always allowed.
+    #[arg(long = "webhook-allow", value_name = "CIDR", value_parser = parse_cidr)]
+    webhook_allow: Vec<ipnet::IpNet>,
+    /// A request's head (request line and headers) must arrive within this long of its
+    /// first byte; a slower client (slowloris) is disconnected.
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    header_timeout: HumanDuration,
+    /// A connection with no request in progress (a new one, or a kept-alive one between
+    /// requests) is closed after this long.
+    #[arg(long, default_value = "60s", value_parser = positive_duration)]
+    idle_timeout: HumanDuration,
+    /// Connections the server keeps open at once; past it new ones wait in the kernel's
+    /// backlog until one closes.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+    #[command(flatten)]
+    audit: AuditArgs,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
     #[command(flatten)]
     replica: replica::ReplicaArgs,
+}
+
+/// `ADDRESS/PREFIX`, or one address (a range of one).
+fn parse_cidr(text: &str) -> Result<ipnet::IpNet, String> {
+    let text = text.trim();
+    text.parse::<ipnet::IpNet>()
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| {
+            format!(
+                "`{text}` is not an address range: write e.g. 10.20.0.0/16, fd00::/8 or 10.20.0.5"
+            )
+        })
+}
+
+/// The audit trail's retention and the bounds on refused-request noise.
+#[derive(Debug, Args)]
+struct AuditArgs {
+    /// Audit entries older than this are deleted (checked hourly), e.g. 90d, 365d.
+    #[arg(long, default_value = "90d", value_parser = positive_duration)]
+    audit_retention: HumanDuration,
+    /// Failed authentications one source address may make per minute; past it, further
+    /// failures are answered 429 with Retry-After.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..))]
+    auth_failure_limit: u32,
+    /// Refused requests (auth.failed, access.denied) are audited as the first of each
+    /// source in this window and one row counting the rest when it closes.
+    #[arg(long, default_value = "60s", value_parser = positive_duration)]
+    audit_window: HumanDuration,
+}
+
+/// A duration of at least a second (`0s` would disable what it bounds).
+fn positive_duration(text: &str) -> Result<HumanDuration, String> {
+    let duration: HumanDuration = text.parse().map_err(|e| format!("{e}"))?;
+    if duration.as_secs() == 0 {
+        return Err(format!("`{text}` must be at least 1s"));
+    }
+    Ok(duration)
 }
 
 /// `--adaptive off|shrink|on`.
@@ -365,6 +426,11 @@ struct NodeArgs {
     /// Keep attempts' working directories after they end.
     #[arg(long)]
     keep_workdirs: bool,
+    /// Where attempts' working directories go (default: DATA_DIR/work). A volume of their
+    /// own keeps a task that fills its working directory from filling the disk that
+    /// holds the agent's spool, records and logs (see docs/OPERATIONS.md).
+    #[arg(long, value_name = "PATH")]
+    work_dir: Option<PathBuf>,
     /// Size of the node's managed-environment cache; idle environments beyond it are
     /// evicted, least recently used first.
     #[arg(long, default_value = "50GiB")]
@@ -398,7 +464,10 @@ fn main() -> Result<()> {
             tracing_subscriber::EnvFilter::try_from_env("TACC_LOG")
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
+        // A log line that cannot be written (a full disk) is dropped and counted, never
+        // a panic in the thread that logged it.
+        .with_writer(tacc_server::daemon_log::stderr)
+        .log_internal_errors(false)
         .init();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -510,7 +579,21 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
         max_queued: args.max_queued,
         max_log_bytes: args.max_log.as_bytes(),
     };
+    config.connections = tacc_server::ConnectionLimits {
+        header_timeout: args.header_timeout.as_std(),
+        idle_timeout: args.idle_timeout.as_std(),
+        max_connections: args.max_connections as usize,
+    };
+    config.audit = tacc_server::AuditSettings {
+        retention: args.audit.audit_retention.as_std(),
+        failures_per_minute: args.audit.auth_failure_limit,
+        window: args.audit.audit_window.as_std(),
+    };
     config.datasets = args.datasets.iter().cloned().collect();
+    config.webhooks = tacc_server::WebhookPolicy {
+        allow_private: args.webhook_allow_private,
+        allowed: args.webhook_allow.clone(),
+    };
     config.chunk_retention = Duration::from_secs(args.chunk_retention.as_secs());
     config.silent_after = Duration::from_secs(args.silent_after.as_secs());
     config.adaptive = tacc_server::AdaptiveConfig {
@@ -538,6 +621,7 @@ async fn start_server(
     let store = database.open().await?;
     tracing::info!("control-plane state in {database}");
     let config = server_config(args)?;
+    open_files::raise_for(config.connections.max_connections);
     let control = Control::open(store, config).await?;
     let served = control.clone();
     let listener = TcpListener::bind(args.listen).await.with_context(|| {

@@ -80,6 +80,7 @@ pub(crate) async fn run_agent(
         },
         poll_wait: Duration::from_secs(20),
         keep_workdirs: node.keep_workdirs,
+        work_dir: node.work_dir.clone(),
         env_cache_bytes: node.env_cache_size.as_bytes(),
     };
     let stored = tacc_agent::stored_credential(data_dir)?;

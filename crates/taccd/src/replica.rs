@@ -50,6 +50,7 @@ pub(crate) async fn run(args: &ServerArgs, shutdown: CancellationToken) -> Resul
     crate::modes::secure_server_dir(&args.data_dir, false)?;
     let store = database.open().await?;
     let config = crate::server_config(args)?;
+    crate::open_files::raise_for(config.connections.max_connections);
     let listener = TcpListener::bind(args.listen).await.map_err(|e| {
         anyhow::anyhow!(
             "cannot listen on {}: {e}; is another taccd running there? Pick another address with --listen",

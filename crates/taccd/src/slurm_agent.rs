@@ -135,6 +135,9 @@ pub async fn run(
             address: node.name.clone(),
             poll_wait: Duration::from_secs(20),
             keep_workdirs: node_options.keep_workdirs,
+            // Slurm jobs' working directories lie on the shared file system, beside the
+            // agent's data directory.
+            work_dir: None,
             // Environments are built under the agent's data directory, which a Slurm
             // backend requires on the shared file system.
             env_cache_bytes: tacc_core::ByteSize::gib(50).as_bytes(),

@@ -172,7 +172,13 @@ async fn cancelling_a_group_stops_every_unfinished_element() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_notifies_once_signed_and_retried_after_a_failure() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "4"]).await;
+    // The receiver listens on loopback, an internal address: the operator allows it.
+    let daemon = start(
+        "dev",
+        &dir.path().join("d"),
+        &["--cpus", "4", "--webhook-allow-private"],
+    )
+    .await;
     let client = daemon.client();
     let key = "hook-key-of-the-test";
     client

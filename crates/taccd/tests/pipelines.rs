@@ -488,7 +488,13 @@ async fn a_restarted_server_keeps_stages_waiting_for_a_sweep() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipeline_notifies_once_when_its_last_stage_ends() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "4"]).await;
+    // The receiver listens on loopback, an internal address: the operator allows it.
+    let daemon = start(
+        "dev",
+        &dir.path().join("d"),
+        &["--cpus", "4", "--webhook-allow-private"],
+    )
+    .await;
     let client = daemon.client();
     let home = dir.path().join("home");
     let key = "pipeline-hook-key";

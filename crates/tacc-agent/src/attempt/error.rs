@@ -59,6 +59,15 @@ pub(crate) enum AttemptError {
         "node {0} lost contact with the server and stopped the attempt itself, so that it never runs twice"
     )]
     Fenced(String),
+    /// The working directory grew past `resources.disk`.
+    #[error(
+        "the working directory grew past its limit `resources.disk: {limit}` ({used} counted), \
+         so the task was stopped; write less there, or raise `resources.disk`"
+    )]
+    DiskLimit {
+        used: tacc_core::ByteSize,
+        limit: tacc_core::ByteSize,
+    },
 }
 
 impl AttemptError {
@@ -82,6 +91,7 @@ impl AttemptError {
             | AttemptError::NoRuntimeLeft { cause, .. }
             | AttemptError::RankLaunch { source: cause, .. } => cause.reason(),
             AttemptError::Fenced(_) => "node_fenced",
+            AttemptError::DiskLimit { .. } => "disk_limit",
         }
     }
 
@@ -151,6 +161,12 @@ mod tests {
             "{message}"
         );
         assert_eq!(reported(AttemptError::Fenced("n1".into())).0, "node_fenced");
+        let (reason, message) = reported(AttemptError::DiskLimit {
+            used: tacc_core::ByteSize::mib(1100),
+            limit: tacc_core::ByteSize::gib(1),
+        });
+        assert_eq!(reason, "disk_limit");
+        assert!(message.contains("`resources.disk: 1GiB`"), "{message}");
         assert_eq!(
             AttemptError::Cancelled.into_outcome(),
             AttemptOutcome::Cancelled

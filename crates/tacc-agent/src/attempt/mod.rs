@@ -7,6 +7,7 @@
 //! reason code is what the server records.
 
 mod checkpoint;
+mod disk_limit;
 mod error;
 mod execution;
 mod inputs;
@@ -47,11 +48,7 @@ fn workdir_name(assignment: &Assignment) -> String {
 
 /// Where an assignment's working directory lies (while its attempt runs here).
 pub(crate) fn workdir_of(shared: &Shared, assignment: &Assignment) -> PathBuf {
-    shared
-        .config
-        .data_dir
-        .join("work")
-        .join(workdir_name(assignment))
+    shared.config.work_root().join(workdir_name(assignment))
 }
 
 pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: CancellationToken) {
@@ -141,6 +138,17 @@ async fn execute(
     let _held = shared.secrets.hold(assignment.secrets.values().cloned());
     let started = Instant::now();
     prepare::workdir(shared, &instruction.snapshot, workdir, cancel).await?;
+    // `resources.disk`: past it, the watch stops what runs (as a cancel would) and the
+    // attempt ends as `disk_limit`.
+    let (run_cancel, disk_watch) = match instruction.disk_limit_bytes {
+        Some(limit) => {
+            let stop = cancel.child_token();
+            let watch = disk_limit::DiskWatch::start(workdir.to_path_buf(), limit, stop.clone());
+            (stop, Some(watch))
+        }
+        None => (cancel.clone(), None),
+    };
+    let cancel = &run_cancel;
     // From here on the working directory exists: whatever becomes of the attempt, its
     // outputs are kept once nothing runs any more.
     let ended = async {
@@ -170,13 +178,31 @@ async fn execute(
         launch::setup_then_run(shared, stage, cancel).await
     }
     .await;
-    let stopped = match &ended {
-        Ok(ended) => matches!(
-            ended.outcome,
-            ExitOutcome::Cancelled | ExitOutcome::TimeLimit
-        ),
-        Err(error) => matches!(error, AttemptError::Cancelled),
-    };
+    let over_disk = disk_watch.and_then(|watch| watch.exceeded());
+    let stopped = over_disk.is_some()
+        || match &ended {
+            Ok(ended) => matches!(
+                ended.outcome,
+                ExitOutcome::Cancelled | ExitOutcome::TimeLimit
+            ),
+            Err(error) => matches!(error, AttemptError::Cancelled),
+        };
+    if let Some(over) = over_disk {
+        let error = AttemptError::DiskLimit {
+            used: tacc_core::ByteSize::from_bytes(over.used),
+            limit: tacc_core::ByteSize::from_bytes(over.limit),
+        };
+        report(
+            shared,
+            AgentReport::Log {
+                attempt: assignment.attempt,
+                text: format!("tacc: {error}\n"),
+                offset: None,
+            },
+        );
+        outputs::keep(shared, &instruction, workdir, assignment.node_rank, stopped).await;
+        return Err(error);
+    }
     outputs::keep(shared, &instruction, workdir, assignment.node_rank, stopped).await;
     ended
 }

@@ -155,31 +155,50 @@ async fn upload(
             kept.late.push((relative, size));
             continue;
         }
-        let opened = open_inside(&path, &real_workdir).and_then(|file| {
-            if file.metadata()?.is_file() {
-                Ok(file)
-            } else {
-                Err(std::io::Error::other("not a regular file"))
+        // The server's disk is full (507): the file waits here until it has room again,
+        // within the deadline.
+        let mut backoff = crate::Backoff::default();
+        let never = tokio_util::sync::CancellationToken::new();
+        loop {
+            let opened = open_inside(&path, &real_workdir).and_then(|file| {
+                if file.metadata()?.is_file() {
+                    Ok(file)
+                } else {
+                    Err(std::io::Error::other("not a regular file"))
+                }
+            });
+            let file = match opened {
+                Ok(file) => tokio::fs::File::from_std(file),
+                Err(e) => {
+                    kept.failed.push((relative, e.to_string()));
+                    break;
+                }
+            };
+            let put = shared.client.put_output(
+                node,
+                instruction.task,
+                instruction.attempt,
+                &relative,
+                file,
+            );
+            match tokio::time::timeout_at(deadline, put).await {
+                Ok(Ok(())) => {
+                    kept.files += 1;
+                    kept.bytes += size;
+                }
+                Ok(Err(tacc_client::ClientError::Api { status: 507, .. }))
+                    if Instant::now() < deadline =>
+                {
+                    let wait = tokio::time::timeout_at(deadline, backoff.wait(&never));
+                    if wait.await.is_ok() {
+                        continue;
+                    }
+                    kept.late.push((relative, size));
+                }
+                Ok(Err(e)) => kept.failed.push((relative, e.to_string())),
+                Err(_) => kept.late.push((relative, size)),
             }
-        });
-        let file = match opened {
-            Ok(file) => tokio::fs::File::from_std(file),
-            Err(e) => {
-                kept.failed.push((relative, e.to_string()));
-                continue;
-            }
-        };
-        let put =
-            shared
-                .client
-                .put_output(node, instruction.task, instruction.attempt, &relative, file);
-        match tokio::time::timeout_at(deadline, put).await {
-            Ok(Ok(())) => {
-                kept.files += 1;
-                kept.bytes += size;
-            }
-            Ok(Err(e)) => kept.failed.push((relative, e.to_string())),
-            Err(_) => kept.late.push((relative, size)),
+            break;
         }
     }
     kept

@@ -41,26 +41,28 @@ pub(super) async fn create_user(
     Extension(caller): Extension<Caller>,
     Json(body): Json<CreateUser>,
 ) -> ApiResult<(StatusCode, Json<UserCreated>)> {
-    let (user, token) = accounts::create_user(
-        app.control.store.as_ref(),
-        &body.name,
-        body.group.as_deref(),
-        body.role,
-        body.token_ttl_secs,
-        crate::now(),
-    )
-    .await?;
-    app.control.audit.record(
-        &caller,
-        "user.add",
-        format!("user:{}", user.name),
-        true,
-        format!(
-            "role {}, group {}",
-            user.role,
-            user.group.as_deref().unwrap_or("-")
-        ),
-    );
+    let (user, token) = app
+        .control
+        .audit
+        .audited(
+            &caller,
+            "user.add",
+            format!("user:{}", body.name),
+            format!(
+                "role {}, group {}",
+                body.role,
+                body.group.as_deref().unwrap_or("-")
+            ),
+            accounts::create_user(
+                app.control.store.as_ref(),
+                &body.name,
+                body.group.as_deref(),
+                body.role,
+                body.token_ttl_secs,
+                crate::now(),
+            ),
+        )
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(UserCreated {
@@ -88,13 +90,16 @@ pub(super) async fn create_token(
         crate::now(),
     )
     .await?;
-    app.control.audit.record(
+    // Recorded after, to name the token: if the record cannot be written, the token is
+    // revoked and its secret never leaves the server.
+    committed(
+        &app,
         &caller,
         "token.create",
         format!("user:{}", body.user),
-        true,
-        format!("token {}", issued.record.id),
-    );
+        issued.record.id,
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(issued.view())))
 }
 
@@ -103,20 +108,36 @@ pub(super) async fn revoke_token(
     Extension(caller): Extension<Caller>,
     Path(id): Path<u64>,
 ) -> ApiResult<StatusCode> {
-    let revoked = app.control.store.revoke_token(id, crate::now()).await?;
-    if !revoked {
-        return Err(ServerError::NotFound(format!(
+    let missing = || {
+        ServerError::NotFound(format!(
             "token {id} does not exist or was already revoked (list them with `tcloud admin token ls`)"
-        )));
+        ))
+    };
+    let store = &app.control.store;
+    if store
+        .get_token(id)
+        .await?
+        .is_none_or(|token| token.revoked_at.is_some())
+    {
+        return Err(missing());
     }
+    app.control
+        .audit
+        .audited(
+            &caller,
+            "token.revoke",
+            format!("token:{id}"),
+            String::new(),
+            async {
+                if store.revoke_token(id, crate::now()).await? {
+                    Ok(())
+                } else {
+                    Err(missing())
+                }
+            },
+        )
+        .await?;
     app.control.auth.forget();
-    app.control.audit.record(
-        &caller,
-        "token.revoke",
-        format!("token:{id}"),
-        true,
-        String::new(),
-    );
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -138,14 +159,37 @@ pub(super) async fn create_agent_token(
         crate::now(),
     )
     .await?;
-    app.control.audit.record(
+    committed(
+        &app,
         &caller,
         "agent_token.create",
         format!("token:{}", issued.record.id),
-        true,
-        String::new(),
-    );
+        issued.record.id,
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(issued.view())))
+}
+
+/// Write the record of a token just issued; when it cannot be written, revoke the token
+/// (its secret is only in the answer, which then is an error) and fail.
+async fn committed(
+    app: &AppState,
+    caller: &Caller,
+    action: &str,
+    target: String,
+    token: u64,
+) -> ApiResult<()> {
+    let recorded = app
+        .control
+        .audit
+        .commit(caller, action, target, format!("token {token}"))
+        .await;
+    if recorded.is_err() {
+        if let Err(e) = app.control.store.revoke_token(token, crate::now()).await {
+            tracing::error!("cannot revoke token {token}, whose issue was not audited: {e}");
+        }
+    }
+    recorded
 }
 
 #[derive(Debug, Deserialize)]
@@ -187,14 +231,17 @@ pub(super) async fn drain_node(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<tacc_proto::NodeView>> {
-    let view = app.control.drain_node(&name).await?;
-    app.control.audit.record(
-        &caller,
-        "node.drain",
-        format!("node:{name}"),
-        true,
-        String::new(),
-    );
+    let view = app
+        .control
+        .audit
+        .audited(
+            &caller,
+            "node.drain",
+            format!("node:{name}"),
+            String::new(),
+            app.control.drain_node(&name),
+        )
+        .await?;
     Ok(Json(view))
 }
 
@@ -203,14 +250,17 @@ pub(super) async fn resume_node(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<tacc_proto::NodeView>> {
-    let view = app.control.resume_node(&name).await?;
-    app.control.audit.record(
-        &caller,
-        "node.resume",
-        format!("node:{name}"),
-        true,
-        String::new(),
-    );
+    let view = app
+        .control
+        .audit
+        .audited(
+            &caller,
+            "node.resume",
+            format!("node:{name}"),
+            String::new(),
+            app.control.resume_node(&name),
+        )
+        .await?;
     Ok(Json(view))
 }
 
@@ -219,13 +269,15 @@ pub(super) async fn remove_node(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    app.control.remove_node(&name).await?;
-    app.control.audit.record(
-        &caller,
-        "node.remove",
-        format!("node:{name}"),
-        true,
-        "its node credential is revoked".into(),
-    );
+    app.control
+        .audit
+        .audited(
+            &caller,
+            "node.remove",
+            format!("node:{name}"),
+            "its node credential is revoked".into(),
+            app.control.remove_node(&name),
+        )
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

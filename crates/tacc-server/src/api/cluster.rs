@@ -67,14 +67,17 @@ pub(super) async fn collect_garbage(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
 ) -> ApiResult<Json<tacc_proto::GcReport>> {
-    let stats = app.control.collect_garbage().await?;
-    app.control.audit.record(
-        &caller,
-        "admin.gc",
-        "chunks".into(),
-        true,
-        format!("{} chunk(s) removed", stats.chunks_removed),
-    );
+    let stats = app
+        .control
+        .audit
+        .audited(
+            &caller,
+            "admin.gc",
+            "chunks".into(),
+            "a garbage-collection pass".into(),
+            app.control.collect_garbage(),
+        )
+        .await?;
     Ok(Json(tacc_proto::GcReport {
         chunks_kept: stats.chunks_kept,
         chunks_removed: stats.chunks_removed,

@@ -269,6 +269,8 @@ pub(super) async fn get_file(
         Answer::File(bytes) => {
             let length = bytes.len() as u64;
             let mut response = Body::from(bytes).into_response();
+            // A running task's file, by the name it chose: saved, never rendered.
+            super::headers::as_download(&mut response, &query.path);
             response.headers_mut().insert(
                 axum::http::header::CONTENT_LENGTH,
                 HeaderValue::from(length),

@@ -8,8 +8,9 @@
 //! authenticated and authorised exactly as that token is. The cookie counts on the
 //! dashboard's routes and on reading (`GET`) API routes — the live log stream, output
 //! downloads — never for an API route that changes anything (the dashboard's own forms
-//! carry a CSRF token). A dashboard route that refuses answers with a page (or the way to
-//! the sign-in form), not JSON.
+//! carry a CSRF token, and a browser that says a dashboard form came from another site is
+//! refused first, see `dashboard::csrf`). A dashboard route that refuses answers with a
+//! page (or the way to the sign-in form), not JSON.
 
 use std::collections::HashMap;
 
@@ -32,6 +33,36 @@ fn refusal_error(refusal: Refusal) -> ServerError {
              try again shortly"
                 .into(),
         ),
+    }
+}
+
+/// The address the request came from (set by the listener; absent in in-process tests).
+pub(super) fn peer<B>(request: &axum::http::Request<B>) -> Option<std::net::IpAddr> {
+    request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip())
+}
+
+/// Whom a refusal is aggregated under: the identity that was refused, or, for a request
+/// without a credential, its address.
+fn source_of<B>(caller: &Caller, request: &axum::http::Request<B>) -> String {
+    match caller {
+        Caller::Anonymous => {
+            peer(request).map_or_else(|| "an unknown address".to_string(), |ip| ip.to_string())
+        }
+        known => known.audit_name(),
+    }
+}
+
+/// 429 for an address past its limit on failed authentications.
+pub(super) fn too_many_failures(wait: std::time::Duration) -> ServerError {
+    ServerError::TooManyRequests {
+        message: "too many failed authentications from your address; wait before trying \
+                  again, and check the token you send (`tcloud login`, or ask an admin for a \
+                  new one)"
+            .into(),
+        retry_after_secs: wait.as_secs().max(1),
     }
 }
 
@@ -107,6 +138,28 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         })
         .unwrap_or_default();
     let control = &app.control;
+    let reading = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    );
+    // A dashboard form another site made the browser send (a forged sign-in included)
+    // is refused before anything else looks at it.
+    if ui
+        && !reading
+        && let Some(why) = dashboard::csrf::cross_site(request.headers())
+    {
+        control.audit.record_as(
+            "anonymous".into(),
+            "ui.cross_site_refused",
+            format!("{} {path}", request.method()),
+            false,
+            why.clone(),
+        );
+        super::drain::drain(request.into_body()).await;
+        return answer(ServerError::Forbidden(format!(
+            "{why}; use the dashboard's own pages"
+        )));
+    }
     if access == Access::Public {
         // Health checks must answer whatever credential a probe happens to carry.
         request.extensions_mut().insert(Caller::Anonymous);
@@ -116,10 +169,6 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         .headers()
         .get(axum::http::header::AUTHORIZATION)
         .cloned();
-    let reading = matches!(
-        *request.method(),
-        axum::http::Method::GET | axum::http::Method::HEAD
-    );
     if header.is_none() && (ui || reading) {
         let session = dashboard::session::session_id(request.headers())
             .and_then(|id| app.sessions.get(&id, std::time::Instant::now()));
@@ -143,17 +192,29 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
     {
         Ok(caller) => caller,
         Err(refusal) => {
-            control.audit.record_as(
-                "anonymous".into(),
-                "auth.failed",
-                format!("{} {path}", request.method()),
-                false,
-                match &refusal {
-                    Refusal::Unauthenticated(why) => why.clone(),
-                    other => format!("{other:?}"),
-                },
-            );
+            let target = format!("{} {path}", request.method());
+            let limited = match &refusal {
+                Refusal::Unauthenticated(why) => {
+                    control
+                        .audit
+                        .failed_authentication(peer(&request), target, why.clone())
+                }
+                // The database could not be asked: not the client's failure.
+                other => {
+                    control.audit.record_as(
+                        "anonymous".into(),
+                        "auth.unchecked",
+                        target,
+                        false,
+                        format!("{other:?}"),
+                    );
+                    Ok(())
+                }
+            };
             super::drain::drain(request.into_body()).await;
+            if let Err(wait) = limited {
+                return answer(too_many_failures(wait));
+            }
             return answer(refusal_error(refusal));
         }
     };
@@ -164,9 +225,13 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
             Refusal::Unauthenticated(_) => "auth.failed",
             _ => "access.denied",
         };
-        control
-            .audit
-            .record(&caller, action, target(), false, format!("{refusal:?}"));
+        control.audit.refused(
+            &source_of(&caller, &request),
+            caller.audit_name(),
+            action,
+            target(),
+            format!("{refusal:?}"),
+        );
         super::drain::drain(request.into_body()).await;
         return answer(refusal_error(refusal));
     }
@@ -175,9 +240,13 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
             error,
             ServerError::NotFound(_) | ServerError::TaskNotFound(_) | ServerError::GroupNotFound(_)
         ) {
-            control
-                .audit
-                .record(&caller, "access.denied", target(), false, error.to_string());
+            control.audit.refused(
+                &source_of(&caller, &request),
+                caller.audit_name(),
+                "access.denied",
+                target(),
+                error.to_string(),
+            );
         }
         super::drain::drain(request.into_body()).await;
         return answer(error);

@@ -43,6 +43,7 @@ pub(super) async fn task_logs(
             .limit
             .map_or(size, |limit| start.saturating_add(limit).min(size));
         let mut response = Body::from_stream(log_range(control, task, start, end)).into_response();
+        super::headers::as_plain_text(&mut response);
         response
             .headers_mut()
             .insert(tacc_proto::LOG_OFFSET_HEADER, HeaderValue::from(end));
@@ -103,6 +104,7 @@ pub(super) async fn task_logs(
         }
     });
     let mut response = Body::from_stream(stream).into_response();
+    super::headers::as_plain_text(&mut response);
     response.headers_mut().insert(
         tacc_proto::LOG_OFFSET_HEADER,
         HeaderValue::from(query.offset),

@@ -12,6 +12,7 @@ mod drain;
 mod files;
 mod groups;
 mod guard;
+mod headers;
 mod idempotency;
 mod logs;
 mod metrics;
@@ -411,6 +412,8 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken, secure_cookies
             state.clone(),
             name_data_dir,
         ))
+        // Outermost: refusals, 404s and disk-full replies carry the headers too.
+        .layer(axum::middleware::from_fn(headers::security_headers))
         .with_state(state)
 }
 

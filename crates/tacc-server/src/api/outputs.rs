@@ -117,6 +117,8 @@ pub(super) async fn get_output(
     })?;
     let length = opened.metadata().await.map(|m| m.len()).unwrap_or(0);
     let mut response = Body::from_stream(tokio_util::io::ReaderStream::new(opened)).into_response();
+    // A task chose these bytes and their name: saved, never rendered (see `headers`).
+    super::headers::as_download(&mut response, &path);
     response.headers_mut().insert(
         axum::http::header::CONTENT_LENGTH,
         HeaderValue::from(length),
@@ -184,7 +186,7 @@ pub(super) async fn put_output(
     };
     let file = rank_dir(&app.control, TaskId(task), AttemptNo(attempt), rank).join(&relative);
     let internal = |e: std::io::Error| {
-        ServerError::Internal(format!("cannot store output `{path}` of task {task}: {e}"))
+        ServerError::io(format!("cannot store output `{path}` of task {task}"), e)
     };
     if let Some(parent) = file.parent() {
         tokio::fs::create_dir_all(parent).await.map_err(internal)?;
@@ -194,19 +196,30 @@ pub(super) async fn put_output(
     let mut partial = file.clone().into_os_string();
     partial.push(".tacc-partial");
     let partial = PathBuf::from(partial);
-    let mut out = tokio::fs::File::create(&partial).await.map_err(internal)?;
-    let mut stream = body.into_data_stream();
-    let mut size = 0u64;
-    while let Some(chunk) = stream
-        .try_next()
-        .await
-        .map_err(|e| ServerError::BadRequest(format!("the upload of `{path}` broke off: {e}")))?
-    {
-        size += chunk.len() as u64;
-        out.write_all(&chunk).await.map_err(internal)?;
+    let written = async {
+        let mut out = tokio::fs::File::create(&partial).await.map_err(internal)?;
+        let mut stream = body.into_data_stream();
+        let mut size = 0u64;
+        while let Some(chunk) = stream.try_next().await.map_err(|e| {
+            ServerError::BadRequest(format!("the upload of `{path}` broke off: {e}"))
+        })? {
+            size += chunk.len() as u64;
+            out.write_all(&chunk).await.map_err(internal)?;
+        }
+        out.sync_all().await.map_err(internal)?;
+        tokio::fs::rename(&partial, &file).await.map_err(internal)?;
+        Ok::<u64, ServerError>(size)
     }
-    out.sync_all().await.map_err(internal)?;
-    tokio::fs::rename(&partial, &file).await.map_err(internal)?;
+    .await;
+    let size = match written {
+        Ok(size) => size,
+        Err(e) => {
+            // A half-written file holds space the disk may be short of (the agent sends
+            // the whole file again).
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(e);
+        }
+    };
     app.control
         .record_output(OutputRecord {
             task: TaskId(task),

@@ -201,6 +201,7 @@ pub(super) async fn get_input(
     })?;
     let length = opened.metadata().await.map(|m| m.len()).unwrap_or(0);
     let mut response = Body::from_stream(tokio_util::io::ReaderStream::new(opened)).into_response();
+    super::headers::as_download(&mut response, &input.path);
     response.headers_mut().insert(
         axum::http::header::CONTENT_LENGTH,
         HeaderValue::from(length),

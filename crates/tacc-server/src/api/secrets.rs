@@ -45,14 +45,17 @@ pub(super) async fn put_secret(
         .control
         .secret_box
         .seal(&user.name, &name, &body, crate::now())?;
-    app.control.store.put_secret(record).await?;
-    app.control.audit.record(
-        &caller,
-        "secret.set",
-        format!("secret:{name}"),
-        true,
-        String::new(),
-    );
+    let store = &app.control.store;
+    app.control
+        .audit
+        .audited(
+            &caller,
+            "secret.set",
+            format!("secret:{name}"),
+            String::new(),
+            async { Ok(store.put_secret(record).await?) },
+        )
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -62,17 +65,30 @@ pub(super) async fn delete_secret(
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     let user = user_of(&caller)?;
-    if !app.control.store.delete_secret(&user.name, &name).await? {
-        return Err(ServerError::NotFound(format!(
+    let missing = || {
+        ServerError::NotFound(format!(
             "you have no secret named {name} (list them with `tcloud secret ls`)"
-        )));
+        ))
+    };
+    let store = &app.control.store;
+    if store.get_secret(&user.name, &name).await?.is_none() {
+        return Err(missing());
     }
-    app.control.audit.record(
-        &caller,
-        "secret.delete",
-        format!("secret:{name}"),
-        true,
-        String::new(),
-    );
+    app.control
+        .audit
+        .audited(
+            &caller,
+            "secret.delete",
+            format!("secret:{name}"),
+            String::new(),
+            async {
+                if store.delete_secret(&user.name, &name).await? {
+                    Ok(())
+                } else {
+                    Err(missing())
+                }
+            },
+        )
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -159,13 +159,8 @@ pub(super) async fn put_chunk(
         .map_err(|e| ServerError::Internal(e.to_string()))?;
     stored.map_err(|e| match e {
         // The server's disk, not the upload, is at fault.
-        tacc_compiler::CompilerError::ChunkStoreIo { source, .. }
-            if source.raw_os_error() == Some(ENOSPC) =>
-        {
-            ServerError::StorageFull(format!("cannot store chunk {name}: {source}"))
-        }
-        e @ tacc_compiler::CompilerError::ChunkStoreIo { .. } => {
-            ServerError::Internal(e.to_string())
+        tacc_compiler::CompilerError::ChunkStoreIo { source, .. } => {
+            ServerError::io(format!("cannot store chunk {name}"), source)
         }
         e => ServerError::BadRequest(e.to_string()),
     })?;
@@ -179,13 +174,14 @@ pub(super) async fn put_chunk(
 pub(super) async fn get_chunk(
     State(app): State<AppState>,
     Path(hash): Path<String>,
-) -> ApiResult<Vec<u8>> {
+) -> ApiResult<Response> {
     let hash = chunk_hash(&hash)?;
     let path = app.control.chunk_store().path_of(&hash);
-    tokio::fs::read(&path)
+    let bytes = tokio::fs::read(&path)
         .await
-        .map_err(|_| ServerError::NotFound(format!("chunk {hash} does not exist")))
+        .map_err(|_| ServerError::NotFound(format!("chunk {hash} does not exist")))?;
+    // A user's file content: saved, never rendered.
+    let mut response = bytes.into_response();
+    super::headers::as_download(&mut response, &hash.to_string());
+    Ok(response)
 }
-
-/// `ENOSPC`: no space left on the device (the same number on every Linux architecture).
-const ENOSPC: i32 = 28;

@@ -4,9 +4,10 @@
 
 pub mod audit;
 pub mod authenticate;
+pub mod failures;
 pub mod policy;
 pub mod tokens;
 
-pub use audit::AuditTrail;
+pub use audit::{AuditSettings, AuditTrail};
 pub use authenticate::Authenticator;
 pub use policy::{Access, Caller, Refusal, UserCaller, decide, may_act_for};

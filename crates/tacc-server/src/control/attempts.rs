@@ -206,10 +206,7 @@ impl Control {
             return Ok(());
         }
         self.logs.append(attempt.task, text).map_err(|e| {
-            ServerError::Internal(format!(
-                "cannot write the log of task {}: {e}",
-                attempt.task
-            ))
+            ServerError::io(format!("cannot write the log of task {}", attempt.task), e)
         })?;
         self.log_offsets.applied(node, attempt, offset);
         Ok(())

@@ -96,6 +96,13 @@ pub struct ServerConfig {
     pub replicated: bool,
     /// How retries are spaced, and the crash limit.
     pub retry: RetrySettings,
+    /// Which webhook destinations are allowed (internal addresses only when the operator
+    /// says so).
+    pub webhooks: crate::webhook_destination::WebhookPolicy,
+    /// Header and idle timeouts and the most connections the listener keeps open.
+    pub connections: crate::ConnectionLimits,
+    /// Audit retention and the bounds on refused-request noise.
+    pub audit: crate::auth::AuditSettings,
 }
 
 impl ServerConfig {
@@ -115,6 +122,9 @@ impl ServerConfig {
             adaptive: AdaptiveConfig::default(),
             replicated: false,
             retry: RetrySettings::default(),
+            webhooks: Default::default(),
+            connections: crate::ConnectionLimits::default(),
+            audit: crate::auth::AuditSettings::default(),
         }
     }
 }
@@ -335,7 +345,7 @@ impl Control {
         clock: Arc<dyn Clock>,
         comm: Arc<dyn Comm>,
     ) -> Result<Arc<Control>, ServerError> {
-        let io = |what: &str, e: std::io::Error| ServerError::Internal(format!("{what}: {e}"));
+        let io = |what: &str, e: std::io::Error| ServerError::io(what, e);
         let logs = LogBook::open(config.data_dir.join("logs"), config.limits.max_log_bytes)
             .map_err(|e| io("cannot create the log directory", e))?;
         let chunks = DirChunkStore::open(config.data_dir.join("chunks"))
@@ -355,7 +365,7 @@ impl Control {
         let secret_box = crate::secrets::SecretBox::open(&config.data_dir.join("secret.key"))?;
         let control = Arc::new(Control {
             auth: crate::auth::Authenticator::new(store.clone()),
-            audit: crate::auth::AuditTrail::start(store.clone()),
+            audit: crate::auth::AuditTrail::start(store.clone(), config.audit),
             secret_box,
             submit_buckets: Default::default(),
             chunk_sets: Default::default(),
@@ -499,6 +509,9 @@ impl Control {
     ) -> Result<TaskSpec, ServerError> {
         spec.validate()
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
+        if let Some(notify) = &spec.notify {
+            self.check_webhook(&notify.webhook)?;
+        }
         let notify_secret = spec.notify.as_ref().map(|n| &n.secret);
         self.check_secrets(user, spec.environment.secrets.iter().chain(notify_secret))
             .await?;
@@ -509,6 +522,25 @@ impl Control {
             )));
         }
         Ok(spec)
+    }
+
+    /// A webhook whose host is a literal internal address is refused at submit, as a
+    /// mistake in the task file's `notify.webhook` (host names are checked when resolved).
+    pub(crate) fn check_webhook(&self, url: &str) -> Result<(), ServerError> {
+        self.config.webhooks.check_url(url).map_err(|refused| {
+            ServerError::InvalidTask(
+                tacc_schema::SchemaError::Invalid {
+                    field: "notify.webhook".into(),
+                    message: refused.to_string(),
+                    help: Some(
+                        "give the receiver's public address or host name, or ask the \
+                         operator to allow this range"
+                            .into(),
+                    ),
+                }
+                .to_string(),
+            )
+        })
     }
 
     /// Every secret a submission names must be one of the user's.

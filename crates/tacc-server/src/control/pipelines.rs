@@ -74,6 +74,9 @@ impl Control {
         pipeline
             .validate()
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
+        if let Some(notify) = &pipeline.notify {
+            self.check_webhook(&notify.webhook)?;
+        }
         let mut prepared = Vec::with_capacity(stages.len());
         for stage in &stages {
             prepared.push(

@@ -349,6 +349,34 @@ pub async fn audit_limit_keeps_the_newest(store: &dyn Store) {
     assert!(store.list_audit(None, 0).await.unwrap().is_empty());
 }
 
+pub async fn audit_prune_deletes_only_older_entries(store: &dyn Store) {
+    for (at, action) in [(10, "a"), (20, "b"), (30, "c")] {
+        store.append_audit(audit(at, action)).await.unwrap();
+    }
+    let actions =
+        |entries: Vec<crate::AuditEntry>| entries.into_iter().map(|e| e.action).collect::<Vec<_>>();
+    assert_eq!(
+        store.prune_audit(Timestamp(10)).await.unwrap(),
+        0,
+        "strictly before"
+    );
+    assert_eq!(store.prune_audit(Timestamp(21)).await.unwrap(), 2);
+    assert_eq!(
+        actions(store.list_audit(None, 10).await.unwrap()),
+        vec!["c"]
+    );
+    assert_eq!(
+        store.prune_audit(Timestamp(21)).await.unwrap(),
+        0,
+        "idempotent"
+    );
+    // Entries appended after a prune still list after the ones kept.
+    store.append_audit(audit(40, "d")).await.unwrap();
+    let kept = store.list_audit(None, 10).await.unwrap();
+    assert_eq!(actions(kept.clone()), vec!["c", "d"]);
+    assert!(kept[0].id < kept[1].id, "ids keep increasing after a prune");
+}
+
 // ------------------------------------------------------------ secrets
 
 pub async fn secrets_round_trip(store: &dyn Store) {

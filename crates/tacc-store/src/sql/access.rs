@@ -131,6 +131,13 @@ pub(crate) async fn append_audit(writer: &impl Run, entry: NewAuditEntry) -> Res
     Ok(())
 }
 
+pub(crate) async fn prune_audit(writer: &impl Run, before: Timestamp) -> Result<u64> {
+    let deleted = writer
+        .execute(Statement::new("DELETE FROM audit WHERE at < ?").bind(millis(before)))
+        .await?;
+    Ok(deleted)
+}
+
 pub(crate) async fn list_audit(
     reader: &impl Run,
     since: Option<Timestamp>,

@@ -24,7 +24,7 @@ fn print_warnings(task: &LoadedTask) {
     }
 }
 
-/// `16 cpu, 64GiB, 4 gpu` with the GPU type and time limit when set.
+/// `16 cpu, 64GiB, 4 gpu` with the GPU type, time limit and disk limit when set.
 fn describe_resources(spec: &TaskSpec) -> String {
     let r = &spec.resources;
     let mut text = format::resources(&r.per_node());
@@ -33,6 +33,9 @@ fn describe_resources(spec: &TaskSpec) -> String {
     }
     if let Some(limit) = r.time_limit {
         text.push_str(&format!(", time limit {limit}"));
+    }
+    if let Some(disk) = r.disk {
+        text.push_str(&format!(", disk {disk}"));
     }
     text
 }
@@ -45,6 +48,23 @@ fn first_line(text: &str) -> String {
     } else {
         first
     }
+}
+
+/// The server's refusal of one field of the task (a rule only it knows, such as where
+/// webhooks may go), pointed at the line of the file that wrote the field, as the file's
+/// own mistakes are; any other error as it came.
+fn locate(task: &LoadedTask, error: tacc_client::ClientError) -> anyhow::Error {
+    if let tacc_client::ClientError::Api { code, message, .. } = &error
+        && code == "invalid_task"
+        && let Some(tacc_schema::SchemaError::Invalid {
+            field,
+            message,
+            help,
+        }) = tacc_schema::SchemaError::invalid_from_rendered(message)
+    {
+        return CliError::schema(&task.error_at(&field, message, help)).into();
+    }
+    error.into()
 }
 
 pub fn check(path: &Path, as_json: bool) -> Result<()> {
@@ -143,7 +163,8 @@ pub async fn submit(
             snapshot: report.snapshot.clone(),
             source: Some(task.source.display().to_string()),
         })
-        .await?;
+        .await
+        .map_err(|error| locate(&task, error))?;
     let id = reply.task_id;
     if let Some(group) = &reply.group {
         if as_json {

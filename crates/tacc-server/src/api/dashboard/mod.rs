@@ -8,6 +8,7 @@
 //! through the API's own resumable log stream.
 
 mod accounts;
+pub(crate) mod csrf;
 mod pages;
 mod plot;
 mod render;
@@ -129,14 +130,37 @@ fn safe_next(next: Option<&str>) -> String {
     }
 }
 
-fn login_page(status: StatusCode, next: &str, error: Option<String>) -> Response {
-    let context = minijinja::context! { next => next, error => error };
-    render::page(status, "login.html", context).unwrap_or_else(|e| render::error_page(&e, false))
+/// The sign-in form, bound to this browser by `token` (see [`csrf`]): the page, with the
+/// pre-session cookie that holds the token.
+fn login_page(
+    status: StatusCode,
+    next: &str,
+    error: Option<String>,
+    token: &str,
+    secure: bool,
+) -> Response {
+    let context = minijinja::context! { next => next, error => error, csrf => token };
+    let mut response = render::page(status, "login.html", context)
+        .unwrap_or_else(|e| render::error_page(&e, false));
+    if let Ok(cookie) = HeaderValue::from_str(&csrf::login_cookie(Some(token), secure)) {
+        response.headers_mut().append(header::SET_COOKIE, cookie);
+    }
+    response
 }
 
 /// `GET /ui/login`: the sign-in form.
-pub(crate) async fn login_form(Query(query): Query<LoginQuery>) -> Response {
-    login_page(StatusCode::OK, &safe_next(query.next.as_deref()), None)
+pub(crate) async fn login_form(
+    State(app): State<AppState>,
+    headers: HeaderMap,
+    Query(query): Query<LoginQuery>,
+) -> Response {
+    login_page(
+        StatusCode::OK,
+        &safe_next(query.next.as_deref()),
+        None,
+        &csrf::login_token(&headers),
+        app.secure_cookies,
+    )
 }
 
 #[derive(Debug, Deserialize)]
@@ -144,33 +168,63 @@ pub(crate) struct LoginForm {
     #[serde(default)]
     token: String,
     next: Option<String>,
+    /// The sign-in form's token, which must match the browser's pre-session cookie.
+    #[serde(default)]
+    csrf: String,
 }
 
 /// `POST /ui/login`: check the token as the API would; a user's token opens a session.
+/// Only a form this server gave this browser is accepted (the guard has already refused
+/// one a browser says came from another site).
 pub(crate) async fn login(
     State(app): State<AppState>,
+    headers: HeaderMap,
+    connected: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
     form: Result<Form<LoginForm>, FormRejection>,
 ) -> Response {
+    let form_token = csrf::login_token(&headers);
+    let secure = app.secure_cookies;
+    let peer = connected.map(|info| info.0.0.ip());
     let Ok(Form(form)) = form else {
         return login_page(
             StatusCode::BAD_REQUEST,
             "/ui/",
             Some("the sign-in form was not sent as a form; use the form below".into()),
+            &form_token,
+            secure,
         );
     };
     let next = safe_next(form.next.as_deref());
     let token = form.token.trim();
     let control = &app.control;
-    let refuse = |status: StatusCode, why: String| {
-        control.audit.record_as(
-            "anonymous".into(),
-            "auth.failed",
-            "POST /ui/login".into(),
-            false,
-            why.clone(),
-        );
-        login_page(status, &next, Some(why))
+    let refuse = |status: StatusCode, why: String| match control.audit.failed_authentication(
+        peer,
+        "POST /ui/login".into(),
+        why.clone(),
+    ) {
+        Ok(()) => login_page(status, &next, Some(why), &form_token, secure),
+        Err(wait) => {
+            let mut page = login_page(
+                StatusCode::TOO_MANY_REQUESTS,
+                &next,
+                Some(super::guard::too_many_failures(wait).to_string()),
+                &form_token,
+                secure,
+            );
+            if let Ok(value) = HeaderValue::from_str(&wait.as_secs().max(1).to_string()) {
+                page.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            page
+        }
     };
+    if !csrf::login_token_matches(&headers, &form.csrf) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "this sign-in form did not come from this dashboard, or it is stale (cookies \
+             must be allowed for this site); sign in with the form below"
+                .into(),
+        );
+    }
     if token.is_empty() {
         return refuse(
             StatusCode::UNAUTHORIZED,
@@ -187,21 +241,29 @@ pub(crate) async fn login(
     };
     match control.auth.authenticate(Some(&header), crate::now()).await {
         Ok(Caller::User(user)) => {
-            let (id, _) = app
-                .sessions
-                .open(&user.name, token, std::time::Instant::now());
-            control.audit.record(
-                &Caller::User(user),
-                "ui.sign_in",
-                "dashboard".into(),
-                true,
-                String::new(),
-            );
+            let name = user.name.clone();
+            let recorded = control
+                .audit
+                .commit(
+                    &Caller::User(user),
+                    "ui.sign_in",
+                    "dashboard".into(),
+                    String::new(),
+                )
+                .await;
+            if let Err(error) = recorded {
+                return render::error_page(&error, true);
+            }
+            let (id, _) = app.sessions.open(&name, token, std::time::Instant::now());
             let mut response = Redirect::to(&next).into_response();
-            if let Ok(cookie) =
-                HeaderValue::from_str(&session::set_cookie(Some(&id), app.secure_cookies))
-            {
-                response.headers_mut().insert(header::SET_COOKIE, cookie);
+            for cookie in [
+                session::set_cookie(Some(&id), secure),
+                // The form has served: the next sign-in gets a fresh token.
+                csrf::login_cookie(None, secure),
+            ] {
+                if let Ok(cookie) = HeaderValue::from_str(&cookie) {
+                    response.headers_mut().append(header::SET_COOKIE, cookie);
+                }
             }
             response
         }
@@ -215,6 +277,8 @@ pub(crate) async fn login(
             StatusCode::SERVICE_UNAVAILABLE,
             &next,
             Some("the server cannot check credentials right now; try again shortly".into()),
+            &form_token,
+            secure,
         ),
     }
 }

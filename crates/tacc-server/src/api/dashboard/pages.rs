@@ -588,17 +588,15 @@ pub(crate) async fn cancel(
     checked_session(session, form)?;
     let task = TaskId(id);
     let before = super::super::tasks::load(&app.control, task).await?;
-    let after = app.control.cancel(task).await?;
-    app.control.audit.record(
-        &caller,
-        "task.cancel",
-        format!("task {id}"),
-        true,
-        format!(
-            "from the dashboard: {} → {}",
-            before.state.as_str(),
-            after.state.as_str()
-        ),
-    );
+    app.control
+        .audit
+        .audited(
+            &caller,
+            "task.cancel",
+            format!("task {id}"),
+            format!("from the dashboard, while {}", before.state.as_str()),
+            app.control.cancel(task),
+        )
+        .await?;
     Ok(Redirect::to(&format!("/ui/tasks/{id}")).into_response())
 }

@@ -38,8 +38,7 @@ pub(crate) struct Session {
 impl Session {
     /// Whether `sent` is this session's CSRF token (compared in constant time).
     pub(crate) fn csrf_matches(&self, sent: &str) -> bool {
-        let (a, b) = (self.csrf.as_bytes(), sent.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        super::csrf::same_secret(&self.csrf, sent)
     }
 }
 
@@ -49,7 +48,8 @@ pub(crate) struct Sessions {
     open: Mutex<HashMap<String, Session>>,
 }
 
-fn random_text() -> String {
+/// 256 random bits, base64url: session ids and form tokens.
+pub(crate) fn random_text() -> String {
     let mut bytes = [0u8; 32];
     rand::rngs::OsRng
         .try_fill_bytes(&mut bytes)
@@ -111,15 +111,7 @@ impl Sessions {
 
 /// The session id a request's `Cookie` headers carry, if any.
 pub(crate) fn session_id(headers: &axum::http::HeaderMap) -> Option<String> {
-    headers
-        .get_all(axum::http::header::COOKIE)
-        .iter()
-        .filter_map(|value| value.to_str().ok())
-        .flat_map(|value| value.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value.trim().to_string())
-        .filter(|value| !value.is_empty())
+    super::csrf::cookie(headers, COOKIE)
 }
 
 /// The `Set-Cookie` value that stores `id` in the browser (or, with `None`, removes it).
