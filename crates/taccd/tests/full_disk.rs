@@ -129,7 +129,9 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
     let Some(volume) = volume_or_skip(test, "64m") else {
         return;
     };
-    let outside = tempfile::tempdir().unwrap();
+    // Beside the volume, not in /tmp: each task has a /tmp of its own, where only the
+    // directory holding the agent's data (the volume here) stays visible.
+    let outside = tempfile::tempdir_in("/var/tmp").unwrap();
     let markers = markers_dir(outside.path());
     let data = volume.path().join("data");
     let mut server = start("dev", &data, &[]).await;
@@ -361,7 +363,9 @@ async fn an_attempt_that_ended_on_a_full_disk_is_not_run_again_after_a_restart()
     let Some(volume) = volume_or_skip(test, "64m") else {
         return;
     };
-    let outside = tempfile::tempdir().unwrap();
+    // Beside the volume, not in /tmp: each task has a /tmp of its own, where only the
+    // directory holding the agent's data (the volume here) stays visible.
+    let outside = tempfile::tempdir_in("/var/tmp").unwrap();
     let markers = markers_dir(outside.path());
     let data = volume.path().join("data");
     let mut server = start("dev", &data, &[]).await;
