@@ -18,6 +18,7 @@ mod asha;
 pub mod auth;
 pub mod clock;
 mod control;
+mod enrolment;
 mod limits;
 mod log_offsets;
 mod logs;
@@ -70,6 +71,10 @@ pub enum ServerError {
     Unauthenticated(String),
     #[error("not allowed: {0}")]
     Forbidden(String),
+    /// A node's credential registered with another name or more capacity than it
+    /// enrolled with: it must enrol again with a new join token.
+    #[error("{0}")]
+    ReenrolRequired(String),
     #[error("{message}")]
     TooManyRequests {
         message: String,

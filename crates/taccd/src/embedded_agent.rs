@@ -32,8 +32,8 @@ const AGENT_RECORD: &str = "embedded-agent.json";
 const AGENT_LOG: &str = "agent.log";
 /// The hidden flag that makes `taccd dev` the agent of the embedded cluster at this URL.
 pub const AGENT_FLAG: &str = "--embedded-agent";
-/// The join token reaches the agent through its environment, never its command line.
-pub const JOIN_TOKEN_ENV: &str = "TACC_EMBEDDED_JOIN_TOKEN";
+/// The longest join token the agent reads from its standard input.
+const MAX_TOKEN_BYTES: u64 = 4096;
 /// How often each side looks at the other.
 const WATCH_EVERY: Duration = Duration::from_millis(250);
 /// How long a started agent is given before a crashed one is started again.
@@ -229,16 +229,27 @@ fn start(launch: &AgentLaunch, record_path: &Path) -> Result<Watched> {
         .with_context(|| format!("cannot open {}", log_path.display()))?;
     let program = std::env::current_exe().context("cannot find the taccd binary")?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let child = Command::new(&program)
+    // The join token goes through a pipe on the agent's standard input: neither its
+    // command line (every process reads it) nor its environment (kept in
+    // /proc/PID/environ for the agent's life) ever holds it.
+    let mut child = Command::new(&program)
         .args(&args)
         .arg(AGENT_FLAG)
         .arg(&launch.url)
-        .env(JOIN_TOKEN_ENV, &launch.join_token)
-        .stdin(Stdio::null())
+        .env_remove(crate::join_token::JOIN_TOKEN_ENV)
+        .env_remove(crate::join_token::OLD_JOIN_TOKEN_ENV)
+        .stdin(Stdio::piped())
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
         .with_context(|| format!("cannot start the embedded agent ({})", program.display()))?;
+    if let Some(mut pipe) = child.stdin.take() {
+        // The agent reads to the end: dropping the pipe closes it. A failed write (the
+        // agent died at once) shows as the agent's end, which the supervisor handles.
+        if let Err(e) = pipe.write_all(launch.join_token.as_bytes()) {
+            tracing::warn!("cannot hand the embedded agent its join token: {e}");
+        }
+    }
     let process = ProcessMark::of(child.id()).unwrap_or(ProcessMark {
         pid: child.id(),
         started: 0,
@@ -257,6 +268,18 @@ fn start(launch: &AgentLaunch, record_path: &Path) -> Result<Watched> {
         log_path.display()
     );
     Ok(Watched::Child(child))
+}
+
+/// The agent's side: its join token, written on its standard input by the server that
+/// started it (`None` when it gave none).
+pub fn read_join_token() -> Result<Option<String>> {
+    let mut text = String::new();
+    std::io::stdin()
+        .take(MAX_TOKEN_BYTES)
+        .read_to_string(&mut text)
+        .context("cannot read the join token the server writes on the embedded agent's standard input")?;
+    let token = text.trim();
+    Ok((!token.is_empty()).then(|| token.to_string()))
 }
 
 /// The agent's side: cancel `shutdown` once the server of `data_dir` has been gone for

@@ -123,6 +123,10 @@ pub(super) async fn revoke_token(
 #[derive(Debug, Deserialize)]
 pub(super) struct AgentTokenQuery {
     ttl_secs: Option<u64>,
+    /// Bind the token to this node name.
+    node: Option<String>,
+    /// How many nodes it may enrol (one when absent).
+    nodes: Option<u32>,
 }
 
 pub(super) async fn create_agent_token(
@@ -135,6 +139,10 @@ pub(super) async fn create_agent_token(
         app.control.store.as_ref(),
         &issuer,
         query.ttl_secs,
+        tacc_store::JoinScope {
+            bound_node: query.node.clone(),
+            max_nodes: query.nodes.unwrap_or(1),
+        },
         crate::now(),
     )
     .await?;
@@ -143,7 +151,7 @@ pub(super) async fn create_agent_token(
         "agent_token.create",
         format!("token:{}", issued.record.id),
         true,
-        String::new(),
+        issued.record.label.clone(),
     );
     Ok((StatusCode::CREATED, Json(issued.view())))
 }
@@ -207,6 +215,22 @@ pub(super) async fn resume_node(
     app.control.audit.record(
         &caller,
         "node.resume",
+        format!("node:{name}"),
+        true,
+        String::new(),
+    );
+    Ok(Json(view))
+}
+
+pub(super) async fn approve_node(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<tacc_proto::NodeView>> {
+    let view = app.control.approve_node(&name).await?;
+    app.control.audit.record(
+        &caller,
+        "node.approve",
         format!("node:{name}"),
         true,
         String::new(),

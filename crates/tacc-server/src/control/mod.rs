@@ -91,6 +91,9 @@ pub struct ServerConfig {
     pub replicated: bool,
     /// How retries are spaced, and the crash limit.
     pub retry: RetrySettings,
+    /// Nodes that enrol wait, with no work, until an admin approves them
+    /// (`--require-node-approval`).
+    pub require_node_approval: bool,
 }
 
 impl ServerConfig {
@@ -109,6 +112,7 @@ impl ServerConfig {
             adaptive: AdaptiveConfig::default(),
             replicated: false,
             retry: RetrySettings::default(),
+            require_node_approval: false,
         }
     }
 }

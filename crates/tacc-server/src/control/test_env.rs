@@ -245,7 +245,7 @@ impl TestEnv {
                 address: format!("{}.test:0", agent.name),
                 gpus: Vec::new(),
                 life: agent.life,
-            })
+            }, None)
             .await
             .expect("the registration is accepted")
             .id
