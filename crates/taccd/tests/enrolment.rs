@@ -59,19 +59,30 @@ async fn wait_node_state(client: &Client, name: &str, state: &str) -> NodeView {
     .await
 }
 
-/// Wait until the file at `path` contains `needle`; its text.
+/// Wait until the file at `path` contains `needle`; its text. A timeout shows the text.
 async fn wait_file(path: &Path, needle: &str) -> String {
-    eventually(&format!("`{needle}` in {}", path.display()), DEADLINE, || {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        async move { text.contains(needle).then_some(text) }
-    })
-    .await
+    let end = std::time::Instant::now() + DEADLINE;
+    loop {
+        let text = String::from_utf8_lossy(&std::fs::read(path).unwrap_or_default()).to_string();
+        if text.contains(needle) {
+            return text;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out waiting for `{needle}` in {}:\n{text}",
+            path.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// `taccd agent` for `server` on `data_dir` with `args` (no join token unless they give
 /// one), its log in `data_dir/agent.log`.
 fn agent_process(server: &Daemon, data_dir: &Path, args: &[&str]) -> Daemon {
     std::fs::create_dir_all(data_dir).unwrap();
+    // A new file, not the old one truncated: a previous agent's watchdog may still write
+    // into that one.
+    let _ = std::fs::remove_file(data_dir.join("agent.log"));
     let log = std::fs::File::create(data_dir.join("agent.log")).unwrap();
     let child = taccd()
         .args(["agent", "--server", &server.url, "--data-dir"])
@@ -401,7 +412,8 @@ async fn a_node_that_grows_must_enrol_again_and_a_plain_restart_still_works() {
     let client = server.client();
     let data = dir.path().join("a");
     let mut agent = start_agent(&server, &data, &["--name", "grow", "--cpus", "2"]);
-    wait_node_state(&client, "grow", "up").await;
+    // Its credential is kept before it says it registered.
+    wait_file(&data.join("agent.log"), "registered as node").await;
     agent.kill9();
 
     // The same name and capacity with its stored credential: registers as before.
@@ -459,9 +471,17 @@ async fn a_node_that_grows_must_enrol_again_and_a_plain_restart_still_works() {
         }
     })
     .await;
+    // Once the agent kept its new credential (after the server answered), the old one
+    // is refused.
+    eventually("the agent to keep its new credential", DEADLINE, || {
+        let now = std::fs::read_to_string(data.join("node.token")).unwrap_or_default();
+        let changed = !now.trim().is_empty() && now.trim() != credential.trim();
+        async move { changed.then_some(()) }
+    })
+    .await;
     let old = Client::new(&server.url)
         .with_token(credential.trim())
-        .whoami()
+        .register_agent(&registration("grow", 8))
         .await
         .unwrap_err();
     assert_eq!(old.code(), Some("unauthenticated"), "{old}");
