@@ -262,11 +262,13 @@ pub async fn ensure_local_admin(
 
 impl crate::Control {
     /// The embedded cluster's identities: its local admin (token in `admin_token_file`)
-    /// and a short-lived join token for its own agent, returned.
+    /// and a short-lived join token for its own agent, bound to the agent's node name (so
+    /// the agent also enrols again with it when started with more capacity), returned.
     pub async fn provision_local(
         &self,
         admin: &str,
         admin_token_file: &Path,
+        node_name: &str,
     ) -> Result<String, ServerError> {
         let now = crate::now();
         ensure_local_admin(self.store.as_ref(), admin, admin_token_file, now).await?;
@@ -274,7 +276,10 @@ impl crate::Control {
             self.store.as_ref(),
             admin,
             Some(JOIN_TOKEN_DEFAULT_TTL_SECS),
-            JoinScope::single_use(),
+            JoinScope {
+                bound_node: Some(node_name.to_string()),
+                max_nodes: 1,
+            },
             now,
         )
         .await?;

@@ -648,8 +648,9 @@ async fn run_dev(
         control,
         serving,
     } = start_server(&server, true, shutdown.clone()).await?;
+    let node_name = node.name.clone().unwrap_or_else(host_name);
     let join = control
-        .provision_local(&admin_user, &server.data_dir.join("admin.token"))
+        .provision_local(&admin_user, &server.data_dir.join("admin.token"), &node_name)
         .await?;
     let heartbeat = Duration::from_secs(server.heartbeat_timeout);
     let agent = tokio::spawn(embedded_agent::supervise(

@@ -486,3 +486,34 @@ async fn a_node_that_grows_must_enrol_again_and_a_plain_restart_still_works() {
         .unwrap_err();
     assert_eq!(old.code(), Some("unauthenticated"), "{old}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_cluster_started_again_with_more_cpus_enrols_its_agent_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("dev");
+    let first = start("dev", &data, &["--cpus", "1"]).await;
+    let client = first.client();
+    let name = eventually("the embedded node", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let nodes = client.list_nodes().await.ok()?;
+            nodes.into_iter().find(|n| n.state == "up").map(|n| n.name)
+        }
+    })
+    .await;
+    drop(first);
+    // Its server hands the agent a join token bound to the node's name: the agent, refused
+    // with its old credential, enrols again with what it offers now.
+    let again = start("dev", &data, &["--cpus", "2"]).await;
+    let client = again.client();
+    eventually("the node to offer 2 CPUs", DEADLINE, || {
+        let client = client.clone();
+        let name = name.clone();
+        async move {
+            node(&client, &name)
+                .await
+                .filter(|n| n.capacity.cpu_millis == 2000 && n.state == "up")
+        }
+    })
+    .await;
+}
