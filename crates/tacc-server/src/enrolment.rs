@@ -153,7 +153,10 @@ impl Control {
                             registration.name, registration.name
                         )))
                     }
-                    Enrolment::UsedUp { max_nodes, enrolled } => {
+                    Enrolment::UsedUp {
+                        max_nodes,
+                        enrolled,
+                    } => {
                         refuse(format!(
                             "the join token was already used (it enrolled {})",
                             enrolled.join(", ")
@@ -181,9 +184,12 @@ impl Control {
 
     async fn holds_valid_credential(&self, record: &NodeRecord) -> Result<bool, ServerError> {
         let now = crate::now();
-        Ok(self.store.list_tokens(None).await?.into_iter().any(|t| {
-            t.kind == TokenKind::Node && t.node == Some(record.id) && t.is_valid_at(now)
-        }))
+        Ok(self
+            .store
+            .list_tokens(None)
+            .await?
+            .into_iter()
+            .any(|t| t.kind == TokenKind::Node && t.node == Some(record.id) && t.is_valid_at(now)))
     }
 
     /// Issue the credential of a node that enrolled with a join token; an earlier

@@ -277,7 +277,9 @@ pub fn read_join_token() -> Result<Option<String>> {
     std::io::stdin()
         .take(MAX_TOKEN_BYTES)
         .read_to_string(&mut text)
-        .context("cannot read the join token the server writes on the embedded agent's standard input")?;
+        .context(
+            "cannot read the join token the server writes on the embedded agent's standard input",
+        )?;
     let token = text.trim();
     Ok((!token.is_empty()).then(|| token.to_string()))
 }

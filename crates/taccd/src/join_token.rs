@@ -95,7 +95,10 @@ mod tests {
         assert_eq!(read(Some(&path)).unwrap().as_deref(), Some("tacc_abc"));
         std::fs::write(&path, "\n").unwrap();
         let empty = read(Some(&path)).unwrap_err().to_string();
-        assert!(empty.contains("is empty") && empty.contains("--token-file"), "{empty}");
+        assert!(
+            empty.contains("is empty") && empty.contains("--token-file"),
+            "{empty}"
+        );
         std::fs::write(&path, "tacc_a tacc_b").unwrap();
         assert!(read(Some(&path)).is_err());
         let missing = read(Some(&dir.path().join("none"))).unwrap_err();
@@ -105,6 +108,9 @@ mod tests {
     #[test]
     fn the_refusal_of_the_command_line_says_how_to_pass_it() {
         let text = refuse_on_command_line().to_string();
-        assert!(text.contains("--token-file") && text.contains("TACC_JOIN_TOKEN"), "{text}");
+        assert!(
+            text.contains("--token-file") && text.contains("TACC_JOIN_TOKEN"),
+            "{text}"
+        );
     }
 }

@@ -650,7 +650,11 @@ async fn run_dev(
     } = start_server(&server, true, shutdown.clone()).await?;
     let node_name = node.name.clone().unwrap_or_else(host_name);
     let join = control
-        .provision_local(&admin_user, &server.data_dir.join("admin.token"), &node_name)
+        .provision_local(
+            &admin_user,
+            &server.data_dir.join("admin.token"),
+            &node_name,
+        )
         .await?;
     let heartbeat = Duration::from_secs(server.heartbeat_timeout);
     let agent = tokio::spawn(embedded_agent::supervise(

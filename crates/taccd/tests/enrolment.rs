@@ -152,7 +152,12 @@ async fn a_task_finds_no_join_token_in_any_agent_s_command_line_or_environment()
     let _by_file = agent_process(
         &server,
         &dir.path().join("agent-file"),
-        &["--name", "by-file", "--token-file", token_file.to_str().unwrap()],
+        &[
+            "--name",
+            "by-file",
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ],
     );
     let from_env = server.admin(&["agent-token"]).trim().to_string();
     let env_dir = dir.path().join("agent-env");
@@ -275,12 +280,20 @@ async fn a_used_join_token_enrols_no_rogue_node() {
     let dir = tempfile::tempdir().unwrap();
     let server = start("server", &dir.path().join("s"), &[]).await;
     let client = server.client();
-    let join = server.admin(&["agent-token", "--ttl", "1h"]).trim().to_string();
+    let join = server
+        .admin(&["agent-token", "--ttl", "1h"])
+        .trim()
+        .to_string();
     let token_file = write_token_file(&dir.path().join("join.token"), &join);
     let _real = agent_process(
         &server,
         &dir.path().join("real"),
-        &["--name", "real", "--token-file", token_file.to_str().unwrap()],
+        &[
+            "--name",
+            "real",
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ],
     );
     wait_node_state(&client, "real", "up").await;
 
@@ -322,7 +335,9 @@ async fn a_used_join_token_enrols_no_rogue_node() {
             let audit = client.audit(200).await.ok()?;
             audit
                 .iter()
-                .any(|a| a.action == "node.register" && a.target == "node:rogue" && a.outcome != "ok")
+                .any(|a| {
+                    a.action == "node.register" && a.target == "node:rogue" && a.outcome != "ok"
+                })
                 .then_some(())
         }
     })
@@ -354,7 +369,12 @@ async fn a_join_token_bound_to_a_name_refuses_any_other() {
     let _agent = agent_process(
         &server,
         &dir.path().join("gpu-07"),
-        &["--name", "gpu-07", "--token-file", token_file.to_str().unwrap()],
+        &[
+            "--name",
+            "gpu-07",
+            "--token-file",
+            token_file.to_str().unwrap(),
+        ],
     );
     wait_node_state(&client, "gpu-07", "up").await;
     assert_eq!(client.list_nodes().await.unwrap().len(), 1);
@@ -363,7 +383,12 @@ async fn a_join_token_bound_to_a_name_refuses_any_other() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_approval_required_a_new_node_gets_no_task_until_approved() {
     let dir = tempfile::tempdir().unwrap();
-    let server = start("server", &dir.path().join("s"), &["--require-node-approval"]).await;
+    let server = start(
+        "server",
+        &dir.path().join("s"),
+        &["--require-node-approval"],
+    )
+    .await;
     let client = server.client();
     let alice = server.user_client("alice", None, "user").await;
     alice
@@ -385,7 +410,13 @@ async fn with_approval_required_a_new_node_gets_no_task_until_approved() {
     .await;
     let why = eventually("the task's pending reason", DEADLINE, || {
         let alice = alice.clone();
-        async move { alice.explain(task).await.ok().filter(|w| w.reason.is_some()) }
+        async move {
+            alice
+                .explain(task)
+                .await
+                .ok()
+                .filter(|w| w.reason.is_some())
+        }
     })
     .await;
     assert_eq!(

@@ -655,13 +655,19 @@ async fn a_node_enrolled_while_approval_is_required_gets_work_only_once_approved
     let mut agent = env.enrol("fresh", 2).await;
     assert_eq!(env.node_state(&agent).await, "pending");
     let task = env.submit(ONE_CPU).await;
-    assert!(env.poll(&mut agent).await.is_empty(), "work for a pending node");
+    assert!(
+        env.poll(&mut agent).await.is_empty(),
+        "work for a pending node"
+    );
     assert_eq!(env.state(task).await, Queued);
     // A restart of the server or the agent keeps it pending.
     env.restart_server().await;
     env.register(&agent, 2).await;
     assert_eq!(env.node_state(&agent).await, "pending");
-    assert!(env.poll(&mut agent).await.is_empty(), "work for a pending node");
+    assert!(
+        env.poll(&mut agent).await.is_empty(),
+        "work for a pending node"
+    );
 
     let view = env.control.approve_node("fresh").await.unwrap();
     assert_eq!(view.state, "up");

@@ -262,16 +262,19 @@ impl TestEnv {
         enrolment: Option<tacc_store::NodeEnrolment>,
     ) -> NodeId {
         self.control
-            .register_agent(RegisterAgent {
-                name: agent.name.clone(),
-                capacity: Resources::new(cpus * 1000, 64 << 30, 0),
-                gpu_type: None,
-                labels: Default::default(),
-                running: agent.running.iter().copied().collect(),
-                address: format!("{}.test:0", agent.name),
-                gpus: Vec::new(),
-                life: agent.life,
-            }, enrolment)
+            .register_agent(
+                RegisterAgent {
+                    name: agent.name.clone(),
+                    capacity: Resources::new(cpus * 1000, 64 << 30, 0),
+                    gpu_type: None,
+                    labels: Default::default(),
+                    running: agent.running.iter().copied().collect(),
+                    address: format!("{}.test:0", agent.name),
+                    gpus: Vec::new(),
+                    life: agent.life,
+                },
+                enrolment,
+            )
             .await
             .expect("the registration is accepted")
             .id
