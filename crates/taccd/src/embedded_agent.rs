@@ -228,7 +228,7 @@ fn start(launch: &AgentLaunch, record_path: &Path) -> Result<Watched> {
         .open(&log_path)
         .with_context(|| format!("cannot open {}", log_path.display()))?;
     let program = std::env::current_exe().context("cannot find the taccd binary")?;
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let args = without_database(std::env::args_os().skip(1));
     // The join token goes through a pipe on the agent's standard input: neither its
     // command line (every process reads it) nor its environment (kept in
     // /proc/PID/environ for the agent's life) ever holds it.
@@ -238,6 +238,7 @@ fn start(launch: &AgentLaunch, record_path: &Path) -> Result<Watched> {
         .arg(&launch.url)
         .env_remove(crate::join_token::JOIN_TOKEN_ENV)
         .env_remove(crate::join_token::OLD_JOIN_TOKEN_ENV)
+        .env_remove(crate::database::DATABASE_ENV)
         .stdin(Stdio::piped())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -268,6 +269,25 @@ fn start(launch: &AgentLaunch, record_path: &Path) -> Result<Watched> {
         log_path.display()
     );
     Ok(Watched::Child(child))
+}
+
+/// The server's arguments without `--database URL` (or `--database=URL`): the agent needs
+/// no database, and a PostgreSQL URL may carry a password, which its command line would
+/// show to every process on the machine.
+fn without_database(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    let mut kept = Vec::new();
+    let mut skip_value = false;
+    for arg in args {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        if arg == "--database" {
+            skip_value = true;
+        } else if !arg.as_encoded_bytes().starts_with(b"--database=") {
+            kept.push(arg);
+        }
+    }
+    kept
 }
 
 /// The agent's side: its join token, written on its standard input by the server that
@@ -315,6 +335,23 @@ pub fn watch_server(data_dir: PathBuf, grace: Duration, shutdown: CancellationTo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_is_started_without_the_server_s_database() {
+        let args = [
+            "dev",
+            "--database",
+            "postgres://u:pw@h/db",
+            "--cpus",
+            "2",
+            "--database=x",
+        ]
+        .map(OsString::from);
+        assert_eq!(
+            without_database(args.into_iter()),
+            ["dev", "--cpus", "2"].map(OsString::from).to_vec()
+        );
+    }
 
     #[test]
     fn records_round_trip_and_a_missing_one_reads_as_none() {

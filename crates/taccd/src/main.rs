@@ -405,6 +405,7 @@ fn main() -> Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    database::warn_of_password_on_command_line();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
