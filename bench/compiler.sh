@@ -43,7 +43,9 @@ start_taccd() { # DATA_DIR -> sets URL and PID
   # The embedded cluster's admin token: tcloud reads TACC_TOKEN, curl gets a header.
   export TACC_TOKEN; TACC_TOKEN=$(cat "$1/admin.token")
 }
-api() { curl -s -H "Authorization: Bearer $TACC_TOKEN" "$@"; }
+# The header from a file descriptor: a token on curl's command line is readable by every
+# process on the machine (`ps -eo args`).
+api() { curl -s -H @<(printf 'Authorization: Bearer %s\n' "$TACC_TOKEN") "$@"; }
 
 # ------------------------------------------------------------------ project
 python3 - "$WORK/project" <<'EOF'

@@ -183,6 +183,9 @@ struct Attempts {
 pub struct Agent {
     shared: Arc<Shared>,
     attempts: Arc<Mutex<Attempts>>,
+    /// A join token to enrol with should the server refuse the node's stored credential
+    /// because the node changed its name or grew (`reenrol_required`); used once.
+    enrol_token: Mutex<Option<String>>,
 }
 
 impl Agent {
@@ -249,7 +252,15 @@ impl Agent {
                 secrets: Default::default(),
             }),
             attempts: Arc::new(Mutex::new(attempts)),
+            enrol_token: Mutex::new(None),
         })
+    }
+
+    /// Enrol again with `join_token` when the server says this node's stored credential
+    /// no longer fits it (a new name, more capacity than it enrolled with).
+    pub fn with_enrol_token(self, join_token: String) -> Agent {
+        *self.enrol_token.lock().unwrap() = Some(join_token);
+        self
     }
 
     /// Ping the watchdog process whose standard input is `pipe` while this agent runs: it
@@ -435,6 +446,16 @@ impl Agent {
                 }
                 Err(e) => {
                     tracing::warn!("cannot register with the server: {e}");
+                    if e.code() == Some("reenrol_required") {
+                        let join = self.enrol_token.lock().unwrap().take();
+                        if let Some(join) = join {
+                            tracing::info!(
+                                "enrolling this node again with the join token it was given"
+                            );
+                            self.shared.client.set_token(join);
+                            continue;
+                        }
+                    }
                     backoff.wait(shutdown).await.ok()?;
                 }
             }

@@ -53,17 +53,31 @@ impl Client {
         Ok(())
     }
 
-    /// A join token with which a new agent can register its node.
+    /// A join token with which a new agent can enrol its node: one node, any name, by
+    /// default; only `node` when given; up to `nodes` nodes when given.
     pub async fn create_agent_token(
         &self,
         ttl_secs: Option<u64>,
+        node: Option<&str>,
+        nodes: Option<u32>,
     ) -> Result<tacc_proto::TokenIssued> {
-        let request = self.request(Method::POST, "/v1/admin/agent-tokens");
-        let request = match ttl_secs {
-            Some(ttl) => request.query(&[("ttl_secs", ttl)]),
-            None => request,
-        };
+        let mut request = self.request(Method::POST, "/v1/admin/agent-tokens");
+        if let Some(ttl) = ttl_secs {
+            request = request.query(&[("ttl_secs", ttl)]);
+        }
+        if let Some(node) = node {
+            request = request.query(&[("node", node)]);
+        }
+        if let Some(nodes) = nodes {
+            request = request.query(&[("nodes", nodes)]);
+        }
         self.json(request).await
+    }
+
+    /// Approve a node that enrolled while the server requires approval.
+    pub async fn approve_node(&self, name: &str) -> Result<NodeView> {
+        self.json(self.request(Method::POST, &format!("/v1/admin/nodes/{name}/approve")))
+            .await
     }
 
     pub async fn audit(&self, limit: u32) -> Result<Vec<tacc_proto::AuditView>> {

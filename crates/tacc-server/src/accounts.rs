@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use tacc_core::{NodeId, Role, Timestamp};
-use tacc_store::{NewToken, Store, StoreError, TokenKind, TokenRecord, UserRecord};
+use tacc_store::{JoinScope, NewToken, Store, StoreError, TokenKind, TokenRecord, UserRecord};
 
 use crate::ServerError;
 use crate::auth::tokens;
@@ -116,18 +116,48 @@ pub async fn issue_user_token(
             created_at: now,
             expires_at: expiry(now, ttl_secs),
             label: label.to_string(),
+            join: None,
         },
     )
     .await
 }
 
-/// A token with which a new agent registers its node once.
+/// How long a join token can be used when its issuer names no lifetime: short, since a
+/// leaked token enrols a node that receives users' tasks and secrets.
+pub const JOIN_TOKEN_DEFAULT_TTL_SECS: u64 = 3600;
+
+/// A token with which new agents enrol nodes: at most `scope.max_nodes` of them (one by
+/// default), only the name `scope.bound_node` when set; valid for `ttl_secs` (default
+/// [`JOIN_TOKEN_DEFAULT_TTL_SECS`]).
 pub async fn issue_join_token(
     store: &dyn Store,
     issuer: &str,
     ttl_secs: Option<u64>,
+    scope: JoinScope,
     now: Timestamp,
 ) -> Result<Issued, ServerError> {
+    if scope.max_nodes == 0 {
+        return Err(ServerError::BadRequest(
+            "a join token must be able to enrol at least one node (nodes: 1 or more)".into(),
+        ));
+    }
+    if let Some(name) = &scope.bound_node
+        && (name.is_empty() || name.chars().any(char::is_control))
+    {
+        return Err(ServerError::BadRequest(format!(
+            "`{name}` is not a node name: give the name the agent registers under (`taccd agent --name`, default its host name)"
+        )));
+    }
+    if scope.bound_node.is_some() && scope.max_nodes > 1 {
+        return Err(ServerError::BadRequest(
+            "a join token bound to one node name enrols that one node: drop --nodes, or drop --node to enrol several".into(),
+        ));
+    }
+    let label = match &scope.bound_node {
+        Some(name) => format!("agent join token for node {name}"),
+        None if scope.max_nodes == 1 => "agent join token (one node)".to_string(),
+        None => format!("agent join token (up to {} nodes)", scope.max_nodes),
+    };
     issue(
         store,
         NewToken {
@@ -136,8 +166,9 @@ pub async fn issue_join_token(
             user: Some(issuer.to_string()),
             node: None,
             created_at: now,
-            expires_at: expiry(now, ttl_secs),
-            label: "agent join token".into(),
+            expires_at: expiry(now, Some(ttl_secs.unwrap_or(JOIN_TOKEN_DEFAULT_TTL_SECS))),
+            label,
+            join: Some(scope),
         },
     )
     .await
@@ -162,6 +193,7 @@ pub async fn issue_metrics_token(
             created_at: now,
             expires_at: expiry(now, ttl_secs),
             label: label.to_string(),
+            join: None,
         },
     )
     .await
@@ -184,6 +216,7 @@ pub async fn issue_node_token(
             created_at: now,
             expires_at: None,
             label: format!("node {name}"),
+            join: None,
         },
     )
     .await
@@ -229,15 +262,27 @@ pub async fn ensure_local_admin(
 
 impl crate::Control {
     /// The embedded cluster's identities: its local admin (token in `admin_token_file`)
-    /// and a short-lived join token for its own agent, returned.
+    /// and a short-lived join token for its own agent, bound to the agent's node name (so
+    /// the agent also enrols again with it when started with more capacity), returned.
     pub async fn provision_local(
         &self,
         admin: &str,
         admin_token_file: &Path,
+        node_name: &str,
     ) -> Result<String, ServerError> {
         let now = crate::now();
         ensure_local_admin(self.store.as_ref(), admin, admin_token_file, now).await?;
-        let join = issue_join_token(self.store.as_ref(), admin, Some(3600), now).await?;
+        let join = issue_join_token(
+            self.store.as_ref(),
+            admin,
+            Some(JOIN_TOKEN_DEFAULT_TTL_SECS),
+            JoinScope {
+                bound_node: Some(node_name.to_string()),
+                max_nodes: 1,
+            },
+            now,
+        )
+        .await?;
         Ok(join.secret)
     }
 }

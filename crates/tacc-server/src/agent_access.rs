@@ -1,4 +1,4 @@
-//! What a node's credential lets it do: register under its own name only, report on and
+//! What a node's credential lets it do (registration: see `enrolment`): report on and
 //! upload outputs of its own current attempts only, and read the code snapshots (and
 //! their chunks) of those attempts only. Also the submission gate that applies per-user
 //! limits, and the secrets an attempt's assignment carries.
@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use tacc_compiler::{ChunkHash, Manifest};
 use tacc_core::{NodeId, SnapshotId, TaskState};
-use tacc_proto::{AttemptRef, RegisterAgent};
+use tacc_proto::AttemptRef;
 use tacc_schema::TaskSpec;
-use tacc_store::{NodeRecord, TaskFilter, TaskRecord, TokenKind};
+use tacc_store::{TaskFilter, TaskRecord};
 
-use crate::auth::{Caller, UserCaller};
+use crate::auth::UserCaller;
 use crate::{Control, ServerError};
 
 /// Chunk sets of recently read snapshots, so a node fetching a snapshot's chunks does not
@@ -98,108 +98,6 @@ impl Control {
         }
         sets.insert(snapshot.clone(), set.clone());
         Ok(set)
-    }
-
-    /// May `caller` register `registration`? `Some(())` when the node must be issued a
-    /// credential (it came with a join token).
-    pub(crate) async fn admit_registration(
-        &self,
-        caller: &Caller,
-        registration: &RegisterAgent,
-    ) -> Result<Option<()>, ServerError> {
-        let existing: Option<NodeRecord> = self
-            .store
-            .list_nodes()
-            .await?
-            .into_iter()
-            .find(|n| n.name == registration.name);
-        match caller {
-            Caller::Node { node, .. } => match existing {
-                Some(record) if record.id == *node => Ok(None),
-                _ => {
-                    self.audit.record(
-                        caller,
-                        "node.register",
-                        format!("node:{}", registration.name),
-                        false,
-                        "a node credential tried to register another node's name".into(),
-                    );
-                    Err(ServerError::Forbidden(format!(
-                        "this credential belongs to node {node}, not to `{}`",
-                        registration.name
-                    )))
-                }
-            },
-            Caller::Joiner { .. } => {
-                if let Some(record) = existing {
-                    let now = crate::now();
-                    let held = self.store.list_tokens(None).await?.into_iter().any(|t| {
-                        t.kind == TokenKind::Node && t.node == Some(record.id) && t.is_valid_at(now)
-                    });
-                    if held {
-                        self.audit.record(
-                            caller,
-                            "node.register",
-                            format!("node:{}", registration.name),
-                            false,
-                            "a join token tried to take over a registered node's name".into(),
-                        );
-                        return Err(ServerError::Conflict(format!(
-                            "node `{}` is already registered with its own credential; a \
-                             restarted agent keeps using that credential (its data \
-                             directory's node.token). To replace the machine, revoke the \
-                             node's credential first (`taccd admin token ls`, then \
-                             `taccd admin token revoke ID`)",
-                            registration.name
-                        )));
-                    }
-                }
-                Ok(Some(()))
-            }
-            _ => Err(ServerError::Forbidden(
-                "registering a node needs a join token (`taccd admin agent-token`)".into(),
-            )),
-        }
-    }
-
-    /// Issue the credential of a node that registered with a join token.
-    pub(crate) async fn issue_node_credential(
-        &self,
-        caller: &Caller,
-        record: &NodeRecord,
-    ) -> Result<String, ServerError> {
-        let issued = crate::accounts::issue_node_token(
-            self.store.as_ref(),
-            record.id,
-            &record.name,
-            crate::now(),
-        )
-        .await?;
-        // Recorded after, to name the credential: if the record cannot be written, the
-        // credential is revoked (its secret is only in the answer, which is then an error).
-        let recorded = self
-            .audit
-            .commit(
-                caller,
-                "node.register",
-                format!("node:{}", record.name),
-                format!("node {} issued credential {}", record.id, issued.record.id),
-            )
-            .await;
-        if let Err(error) = recorded {
-            if let Err(e) = self
-                .store
-                .revoke_token(issued.record.id, crate::now())
-                .await
-            {
-                tracing::error!(
-                    "cannot revoke node credential {}, whose issue was not audited: {e}",
-                    issued.record.id
-                );
-            }
-            return Err(error);
-        }
-        Ok(issued.secret)
     }
 
     /// The per-user gate in front of every submission: the rate limit, then the cap on

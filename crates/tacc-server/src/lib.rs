@@ -21,6 +21,7 @@ mod connections;
 mod control;
 pub mod daemon_log;
 mod disk_errors;
+mod enrolment;
 mod limits;
 mod log_offsets;
 mod logs;
@@ -77,6 +78,10 @@ pub enum ServerError {
     Unauthenticated(String),
     #[error("not allowed: {0}")]
     Forbidden(String),
+    /// A node's credential registered with another name or more capacity than it
+    /// enrolled with: it must enrol again with a new join token.
+    #[error("{0}")]
+    ReenrolRequired(String),
     #[error("{message}")]
     TooManyRequests {
         message: String,

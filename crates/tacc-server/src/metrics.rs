@@ -18,7 +18,8 @@ use tacc_store::TaskFilter;
 use crate::{Control, ServerError};
 
 /// The states `tacc_nodes` reports (as `GET /v1/nodes` names them), each always present.
-pub(crate) const NODE_STATES: [&str; 5] = ["up", "draining", "drained", "flapping", "down"];
+pub(crate) const NODE_STATES: [&str; 6] =
+    ["up", "pending", "draining", "drained", "flapping", "down"];
 
 /// The kinds `tacc_queued_tasks` sorts pending reasons into, each always present.
 pub(crate) const REASON_KINDS: [&str; 7] = [

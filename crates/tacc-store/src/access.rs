@@ -60,6 +60,42 @@ pub struct NewToken {
     pub expires_at: Option<Timestamp>,
     /// Free text shown in listings, e.g. "laptop" or "join token for rack 3".
     pub label: String,
+    /// What an `AgentJoin` token may enrol (`None` for other kinds).
+    pub join: Option<JoinScope>,
+}
+
+/// What a join token may enrol: at most `max_nodes` nodes (one by default: a stolen used
+/// token enrols nothing), and only the node named `bound_node` when it is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinScope {
+    pub bound_node: Option<String>,
+    pub max_nodes: u32,
+}
+
+impl JoinScope {
+    /// One node, any name: the default.
+    pub fn single_use() -> JoinScope {
+        JoinScope {
+            bound_node: None,
+            max_nodes: 1,
+        }
+    }
+}
+
+/// The answer to an enrolment with a join token ([`Store::enrol_node`](crate::Store::enrol_node)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enrolment {
+    /// The use is recorded: the node may register.
+    Admitted,
+    /// The token is bound to another node name.
+    BoundToOther { bound: String },
+    /// The token already enrolled as many nodes as it may (these, oldest first).
+    UsedUp {
+        max_nodes: u32,
+        enrolled: Vec<String>,
+    },
+    /// No join token has this id.
+    NotJoinToken,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +109,10 @@ pub struct TokenRecord {
     pub expires_at: Option<Timestamp>,
     pub revoked_at: Option<Timestamp>,
     pub label: String,
+    /// What an `AgentJoin` token may enrol (`None` for other kinds).
+    pub join: Option<JoinScope>,
+    /// How many nodes a join token has enrolled.
+    pub enrolled: u32,
 }
 
 impl TokenRecord {

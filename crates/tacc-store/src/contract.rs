@@ -5,6 +5,7 @@
 
 mod access;
 mod adaptive;
+mod enrolment;
 mod groups;
 mod idempotency;
 mod lease;
@@ -16,6 +17,7 @@ mod usage;
 
 pub use access::*;
 pub use adaptive::*;
+pub use enrolment::*;
 pub use groups::*;
 pub use idempotency::*;
 pub use lease::*;
@@ -108,6 +110,11 @@ macro_rules! store_contract_tests {
             tokens_listed_by_user,
             tokens_revoke_once,
             tokens_expire,
+            join_tokens_enrol_one_node_by_default,
+            join_tokens_bound_to_a_name_refuse_others,
+            join_tokens_enrol_up_to_their_limit_once_per_name,
+            join_token_uses_are_durable_records,
+            nodes_keep_their_enrolled_capacity_and_approval_across_restarts,
             audit_lists_oldest_first,
             audit_since_is_inclusive,
             audit_limit_keeps_the_newest,
@@ -454,6 +461,7 @@ pub async fn nodes_keep_their_id_when_re_registered(store: &dyn Store) {
         labels: BTreeMap::from([("rack".to_string(), "r1".to_string())]),
         address: "10.0.0.1".into(),
         registered_at: Timestamp(400),
+        enrolment: None,
     };
     let first = store.register_node(node(32)).await.unwrap();
     let again = store.register_node(node(64)).await.unwrap();
@@ -480,6 +488,7 @@ pub async fn nodes_drain_persists_and_remove_forgets(store: &dyn Store) {
         labels: BTreeMap::new(),
         address: "10.0.0.1".into(),
         registered_at: Timestamp(500),
+        enrolment: None,
     };
     let first = store.register_node(node("n1")).await.unwrap();
     let second = store.register_node(node("n2")).await.unwrap();

@@ -26,8 +26,8 @@ pub mod contract;
 pub mod test_database;
 
 pub use access::{
-    AuditEntry, NewAuditEntry, NewToken, SecretRecord, SnapshotOwner, TokenKind, TokenRecord,
-    UserRecord,
+    AuditEntry, Enrolment, JoinScope, NewAuditEntry, NewToken, SecretRecord, SnapshotOwner,
+    TokenKind, TokenRecord, UserRecord,
 };
 pub use adaptive::{ResizeRecord, SignalRecord};
 pub use idempotency::{
@@ -44,8 +44,8 @@ pub use groups::{
 };
 pub use postgres::{PostgresStore, redacted};
 pub use records::{
-    NewNode, NewTask, NodeRecord, OutputRecord, StoredPlacement, TaskChange, TaskEvent, TaskFilter,
-    TaskHistory, TaskRecord, Transition, UsagePeak,
+    NewNode, NewTask, NodeEnrolment, NodeRecord, OutputRecord, StoredPlacement, TaskChange,
+    TaskEvent, TaskFilter, TaskHistory, TaskRecord, Transition, UsagePeak,
 };
 pub use sqlite::SqliteStore;
 
@@ -218,6 +218,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn set_node_drained(&self, node: NodeId, drained: bool) -> Result<bool>;
     /// Forget a node; false when it is unknown. Its name registers afresh later.
     async fn remove_node(&self, node: NodeId) -> Result<bool>;
+    /// An administrator approves a pending node; false when the node is unknown.
+    async fn approve_node(&self, node: NodeId) -> Result<bool>;
 
     /// Record a committed snapshot's manifest (idempotent).
     async fn put_snapshot(
@@ -390,6 +392,16 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn list_tokens(&self, user: Option<&str>) -> Result<Vec<TokenRecord>>;
     /// Mark a token revoked at `at`; false when it does not exist or was revoked already.
     async fn revoke_token(&self, id: u64, at: tacc_core::Timestamp) -> Result<bool>;
+    /// Use join token `token` to enrol the node `node_name`, atomically: admitted (and
+    /// counted) only while the token has enrolled fewer nodes than its scope allows, is
+    /// bound to no other name, and has not enrolled this name before. Validity (expiry,
+    /// revocation) is the caller's to check.
+    async fn enrol_node(
+        &self,
+        token: u64,
+        node_name: &str,
+        at: tacc_core::Timestamp,
+    ) -> Result<Enrolment>;
 
     // ------------------------------------------------------------ task uids
 

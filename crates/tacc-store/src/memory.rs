@@ -5,11 +5,11 @@ use tacc_core::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, TaskState, Times
 
 use crate::idempotency::key_taken;
 use crate::{
-    AuditEntry, Created, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
-    IdempotencyKey, KeptReply, Keyed, NewAuditEntry, NewDelivery, NewGroup, NewNode, NewTask,
-    NewToken, NodeRecord, OutputRecord, Result, SecretRecord, SnapshotOwner, Store, StoreError,
-    TaskChange, TaskEvent, TaskFilter, TaskHistory, TaskRecord, TokenRecord, Transition, UsagePeak,
-    UserRecord,
+    AuditEntry, Created, DeliveryOutcome, DeliveryRecord, Enrolment, GroupFilter, GroupRecord,
+    HistoryFilter, IdempotencyKey, JoinScope, KeptReply, Keyed, NewAuditEntry, NewDelivery,
+    NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result, SecretRecord,
+    SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskHistory, TaskRecord,
+    TokenKind, TokenRecord, Transition, UsagePeak, UserRecord,
 };
 
 /// An in-memory [`Store`] for tests of the layers above. It follows the same contract as
@@ -30,6 +30,8 @@ struct Inner {
     outputs: BTreeMap<(TaskId, AttemptNo, u32, String), OutputRecord>,
     users: BTreeMap<String, UserRecord>,
     tokens: BTreeMap<u64, TokenRecord>,
+    /// Per join token, the names it enrolled and when.
+    enrolments: BTreeMap<u64, Vec<(Timestamp, String)>>,
     audit: Vec<AuditEntry>,
     secrets: BTreeMap<(String, String), SecretRecord>,
     snapshot_owners: std::collections::BTreeSet<(SnapshotId, String)>,
@@ -443,12 +445,17 @@ impl Store for MemoryStore {
             .nodes
             .values()
             .find(|n| n.name == node.name)
-            .map(|n| (n.id, n.drained));
-        let (id, drained) = existing.unwrap_or_else(|| {
+            .map(|n| (n.id, n.drained, n.enrolled_capacity, n.pending));
+        let (id, drained, enrolled_capacity, pending) = existing.unwrap_or_else(|| {
             // Ids are never reused, not even a removed node's (as AUTOINCREMENT in SQLite).
             inner.last_node_id += 1;
-            (NodeId(inner.last_node_id), false)
+            (NodeId(inner.last_node_id), false, node.capacity, false)
         });
+        // An enrolment sets the enrolled capacity and approval state; a restart keeps them.
+        let (enrolled_capacity, pending) = match node.enrolment {
+            Some(enrolment) => (node.capacity, enrolment.pending),
+            None => (enrolled_capacity, pending),
+        };
         let record = NodeRecord {
             id,
             name: node.name,
@@ -458,6 +465,8 @@ impl Store for MemoryStore {
             address: node.address,
             registered_at: node.registered_at,
             drained,
+            enrolled_capacity,
+            pending,
         };
         inner.nodes.insert(id, record.clone());
         Ok(record)
@@ -473,6 +482,15 @@ impl Store for MemoryStore {
             .nodes
             .get_mut(&node)
             .map(|n| n.drained = drained)
+            .is_some())
+    }
+
+    async fn approve_node(&self, node: NodeId) -> Result<bool> {
+        let mut inner = self.inner.lock().unwrap();
+        Ok(inner
+            .nodes
+            .get_mut(&node)
+            .map(|n| n.pending = false)
             .is_some())
     }
 
@@ -920,6 +938,12 @@ impl Store for MemoryStore {
             expires_at: token.expires_at,
             revoked_at: None,
             label: token.label,
+            // A join token without a scope is single-use, as the SQL stores read it.
+            join: match token.kind {
+                TokenKind::AgentJoin => Some(token.join.unwrap_or_else(JoinScope::single_use)),
+                _ => token.join,
+            },
+            enrolled: 0,
         };
         inner.tokens.insert(id, record.clone());
         Ok(record)
@@ -953,6 +977,40 @@ impl Store for MemoryStore {
             }
             _ => Ok(false),
         }
+    }
+
+    async fn enrol_node(&self, token: u64, node_name: &str, at: Timestamp) -> Result<Enrolment> {
+        let mut inner = self.inner.lock().unwrap();
+        let Some((scope, count)) = inner
+            .tokens
+            .get(&token)
+            .filter(|t| t.kind == TokenKind::AgentJoin)
+            .map(|t| {
+                (
+                    t.join.clone().unwrap_or_else(JoinScope::single_use),
+                    t.enrolled,
+                )
+            })
+        else {
+            return Ok(Enrolment::NotJoinToken);
+        };
+        if let Some(bound) = scope.bound_node
+            && bound != node_name
+        {
+            return Ok(Enrolment::BoundToOther { bound });
+        }
+        let used = inner.enrolments.entry(token).or_default();
+        if count >= scope.max_nodes || used.iter().any(|(_, n)| n == node_name) {
+            let mut enrolled = used.clone();
+            enrolled.sort();
+            return Ok(Enrolment::UsedUp {
+                max_nodes: scope.max_nodes,
+                enrolled: enrolled.into_iter().map(|(_, name)| name).collect(),
+            });
+        }
+        used.push((at, node_name.to_string()));
+        inner.tokens.get_mut(&token).expect("read above").enrolled += 1;
+        Ok(Enrolment::Admitted)
     }
 
     async fn append_audit(&self, entry: NewAuditEntry) -> Result<()> {

@@ -173,6 +173,17 @@ pub struct NewNode {
     pub labels: BTreeMap<String, String>,
     pub address: String,
     pub registered_at: Timestamp,
+    /// Set when the node enrols (registers with a join token): `capacity` becomes the
+    /// capacity it is enrolled with. `None` (a restart with its own credential) keeps the
+    /// enrolled capacity and the approval state.
+    pub enrolment: Option<NodeEnrolment>,
+}
+
+/// How a node enrols.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeEnrolment {
+    /// It waits for an administrator's approval before it gets work.
+    pub pending: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -186,6 +197,11 @@ pub struct NodeRecord {
     pub registered_at: Timestamp,
     /// An administrator drained the node: it takes no new tasks until resumed.
     pub drained: bool,
+    /// The capacity the node enrolled with: offering more needs a new enrolment.
+    pub enrolled_capacity: Resources,
+    /// The node enrolled while approval was required and is not approved yet: it gets
+    /// no work.
+    pub pending: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

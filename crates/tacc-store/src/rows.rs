@@ -13,8 +13,8 @@ use sqlx::{ColumnIndex, Decode, Row, Type};
 use tacc_core::{AttemptNo, GroupId, NodeId, Role, SnapshotId, TaskId, TaskState, Timestamp};
 
 use crate::{
-    AuditEntry, DeliveryRecord, GroupKind, GroupRecord, NodeRecord, OutputRecord, Result,
-    SecretRecord, StageRecord, StageSource, StoreError, TaskEvent, TaskRecord, TokenKind,
+    AuditEntry, DeliveryRecord, GroupKind, GroupRecord, JoinScope, NodeRecord, OutputRecord,
+    Result, SecretRecord, StageRecord, StageSource, StoreError, TaskEvent, TaskRecord, TokenKind,
     TokenRecord, UsagePeak, UserRecord,
 };
 
@@ -146,6 +146,13 @@ pub(crate) fn node_from_row(row: &impl Columns) -> Result<NodeRecord> {
         address: row.text("address")?,
         registered_at: row.timestamp("registered_at")?,
         drained: row.flag("drained")?,
+        // Rows from before enrolment was recorded enrolled with what they offer.
+        enrolled_capacity: match row.optional_text("enrolled_capacity")? {
+            Some(text) => serde_json::from_str(&text)
+                .map_err(|e| corrupt(format!("enrolled_capacity: {e}")))?,
+            None => row.json("capacity")?,
+        },
+        pending: row.flag("pending")?,
     })
 }
 
@@ -289,6 +296,16 @@ pub(crate) fn token_from_row(row: &impl Columns) -> Result<TokenRecord> {
         expires_at: row.optional_timestamp("expires_at")?,
         revoked_at: row.optional_timestamp("revoked_at")?,
         label: row.text("label")?,
+        join: (kind == TokenKind::AgentJoin.as_str())
+            .then(|| -> Result<JoinScope> {
+                Ok(JoinScope {
+                    bound_node: row.optional_text("bound_node")?,
+                    // Join tokens from before enrolment limits are single-use.
+                    max_nodes: row.optional_int("enrol_limit")?.unwrap_or(1) as u32,
+                })
+            })
+            .transpose()?,
+        enrolled: row.int("enrolled")? as u32,
     })
 }
 

@@ -19,8 +19,7 @@ pub(crate) mod tasks;
 pub(crate) const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
      placements, cancel_requested, submitted_at, started_at, finished_at, group_id, group_index";
 
-pub(crate) const NODE_COLUMNS: &str =
-    "id, name, capacity, gpu_type, labels, address, registered_at, drained";
+pub(crate) const NODE_COLUMNS: &str = "id, name, capacity, gpu_type, labels, address, registered_at, drained, enrolled_capacity, pending";
 
 pub(crate) const GROUP_COLUMNS: &str = "id, kind, name, user_name, spec, size, created_at";
 
@@ -32,8 +31,8 @@ pub(crate) const STAGE_COLUMNS: &str = "pipeline_id, position, name, needs, cach
 
 pub(crate) const USER_COLUMNS: &str = "name, group_name, role, created_at";
 
-pub(crate) const TOKEN_COLUMNS: &str =
-    "id, kind, hash, user_name, node_id, created_at, expires_at, revoked_at, label";
+pub(crate) const TOKEN_COLUMNS: &str = "id, kind, hash, user_name, node_id, created_at, expires_at, revoked_at, label, bound_node, \
+     enrol_limit, enrolled";
 
 pub(crate) const AUDIT_COLUMNS: &str = "id, at, actor, action, target, outcome, detail";
 

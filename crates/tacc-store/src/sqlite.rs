@@ -11,10 +11,10 @@ use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 
 use crate::sql::{access, changes, groups, idempotency, lease, pipelines, tasks};
 use crate::{
-    AuditEntry, DeliveryOutcome, DeliveryRecord, GroupFilter, GroupRecord, HistoryFilter,
-    NewAuditEntry, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord, Result,
-    SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter, TaskHistory,
-    TaskRecord, TokenRecord, UsagePeak, UserRecord,
+    AuditEntry, DeliveryOutcome, DeliveryRecord, Enrolment, GroupFilter, GroupRecord,
+    HistoryFilter, NewAuditEntry, NewGroup, NewNode, NewTask, NewToken, NodeRecord, OutputRecord,
+    Result, SecretRecord, SnapshotOwner, Store, StoreError, TaskChange, TaskEvent, TaskFilter,
+    TaskHistory, TaskRecord, TokenRecord, UsagePeak, UserRecord,
 };
 
 mod integrity;
@@ -180,6 +180,10 @@ impl Store for SqliteStore {
 
     async fn remove_node(&self, node: NodeId) -> Result<bool> {
         tasks::remove_node(&self.writer, node).await
+    }
+
+    async fn approve_node(&self, node: NodeId) -> Result<bool> {
+        tasks::approve_node(&self.writer, node).await
     }
 
     async fn put_snapshot(
@@ -420,6 +424,13 @@ impl Store for SqliteStore {
 
     async fn revoke_token(&self, id: u64, at: Timestamp) -> Result<bool> {
         access::revoke_token(&self.writer, id, at).await
+    }
+
+    async fn enrol_node(&self, token: u64, node_name: &str, at: Timestamp) -> Result<Enrolment> {
+        let mut tx = self.writer.begin().await?;
+        let enrolment = access::enrol_node(&mut tx, token, node_name, at).await?;
+        tx.commit().await?;
+        Ok(enrolment)
     }
 
     async fn append_audit(&self, entry: NewAuditEntry) -> Result<()> {

@@ -75,6 +75,7 @@ async fn sqlite_store_keeps_everything_across_reopen() {
                 created_at: tacc_core::Timestamp(1),
                 expires_at: None,
                 label: "durable".into(),
+                join: None,
             })
             .await
             .unwrap();
@@ -255,6 +256,7 @@ async fn postgres_ids_are_not_reused_after_a_rollback() {
         created_at: tacc_core::Timestamp(1),
         expires_at: None,
         label: String::new(),
+        join: None,
     };
     let kept = store.create_token(token("h1")).await.unwrap();
     assert!(store.create_token(token("h1")).await.is_err());

@@ -13,7 +13,7 @@ pub enum Admin {
     ///
     /// Example: taccd admin tls-init --data-dir /var/lib/tacc --host head.lab.example
     TlsInit(crate::tls::TlsInitArgs),
-    /// Nodes: drain, resume, remove (through the running server's admin API, with
+    /// Nodes: drain, resume, approve, remove (through the running server's admin API, with
     /// DATA_DIR/admin.token).
     ///
     /// Example: taccd admin --data-dir /var/lib/tacc node drain gpu-01

@@ -21,13 +21,23 @@ pub enum AdminCommand {
     /// API tokens: create another for a user, list, revoke.
     #[command(subcommand)]
     Token(TokenCommand),
-    /// Issue a join token with which `taccd agent --token T` registers a new node.
+    /// Issue a join token with which a new node's agent enrols (`taccd agent --token-file
+    /// FILE`). It enrols one node, any name, unless --node binds it to one name or --nodes
+    /// lets it enrol several (a Slurm agent's partition); once used, it enrols nothing.
     ///
-    /// Example: taccd admin --data-dir /var/lib/tacc agent-token --ttl 1h
+    /// Example: taccd admin --data-dir /var/lib/tacc agent-token --node gpu-07 > /root/join.token
     AgentToken {
-        /// How long the join token can be used (e.g. 1h, 7d); default 24h.
-        #[arg(long, default_value = "24h")]
+        /// How long the join token can be used (e.g. 30m, 1h, 1d).
+        #[arg(long, default_value = "1h")]
         ttl: HumanDuration,
+        /// Enrol only the node of this name (also one already registered: a re-enrolment
+        /// after a change of capacity, or a replaced machine).
+        #[arg(long, value_name = "NAME", conflicts_with = "nodes")]
+        node: Option<String>,
+        /// How many nodes the token may enrol (each name once), e.g. every node of a Slurm
+        /// partition.
+        #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        nodes: u32,
     },
     /// Issue a scrape token for the server's metrics (`GET /metrics`): give it to your
     /// Prometheus server (`authorization: {credentials_file: FILE}` in its scrape config).
@@ -233,11 +243,15 @@ pub async fn run(data_dir: &Path, database: Option<&str>, command: AdminCommand)
                 tacc_server::auth::authenticate::CACHE_TTL.as_secs()
             );
         }
-        AdminCommand::AgentToken { ttl } => {
+        AdminCommand::AgentToken { ttl, node, nodes } => {
             let token = tacc_server::accounts::issue_join_token(
                 store,
                 "operator",
                 Some(ttl.as_secs()),
+                tacc_store::JoinScope {
+                    bound_node: node,
+                    max_nodes: nodes,
+                },
                 now,
             )
             .await?;
@@ -245,14 +259,15 @@ pub async fn run(data_dir: &Path, database: Option<&str>, command: AdminCommand)
                 .append_audit(audit(
                     "agent_token.create",
                     format!("token:{}", token.record.id),
-                    String::new(),
+                    token.record.label.clone(),
                 ))
                 .await?;
             eprintln!(
-                "join token {} (valid for {ttl}; shown once). On each new node run:",
-                token.record.id
+                "{} {} (valid for {ttl}; shown once). Put it in a file only root can read on \
+                 the node (never on a command line), then run:",
+                token.record.label, token.record.id
             );
-            eprintln!("  taccd agent --server URL --data-dir DIR --token <the token below>");
+            eprintln!("  taccd agent --server URL --data-dir DIR --token-file FILE");
             println!("{}", token.secret);
         }
         AdminCommand::MetricsToken { label, ttl } => {

@@ -1,4 +1,4 @@
-//! `taccd admin node drain|resume|remove NAME`: a drain must reach the running server's
+//! `taccd admin node drain|resume|approve|remove NAME`: a drain must reach the running server's
 //! memory, so these go through the admin API, at the URL the server wrote to
 //! DATA_DIR/taccd.json and with the admin token in DATA_DIR/admin.token.
 
@@ -13,6 +13,9 @@ pub enum NodeCommand {
     Drain { name: String },
     /// Let a drained node take new tasks again.
     Resume { name: String },
+    /// Approve a node that enrolled while the server requires approval
+    /// (`--require-node-approval`): it gets work from now on.
+    Approve { name: String },
     /// Forget a node and revoke its credential; it must join again with a join token.
     /// Refused while the node is up and runs tasks (drain it first).
     Remove { name: String },
@@ -76,6 +79,10 @@ pub async fn run(data_dir: &Path, command: NodeCommand) -> Result<()> {
         NodeCommand::Resume { name } => {
             let view = client.drain_node(&name, true).await.map_err(unreachable)?;
             println!("node {} is {}", view.name, view.state);
+        }
+        NodeCommand::Approve { name } => {
+            let view = client.approve_node(&name).await.map_err(unreachable)?;
+            println!("node {} is approved; it is {}", view.name, view.state);
         }
         NodeCommand::Remove { name } => {
             client.remove_node(&name).await.map_err(unreachable)?;

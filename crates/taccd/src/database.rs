@@ -9,6 +9,33 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use tacc_store::{PostgresStore, SqliteStore, Store};
 
+/// The environment variable `--database` is read from when not given: the way to pass a
+/// URL that carries a password.
+pub(crate) const DATABASE_ENV: &str = "TACC_DATABASE";
+
+/// Warn when this process's command line carries a database password: every process on
+/// the machine reads command lines (`ps -eo args`), tasks included.
+pub(crate) fn warn_of_password_on_command_line() {
+    let args: Vec<String> = std::env::args().collect();
+    let given = args.iter().enumerate().filter_map(|(at, arg)| {
+        if arg == "--database" {
+            args.get(at + 1).cloned()
+        } else {
+            arg.strip_prefix("--database=").map(str::to_string)
+        }
+    });
+    let with_password = given
+        .filter_map(|url| url::Url::parse(&url).ok())
+        .any(|url| url.password().is_some());
+    if with_password {
+        tracing::warn!(
+            "the --database URL on this command line carries a password, which every process \
+             on this machine can read (`ps -eo args`), tasks included: set {DATABASE_ENV} in \
+             the daemon's environment instead (e.g. systemd's EnvironmentFile=, mode 0600)"
+        );
+    }
+}
+
 /// Where the state lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Database {

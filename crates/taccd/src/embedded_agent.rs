@@ -32,8 +32,8 @@ const AGENT_RECORD: &str = "embedded-agent.json";
 const AGENT_LOG: &str = "agent.log";
 /// The hidden flag that makes `taccd dev` the agent of the embedded cluster at this URL.
 pub const AGENT_FLAG: &str = "--embedded-agent";
-/// The join token reaches the agent through its environment, never its command line.
-pub const JOIN_TOKEN_ENV: &str = "TACC_EMBEDDED_JOIN_TOKEN";
+/// The longest join token the agent reads from its standard input.
+const MAX_TOKEN_BYTES: u64 = 4096;
 /// How often each side looks at the other.
 const WATCH_EVERY: Duration = Duration::from_millis(250);
 /// How long a started agent is given before a crashed one is started again.
@@ -228,17 +228,29 @@ fn start(launch: &AgentLaunch, record_path: &Path) -> Result<Watched> {
         .open(&log_path)
         .with_context(|| format!("cannot open {}", log_path.display()))?;
     let program = std::env::current_exe().context("cannot find the taccd binary")?;
-    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let child = Command::new(&program)
+    let args = without_database(std::env::args_os().skip(1));
+    // The join token goes through a pipe on the agent's standard input: neither its
+    // command line (every process reads it) nor its environment (kept in
+    // /proc/PID/environ for the agent's life) ever holds it.
+    let mut child = Command::new(&program)
         .args(&args)
         .arg(AGENT_FLAG)
         .arg(&launch.url)
-        .env(JOIN_TOKEN_ENV, &launch.join_token)
-        .stdin(Stdio::null())
+        .env_remove(crate::join_token::JOIN_TOKEN_ENV)
+        .env_remove(crate::join_token::OLD_JOIN_TOKEN_ENV)
+        .env_remove(crate::database::DATABASE_ENV)
+        .stdin(Stdio::piped())
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()
         .with_context(|| format!("cannot start the embedded agent ({})", program.display()))?;
+    if let Some(mut pipe) = child.stdin.take() {
+        // The agent reads to the end: dropping the pipe closes it. A failed write (the
+        // agent died at once) shows as the agent's end, which the supervisor handles.
+        if let Err(e) = pipe.write_all(launch.join_token.as_bytes()) {
+            tracing::warn!("cannot hand the embedded agent its join token: {e}");
+        }
+    }
     let process = ProcessMark::of(child.id()).unwrap_or(ProcessMark {
         pid: child.id(),
         started: 0,
@@ -257,6 +269,39 @@ fn start(launch: &AgentLaunch, record_path: &Path) -> Result<Watched> {
         log_path.display()
     );
     Ok(Watched::Child(child))
+}
+
+/// The server's arguments without `--database URL` (or `--database=URL`): the agent needs
+/// no database, and a PostgreSQL URL may carry a password, which its command line would
+/// show to every process on the machine.
+fn without_database(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    let mut kept = Vec::new();
+    let mut skip_value = false;
+    for arg in args {
+        if std::mem::take(&mut skip_value) {
+            continue;
+        }
+        if arg == "--database" {
+            skip_value = true;
+        } else if !arg.as_encoded_bytes().starts_with(b"--database=") {
+            kept.push(arg);
+        }
+    }
+    kept
+}
+
+/// The agent's side: its join token, written on its standard input by the server that
+/// started it (`None` when it gave none).
+pub fn read_join_token() -> Result<Option<String>> {
+    let mut text = String::new();
+    std::io::stdin()
+        .take(MAX_TOKEN_BYTES)
+        .read_to_string(&mut text)
+        .context(
+            "cannot read the join token the server writes on the embedded agent's standard input",
+        )?;
+    let token = text.trim();
+    Ok((!token.is_empty()).then(|| token.to_string()))
 }
 
 /// The agent's side: cancel `shutdown` once the server of `data_dir` has been gone for
@@ -290,6 +335,23 @@ pub fn watch_server(data_dir: PathBuf, grace: Duration, shutdown: CancellationTo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_is_started_without_the_server_s_database() {
+        let args = [
+            "dev",
+            "--database",
+            "postgres://u:pw@h/db",
+            "--cpus",
+            "2",
+            "--database=x",
+        ]
+        .map(OsString::from);
+        assert_eq!(
+            without_database(args.into_iter()),
+            ["dev", "--cpus", "2"].map(OsString::from).to_vec()
+        );
+    }
 
     #[test]
     fn records_round_trip_and_a_missing_one_reads_as_none() {

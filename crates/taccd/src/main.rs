@@ -8,6 +8,7 @@ mod admin_accounts;
 mod admin_nodes;
 mod database;
 mod embedded_agent;
+mod join_token;
 mod modes;
 mod node_labels;
 mod open_files;
@@ -61,12 +62,10 @@ enum Command {
         #[arg(long, env = "USER", default_value = "admin")]
         admin_user: String,
         /// Run as the embedded cluster's agent for the server at this URL (the server
-        /// starts itself again with it; see `embedded_agent`).
+        /// starts itself again with it, its join token on standard input; see
+        /// `embedded_agent`).
         #[arg(long = "embedded-agent", hide = true, value_name = "URL")]
         embedded_agent: Option<String>,
-        /// The embedded agent's join token, from the server that started it.
-        #[arg(long, hide = true, env = embedded_agent::JOIN_TOKEN_ENV, hide_env_values = true)]
-        embedded_join_token: Option<String>,
     },
     /// Operator commands on a server's data directory (run on the server's machine, as
     /// the account that owns it): TLS set-up, users, tokens, agent join tokens, audit.
@@ -107,14 +106,21 @@ enum Command {
     },
     /// A node agent that runs tasks for the server at --server.
     ///
-    /// Example: taccd agent --server https://head:8383 --server-fingerprint HEX --data-dir /var/lib/tacc-agent --token JOIN_TOKEN
+    /// Example: taccd agent --server https://head:8383 --server-fingerprint HEX --data-dir /var/lib/tacc-agent --token-file /root/join.token
     Agent {
         /// URL of the control plane.
         #[arg(long, env = "TACC_SERVER")]
         server: String,
-        /// Join token from `taccd admin agent-token` (needed once: the node's own credential
-        /// is then kept in DATA_DIR/node.token and used from then on).
-        #[arg(long, env = "TACC_AGENT_TOKEN", hide_env_values = true)]
+        /// A file holding the join token from `taccd admin agent-token`, or `-` to read it
+        /// from standard input; the TACC_JOIN_TOKEN environment variable works too. Needed
+        /// to enrol the node (once: its own credential is then kept in DATA_DIR/node.token
+        /// and used from then on) and to enrol it again after a change of name or
+        /// capacity. Never give a token on the command line: every process reads it.
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        /// Refused: a token on the command line is readable by every process on the
+        /// machine. Use --token-file or TACC_JOIN_TOKEN.
+        #[arg(long, hide = true, value_name = "TOKEN")]
         token: Option<String>,
         #[command(flatten)]
         tls: tls::AgentTlsArgs,
@@ -250,6 +256,11 @@ struct ServerArgs {
     max_connections: u32,
     #[command(flatten)]
     audit: AuditArgs,
+    /// Nodes that enrol (register with a join token) wait, with no work and so no
+    /// user's task or secret, until an admin approves them: `taccd admin node approve
+    /// NAME` or `tcloud admin node approve NAME`. `tcloud nodes` shows them `pending`.
+    #[arg(long)]
+    require_node_approval: bool,
     #[command(flatten)]
     tls: tls::ServerTlsArgs,
     #[command(flatten)]
@@ -469,6 +480,7 @@ fn main() -> Result<()> {
         .with_writer(tacc_server::daemon_log::stderr)
         .log_internal_errors(false)
         .init();
+    database::warn_of_password_on_command_line();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -480,9 +492,8 @@ fn main() -> Result<()> {
                 server,
                 agent,
                 embedded_agent: Some(url),
-                embedded_join_token,
                 ..
-            } => run_embedded_agent(server, agent, &url, embedded_join_token, shutdown).await,
+            } => run_embedded_agent(server, agent, &url, shutdown).await,
             Command::Dev {
                 server,
                 agent,
@@ -506,6 +517,7 @@ fn main() -> Result<()> {
             }
             Command::Agent {
                 server,
+                token_file,
                 token,
                 tls,
                 data_dir,
@@ -513,6 +525,10 @@ fn main() -> Result<()> {
                 backend,
                 slurm,
             } => {
+                if token.is_some() {
+                    return Err(join_token::refuse_on_command_line());
+                }
+                let token = join_token::read(token_file.as_deref())?;
                 let client = tls.client(&server)?;
                 match backend.as_str() {
                     "slurm" => {
@@ -568,6 +584,7 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
     config.node_stable_after = Duration::from_secs(args.node_stable_after);
     config.retry = retry_settings(args)?;
     config.replicated = args.replica.replicated;
+    config.require_node_approval = args.require_node_approval;
     let loaded = load_config(args)?;
     config.policy = loaded.policy;
     config.scheduler = loaded.scheduler;
@@ -723,8 +740,13 @@ async fn run_dev(
         control,
         serving,
     } = start_server(&server, true, shutdown.clone()).await?;
+    let node_name = node.name.clone().unwrap_or_else(host_name);
     let join = control
-        .provision_local(&admin_user, &server.data_dir.join("admin.token"))
+        .provision_local(
+            &admin_user,
+            &server.data_dir.join("admin.token"),
+            &node_name,
+        )
         .await?;
     let heartbeat = Duration::from_secs(server.heartbeat_timeout);
     let agent = tokio::spawn(embedded_agent::supervise(
@@ -747,13 +769,14 @@ async fn run_dev(
 
 /// The embedded cluster's agent, in a process of its own (see `embedded_agent`): it
 /// reports to the server at `url` and outlives a crash of it by one heartbeat timeout.
+/// Its join token comes on standard input, which the server closes after writing it.
 async fn run_embedded_agent(
     server: ServerArgs,
     node: NodeArgs,
     url: &str,
-    join_token: Option<String>,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    let join_token = embedded_agent::read_join_token()?;
     embedded_agent::watch_server(
         server.data_dir.clone(),
         Duration::from_secs(server.heartbeat_timeout),

@@ -306,7 +306,7 @@ impl Manager {
     ) -> Result<()> {
         // A join token of its own per allocation, valid a little past the allocation's end.
         let issued = admin
-            .create_agent_token(Some(args.pilot_time.as_secs() + 600))
+            .create_agent_token(Some(args.pilot_time.as_secs() + 600), None, None)
             .await
             .context("cannot issue a join token for a pilot")?;
         std::fs::create_dir_all(&job.dir)

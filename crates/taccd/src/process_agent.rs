@@ -84,27 +84,34 @@ pub(crate) async fn run_agent(
         env_cache_bytes: node.env_cache_size.as_bytes(),
     };
     let stored = tacc_agent::stored_credential(data_dir)?;
-    let token = match (stored, join_token) {
+    // With a stored credential, a join token is kept for a re-enrolment the server may ask
+    // for (the node changed its name or grew).
+    let (token, enrol_token) = match (stored, join_token) {
         (Some(stored), Some(join)) if credential_refused(&client, &stored).await => {
             tracing::warn!(
                 "the server refuses this node's stored credential (an admin removed the node, \
                  or revoked it): registering again with the join token"
             );
-            Some(join)
+            (Some(join), None)
         }
-        (stored, join) => stored.or(join),
+        (Some(stored), join) => (Some(stored), join),
+        (None, join) => (join, None),
     };
     let client = match token {
         Some(token) => client.with_token(token),
         None => anyhow::bail!(
-            "this agent has no credential: give it a join token (`taccd agent --token T`; an \
-             admin makes one with `taccd admin agent-token`)"
+            "this agent has no credential: give it a join token, which an admin makes with \
+             `taccd admin agent-token`; {}",
+            crate::join_token::HOW_TO_PASS
         ),
     };
     let cgroups: Arc<dyn tacc_exec::cgroups::Cgroups> = Arc::from(agent_cgroups(data_dir));
     let processes = tacc_exec::ProcessExecutor::with_cgroups(cgroups.clone());
     let gpu_probe = tacc_agent::choose_probe(node.gpus, config.gpu_type.clone());
     let mut agent = Agent::new(client, config, Arc::new(processes))?.with_gpu_probe(gpu_probe);
+    if let Some(join) = enrol_token {
+        agent = agent.with_enrol_token(join);
+    }
     match start_watchdog(data_dir) {
         Ok(pipe) => agent = agent.with_watchdog(pipe),
         Err(error) => tracing::warn!(
@@ -131,6 +138,9 @@ fn start_watchdog(data_dir: &Path) -> Result<std::process::ChildStdin> {
         .arg("agent-watchdog")
         .arg("--data-dir")
         .arg(data_dir)
+        // The watchdog needs no join token.
+        .env_remove(crate::join_token::JOIN_TOKEN_ENV)
+        .env_remove(crate::join_token::OLD_JOIN_TOKEN_ENV)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .process_group(0)

@@ -146,9 +146,10 @@ pub async fn run(
         let credential = tacc_agent::stored_credential(&config.data_dir)?.or(join_token.clone());
         let Some(credential) = credential else {
             bail!(
-                "node {}: no credential; give the agent a join token (`--token`, from \
-                 `taccd admin agent-token`)",
-                node.name
+                "node {}: no credential; give the agent a join token that enrols every node of \
+                 the partition (`taccd admin agent-token --nodes N`); {}",
+                node.name,
+                crate::join_token::HOW_TO_PASS
             );
         };
         // A client of its own: the node credential it receives must not replace another's.

@@ -148,11 +148,13 @@ async fn follower_takes_over_a_paused_leader_which_is_fenced_and_nothing_runs_tw
     let join = admin_on(&data, url, &["agent-token", "--ttl", "1h"]).await;
     let agent_dir = dir.path().join("agent");
     std::fs::create_dir_all(&agent_dir).unwrap();
+    let token_file = common::write_token_file(&dir.path().join("join.token"), &join);
     let agent_log = std::fs::File::create(logs.join("agent.log")).unwrap();
     let agent = Command::new(env!("CARGO_BIN_EXE_taccd"))
         .args(["agent", "--server", &second.url, "--data-dir"])
         .arg(&agent_dir)
-        .args(["--token", &join])
+        .arg("--token-file")
+        .arg(&token_file)
         .stdout(Stdio::null())
         .stderr(agent_log)
         .spawn()

@@ -64,6 +64,7 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("GET", "/v1/admin/audit", "admin"),
         ("POST", "/v1/admin/nodes/{name}/drain", "admin"),
         ("POST", "/v1/admin/nodes/{name}/resume", "admin"),
+        ("POST", "/v1/admin/nodes/{name}/approve", "admin"),
         ("DELETE", "/v1/admin/nodes/{name}", "admin"),
         ("POST", "/v1/agents/register", "register"),
         ("POST", "/v1/agents/{node}/work", "own_node"),
@@ -540,7 +541,7 @@ async fn forged_agent_traffic_is_rejected_audited_and_changes_nothing() {
         .register_agent(&registration("real"))
         .await
         .unwrap_err();
-    assert_eq!(as_other.code(), Some("forbidden"), "{as_other}");
+    assert_eq!(as_other.code(), Some("reenrol_required"), "{as_other}");
 
     let forged_finish = AgentReport::Finished {
         attempt,

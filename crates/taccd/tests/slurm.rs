@@ -120,9 +120,11 @@ async fn cluster(dir: &std::path::Path, name: &str) -> SlurmCluster {
 }
 
 fn start_slurm_agent(server: &Daemon, dir: &std::path::Path, tag: &str) -> Daemon {
-    start_agent(
+    // One join token enrols every node of the partition.
+    start_agent_enrolling(
         server,
         dir,
+        &["--nodes", "16"],
         &[
             "--backend",
             "slurm",
@@ -450,9 +452,10 @@ async fn slurm_agents_beside_process_agents_are_chosen_by_runtime_and_labels() {
     assert_eq!(why.estimated_start, None, "{why:?}");
 
     let tag = format!("t{}-beside", std::process::id());
-    let _slurm = start_agent(
+    let _slurm = start_agent_enrolling(
         &server,
         &dir.path().join("slurm-agent"),
+        &["--nodes", "16"],
         &[
             "--backend",
             "slurm",
@@ -856,9 +859,10 @@ async fn pilot_cluster(dir: &std::path::Path, name: &str, idle: &str) -> SlurmCl
     std::fs::write(&token_file, &server.token).unwrap();
     let tag = format!("t{}-{name}", std::process::id());
     let agent_dir = dir.join("agent");
-    let agent = start_agent(
+    let agent = start_agent_enrolling(
         &server,
         &agent_dir,
+        &["--nodes", "16"],
         &[
             "--backend",
             "slurm",

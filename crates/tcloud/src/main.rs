@@ -219,11 +219,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 AdminTokenCommand::Ls { json } => admin::token_ls(&ctx, json).await,
                 AdminTokenCommand::Revoke { id } => admin::token_revoke(&ctx, id).await,
             },
-            AdminCommand::AgentToken { ttl, json } => admin::agent_token(&ctx, ttl, json).await,
+            AdminCommand::AgentToken {
+                ttl,
+                node,
+                nodes,
+                json,
+            } => admin::agent_token(&ctx, ttl, node.as_deref(), nodes, json).await,
             AdminCommand::Audit { limit, json } => admin::audit(&ctx, limit, json).await,
             AdminCommand::Node { command } => match command {
                 AdminNodeCommand::Drain { name } => admin::node_drain(&ctx, &name, false).await,
                 AdminNodeCommand::Resume { name } => admin::node_drain(&ctx, &name, true).await,
+                AdminNodeCommand::Approve { name } => admin::node_approve(&ctx, &name).await,
                 AdminNodeCommand::Remove { name } => admin::node_remove(&ctx, &name).await,
             },
         },

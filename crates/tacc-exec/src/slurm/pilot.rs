@@ -53,7 +53,7 @@ impl PilotJob {
             agent.push_str(&format!(" --server-fingerprint {}", quote(fingerprint)));
         }
         format!(
-            "#!/bin/sh\n# A TACC pilot: a taccd agent that runs short TACC tasks inside this allocation.\nset -e\nTACC_PILOT_JOB=\"$SLURM_JOB_ID\"\nTACC_PILOT_ENDS=$(( $(date +%s) + {secs} ))\nTACC_AGENT_TOKEN=$(cat {token})\nexport TACC_PILOT_JOB TACC_PILOT_ENDS TACC_AGENT_TOKEN\n{agent}\n",
+            "#!/bin/sh\n# A TACC pilot: a taccd agent that runs short TACC tasks inside this allocation.\nset -e\nTACC_PILOT_JOB=\"$SLURM_JOB_ID\"\nTACC_PILOT_ENDS=$(( $(date +%s) + {secs} ))\nTACC_JOIN_TOKEN=$(cat {token})\nexport TACC_PILOT_JOB TACC_PILOT_ENDS TACC_JOIN_TOKEN\n{agent}\n",
             secs = self.minutes() * 60,
             token = quote(&self.token_file.display().to_string()),
         )
@@ -148,7 +148,7 @@ mod tests {
             script.contains("exec '/opt/tacc/bin/taccd' agent --server 'http://10.0.0.1:8383'"),
             "{script}"
         );
-        assert!(script.contains("TACC_AGENT_TOKEN=$(cat '/shared/tacc/pilot.token')"));
+        assert!(script.contains("TACC_JOIN_TOKEN=$(cat '/shared/tacc/pilot.token')"));
         let args = job().sbatch_args(Path::new("/shared/tacc/pilots/pilot.sh"));
         assert!(args.contains(&"--time=2".to_string()), "{args:?}");
         assert!(args.contains(&"--comment=tacc-pilot:lab".to_string()));

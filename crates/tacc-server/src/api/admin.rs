@@ -144,6 +144,10 @@ pub(super) async fn revoke_token(
 #[derive(Debug, Deserialize)]
 pub(super) struct AgentTokenQuery {
     ttl_secs: Option<u64>,
+    /// Bind the token to this node name.
+    node: Option<String>,
+    /// How many nodes it may enrol (one when absent).
+    nodes: Option<u32>,
 }
 
 pub(super) async fn create_agent_token(
@@ -156,6 +160,10 @@ pub(super) async fn create_agent_token(
         app.control.store.as_ref(),
         &issuer,
         query.ttl_secs,
+        tacc_store::JoinScope {
+            bound_node: query.node.clone(),
+            max_nodes: query.nodes.unwrap_or(1),
+        },
         crate::now(),
     )
     .await?;
@@ -259,6 +267,25 @@ pub(super) async fn resume_node(
             format!("node:{name}"),
             String::new(),
             app.control.resume_node(&name),
+        )
+        .await?;
+    Ok(Json(view))
+}
+
+pub(super) async fn approve_node(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<tacc_proto::NodeView>> {
+    let view = app
+        .control
+        .audit
+        .audited(
+            &caller,
+            "node.approve",
+            format!("node:{name}"),
+            String::new(),
+            app.control.approve_node(&name),
         )
         .await?;
     Ok(Json(view))

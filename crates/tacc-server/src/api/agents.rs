@@ -1,6 +1,7 @@
 //! The agent protocol: registration, the work long poll, reports.
 
 use super::prelude::*;
+use crate::enrolment::Admission;
 
 /// Longest a work poll is held open before answering "no change".
 const MAX_POLL_WAIT: Duration = Duration::from_secs(30);
@@ -12,15 +13,19 @@ pub(super) async fn register_agent(
     Extension(caller): Extension<Caller>,
     Json(body): Json<RegisterAgent>,
 ) -> ApiResult<Json<AgentRegistered>> {
-    let node_token = app.control.admit_registration(&caller, &body).await?;
+    let admission = app.control.admit_registration(&caller, &body).await?;
     let gpus = body.gpus.clone();
-    let record = app.control.register_agent(body).await?;
+    let enrolment = match admission {
+        Admission::Enrol(enrolment) => Some(enrolment),
+        Admission::Restart => None,
+    };
+    let record = app.control.register_agent(body, enrolment).await?;
     app.control
         .usage
         .register_node(record.id, record.name.clone(), gpus);
-    let node_token = match node_token {
-        Some(()) => Some(app.control.issue_node_credential(&caller, &record).await?),
-        None => None,
+    let node_token = match admission {
+        Admission::Enrol(_) => Some(app.control.issue_node_credential(&caller, &record).await?),
+        Admission::Restart => None,
     };
     Ok(Json(AgentRegistered {
         node_id: record.id,

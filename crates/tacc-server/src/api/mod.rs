@@ -289,6 +289,12 @@ fn declare() -> Vec<Declared> {
             post(admin::resume_node),
         ),
         rule(
+            M::POST,
+            "/v1/admin/nodes/{name}/approve",
+            Admin,
+            post(admin::approve_node),
+        ),
+        rule(
             M::DELETE,
             "/v1/admin/nodes/{name}",
             Admin,
@@ -437,6 +443,7 @@ impl ServerError {
             ServerError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
             ServerError::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated"),
             ServerError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ServerError::ReenrolRequired(_) => (StatusCode::FORBIDDEN, "reenrol_required"),
             ServerError::TooManyRequests { .. } => {
                 (StatusCode::TOO_MANY_REQUESTS, "too_many_requests")
             }

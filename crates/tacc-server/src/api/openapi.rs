@@ -472,11 +472,23 @@ fn described() -> Vec<Operation> {
             "/v1/admin/agent-tokens",
             "Issue a join token with which a new agent registers its node.",
         )
-        .query(&[(
-            "ttl_secs",
-            Type::Integer,
-            "How long the join token can be used.",
-        )])
+        .query(&[
+            (
+                "ttl_secs",
+                Type::Integer,
+                "How long the join token can be used (an hour when absent).",
+            ),
+            (
+                "node",
+                Type::String,
+                "Bind the token to this node name: it enrols that node only.",
+            ),
+            (
+                "nodes",
+                Type::Integer,
+                "How many nodes the token may enrol (1 when absent).",
+            ),
+        ])
         .answers(201, Json(one::<TokenIssued>)),
         op(M::GET, "/v1/admin/audit", "The audit trail, newest first.")
             .query(&[
@@ -502,6 +514,12 @@ fn described() -> Vec<Operation> {
             M::POST,
             "/v1/admin/nodes/{name}/resume",
             "Give a drained node work again.",
+        )
+        .answers(200, Json(one::<NodeView>)),
+        op(
+            M::POST,
+            "/v1/admin/nodes/{name}/approve",
+            "Approve a node that enrolled while the server requires approval: it gets work from now on.",
         )
         .answers(200, Json(one::<NodeView>)),
         op(

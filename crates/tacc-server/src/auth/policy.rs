@@ -123,7 +123,7 @@ pub fn decide(caller: &Caller, access: Access) -> Result<(), Refusal> {
         (Access::Register, Caller::Joiner { .. } | Caller::Node { .. }) => Ok(()),
         (Access::OwnNode | Access::Snapshot | Access::Chunk, Caller::Node { .. }) => Ok(()),
         (Access::Register | Access::OwnNode, Caller::User(_)) => Err(Refusal::Forbidden(
-            "agent routes need a node credential (`taccd agent --token JOIN_TOKEN`)".into(),
+            "agent routes need a node credential: enrol the node with a join token (`taccd agent --token-file FILE`)".into(),
         )),
         (_, Caller::Node { .. }) => Err(Refusal::Forbidden(
             "a node credential may only be used for the agent protocol".into(),

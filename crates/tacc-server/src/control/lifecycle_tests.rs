@@ -648,3 +648,35 @@ async fn removing_a_node_answers_the_poll_it_holds_open() {
     assert!(held.changed().await.is_err(), "the held poll is answered");
     assert!(env.try_poll(&agent).await.is_err(), "the node is gone");
 }
+
+#[tokio::test]
+async fn a_node_enrolled_while_approval_is_required_gets_work_only_once_approved() {
+    let mut env = TestEnv::configured(|config| config.require_node_approval = true).await;
+    let mut agent = env.enrol("fresh", 2).await;
+    assert_eq!(env.node_state(&agent).await, "pending");
+    let task = env.submit(ONE_CPU).await;
+    assert!(
+        env.poll(&mut agent).await.is_empty(),
+        "work for a pending node"
+    );
+    assert_eq!(env.state(task).await, Queued);
+    // A restart of the server or the agent keeps it pending.
+    env.restart_server().await;
+    env.register(&agent, 2).await;
+    assert_eq!(env.node_state(&agent).await, "pending");
+    assert!(
+        env.poll(&mut agent).await.is_empty(),
+        "work for a pending node"
+    );
+
+    let view = env.control.approve_node("fresh").await.unwrap();
+    assert_eq!(view.state, "up");
+    let attempt = only(&env.poll(&mut agent).await);
+    assert_eq!(attempt.task, task);
+    // A drained node that is approved stays drained.
+    let mut other = env.enrol("other", 2).await;
+    env.control.drain_node("other").await.unwrap();
+    env.control.approve_node("other").await.unwrap();
+    assert_eq!(env.node_state(&other).await, "drained");
+    assert!(env.poll(&mut other).await.is_empty());
+}

@@ -103,6 +103,9 @@ pub struct ServerConfig {
     pub connections: crate::ConnectionLimits,
     /// Audit retention and the bounds on refused-request noise.
     pub audit: crate::auth::AuditSettings,
+    /// Nodes that enrol wait, with no work, until an admin approves them
+    /// (`--require-node-approval`).
+    pub require_node_approval: bool,
 }
 
 impl ServerConfig {
@@ -125,6 +128,7 @@ impl ServerConfig {
             webhooks: Default::default(),
             connections: crate::ConnectionLimits::default(),
             audit: crate::auth::AuditSettings::default(),
+            require_node_approval: false,
         }
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tacc_core::{NodeId, Resources, TaskId, TaskState, Timestamp};
 use tacc_proto::{AttemptOutcome, AttemptRef, DesiredWork, RegisterAgent};
 use tacc_scheduler::{Event, NodeSpec};
-use tacc_store::{NewNode, NodeRecord, TaskFilter};
+use tacc_store::{NewNode, NodeEnrolment, NodeRecord, TaskFilter};
 use tokio::sync::watch;
 
 use super::rules::claims::Claim;
@@ -56,9 +56,11 @@ impl LiveNode {
 impl Control {
     /// An agent (re)registers. Attempts the server placed on this node that the agent does
     /// not report are lost: their processes are gone with the agent's previous life.
+    /// `enrolment` is set when the node enrols with a join token (see `enrolment`).
     pub async fn register_agent(
         &self,
         registration: RegisterAgent,
+        enrolment: Option<NodeEnrolment>,
     ) -> Result<NodeRecord, ServerError> {
         let mut inner = self.inner.lock().await;
         let record = self
@@ -70,6 +72,7 @@ impl Control {
                 labels: registration.labels.clone(),
                 address: registration.address.clone(),
                 registered_at: self.clock.now(),
+                enrolment,
             })
             .await?;
         // Read before the node comes up: a queued task the scheduler places on it at once
@@ -90,8 +93,17 @@ impl Control {
             .nodes
             .entry(record.id)
             .or_insert_with(|| LiveNode::new(record.clone(), self.clock.instant()));
+        let became_pending = record.pending && !live.record.pending;
         live.record = record.clone();
         live.online = true;
+        if record.pending {
+            tracing::warn!(
+                "node {} enrolled and waits for an admin's approval (`taccd admin node approve \
+                 {}`): it gets no work until then",
+                record.name,
+                record.name
+            );
+        }
         self.node_attempts
             .forget_node(record.id, &registration.running);
         self.log_offsets.registered(record.id, registration.life);
@@ -107,8 +119,12 @@ impl Control {
             );
             live.held_back_until = Some(self.clock.instant() + stable_after);
         }
+        let schedulable = live.schedulable();
         if !was_online && live.held_back_until.is_none() {
             self.node_joins_scheduler(&mut inner, record.id).await;
+        } else if was_online && became_pending && schedulable && !record.drained {
+            // Enrolled again while up: held back like a drained node until approved.
+            self.drive(&mut inner, Event::NodeDrained(record.id)).await;
         }
 
         for task in active
@@ -267,14 +283,15 @@ impl Control {
         Ok(())
     }
 
-    /// Tell the scheduler a node is up (and drained, if it is).
+    /// Tell the scheduler a node is up (and drained, if it is drained or waits for
+    /// approval: the scheduler places nothing on it either way).
     async fn node_joins_scheduler(&self, inner: &mut Inner, node: NodeId) {
         let Some(live) = inner.nodes.get(&node) else {
             return;
         };
         let record = live.record.clone();
         self.drive(inner, Event::NodeUp(node_spec(&record))).await;
-        if record.drained {
+        if record.drained || record.pending {
             self.drive(inner, Event::NodeDrained(record.id)).await;
         }
     }
@@ -358,6 +375,7 @@ impl Control {
                     labels: live.record.labels.clone(),
                     state: match (live.online, live.record.drained) {
                         (false, _) => "down".into(),
+                        (true, _) if live.record.pending => "pending".into(),
                         (true, _) if live.held_back_until.is_some() => "flapping".into(),
                         (true, false) => "up".into(),
                         (true, true) if live.assignments.is_empty() => "drained".into(),
@@ -412,7 +430,8 @@ impl Control {
             let live = inner.nodes.get_mut(&id).expect("found above");
             let changed = live.record.drained != drained;
             live.record.drained = drained;
-            if changed && live.schedulable() {
+            // A node waiting for approval stays held back whatever its drain says.
+            if changed && live.schedulable() && !live.record.pending {
                 let event = if drained {
                     Event::NodeDrained(id)
                 } else {
@@ -420,6 +439,29 @@ impl Control {
                 };
                 self.drive(&mut inner, event).await;
             }
+        }
+        self.node_views()
+            .await
+            .into_iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| ServerError::NotFound(format!("node `{name}` vanished")))
+    }
+
+    /// Approve a node that enrolled while approval is required: it gets work from now on
+    /// (unless drained). Approving a node that waits for nothing changes nothing.
+    pub async fn approve_node(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
+        {
+            let mut inner = self.inner.lock().await;
+            let id = Self::node_named(&inner, name)?;
+            self.store.approve_node(id).await?;
+            let live = inner.nodes.get_mut(&id).expect("found above");
+            let was_pending = live.record.pending;
+            live.record.pending = false;
+            if was_pending && live.schedulable() && !live.record.drained {
+                self.drive(&mut inner, Event::NodeResumed(id)).await;
+                self.release_held(&mut inner).await?;
+            }
+            self.comm.work_changed(id);
         }
         self.node_views()
             .await

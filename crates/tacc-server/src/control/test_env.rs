@@ -233,19 +233,48 @@ impl TestEnv {
         agent
     }
 
+    /// A new agent enrols (as with a join token): pending when the server requires
+    /// approval.
+    pub(super) async fn enrol(&self, name: &str, cpus: u64) -> FakeAgent {
+        let mut agent = FakeAgent {
+            node: NodeId(0),
+            name: name.to_string(),
+            running: BTreeSet::new(),
+            log_written: 0,
+            life: 1,
+        };
+        let enrolment = tacc_store::NodeEnrolment {
+            pending: self.control.config.require_node_approval,
+        };
+        agent.node = self.registered(&agent, cpus, Some(enrolment)).await;
+        agent
+    }
+
     /// The agent registers (again), claiming what it runs or has not delivered the end of.
     pub(super) async fn register(&self, agent: &FakeAgent, cpus: u64) -> NodeId {
+        self.registered(agent, cpus, None).await
+    }
+
+    async fn registered(
+        &self,
+        agent: &FakeAgent,
+        cpus: u64,
+        enrolment: Option<tacc_store::NodeEnrolment>,
+    ) -> NodeId {
         self.control
-            .register_agent(RegisterAgent {
-                name: agent.name.clone(),
-                capacity: Resources::new(cpus * 1000, 64 << 30, 0),
-                gpu_type: None,
-                labels: Default::default(),
-                running: agent.running.iter().copied().collect(),
-                address: format!("{}.test:0", agent.name),
-                gpus: Vec::new(),
-                life: agent.life,
-            })
+            .register_agent(
+                RegisterAgent {
+                    name: agent.name.clone(),
+                    capacity: Resources::new(cpus * 1000, 64 << 30, 0),
+                    gpu_type: None,
+                    labels: Default::default(),
+                    running: agent.running.iter().copied().collect(),
+                    address: format!("{}.test:0", agent.name),
+                    gpus: Vec::new(),
+                    life: agent.life,
+                },
+                enrolment,
+            )
             .await
             .expect("the registration is accepted")
             .id

@@ -30,6 +30,7 @@ fn user_token(hash: String, user: &str, at: u64) -> NewToken {
         created_at: Timestamp(at),
         expires_at: None,
         label: format!("{user}'s laptop"),
+        join: None,
     }
 }
 
@@ -107,6 +108,7 @@ pub async fn tokens_found_by_hash_and_id(store: &dyn Store) {
         created_at: Timestamp(30),
         expires_at: Some(Timestamp(1_000_000)),
         label: "node gpu-07".into(),
+        join: None,
     };
     let first = store
         .create_token(user_token(hash('a'), "alice", 20))

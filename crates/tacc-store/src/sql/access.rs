@@ -11,10 +11,10 @@ use super::{
     refuse_duplicate,
 };
 use crate::rows::{Columns, audit_from_row, secret_from_row, token_from_row, user_from_row};
-use crate::statement::{Run, Statement};
+use crate::statement::{Run, Statement, Transact};
 use crate::{
-    AuditEntry, NewAuditEntry, NewToken, Result, SecretRecord, SnapshotOwner, TokenRecord,
-    UserRecord,
+    AuditEntry, Enrolment, NewAuditEntry, NewToken, Result, SecretRecord, SnapshotOwner, TokenKind,
+    TokenRecord, UserRecord,
 };
 
 // ------------------------------------------------------------ users
@@ -56,8 +56,8 @@ pub(crate) async fn list_users(reader: &impl Run) -> Result<Vec<UserRecord>> {
 
 pub(crate) async fn create_token(writer: &impl Run, token: NewToken) -> Result<TokenRecord> {
     let insert = Statement::new(format!(
-        "INSERT INTO tokens (kind, hash, user_name, node_id, created_at, expires_at, label) \
-         VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING {TOKEN_COLUMNS}"
+        "INSERT INTO tokens (kind, hash, user_name, node_id, created_at, expires_at, label, \
+         bound_node, enrol_limit) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING {TOKEN_COLUMNS}"
     ))
     .bind(token.kind.as_str())
     .bind(&token.hash)
@@ -65,7 +65,9 @@ pub(crate) async fn create_token(writer: &impl Run, token: NewToken) -> Result<T
     .bind(token.node.map(|n| n.0 as i64))
     .bind(millis(token.created_at))
     .bind(token.expires_at.map(millis))
-    .bind(&token.label);
+    .bind(&token.label)
+    .bind(token.join.as_ref().and_then(|j| j.bound_node.clone()))
+    .bind(token.join.as_ref().map(|j| i64::from(j.max_nodes)));
     let row = writer
         .fetch_one(insert)
         .await
@@ -113,6 +115,79 @@ pub(crate) async fn revoke_token(writer: &impl Run, id: u64, at: Timestamp) -> R
         )
         .await?;
     Ok(revoked == 1)
+}
+
+/// [`Store::enrol_node`](crate::Store::enrol_node) inside the store's open transaction.
+/// The use is counted by one conditional update of the token's row, which both stores
+/// apply atomically (SQLite's single writer; PostgreSQL re-checks the condition on the
+/// locked row), so two agents racing with one single-use token cannot both enrol.
+pub(crate) async fn enrol_node(
+    tx: &mut impl Transact,
+    token: u64,
+    node_name: &str,
+    at: Timestamp,
+) -> Result<Enrolment> {
+    let counted = tx
+        .execute(
+            Statement::new(
+                "UPDATE tokens SET enrolled = enrolled + 1 WHERE id = ? AND kind = ? \
+                 AND enrolled < COALESCE(enrol_limit, 1) \
+                 AND (bound_node IS NULL OR bound_node = ?) \
+                 AND NOT EXISTS (SELECT 1 FROM enrolments WHERE token_id = ? AND node_name = ?)",
+            )
+            .bind(token as i64)
+            .bind(TokenKind::AgentJoin.as_str())
+            .bind(node_name)
+            .bind(token as i64)
+            .bind(node_name),
+        )
+        .await?;
+    if counted == 1 {
+        tx.execute(
+            Statement::new("INSERT INTO enrolments (token_id, node_name, at) VALUES (?, ?, ?)")
+                .bind(token as i64)
+                .bind(node_name)
+                .bind(millis(at)),
+        )
+        .await?;
+        return Ok(Enrolment::Admitted);
+    }
+    // Refused: say why.
+    let Some(row) = tx
+        .fetch_optional(
+            Statement::new(format!(
+                "SELECT {TOKEN_COLUMNS} FROM tokens WHERE id = ? AND kind = ?"
+            ))
+            .bind(token as i64)
+            .bind(TokenKind::AgentJoin.as_str()),
+        )
+        .await?
+    else {
+        return Ok(Enrolment::NotJoinToken);
+    };
+    let record = token_from_row(&row)?;
+    let scope = record.join.unwrap_or_else(crate::JoinScope::single_use);
+    if let Some(bound) = scope.bound_node
+        && bound != node_name
+    {
+        return Ok(Enrolment::BoundToOther { bound });
+    }
+    let rows = tx
+        .fetch_all(
+            Statement::new(
+                "SELECT node_name FROM enrolments WHERE token_id = ? ORDER BY at, node_name",
+            )
+            .bind(token as i64),
+        )
+        .await?;
+    let enrolled = rows
+        .iter()
+        .map(|row| row.text("node_name"))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Enrolment::UsedUp {
+        max_nodes: scope.max_nodes,
+        enrolled,
+    })
 }
 
 // ------------------------------------------------------------ audit

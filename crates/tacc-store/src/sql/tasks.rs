@@ -84,18 +84,30 @@ pub(crate) async fn task_events(reader: &impl Run, id: TaskId) -> Result<Vec<Tas
 // ------------------------------------------------------------ nodes
 
 pub(crate) async fn register_node(writer: &impl Run, node: NewNode) -> Result<NodeRecord> {
+    // An enrolment sets the enrolled capacity and the approval state; a restart with the
+    // node's own credential keeps both.
+    let enrols = i64::from(node.enrolment.is_some());
+    let pending = i64::from(node.enrolment.is_some_and(|e| e.pending));
+    let capacity = serde_json::to_string(&node.capacity).map_err(corrupt)?;
     let upsert = Statement::new(format!(
-        "INSERT INTO nodes (name, capacity, gpu_type, labels, address, registered_at) VALUES (?, ?, ?, ?, ?, ?) \
+        "INSERT INTO nodes (name, capacity, gpu_type, labels, address, registered_at, enrolled_capacity, pending) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (name) DO UPDATE SET capacity = excluded.capacity, gpu_type = excluded.gpu_type, \
-         labels = excluded.labels, address = excluded.address, registered_at = excluded.registered_at \
+         labels = excluded.labels, address = excluded.address, registered_at = excluded.registered_at, \
+         enrolled_capacity = CASE WHEN ? = 1 THEN excluded.enrolled_capacity ELSE nodes.enrolled_capacity END, \
+         pending = CASE WHEN ? = 1 THEN excluded.pending ELSE nodes.pending END \
          RETURNING {NODE_COLUMNS}"
     ))
     .bind(&node.name)
-    .bind(serde_json::to_string(&node.capacity).map_err(corrupt)?)
+    .bind(capacity.clone())
     .bind(&node.gpu_type)
     .bind(serde_json::to_string(&node.labels).map_err(corrupt)?)
     .bind(&node.address)
-    .bind(millis(node.registered_at));
+    .bind(millis(node.registered_at))
+    .bind(capacity)
+    .bind(pending)
+    .bind(enrols)
+    .bind(enrols);
     node_from_row(&writer.fetch_one(upsert).await?)
 }
 
@@ -116,6 +128,11 @@ pub(crate) async fn set_node_drained(
     let update = Statement::new("UPDATE nodes SET drained = ? WHERE id = ?")
         .bind(i64::from(drained))
         .bind(node.0 as i64);
+    Ok(writer.execute(update).await? > 0)
+}
+
+pub(crate) async fn approve_node(writer: &impl Run, node: NodeId) -> Result<bool> {
+    let update = Statement::new("UPDATE nodes SET pending = 0 WHERE id = ?").bind(node.0 as i64);
     Ok(writer.execute(update).await? > 0)
 }
 

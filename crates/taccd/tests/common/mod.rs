@@ -339,16 +339,48 @@ pub async fn restart_on(mode: &str, data: &Path, url: &str, extra: &[&str]) -> D
     daemon
 }
 
-/// Start a separate agent process for `server`, with a join token the operator issued.
+/// Write `token` to a file only its owner reads, as an operator hands a join token to an
+/// agent (`--token-file`): never on a command line.
+pub fn write_token_file(path: &Path, token: &str) -> std::path::PathBuf {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap();
+    file.write_all(token.trim().as_bytes()).unwrap();
+    path.to_path_buf()
+}
+
+/// Start a separate agent process for `server`, with a join token the operator issued
+/// (one node, any name), handed over in a file.
 pub fn start_agent(server: &Daemon, data_dir: &Path, extra: &[&str]) -> Daemon {
+    start_agent_enrolling(server, data_dir, &[], extra)
+}
+
+/// [`start_agent`] with a join token issued with `token_args` (e.g. `--nodes 8` for a
+/// Slurm agent that enrols every node of its partition).
+pub fn start_agent_enrolling(
+    server: &Daemon,
+    data_dir: &Path,
+    token_args: &[&str],
+    extra: &[&str],
+) -> Daemon {
     std::fs::create_dir_all(data_dir).unwrap();
     let url = server.url.as_str();
-    let join = server.admin(&["agent-token", "--ttl", "1h"]);
+    let mut args = vec!["agent-token", "--ttl", "1h"];
+    args.extend_from_slice(token_args);
+    let join = server.admin(&args);
+    let token_file = write_token_file(&data_dir.join("join.token"), &join);
     let log = std::fs::File::create(data_dir.join("agent.log")).unwrap();
     let child = taccd()
         .args(["agent", "--server", url, "--data-dir"])
         .arg(data_dir)
-        .args(["--token", join.trim()])
+        .arg("--token-file")
+        .arg(&token_file)
         .args(extra)
         .stdout(Stdio::null())
         .stderr(log)

@@ -102,6 +102,7 @@ impl Cluster {
         let data_dir = self.root.join(name);
         std::fs::create_dir_all(&data_dir).unwrap();
         let join = self.server.admin(&["agent-token", "--ttl", "1h"]);
+        let token_file = super::write_token_file(&data_dir.join("join.token"), &join);
         let log = std::fs::File::create(data_dir.join("agent.log")).unwrap();
         // nsenter, not `ip netns exec`: that remounts /sys, hiding the cgroup hierarchy.
         let child = Command::new("nsenter")
@@ -109,12 +110,9 @@ impl Cluster {
             .arg(env!("CARGO_BIN_EXE_taccd"))
             .args(["agent", "--server", &self.server.url, "--data-dir"])
             .arg(&data_dir)
-            .args([
-                "--token",
-                join.trim(),
-                "--server-fingerprint",
-                &self.fingerprint,
-            ])
+            .arg("--token-file")
+            .arg(&token_file)
+            .args(["--server-fingerprint", &self.fingerprint])
             .args(["--name", name])
             .args(extra)
             .stdout(Stdio::null())

@@ -28,24 +28,32 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: AdminTokenCommand,
     },
-    /// Issue a join token with which a new node's agent registers
+    /// Issue a join token with which a new node's agent enrols
     #[command(
-        long_about = "Issues a join token: `taccd agent --server URL --token TOKEN` on a new \
-node registers it with this token and receives a credential of its own, bound to that node. \
-The token is printed once, alone on stdout.",
-        after_help = "Examples:\n  tcloud admin agent-token\n  tcloud admin agent-token --ttl 1h\n  TOKEN=$(tcloud admin agent-token --ttl 30m)"
+        long_about = "Issues a join token: on a new node, `taccd agent --server URL \
+--token-file FILE` (the token in a file only root reads; `--token-file -` reads standard \
+input) enrols the node with it, and the node receives a credential of its own, bound to it. \
+A token enrols one node, any name, unless --node binds it to one name or --nodes lets it \
+enrol several; once used it enrols nothing. The token is printed once, alone on stdout.",
+        after_help = "Examples:\n  tcloud admin agent-token > join.token\n  tcloud admin agent-token --node gpu-07 --ttl 30m\n  tcloud admin agent-token --nodes 16   # a Slurm agent's partition"
     )]
     AgentToken {
-        /// How long the join token stays valid (e.g. 30m, 1h, 2d); default: the server's
+        /// How long the join token stays valid (e.g. 30m, 1h, 2d); default 1h
         #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
         ttl: Option<HumanDuration>,
+        /// Enrol only the node of this name (also one already registered: a re-enrolment)
+        #[arg(long, value_name = "NAME", conflicts_with = "nodes")]
+        node: Option<String>,
+        /// How many nodes the token may enrol, each name once; default 1
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        nodes: Option<u32>,
         /// Print {\"id\", \"token\", \"expires_at\"} as JSON
         #[arg(long)]
         json: bool,
     },
-    /// Nodes: drain one, resume it, remove it
+    /// Nodes: drain one, resume it, approve it, remove it
     #[command(
-        after_help = "Examples:\n  tcloud admin node drain gpu-01\n  tcloud admin node resume gpu-01\n  tcloud admin node remove gpu-01"
+        after_help = "Examples:\n  tcloud admin node drain gpu-01\n  tcloud admin node resume gpu-01\n  tcloud admin node approve gpu-01\n  tcloud admin node remove gpu-01"
     )]
     Node {
         #[command(subcommand)]
@@ -106,6 +114,14 @@ pub enum AdminNodeCommand {
     /// Let a drained node take new tasks again
     #[command(after_help = "Examples:\n  tcloud admin node resume gpu-01")]
     Resume { name: String },
+    /// Approve a node that enrolled while the server requires approval
+    #[command(
+        long_about = "Approves a node that enrolled while the server requires approval \
+(`taccd server --require-node-approval`): until then it is `pending` in `tcloud nodes` and \
+gets no work. Check first that the node is the machine you expect.",
+        after_help = "Examples:\n  tcloud admin node approve gpu-01"
+    )]
+    Approve { name: String },
     /// Forget a node and revoke its credential; it must join again with a join token
     #[command(
         long_about = "Forgets a node and revokes its credential; its agent must join again \

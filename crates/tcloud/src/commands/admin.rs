@@ -148,6 +148,16 @@ pub async fn node_drain(ctx: &Ctx, name: &str, resume: bool) -> Result<()> {
     Ok(())
 }
 
+pub async fn node_approve(ctx: &Ctx, name: &str) -> Result<()> {
+    let view = ctx.client()?.approve_node(name).await?;
+    out(format!(
+        "Approved node {}: it is {} and takes tasks",
+        field(&view.name),
+        field(&view.state)
+    ))?;
+    Ok(())
+}
+
 pub async fn node_remove(ctx: &Ctx, name: &str) -> Result<()> {
     ctx.client()?.remove_node(name).await?;
     out(format!(
@@ -157,10 +167,16 @@ pub async fn node_remove(ctx: &Ctx, name: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn agent_token(ctx: &Ctx, ttl: Option<HumanDuration>, as_json: bool) -> Result<()> {
+pub async fn agent_token(
+    ctx: &Ctx,
+    ttl: Option<HumanDuration>,
+    node: Option<&str>,
+    nodes: Option<u32>,
+    as_json: bool,
+) -> Result<()> {
     let client = ctx.client()?;
     let issued = client
-        .create_agent_token(ttl.map(HumanDuration::as_secs))
+        .create_agent_token(ttl.map(HumanDuration::as_secs), node, nodes)
         .await?;
     if as_json {
         return out_json(&issued);
@@ -172,7 +188,7 @@ pub async fn agent_token(ctx: &Ctx, ttl: Option<HumanDuration>, as_json: bool) -
     );
     out(field(&issued.token))?;
     eprintln!(
-        "On the new node: `taccd agent --server {} --token TOKEN` (it registers and gets its own node credential).",
+        "On the new node, put it in a file only root reads (never on a command line) and run `taccd agent --server {} --token-file FILE` (it enrols and gets its own node credential).",
         client.base_url()
     );
     Ok(())

@@ -25,6 +25,8 @@ pub(super) fn test_node(id: u64, at: std::time::Instant) -> super::LiveNode {
             address: String::new(),
             registered_at: tacc_core::Timestamp(0),
             drained: false,
+            enrolled_capacity: tacc_core::Resources::new(1000, 1 << 30, 0),
+            pending: false,
         },
         at,
     );
