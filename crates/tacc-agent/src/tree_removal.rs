@@ -66,10 +66,11 @@ mod tests {
         std::fs::create_dir_all(root.join("data/inner")).unwrap();
         std::fs::write(root.join("data/inner/file"), "x").unwrap();
         std::os::unix::fs::symlink("/nonexistent", root.join("data/link")).unwrap();
-        for path in ["data/inner/file"] {
-            std::fs::set_permissions(root.join(path), std::fs::Permissions::from_mode(0o444))
-                .unwrap();
-        }
+        std::fs::set_permissions(
+            root.join("data/inner/file"),
+            std::fs::Permissions::from_mode(0o444),
+        )
+        .unwrap();
         for path in ["data/inner", "data", ""] {
             std::fs::set_permissions(root.join(path), std::fs::Permissions::from_mode(0o555))
                 .unwrap();

@@ -10,7 +10,10 @@ use std::process::{Command, Output};
 fn tcloud(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tcloud"))
         .args(args)
-        .env("TACC_HOME", std::env::temp_dir().join("tcloud-shell-docs-unused"))
+        .env(
+            "TACC_HOME",
+            std::env::temp_dir().join("tcloud-shell-docs-unused"),
+        )
         .output()
         .unwrap()
 }
@@ -69,7 +72,10 @@ printf '%s\n' "${{COMPREPLY[@]}}"
 
 #[test]
 fn bash_completes_commands_subcommands_and_options_from_the_grammar() {
-    if !have("bash", "bash_completes_commands_subcommands_and_options_from_the_grammar") {
+    if !have(
+        "bash",
+        "bash_completes_commands_subcommands_and_options_from_the_grammar",
+    ) {
         return;
     }
     let out = tcloud(&["completion", "bash"]);
@@ -79,7 +85,10 @@ fn bash_completes_commands_subcommands_and_options_from_the_grammar() {
     std::fs::write(&script, &out.stdout).unwrap();
 
     assert_eq!(bash_completions(&script, &["tcloud", "sub"]), ["submit"]);
-    assert_eq!(bash_completions(&script, &["tcloud", "admin", "us"]), ["user"]);
+    assert_eq!(
+        bash_completions(&script, &["tcloud", "admin", "us"]),
+        ["user"]
+    );
     assert_eq!(
         bash_completions(&script, &["tcloud", "submit", "--fo"]),
         ["--follow"]
@@ -110,7 +119,11 @@ fn zsh_and_fish_scripts_name_every_command() {
         }
     }
     let out = tcloud(&["completion", "powershell"]);
-    assert_eq!(out.status.code(), Some(2), "an unknown shell is invalid input");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown shell is invalid input"
+    );
 }
 
 #[test]
@@ -127,7 +140,12 @@ fn every_man_page_renders_without_warnings() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    for expected in ["tcloud.1", "tcloud-submit.1", "tcloud-admin-user-add.1", "tcloud-man.1"] {
+    for expected in [
+        "tcloud.1",
+        "tcloud-submit.1",
+        "tcloud-admin-user-add.1",
+        "tcloud-man.1",
+    ] {
         assert!(names.iter().any(|n| n == expected), "{expected}: {names:?}");
     }
     assert!(text(&out.stdout).contains(&format!("wrote {} man pages", names.len())));
@@ -141,14 +159,21 @@ fn every_man_page_renders_without_warnings() {
             .env("LC_ALL", "C.UTF-8")
             .output()
             .unwrap();
-        assert!(rendered.status.success(), "{name}: {}", text(&rendered.stderr));
+        assert!(
+            rendered.status.success(),
+            "{name}: {}",
+            text(&rendered.stderr)
+        );
         assert!(
             rendered.stderr.is_empty(),
             "{name} renders with warnings: {}",
             text(&rendered.stderr)
         );
         let page = text(&rendered.stdout);
-        assert!(page.contains("NAME") && page.contains("SYNOPSIS"), "{name}: {page}");
+        assert!(
+            page.contains("NAME") && page.contains("SYNOPSIS"),
+            "{name}: {page}"
+        );
     }
     let submit = Command::new("man")
         .args(["-l"])

@@ -16,15 +16,24 @@ pub fn completion(shell: CompletionShell) -> Result<()> {
     let mut command = Cli::command();
     let mut script = Vec::new();
     match shell {
-        CompletionShell::Bash => {
-            clap_complete::generate(clap_complete::Shell::Bash, &mut command, "tcloud", &mut script)
-        }
-        CompletionShell::Zsh => {
-            clap_complete::generate(clap_complete::Shell::Zsh, &mut command, "tcloud", &mut script)
-        }
-        CompletionShell::Fish => {
-            clap_complete::generate(clap_complete::Shell::Fish, &mut command, "tcloud", &mut script)
-        }
+        CompletionShell::Bash => clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut command,
+            "tcloud",
+            &mut script,
+        ),
+        CompletionShell::Zsh => clap_complete::generate(
+            clap_complete::Shell::Zsh,
+            &mut command,
+            "tcloud",
+            &mut script,
+        ),
+        CompletionShell::Fish => clap_complete::generate(
+            clap_complete::Shell::Fish,
+            &mut command,
+            "tcloud",
+            &mut script,
+        ),
     }
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(&script)?;

@@ -278,7 +278,11 @@ pub async fn follow_group(client: &Client, id: GroupId) -> Result<()> {
     eprintln!(
         "{} {id} {} after {}: {}{}",
         detail.group.kind,
-        if outcome.succeeded { "succeeded" } else { "ended" },
+        if outcome.succeeded {
+            "succeeded"
+        } else {
+            "ended"
+        },
         precise_duration(started.elapsed().as_millis() as u64),
         counts_text(&detail.group),
         outcome.tally,
@@ -293,8 +297,7 @@ pub async fn follow_group(client: &Client, id: GroupId) -> Result<()> {
 /// A pipeline stage's state that will not change: an ended task state, or `cached`.
 /// (`empty`: a stage with no task, which nothing will start, counts as ended.)
 fn stage_ended(state: &str) -> bool {
-    matches!(state, "cached" | "empty")
-        || state.parse::<TaskState>().is_ok_and(|s| s.is_terminal())
+    matches!(state, "cached" | "empty") || state.parse::<TaskState>().is_ok_and(|s| s.is_terminal())
 }
 
 /// Every element has ended; a pipeline's every stage too (a sweep stage queues its later
