@@ -210,11 +210,14 @@ async fn an_idle_task_shrinks_and_a_queued_task_that_did_not_fit_starts() {
     let top = tcloud(
         &daemon,
         &dir.path().join("home"),
-        &["top", &idle.0.to_string()],
+        &["top", "--once", &idle.0.to_string()],
     );
     let row = top
         .lines()
-        .find(|l| l.trim_start().starts_with(&idle.0.to_string()))
+        .find(|l| {
+            let mut cells = l.split_whitespace();
+            cells.next() == Some(idle.0.to_string().as_str()) && cells.next() == Some("idle")
+        })
         .unwrap_or_else(|| panic!("no row for task {idle}: {top}"));
     assert!(row.contains("/0.5") && !row.contains("/2 "), "{row}");
     client.cancel(idle).await.unwrap();
