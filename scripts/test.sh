@@ -22,6 +22,14 @@ if ! need python3; then
   exit 1
 fi
 
+# `man` (man-db, with groff) renders every generated tcloud man page in
+# crates/tcloud/tests/shell_docs.rs; in CI a missing `man` fails that test.
+if ! need man; then
+  if [ "$(id -u)" = 0 ] && need apt-get; then
+    apt-get update -qq && apt-get install -y -qq man-db groff-base >/dev/null
+  fi
+fi
+
 # Real Docker for the container runtime's integration tests (crates/taccd/tests/docker.rs,
 # crates/tacc-exec/tests/docker_contract.rs). Started BEFORE Slurm: dockerd sets the
 # iptables FORWARD policy to DROP, and setup-slurm.sh then lets its bridge through. In CI

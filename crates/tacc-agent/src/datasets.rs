@@ -24,6 +24,7 @@ use tokio::io::AsyncWriteExt;
 
 use crate::identity::StepIdentity;
 use crate::layout::{SealError, SealModes};
+use crate::tree_removal::remove_tree;
 
 /// A fetched dataset: the agent's, read-only to everyone.
 const READ_ONLY: SealModes = SealModes {
@@ -48,7 +49,7 @@ impl DatasetCache {
         // Interrupted fetches leave only `.fetch-*` directories, never a half `<key>`.
         for entry in std::fs::read_dir(&root)?.flatten() {
             if entry.file_name().to_string_lossy().starts_with(".fetch-") {
-                let _ = make_writable_and_remove(&entry.path());
+                let _ = remove_tree(&entry.path());
             }
         }
         Ok(DatasetCache {
@@ -128,7 +129,7 @@ impl DatasetCache {
             dataset.name, dataset.source
         ));
         let staging = self.root.join(format!(".fetch-{key}"));
-        let _ = make_writable_and_remove(&staging);
+        let _ = remove_tree(&staging);
         // Written only by the identity that fetches (the task's, for a path).
         let fetcher = match kind {
             DatasetSource::Path => who.run_as,
@@ -179,7 +180,7 @@ impl DatasetCache {
                 Ok(cached)
             }
             Err(why) => {
-                let _ = make_writable_and_remove(&staging);
+                let _ = remove_tree(&staging);
                 Err(format!(
                     "cannot fetch dataset `{}` from `{}`: {why}",
                     dataset.name, dataset.source
@@ -311,16 +312,4 @@ fn copy_read_only(source: &Path, target: &Path) -> Result<u64, String> {
     std::fs::set_permissions(target, std::fs::Permissions::from_mode(0o555))
         .map_err(|e| e.to_string())?;
     Ok(total)
-}
-
-fn make_writable_and_remove(path: &Path) -> std::io::Result<()> {
-    if std::fs::remove_dir_all(path).is_ok() {
-        return Ok(());
-    }
-    let _ = std::process::Command::new("chmod")
-        .arg("-R")
-        .arg("u+w")
-        .arg(path)
-        .status();
-    std::fs::remove_dir_all(path)
 }

@@ -31,6 +31,7 @@ mod runtimes;
 mod sampler;
 mod secrets;
 mod spool;
+mod tree_removal;
 pub mod watchdog;
 
 use std::collections::{BTreeMap, BTreeSet};

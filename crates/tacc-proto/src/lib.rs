@@ -657,7 +657,8 @@ pub struct TaskUsage {
     pub name: String,
     pub state: TaskState,
     pub attempt: AttemptNo,
-    /// What each rank may use (the task's per-node resources).
+    /// What each rank may use now: the task's per-node resources, or the allocation a
+    /// resize (adaptive allocation) gave it since.
     pub allocated: Resources,
     /// The latest sample of each rank of the current attempt, while it runs.
     pub ranks: Vec<RankUsage>,

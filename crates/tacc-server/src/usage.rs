@@ -576,9 +576,15 @@ impl Control {
             .get_task(task)
             .await?
             .ok_or(ServerError::TaskNotFound(task))?;
-        let allocated = serde_json::from_value::<TaskSpec>(record.spec.clone())
-            .map(|spec| spec.resources.per_node())
-            .unwrap_or(tacc_core::Resources::ZERO);
+        let adaptive = self.adaptive_view(task).await.ok();
+        // What each rank holds now: after a resize that is the new allocation, not what
+        // the task file asked for.
+        let allocated = match &adaptive {
+            Some(adaptive) => adaptive.allocation,
+            None => serde_json::from_value::<TaskSpec>(record.spec.clone())
+                .map(|spec| spec.resources.per_node())
+                .unwrap_or(tacc_core::Resources::ZERO),
+        };
         let names = self.node_names().await;
         let silent_after = self.config.silent_after;
         let (ranks, live_peaks, flags) = self.usage.view(
@@ -614,7 +620,7 @@ impl Control {
             peaks: peaks.values().map(peak_view).collect(),
             flags,
             silent_after_secs: silent_after.as_secs(),
-            adaptive: self.adaptive_view(task).await.ok(),
+            adaptive,
         })
     }
 }

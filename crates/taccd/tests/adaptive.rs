@@ -150,6 +150,8 @@ async fn a_cpu_bound_task_gets_its_quota_raised_within_its_bounds() {
         "{adaptive:?}"
     );
     let usage = client.task_usage(task).await.unwrap();
+    // What `tcloud top` shows use against: the allocation in force, not the request.
+    assert_eq!(usage.allocated.cpu_millis, 1000, "{usage:?}");
     assert!(usage.adaptive.is_some_and(|a| !a.series.is_empty()));
     client.cancel(task).await.unwrap();
     wait_terminal(&client, task).await;
@@ -201,6 +203,23 @@ async fn an_idle_task_shrinks_and_a_queued_task_that_did_not_fit_starts() {
         client.get_task(idle).await.unwrap().state,
         TaskState::Running
     );
+    // `tcloud top` shows use against the allocation in force, not the request (after a
+    // resize to 1.5 CPUs it showed `CPU 1.2/0.5`: use against what the file asked).
+    let usage = client.task_usage(idle).await.unwrap();
+    assert_eq!(usage.allocated.cpu_millis, 500, "{usage:?}");
+    let top = tcloud(
+        &daemon,
+        &dir.path().join("home"),
+        &["top", "--once", &idle.0.to_string()],
+    );
+    let row = top
+        .lines()
+        .find(|l| {
+            let mut cells = l.split_whitespace();
+            cells.next() == Some(idle.0.to_string().as_str()) && cells.next() == Some("idle")
+        })
+        .unwrap_or_else(|| panic!("no row for task {idle}: {top}"));
+    assert!(row.contains("/0.5") && !row.contains("/2 "), "{row}");
     client.cancel(idle).await.unwrap();
     wait_terminal(&client, idle).await;
 }

@@ -191,11 +191,12 @@ pub fn render_with(error: &anyhow::Error, auth: Option<&AuthContext>) -> (Option
                     Some(unauthenticated_message(auth, message)),
                     UNAUTHENTICATED,
                 ),
-                ClientError::Api {
-                    status: 403,
-                    message,
-                    ..
-                } => (Some(format!("error: not allowed: {message}")), FORBIDDEN),
+                // The server's message is a whole sentence that already names its kind
+                // (`not allowed: …`, as ServerError says it to every client): it is shown
+                // once, as it came, never behind a second copy of the same words.
+                ClientError::Api { status: 403, .. } => {
+                    (Some(format!("error: {error:#}")), FORBIDDEN)
+                }
                 ClientError::Api { code, .. } => {
                     (Some(format!("error: {error:#}")), code_for_api(code))
                 }
@@ -369,7 +370,7 @@ mod tests {
 
     #[test]
     fn forbidden_is_not_allowed_and_exits_7() {
-        let err = api(403, "forbidden", "admin only");
+        let err = api(403, "forbidden", "not allowed: admin only");
         assert_eq!(
             render_with(&err, None),
             (Some("error: not allowed: admin only".into()), FORBIDDEN)

@@ -48,6 +48,16 @@ pub fn precise_duration(millis: u64) -> String {
     }
 }
 
+/// `5.8s` below a minute (tenths: a task that ran for a moment is not `0s`), else as
+/// [`precise_duration`].
+pub fn tenths(millis: u64) -> String {
+    if millis < 60_000 {
+        format!("{:.1}s", millis as f64 / 1000.0)
+    } else {
+        precise_duration(millis)
+    }
+}
+
 /// `3m ago` (or `in 3m` for a time in the future, from clock skew).
 pub fn ago(at: Timestamp, now: Timestamp) -> String {
     if at > now {

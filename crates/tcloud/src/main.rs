@@ -204,6 +204,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             SecretCommand::Ls { json } => secret::ls(&ctx, json).await,
             SecretCommand::Rm { name } => secret::rm(&ctx, &name).await,
         },
+        Command::Completion { shell } => docs::completion(shell),
+        Command::Man { dir } => docs::man(&dir),
         Command::Admin { command } => match command {
             AdminCommand::User { command } => match command {
                 AdminUserCommand::Add {

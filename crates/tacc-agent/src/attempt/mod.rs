@@ -97,13 +97,8 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
 
 /// Remove a working directory even where the code files in it are read-only.
 fn remove_tree(dir: &Path) {
-    if std::fs::remove_dir_all(dir).is_err() {
-        let _ = std::process::Command::new("chmod")
-            .arg("-R")
-            .arg("u+w")
-            .arg(dir)
-            .status();
-        let _ = std::fs::remove_dir_all(dir);
+    if let Err(e) = crate::tree_removal::remove_tree(dir) {
+        tracing::warn!("cannot remove {}: {e}", dir.display());
     }
 }
 

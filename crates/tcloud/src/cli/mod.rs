@@ -519,6 +519,36 @@ echo), never from an argument, and never printed by any command. Unlike secrets,
         #[command(subcommand)]
         command: AdminCommand,
     },
+    /// Print a shell completion script for bash, zsh or fish
+    #[command(
+        long_about = "Prints the completion script of a shell, generated from tcloud's own \
+grammar (every command, subcommand and option), on stdout. Load it in the running shell \
+or install it where the shell looks for completions.",
+        after_help = "Examples:\n  source <(tcloud completion bash)\n  tcloud completion bash > /etc/bash_completion.d/tcloud\n  tcloud completion zsh > \"${fpath[1]}/_tcloud\"\n  tcloud completion fish > ~/.config/fish/completions/tcloud.fish"
+    )]
+    Completion {
+        /// The shell to complete in
+        shell: CompletionShell,
+    },
+    /// Write the man pages, one per command, into a directory
+    #[command(
+        long_about = "Writes one man page per command (tcloud.1, tcloud-submit.1, \
+tcloud-admin-user-add.1, …) into DIR, generated from the same grammar as --help. Read one \
+with `man -l DIR/tcloud-submit.1`, or put DIR on MANPATH.",
+        after_help = "Examples:\n  tcloud man ~/.local/share/man/man1 && man tcloud-submit\n  tcloud man /tmp/pages && man -l /tmp/pages/tcloud.1"
+    )]
+    Man {
+        /// Where to write the pages (created if missing)
+        dir: PathBuf,
+    },
+}
+
+/// The shells `tcloud completion` writes a script for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
 }
 
 #[cfg(test)]

@@ -262,40 +262,86 @@ pub async fn rerun_failed(ctx: &Ctx, id: GroupId, follow: bool, as_json: bool) -
 }
 
 /// Wait for every element of a group to end; print one summary line and exit with 0 only
-/// when all succeeded.
+/// when all succeeded (a pipeline: when every stage succeeded or was cached).
 pub async fn follow_group(client: &Client, id: GroupId) -> Result<()> {
     let started = Instant::now();
     let mut summary = client.group_summary(id).await?;
     if summary.kind == "sweep" {
         return super::sweeps::follow_sweep(client, id, started).await;
     }
-    while !summary.is_finished() {
+    while !group_ended(&summary) {
         tokio::time::sleep(POLL).await;
         summary = client.group_summary(id).await?;
     }
     let detail = client.get_group(id).await?;
+    let outcome = group_outcome(&detail);
+    eprintln!(
+        "{} {id} {} after {}: {}{}",
+        detail.group.kind,
+        if outcome.succeeded {
+            "succeeded"
+        } else {
+            "ended"
+        },
+        precise_duration(started.elapsed().as_millis() as u64),
+        counts_text(&detail.group),
+        outcome.tally,
+    );
+    if outcome.succeeded {
+        Ok(())
+    } else {
+        Err(CliError::silent(TASK_FAILED).into())
+    }
+}
+
+/// A pipeline stage's state that will not change: an ended task state, or `cached`.
+/// (`empty`: a stage with no task, which nothing will start, counts as ended.)
+fn stage_ended(state: &str) -> bool {
+    matches!(state, "cached" | "empty") || state.parse::<TaskState>().is_ok_and(|s| s.is_terminal())
+}
+
+/// Every element has ended; a pipeline's every stage too (a sweep stage queues its later
+/// trials only as earlier ones end, so its counts alone can look finished too early).
+fn group_ended(group: &GroupView) -> bool {
+    group.is_finished() && group.stages.iter().all(|s| stage_ended(&s.state))
+}
+
+/// How a followed group ended, judged from that group alone.
+#[derive(Debug, PartialEq)]
+struct GroupOutcome {
+    succeeded: bool,
+    /// What follows the counts: attempts and elements, or a pipeline's tasks.
+    tally: String,
+}
+
+fn group_outcome(detail: &GroupDetail) -> GroupOutcome {
     let group = &detail.group;
+    if group.kind == "pipeline" {
+        // A pipeline is its stages: each succeeded or reused an earlier run's outputs
+        // (cached). Its size counts stages, while its counts add up every task its stages
+        // ran (a sweep's trials, an array's elements), so the two are never compared.
+        let succeeded = !group.stages.is_empty()
+            && group
+                .stages
+                .iter()
+                .all(|s| s.state == "succeeded" || s.state == "cached");
+        let tasks: u64 = group.counts.values().sum();
+        let tally = if tasks == 0 {
+            String::new()
+        } else {
+            format!(" ({tasks} task{} run)", if tasks == 1 { "" } else { "s" })
+        };
+        return GroupOutcome { succeeded, tally };
+    }
     let attempts: u64 = detail.elements.iter().map(|e| u64::from(e.attempt.0)).sum();
     let succeeded = group
         .counts
         .get(&TaskState::Succeeded)
         .copied()
         .unwrap_or(0);
-    let state = if succeeded == u64::from(group.size) {
-        "succeeded"
-    } else {
-        "ended"
-    };
-    eprintln!(
-        "group {id} {state} after {}: {} ({attempts} attempts over {} elements)",
-        precise_duration(started.elapsed().as_millis() as u64),
-        counts_text(group),
-        group.size
-    );
-    if succeeded == u64::from(group.size) {
-        Ok(())
-    } else {
-        Err(CliError::silent(TASK_FAILED).into())
+    GroupOutcome {
+        succeeded: succeeded == u64::from(group.size),
+        tally: format!(" ({attempts} attempts over {} elements)", group.size),
     }
 }
 
@@ -396,5 +442,100 @@ mod tests {
         };
         assert_eq!(counts_text(&group), "RUNNING 2 · SUCCEEDED 8");
         assert!(!group.is_finished());
+    }
+
+    fn stage(name: &str, state: &str) -> tacc_proto::StageView {
+        tacc_proto::StageView {
+            name: name.into(),
+            needs: Vec::new(),
+            state: state.into(),
+            task: None,
+            group: None,
+            sweep: false,
+            counts: Default::default(),
+            reason: None,
+        }
+    }
+
+    /// The demo pipeline: generate, a six-trial sweep with early stopping, evaluate. Its
+    /// size counts 3 stages, its counts every task the stages ran.
+    fn pipeline(stages: &[(&str, &str)], counts: &[(TaskState, u64)]) -> GroupDetail {
+        GroupDetail {
+            group: GroupView {
+                id: GroupId(4),
+                kind: "pipeline".into(),
+                name: "demo-pipeline".into(),
+                user: "alice".into(),
+                size: 3,
+                counts: counts.iter().copied().collect(),
+                created_at: Timestamp(0),
+                rerun_of: None,
+                stages: stages.iter().map(|(n, s)| stage(n, s)).collect(),
+            },
+            elements: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_pipeline_with_cached_stages_succeeded() {
+        let detail = pipeline(
+            &[
+                ("generate", "cached"),
+                ("train", "cached"),
+                ("evaluate", "succeeded"),
+            ],
+            &[(TaskState::Succeeded, 1)],
+        );
+        assert!(group_ended(&detail.group));
+        let outcome = group_outcome(&detail);
+        assert!(outcome.succeeded, "{outcome:?}");
+        assert_eq!(outcome.tally, " (1 task run)");
+        assert_eq!(
+            counts_text(&detail.group),
+            "generate cached · train cached · evaluate succeeded"
+        );
+    }
+
+    #[test]
+    fn a_pipeline_is_judged_by_its_stages_not_by_counting_tasks_against_stages() {
+        // Eight tasks ran (generate, six trials of which four were stopped early, evaluate)
+        // in a pipeline of three stages.
+        let detail = pipeline(
+            &[
+                ("generate", "succeeded"),
+                ("train", "succeeded"),
+                ("evaluate", "succeeded"),
+            ],
+            &[(TaskState::Succeeded, 4), (TaskState::Cancelled, 4)],
+        );
+        let outcome = group_outcome(&detail);
+        assert!(outcome.succeeded, "{outcome:?}");
+        assert_eq!(outcome.tally, " (8 tasks run)");
+    }
+
+    #[test]
+    fn a_pipeline_with_a_failed_stage_did_not_succeed_and_an_open_one_has_not_ended() {
+        let failed = pipeline(
+            &[
+                ("generate", "succeeded"),
+                ("train", "failed"),
+                ("evaluate", "cancelled"),
+            ],
+            &[(TaskState::Succeeded, 1), (TaskState::Failed, 6)],
+        );
+        assert!(group_ended(&failed.group));
+        assert!(!group_outcome(&failed).succeeded);
+        // The sweep's later trials are not queued yet: every task so far has ended, but
+        // the stage has not.
+        let open = pipeline(
+            &[
+                ("generate", "succeeded"),
+                ("train", "queued"),
+                ("evaluate", "queued"),
+            ],
+            &[(TaskState::Succeeded, 3)],
+        );
+        assert!(open.group.is_finished());
+        assert!(!group_ended(&open.group));
     }
 }

@@ -170,6 +170,8 @@ pub async fn submit(
         if as_json {
             out_json(&json!({
                 "group": group.group,
+                "kind": if task.spec.sweep.is_some() { "sweep" } else { "array" },
+                "trials": task.spec.sweep.as_ref().map(|s| s.trials().len()),
                 "elements": group.elements,
                 "first_task": group.first_task,
                 "state": reply.state,
@@ -179,11 +181,8 @@ pub async fn submit(
             }))?;
         } else {
             out(format!(
-                "Submitted array {} ({}, {} elements: tasks {}…) — snapshot {}, uploaded {} of {}",
-                group.group,
-                field(&task.spec.name),
-                group.elements,
-                group.first_task,
+                "Submitted {} — snapshot {}, uploaded {} of {}",
+                group_announcement(&task.spec, group),
                 report.snapshot.short(),
                 format::size(report.uploaded_bytes),
                 format::size(report.total_bytes),
@@ -225,4 +224,27 @@ pub async fn submit(
         follow_to_end(&client, id, as_json).await?;
     }
     Ok(())
+}
+
+/// What a submitted group is, counted as the task file counts it: a sweep by its trials
+/// (the server queues only the first `parallel` of them at once, which is what
+/// `group.elements` counts), an array by its elements.
+fn group_announcement(spec: &TaskSpec, group: &tacc_proto::GroupSubmitted) -> String {
+    match &spec.sweep {
+        Some(sweep) => format!(
+            "sweep {} ({}, {} trials, {} at a time: tasks {}…)",
+            group.group,
+            field(&spec.name),
+            sweep.trials().len(),
+            sweep.parallel,
+            group.first_task,
+        ),
+        None => format!(
+            "array {} ({}, {} elements: tasks {}…)",
+            group.group,
+            field(&spec.name),
+            group.elements,
+            group.first_task,
+        ),
+    }
 }

@@ -14,7 +14,7 @@ use anyhow::Result;
 use futures::StreamExt;
 use serde_json::json;
 use tacc_client::{Client, TaskQuery};
-use tacc_core::{TaskId, TaskState};
+use tacc_core::{TaskId, TaskState, Timestamp};
 use tacc_proto::TaskView;
 
 use super::Ctx;
@@ -467,8 +467,10 @@ pub async fn stream_logs(client: &Client, id: TaskId, writer: &mut LogWriter) ->
     }
 }
 
-/// The line printed to stderr when a followed task ends.
-pub fn outcome_line(task: &TaskView) -> String {
+/// The line printed to stderr when a followed task ends. `starting_at`: when its last
+/// attempt began preparing (environment, datasets, inputs) — the time before `started_at`
+/// that the task's own run does not show, and that a user waited all the same.
+pub fn outcome_line(task: &TaskView, starting_at: Option<Timestamp>) -> String {
     let mut line = format!("task {} {}", task.id, task.state);
     if task.max_attempts > 1 || task.attempt.0 > 1 {
         line.push_str(&format!(
@@ -481,12 +483,7 @@ pub fn outcome_line(task: &TaskView) -> String {
             line.push_str(&format!(" (exit code {code})"));
         }
     }
-    if let (Some(started), Some(finished)) = (task.started_at, task.finished_at) {
-        line.push_str(&format!(
-            " after {}",
-            precise_duration(finished.millis_since(started))
-        ));
-    }
+    line.push_str(&took(starting_at, task.started_at, task.finished_at));
     if let Some(reason) = &task.reason {
         let repeats_code = task.exit_code.is_some() && reason.starts_with("exit code");
         if task.state != TaskState::Succeeded && !repeats_code {
@@ -494,6 +491,43 @@ pub fn outcome_line(task: &TaskView) -> String {
         }
     }
     line
+}
+
+/// ` after 5.8s (5.2s preparing, 0.6s running)`: the whole wait from the start of
+/// preparation, and its two parts; ` after 2.0s preparing` for an attempt that ended before
+/// it ran; ` after 0.6s` when the preparation is not known.
+fn took(
+    starting_at: Option<Timestamp>,
+    started_at: Option<Timestamp>,
+    finished_at: Option<Timestamp>,
+) -> String {
+    let Some(finished) = finished_at else {
+        return String::new();
+    };
+    match (starting_at, started_at) {
+        (Some(starting), Some(started)) if started > starting => format!(
+            " after {} ({} preparing, {} running)",
+            format::tenths(finished.millis_since(starting)),
+            format::tenths(started.millis_since(starting)),
+            format::tenths(finished.millis_since(started)),
+        ),
+        (_, Some(started)) => format!(" after {}", format::tenths(finished.millis_since(started))),
+        (Some(starting), None) => format!(
+            " after {} preparing",
+            format::tenths(finished.millis_since(starting))
+        ),
+        (None, None) => String::new(),
+    }
+}
+
+/// When the task's current attempt began preparing: its last `starting` event.
+async fn preparing_since(client: &Client, task: &TaskView) -> Option<Timestamp> {
+    let events = client.task_events(task.id).await.ok()?;
+    events
+        .iter()
+        .rev()
+        .find(|e| e.attempt == task.attempt && e.state == TaskState::Starting)
+        .map(|e| e.at)
 }
 
 /// Exit code for a task that has ended.
@@ -513,7 +547,8 @@ pub async fn follow_to_end(client: &Client, id: TaskId, log_to_stderr: bool) -> 
 
 async fn follow_to_end_with(client: &Client, id: TaskId, writer: &mut LogWriter) -> Result<()> {
     let task = stream_logs(client, id, writer).await?;
-    eprintln!("{}", outcome_line(&task));
+    let starting_at = preparing_since(client, &task).await;
+    eprintln!("{}", outcome_line(&task, starting_at));
     match outcome_code(task.state) {
         0 => Ok(()),
         code => Err(CliError::silent(code).into()),
@@ -673,5 +708,20 @@ mod tests {
         for state in [TaskState::Failed, TaskState::Cancelled, TaskState::Lost] {
             assert_eq!(outcome_code(state), TASK_FAILED);
         }
+    }
+
+    /// A task that waited 5.8 s for its environment and then ran for a moment: the line
+    /// says both, never just `succeeded after 0s`.
+    #[test]
+    fn the_outcome_counts_the_preparation() {
+        let at = |ms| Some(Timestamp::from_millis(ms));
+        assert_eq!(
+            took(at(1_000), at(6_800), at(6_900)),
+            " after 5.9s (5.8s preparing, 0.1s running)"
+        );
+        assert_eq!(took(at(1_000), None, at(3_000)), " after 2.0s preparing");
+        assert_eq!(took(None, at(1_000), at(1_600)), " after 0.6s");
+        assert_eq!(took(at(1_000), at(1_000), at(1_600)), " after 0.6s");
+        assert_eq!(took(at(1_000), at(2_000), None), "");
     }
 }
