@@ -24,7 +24,7 @@ use std::path::{Component, Path, PathBuf};
 
 pub use adaptive::{AdaptiveSpec, Range};
 pub use array::{ArrayError, ArraySpec, MAX_ARRAY_ELEMENTS, NotifySpec};
-pub use error::{Diagnostic, SchemaError};
+pub use error::{Diagnostic, Diagnostics, MAX_SHOWN_DIAGNOSTICS, SchemaError};
 pub use pipeline::{
     LoadedPipeline, MAX_STAGES, PipelineSpec, StageSpec, is_pipeline, load_pipeline, parse_pipeline,
 };

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use marked_yaml::types::MarkedScalarNode;
 use marked_yaml::{Marker, Node};
 
-use crate::error::{Diagnostic, SchemaError};
+use crate::error::{Diagnostic, Diagnostics, SchemaError};
 
 /// A place in the source text: 1-based line and column, and how wide the thing there is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +73,30 @@ impl Spans {
         self.error_at_location(location, message, help)
     }
 
+    /// The error listing `found` (mistakes already located, such as the reader's) and the
+    /// semantic `problems` located at their fields, in file order; `None` when both are
+    /// empty. A problem at the very place a located mistake was already reported there is
+    /// left out: it judged the default that stood in for the unreadable value.
+    pub(crate) fn located_problems(
+        &self,
+        problems: Vec<crate::spec::Problem>,
+        mut found: Vec<Diagnostic>,
+    ) -> Option<SchemaError> {
+        let already = found.clone();
+        for problem in problems {
+            let error = self.error_at(&problem.field, problem.message, problem.help);
+            for diagnostic in error.diagnostics() {
+                let seen = already
+                    .iter()
+                    .any(|d| d.line == diagnostic.line && d.column == diagnostic.column);
+                if !seen {
+                    found.push(diagnostic.clone());
+                }
+            }
+        }
+        Diagnostics::new(found).map(SchemaError::Located)
+    }
+
     pub(crate) fn error_at_location(
         &self,
         location: Location,
@@ -84,7 +108,7 @@ impl Spans {
             .get(location.line.saturating_sub(1))
             .cloned()
             .unwrap_or_default();
-        SchemaError::Located(Box::new(Diagnostic {
+        SchemaError::Located(Diagnostics::one(Diagnostic {
             message: message.into(),
             file: self.source_name.clone(),
             line: location.line,

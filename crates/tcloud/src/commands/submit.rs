@@ -98,11 +98,26 @@ pub fn check(path: &Path, as_json: bool) -> Result<()> {
         }
         Err(error) => {
             if as_json {
+                // Each located mistake with its place, in file order, for editors and CI.
+                let errors: Vec<_> = error
+                    .diagnostics()
+                    .iter()
+                    .map(|d| {
+                        json!({
+                            "file": d.file,
+                            "line": d.line,
+                            "column": d.column,
+                            "message": d.message,
+                            "help": d.help,
+                        })
+                    })
+                    .collect();
                 out_json(&json!({
                     "valid": false,
                     "name": null,
                     "warnings": [],
                     "error": error.to_string(),
+                    "errors": errors,
                 }))?;
                 return Err(CliError::silent(INVALID).into());
             }
