@@ -369,13 +369,22 @@ impl Cluster {
             .values()
             .map(|node| node.spec.capacity)
             .max_by_key(|cap| (cap.gpus, cap.cpu_millis, cap.memory_bytes));
-        let constraint = match (&request.gpu_type, request.node_selector.is_empty()) {
-            (None, true) => String::new(),
-            (gpu_type, _) => format!(
-                " matching gpu_type {} and labels {:?}",
-                gpu_type.as_deref().unwrap_or("any"),
-                request.node_selector
-            ),
+        let mut wanted = Vec::new();
+        if let Some(gpu_type) = &request.gpu_type {
+            wanted.push(format!("gpu_type {gpu_type}"));
+        }
+        if !request.node_selector.is_empty() {
+            let labels: Vec<String> = request
+                .node_selector
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            wanted.push(format!("labels {}", labels.join(", ")));
+        }
+        let constraint = if wanted.is_empty() {
+            String::new()
+        } else {
+            format!(" matching {}", wanted.join(" and "))
         };
         let detail = match largest {
             None => "the cluster has no nodes".to_string(),

@@ -89,8 +89,17 @@ impl Control {
         let spec: TaskSpec = serde_json::from_value(record.spec.clone()).map_err(|e| {
             ServerError::Internal(format!("stored spec of task {id} is unreadable: {e}"))
         })?;
-        self.submit(user, spec, record.snapshot, record.source, keyed)
-            .await
+        // A rerun waits for capacity if the run before it did.
+        let wait_for_capacity = crate::control::Submission::of(&record).wait_for_capacity;
+        self.submit(
+            user,
+            spec,
+            record.snapshot,
+            record.source,
+            wait_for_capacity,
+            keyed,
+        )
+        .await
     }
 }
 

@@ -150,7 +150,15 @@ async fn submit_new(
     });
     let (group, _) = app
         .control
-        .submit_pipeline(&user.name, body.name, stages, body.source, notify, keyed)
+        .submit_pipeline(
+            &user.name,
+            body.name,
+            stages,
+            body.source,
+            notify,
+            body.wait_for_capacity,
+            keyed,
+        )
         .await?;
     let stages = app.control.stage_views(group.id).await?;
     Ok((

@@ -27,9 +27,13 @@ impl Control {
         snapshot: SnapshotId,
         source: Option<String>,
         rerun_of: Option<GroupId>,
+        wait_for_capacity: bool,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>), ServerError> {
-        let spec = self.prepare(user, spec, &snapshot).await?;
+        let (spec, submission) = self
+            .prepare(user, spec, &snapshot, wait_for_capacity)
+            .await?;
+        let submission = submission.to_json();
         let Some(array) = spec.array.clone() else {
             return Err(ServerError::InvalidTask(
                 "the task has no `array:`; submit it as a single task".into(),
@@ -63,6 +67,7 @@ impl Control {
                         snapshot: snapshot.clone(),
                         source: source.clone(),
                         submitted_at: at,
+                        submission: submission.clone(),
                     },
                 )
             })
@@ -216,7 +221,17 @@ impl Control {
         spec.array = Some(array);
         let source = first.source.clone();
         let snapshot = first.snapshot.clone();
-        self.submit_array(user, spec, snapshot, source, Some(group.id), None)
+        // A rerun waits for capacity if the run before it did.
+        let wait_for_capacity = super::Submission::of(first).wait_for_capacity;
+        self.submit_array(
+            user,
+            spec,
+            snapshot,
+            source,
+            Some(group.id),
+            wait_for_capacity,
+            None,
+        )
             .await
             .map(Some)
     }

@@ -164,7 +164,7 @@ impl TestEnv {
     pub(super) async fn submit(&self, yaml: &str) -> TaskId {
         let (spec, _) = tacc_schema::parse_task("task.yaml", yaml).expect("a valid task file");
         self.control
-            .submit("alice", spec, self.snapshot.clone(), None, None)
+            .submit("alice", spec, self.snapshot.clone(), None, false, None)
             .await
             .expect("the submit is accepted")
             .id
@@ -198,7 +198,7 @@ impl TestEnv {
         };
         let record = self
             .control
-            .submit("alice", spec, self.snapshot.clone(), None, Some(keyed))
+            .submit("alice", spec, self.snapshot.clone(), None, false, Some(keyed))
             .await?;
         Ok(record.id)
     }
