@@ -478,4 +478,3 @@ pub struct Misfit {
     pub part: MisfitPart,
     pub detail: String,
 }
-

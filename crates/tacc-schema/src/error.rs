@@ -177,6 +177,8 @@ impl fmt::Display for Diagnostics {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
+    /// An error (the file is refused) or a warning (accepted, but worth a look).
+    pub severity: Severity,
     pub message: String,
     /// The file name as the user gave it, so the rendered path is one they recognise.
     pub file: String,
@@ -191,6 +193,23 @@ pub struct Diagnostic {
     pub help: Option<String>,
 }
 
+/// Whether a [`Diagnostic`] refuses the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Severity {
+    #[default]
+    Error,
+    Warning,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        })
+    }
+}
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let number = self.line.to_string();
@@ -198,7 +217,7 @@ impl fmt::Display for Diagnostic {
         // Tabs would make the caret drift; columns count characters, so one space per tab keeps it aligned.
         let shown_line = self.source_line.replace('\t', " ");
         let caret_indent = " ".repeat(self.column.saturating_sub(1));
-        writeln!(f, "error: {}", self.message)?;
+        writeln!(f, "{}: {}", self.severity, self.message)?;
         writeln!(
             f,
             "{}--> {}:{}:{}",

@@ -344,6 +344,7 @@ impl<'s> Reader<'s> {
             SchemaError::Located(diagnostics) => self.found.extend(diagnostics.into_vec()),
             // The reader only makes located errors; anything else is kept at the file's start.
             other => self.found.push(Diagnostic {
+                severity: crate::error::Severity::Error,
                 message: other.to_string(),
                 file: self.spans.source_name().to_string(),
                 line: 1,
@@ -729,7 +730,8 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
             ("high", Priority::High),
         ],
     ));
-    let preemptible = field!("preemptible", false, |node| reader.flag(node, "preemptible"));
+    let preemptible = field!("preemptible", false, |node| reader
+        .flag(node, "preemptible"));
     let code = field!("code", CodeSpec::default(), |node| {
         read_code(&mut reader, node, top.map_key("code"))
     });

@@ -490,18 +490,22 @@ impl TaskSpec {
         problems.extend(check_commands(self));
         problems.extend(check_outputs(&self.outputs));
         problems.extend(check_retry(&self.retry));
-        problems.extend(self.adaptive.as_ref().and_then(|adaptive| {
-            crate::adaptive::check_adaptive(adaptive, &self.resources)
-        }));
+        problems.extend(
+            self.adaptive
+                .as_ref()
+                .and_then(|adaptive| crate::adaptive::check_adaptive(adaptive, &self.resources)),
+        );
         problems.extend(
             self.checkpoint
                 .as_ref()
                 .and_then(|checkpoint| check_checkpoint(checkpoint, &self.resources)),
         );
         problems.extend(self.notify.as_ref().and_then(check_notify));
-        problems.extend(self.sweep.as_ref().and_then(|sweep| {
-            crate::sweep::check_sweep(sweep, &self.run, self.setup.as_deref())
-        }));
+        problems.extend(
+            self.sweep.as_ref().and_then(|sweep| {
+                crate::sweep::check_sweep(sweep, &self.run, self.setup.as_deref())
+            }),
+        );
         problems
     }
 }

@@ -623,12 +623,21 @@ fn every_mistake_of_a_file_is_reported_at_once_in_file_order() {
     let memroy = at(&format!("--> {FILE}:4:3"));
     let duration = at(&format!("--> {FILE}:5:15"));
     assert!(cpus < memroy && memroy < duration, "{rendered}");
-    assert!(rendered.contains("`cpus` must be more than 0"), "{rendered}");
+    assert!(
+        rendered.contains("`cpus` must be more than 0"),
+        "{rendered}"
+    );
     assert!(rendered.contains("did you mean `memory`?"), "{rendered}");
-    assert!(rendered.contains("bad duration for `resources.time_limit`"), "{rendered}");
+    assert!(
+        rendered.contains("bad duration for `resources.time_limit`"),
+        "{rendered}"
+    );
     assert!(rendered.contains(" 4 |   memroy: 4GiB\n"), "{rendered}");
     assert_eq!(rendered.matches("= help: ").count(), 3, "{rendered}");
-    assert!(rendered.ends_with(&format!("error: {FILE} has 3 errors")), "{rendered}");
+    assert!(
+        rendered.ends_with(&format!("error: {FILE} has 3 errors")),
+        "{rendered}"
+    );
     // The first diagnostic is the first in the file, whatever found it.
     assert_eq!(error.diagnostic().unwrap().line, 3);
 }
@@ -647,7 +656,12 @@ fn mistakes_across_sections_are_all_listed_once() {
     assert_eq!(found.len(), 5, "{error}");
     let lines: Vec<usize> = found.iter().map(|(line, _)| *line).collect();
     assert_eq!(lines, vec![1, 3, 4, 6, 7], "{error}");
-    assert!(found[1].1.contains("expected a whole number for `resources.gpus`"), "{error}");
+    assert!(
+        found[1]
+            .1
+            .contains("expected a whole number for `resources.gpus`"),
+        "{error}"
+    );
     assert!(found[2].1.contains("unknown priority `urgent`"), "{error}");
     assert!(found[4].1.contains("unknown field `bogus`"), "{error}");
 }
@@ -664,10 +678,17 @@ fn past_the_cap_the_rest_are_counted_not_shown() {
     assert_eq!(error.diagnostics().len(), 25);
     let rendered = error.to_string();
     assert_eq!(
-        rendered.matches("\nerror: unknown field").count() + usize::from(rendered.starts_with("error: unknown field")),
+        rendered.matches("\nerror: unknown field").count()
+            + usize::from(rendered.starts_with("error: unknown field")),
         tacc_schema::MAX_SHOWN_DIAGNOSTICS,
         "{rendered}"
     );
-    assert!(rendered.contains("error: and 5 more errors in"), "{rendered}");
-    assert!(rendered.contains("unknown_19") && !rendered.contains("unknown_20"), "{rendered}");
+    assert!(
+        rendered.contains("error: and 5 more errors in"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("unknown_19") && !rendered.contains("unknown_20"),
+        "{rendered}"
+    );
 }

@@ -91,15 +91,12 @@ impl Control {
         })?;
         // A rerun waits for capacity if the run before it did.
         let wait_for_capacity = crate::control::Submission::of(&record).wait_for_capacity;
-        self.submit(
-            user,
-            spec,
-            record.snapshot,
-            record.source,
+        let options = crate::control::SubmitOptions {
+            source: record.source,
             wait_for_capacity,
-            keyed,
-        )
-        .await
+        };
+        self.submit(user, spec, record.snapshot, options, keyed)
+            .await
     }
 }
 

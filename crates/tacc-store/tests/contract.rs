@@ -347,7 +347,7 @@ async fn sqlite_ids_are_never_reused_across_reopen() {
         snapshot: "ef".repeat(32).parse().unwrap(),
         source: None,
         submitted_at: tacc_core::Timestamp(1),
-                submission: serde_json::json!({}),
+        submission: serde_json::json!({}),
     };
     let before = {
         let store = SqliteStore::open(&path).await.unwrap();
@@ -381,7 +381,7 @@ async fn sqlite_a_locked_database_is_a_storage_fault_and_the_store_recovers() {
         snapshot: "ef".repeat(32).parse().unwrap(),
         source: None,
         submitted_at: tacc_core::Timestamp(1),
-                submission: serde_json::json!({}),
+        submission: serde_json::json!({}),
     };
     let first = store.create_task(task("before")).await.unwrap().id;
     let mut locker = sqlx::SqliteConnection::connect_with(

@@ -78,8 +78,7 @@ fn main() {
             let reply = client
                 .submit(&SubmitTask {
                     spec,
-                    ..submit.clone(),
-                    wait_for_capacity: false,
+                    ..submit.clone()
                 })
                 .await
                 .unwrap();

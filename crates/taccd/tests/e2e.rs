@@ -203,7 +203,9 @@ async fn bad_submissions_are_refused_and_nothing_is_queued() {
         .unwrap_err();
     assert_eq!(never_fits.code(), Some("invalid_task"), "{never_fits}");
     assert!(
-        never_fits.to_string().contains("can never fit this cluster")
+        never_fits
+            .to_string()
+            .contains("can never fit this cluster")
             && never_fits.to_string().contains("resources.cpus"),
         "{never_fits}"
     );

@@ -89,7 +89,10 @@ async fn impossible_requests_are_refused_at_submit_unless_asked_to_wait_for_capa
     let err = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("GPU types: none"), "{err}");
-    assert!(err.contains("task.yaml:4:13"), "not at `gpu_type: H100`: {err}");
+    assert!(
+        err.contains("task.yaml:4:13"),
+        "not at `gpu_type: H100`: {err}"
+    );
 
     // Arrays and pipelines submit through the same check.
     let array = task_dir(
@@ -107,10 +110,7 @@ async fn impossible_requests_are_refused_at_submit_unless_asked_to_wait_for_capa
         "pipeline.yaml",
         "name: pipe\nstages:\n  small:\n    resources: {cpus: 0.5}\n    run: 'true'\n  big:\n    needs: [small]\n    resources: {cpus: 64}\n    run: 'true'\n",
     );
-    let out = admin(&[
-        "submit",
-        pipeline.join("pipeline.yaml").to_str().unwrap(),
-    ]);
+    let out = admin(&["submit", pipeline.join("pipeline.yaml").to_str().unwrap()]);
     assert_ne!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("largest node"),
@@ -193,7 +193,10 @@ async fn a_request_above_a_hard_limit_is_refused_at_submit() {
         let out = tcloud_with(&daemon, &home, token, &["submit", task.to_str().unwrap()]);
         let err = text(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
-        assert!(err.contains("refused at submit") && err.contains(says), "{err}");
+        assert!(
+            err.contains("refused at submit") && err.contains(says),
+            "{err}"
+        );
         assert!(err.contains("at most 1 CPUs"), "{err}");
         assert!(err.contains("task.yaml:3:9"), "{err}");
     }
@@ -238,7 +241,10 @@ async fn a_lowered_priority_is_said_at_submit_and_shown_as_asked_and_applied() {
         err.contains("warning: `priority: high` was changed to `normal`"),
         "{err}"
     );
-    assert!(err.contains("bob may use at most priority `normal`"), "{err}");
+    assert!(
+        err.contains("bob may use at most priority `normal`"),
+        "{err}"
+    );
     let id = text(&out.stdout)
         .split_whitespace()
         .nth(2)
@@ -248,7 +254,10 @@ async fn a_lowered_priority_is_said_at_submit_and_shown_as_asked_and_applied() {
     let out = tcloud_with(&daemon, &home, &bob, &["show", "--json", &id]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(shown["spec"]["priority"], "high", "the spec is what was asked");
+    assert_eq!(
+        shown["spec"]["priority"], "high",
+        "the spec is what was asked"
+    );
     assert_eq!(shown["overrides"][0]["field"], "priority", "{shown}");
     assert_eq!(shown["overrides"][0]["asked"], "high");
     assert_eq!(shown["overrides"][0]["applied"], "normal");

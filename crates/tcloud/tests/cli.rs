@@ -362,7 +362,12 @@ fn check_reports_every_mistake_of_a_file_in_file_order() {
         .map(|e| e["line"].as_u64().unwrap())
         .collect();
     assert_eq!(lines, vec![3, 4, 5], "{json}");
-    assert!(json["errors"][1]["help"].as_str().unwrap().contains("memory"));
+    assert!(
+        json["errors"][1]["help"]
+            .as_str()
+            .unwrap()
+            .contains("memory")
+    );
 }
 
 #[test]

@@ -154,9 +154,11 @@ async fn submit_new(
             &user.name,
             body.name,
             stages,
-            body.source,
+            crate::control::SubmitOptions {
+                source: body.source,
+                wait_for_capacity: body.wait_for_capacity,
+            },
             notify,
-            body.wait_for_capacity,
             keyed,
         )
         .await?;

@@ -113,6 +113,10 @@ async fn submit_new(
     key: Option<&RequestKey>,
 ) -> ApiResult<Response> {
     let keyed = || key.map(|k| k.keyed(submitted_reply()));
+    let options = || crate::control::SubmitOptions {
+        source: body.source.clone(),
+        wait_for_capacity: body.wait_for_capacity,
+    };
     let spec: TaskSpec = serde_json::from_value(body.spec)
         .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;
     let elements = spec.array.as_ref().map_or(1, |a| a.len() as u64);
@@ -133,14 +137,7 @@ async fn submit_new(
     if spec.sweep.is_some() {
         let group = app
             .control
-            .submit_sweep(
-                &user.name,
-                spec,
-                body.snapshot,
-                body.source,
-                body.wait_for_capacity,
-                keyed(),
-            )
+            .submit_sweep(&user.name, spec, body.snapshot, options(), keyed())
             .await?;
         let records = app.control.group_elements(group.id).await?;
         return Ok((
@@ -152,15 +149,7 @@ async fn submit_new(
     if spec.array.is_some() {
         let (group, records) = app
             .control
-            .submit_array(
-                &user.name,
-                spec,
-                body.snapshot,
-                body.source,
-                None,
-                body.wait_for_capacity,
-                keyed(),
-            )
+            .submit_array(&user.name, spec, body.snapshot, options(), None, keyed())
             .await?;
         return Ok((
             StatusCode::CREATED,
@@ -170,14 +159,7 @@ async fn submit_new(
     }
     let record = app
         .control
-        .submit(
-            &user.name,
-            spec,
-            body.snapshot,
-            body.source,
-            body.wait_for_capacity,
-            keyed(),
-        )
+        .submit(&user.name, spec, body.snapshot, options(), keyed())
         .await?;
     Ok((
         StatusCode::CREATED,

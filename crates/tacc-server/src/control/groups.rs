@@ -25,11 +25,14 @@ impl Control {
         user: &str,
         spec: TaskSpec,
         snapshot: SnapshotId,
-        source: Option<String>,
+        options: super::SubmitOptions,
         rerun_of: Option<GroupId>,
-        wait_for_capacity: bool,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>), ServerError> {
+        let super::SubmitOptions {
+            source,
+            wait_for_capacity,
+        } = options;
         let (spec, submission) = self
             .prepare(user, spec, &snapshot, wait_for_capacity)
             .await?;
@@ -223,15 +226,11 @@ impl Control {
         let snapshot = first.snapshot.clone();
         // A rerun waits for capacity if the run before it did.
         let wait_for_capacity = super::Submission::of(first).wait_for_capacity;
-        self.submit_array(
-            user,
-            spec,
-            snapshot,
+        let options = super::SubmitOptions {
             source,
-            Some(group.id),
             wait_for_capacity,
-            None,
-        )
+        };
+        self.submit_array(user, spec, snapshot, options, Some(group.id), None)
             .await
             .map(Some)
     }

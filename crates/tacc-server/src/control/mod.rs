@@ -43,6 +43,7 @@ mod submission;
 mod sweep_stages;
 mod sweeps;
 pub(crate) use submission::Submission;
+pub use submission::SubmitOptions;
 #[cfg(test)]
 mod test_env;
 
@@ -596,10 +597,13 @@ impl Control {
         user: &str,
         spec: TaskSpec,
         snapshot: SnapshotId,
-        source: Option<String>,
-        wait_for_capacity: bool,
+        options: SubmitOptions,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<TaskRecord, ServerError> {
+        let SubmitOptions {
+            source,
+            wait_for_capacity,
+        } = options;
         let (spec, submission) = self
             .prepare(user, spec, &snapshot, wait_for_capacity)
             .await?;

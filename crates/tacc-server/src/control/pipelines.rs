@@ -58,11 +58,14 @@ impl Control {
         user: &str,
         name: String,
         stages: Vec<StageSubmission>,
-        source: Option<String>,
+        options: super::SubmitOptions,
         notify: Option<NotifySpec>,
-        wait_for_capacity: bool,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<(GroupRecord, Vec<StageRecord>), ServerError> {
+        let super::SubmitOptions {
+            source,
+            wait_for_capacity,
+        } = options;
         if let Some(notify) = &notify {
             self.check_secrets(user, std::iter::once(&notify.secret))
                 .await?;

@@ -20,6 +20,15 @@ use tacc_store::TaskRecord;
 
 use crate::ServerError;
 
+/// What a submission says beside its spec and snapshot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubmitOptions {
+    /// Where the task file came from (informational, `tcloud show`).
+    pub source: Option<String>,
+    /// Accept a request no node can hold today, for a cluster that will grow.
+    pub wait_for_capacity: bool,
+}
+
 /// How a task was submitted beyond its spec.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Submission {

@@ -104,10 +104,13 @@ impl Control {
         user: &str,
         spec: TaskSpec,
         snapshot: SnapshotId,
-        source: Option<String>,
-        wait_for_capacity: bool,
+        options: super::SubmitOptions,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<GroupRecord, ServerError> {
+        let super::SubmitOptions {
+            source,
+            wait_for_capacity,
+        } = options;
         let (spec, submission) = self
             .prepare(user, spec, &snapshot, wait_for_capacity)
             .await?;

@@ -164,7 +164,13 @@ impl TestEnv {
     pub(super) async fn submit(&self, yaml: &str) -> TaskId {
         let (spec, _) = tacc_schema::parse_task("task.yaml", yaml).expect("a valid task file");
         self.control
-            .submit("alice", spec, self.snapshot.clone(), None, false, None)
+            .submit(
+                "alice",
+                spec,
+                self.snapshot.clone(),
+                Default::default(),
+                None,
+            )
             .await
             .expect("the submit is accepted")
             .id
@@ -198,7 +204,13 @@ impl TestEnv {
         };
         let record = self
             .control
-            .submit("alice", spec, self.snapshot.clone(), None, false, Some(keyed))
+            .submit(
+                "alice",
+                spec,
+                self.snapshot.clone(),
+                Default::default(),
+                Some(keyed),
+            )
             .await?;
         Ok(record.id)
     }

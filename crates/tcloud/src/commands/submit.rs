@@ -19,8 +19,8 @@ fn load(path: &Path) -> Result<LoadedTask> {
 }
 
 fn print_warnings(task: &LoadedTask) {
-    for warning in &task.warnings {
-        eprintln!("warning: {}", sanitize::text(warning));
+    for warning in task.rendered_warnings() {
+        eprintln!("{}", sanitize::text(&warning));
     }
 }
 
