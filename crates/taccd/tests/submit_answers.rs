@@ -143,6 +143,14 @@ async fn impossible_requests_are_refused_at_submit_unless_asked_to_wait_for_capa
     .await;
     assert_eq!(view.state, TaskState::Queued);
     assert!(view.wait_for_capacity);
+    let why = client.explain(waiting).await.unwrap();
+    assert_eq!(why.estimated_start, None, "{why:?}");
+    assert!(
+        why.details
+            .iter()
+            .any(|d| d.contains("--wait-for-capacity")),
+        "{why:?}"
+    );
     // It holds up nothing behind it.
     let small = task_dir(
         dir.path(),

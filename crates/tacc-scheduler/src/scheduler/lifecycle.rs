@@ -336,6 +336,13 @@ mod tests {
             }
             other => panic!("{other:?} in {plan:?}"),
         }
+        // No estimate: it waits for a node, not for the timeline.
+        match s.explain(TaskId(1)) {
+            crate::Explanation::Queued {
+                estimated_start, ..
+            } => assert_eq!(estimated_start, None),
+            other => panic!("{other:?}"),
+        }
         // It holds up nothing behind it, even first-in first-out.
         assert_eq!(
             started(&submit(&mut s, 2, request(1, 0, 1, 2))),

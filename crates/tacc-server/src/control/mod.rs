@@ -773,6 +773,13 @@ impl Control {
                     details.push(crate::node_selector::advice(&crate::node_selector::of(
                         spec,
                     )));
+                } else if let Some(tacc_scheduler::PendingReason::WaitingForCapacity { .. }) =
+                    reason
+                {
+                    details.push(
+                        "no start estimate: it was submitted with --wait-for-capacity and no node that can hold it has joined yet"
+                            .to_string(),
+                    );
                 } else if start.is_none() {
                     details.push(
                         "no start estimate: a task it waits for has no time limit (set resources.time_limit to get one)"
