@@ -648,3 +648,38 @@ async fn removing_a_node_answers_the_poll_it_holds_open() {
     assert!(held.changed().await.is_err(), "the held poll is answered");
     assert!(env.try_poll(&agent).await.is_err(), "the node is gone");
 }
+
+/// A request no node can hold is refused at submit; accepted with `wait_for_capacity`, it
+/// waits, and keeps waiting across a server restart (the choice is kept with the task,
+/// not only in memory), until a node that can hold it joins.
+#[tokio::test]
+async fn a_task_waiting_for_capacity_survives_a_restart_and_starts_on_a_bigger_node() {
+    const BIG: &str = "name: big\nresources: {cpus: 4}\nrun: true\n";
+    let mut env = TestEnv::new().await;
+    let small = env.join("n1", 1).await;
+    let refused = env.submit_with(BIG, Default::default()).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("can never fit this cluster"),
+        "{refused}"
+    );
+    assert!(
+        env.all_tasks().await.is_empty(),
+        "a refused task was stored"
+    );
+    let waiting = super::SubmitOptions {
+        source: None,
+        wait_for_capacity: true,
+    };
+    let task = env.submit_with(BIG, waiting).await.unwrap();
+    assert_eq!(env.state(task).await, Queued);
+
+    env.restart_server().await;
+    env.register(&small, 1).await;
+    env.check_liveness().await;
+    assert_eq!(env.state(task).await, Queued, "{:?}", env.task(task).await);
+    assert_reason(&env.task(task).await, "waiting for the cluster to grow");
+
+    let mut big = env.join("n2", 8).await;
+    let attempt = only(&env.poll(&mut big).await);
+    assert_eq!(attempt.task, task);
+}

@@ -176,6 +176,19 @@ impl TestEnv {
             .id
     }
 
+    /// Submit a task file as `alice` with `options`; the refusal, if refused.
+    pub(super) async fn submit_with(
+        &self,
+        yaml: &str,
+        options: super::SubmitOptions,
+    ) -> Result<TaskId, crate::ServerError> {
+        let (spec, _) = tacc_schema::parse_task("task.yaml", yaml).expect("a valid task file");
+        self.control
+            .submit("alice", spec, self.snapshot.clone(), options, None)
+            .await
+            .map(|record| record.id)
+    }
+
     /// Submit a task file as `alice` with an `Idempotency-Key`, as the submit route
     /// does: the key and the reply (here, the task id) are committed with the task.
     pub(super) async fn submit_keyed(
