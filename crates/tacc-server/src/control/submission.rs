@@ -110,6 +110,22 @@ pub(crate) fn refused(refusal: Refusal) -> ServerError {
                 .to_string(),
         ),
         (
+            PendingReason::OverUserQuota {
+                limit: LimitKind::QueuedTasks,
+                ..
+            }
+            | PendingReason::OverGroupQuota {
+                limit: LimitKind::QueuedTasks,
+                ..
+            },
+            _,
+        ) => (
+            None,
+            "submit again once some of the queued tasks have started, or cancel some \
+             (`tcloud ps`)"
+                .to_string(),
+        ),
+        (
             PendingReason::OverUserQuota { limit, .. }
             | PendingReason::OverGroupQuota { limit, .. },
             _,
