@@ -86,6 +86,43 @@ pub struct SubmitTask {
     pub snapshot: SnapshotId,
     /// Where the task file came from, for `tcloud show` (informational).
     pub source: Option<String>,
+    /// Accept a request no node of the cluster can hold today, on purpose, for a cluster
+    /// that will grow (`tcloud submit --wait-for-capacity`); without it such a request is
+    /// refused at submit with the reason. Requests above a hard limit are refused either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wait_for_capacity: bool,
+}
+
+/// Something the platform changed of what a task asked for, said at submit (tcloud prints
+/// each as a warning) and kept with the task (`tcloud show`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Override {
+    /// The task file's field, dotted as in the file: `priority`, `resources.time_limit`.
+    pub field: String,
+    /// What the task asked for; `None` when it left the field out.
+    pub asked: Option<String>,
+    /// What applies instead.
+    pub applied: String,
+    /// Why, and what would change it.
+    pub why: String,
+}
+
+impl std::fmt::Display for Override {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.asked {
+            Some(asked) => write!(
+                f,
+                "`{}: {asked}` was changed to `{}`: {}",
+                self.field, self.applied, self.why
+            ),
+            None => write!(
+                f,
+                "`{}` was not set; `{}` applies: {}",
+                self.field, self.applied, self.why
+            ),
+        }
+    }
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -97,6 +134,9 @@ pub struct SubmitReply {
     /// Set when the task file had `array:`: the group made of its elements.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupSubmitted>,
+    /// What the platform changed of what the task asked for (every element alike).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<Override>,
 }
 
 /// A task as shown to users.
@@ -132,6 +172,13 @@ pub struct TaskView {
     pub group: Option<tacc_core::GroupId>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_index: Option<u32>,
+    /// What the platform changed of what the task asked for: `spec` is what was asked,
+    /// each override what applies instead.
+    #[serde(default)]
+    pub overrides: Vec<Override>,
+    /// It was accepted to wait for a cluster that will grow (`--wait-for-capacity`).
+    #[serde(default)]
+    pub wait_for_capacity: bool,
 }
 
 /// Why a task is where it is: `GET /v1/tasks/{id}/why`.

@@ -31,6 +31,9 @@ pub struct SubmitPipeline {
     /// schema crate's `NotifySpec`: `{"webhook": …, "secret": …}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub notify: Option<serde_json::Value>,
+    /// As [`crate::SubmitTask::wait_for_capacity`], for every stage.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wait_for_capacity: bool,
 }
 
 /// One stage as shown: what it ran as and where it is.

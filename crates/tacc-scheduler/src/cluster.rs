@@ -341,8 +341,17 @@ impl Cluster {
 
     /// Why the request could not fit even on an empty cluster, if it could not.
     pub fn never_fits(&self, request: &TaskRequest) -> Option<String> {
+        self.misfit(request).map(|misfit| misfit.detail)
+    }
+
+    /// [`Cluster::never_fits`] with the part of the request at fault, so a refusal can
+    /// point at the field that asked for it. The one place "can never fit" is decided.
+    pub fn misfit(&self, request: &TaskRequest) -> Option<Misfit> {
         if request.nodes == 0 {
-            return Some("it asks for 0 nodes".to_string());
+            return Some(Misfit {
+                part: MisfitPart::Nodes,
+                detail: "it asks for 0 nodes".to_string(),
+            });
         }
         let fitting = self
             .nodes
@@ -360,20 +369,112 @@ impl Cluster {
             .values()
             .map(|node| node.spec.capacity)
             .max_by_key(|cap| (cap.gpus, cap.cpu_millis, cap.memory_bytes));
-        let constraint = match (&request.gpu_type, request.node_selector.is_empty()) {
-            (None, true) => String::new(),
-            (gpu_type, _) => format!(
-                " matching gpu_type {} and labels {:?}",
-                gpu_type.as_deref().unwrap_or("any"),
-                request.node_selector
-            ),
+        let mut wanted = Vec::new();
+        if let Some(gpu_type) = &request.gpu_type {
+            wanted.push(format!("gpu_type {gpu_type}"));
+        }
+        if !request.node_selector.is_empty() {
+            let labels: Vec<String> = request
+                .node_selector
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            wanted.push(format!("labels {}", labels.join(", ")));
+        }
+        let constraint = if wanted.is_empty() {
+            String::new()
+        } else {
+            format!(" matching {}", wanted.join(" and "))
         };
-        Some(match largest {
+        let detail = match largest {
             None => "the cluster has no nodes".to_string(),
             Some(largest) => format!(
-                "it asks for {} node(s) with {} each{constraint}, but only {fitting} node(s) can hold that (largest node: {largest})",
-                request.nodes, request.per_node
+                "it asks for {} node(s) with {} each{constraint}, but only {fitting} node(s) can hold that (largest node: {largest}; {})",
+                request.nodes,
+                request.per_node,
+                self.inventory()
             ),
+        };
+        Some(Misfit {
+            part: self.misfit_part(request),
+            detail,
         })
     }
+
+    /// Which part of a request that never fits is at fault: a GPU model no node has, else
+    /// the first resource no matching node has enough of, else the number of nodes.
+    fn misfit_part(&self, request: &TaskRequest) -> MisfitPart {
+        if let Some(wanted) = &request.gpu_type
+            && !self
+                .nodes
+                .values()
+                .any(|node| node.spec.gpu_type.as_deref() == Some(wanted.as_str()))
+        {
+            return MisfitPart::GpuType;
+        }
+        let matching: Vec<Resources> = self
+            .nodes
+            .values()
+            .filter(|node| node_matches(&node.spec, request))
+            .map(|node| node.spec.capacity)
+            .collect();
+        let most = |part: fn(&Resources) -> u64| matching.iter().map(part).max().unwrap_or(0);
+        let asked = &request.per_node;
+        if u64::from(asked.gpus) > most(|r| u64::from(r.gpus)) {
+            MisfitPart::Gpus
+        } else if asked.cpu_millis > most(|r| r.cpu_millis) {
+            MisfitPart::Cpus
+        } else if asked.memory_bytes > most(|r| r.memory_bytes) {
+            MisfitPart::Memory
+        } else {
+            MisfitPart::Nodes
+        }
+    }
+
+    /// What the cluster has, for a refusal to say: its GPU models, partitions and labels.
+    fn inventory(&self) -> String {
+        let mut gpu_types = BTreeSet::new();
+        let mut partitions = BTreeSet::new();
+        let mut labels = BTreeSet::new();
+        for node in self.nodes.values() {
+            gpu_types.extend(node.spec.gpu_type.clone());
+            for (key, value) in &node.spec.labels {
+                if key == tacc_core::labels::SLURM_PARTITION {
+                    partitions.insert(value.clone());
+                } else if !key.starts_with(tacc_core::labels::RESERVED_PREFIX) {
+                    labels.insert(format!("{key}={value}"));
+                }
+            }
+        }
+        let list = |set: BTreeSet<String>| {
+            if set.is_empty() {
+                "none".to_string()
+            } else {
+                set.into_iter().collect::<Vec<_>>().join(", ")
+            }
+        };
+        format!(
+            "GPU types: {}; partitions: {}; labels: {}",
+            list(gpu_types),
+            list(partitions),
+            list(labels)
+        )
+    }
+}
+
+/// The part of a request no node of the cluster could ever hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MisfitPart {
+    Nodes,
+    GpuType,
+    Gpus,
+    Cpus,
+    Memory,
+}
+
+/// Why a request can never fit the cluster, and which part of it is at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Misfit {
+    pub part: MisfitPart,
+    pub detail: String,
 }

@@ -20,13 +20,14 @@ pub mod policy;
 pub mod pool;
 mod scheduler;
 
+pub use cluster::{Misfit, MisfitPart};
 pub use config::{
     FairShareConfig, GroupConfig, Limits, PreemptionConfig, SchedulerConfig, UserConfig,
 };
 pub use model::{Explanation, LimitKind, NodeSpec, PendingReason, Placement, TaskRequest};
 pub use policy::{Backfill, Policy, PolicyEntry, policy_names};
 pub use scheduler::{
-    Action, Event, FairShareStanding, GroupStanding, Plan, Scheduler, UserStanding,
+    Action, Event, FairShareStanding, GroupStanding, Plan, Refusal, Scheduler, UserStanding,
 };
 
 /// Errors from feeding the scheduler an event that contradicts its state.

@@ -50,6 +50,11 @@ pub struct TaskRequest {
     /// waiting) but is not placed before this time.
     #[serde(default)]
     pub not_before: Option<Timestamp>,
+    /// Submitted on purpose for a cluster that will grow (`tcloud submit
+    /// --wait-for-capacity`): a request no node could hold today waits, without holding up
+    /// the queue, instead of being refused.
+    #[serde(default)]
+    pub wait_for_capacity: bool,
 }
 
 impl Default for TaskRequest {
@@ -68,6 +73,7 @@ impl Default for TaskRequest {
             depends_on: Vec::new(),
             duration_hint_secs: None,
             not_before: None,
+            wait_for_capacity: false,
         }
     }
 }
@@ -135,6 +141,9 @@ pub enum PendingReason {
     NoMatchingNode { detail: String },
     /// A retry waiting out its backoff until this time (see [`TaskRequest::not_before`]).
     Backoff { until: Timestamp },
+    /// No node could hold it today, and it was submitted to wait for one
+    /// ([`TaskRequest::wait_for_capacity`]); it holds up nothing meanwhile.
+    WaitingForCapacity { detail: String },
 }
 
 impl fmt::Display for PendingReason {
@@ -164,6 +173,10 @@ impl fmt::Display for PendingReason {
             PendingReason::Backoff { until } => {
                 write!(f, "retrying after a backoff, not before {} ms", until.0)
             }
+            PendingReason::WaitingForCapacity { detail } => write!(
+                f,
+                "waiting for the cluster to grow (submitted with --wait-for-capacity): {detail}"
+            ),
         }
     }
 }

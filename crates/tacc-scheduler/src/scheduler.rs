@@ -86,6 +86,14 @@ pub enum Event {
     Batch(Vec<Event>),
 }
 
+/// Why a submission is refused ([`Scheduler::refusal`]): the reason its rejection would
+/// carry, and for a request the cluster can never hold, the part of it at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: PendingReason,
+    pub misfit: Option<crate::MisfitPart>,
+}
+
 /// A decision of the scheduler, for the driver to carry out.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Action {

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 /// Everything that can go wrong while reading a task file or checking a [`crate::TaskSpec`].
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
-    /// A mistake in a task file, located at a line and column of that file.
+    /// Mistakes in a task file, each located at a line and column of that file, in file
+    /// order (never empty): a file is checked whole, so one run reports them all.
     #[error("{0}")]
-    Located(Box<Diagnostic>),
+    Located(Diagnostics),
 
     /// A semantic mistake in a spec that has no source text (one received as JSON).
     #[error("error: {message}\n  --> field `{field}`{}", render_help(help))]
@@ -40,11 +41,16 @@ pub enum SchemaError {
 }
 
 impl SchemaError {
-    /// The located diagnostic, when this error points into a file.
+    /// The first located diagnostic (in file order), when this error points into a file.
     pub fn diagnostic(&self) -> Option<&Diagnostic> {
+        self.diagnostics().first()
+    }
+
+    /// Every located diagnostic, in file order; empty when this error points nowhere.
+    pub fn diagnostics(&self) -> &[Diagnostic] {
         match self {
-            SchemaError::Located(diagnostic) => Some(diagnostic),
-            _ => None,
+            SchemaError::Located(diagnostics) => diagnostics.as_slice(),
+            _ => &[],
         }
     }
 
@@ -69,7 +75,7 @@ impl SchemaError {
     /// The help line, if the error carries one.
     pub fn help(&self) -> Option<&str> {
         match self {
-            SchemaError::Located(diagnostic) => diagnostic.help.as_deref(),
+            SchemaError::Located(diagnostics) => diagnostics.first().help.as_deref(),
             SchemaError::Invalid { help, .. } => help.as_deref(),
             _ => None,
         }
@@ -80,6 +86,82 @@ fn render_help(help: &Option<String>) -> String {
     match help {
         Some(help) => format!("\n   = help: {help}"),
         None => String::new(),
+    }
+}
+
+/// How many diagnostics a rendering shows; the rest are counted ("and 4 more errors"),
+/// since past a screenful the first ones fixed usually make others disappear.
+pub const MAX_SHOWN_DIAGNOSTICS: usize = 20;
+
+/// The mistakes found in one task file, in file order (line, then column); never empty.
+/// A check that finds one more mistake pushes it ([`Diagnostics::push`]); the order is
+/// restored when the list is rendered or read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Diagnostics(Vec<Diagnostic>);
+
+impl Diagnostics {
+    /// A list of one.
+    pub fn one(diagnostic: Diagnostic) -> Self {
+        Diagnostics(vec![diagnostic])
+    }
+
+    /// The list of `diagnostics` in file order, the same mistake reported twice kept once;
+    /// `None` when there are none.
+    pub fn new(mut diagnostics: Vec<Diagnostic>) -> Option<Self> {
+        diagnostics.sort_by_key(|d| (d.line, d.column));
+        diagnostics.dedup();
+        (!diagnostics.is_empty()).then_some(Diagnostics(diagnostics))
+    }
+
+    /// The first mistake in the file.
+    pub fn first(&self) -> &Diagnostic {
+        &self.0[0]
+    }
+
+    pub fn as_slice(&self) -> &[Diagnostic] {
+        &self.0
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never true; here for clippy's sake.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn into_vec(self) -> Vec<Diagnostic> {
+        self.0
+    }
+}
+
+impl fmt::Display for Diagnostics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, diagnostic) in self.0.iter().take(MAX_SHOWN_DIAGNOSTICS).enumerate() {
+            if index > 0 {
+                f.write_str("\n\n")?;
+            }
+            write!(f, "{diagnostic}")?;
+        }
+        let hidden = self.0.len().saturating_sub(MAX_SHOWN_DIAGNOSTICS);
+        if hidden > 0 {
+            write!(
+                f,
+                "\n\nerror: and {hidden} more error{} in {} (not shown; fix these first)",
+                if hidden == 1 { "" } else { "s" },
+                self.0[0].file
+            )?;
+        }
+        if self.0.len() > 1 {
+            write!(
+                f,
+                "\n\nerror: {} has {} errors",
+                self.0[0].file,
+                self.0.len()
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -95,6 +177,8 @@ fn render_help(help: &Option<String>) -> String {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Diagnostic {
+    /// An error (the file is refused) or a warning (accepted, but worth a look).
+    pub severity: Severity,
     pub message: String,
     /// The file name as the user gave it, so the rendered path is one they recognise.
     pub file: String,
@@ -112,6 +196,23 @@ pub struct Diagnostic {
 /// Characters of a source line an error shows at most (more when the column is further).
 const SHOWN_CHARS: usize = 160;
 
+/// Whether a [`Diagnostic`] refuses the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Severity {
+    #[default]
+    Error,
+    Warning,
+}
+
+impl fmt::Display for Severity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        })
+    }
+}
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let number = self.line.to_string();
@@ -126,7 +227,7 @@ impl fmt::Display for Diagnostic {
             underline = underline.min(limit + 1 - self.column.min(limit)).max(1);
         }
         let caret_indent = " ".repeat(self.column.saturating_sub(1));
-        writeln!(f, "error: {}", self.message)?;
+        writeln!(f, "{}: {}", self.severity, self.message)?;
         writeln!(
             f,
             "{}--> {}:{}:{}",

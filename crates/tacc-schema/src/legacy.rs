@@ -28,7 +28,7 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
     let mut spans = Spans::new(source_name, text);
     let root = reader::load_yaml(text, &spans)?;
     let mut translator = Translator {
-        reader: Reader { spans: &mut spans },
+        reader: Reader::new(&mut spans),
         warnings: Vec::new(),
         spec: TaskSpec {
             name: String::new(),
@@ -86,8 +86,8 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
     translator.spec.name = translator.task_name(name.0, name.1);
 
     let Translator { spec, warnings, .. } = translator;
-    if let Some(problem) = spec.first_problem() {
-        return Err(spans.error_at(&problem.field, problem.message, problem.help));
+    if let Some(error) = spans.located_problems(spec.problems(), Vec::new()) {
+        return Err(error);
     }
     Ok(Translated {
         spec,

@@ -24,7 +24,7 @@ use std::path::{Component, Path, PathBuf};
 
 pub use adaptive::{AdaptiveSpec, Range};
 pub use array::{ArrayError, ArraySpec, MAX_ARRAY_ELEMENTS, NotifySpec};
-pub use error::{Diagnostic, SchemaError};
+pub use error::{Diagnostic, Diagnostics, MAX_SHOWN_DIAGNOSTICS, SchemaError, Severity};
 pub use pipeline::{
     LoadedPipeline, MAX_STAGES, PipelineSpec, StageSpec, is_pipeline, load_pipeline, parse_pipeline,
 };
@@ -77,6 +77,15 @@ impl LoadedTask {
     /// The span table of the file, for callers that want locations without an error.
     pub fn spans(&self) -> &Spans {
         &self.spans
+    }
+
+    /// [`LoadedTask::warnings`] as a compiler prints them: each located one with its
+    /// `file:line:col`, the line and a caret; the others as one line.
+    pub fn rendered_warnings(&self) -> Vec<String> {
+        self.warnings
+            .iter()
+            .map(|warning| self.spans.render_warning(warning))
+            .collect()
     }
 }
 

@@ -248,7 +248,7 @@ pub fn is_pipeline(text: &str) -> bool {
 pub fn parse_pipeline(source_name: &str, text: &str) -> Result<PipelineSpec, SchemaError> {
     let mut spans = Spans::new(source_name, text);
     let root = reader::load_yaml(text, &spans)?;
-    let mut top_reader = Reader { spans: &mut spans };
+    let mut top_reader = Reader::new(&mut spans);
     let top = top_reader.fields(&root, None, "", &["name", "stages", "notify"])?;
     let name = match top.get("name") {
         Some(node) => top_reader.text(node, "name", "name: my-pipeline")?,
@@ -264,6 +264,7 @@ pub fn parse_pipeline(source_name: &str, text: &str) -> Result<PipelineSpec, Sch
         )?),
         None => None,
     };
+    top_reader.finish()?;
     let stages_node = match top.get("stages") {
         Some(node) => node,
         None => {
@@ -296,9 +297,7 @@ pub fn parse_pipeline(source_name: &str, text: &str) -> Result<PipelineSpec, Sch
         stage_spans.record("", Some(key), value);
         let needs = match &needs_node {
             Some(node) if !reader::is_null(node) => {
-                let mut needs_reader = Reader {
-                    spans: &mut stage_spans,
-                };
+                let mut needs_reader = Reader::new(&mut stage_spans);
                 needs_reader.texts(node, "needs", "needs: [prepare]")?
             }
             _ => Vec::new(),

@@ -14,6 +14,7 @@ use tacc_core::{ByteSize, HumanDuration, Priority, RuntimeKind};
 use yaml_rust2::Event as YamlEvent;
 
 use crate::SchemaError;
+use crate::error::{Diagnostic, Diagnostics};
 use crate::processes::{MAX_PROCESSES_PER_NODE, Processes};
 use crate::spans::{Location, Spans, yaml_lines};
 use crate::spec::{
@@ -323,12 +324,59 @@ impl<'n> Fields<'n> {
     }
 }
 
-/// Walks the node tree, recording every field's location as it goes.
+/// Walks the node tree, recording every field's location as it goes, and the mistakes it
+/// could read past (an unknown field, a field's bad value) so that one run reports them all.
 pub(crate) struct Reader<'s> {
     pub spans: &'s mut Spans,
+    /// Mistakes read past so far; [`Reader::finish`] turns them into the error.
+    found: Vec<Diagnostic>,
 }
 
 impl<'s> Reader<'s> {
+    pub fn new(spans: &'s mut Spans) -> Self {
+        Reader {
+            spans,
+            found: Vec::new(),
+        }
+    }
+
+    /// Remember a mistake and read on.
+    pub fn push(&mut self, error: SchemaError) {
+        match error {
+            SchemaError::Located(diagnostics) => self.found.extend(diagnostics.into_vec()),
+            // The reader only makes located errors; anything else is kept at the file's start.
+            other => self.found.push(Diagnostic {
+                severity: crate::error::Severity::Error,
+                message: other.to_string(),
+                file: self.spans.source_name().to_string(),
+                line: 1,
+                column: 1,
+                source_line: String::new(),
+                underline: 1,
+                help: None,
+            }),
+        }
+    }
+
+    /// The value of `result`, or `None` with its mistake remembered (the caller uses the
+    /// field's default and reads on).
+    pub fn keep<T>(&mut self, result: Result<T>) -> Option<T> {
+        result.map_err(|error| self.push(error)).ok()
+    }
+
+    /// The mistakes read past, as one error in file order.
+    pub fn finish(self) -> Result<()> {
+        match Diagnostics::new(self.found) {
+            Some(diagnostics) => Err(SchemaError::Located(diagnostics)),
+            None => Ok(()),
+        }
+    }
+
+    /// The mistakes read past, handed over (to be listed with later ones).
+    pub fn take_found(&mut self) -> Vec<Diagnostic> {
+        std::mem::take(&mut self.found)
+    }
+
     pub fn error_at_node(
         &self,
         node: &Node,
@@ -368,7 +416,10 @@ impl<'s> Reader<'s> {
         for (field_key, value) in map.iter() {
             let name = field_key.as_str();
             if !allowed.contains(&name) {
-                return Err(self.unknown_field(field_key, path, allowed));
+                // Reported, and the rest of the mapping is still read.
+                let error = self.unknown_field(field_key, path, allowed);
+                self.push(error);
+                continue;
             }
             self.spans.record(&join(path, name), Some(field_key), value);
         }
@@ -642,127 +693,135 @@ impl<'s> Reader<'s> {
 }
 
 /// Build the spec from a parsed task file. `fallback_name` is used when `name` is left out.
+///
+/// Every field is read on its own: a field whose value is wrong is reported and its default
+/// stands in, so the checks after it still run and one error lists every mistake of the
+/// file, in file order.
 pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> Result<TaskSpec> {
-    let mut reader = Reader { spans };
+    let mut reader = Reader::new(spans);
     let top = reader.fields(root, None, "", TASK_FIELDS)?;
 
-    let name = match top.get("name") {
-        Some(node) => reader.text(node, "name", "name: mnist-ddp")?,
-        None => fallback_name.to_string(),
-    };
-    let resources = match top.get("resources") {
-        Some(node) => read_resources(&mut reader, node, top.map_key("resources"))?,
-        None => ResourceSpec::default(),
-    };
-    let priority = match top.get("priority") {
-        Some(node) => reader.choice(
-            node,
-            "priority",
-            "priority",
-            &[
-                ("low", Priority::Low),
-                ("normal", Priority::Normal),
-                ("high", Priority::High),
-            ],
-        )?,
-        None => Priority::default(),
-    };
-    let preemptible = match top.get("preemptible") {
-        Some(node) => reader.flag(node, "preemptible")?,
-        None => false,
-    };
-    let code = match top.get("code") {
-        Some(node) => read_code(&mut reader, node, top.map_key("code"))?,
-        None => CodeSpec::default(),
-    };
-    let environment = match top.get("environment") {
-        Some(node) => read_environment(&mut reader, node, top.map_key("environment"))?,
-        None => EnvironmentSpec::default(),
-    };
-    let datasets = match top.get("datasets") {
-        Some(node) => read_datasets(&mut reader, node)?,
-        None => Vec::new(),
-    };
-    let setup = match top.get("setup") {
-        Some(node) => Some(reader.text(node, "setup", "setup: pip list")?),
-        None => None,
-    };
+    // Read one field: its value, or `default` with the mistake remembered.
+    macro_rules! field {
+        ($key:literal, $default:expr, |$node:ident| $read:expr) => {
+            match top.get($key) {
+                Some($node) => {
+                    let read = $read;
+                    reader.keep(read).unwrap_or_else(|| $default)
+                }
+                None => $default,
+            }
+        };
+    }
+
+    let name = field!("name", fallback_name.to_string(), |node| reader.text(
+        node,
+        "name",
+        "name: mnist-ddp"
+    ));
+    let resources = field!("resources", ResourceSpec::default(), |node| {
+        read_resources(&mut reader, node, top.map_key("resources"))
+    });
+    let priority = field!("priority", Priority::default(), |node| reader.choice(
+        node,
+        "priority",
+        "priority",
+        &[
+            ("low", Priority::Low),
+            ("normal", Priority::Normal),
+            ("high", Priority::High),
+        ],
+    ));
+    let preemptible = field!("preemptible", false, |node| reader
+        .flag(node, "preemptible"));
+    let code = field!("code", CodeSpec::default(), |node| {
+        read_code(&mut reader, node, top.map_key("code"))
+    });
+    let environment = field!("environment", EnvironmentSpec::default(), |node| {
+        read_environment(&mut reader, node, top.map_key("environment"))
+    });
+    let datasets = field!("datasets", Vec::new(), |node| read_datasets(
+        &mut reader,
+        node
+    ));
+    let setup = field!("setup", None, |node| reader
+        .text(node, "setup", "setup: pip list")
+        .map(Some));
     let run = match top.get("run") {
-        Some(node) => reader.text(node, "run", "run: python train.py")?,
+        Some(node) => {
+            let read = reader.text(node, "run", "run: python train.py");
+            reader.keep(read).unwrap_or_default()
+        }
         None if top.has("run") => String::new(),
         None => {
-            return Err(reader.spans.error_at(
+            let error = reader.spans.error_at(
                 "run",
                 "missing required field `run`",
                 Some("add the command every node runs, e.g. `run: python train.py`".into()),
-            ));
+            );
+            reader.push(error);
+            String::new()
         }
     };
-    let outputs = match top.get("outputs") {
-        Some(node) => reader.texts(node, "outputs", "outputs: [checkpoints/, results/]")?,
-        None => Vec::new(),
-    };
-    let retry = match top.get("retry") {
-        Some(node) => read_retry(&mut reader, node, top.map_key("retry"))?,
-        None => RetrySpec::default(),
-    };
-    let checkpoint = match top.get("checkpoint") {
-        Some(node) => Some(read_checkpoint(
-            &mut reader,
-            node,
-            top.map_key("checkpoint"),
-        )?),
-        None => None,
-    };
-    let runtime = match top.get("runtime") {
-        Some(node) => reader.choice(
-            node,
-            "runtime",
-            "runtime",
-            &[
-                ("auto", None),
-                ("process", Some(RuntimeKind::Process)),
-                ("container", Some(RuntimeKind::Container)),
-                ("slurm", Some(RuntimeKind::Slurm)),
-            ],
-        )?,
-        None => None,
-    };
-    let placement = match top.get("placement") {
-        Some(node) => read_placement(&mut reader, node, top.map_key("placement"))?,
-        None => PlacementSpec::default(),
-    };
-
-    let adaptive = match top.get("adaptive") {
-        Some(node) => Some(read_adaptive(&mut reader, node, top.map_key("adaptive"))?),
-        None => None,
-    };
-    let array = match top.get("array") {
-        Some(node) => {
-            let written = reader.text(node, "array", "array: 0-999")?;
-            Some(
-                written
-                    .parse::<crate::ArraySpec>()
-                    .map_err(|e| reader.error_at_node(node, e.message, e.help))?,
-            )
-        }
-        None => None,
-    };
-    let notify = match top.get("notify") {
-        Some(node) => Some(read_notify(&mut reader, node, top.map_key("notify"))?),
-        None => None,
-    };
-
-    let sweep = match top.get("sweep") {
-        Some(node) => Some(read_sweep(&mut reader, node, top.map_key("sweep"))?),
-        None => None,
-    };
+    let outputs = field!("outputs", Vec::new(), |node| reader.texts(
+        node,
+        "outputs",
+        "outputs: [checkpoints/, results/]"
+    ));
+    let retry = field!("retry", RetrySpec::default(), |node| {
+        read_retry(&mut reader, node, top.map_key("retry"))
+    });
+    let checkpoint = field!("checkpoint", None, |node| read_checkpoint(
+        &mut reader,
+        node,
+        top.map_key("checkpoint")
+    )
+    .map(Some));
+    let runtime = field!("runtime", None, |node| reader.choice(
+        node,
+        "runtime",
+        "runtime",
+        &[
+            ("auto", None),
+            ("process", Some(RuntimeKind::Process)),
+            ("container", Some(RuntimeKind::Container)),
+            ("slurm", Some(RuntimeKind::Slurm)),
+        ],
+    ));
+    let placement = field!("placement", PlacementSpec::default(), |node| {
+        read_placement(&mut reader, node, top.map_key("placement"))
+    });
+    let adaptive = field!("adaptive", None, |node| read_adaptive(
+        &mut reader,
+        node,
+        top.map_key("adaptive")
+    )
+    .map(Some));
+    let array = field!("array", None, |node| reader
+        .text(node, "array", "array: 0-999")
+        .and_then(|written| written
+            .parse::<crate::ArraySpec>()
+            .map(Some)
+            .map_err(|e| reader.error_at_node(node, e.message, e.help))));
+    let notify = field!("notify", None, |node| read_notify(
+        &mut reader,
+        node,
+        top.map_key("notify")
+    )
+    .map(Some));
+    let sweep = field!("sweep", None, |node| read_sweep(
+        &mut reader,
+        node,
+        top.map_key("sweep")
+    )
+    .map(Some));
     if let (Some(_), Some(node)) = (&sweep, top.get("array")) {
-        return Err(reader.error_at_node(
+        let error = reader.error_at_node(
             node,
             "a task is an array or a sweep, not both",
             "remove `array:`; every trial of a sweep gets its own parameters instead",
-        ));
+        );
+        reader.push(error);
     }
 
     let spec = TaskSpec {
@@ -785,12 +844,11 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         array,
         notify,
     };
-    if let Some(problem) = spec.first_problem() {
-        return Err(reader
-            .spans
-            .error_at(&problem.field, problem.message, problem.help));
+    let found = reader.take_found();
+    match reader.spans.located_problems(spec.problems(), found) {
+        Some(error) => Err(error),
+        None => Ok(spec),
     }
-    Ok(spec)
 }
 
 impl<'n> Fields<'n> {
@@ -807,30 +865,37 @@ fn read_resources<'n>(
 ) -> Result<ResourceSpec> {
     let fields = reader.fields(node, key, "resources", RESOURCE_FIELDS)?;
     let mut resources = ResourceSpec::default();
+    // Each field on its own: a bad one is reported and keeps its default.
     if let Some(node) = fields.get("nodes") {
-        resources.nodes = reader.count(node, "resources.nodes", "nodes: 2")?;
+        let read = reader.count(node, "resources.nodes", "nodes: 2");
+        resources.nodes = reader.keep(read).unwrap_or(resources.nodes);
     }
     if let Some(node) = fields.get("gpus") {
-        resources.gpus = reader.count(node, "resources.gpus", "gpus: 4")?;
+        let read = reader.count(node, "resources.gpus", "gpus: 4");
+        resources.gpus = reader.keep(read).unwrap_or(resources.gpus);
     }
     if let Some(node) = fields.get("gpu_type") {
-        resources.gpu_type = Some(reader.text(node, "resources.gpu_type", "gpu_type: A100")?);
+        let read = reader.text(node, "resources.gpu_type", "gpu_type: A100");
+        resources.gpu_type = reader.keep(read);
     }
     if let Some(node) = fields.get("cpus") {
-        resources.cpus = reader.number(node, "resources.cpus", "cpus: 16")?;
+        let read = reader.number(node, "resources.cpus", "cpus: 16");
+        resources.cpus = reader.keep(read).unwrap_or(resources.cpus);
     }
     if let Some(node) = fields.get("memory") {
-        resources.memory = reader.size(node, "resources.memory", "memory: 64GiB")?;
+        let read = reader.size(node, "resources.memory", "memory: 64GiB");
+        resources.memory = reader.keep(read).unwrap_or(resources.memory);
     }
     if let Some(node) = fields.get("time_limit") {
-        resources.time_limit =
-            Some(reader.duration(node, "resources.time_limit", "time_limit: 4h")?);
+        let read = reader.duration(node, "resources.time_limit", "time_limit: 4h");
+        resources.time_limit = reader.keep(read);
     }
     if let Some(node) = fields.get("disk") {
         resources.disk = Some(reader.size(node, "resources.disk", "disk: 10GiB")?);
     }
     if let Some(node) = fields.get("processes") {
-        resources.processes = reader.processes(node)?;
+        let read = reader.processes(node);
+        resources.processes = reader.keep(read).unwrap_or(resources.processes);
     }
     Ok(resources)
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use marked_yaml::types::MarkedScalarNode;
 use marked_yaml::{Marker, Node};
 
-use crate::error::{Diagnostic, SchemaError};
+use crate::error::{Diagnostic, Diagnostics, SchemaError, Severity};
 
 /// A place in the source text: 1-based line and column, and how wide the thing there is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +73,30 @@ impl Spans {
         self.error_at_location(location, message, help)
     }
 
+    /// The error listing `found` (mistakes already located, such as the reader's) and the
+    /// semantic `problems` located at their fields, in file order; `None` when both are
+    /// empty. A problem at the very place a located mistake was already reported there is
+    /// left out: it judged the default that stood in for the unreadable value.
+    pub(crate) fn located_problems(
+        &self,
+        problems: Vec<crate::spec::Problem>,
+        mut found: Vec<Diagnostic>,
+    ) -> Option<SchemaError> {
+        let already = found.clone();
+        for problem in problems {
+            let error = self.error_at(&problem.field, problem.message, problem.help);
+            for diagnostic in error.diagnostics() {
+                let seen = already
+                    .iter()
+                    .any(|d| d.line == diagnostic.line && d.column == diagnostic.column);
+                if !seen {
+                    found.push(diagnostic.clone());
+                }
+            }
+        }
+        Diagnostics::new(found).map(SchemaError::Located)
+    }
+
     pub(crate) fn error_at_location(
         &self,
         location: Location,
@@ -84,7 +108,8 @@ impl Spans {
             .get(location.line.saturating_sub(1))
             .cloned()
             .unwrap_or_default();
-        SchemaError::Located(Box::new(Diagnostic {
+        SchemaError::Located(Diagnostics::one(Diagnostic {
+            severity: Severity::Error,
             message: message.into(),
             file: self.source_name.clone(),
             line: location.line,
@@ -93,6 +118,37 @@ impl Spans {
             underline: location.width,
             help,
         }))
+    }
+
+    /// A warning of the one-line form `FILE:LINE:COL: message` (as [`Spans::describe`]
+    /// starts it) rendered like a compiler's, with the line and a caret under the token
+    /// there; any other text as `warning: TEXT`.
+    pub(crate) fn render_warning(&self, text: &str) -> String {
+        let located = text
+            .strip_prefix(self.source_name.as_str())
+            .and_then(|rest| rest.strip_prefix(':'))
+            .and_then(|rest| {
+                let mut parts = rest.splitn(3, ':');
+                let line: usize = parts.next()?.parse().ok()?;
+                let column: usize = parts.next()?.parse().ok()?;
+                let message = parts.next()?.strip_prefix(' ')?;
+                let source_line = self.lines.get(line.checked_sub(1)?)?;
+                (column >= 1).then_some(())?;
+                Some(Diagnostic {
+                    severity: Severity::Warning,
+                    message: message.to_string(),
+                    file: self.source_name.clone(),
+                    line,
+                    column,
+                    source_line: source_line.clone(),
+                    underline: token_width(source_line, column, None),
+                    help: None,
+                })
+            });
+        match located {
+            Some(diagnostic) => diagnostic.to_string(),
+            None => format!("warning: {text}"),
+        }
     }
 
     /// `file:line:col` of a field, for warnings that are one line of text.

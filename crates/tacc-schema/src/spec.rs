@@ -487,33 +487,47 @@ impl TaskSpec {
         }
     }
 
+    /// The first of [`TaskSpec::problems`].
     pub(crate) fn first_problem(&self) -> Option<Problem> {
-        check_name(&self.name)
-            .or_else(|| check_resources(&self.resources))
-            .or_else(|| check_code(&self.code))
-            .or_else(|| check_environment(&self.environment, self.runtime))
-            .or_else(|| check_placement(&self.placement, self.runtime, &self.environment))
-            .or_else(|| check_datasets(&self.datasets))
-            .or_else(|| check_commands(self))
-            .or_else(|| check_sizes(self))
-            .or_else(|| check_outputs(&self.outputs))
-            .or_else(|| check_retry(&self.retry))
-            .or_else(|| {
-                self.adaptive
-                    .as_ref()
-                    .and_then(|adaptive| crate::adaptive::check_adaptive(adaptive, &self.resources))
-            })
-            .or_else(|| {
-                self.checkpoint
-                    .as_ref()
-                    .and_then(|checkpoint| check_checkpoint(checkpoint, &self.resources))
-            })
-            .or_else(|| self.notify.as_ref().and_then(check_notify))
-            .or_else(|| {
-                self.sweep.as_ref().and_then(|sweep| {
-                    crate::sweep::check_sweep(sweep, &self.run, self.setup.as_deref())
-                })
-            })
+        self.problems().into_iter().next()
+    }
+
+    /// Every semantic mistake, at most one per check (a check stops at its first finding,
+    /// whose fix often changes what else it would say), so a file's mistakes are reported
+    /// in one run. A new check is one more `extend` here.
+    pub(crate) fn problems(&self) -> Vec<Problem> {
+        let mut problems = Vec::new();
+        problems.extend(check_name(&self.name));
+        problems.extend(check_resources(&self.resources));
+        problems.extend(check_code(&self.code));
+        problems.extend(check_environment(&self.environment, self.runtime));
+        problems.extend(check_placement(
+            &self.placement,
+            self.runtime,
+            &self.environment,
+        ));
+        problems.extend(check_datasets(&self.datasets));
+        problems.extend(check_commands(self));
+        problems.extend(check_sizes(self));
+        problems.extend(check_outputs(&self.outputs));
+        problems.extend(check_retry(&self.retry));
+        problems.extend(
+            self.adaptive
+                .as_ref()
+                .and_then(|adaptive| crate::adaptive::check_adaptive(adaptive, &self.resources)),
+        );
+        problems.extend(
+            self.checkpoint
+                .as_ref()
+                .and_then(|checkpoint| check_checkpoint(checkpoint, &self.resources)),
+        );
+        problems.extend(self.notify.as_ref().and_then(check_notify));
+        problems.extend(
+            self.sweep.as_ref().and_then(|sweep| {
+                crate::sweep::check_sweep(sweep, &self.run, self.setup.as_deref())
+            }),
+        );
+        problems
     }
 }
 
@@ -573,9 +587,12 @@ fn check_name(name: &str) -> Option<Problem> {
     })
 }
 
-fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
+/// Every mistake of `resources`, one per field at most (each field is checked on its own,
+/// so `cpus: -2` and a zero `memory` are both reported).
+fn check_resources(resources: &ResourceSpec) -> Vec<Problem> {
+    let mut problems = Vec::new();
     if resources.nodes == 0 || resources.nodes > MAX_NODES {
-        return Some(problem(
+        problems.push(problem(
             "resources.nodes",
             format!(
                 "`nodes` must be between 1 and {MAX_NODES}, found {}",
@@ -585,7 +602,7 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
         ));
     }
     if resources.gpus > MAX_GPUS_PER_NODE {
-        return Some(problem(
+        problems.push(problem(
             "resources.gpus",
             format!(
                 "`gpus` must be at most {MAX_GPUS_PER_NODE} per node, found {}",
@@ -596,14 +613,13 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
     }
     if let Some(gpu_type) = &resources.gpu_type {
         if gpu_type.trim().is_empty() {
-            return Some(problem(
+            problems.push(problem(
                 "resources.gpu_type",
                 "`gpu_type` is empty",
                 "name a GPU model such as `gpu_type: A100`, or remove the line",
             ));
-        }
-        if resources.gpus == 0 {
-            return Some(problem(
+        } else if resources.gpus == 0 {
+            problems.push(problem(
                 "resources.gpu_type",
                 format!("`gpu_type: {gpu_type}` is set but `gpus` is 0"),
                 "add `gpus: 1` (or more) to `resources`, or remove `gpu_type`",
@@ -612,14 +628,13 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
     }
     let cpus = resources.cpus;
     if !cpus.is_finite() || cpus <= 0.0 || cpus > MAX_CPUS_PER_NODE {
-        return Some(problem(
+        problems.push(problem(
             "resources.cpus",
             format!("`cpus` must be more than 0 and at most {MAX_CPUS_PER_NODE}, found {cpus}"),
             "write whole or fractional CPUs per node, e.g. `cpus: 16` or `cpus: 0.5`",
         ));
-    }
-    if (cpus * 1000.0).round() < 1.0 {
-        return Some(problem(
+    } else if (cpus * 1000.0).round() < 1.0 {
+        problems.push(problem(
             "resources.cpus",
             format!("`cpus: {cpus}` is below the smallest share, 0.001 CPU"),
             "ask for at least `cpus: 0.001`",
@@ -627,17 +642,16 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
     }
     let memory = resources.memory;
     if memory.as_bytes() == 0 || memory > MAX_MEMORY_PER_NODE {
-        return Some(problem(
+        problems.push(problem(
             "resources.memory",
             format!(
                 "`memory` must be more than 0 and at most {MAX_MEMORY_PER_NODE}, found {memory}"
             ),
             "write memory per node with a unit, e.g. `memory: 64GiB`",
         ));
-    }
-    // A bare number is bytes; anything under a MiB is almost surely a forgotten unit.
-    if memory < ByteSize::mib(1) {
-        return Some(problem(
+    } else if memory < ByteSize::mib(1) {
+        // A bare number is bytes; anything under a MiB is almost surely a forgotten unit.
+        problems.push(problem(
             "resources.memory",
             format!("`memory` is only {memory}; did you forget the unit?"),
             "write memory per node with a unit, e.g. `memory: 64GiB` or `memory: 512MiB`",
@@ -645,15 +659,14 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
     }
     if let Some(disk) = resources.disk {
         if disk.as_bytes() == 0 || disk > MAX_DISK_PER_NODE {
-            return Some(problem(
+            problems.push(problem(
                 "resources.disk",
                 format!("`disk` must be more than 0 and at most {MAX_DISK_PER_NODE}, found {disk}"),
                 "write the most the working directory may hold with a unit, e.g. `disk: 10GiB`",
             ));
-        }
-        // A bare number is bytes; anything under a MiB is almost surely a forgotten unit.
-        if disk < ByteSize::mib(1) {
-            return Some(problem(
+        } else if disk < ByteSize::mib(1) {
+            // A bare number is bytes; anything under a MiB is almost surely a forgotten unit.
+            problems.push(problem(
                 "resources.disk",
                 format!("`disk` is only {disk}; did you forget the unit?"),
                 "write the most the working directory may hold with a unit, e.g. `disk: 10GiB`",
@@ -661,7 +674,7 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
         }
     }
     if resources.processes == Processes::PerGpu && resources.gpus == 0 {
-        return Some(problem(
+        problems.push(problem(
             "resources.processes",
             "`processes: per_gpu` starts one process per GPU, but `gpus` is 0",
             "add `gpus: N` to `resources`, or write a number such as `processes: 4`",
@@ -670,13 +683,13 @@ fn check_resources(resources: &ResourceSpec) -> Option<Problem> {
     if let Some(limit) = resources.time_limit
         && (limit.as_secs() == 0 || limit > MAX_TIME_LIMIT)
     {
-        return Some(problem(
+        problems.push(problem(
             "resources.time_limit",
             format!("`time_limit` must be more than 0s and at most 365d, found {limit}"),
             "write a duration such as `time_limit: 4h` or `time_limit: 2d`",
         ));
     }
-    None
+    problems
 }
 
 /// Why `path` may not be used as a path inside the task's working directory, if it may not.

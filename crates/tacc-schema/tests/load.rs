@@ -262,3 +262,27 @@ fn legacy_names_and_short_options_are_made_usable() {
             .contains(":3:9: job name `my job` is not a valid task name; using `my-job`")
     );
 }
+
+/// Warnings print like the errors do: the place, the line and a caret under what is
+/// warned about.
+#[test]
+fn located_warnings_render_like_a_compiler() {
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), "tuxiv.conf", TUXIV_CONF);
+    let loaded = load_task(dir.path()).unwrap();
+    let rendered = loaded.rendered_warnings();
+    assert_eq!(rendered.len(), loaded.warnings.len());
+    let file = dir.path().join("tuxiv.conf").display().to_string();
+    let first = &rendered[0];
+    assert!(
+        first.starts_with("warning: Slurm option `partition=x` is not supported"),
+        "{first}"
+    );
+    assert!(first.contains(&format!("--> {file}:22:11\n")), "{first}");
+    assert!(first.contains("\n 22 | "), "{first}");
+    assert!(
+        first.lines().last().unwrap().trim_start().starts_with("| "),
+        "{first}"
+    );
+    assert!(first.ends_with('^'), "{first}");
+}

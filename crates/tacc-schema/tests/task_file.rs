@@ -650,3 +650,92 @@ fn a_bad_webhook_is_located() {
     let rendered = rejected("run: x\nnotify:\n  webhook: https://x\n");
     assert!(rendered.contains("missing field `secret`"), "{rendered}");
 }
+
+/// Three mistakes in one file (a negative `cpus` on line 3, a misspelt key on line 4, a
+/// bad duration on line 5) are reported together, in file order, each located with its
+/// line, caret and help: one run of `tcloud check`, not three.
+#[test]
+fn every_mistake_of_a_file_is_reported_at_once_in_file_order() {
+    let text = "name: three-mistakes\nresources:\n  cpus: -2\n  memroy: 4GiB\n  time_limit: 5 fortnights\nrun: python train.py\n";
+    let error = parse(text).unwrap_err();
+    let lines: Vec<usize> = error.diagnostics().iter().map(|d| d.line).collect();
+    assert_eq!(lines, vec![3, 4, 5], "{error}");
+    let rendered = error.to_string();
+    let at = |needle: &str| {
+        rendered
+            .find(needle)
+            .unwrap_or_else(|| panic!("`{needle}` missing from:\n{rendered}"))
+    };
+    let cpus = at(&format!("--> {FILE}:3:9"));
+    let memroy = at(&format!("--> {FILE}:4:3"));
+    let duration = at(&format!("--> {FILE}:5:15"));
+    assert!(cpus < memroy && memroy < duration, "{rendered}");
+    assert!(
+        rendered.contains("`cpus` must be more than 0"),
+        "{rendered}"
+    );
+    assert!(rendered.contains("did you mean `memory`?"), "{rendered}");
+    assert!(
+        rendered.contains("bad duration for `resources.time_limit`"),
+        "{rendered}"
+    );
+    assert!(rendered.contains(" 4 |   memroy: 4GiB\n"), "{rendered}");
+    assert_eq!(rendered.matches("= help: ").count(), 3, "{rendered}");
+    assert!(
+        rendered.ends_with(&format!("error: {FILE} has 3 errors")),
+        "{rendered}"
+    );
+    // The first diagnostic is the first in the file, whatever found it.
+    assert_eq!(error.diagnostic().unwrap().line, 3);
+}
+
+/// Mistakes in different sections, and a semantic check next to a reading error, are all
+/// listed; a field that could not be read is not judged again by its stand-in default.
+#[test]
+fn mistakes_across_sections_are_all_listed_once() {
+    let text = "name: bad name!\nresources:\n  gpus: lots\npriority: urgent\nrun: python train.py\nretry: {max_attempts: 0}\nbogus: 1\n";
+    let error = parse(text).unwrap_err();
+    let found: Vec<(usize, &str)> = error
+        .diagnostics()
+        .iter()
+        .map(|d| (d.line, d.message.as_str()))
+        .collect();
+    assert_eq!(found.len(), 5, "{error}");
+    let lines: Vec<usize> = found.iter().map(|(line, _)| *line).collect();
+    assert_eq!(lines, vec![1, 3, 4, 6, 7], "{error}");
+    assert!(
+        found[1]
+            .1
+            .contains("expected a whole number for `resources.gpus`"),
+        "{error}"
+    );
+    assert!(found[2].1.contains("unknown priority `urgent`"), "{error}");
+    assert!(found[4].1.contains("unknown field `bogus`"), "{error}");
+}
+
+/// A file with more mistakes than fit a screen shows the first
+/// [`tacc_schema::MAX_SHOWN_DIAGNOSTICS`] and counts the rest.
+#[test]
+fn past_the_cap_the_rest_are_counted_not_shown() {
+    let mut text = String::from("name: many\nrun: python train.py\n");
+    for index in 0..25 {
+        text.push_str(&format!("unknown_{index}: 1\n"));
+    }
+    let error = parse(&text).unwrap_err();
+    assert_eq!(error.diagnostics().len(), 25);
+    let rendered = error.to_string();
+    assert_eq!(
+        rendered.matches("\nerror: unknown field").count()
+            + usize::from(rendered.starts_with("error: unknown field")),
+        tacc_schema::MAX_SHOWN_DIAGNOSTICS,
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("error: and 5 more errors in"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("unknown_19") && !rendered.contains("unknown_20"),
+        "{rendered}"
+    );
+}

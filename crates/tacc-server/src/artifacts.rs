@@ -89,7 +89,13 @@ impl Control {
         let spec: TaskSpec = serde_json::from_value(record.spec.clone()).map_err(|e| {
             ServerError::Internal(format!("stored spec of task {id} is unreadable: {e}"))
         })?;
-        self.submit(user, spec, record.snapshot, record.source, keyed)
+        // A rerun waits for capacity if the run before it did.
+        let wait_for_capacity = crate::control::Submission::of(&record).wait_for_capacity;
+        let options = crate::control::SubmitOptions {
+            source: record.source,
+            wait_for_capacity,
+        };
+        self.submit(user, spec, record.snapshot, options, keyed)
             .await
     }
 }

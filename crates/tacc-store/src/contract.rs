@@ -49,6 +49,8 @@ pub fn new_task(name: &str, user: &str, at: u64) -> NewTask {
         snapshot: snapshot(),
         source: Some("task.yaml".into()),
         submitted_at: Timestamp(at),
+        // Not empty, so every read-back the contract compares shows it was kept.
+        submission: serde_json::json!({"wait_for_capacity": true}),
     }
 }
 

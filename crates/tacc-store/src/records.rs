@@ -11,6 +11,9 @@ pub struct NewTask {
     pub snapshot: SnapshotId,
     pub source: Option<String>,
     pub submitted_at: Timestamp,
+    /// How it was submitted beyond its spec (JSON the server owns: `--wait-for-capacity`,
+    /// the overrides said at submit); `{}` for nothing.
+    pub submission: serde_json::Value,
 }
 
 impl NewTask {
@@ -34,6 +37,7 @@ impl NewTask {
             finished_at: None,
             group: None,
             group_index: None,
+            submission: self.submission,
         }
     }
 }
@@ -65,6 +69,8 @@ pub struct TaskRecord {
     /// The group the task is an element of, and its index there (`TACC_ARRAY_INDEX`).
     pub group: Option<GroupId>,
     pub group_index: Option<u32>,
+    /// How it was submitted beyond its spec (see [`NewTask::submission`]).
+    pub submission: serde_json::Value,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

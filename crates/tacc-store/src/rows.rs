@@ -124,6 +124,7 @@ pub(crate) fn task_from_row(row: &impl Columns) -> Result<TaskRecord> {
         finished_at: row.optional_timestamp("finished_at")?,
         group: row.optional_int("group_id")?.map(|g| GroupId(g as u64)),
         group_index: row.optional_int("group_index")?.map(|i| i as u32),
+        submission: row.json("submission")?,
     })
 }
 

@@ -53,6 +53,7 @@ async fn sqlite_store_keeps_everything_across_reopen() {
                 snapshot: "ef".repeat(32).parse().unwrap(),
                 source: None,
                 submitted_at: tacc_core::Timestamp(1),
+                submission: serde_json::json!({}),
             })
             .await
             .unwrap()
@@ -348,6 +349,7 @@ async fn sqlite_ids_are_never_reused_across_reopen() {
         snapshot: "ef".repeat(32).parse().unwrap(),
         source: None,
         submitted_at: tacc_core::Timestamp(1),
+        submission: serde_json::json!({}),
     };
     let before = {
         let store = SqliteStore::open(&path).await.unwrap();
@@ -381,6 +383,7 @@ async fn sqlite_a_locked_database_is_a_storage_fault_and_the_store_recovers() {
         snapshot: "ef".repeat(32).parse().unwrap(),
         source: None,
         submitted_at: tacc_core::Timestamp(1),
+        submission: serde_json::json!({}),
     };
     let first = store.create_task(task("before")).await.unwrap().id;
     let mut locker = sqlx::SqliteConnection::connect_with(

@@ -31,6 +31,7 @@ async fn submit_dir(client: &tacc_client::Client, dir: &std::path::Path) -> tacc
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,
+            wait_for_capacity: false,
         })
         .await
         .unwrap()

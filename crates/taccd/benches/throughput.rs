@@ -62,6 +62,7 @@ fn main() {
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,
+            wait_for_capacity: false,
         };
         let warm = client.submit(&submit).await.unwrap().task_id;
         wait_terminal(&client, warm).await;

@@ -28,6 +28,7 @@ async fn submit_array(client: &Client, root: &Path, name: &str, yaml: &str) -> S
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: Some(dir.display().to_string()),
+            wait_for_capacity: false,
         })
         .await
         .unwrap()
@@ -370,6 +371,7 @@ async fn scale() {
         spec: serde_json::to_value(&loaded.spec).unwrap(),
         snapshot: snapshot.clone(),
         source: None,
+        wait_for_capacity: false,
     };
     let started = std::time::Instant::now();
     let ids: Vec<_> = futures::stream::iter(0..500)
@@ -397,6 +399,7 @@ async fn scale() {
         spec: serde_json::to_value(&spec).unwrap(),
         snapshot: snapshot.clone(),
         source: None,
+        wait_for_capacity: false,
     };
     let started = std::time::Instant::now();
     let reply = client.submit(&array).await.unwrap();

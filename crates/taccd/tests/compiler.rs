@@ -532,6 +532,7 @@ async fn datasets_from_a_registered_directory_and_a_url_are_mounted_and_cached()
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,
+            wait_for_capacity: false,
         })
         .await
         .unwrap_err()

@@ -165,6 +165,8 @@ async fn bad_submissions_are_refused_and_nothing_is_queued() {
     let dir = tempfile::tempdir().unwrap();
     let daemon = start("dev", &dir.path().join("d"), &[]).await;
     let client = daemon.client();
+    // What the cluster can hold is known once its node is up.
+    wait_nodes(&client, 1).await;
     let snapshot = {
         std::fs::create_dir_all(dir.path().join("code")).unwrap();
         upload(&client, &dir.path().join("code")).await
@@ -173,6 +175,7 @@ async fn bad_submissions_are_refused_and_nothing_is_queued() {
         spec: value,
         snapshot: snapshot.clone(),
         source: None,
+        wait_for_capacity: false,
     };
     let err = client
         .submit(&spec(
@@ -182,6 +185,8 @@ async fn bad_submissions_are_refused_and_nothing_is_queued() {
         .unwrap_err();
     assert_eq!(err.code(), Some("invalid_task"), "{err}");
     assert!(err.to_string().contains("bogus"), "{err}");
+    // A request no node can hold is refused at submit, with the scheduler's reason and
+    // the field at fault, rather than accepted and failed at once.
     let never_fits = client
         .submit(&spec(
             serde_json::to_value(
@@ -195,15 +200,21 @@ async fn bad_submissions_are_refused_and_nothing_is_queued() {
             .unwrap(),
         ))
         .await
-        .unwrap();
-    let view = wait_terminal(&client, never_fits.task_id).await;
-    assert_eq!(view.state, TaskState::Failed);
-    assert!(view.reason.unwrap().contains("can never fit this cluster"));
+        .unwrap_err();
+    assert_eq!(never_fits.code(), Some("invalid_task"), "{never_fits}");
+    assert!(
+        never_fits
+            .to_string()
+            .contains("can never fit this cluster")
+            && never_fits.to_string().contains("resources.cpus"),
+        "{never_fits}"
+    );
     let unknown = client
         .submit(&tacc_proto::SubmitTask {
             spec: serde_json::json!({"name": "x", "run": "true"}),
             snapshot: "f".repeat(64).parse().unwrap(),
             source: None,
+            wait_for_capacity: false,
         })
         .await
         .unwrap_err();
@@ -212,9 +223,5 @@ async fn bad_submissions_are_refused_and_nothing_is_queued() {
         "{unknown}"
     );
     let tasks = client.list_tasks(&Default::default()).await.unwrap();
-    assert_eq!(
-        tasks.len(),
-        1,
-        "only the task that could be parsed was accepted"
-    );
+    assert!(tasks.is_empty(), "a refused task was queued: {tasks:?}");
 }

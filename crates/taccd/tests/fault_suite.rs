@@ -36,6 +36,7 @@ async fn submit_body(client: &Client, root: &Path, name: &str, yaml: &str) -> se
         spec: serde_json::to_value(&loaded.spec).unwrap(),
         snapshot,
         source: None,
+        wait_for_capacity: false,
     })
     .unwrap()
 }

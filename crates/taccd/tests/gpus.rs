@@ -74,19 +74,30 @@ async fn tasks_are_placed_by_gpu_type_on_fake_gpus_and_see_their_own_devices() {
         "first {first_gpu:?}, second {second_gpu:?}"
     );
 
-    // No node has an H100: refused, with a reason that names the type.
-    let h100 = submit(
-        &admin,
-        dir.path(),
-        "h100",
-        &task("h100", "H100", &marker, "echo never"),
-        &[],
+    // No node has an H100: refused at submit, with a reason that names the type and the
+    // types there are.
+    let h100_dir = dir.path().join("h100");
+    std::fs::create_dir_all(&h100_dir).unwrap();
+    std::fs::write(
+        h100_dir.join("task.yaml"),
+        task("h100", "H100", &marker, "echo never"),
     )
-    .await;
-    let refused = wait_terminal(&admin, h100).await;
-    assert_ne!(refused.state, TaskState::Succeeded, "{refused:?}");
-    let reason = refused.reason.clone().unwrap_or_default();
-    assert!(reason.contains("H100"), "{refused:?}");
+    .unwrap();
+    let loaded = tacc_schema::load_task(&h100_dir).unwrap();
+    let refused = admin
+        .submit(&tacc_proto::SubmitTask {
+            spec: serde_json::to_value(&loaded.spec).unwrap(),
+            snapshot: upload(&admin, &loaded.code_root).await,
+            source: None,
+            wait_for_capacity: false,
+        })
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("H100") && refused.contains("GPU types: A100"),
+        "{refused}"
+    );
 
     admin.cancel(first).await.unwrap();
     wait_terminal(&admin, first).await;

@@ -117,6 +117,7 @@ async fn submit_named(client: &Client, root: &Path, name: &str, seconds: u32) ->
         spec: serde_json::to_value(&loaded.spec).unwrap(),
         snapshot,
         source: Some(dir.display().to_string()),
+        wait_for_capacity: false,
     };
     client.submit(&submission).await.unwrap().task_id
 }

@@ -270,27 +270,28 @@ async fn a_failed_stage_stops_its_dependents_which_never_run() {
         Some(format!("dependency_failed: fan (task {})", failed.task_id).as_str())
     );
     assert_eq!(stage(&detail, "side").state, "succeeded", "{detail:?}");
-    // A stage the cluster can never run is rejected; what needs it never runs either.
+    // A stage the cluster can never run is refused at submit, with the whole pipeline:
+    // nothing of it is queued.
     let file = write_pipeline(
         &dir.path().join("unfit"),
         "name: unfit\nstages:\n  big:\n    resources: {cpus: 64}\n    run: echo BIG\n  after:\n    needs: [big]\n    resources: {cpus: 0.5}\n    run: echo AFTER-RAN\n",
     );
-    let (unfit, _) = submit_pipeline(&daemon, &home, &file);
-    let detail = wait_pipeline_finished(&client, unfit).await;
-    assert_eq!(stage(&detail, "big").state, "failed", "{detail:?}");
-    let after = client
-        .get_task(stage(&detail, "after").task.unwrap())
-        .await
+    let before = client.list_tasks(&Default::default()).await.unwrap().len();
+    let out = std::process::Command::new(tcloud_binary())
+        .args(["submit", file.to_str().unwrap()])
+        .env("TACC_HOME", &home)
+        .env("TACC_SERVER", &daemon.url)
+        .env("TACC_TOKEN", &daemon.token)
+        .output()
         .unwrap();
-    assert_eq!(after.state, TaskState::Failed, "{after:?}");
-    assert!(after.started_at.is_none(), "{after:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        after
-            .reason
-            .as_deref()
-            .is_some_and(|r| r.starts_with("dependency_failed: big (task ")),
-        "{after:?}"
+        err.contains("refused at submit") && err.contains("largest node"),
+        "{err}"
     );
+    let after = client.list_tasks(&Default::default()).await.unwrap().len();
+    assert_eq!(before, after, "a refused pipeline queued tasks");
     // A pipeline is rerun by submitting its file again, which the refusal says.
     let refused = client
         .rerun_group_failed(group)

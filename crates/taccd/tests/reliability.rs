@@ -39,6 +39,7 @@ async fn submit_body(server: &Daemon, dir: &Path) -> serde_json::Value {
         spec: serde_json::to_value(&loaded.spec).unwrap(),
         snapshot,
         source: None,
+        wait_for_capacity: false,
     })
     .unwrap()
 }

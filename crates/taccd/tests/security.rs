@@ -263,6 +263,7 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
             spec: serde_json::json!({"name": "arr", "run": "true", "array": "0-1"}),
             snapshot: view.snapshot.clone(),
             source: None,
+            wait_for_capacity: false,
         })
         .await
         .unwrap()
@@ -447,6 +448,7 @@ async fn one_user_cannot_see_or_touch_what_is_another_users() {
             .unwrap(),
             snapshot: view.snapshot.clone(),
             source: None,
+            wait_for_capacity: false,
         })
         .await
         .unwrap_err();
@@ -743,6 +745,7 @@ async fn submit_raw(client: &Client, root: &std::path::Path, name: &str, yaml: &
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,
+            wait_for_capacity: false,
         })
         .await
         .unwrap_err()
@@ -877,6 +880,7 @@ async fn a_flooding_user_gets_429_while_another_users_submissions_stay_fast() {
                         spec: spec.clone(),
                         snapshot: snapshot.clone(),
                         source: None,
+                        wait_for_capacity: false,
                     })
                     .await;
                 match reply {
@@ -896,6 +900,7 @@ async fn a_flooding_user_gets_429_while_another_users_submissions_stay_fast() {
                 spec: spec("calm"),
                 snapshot: calm_snapshot.clone(),
                 source: None,
+                wait_for_capacity: false,
             })
             .await
             .unwrap();

@@ -947,6 +947,7 @@ async fn submit_short_array(
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: Some(dir.display().to_string()),
+            wait_for_capacity: false,
         })
         .await
         .unwrap();

@@ -43,6 +43,7 @@ async fn asha_stops_bad_trials_early_and_the_best_trial_leads_the_board() {
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: Some("examples/sweep".into()),
+            wait_for_capacity: false,
         })
         .await
         .unwrap();

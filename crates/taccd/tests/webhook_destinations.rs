@@ -34,6 +34,7 @@ async fn try_submit(client: &Client, root: &std::path::Path, yaml: &str) -> Opti
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,
+            wait_for_capacity: false,
         })
         .await
         .err()

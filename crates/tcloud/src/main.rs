@@ -40,7 +40,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             json,
             name,
             array,
-        } => submit::submit(&ctx, &path, follow, json, name, array).await,
+            wait_for_capacity,
+        } => {
+            let options = submit::SubmitOptions {
+                follow,
+                as_json: json,
+                name,
+                array,
+                wait_for_capacity,
+            };
+            submit::submit(&ctx, &path, options).await
+        }
         Command::Check { path, json } => submit::check(&path, json),
         Command::Ps {
             all,

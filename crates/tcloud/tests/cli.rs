@@ -326,6 +326,50 @@ fn invalid_task_files_exit_2_with_a_located_message_and_submit_nothing() {
     }
 }
 
+/// A task file with three mistakes takes one run of `tcloud check`: every mistake is
+/// printed like a compiler error (location, source line, caret, help), in file order, and
+/// `--json` lists them with their places.
+#[test]
+fn check_reports_every_mistake_of_a_file_in_file_order() {
+    let user = User::new();
+    let dir = user.home.path().join("three");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("task.yaml"),
+        "name: three\nresources:\n  cpus: -2\n  memroy: 4GiB\n  time_limit: 5 fortnights\nrun: python train.py\n",
+    )
+    .unwrap();
+    let out = user.tcloud(&["check", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    let place = |line: usize| {
+        err.find(&format!("task.yaml:{line}:"))
+            .unwrap_or_else(|| panic!("line {line} missing from:\n{err}"))
+    };
+    assert!(place(3) < place(4) && place(4) < place(5), "{err}");
+    assert!(err.contains(" 3 |   cpus: -2\n"), "{err}");
+    assert!(err.contains("|         ^^"), "{err}");
+    assert_eq!(err.matches("= help: ").count(), 3, "{err}");
+    assert!(err.contains("has 3 errors"), "{err}");
+
+    let out = user.tcloud(&["check", "--json", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let lines: Vec<u64> = json["errors"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{json}"))
+        .iter()
+        .map(|e| e["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lines, vec![3, 4, 5], "{json}");
+    assert!(
+        json["errors"][1]["help"]
+            .as_str()
+            .unwrap()
+            .contains("memory")
+    );
+}
+
 #[test]
 fn an_unreachable_server_is_one_line_and_exit_3() {
     let user = User::new();

@@ -149,6 +149,30 @@ impl Scheduler {
         self.groups.len() - 1
     }
 
+    /// The accounts (user, group) a request would be charged to, as they stand (fresh ones,
+    /// with the configured limits, for a user or group not seen yet); opens nothing.
+    pub(super) fn accounts_view(&self, request: &TaskRequest) -> (Account, Account) {
+        let name = request.user.as_str();
+        let user = match self.user_index.get(name) {
+            Some(id) => self.users[*id].clone(),
+            None => Account {
+                name: name.to_string(),
+                usage: Usage::default(),
+                limits: self.config.user_limits(name),
+            },
+        };
+        let group_name = self.config.group_of(name, request.group.as_deref());
+        let group = match self.group_index.get(&group_name) {
+            Some(id) => self.groups[*id].account.clone(),
+            None => Account {
+                limits: self.config.group_limits(&group_name),
+                name: group_name,
+                usage: Usage::default(),
+            },
+        };
+        (user, group)
+    }
+
     /// The accounts (user, group) a request is charged to, opened on first sight.
     pub(super) fn accounts_of(&mut self, request: &TaskRequest) -> (usize, usize) {
         let user = self.user_id(request.user.as_str());
@@ -270,12 +294,10 @@ impl Scheduler {
     /// limits are checked before the group's.
     pub(super) fn over_limits_forever(
         &self,
-        user: usize,
-        group: usize,
+        user_account: &Account,
+        group_account: &Account,
         request: &TaskRequest,
     ) -> Option<PendingReason> {
-        let user_account = &self.users[user];
-        let group_account = &self.groups[group].account;
         let task = TaskView {
             id: tacc_core::TaskId(0),
             request,

@@ -32,7 +32,13 @@ impl Scheduler {
             Phase::Queued { reason } => {
                 // No estimate for a task no node can run yet: it depends on a node
                 // registering, not on the timeline.
-                let waits_for_node = matches!(reason, Some(PendingReason::NoMatchingNode { .. }));
+                let waits_for_node = matches!(
+                    reason,
+                    Some(
+                        PendingReason::NoMatchingNode { .. }
+                            | PendingReason::WaitingForCapacity { .. }
+                    )
+                );
                 Explanation::Queued {
                     reason: reason.clone(),
                     position: self.queue.range(..entry.queue_key(task)).count(),

@@ -6,7 +6,7 @@
 use tacc_core::{TaskId, Timestamp};
 
 use super::task::{Phase, TaskEntry};
-use super::{Action, Event, Scheduler};
+use super::{Action, Event, Refusal, Scheduler};
 use crate::{PendingReason, Placement, SchedulerError, TaskRequest};
 
 impl Scheduler {
@@ -66,23 +66,40 @@ impl Scheduler {
         request: TaskRequest,
         actions: &mut Vec<Action>,
     ) {
-        // A request no node's labels match yet waits for such a node (see `consider`);
-        // one that the matching nodes could never hold is rejected.
-        if self.cluster.selector_unmet(&request).is_none()
-            && let Some(detail) = self.cluster.never_fits(&request)
-        {
+        if let Some(refusal) = self.refusal(&request) {
             actions.push(Action::Reject {
                 task,
-                reason: PendingReason::CannotFit { detail },
+                reason: refusal.reason,
             });
             return;
         }
-        let (user, group) = self.accounts_of(&request);
-        if let Some(reason) = self.over_limits_forever(user, group, &request) {
-            actions.push(Action::Reject { task, reason });
-            return;
-        }
         self.insert_queued(now, task, request);
+    }
+
+    /// Why `request` would be refused at submit, if it would: what a submission event
+    /// rejects, asked before the task exists so that a server can refuse the submission
+    /// itself (one decision for both). A request no node's labels match yet waits for
+    /// such a node (see `consider`); one that the matching nodes could never hold is
+    /// refused, unless it asks to wait for capacity; one above a hard limit of its user
+    /// or group (with nothing else running) is refused always.
+    pub fn refusal(&self, request: &TaskRequest) -> Option<Refusal> {
+        if !request.wait_for_capacity
+            && self.cluster.selector_unmet(request).is_none()
+            && let Some(misfit) = self.cluster.misfit(request)
+        {
+            return Some(Refusal {
+                reason: PendingReason::CannotFit {
+                    detail: misfit.detail,
+                },
+                misfit: Some(misfit.part),
+            });
+        }
+        let (user, group) = self.accounts_view(request);
+        self.over_limits_forever(&user, &group, request)
+            .map(|reason| Refusal {
+                reason,
+                misfit: None,
+            })
     }
 
     fn insert_queued(&mut self, now: Timestamp, task: TaskId, request: TaskRequest) {
@@ -269,6 +286,70 @@ mod tests {
             other => panic!("unexpected plan {other:?}"),
         }
         assert_eq!(s.queue_len(), 0);
+    }
+
+    #[test]
+    fn a_refusal_is_the_submit_decision_asked_in_advance_and_names_the_part_at_fault() {
+        let mut s = Scheduler::new();
+        s.handle(Timestamp(0), node(1, 4, 2)).unwrap();
+        let too_many_cpus = request(8, 0, 1, 1);
+        let refusal = s.refusal(&too_many_cpus).expect("refused");
+        assert_eq!(refusal.misfit, Some(crate::MisfitPart::Cpus));
+        // The event rejects with the very same reason.
+        let plan = submit(&mut s, 1, too_many_cpus);
+        assert_eq!(
+            plan.actions,
+            vec![Action::Reject {
+                task: TaskId(1),
+                reason: refusal.reason.clone()
+            }]
+        );
+        let mut h100 = request(1, 1, 1, 2);
+        h100.gpu_type = Some("H100".into());
+        let refusal = s.refusal(&h100).expect("refused");
+        assert_eq!(refusal.misfit, Some(crate::MisfitPart::GpuType));
+        assert!(
+            refusal.reason.to_string().contains("GPU types: none"),
+            "{}",
+            refusal.reason
+        );
+        assert_eq!(
+            s.refusal(&request(1, 3, 1, 3)).unwrap().misfit,
+            Some(crate::MisfitPart::Gpus)
+        );
+        assert_eq!(s.refusal(&request(2, 1, 1, 3)), None);
+        // Asking nothing of the scheduler's state: no account was opened.
+        assert_eq!(s.queue_len(), 0);
+    }
+
+    #[test]
+    fn a_request_waiting_for_capacity_waits_aside_and_starts_when_a_node_can_hold_it() {
+        let mut s = fifo();
+        s.handle(Timestamp(0), node(1, 4, 0)).unwrap();
+        let mut big = request(8, 0, 1, 1);
+        big.wait_for_capacity = true;
+        assert_eq!(s.refusal(&big), None);
+        let plan = submit(&mut s, 1, big);
+        match pending_reason(&plan, 1) {
+            Some(PendingReason::WaitingForCapacity { detail }) => {
+                assert!(detail.contains("largest node: 4 cpu"), "{detail}")
+            }
+            other => panic!("{other:?} in {plan:?}"),
+        }
+        // No estimate: it waits for a node, not for the timeline.
+        match s.explain(TaskId(1)) {
+            crate::Explanation::Queued {
+                estimated_start, ..
+            } => assert_eq!(estimated_start, None),
+            other => panic!("{other:?}"),
+        }
+        // It holds up nothing behind it, even first-in first-out.
+        assert_eq!(
+            started(&submit(&mut s, 2, request(1, 0, 1, 2))),
+            vec![TaskId(2)]
+        );
+        let plan = s.handle(Timestamp(3), node(2, 16, 0)).unwrap();
+        assert_eq!(started(&plan), vec![TaskId(1)]);
     }
 
     #[test]

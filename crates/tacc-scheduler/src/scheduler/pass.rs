@@ -188,6 +188,14 @@ impl Scheduler {
             self.set_reason(task, PendingReason::NoMatchingNode { detail }, actions);
             return;
         }
+        // Submitted to wait for a node that can hold it: no preemption or reservation
+        // would help, so like the above it waits aside.
+        if request.wait_for_capacity
+            && let Some(detail) = self.cluster.never_fits(request)
+        {
+            self.set_reason(task, PendingReason::WaitingForCapacity { detail }, actions);
+            return;
+        }
         if let Some(blocked_by) = self.held_for_another(request, pass) {
             if self.policy.backfill == Backfill::None {
                 pass.blocked_head.get_or_insert(task);

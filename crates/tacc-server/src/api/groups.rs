@@ -288,6 +288,8 @@ pub(super) fn submitted(group: &GroupRecord, records: &[TaskRecord]) -> SubmitRe
             elements: records.len() as u32,
             first_task: first.map_or(TaskId(0), |t| t.id),
         }),
+        // Every element was submitted alike.
+        overrides: first.map_or_else(Vec::new, |t| crate::control::Submission::of(t).overrides),
     }
 }
 

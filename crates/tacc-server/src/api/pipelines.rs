@@ -150,7 +150,17 @@ async fn submit_new(
     });
     let (group, _) = app
         .control
-        .submit_pipeline(&user.name, body.name, stages, body.source, notify, keyed)
+        .submit_pipeline(
+            &user.name,
+            body.name,
+            stages,
+            crate::control::SubmitOptions {
+                source: body.source,
+                wait_for_capacity: body.wait_for_capacity,
+            },
+            notify,
+            keyed,
+        )
         .await?;
     let stages = app.control.stage_views(group.id).await?;
     Ok((

@@ -8,6 +8,7 @@ use super::prelude::*;
 pub(super) async fn task_view(control: &Control, record: TaskRecord) -> TaskView {
     let names = control.node_names().await;
     let spec: Option<TaskSpec> = serde_json::from_value(record.spec.clone()).ok();
+    let submission = crate::control::Submission::of(&record);
     TaskView {
         id: record.id,
         name: record.name,
@@ -54,6 +55,8 @@ pub(super) async fn task_view(control: &Control, record: TaskRecord) -> TaskView
         spec: record.spec,
         group: record.group,
         group_index: record.group_index,
+        overrides: submission.overrides,
+        wait_for_capacity: submission.wait_for_capacity,
     }
 }
 
@@ -94,6 +97,7 @@ fn submitted_reply() -> tacc_store::RenderReply {
                 task_id: task.id,
                 state: task.state,
                 group: None,
+                overrides: crate::control::Submission::of(task).overrides,
             },
         ),
         Created::Group(group, tasks) | Created::Pipeline(group, _, tasks) => {
@@ -109,6 +113,10 @@ async fn submit_new(
     key: Option<&RequestKey>,
 ) -> ApiResult<Response> {
     let keyed = || key.map(|k| k.keyed(submitted_reply()));
+    let options = || crate::control::SubmitOptions {
+        source: body.source.clone(),
+        wait_for_capacity: body.wait_for_capacity,
+    };
     let spec: TaskSpec = serde_json::from_value(body.spec)
         .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;
     let elements = spec.array.as_ref().map_or(1, |a| a.len() as u64);
@@ -129,7 +137,7 @@ async fn submit_new(
     if spec.sweep.is_some() {
         let group = app
             .control
-            .submit_sweep(&user.name, spec, body.snapshot, body.source, keyed())
+            .submit_sweep(&user.name, spec, body.snapshot, options(), keyed())
             .await?;
         let records = app.control.group_elements(group.id).await?;
         return Ok((
@@ -141,7 +149,7 @@ async fn submit_new(
     if spec.array.is_some() {
         let (group, records) = app
             .control
-            .submit_array(&user.name, spec, body.snapshot, body.source, None, keyed())
+            .submit_array(&user.name, spec, body.snapshot, options(), None, keyed())
             .await?;
         return Ok((
             StatusCode::CREATED,
@@ -151,7 +159,7 @@ async fn submit_new(
     }
     let record = app
         .control
-        .submit(&user.name, spec, body.snapshot, body.source, keyed())
+        .submit(&user.name, spec, body.snapshot, options(), keyed())
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -159,6 +167,7 @@ async fn submit_new(
             task_id: record.id,
             state: record.state,
             group: None,
+            overrides: crate::control::Submission::of(&record).overrides,
         }),
     )
         .into_response())
@@ -345,13 +354,15 @@ pub(super) async fn task_instruction(
     let record = load(&app.control, TaskId(id)).await?;
     let spec: TaskSpec = serde_json::from_value(record.spec.clone())
         .map_err(|e| ServerError::Internal(e.to_string()))?;
-    let instruction = tacc_compiler::compile(
+    let mut instruction = tacc_compiler::compile(
         record.id,
         record.attempt,
         &record.user,
         &spec,
-        record.snapshot,
+        record.snapshot.clone(),
     );
+    // What applies, not only what was asked (a lowered priority).
+    crate::control::Submission::of(&record).apply_to(&mut instruction);
     Ok(Json(
         serde_json::to_value(instruction).map_err(|e| ServerError::Internal(e.to_string()))?,
     ))
@@ -405,6 +416,7 @@ async fn rerun_new(
             task_id: record.id,
             state: record.state,
             group: None,
+            overrides: crate::control::Submission::of(&record).overrides,
         }),
     )
         .into_response())

@@ -25,11 +25,18 @@ impl Control {
         user: &str,
         spec: TaskSpec,
         snapshot: SnapshotId,
-        source: Option<String>,
+        options: super::SubmitOptions,
         rerun_of: Option<GroupId>,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>), ServerError> {
-        let spec = self.prepare(user, spec, &snapshot).await?;
+        let super::SubmitOptions {
+            source,
+            wait_for_capacity,
+        } = options;
+        let (spec, submission) = self
+            .prepare(user, spec, &snapshot, wait_for_capacity)
+            .await?;
+        let submission = submission.to_json();
         let Some(array) = spec.array.clone() else {
             return Err(ServerError::InvalidTask(
                 "the task has no `array:`; submit it as a single task".into(),
@@ -63,6 +70,7 @@ impl Control {
                         snapshot: snapshot.clone(),
                         source: source.clone(),
                         submitted_at: at,
+                        submission: submission.clone(),
                     },
                 )
             })
@@ -216,7 +224,13 @@ impl Control {
         spec.array = Some(array);
         let source = first.source.clone();
         let snapshot = first.snapshot.clone();
-        self.submit_array(user, spec, snapshot, source, Some(group.id), None)
+        // A rerun waits for capacity if the run before it did.
+        let wait_for_capacity = super::Submission::of(first).wait_for_capacity;
+        let options = super::SubmitOptions {
+            source,
+            wait_for_capacity,
+        };
+        self.submit_array(user, spec, snapshot, options, Some(group.id), None)
             .await
             .map(Some)
     }

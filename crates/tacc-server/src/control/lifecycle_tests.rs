@@ -680,3 +680,38 @@ async fn a_node_enrolled_while_approval_is_required_gets_work_only_once_approved
     assert_eq!(env.node_state(&other).await, "drained");
     assert!(env.poll(&mut other).await.is_empty());
 }
+
+/// A request no node can hold is refused at submit; accepted with `wait_for_capacity`, it
+/// waits, and keeps waiting across a server restart (the choice is kept with the task,
+/// not only in memory), until a node that can hold it joins.
+#[tokio::test]
+async fn a_task_waiting_for_capacity_survives_a_restart_and_starts_on_a_bigger_node() {
+    const BIG: &str = "name: big\nresources: {cpus: 4}\nrun: true\n";
+    let mut env = TestEnv::new().await;
+    let small = env.join("n1", 1).await;
+    let refused = env.submit_with(BIG, Default::default()).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("can never fit this cluster"),
+        "{refused}"
+    );
+    assert!(
+        env.all_tasks().await.is_empty(),
+        "a refused task was stored"
+    );
+    let waiting = super::SubmitOptions {
+        source: None,
+        wait_for_capacity: true,
+    };
+    let task = env.submit_with(BIG, waiting).await.unwrap();
+    assert_eq!(env.state(task).await, Queued);
+
+    env.restart_server().await;
+    env.register(&small, 1).await;
+    env.check_liveness().await;
+    assert_eq!(env.state(task).await, Queued, "{:?}", env.task(task).await);
+    assert_reason(&env.task(task).await, "waiting for the cluster to grow");
+
+    let mut big = env.join("n2", 8).await;
+    let attempt = only(&env.poll(&mut big).await);
+    assert_eq!(attempt.task, task);
+}

@@ -39,9 +39,12 @@ mod records;
 mod resume;
 mod retry;
 mod rules;
+mod submission;
 mod sweep_stages;
 mod sweeps;
 mod task_accounts;
+pub(crate) use submission::Submission;
+pub use submission::SubmitOptions;
 pub(crate) use task_accounts::TaskAccount;
 #[cfg(test)]
 mod test_env;
@@ -276,8 +279,16 @@ fn request_of(
     group: Option<String>,
 ) -> TaskRequest {
     TaskRequest {
+        wait_for_capacity: Submission::of(record).wait_for_capacity,
+        ..request_for(spec, &record.user, at, group)
+    }
+}
+
+/// What the scheduler is told about a task `user` submits (before it has a record).
+fn request_for(spec: &TaskSpec, user: &str, at: Timestamp, group: Option<String>) -> TaskRequest {
+    TaskRequest {
         group,
-        user: tacc_core::UserName::new(record.user.clone()),
+        user: tacc_core::UserName::new(user.to_string()),
         per_node: spec.resources.per_node(),
         nodes: spec.resources.nodes,
         gpu_type: spec.resources.gpu_type.clone(),
@@ -510,7 +521,8 @@ impl Control {
         user: &str,
         spec: TaskSpec,
         snapshot: &SnapshotId,
-    ) -> Result<TaskSpec, ServerError> {
+        wait_for_capacity: bool,
+    ) -> Result<(TaskSpec, Submission), ServerError> {
         spec.validate()
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
         if let Some(notify) = &spec.notify {
@@ -525,7 +537,39 @@ impl Control {
                 "snapshot {snapshot} is unknown to this server: upload the code first (tcloud submit does this)"
             )));
         }
-        Ok(spec)
+        let submission = self.admission(user, &spec, wait_for_capacity).await?;
+        Ok((spec, submission))
+    }
+
+    /// Refuse at submit what the scheduler would reject at once (a request no node can
+    /// ever hold, unless `wait_for_capacity`; one above a hard limit), with its reason,
+    /// before anything is stored; and say what the platform changes of what was asked.
+    /// While no node is up (a cluster starting) the capacity is unknown: such a task is
+    /// held until nodes register, and only hard limits are checked.
+    async fn admission(
+        &self,
+        user: &str,
+        spec: &TaskSpec,
+        wait_for_capacity: bool,
+    ) -> Result<Submission, ServerError> {
+        let identity_group = self.auth.group_of(user).await?;
+        let mut inner = self.inner.lock().await;
+        inner
+            .identity_groups
+            .insert(user.to_string(), identity_group);
+        let group = inner.group_for(&self.config, user);
+        let capacity_known = inner.nodes.values().any(LiveNode::schedulable);
+        let request = TaskRequest {
+            wait_for_capacity: wait_for_capacity || !capacity_known,
+            ..request_for(spec, user, self.clock.now(), group)
+        };
+        if let Some(refusal) = inner.scheduler.refusal(&request) {
+            return Err(submission::refused(refusal));
+        }
+        Ok(Submission {
+            wait_for_capacity,
+            overrides: submission::overrides(spec, user, inner.scheduler.config()),
+        })
     }
 
     /// A webhook whose host is a literal internal address is refused at submit, as a
@@ -571,10 +615,16 @@ impl Control {
         user: &str,
         spec: TaskSpec,
         snapshot: SnapshotId,
-        source: Option<String>,
+        options: SubmitOptions,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<TaskRecord, ServerError> {
-        let spec = self.prepare(user, spec, &snapshot).await?;
+        let SubmitOptions {
+            source,
+            wait_for_capacity,
+        } = options;
+        let (spec, submission) = self
+            .prepare(user, spec, &snapshot, wait_for_capacity)
+            .await?;
         let spec_json =
             serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
         let committing = Instant::now();
@@ -585,6 +635,7 @@ impl Control {
             snapshot,
             source,
             submitted_at: self.clock.now(),
+            submission: submission.to_json(),
         };
         let record = match keyed {
             Some(keyed) => self.store.create_task_keyed(task, keyed).await?,
@@ -740,6 +791,13 @@ impl Control {
                     details.push(crate::node_selector::advice(&crate::node_selector::of(
                         spec,
                     )));
+                } else if let Some(tacc_scheduler::PendingReason::WaitingForCapacity { .. }) =
+                    reason
+                {
+                    details.push(
+                        "no start estimate: it was submitted with --wait-for-capacity and no node that can hold it has joined yet"
+                            .to_string(),
+                    );
                 } else if start.is_none() {
                     details.push(
                         "no start estimate: a task it waits for has no time limit (set resources.time_limit to get one)"

@@ -32,6 +32,13 @@ pub struct StageSubmission {
     pub snapshot: SnapshotId,
 }
 
+/// What every task of one stage is submitted with.
+struct Submitted<'a> {
+    source: &'a Option<String>,
+    at: tacc_core::Timestamp,
+    submission: &'a serde_json::Value,
+}
+
 /// How a stage is made, decided before anything is written.
 enum StagePlan {
     Single(TaskSpec),
@@ -51,10 +58,14 @@ impl Control {
         user: &str,
         name: String,
         stages: Vec<StageSubmission>,
-        source: Option<String>,
+        options: super::SubmitOptions,
         notify: Option<NotifySpec>,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<(GroupRecord, Vec<StageRecord>), ServerError> {
+        let super::SubmitOptions {
+            source,
+            wait_for_capacity,
+        } = options;
         if let Some(notify) = &notify {
             self.check_secrets(user, std::iter::once(&notify.secret))
                 .await?;
@@ -77,12 +88,15 @@ impl Control {
         if let Some(notify) = &pipeline.notify {
             self.check_webhook(&notify.webhook)?;
         }
+        // Every stage is checked (and refused) as a task of its own would be.
         let mut prepared = Vec::with_capacity(stages.len());
+        let mut submissions = Vec::with_capacity(stages.len());
         for stage in &stages {
-            prepared.push(
-                self.prepare(user, stage.spec.clone(), &stage.snapshot)
-                    .await?,
-            );
+            let (spec, submission) = self
+                .prepare(user, stage.spec.clone(), &stage.snapshot, wait_for_capacity)
+                .await?;
+            prepared.push(spec);
+            submissions.push(submission.to_json());
         }
         // Keys in dependency order: a stage's inputs are identified by the keys of the
         // stages it needs, which stand for their code, spec and inputs in turn.
@@ -111,7 +125,12 @@ impl Control {
         let mut element_specs: Vec<TaskSpec> = Vec::new();
         for (index, (key, plan)) in plans {
             let stage = &stages[index];
-            let run = self.stage_run(user, stage, plan, &source, at, &mut element_specs)?;
+            let submitted = Submitted {
+                source: &source,
+                at,
+                submission: &submissions[index],
+            };
+            let run = self.stage_run(user, stage, plan, &submitted, &mut element_specs)?;
             new_stages.push(NewStage {
                 name: stage.name.clone(),
                 needs: stage.needs.clone(),
@@ -214,8 +233,7 @@ impl Control {
         user: &str,
         stage: &StageSubmission,
         plan: StagePlan,
-        source: &Option<String>,
-        at: tacc_core::Timestamp,
+        submitted: &Submitted<'_>,
         specs: &mut Vec<TaskSpec>,
     ) -> Result<NewStageRun, ServerError> {
         let new_task = |spec: &TaskSpec| -> Result<NewTask, ServerError> {
@@ -225,8 +243,9 @@ impl Control {
                 spec: serde_json::to_value(spec)
                     .map_err(|e| ServerError::Internal(e.to_string()))?,
                 snapshot: stage.snapshot.clone(),
-                source: source.clone(),
-                submitted_at: at,
+                source: submitted.source.clone(),
+                submitted_at: submitted.at,
+                submission: submitted.submission.clone(),
             })
         };
         Ok(match plan {
@@ -264,7 +283,7 @@ impl Control {
                         name: element.name.clone(),
                         user: user.to_string(),
                         spec: group_spec,
-                        created_at: at,
+                        created_at: submitted.at,
                     },
                     elements,
                 }
@@ -294,7 +313,7 @@ impl Control {
                         name: spec.name.clone(),
                         user: user.to_string(),
                         spec: group_spec,
-                        created_at: at,
+                        created_at: submitted.at,
                     },
                     elements,
                 }

@@ -322,6 +322,7 @@ pub(super) fn assignments_for(
         record.snapshot.clone(),
     );
     instruction.unix_user = account.unix_user.clone();
+    super::Submission::of(record).apply_to(&mut instruction);
     if let (Some(group), Some(index)) = (record.group, record.group_index) {
         instruction.set_array_element(tacc_compiler::ArrayElement {
             group: group.0,

@@ -155,6 +155,7 @@ mod tests {
             finished_at: None,
             group: None,
             group_index: None,
+            submission: serde_json::json!({}),
         }
     }
 

@@ -104,10 +104,17 @@ impl Control {
         user: &str,
         spec: TaskSpec,
         snapshot: SnapshotId,
-        source: Option<String>,
+        options: super::SubmitOptions,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<GroupRecord, ServerError> {
-        let spec = self.prepare(user, spec, &snapshot).await?;
+        let super::SubmitOptions {
+            source,
+            wait_for_capacity,
+        } = options;
+        let (spec, submission) = self
+            .prepare(user, spec, &snapshot, wait_for_capacity)
+            .await?;
+        let submission = submission.to_json();
         let Some(sweep) = spec.sweep.clone() else {
             return Err(ServerError::InvalidTask(
                 "the task has no `sweep:`; submit it as a single task".into(),
@@ -134,6 +141,7 @@ impl Control {
                         snapshot: snapshot.clone(),
                         source: source.clone(),
                         submitted_at: at,
+                        submission: submission.clone(),
                     },
                 ))
             })
@@ -407,6 +415,8 @@ impl Control {
                             snapshot: first.snapshot.clone(),
                             source: first.source.clone(),
                             submitted_at: at,
+                            // Later trials were submitted with the first.
+                            submission: first.submission.clone(),
                         },
                     ))
                 })

@@ -164,10 +164,29 @@ impl TestEnv {
     pub(super) async fn submit(&self, yaml: &str) -> TaskId {
         let (spec, _) = tacc_schema::parse_task("task.yaml", yaml).expect("a valid task file");
         self.control
-            .submit("alice", spec, self.snapshot.clone(), None, None)
+            .submit(
+                "alice",
+                spec,
+                self.snapshot.clone(),
+                Default::default(),
+                None,
+            )
             .await
             .expect("the submit is accepted")
             .id
+    }
+
+    /// Submit a task file as `alice` with `options`; the refusal, if refused.
+    pub(super) async fn submit_with(
+        &self,
+        yaml: &str,
+        options: super::SubmitOptions,
+    ) -> Result<TaskId, crate::ServerError> {
+        let (spec, _) = tacc_schema::parse_task("task.yaml", yaml).expect("a valid task file");
+        self.control
+            .submit("alice", spec, self.snapshot.clone(), options, None)
+            .await
+            .map(|record| record.id)
     }
 
     /// Submit a task file as `alice` with an `Idempotency-Key`, as the submit route
@@ -198,7 +217,13 @@ impl TestEnv {
         };
         let record = self
             .control
-            .submit("alice", spec, self.snapshot.clone(), None, Some(keyed))
+            .submit(
+                "alice",
+                spec,
+                self.snapshot.clone(),
+                Default::default(),
+                Some(keyed),
+            )
             .await?;
         Ok(record.id)
     }

@@ -19,15 +19,16 @@ use crate::{NewTask, Result, StoreError, TaskChange, TaskRecord};
 /// Insert a queued task and its first event.
 pub(crate) async fn insert_task(tx: &mut impl Transact, task: NewTask) -> Result<TaskRecord> {
     let insert = Statement::new(
-        "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at) \
-         VALUES (?, ?, ?, ?, ?, 'queued', 1, ?) RETURNING id",
+        "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, submitted_at, \
+         submission) VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?) RETURNING id",
     )
     .bind(&task.name)
     .bind(&task.user)
     .bind(task.spec.to_string())
     .bind(task.snapshot.as_str())
     .bind(&task.source)
-    .bind(millis(task.submitted_at));
+    .bind(millis(task.submitted_at))
+    .bind(task.submission.to_string());
     let id = tx.fetch_one(insert).await?.int("id")?;
     tx.execute(
         Statement::new(

@@ -15,7 +15,7 @@ use crate::{
     NewGroup, NewTask, Result, StoreError, TaskRecord,
 };
 
-/// Rows per multi-row `INSERT` when creating a group's elements: a task row binds 8
+/// Rows per multi-row `INSERT` when creating a group's elements: a task row binds 11
 /// values, and SQLite allows 32766 bound values a statement, PostgreSQL 65535.
 const ROWS_PER_INSERT: usize = 500;
 
@@ -77,10 +77,10 @@ async fn insert_elements(
 ) -> Result<Vec<TaskRecord>> {
     let mut tasks = Vec::with_capacity(elements.len());
     for batch in elements.chunks(ROWS_PER_INSERT) {
-        let marks = vec!["(?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?)"; batch.len()].join(", ");
+        let marks = vec!["(?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?, ?)"; batch.len()].join(", ");
         let mut insert = Statement::new(format!(
             "INSERT INTO tasks (name, user_name, spec, snapshot, source, state, attempt, \
-             submitted_at, group_id, group_index) VALUES {marks} RETURNING id"
+             submitted_at, group_id, group_index, submission) VALUES {marks} RETURNING id"
         ));
         for (index, task) in batch {
             insert = insert
@@ -91,7 +91,8 @@ async fn insert_elements(
                 .bind(&task.source)
                 .bind(millis(task.submitted_at))
                 .bind(group.0 as i64)
-                .bind(i64::from(*index));
+                .bind(i64::from(*index))
+                .bind(task.submission.to_string());
         }
         let mut ids: Vec<i64> = tx
             .fetch_all(insert)

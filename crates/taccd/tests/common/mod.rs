@@ -440,6 +440,7 @@ pub async fn submit(
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: Some(dir.display().to_string()),
+            wait_for_capacity: false,
         })
         .await
         .unwrap();

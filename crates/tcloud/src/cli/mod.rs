@@ -113,6 +113,10 @@ server lacks, and queues the task. Nothing is uploaded if the task file is inval
         /// Run it as an array: `0-999`, `0-999:2` or `1,3,7` (overrides `array:` of the file)
         #[arg(long, value_name = "INDICES")]
         array: Option<String>,
+        /// Accept a request no node of the cluster can hold today (it is refused otherwise),
+        /// for a cluster that will grow: it waits, holding up nothing, until such a node joins
+        #[arg(long)]
+        wait_for_capacity: bool,
     },
     /// Validate a task file without submitting it
     #[command(
@@ -123,7 +127,7 @@ prints a summary or a diagnostic pointing at the offending line. Needs no server
     Check {
         #[arg(default_value = ".")]
         path: PathBuf,
-        /// Print {\"valid\", \"name\", \"warnings\", \"error\"} as JSON
+        /// Print {\"valid\", \"name\", \"warnings\", \"error\", \"errors\"} as JSON (`errors`: each mistake's file, line, column, message and help)
         #[arg(long)]
         json: bool,
     },

@@ -64,7 +64,13 @@ pub fn check_pipeline(path: &Path, as_json: bool) -> Result<()> {
     }
 }
 
-pub async fn submit_pipeline(ctx: &Ctx, path: &Path, follow: bool, as_json: bool) -> Result<()> {
+pub async fn submit_pipeline(
+    ctx: &Ctx,
+    path: &Path,
+    follow: bool,
+    as_json: bool,
+    wait_for_capacity: bool,
+) -> Result<()> {
     let loaded = load_pipeline(path).map_err(|e| CliError::schema(&e))?;
     let client = ctx.client()?;
     let mut stages = Vec::with_capacity(loaded.spec.stages.len());
@@ -103,6 +109,7 @@ pub async fn submit_pipeline(ctx: &Ctx, path: &Path, follow: bool, as_json: bool
                 .map(serde_json::to_value)
                 .transpose()
                 .context("cannot encode the pipeline's notify")?,
+            wait_for_capacity,
         })
         .await?;
     if as_json {

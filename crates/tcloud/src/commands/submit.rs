@@ -19,8 +19,8 @@ fn load(path: &Path) -> Result<LoadedTask> {
 }
 
 fn print_warnings(task: &LoadedTask) {
-    for warning in &task.warnings {
-        eprintln!("warning: {}", sanitize::text(warning));
+    for warning in task.rendered_warnings() {
+        eprintln!("{}", sanitize::text(&warning));
     }
 }
 
@@ -101,11 +101,26 @@ pub fn check(path: &Path, as_json: bool) -> Result<()> {
         }
         Err(error) => {
             if as_json {
+                // Each located mistake with its place, in file order, for editors and CI.
+                let errors: Vec<_> = error
+                    .diagnostics()
+                    .iter()
+                    .map(|d| {
+                        json!({
+                            "file": d.file,
+                            "line": d.line,
+                            "column": d.column,
+                            "message": d.message,
+                            "help": d.help,
+                        })
+                    })
+                    .collect();
                 out_json(&json!({
                     "valid": false,
                     "name": null,
                     "warnings": [],
                     "error": error.to_string(),
+                    "errors": errors,
                 }))?;
                 return Err(CliError::silent(INVALID).into());
             }
@@ -114,14 +129,31 @@ pub fn check(path: &Path, as_json: bool) -> Result<()> {
     }
 }
 
-pub async fn submit(
-    ctx: &Ctx,
-    path: &Path,
-    follow: bool,
-    as_json: bool,
-    name: Option<String>,
-    array: Option<String>,
-) -> Result<()> {
+/// What `tcloud submit` was asked beside the file.
+pub struct SubmitOptions {
+    pub follow: bool,
+    pub as_json: bool,
+    pub name: Option<String>,
+    pub array: Option<String>,
+    /// Accept a request no node can hold today, for a cluster that will grow.
+    pub wait_for_capacity: bool,
+}
+
+/// What the platform changed of what the task asked for, each a warning on stderr.
+fn print_overrides(overrides: &[tacc_proto::Override]) {
+    for applied in overrides {
+        eprintln!("warning: {}", sanitize::text(&applied.to_string()));
+    }
+}
+
+pub async fn submit(ctx: &Ctx, path: &Path, options: SubmitOptions) -> Result<()> {
+    let SubmitOptions {
+        follow,
+        as_json,
+        name,
+        array,
+        wait_for_capacity,
+    } = options;
     if super::pipelines::is_pipeline_file(path) {
         if name.is_some() || array.is_some() {
             return Err(CliError::invalid(
@@ -129,7 +161,8 @@ pub async fn submit(
             )
             .into());
         }
-        return super::pipelines::submit_pipeline(ctx, path, follow, as_json).await;
+        return super::pipelines::submit_pipeline(ctx, path, follow, as_json, wait_for_capacity)
+            .await;
     }
     let mut task = load(path)?;
     print_warnings(&task);
@@ -162,10 +195,14 @@ pub async fn submit(
             spec,
             snapshot: report.snapshot.clone(),
             source: Some(task.source.display().to_string()),
+            wait_for_capacity,
         })
         .await
         .map_err(|error| locate(&task, error))?;
     let id = reply.task_id;
+    if !as_json {
+        print_overrides(&reply.overrides);
+    }
     if let Some(group) = &reply.group {
         if as_json {
             out_json(&json!({
@@ -178,6 +215,7 @@ pub async fn submit(
                 "snapshot": report.snapshot,
                 "uploaded_bytes": report.uploaded_bytes,
                 "total_bytes": report.total_bytes,
+                "overrides": reply.overrides,
             }))?;
         } else {
             out(format!(
@@ -205,6 +243,7 @@ pub async fn submit(
             "total_bytes": report.total_bytes,
             "chunks_uploaded": report.chunks_uploaded,
             "chunks_total": report.chunks_total,
+            "overrides": reply.overrides,
         }))?;
     } else {
         out(format!(

@@ -279,6 +279,12 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
     } else if let Some(ms) = runtime(&task, now) {
         rows.push(("running for", precise_duration(ms)));
     }
+    if task.wait_for_capacity {
+        rows.push((
+            "capacity",
+            "accepted to wait for a node that can hold it (--wait-for-capacity)".into(),
+        ));
+    }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (key, value) in &rows {
         out(format!(
@@ -286,6 +292,20 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
             format!("{key}:"),
             width = width + 1
         ))?;
+    }
+    // The spec says what was asked; these are what applies instead.
+    if !task.overrides.is_empty() {
+        out("")?;
+        out("Changed by the platform (asked → applies):")?;
+        for applied in &task.overrides {
+            out(format!(
+                "  {}: {} → {} ({})",
+                field(&applied.field),
+                field(applied.asked.as_deref().unwrap_or("not set")),
+                field(&applied.applied),
+                field(&applied.why)
+            ))?;
+        }
     }
 
     if let Some(adaptive) = &adaptive {

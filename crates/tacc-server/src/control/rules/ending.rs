@@ -183,6 +183,7 @@ mod tests {
             finished_at: None,
             group: None,
             group_index: None,
+            submission: serde_json::json!({}),
         }
     }
 
