@@ -79,6 +79,7 @@ async fn an_oversized_var_or_run_line_is_refused_at_check_and_submit_where_it_is
             }),
             snapshot,
             source: None,
+            wait_for_capacity: false,
         })
         .await
         .unwrap_err()
