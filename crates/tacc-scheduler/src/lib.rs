@@ -23,10 +23,14 @@ mod scheduler;
 pub use config::{
     FairShareConfig, GroupConfig, Limits, PreemptionConfig, SchedulerConfig, UserConfig,
 };
-pub use model::{Explanation, LimitKind, NodeSpec, PendingReason, Placement, TaskRequest};
+pub use model::{
+    Explanation, LatestStart, LimitKind, NodeSpec, PendingReason, Placement, StartEstimate,
+    TaskEnd, TaskRequest,
+};
 pub use policy::{Backfill, Policy, PolicyEntry, policy_names};
 pub use scheduler::{
-    Action, Event, FairShareStanding, GroupStanding, Plan, Scheduler, UserStanding,
+    Action, Event, FairShareStanding, GroupStanding, Plan, Projection, ProjectionLimits, Scheduler,
+    UserStanding,
 };
 
 /// Errors from feeding the scheduler an event that contradicts its state.
