@@ -344,3 +344,183 @@ fn project(
         stop,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::testkit::*;
+    use super::*;
+    use crate::{Limits, UserConfig};
+
+    fn limited(mut request: TaskRequest, secs: u64) -> TaskRequest {
+        request.time_limit_secs = Some(secs);
+        request
+    }
+
+    fn estimate(s: &Scheduler, task: u64) -> StartEstimate {
+        s.project(ProjectionLimits::default())
+            .estimate(TaskId(task), Timestamp::from_secs(5))
+            .expect("an estimate")
+    }
+
+    #[test]
+    fn a_quota_blocked_task_starts_when_the_users_running_task_reaches_its_limit() {
+        let mut config = SchedulerConfig::default();
+        config.users.insert(
+            "bob".into(),
+            UserConfig {
+                limits: Limits {
+                    max_running_tasks: Some(1),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        );
+        let mut s = Scheduler::with_config(config);
+        s.handle(Timestamp(0), node(1, 8, 0)).unwrap();
+        let bob = |at| TaskRequest {
+            user: UserName::new("bob"),
+            ..request(1, 0, 1, at)
+        };
+        assert_eq!(started(&submit(&mut s, 1, limited(bob(0), 600))), vec![TaskId(1)]);
+        let plan = submit(&mut s, 2, limited(bob(5_000), 60));
+        assert!(matches!(
+            pending_reason(&plan, 2),
+            Some(PendingReason::OverUserQuota { .. })
+        ));
+        let estimate = estimate(&s, 2);
+        assert_eq!(estimate.earliest, Timestamp::from_secs(5));
+        assert_eq!(estimate.latest, LatestStart::At(Timestamp::from_secs(600)));
+        assert_eq!(
+            estimate.after,
+            vec![TaskEnd {
+                task: TaskId(1),
+                at: Timestamp::from_secs(600)
+            }]
+        );
+        // The explanation carries the same latest start.
+        assert!(matches!(
+            s.explain(TaskId(2)),
+            Explanation::Queued { estimated_start: Some(at), .. } if at == Timestamp::from_secs(600)
+        ));
+    }
+
+    #[test]
+    fn a_task_held_behind_a_backfill_reservation_does_not_start_now() {
+        let mut s = Scheduler::by_name("fifo-backfill", SchedulerConfig::default()).unwrap();
+        s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
+        submit(&mut s, 1, limited(request(1, 2, 1, 0), 100));
+        // Needs all four GPUs: reserved for when task 1 ends.
+        submit(&mut s, 2, limited(request(1, 4, 1, 1), 10));
+        // Fits now, but would still run at the shadow time: held for task 2.
+        let plan = submit(&mut s, 3, limited(request(1, 1, 1, 5_000), 500));
+        assert_eq!(
+            pending_reason(&plan, 3),
+            Some(&PendingReason::LowerPriority {
+                blocked_by: TaskId(2)
+            })
+        );
+        assert_eq!(
+            estimate(&s, 2).latest,
+            LatestStart::At(Timestamp::from_secs(100))
+        );
+        let held = estimate(&s, 3);
+        assert_eq!(held.latest, LatestStart::At(Timestamp::from_secs(110)));
+        assert_eq!(held.after[0].task, TaskId(2));
+    }
+
+    #[test]
+    fn a_cpu_only_task_on_full_cpus_waits_for_the_cpus() {
+        let mut s = Scheduler::new();
+        s.handle(Timestamp(0), node(1, 4, 2)).unwrap();
+        assert_eq!(
+            started(&submit(&mut s, 1, limited(request(4, 0, 1, 0), 60))),
+            vec![TaskId(1)]
+        );
+        // Two GPUs are free, but no CPU is.
+        submit(&mut s, 2, limited(request(1, 0, 1, 5_000), 60));
+        assert_eq!(
+            estimate(&s, 2).latest,
+            LatestStart::At(Timestamp::from_secs(60))
+        );
+    }
+
+    #[test]
+    fn the_estimate_is_unknown_when_a_blocker_has_no_time_limit() {
+        let mut s = Scheduler::new();
+        s.handle(Timestamp(0), node(1, 4, 0)).unwrap();
+        submit(&mut s, 1, limited(request(2, 0, 1, 0), 60));
+        submit(&mut s, 2, request(2, 0, 1, 1));
+        submit(&mut s, 3, limited(request(4, 0, 1, 5_000), 60));
+        assert_eq!(
+            estimate(&s, 3).latest,
+            LatestStart::Unknown {
+                no_time_limit: vec![TaskId(2)]
+            }
+        );
+        assert!(matches!(
+            s.explain(TaskId(3)),
+            Explanation::Queued {
+                estimated_start: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_projection_stops_at_its_step_cap() {
+        let mut s = fifo();
+        s.handle(Timestamp(0), node(1, 1, 0)).unwrap();
+        for id in 1..=5 {
+            submit(&mut s, id, limited(request(1, 0, 1, id), 10));
+        }
+        let capped = s.project(ProjectionLimits {
+            max_steps: 2,
+            ..Default::default()
+        });
+        assert_eq!(capped.steps(), 2);
+        let at = |task| capped.estimate(TaskId(task), Timestamp(5)).unwrap().latest;
+        assert_eq!(at(3), LatestStart::At(Timestamp(20_001)));
+        assert_eq!(
+            at(4),
+            LatestStart::BeyondHorizon {
+                after: Timestamp(20_001)
+            }
+        );
+    }
+
+    #[test]
+    fn fewer_gpus_is_projected_as_a_what_if() {
+        let mut s = Scheduler::new();
+        s.handle(Timestamp(0), node(1, 8, 4)).unwrap();
+        submit(&mut s, 1, limited(request(1, 2, 1, 0), 100));
+        submit(&mut s, 2, limited(request(1, 4, 1, 1), 100));
+        let limits = ProjectionLimits::default();
+        let now = Timestamp(1);
+        let as_asked = s.project_task(TaskId(2), limits).estimate(TaskId(2), now);
+        assert_eq!(
+            as_asked.unwrap().latest,
+            LatestStart::At(Timestamp::from_secs(100))
+        );
+        let half = s
+            .project_reshaped(TaskId(2), Resources::new(1000, 1 << 30, 2), limits)
+            .unwrap();
+        assert_eq!(
+            half.estimate(TaskId(2), now).unwrap().latest,
+            LatestStart::At(now)
+        );
+        // The live state is untouched.
+        assert_eq!(s.queue_len(), 1);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn only_ticks_that_decide_nothing_keep_the_epoch() {
+        let mut s = Scheduler::new();
+        s.handle(Timestamp(0), node(1, 1, 0)).unwrap();
+        let epoch = s.epoch();
+        s.handle(Timestamp(10), Event::Tick).unwrap();
+        assert_eq!(s.epoch(), epoch);
+        submit(&mut s, 1, request(1, 0, 1, 20));
+        assert_ne!(s.epoch(), epoch);
+    }
+}
