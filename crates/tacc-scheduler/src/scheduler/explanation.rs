@@ -5,12 +5,19 @@
 use tacc_core::TaskId;
 
 use super::task::Phase;
-use super::{ProjectionLimits, Scheduler};
+use super::{Projection, ProjectionLimits, Scheduler};
 use crate::Explanation;
 
 impl Scheduler {
-    /// Where the task stands, why it waits, and when it may start.
+    /// Where the task stands, why it waits, and when it may start (by a projection made
+    /// for this task alone).
     pub fn explain(&self, task: TaskId) -> Explanation {
+        self.explain_with(task, None)
+    }
+
+    /// [`Scheduler::explain`] with the start taken from `projection` (one a driver cached
+    /// for the current [`Scheduler::epoch`]) instead of a fresh one.
+    pub fn explain_with(&self, task: TaskId, projection: Option<&Projection>) -> Explanation {
         let Some(entry) = self.tasks.get(&task) else {
             return Explanation::Unknown;
         };
@@ -30,10 +37,13 @@ impl Scheduler {
             Phase::Queued { reason } => {
                 // The latest start of the scheduler's own projection (none for a task no
                 // node can run yet: that depends on a node registering, not on time).
-                let estimated_start = self
-                    .project_task(task, ProjectionLimits::default())
-                    .estimate(task, self.now)
-                    .and_then(|estimate| estimate.latest_at());
+                let estimate = match projection {
+                    Some(projection) => projection.estimate(task, self.now),
+                    None => self
+                        .project_task(task, ProjectionLimits::default())
+                        .estimate(task, self.now),
+                };
+                let estimated_start = estimate.and_then(|estimate| estimate.latest_at());
                 Explanation::Queued {
                     reason: reason.clone(),
                     position: self.queue.range(..entry.queue_key(task)).count(),

@@ -28,6 +28,7 @@ use rules::cancel::CancelPlan;
 mod adaptive;
 mod attempts;
 mod comm;
+mod estimates;
 mod groups;
 mod nodes;
 mod pipelines;
@@ -177,6 +178,8 @@ pub(crate) struct Inner {
     /// ended (a sweep launches trials over time, so its tasks are no fixed dependency),
     /// with those sweeps' groups.
     after_sweeps: BTreeMap<TaskId, BTreeSet<GroupId>>,
+    /// The scheduler's projection of the queue for its current epoch (see `estimates`).
+    projection: Option<Arc<tacc_scheduler::Projection>>,
 }
 
 impl Inner {
@@ -373,6 +376,7 @@ impl Control {
                 retry_at: BTreeMap::new(),
                 stage_deps: BTreeMap::new(),
                 after_sweeps: BTreeMap::new(),
+                projection: None,
                 specs: BTreeMap::new(),
                 preempting: BTreeSet::new(),
                 finished_ranks: BTreeMap::new(),
@@ -674,8 +678,8 @@ impl Control {
             .get_task(task)
             .await?
             .ok_or(ServerError::TaskNotFound(task))?;
-        let inner = self.inner.lock().await;
-        let config = inner.scheduler.config();
+        let mut inner = self.inner.lock().await;
+        let config = inner.scheduler.config().clone();
         let group = config.group_of(&record.user, None);
         let mut details = vec![format!("user {} is in group {group}", record.user)];
         let user_limits = config.user_limits(&record.user);
@@ -705,7 +709,10 @@ impl Control {
             ));
         }
         let (mut position, mut estimated_start) = (None, None);
-        match inner.scheduler.explain(task) {
+        let (mut start_estimate, mut fewer_gpus) = (None, None);
+        let projection = inner.projection();
+        let now = self.clock.now();
+        match inner.scheduler.explain_with(task, Some(&projection)) {
             Explanation::Queued {
                 position: at,
                 estimated_start: start,
@@ -714,6 +721,17 @@ impl Control {
             } => {
                 position = Some(at as u64);
                 estimated_start = start;
+                if let Some(estimate) = projection.estimate(task, now) {
+                    start_estimate = Some(estimates::view(
+                        &estimate,
+                        reason.as_ref(),
+                        record.user.as_str(),
+                    ));
+                    if let Some(spec) = inner.specs.get(&task) {
+                        let per_node = spec.resources.per_node();
+                        fewer_gpus = inner.fewer_gpus(task, per_node, &estimate, now);
+                    }
+                }
                 let waits_for_node = matches!(
                     reason,
                     Some(tacc_scheduler::PendingReason::NoMatchingNode { .. })
@@ -722,7 +740,7 @@ impl Control {
                     details.push(crate::node_selector::advice(&crate::node_selector::of(
                         spec,
                     )));
-                } else if start.is_none() {
+                } else if start.is_none() && start_estimate.is_none() {
                     details.push(
                         "no start estimate: a task it waits for has no time limit (set resources.time_limit to get one)"
                             .to_string(),
@@ -760,6 +778,8 @@ impl Control {
             reason: record.reason,
             queue_position: position,
             estimated_start,
+            start_estimate,
+            fewer_gpus,
             policy,
             details,
             adaptive: self.adaptive_view(task).await.ok(),
@@ -774,14 +794,14 @@ impl Control {
         self.inner.lock().await.scheduler.standing(at)
     }
 
-    /// The scheduler's start estimate for a queued task.
+    /// The latest start of the scheduler's projection for a queued task (the cached
+    /// projection of the current epoch: listing many tasks projects once).
     pub async fn estimated_start(&self, task: TaskId) -> Option<Timestamp> {
-        match self.inner.lock().await.scheduler.explain(task) {
-            Explanation::Queued {
-                estimated_start, ..
-            } => estimated_start,
-            _ => None,
-        }
+        let mut inner = self.inner.lock().await;
+        let projection = inner.projection();
+        projection
+            .estimate(task, self.clock.now())
+            .and_then(|estimate| estimate.latest_at())
     }
 
     pub async fn record_output(&self, output: OutputRecord) -> Result<(), ServerError> {

@@ -252,6 +252,8 @@ impl Control {
         patch_not_before(&inner.retry_at, &mut batch);
         let plan = scheduler.handle(self.clock.now(), batch);
         inner.scheduler = scheduler;
+        // A rebuilt scheduler counts its epochs afresh: never answer from the old one's.
+        inner.projection = None;
         match plan {
             Ok(plan) => {
                 if let Err(e) = Box::pin(self.carry_out(inner, plan)).await {

@@ -4,6 +4,7 @@ pub mod adaptive;
 pub mod admin;
 pub mod auth;
 pub mod cluster;
+mod estimate;
 pub mod compiler;
 pub mod config_cmd;
 pub mod files;
