@@ -80,7 +80,8 @@ async fn every_waiting_task_starts_inside_its_estimated_range() {
     let root = dir.path();
     let put = |client: &tacc_client::Client, name: &str, resources: &str, pool: &str| {
         let (client, yaml) = (client.clone(), task_yaml(name, resources, pool, &marker));
-        async move { submit(&client, root, name, &yaml, &[]).await }
+        let name = name.to_string();
+        async move { submit(&client, root, &name, &yaml, &[]).await }
     };
 
     // What runs: one CPU of node-a until 4 s, one CPU and both GPUs of node-b until 3 s.
@@ -162,6 +163,10 @@ async fn every_waiting_task_starts_inside_its_estimated_range() {
         assert!(
             started >= estimate.earliest,
             "task {task} started at {started:?}, before its estimate {estimate:?}"
+        );
+        eprintln!(
+            "task {task}: latest {latest:?}, started {started:?} ({} ms later)",
+            started.as_millis() as i64 - latest.as_millis() as i64
         );
         assert!(
             started.as_millis() <= latest.as_millis() + TOLERANCE_MS,
