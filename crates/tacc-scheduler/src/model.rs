@@ -206,9 +206,13 @@ pub struct TaskEnd {
 pub enum LatestStart {
     At(Timestamp),
     /// It waits for tasks that have no time limit (these, the first few of them).
-    Unknown { no_time_limit: Vec<TaskId> },
+    Unknown {
+        no_time_limit: Vec<TaskId>,
+    },
     /// The projection's step cap or horizon came first: later than `after`.
-    BeyondHorizon { after: Timestamp },
+    BeyondHorizon {
+        after: Timestamp,
+    },
 }
 
 /// When a queued task is expected to start, from a projection of the scheduler itself

@@ -305,7 +305,11 @@ fn estimates_hold(
             }
             version[i] += 1;
             let id = TaskId(i as u64 + 1);
-            events.push(if kind == 0 { Event::TaskEnded(id) } else { Event::TaskPreempted(id) });
+            events.push(if kind == 0 {
+                Event::TaskEnded(id)
+            } else {
+                Event::TaskPreempted(id)
+            });
         }
         while arrived < order.len() && tasks[order[arrived]].submit * 1000 == now {
             let t = &tasks[order[arrived]];
@@ -316,7 +320,8 @@ fn estimates_hold(
                     group: Some(format!("g{}", t.user % 2)),
                     per_node: Resources::new(t.cpus * 1000, 1 << 30, t.gpus),
                     nodes: t.nodes,
-                    priority: [Priority::Low, Priority::Normal, Priority::High][t.priority as usize],
+                    priority: [Priority::Low, Priority::Normal, Priority::High]
+                        [t.priority as usize],
                     preemptible: t.preemptible,
                     time_limit_secs: Some(t.duration),
                     submitted_at: Timestamp::from_secs(t.submit),
@@ -325,7 +330,9 @@ fn estimates_hold(
             });
             arrived += 1;
         }
-        let plan = scheduler.handle(Timestamp(now), Event::Batch(events)).unwrap();
+        let plan = scheduler
+            .handle(Timestamp(now), Event::Batch(events))
+            .unwrap();
         for action in &plan.actions {
             match action {
                 Action::Start { task, .. } => {
@@ -335,13 +342,21 @@ fn estimates_hold(
                         prop_assert!(
                             estimate.earliest.as_millis() <= now,
                             "{}: task {} started at {} before its earliest {:?} (estimated at {})",
-                            policy, task, now, estimate, at
+                            policy,
+                            task,
+                            now,
+                            estimate,
+                            at
                         );
                         match estimate.latest {
                             LatestStart::At(latest) => prop_assert!(
                                 now <= latest.as_millis(),
                                 "{}: task {} started at {} after its latest {:?} (estimated at {})",
-                                policy, task, now, estimate, at
+                                policy,
+                                task,
+                                now,
+                                estimate,
+                                at
                             ),
                             LatestStart::BeyondHorizon { after } => {
                                 prop_assert!(now >= after.as_millis())
@@ -349,7 +364,8 @@ fn estimates_hold(
                             LatestStart::Unknown { .. } => prop_assert!(
                                 false,
                                 "{}: every task has a time limit, yet {:?}",
-                                policy, estimate
+                                policy,
+                                estimate
                             ),
                         }
                         checked += 1;
@@ -375,7 +391,12 @@ fn estimates_hold(
             }
         }
     }
-    prop_assert!(open.is_empty(), "{}: estimated tasks never started: {:?}", policy, open);
+    prop_assert!(
+        open.is_empty(),
+        "{}: estimated tasks never started: {:?}",
+        policy,
+        open
+    );
     Ok(checked)
 }
 

@@ -101,7 +101,12 @@ async fn every_waiting_task_starts_inside_its_estimated_range() {
     let gpu = put(&alice, "gpu", "cpus: 0.5, gpus: 2, time_limit: 3s", "b").await;
 
     let mut estimates = BTreeMap::new();
-    for (task, client) in [(quota, &bob), (cpu_only, &alice), (held, &alice), (gpu, &alice)] {
+    for (task, client) in [
+        (quota, &bob),
+        (cpu_only, &alice),
+        (held, &alice),
+        (gpu, &alice),
+    ] {
         let why = queued_with_reason(client, task).await;
         let asked = tacc_server_now();
         let estimate = why.start_estimate.clone().expect("a start estimate");
@@ -116,11 +121,18 @@ async fn every_waiting_task_starts_inside_its_estimated_range() {
         estimates.insert(task, (asked, estimate, why));
     }
     let reason = |task: TaskId| estimates[&task].2.reason.clone().unwrap_or_default();
-    assert!(reason(quota).contains("over user quota"), "{}", reason(quota));
+    assert!(
+        reason(quota).contains("over user quota"),
+        "{}",
+        reason(quota)
+    );
     assert!(reason(held).contains("held for task"), "{}", reason(held));
     // What each estimate rests on.
     let quota_estimate = &estimates[&quota].1;
-    assert_eq!(quota_estimate.after[0].task, b_running, "{quota_estimate:?}");
+    assert_eq!(
+        quota_estimate.after[0].task, b_running,
+        "{quota_estimate:?}"
+    );
     assert!(
         quota_estimate
             .basis
@@ -144,16 +156,29 @@ async fn every_waiting_task_starts_inside_its_estimated_range() {
         "{text}"
     );
 
+    // So does the dashboard's task page (read with the admin's token, as a browser's
+    // session would stand for it).
+    let page = reqwest::Client::new()
+        .get(format!("{}/ui/tasks/{}", daemon.url, quota.0))
+        .bearer_auth(&daemon.token)
+        .send()
+        .await
+        .unwrap();
+    assert!(page.status().is_success(), "{}", page.status());
+    let html = page.text().await.unwrap();
+    assert!(
+        html.contains("Starts no earlier than now, no later than")
+            && html.contains(&format!("when task {b_running} ends at its time limit"))
+            && html.contains("bob may run 1 task at a time"),
+        "{html}"
+    );
+
     // Let everything run to its time limit; each start must fall inside its range.
     for (task, (_, estimate, _)) in &estimates {
         let view = wait_state(
             &admin,
             *task,
-            &[
-                TaskState::Running,
-                TaskState::Failed,
-                TaskState::Succeeded,
-            ],
+            &[TaskState::Running, TaskState::Failed, TaskState::Succeeded],
         )
         .await;
         let started = view.started_at.expect("a start time");

@@ -244,7 +244,10 @@ fn project(
     let mut preempted: BTreeMap<u64, Vec<TaskId>> = BTreeMap::new();
     for (id, entry) in &sim.tasks {
         if let Phase::Preempting { since, .. } = entry.phase {
-            let due = since.as_millis().saturating_add(grace_ms).max(from.as_millis());
+            let due = since
+                .as_millis()
+                .saturating_add(grace_ms)
+                .max(from.as_millis());
             preempted.entry(due).or_default().push(*id);
         }
     }
@@ -281,9 +284,7 @@ fn project(
             break Stop::NothingEnds { no_time_limit };
         };
         if steps >= limits.max_steps || at > horizon {
-            break Stop::Cap {
-                at: Timestamp(now),
-            };
+            break Stop::Cap { at: Timestamp(now) };
         }
         steps += 1;
         now = at;
@@ -312,9 +313,7 @@ fn project(
         }
         let Ok(plan) = sim.handle(Timestamp(at), Event::Batch(events)) else {
             // The copy contradicts itself only if the live state does; give up honestly.
-            break Stop::Cap {
-                at: Timestamp(now),
-            };
+            break Stop::Cap { at: Timestamp(now) };
         };
         ended.truncate(MAX_NAMED);
         for action in plan.actions {
@@ -381,7 +380,10 @@ mod tests {
             user: UserName::new("bob"),
             ..request(1, 0, 1, at)
         };
-        assert_eq!(started(&submit(&mut s, 1, limited(bob(0), 600))), vec![TaskId(1)]);
+        assert_eq!(
+            started(&submit(&mut s, 1, limited(bob(0), 600))),
+            vec![TaskId(1)]
+        );
         let plan = submit(&mut s, 2, limited(bob(5_000), 60));
         assert!(matches!(
             pending_reason(&plan, 2),

@@ -41,7 +41,13 @@ pub(super) fn lines(
     let mut basis: Vec<String> = estimate
         .after
         .iter()
-        .map(|end| format!("starts when task {} ends (time limit {})", end.task, utc(end.at)))
+        .map(|end| {
+            format!(
+                "starts when task {} ends (time limit {})",
+                end.task,
+                utc(end.at)
+            )
+        })
         .collect();
     basis.extend(estimate.basis.iter().map(|b| field(b)));
     if !basis.is_empty() {
@@ -52,7 +58,11 @@ pub(super) fn lines(
             "  with {} GPU(s) per node: {}{}",
             what_if.gpus_per_node,
             latest_text(&what_if.latest, now),
-            if what_if.sooner { " (sooner)" } else { " (no sooner)" }
+            if what_if.sooner {
+                " (sooner)"
+            } else {
+                " (no sooner)"
+            }
         ));
     }
     lines

@@ -51,7 +51,11 @@ pub(super) fn lines(
             "with {} GPU(s) per node it would start {}{}",
             what_if.gpus_per_node,
             latest_text(&what_if.latest, now),
-            if what_if.sooner { " (sooner)" } else { " (no sooner)" }
+            if what_if.sooner {
+                " (sooner)"
+            } else {
+                " (no sooner)"
+            }
         ));
     }
     lines
