@@ -133,6 +133,13 @@ impl Scheduler {
         self.epoch
     }
 
+    /// Count epochs on from after `earlier`: a driver that replaces its scheduler with a
+    /// rebuilt one keeps epochs unique, so no projection cached for the old one is taken
+    /// for the new one's.
+    pub fn continue_epochs_after(&mut self, earlier: u64) {
+        self.epoch = self.epoch.saturating_add(earlier).saturating_add(1);
+    }
+
     /// Project every queued task's start (see the module documentation).
     pub fn project(&self, limits: ProjectionLimits) -> Projection {
         project(self.clone(), None, limits, self.epoch)

@@ -1,61 +1,83 @@
 //! Start estimates for users: the scheduler's own projection of the queue
-//! (`tacc_scheduler::Projection`), computed at most once per scheduler epoch and shared by
-//! every task view and `why` until the scheduler's state changes, and its wire form.
+//! (`tacc_scheduler::Projection`), computed at most once per scheduler epoch, on a copy
+//! of the scheduler and off the control plane's lock, and shared by every task view and
+//! `why` until the scheduler's state changes; the fewer-GPUs what-if; their wire form.
 
 use std::sync::Arc;
 
 use tacc_core::{Resources, TaskId, Timestamp};
 use tacc_proto::{LatestStartView, ShapeWhatIf, StartEstimateView, TaskEndView};
 use tacc_scheduler::{
-    LatestStart, LimitKind, PendingReason, Projection, ProjectionLimits, StartEstimate,
+    LatestStart, LimitKind, PendingReason, Projection, ProjectionLimits, Scheduler, StartEstimate,
 };
+use tokio::sync::Mutex;
 
-use super::Inner;
+use super::Control;
 
-impl Inner {
-    /// The projection of the current scheduler state, from the cache when the scheduler's
-    /// epoch has not moved since it was made.
-    pub(super) fn projection(&mut self) -> Arc<Projection> {
-        let epoch = self.scheduler.epoch();
-        match &self.projection {
-            Some(cached) if cached.epoch() == epoch => cached.clone(),
-            _ => {
-                let fresh = Arc::new(self.scheduler.project(ProjectionLimits::default()));
-                self.projection = Some(fresh.clone());
-                fresh
+/// The projection of the latest scheduler epoch asked about. Its own lock is held while
+/// a projection is computed, so concurrent askers wait for one computation; the control
+/// plane's lock is held only to copy the scheduler, never while projecting.
+#[derive(Debug, Default)]
+pub(crate) struct EstimateCache {
+    latest: Mutex<Option<Arc<Projection>>>,
+}
+
+impl Control {
+    /// The projection of the current scheduler state: the cached one while the
+    /// scheduler's epoch has not moved, else a fresh one.
+    pub(super) async fn projection(&self) -> Arc<Projection> {
+        let mut cached = self.estimates.latest.lock().await;
+        let copy = {
+            let inner = self.inner.lock().await;
+            if let Some(projection) = cached.as_ref()
+                && projection.epoch() == inner.scheduler.epoch()
+            {
+                return projection.clone();
             }
-        }
-    }
-
-    /// What-if for a queued task asking for 2 or more GPUs per node: the projection of the
-    /// same task asking for half of them. Made on demand (one task, stops when it starts).
-    pub(super) fn fewer_gpus(
-        &self,
-        task: TaskId,
-        per_node: Resources,
-        asked: &StartEstimate,
-        now: Timestamp,
-    ) -> Option<ShapeWhatIf> {
-        if per_node.gpus < 2 {
-            return None;
-        }
-        let gpus = per_node.gpus / 2;
-        let reshaped = Resources { gpus, ..per_node };
-        let projection =
-            self.scheduler
-                .project_reshaped(task, reshaped, ProjectionLimits::default())?;
-        let estimate = projection.estimate(task, now)?;
-        let sooner = match (estimate.latest_at(), asked.latest_at()) {
-            (Some(half), Some(full)) => half < full,
-            (Some(_), None) => true,
-            _ => false,
+            inner.scheduler.clone()
         };
-        Some(ShapeWhatIf {
-            gpus_per_node: gpus,
-            latest: latest_view(&estimate.latest),
-            sooner,
-        })
+        let fresh =
+            Arc::new(project_apart(move || copy.project(ProjectionLimits::default())).await);
+        *cached = Some(fresh.clone());
+        fresh
     }
+}
+
+/// Run a projection on a blocking thread: it may take a while on a large cluster.
+async fn project_apart<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        Err(panicked) => std::panic::resume_unwind(panicked.into_panic()),
+    }
+}
+
+/// What-if for a queued task asking for 2 or more GPUs per node: the projection of the
+/// same task asking for half of them, from `scheduler` (a copy of the live one). Made on
+/// demand for the one task; it stops when the task starts.
+pub(super) async fn fewer_gpus(
+    scheduler: Scheduler,
+    task: TaskId,
+    per_node: Resources,
+    asked: StartEstimate,
+    now: Timestamp,
+) -> Option<ShapeWhatIf> {
+    let gpus = per_node.gpus / 2;
+    let reshaped = Resources { gpus, ..per_node };
+    let projection = project_apart(move || {
+        scheduler.project_reshaped(task, reshaped, ProjectionLimits::default())
+    })
+    .await?;
+    let estimate = projection.estimate(task, now)?;
+    let sooner = match (estimate.latest_at(), asked.latest_at()) {
+        (Some(half), Some(full)) => half < full,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    Some(ShapeWhatIf {
+        gpus_per_node: gpus,
+        latest: latest_view(&estimate.latest),
+        sooner,
+    })
 }
 
 pub(super) fn latest_view(latest: &LatestStart) -> LatestStartView {

@@ -178,8 +178,6 @@ pub(crate) struct Inner {
     /// ended (a sweep launches trials over time, so its tasks are no fixed dependency),
     /// with those sweeps' groups.
     after_sweeps: BTreeMap<TaskId, BTreeSet<GroupId>>,
-    /// The scheduler's projection of the queue for its current epoch (see `estimates`).
-    projection: Option<Arc<tacc_scheduler::Projection>>,
 }
 
 impl Inner {
@@ -232,6 +230,8 @@ pub struct Control {
     pub(crate) adaptive: adaptive::AdaptiveBook,
     /// Sweeps whose trials the controller still launches or stops.
     pub(crate) sweeps: sweeps::OpenSweeps,
+    /// The scheduler's projection of the queue, per epoch (see `estimates.rs`).
+    estimates: estimates::EstimateCache,
     /// The control plane's time: the system's in a server, a manual one in lifecycle tests.
     pub(crate) clock: Arc<dyn Clock>,
     /// How decisions reach the nodes (see `comm.rs`).
@@ -362,6 +362,7 @@ impl Control {
             placed: records::PlacedRecords::default(),
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
             sweeps: sweeps::OpenSweeps::default(),
+            estimates: estimates::EstimateCache::default(),
             store,
             logs,
             chunks,
@@ -376,7 +377,6 @@ impl Control {
                 retry_at: BTreeMap::new(),
                 stage_deps: BTreeMap::new(),
                 after_sweeps: BTreeMap::new(),
-                projection: None,
                 specs: BTreeMap::new(),
                 preempting: BTreeSet::new(),
                 finished_ranks: BTreeMap::new(),
@@ -678,8 +678,10 @@ impl Control {
             .get_task(task)
             .await?
             .ok_or(ServerError::TaskNotFound(task))?;
-        let mut inner = self.inner.lock().await;
-        let config = inner.scheduler.config().clone();
+        let projection = self.projection().await;
+        let now = self.clock.now();
+        let inner = self.inner.lock().await;
+        let config = inner.scheduler.config();
         let group = config.group_of(&record.user, None);
         let mut details = vec![format!("user {} is in group {group}", record.user)];
         let user_limits = config.user_limits(&record.user);
@@ -709,9 +711,7 @@ impl Control {
             ));
         }
         let (mut position, mut estimated_start) = (None, None);
-        let (mut start_estimate, mut fewer_gpus) = (None, None);
-        let projection = inner.projection();
-        let now = self.clock.now();
+        let (mut start_estimate, mut what_if) = (None, None);
         match inner.scheduler.explain_with(task, Some(&projection)) {
             Explanation::Queued {
                 position: at,
@@ -727,9 +727,11 @@ impl Control {
                         reason.as_ref(),
                         record.user.as_str(),
                     ));
-                    if let Some(spec) = inner.specs.get(&task) {
-                        let per_node = spec.resources.per_node();
-                        fewer_gpus = inner.fewer_gpus(task, per_node, &estimate, now);
+                    if let Some(spec) = inner.specs.get(&task)
+                        && spec.resources.per_node().gpus >= 2
+                    {
+                        let copy = inner.scheduler.clone();
+                        what_if = Some((copy, spec.resources.per_node(), estimate));
                     }
                 }
                 let waits_for_node = matches!(
@@ -772,6 +774,12 @@ impl Control {
         }
         let policy = inner.scheduler.policy_name().to_string();
         drop(inner);
+        let fewer_gpus = match what_if {
+            Some((copy, per_node, asked)) => {
+                estimates::fewer_gpus(copy, task, per_node, asked, now).await
+            }
+            None => None,
+        };
         Ok(tacc_proto::TaskExplanation {
             task_id: task,
             state: record.state,
@@ -797,9 +805,8 @@ impl Control {
     /// The latest start of the scheduler's projection for a queued task (the cached
     /// projection of the current epoch: listing many tasks projects once).
     pub async fn estimated_start(&self, task: TaskId) -> Option<Timestamp> {
-        let mut inner = self.inner.lock().await;
-        let projection = inner.projection();
-        projection
+        self.projection()
+            .await
             .estimate(task, self.clock.now())
             .and_then(|estimate| estimate.latest_at())
     }
