@@ -9,7 +9,7 @@ mod common;
 use common::loaded_scheduler;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use tacc_core::{TaskId, Timestamp};
-use tacc_scheduler::ProjectionLimits;
+use tacc_scheduler::{Projection, ProjectionLimits};
 
 fn projection(c: &mut Criterion) {
     let scheduler = loaded_scheduler();
@@ -17,7 +17,7 @@ fn projection(c: &mut Criterion) {
     group.sample_size(10);
     group.sampling_mode(SamplingMode::Flat);
     group.bench_function("copy_of_the_state", |b| b.iter(|| scheduler.clone()));
-    let mut default = None;
+    let mut default: Option<Projection> = None;
     for max_steps in [16, 64] {
         let limits = ProjectionLimits {
             max_steps,
@@ -34,6 +34,7 @@ fn projection(c: &mut Criterion) {
             format!("project_100k_queued_10k_nodes_{max_steps}_steps"),
             |b| b.iter(|| scheduler.project(limits)),
         );
+        default = Some(once);
     }
     // The first queued task (by id) the projection starts: one asked about alone stops
     // once it starts.
