@@ -84,9 +84,11 @@ async fn every_waiting_task_starts_inside_its_estimated_range() {
         async move { submit(&client, root, &name, &yaml, &[]).await }
     };
 
-    // What runs: one CPU of node-a until 4 s, one CPU and both GPUs of node-b until 3 s.
-    let a_running = put(&alice, "a-running", "cpus: 1, time_limit: 4s", "a").await;
-    let b_running = put(&bob, "b-running", "cpus: 1, gpus: 2, time_limit: 3s", "b").await;
+    // What runs: one CPU of node-a for 10 s, one CPU and both GPUs of node-b for 8 s
+    // (long enough that every estimate below is recorded before either ends, even on a
+    // slow machine).
+    let a_running = put(&alice, "a-running", "cpus: 1, time_limit: 10s", "a").await;
+    let b_running = put(&bob, "b-running", "cpus: 1, gpus: 2, time_limit: 8s", "b").await;
     wait_state(&alice, a_running, &[TaskState::Running]).await;
     wait_state(&bob, b_running, &[TaskState::Running]).await;
 

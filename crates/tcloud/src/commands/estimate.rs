@@ -8,9 +8,10 @@ use super::usage::utc;
 use crate::format::short_duration;
 use crate::sanitize::field;
 
-/// "now", or "in 5m (2026-11-27T12:40:00Z)".
+/// "now" for a time reached or less than a second away (the server's clock and this
+/// machine's may differ a little), else "in 5m (2026-11-27T12:40:00Z)".
 fn when(at: Timestamp, now: Timestamp) -> String {
-    if at <= now {
+    if at.millis_since(now) < 1_000 {
         "now".into()
     } else {
         format!("in {} ({})", short_duration(at.millis_since(now)), utc(at))
@@ -79,8 +80,9 @@ mod tests {
     fn a_range_says_what_it_rests_on_and_the_what_if() {
         let now = Timestamp::from_secs(1_700_000_000);
         let end = Timestamp::from_secs(1_700_000_600);
+        // The server's "now" may be a moment ahead of this machine's clock.
         let estimate = StartEstimateView {
-            earliest: now,
+            earliest: Timestamp(now.0 + 300),
             latest: LatestStartView::At { at: end },
             after: vec![TaskEndView {
                 task: TaskId(41),

@@ -6,9 +6,10 @@ use tacc_proto::{LatestStartView, ShapeWhatIf, StartEstimateView};
 
 use super::render::{clock, relative};
 
-/// "in 5 min (2026-… UTC)", or "now" for a time already reached.
+/// "in 5 min (2026-… UTC)", or "now" for a time reached or less than a second away (the
+/// estimate's "now" was taken a moment after the page's).
 fn when(at: Timestamp, now: Timestamp) -> String {
-    if at <= now {
+    if at.millis_since(now) < 1_000 {
         "now".into()
     } else {
         format!("{} ({})", relative(at, now), clock(at))
