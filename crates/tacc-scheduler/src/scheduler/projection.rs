@@ -341,6 +341,9 @@ fn project(
             }
         }
     };
+    // Decisions in the copy moved the placement clock of this thread into the future;
+    // put it back at the state's present for whatever this thread places next.
+    super::allocation_end::set_now(from);
     Projection {
         from,
         epoch,

@@ -47,6 +47,8 @@ impl Control {
 async fn project_apart<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
     match tokio::task::spawn_blocking(work).await {
         Ok(done) => done,
+        // A blocking task is never aborted; it fails only by panicking (or when the
+        // runtime shuts down, which ends this request too).
         Err(panicked) => std::panic::resume_unwind(panicked.into_panic()),
     }
 }
