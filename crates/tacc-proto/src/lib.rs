@@ -191,8 +191,16 @@ pub struct TaskExplanation {
     pub reason: Option<String>,
     /// Place in the scheduling order among queued tasks (0 = considered first).
     pub queue_position: Option<u64>,
-    /// From the reservation timeline; absent when a time limit it depends on is unknown.
+    /// The latest start of `start_estimate` when it has one (kept for older clients).
     pub estimated_start: Option<Timestamp>,
+    /// While queued: the scheduler's projection of its start (absent from older servers,
+    /// and while no node can run it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_estimate: Option<StartEstimateView>,
+    /// While queued and asking for 2 or more GPUs per node: when it would start with
+    /// half of them (the same projection with the task reshaped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fewer_gpus: Option<ShapeWhatIf>,
     /// The scheduling policy in force.
     pub policy: String,
     /// Further facts for people: the task's group, the limits that apply, what to change.
@@ -201,6 +209,55 @@ pub struct TaskExplanation {
     /// allocation); absent from older servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<AdaptiveView>,
+}
+
+/// When a queued task is expected to start, from a projection of the scheduler itself:
+/// every task ahead runs to its time limit and the scheduler makes the decisions it would
+/// make (quotas, fair share, reservations, node shapes, CPUs, memory and GPUs). It holds
+/// while nothing is submitted ahead of the task and no node is lost.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartEstimateView {
+    /// No earlier than this: now (a task ahead may end at any moment), or the end of a
+    /// retry's backoff.
+    pub earliest: Timestamp,
+    pub latest: LatestStartView,
+    /// The tasks at whose end (by their time limits) it starts, first few.
+    pub after: Vec<TaskEndView>,
+    /// What the estimate rests on, for people (`task 41 ends at its time limit …`,
+    /// `bob may run 1 task at a time`).
+    pub basis: Vec<String>,
+}
+
+/// The latest start of a [`StartEstimateView`].
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LatestStartView {
+    /// Starts no later than `at`.
+    At { at: Timestamp },
+    /// Unknown: it waits for tasks without a time limit (these, the first few).
+    Unknown { no_time_limit: Vec<TaskId> },
+    /// The projection's step cap or horizon came first: later than `after`.
+    BeyondHorizon { after: Timestamp },
+}
+
+/// A task's end at its time limit that a start estimate waits for.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEndView {
+    pub task: TaskId,
+    pub at: Timestamp,
+}
+
+/// What-if: the same projection with the task asking for another shape.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShapeWhatIf {
+    pub gpus_per_node: u32,
+    pub latest: LatestStartView,
+    /// True when that is sooner than the estimate for the shape asked.
+    pub sooner: bool,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -103,10 +103,6 @@ impl Cluster {
             .fold(Resources::ZERO, |acc, n| acc.add(&n.spec.capacity))
     }
 
-    pub fn free_gpus_total(&self) -> u64 {
-        self.by_free_gpus.iter().map(|(g, _)| *g as u64).sum()
-    }
-
     fn reindex(&mut self, id: NodeId, before: u32) {
         if let Some(node) = self.nodes.get(&id)
             && node.schedulable

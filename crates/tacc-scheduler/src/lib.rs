@@ -24,10 +24,14 @@ pub use cluster::{Misfit, MisfitPart};
 pub use config::{
     FairShareConfig, GroupConfig, Limits, PreemptionConfig, SchedulerConfig, UserConfig,
 };
-pub use model::{Explanation, LimitKind, NodeSpec, PendingReason, Placement, TaskRequest};
+pub use model::{
+    Explanation, LatestStart, LimitKind, NodeSpec, PendingReason, Placement, StartEstimate,
+    TaskEnd, TaskRequest,
+};
 pub use policy::{Backfill, Policy, PolicyEntry, policy_names};
 pub use scheduler::{
-    Action, Event, FairShareStanding, GroupStanding, Plan, Refusal, Scheduler, UserStanding,
+    Action, Event, FairShareStanding, GroupStanding, Plan, Projection, ProjectionLimits, Refusal,
+    Scheduler, UserStanding,
 };
 
 /// Errors from feeding the scheduler an event that contradicts its state.

@@ -189,8 +189,9 @@ pub enum Explanation {
         reason: Option<PendingReason>,
         /// Position in the policy's order (0 = next to be considered).
         position: usize,
-        /// Estimate from the reservation timeline (time limits of running tasks and of
-        /// the tasks ahead); `None` when some needed time limit is unknown.
+        /// The latest start of the scheduler's projection (everything ahead runs to its
+        /// time limit); `None` when a time limit it depends on is unknown, the projection
+        /// gave up, or no node can run it yet.
         estimated_start: Option<Timestamp>,
         attempt: u32,
     },
@@ -203,4 +204,47 @@ pub enum Explanation {
     Preempting { since: Timestamp, attempt: u32 },
     /// The scheduler does not know the task (never submitted, or already ended).
     Unknown,
+}
+
+/// A task whose end, at its time limit, a projected start waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEnd {
+    pub task: TaskId,
+    pub at: Timestamp,
+}
+
+/// The latest start of a queued task, if everything ahead runs to its time limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LatestStart {
+    At(Timestamp),
+    /// It waits for tasks that have no time limit (these, the first few of them).
+    Unknown {
+        no_time_limit: Vec<TaskId>,
+    },
+    /// The projection's step cap or horizon came first: later than `after`.
+    BeyondHorizon {
+        after: Timestamp,
+    },
+}
+
+/// When a queued task is expected to start, from a projection of the scheduler itself
+/// (see `Scheduler::project`): no earlier than `earliest`, no later than `latest` unless
+/// something is submitted ahead of it or a node is lost.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartEstimate {
+    pub earliest: Timestamp,
+    pub latest: LatestStart,
+    /// The ends (at their time limits) of the tasks at whose end it starts, first few.
+    pub after: Vec<TaskEnd>,
+}
+
+impl StartEstimate {
+    /// The latest start as a time, when there is one.
+    pub fn latest_at(&self) -> Option<Timestamp> {
+        match self.latest {
+            LatestStart::At(at) => Some(at),
+            _ => None,
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! (how each event changes the state), `ranking` (queue order), `pass` (one scheduling
 //! decision over the queue), `backfill` (EASY's reservation), `claims` (capacity held for
 //! a preemption's beneficiary), `preemption` (choosing victims), `explanation` (why a
-//! task waits, and until when), `invariants` (consistency checks for tests) and
+//! task waits), `projection` (when it starts: the scheduler run forward), `invariants` (consistency checks for tests) and
 //! `standing` (the fair-share report).
 
 use std::cmp::Reverse;
@@ -28,6 +28,7 @@ mod invariants;
 mod lifecycle;
 mod pass;
 mod preemption;
+mod projection;
 mod ranking;
 mod repeats;
 mod resize;
@@ -36,6 +37,7 @@ mod task;
 #[cfg(test)]
 mod testkit;
 
+pub use projection::{Projection, ProjectionLimits};
 pub use standing::{FairShareStanding, GroupStanding, UserStanding};
 
 use accounts::{Account, GroupAccount};
@@ -143,6 +145,8 @@ pub struct Scheduler {
     /// Open claims, oldest first.
     claims: Vec<Claim>,
     next_claim: u64,
+    /// Bumped by every event that may change what a projection finds (see `projection`).
+    epoch: u64,
 }
 
 impl Default for Scheduler {
@@ -182,6 +186,7 @@ impl Scheduler {
             preemptions: 0,
             claims: Vec::new(),
             next_claim: 0,
+            epoch: 0,
         };
         // Configured groups exist from the start, so their shares count in fair share.
         let names: Vec<String> = scheduler.config.groups.keys().cloned().collect();
@@ -236,9 +241,14 @@ impl Scheduler {
     pub fn handle(&mut self, now: Timestamp, event: Event) -> Result<Plan, SchedulerError> {
         self.now = now;
         allocation_end::set_now(now);
+        let tick = matches!(event, Event::Tick);
         let mut actions = Vec::new();
         self.apply(now, event, &mut actions)?;
         self.schedule(now, &mut actions);
+        // A tick that decided nothing leaves the future as it was projected.
+        if !tick || !actions.is_empty() {
+            self.epoch += 1;
+        }
         Ok(Plan { at: now, actions })
     }
 }

@@ -1,5 +1,6 @@
 //! Property tests for every policy: no node over-allocated, limits never exceeded, gangs
-//! all-or-nothing, determinism, and backfill never delays the reservation.
+//! all-or-nothing, determinism, and backfill never delays the reservation; start
+//! estimates hold when every task ends at its time limit.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -9,8 +10,8 @@ use proptest::test_runner::{FileFailurePersistence, RngSeed};
 use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp, UserName};
 use tacc_scheduler::pool::{PoolAction, PoolJob, PoolPolicy, PoolScheduler};
 use tacc_scheduler::{
-    Action, Event, GroupConfig, NodeSpec, Plan, Scheduler, SchedulerConfig, TaskRequest,
-    policy_names,
+    Action, Event, GroupConfig, LatestStart, NodeSpec, Plan, ProjectionLimits, Scheduler,
+    SchedulerConfig, StartEstimate, TaskRequest, policy_names,
 };
 
 #[derive(Debug, Clone)]
@@ -254,6 +255,151 @@ fn replay(
     Ok(plans)
 }
 
+/// Drives the real scheduler the way the live server does (one decision per instant at
+/// which something happens, no ticks) with every task ending exactly at its time limit,
+/// and after every decision taken once nothing more arrives, projects every queued task's
+/// start; each estimate must contain the start that really happens.
+fn estimates_hold(
+    policy: &str,
+    nodes: &[(u32, u64)],
+    tasks: &[TaskCase],
+) -> Result<usize, TestCaseError> {
+    let mut scheduler = Scheduler::by_name(policy, config()).unwrap();
+    for (i, (gpus, cpus)) in nodes.iter().enumerate() {
+        let spec = NodeSpec {
+            id: NodeId(i as u64 + 1),
+            capacity: Resources::new(cpus * 1000, 1 << 40, *gpus),
+            gpu_type: None,
+            labels: Default::default(),
+        };
+        scheduler.handle(Timestamp(0), Event::NodeUp(spec)).unwrap();
+    }
+    let last_arrival = tasks.iter().map(|t| t.submit * 1000).max().unwrap_or(0);
+    // (time ms, kind 0 end / 1 preempted, task index, version)
+    let mut timers: BinaryHeap<Reverse<(u64, u8, usize, u32)>> = BinaryHeap::new();
+    let mut version = vec![0u32; tasks.len()];
+    // Estimates not yet checked: task index → (taken at, estimate).
+    let mut open: Vec<(usize, u64, StartEstimate)> = Vec::new();
+    let mut checked = 0;
+    let mut arrived = 0;
+    let mut order: Vec<usize> = (0..tasks.len()).collect();
+    order.sort_by_key(|i| (tasks[*i].submit, *i));
+    for step in 0.. {
+        prop_assert!(step < 2_000, "{}: no progress", policy);
+        let now = [
+            timers.peek().map(|Reverse((t, ..))| *t),
+            order.get(arrived).map(|i| tasks[*i].submit * 1000),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        let Some(now) = now else { break };
+        let mut events = Vec::new();
+        while let Some(Reverse((t, kind, i, v))) = timers.peek().copied() {
+            if t != now {
+                break;
+            }
+            timers.pop();
+            if version[i] != v {
+                continue;
+            }
+            version[i] += 1;
+            let id = TaskId(i as u64 + 1);
+            events.push(if kind == 0 {
+                Event::TaskEnded(id)
+            } else {
+                Event::TaskPreempted(id)
+            });
+        }
+        while arrived < order.len() && tasks[order[arrived]].submit * 1000 == now {
+            let t = &tasks[order[arrived]];
+            events.push(Event::TaskSubmitted {
+                task: TaskId(order[arrived] as u64 + 1),
+                request: TaskRequest {
+                    user: UserName::new(format!("u{}", t.user)),
+                    group: Some(format!("g{}", t.user % 2)),
+                    per_node: Resources::new(t.cpus * 1000, 1 << 30, t.gpus),
+                    nodes: t.nodes,
+                    priority: [Priority::Low, Priority::Normal, Priority::High]
+                        [t.priority as usize],
+                    preemptible: t.preemptible,
+                    time_limit_secs: Some(t.duration),
+                    submitted_at: Timestamp::from_secs(t.submit),
+                    ..Default::default()
+                },
+            });
+            arrived += 1;
+        }
+        let plan = scheduler
+            .handle(Timestamp(now), Event::Batch(events))
+            .unwrap();
+        for action in &plan.actions {
+            match action {
+                Action::Start { task, .. } => {
+                    let i = task.0 as usize - 1;
+                    timers.push(Reverse((now + tasks[i].duration * 1000, 0, i, version[i])));
+                    for (_, at, estimate) in open.iter().filter(|(j, ..)| *j == i) {
+                        prop_assert!(
+                            estimate.earliest.as_millis() <= now,
+                            "{}: task {} started at {} before its earliest {:?} (estimated at {})",
+                            policy,
+                            task,
+                            now,
+                            estimate,
+                            at
+                        );
+                        match estimate.latest {
+                            LatestStart::At(latest) => prop_assert!(
+                                now <= latest.as_millis(),
+                                "{}: task {} started at {} after its latest {:?} (estimated at {})",
+                                policy,
+                                task,
+                                now,
+                                estimate,
+                                at
+                            ),
+                            LatestStart::BeyondHorizon { after } => {
+                                prop_assert!(now >= after.as_millis())
+                            }
+                            LatestStart::Unknown { .. } => prop_assert!(
+                                false,
+                                "{}: every task has a time limit, yet {:?}",
+                                policy,
+                                estimate
+                            ),
+                        }
+                        checked += 1;
+                    }
+                    open.retain(|(j, ..)| *j != i);
+                }
+                Action::Preempt { task, grace_secs } => {
+                    let i = task.0 as usize - 1;
+                    version[i] += 1;
+                    timers.push(Reverse((now + grace_secs * 1000, 1, i, version[i])));
+                }
+                _ => {}
+            }
+        }
+        if now >= last_arrival {
+            // Nothing arrives from here on: the estimate of every queued task must hold.
+            let projection = scheduler.project(ProjectionLimits::default());
+            open.clear();
+            for i in 0..tasks.len() {
+                if let Some(estimate) = projection.estimate(TaskId(i as u64 + 1), Timestamp(now)) {
+                    open.push((i, now, estimate));
+                }
+            }
+        }
+    }
+    prop_assert!(
+        open.is_empty(),
+        "{}: estimated tasks never started: {:?}",
+        policy,
+        open
+    );
+    Ok(checked)
+}
+
 /// The seed every run uses, so CI replays the same cases each time (project rule: tests
 /// are deterministic). `PROPTEST_RNG_SEED=N` (and `PROPTEST_CASES=N`) explore others
 /// locally; a failure found that way is recorded in `properties.proptest-regressions`,
@@ -362,6 +508,21 @@ proptest! {
                 }
             }
             prop_assert_eq!(done.len(), arrived.len(), "{} finished every job", policy);
+        }
+    }
+
+}
+
+proptest! {
+    #![proptest_config(pinned(256))]
+
+    #[test]
+    fn every_task_starts_within_its_estimated_range_when_tasks_end_at_their_limits(
+        nodes in prop::collection::vec((0u32..=8, 4u64..=16), 1..=5),
+        tasks in prop::collection::vec(task_case(), 1..=30),
+    ) {
+        for policy in policy_names() {
+            estimates_hold(policy, &nodes, &tasks)?;
         }
     }
 }

@@ -28,6 +28,7 @@ use rules::cancel::CancelPlan;
 mod adaptive;
 mod attempts;
 mod comm;
+mod estimates;
 mod groups;
 mod nodes;
 mod pipelines;
@@ -254,6 +255,8 @@ pub struct Control {
     pub(crate) sweeps: sweeps::OpenSweeps,
     /// Task uids of users, as the store allocated them.
     pub(crate) task_uids: task_accounts::TaskUidCache,
+    /// The scheduler's projection of the queue, per epoch (see `estimates.rs`).
+    estimates: estimates::EstimateCache,
     /// The control plane's time: the system's in a server, a manual one in lifecycle tests.
     pub(crate) clock: Arc<dyn Clock>,
     /// How decisions reach the nodes (see `comm.rs`).
@@ -393,6 +396,7 @@ impl Control {
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
             sweeps: sweeps::OpenSweeps::default(),
             task_uids: Default::default(),
+            estimates: estimates::EstimateCache::default(),
             store,
             logs,
             chunks,
@@ -743,6 +747,8 @@ impl Control {
             .get_task(task)
             .await?
             .ok_or(ServerError::TaskNotFound(task))?;
+        let projection = self.projection().await;
+        let now = self.clock.now();
         let inner = self.inner.lock().await;
         let config = inner.scheduler.config();
         let group = config.group_of(&record.user, None);
@@ -774,7 +780,8 @@ impl Control {
             ));
         }
         let (mut position, mut estimated_start) = (None, None);
-        match inner.scheduler.explain(task) {
+        let (mut start_estimate, mut what_if) = (None, None);
+        match inner.scheduler.explain_with(task, Some(&projection)) {
             Explanation::Queued {
                 position: at,
                 estimated_start: start,
@@ -783,6 +790,19 @@ impl Control {
             } => {
                 position = Some(at as u64);
                 estimated_start = start;
+                if let Some(estimate) = projection.estimate(task, now) {
+                    start_estimate = Some(estimates::view(
+                        &estimate,
+                        reason.as_ref(),
+                        record.user.as_str(),
+                    ));
+                    if let Some(spec) = inner.specs.get(&task)
+                        && spec.resources.per_node().gpus >= 2
+                    {
+                        let copy = inner.scheduler.clone();
+                        what_if = Some((copy, spec.resources.per_node(), estimate));
+                    }
+                }
                 let waits_for_node = matches!(
                     reason,
                     Some(tacc_scheduler::PendingReason::NoMatchingNode { .. })
@@ -798,7 +818,7 @@ impl Control {
                         "no start estimate: it was submitted with --wait-for-capacity and no node that can hold it has joined yet"
                             .to_string(),
                     );
-                } else if start.is_none() {
+                } else if start.is_none() && start_estimate.is_none() {
                     details.push(
                         "no start estimate: a task it waits for has no time limit (set resources.time_limit to get one)"
                             .to_string(),
@@ -830,12 +850,20 @@ impl Control {
         }
         let policy = inner.scheduler.policy_name().to_string();
         drop(inner);
+        let fewer_gpus = match what_if {
+            Some((copy, per_node, asked)) => {
+                estimates::fewer_gpus(copy, task, per_node, asked, now).await
+            }
+            None => None,
+        };
         Ok(tacc_proto::TaskExplanation {
             task_id: task,
             state: record.state,
             reason: record.reason,
             queue_position: position,
             estimated_start,
+            start_estimate,
+            fewer_gpus,
             policy,
             details,
             adaptive: self.adaptive_view(task).await.ok(),
@@ -850,14 +878,13 @@ impl Control {
         self.inner.lock().await.scheduler.standing(at)
     }
 
-    /// The scheduler's start estimate for a queued task.
+    /// The latest start of the scheduler's projection for a queued task (the cached
+    /// projection of the current epoch: listing many tasks projects once).
     pub async fn estimated_start(&self, task: TaskId) -> Option<Timestamp> {
-        match self.inner.lock().await.scheduler.explain(task) {
-            Explanation::Queued {
-                estimated_start, ..
-            } => estimated_start,
-            _ => None,
-        }
+        self.projection()
+            .await
+            .estimate(task, self.clock.now())
+            .and_then(|estimate| estimate.latest_at())
     }
 
     pub async fn record_output(&self, output: OutputRecord) -> Result<(), ServerError> {

@@ -251,6 +251,9 @@ impl Control {
         patch_dependencies(&inner.stage_deps, &mut batch);
         patch_not_before(&inner.retry_at, &mut batch);
         let plan = scheduler.handle(self.clock.now(), batch);
+        // Epochs stay unique across the replacement: a cached projection of the old
+        // scheduler is never taken for the new one's.
+        scheduler.continue_epochs_after(inner.scheduler.epoch());
         inner.scheduler = scheduler;
         match plan {
             Ok(plan) => {

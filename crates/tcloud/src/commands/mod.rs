@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod compiler;
 pub mod config_cmd;
 pub mod docs;
+mod estimate;
 pub mod files;
 pub mod groups;
 pub mod pipelines;

@@ -149,7 +149,13 @@ pub async fn why(ctx: &Ctx, id: TaskId, as_json: bool) -> Result<()> {
             position
         ));
     }
-    if explanation.state == TaskState::Queued {
+    if let Some(estimate) = &explanation.start_estimate {
+        lines.extend(super::estimate::lines(
+            estimate,
+            explanation.fewer_gpus.as_ref(),
+            now,
+        ));
+    } else if explanation.state == TaskState::Queued {
         lines.push(match explanation.estimated_start {
             Some(_) => format!(
                 "estimated start: {}",

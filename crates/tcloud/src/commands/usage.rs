@@ -81,7 +81,7 @@ pub async fn fairshare(ctx: &Ctx, json: bool) -> Result<()> {
 }
 
 /// RFC 3339 in UTC, to the second.
-fn utc(at: Timestamp) -> String {
+pub(super) fn utc(at: Timestamp) -> String {
     let format = time::format_description::well_known::Rfc3339;
     time::OffsetDateTime::from_unix_timestamp((at.as_millis() / 1000) as i64)
         .ok()

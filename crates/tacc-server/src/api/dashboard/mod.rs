@@ -9,6 +9,7 @@
 
 mod accounts;
 pub(crate) mod csrf;
+mod estimate;
 mod pages;
 mod plot;
 mod render;

@@ -466,6 +466,9 @@ pub(crate) async fn task(
             position => e.queue_position,
             policy => e.policy,
             details => e.details,
+            estimate => e.start_estimate.as_ref().map(|estimate| {
+                super::estimate::lines(estimate, e.fewer_gpus.as_ref(), now)
+            }),
         }),
         events => v(events),
         attempts => v(attempts),

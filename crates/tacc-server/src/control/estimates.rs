@@ -1,0 +1,161 @@
+//! Start estimates for users: the scheduler's own projection of the queue
+//! (`tacc_scheduler::Projection`), computed at most once per scheduler epoch, on a copy
+//! of the scheduler and off the control plane's lock, and shared by every task view and
+//! `why` until the scheduler's state changes; the fewer-GPUs what-if; their wire form.
+
+use std::sync::Arc;
+
+use tacc_core::{Resources, TaskId, Timestamp};
+use tacc_proto::{LatestStartView, ShapeWhatIf, StartEstimateView, TaskEndView};
+use tacc_scheduler::{
+    LatestStart, LimitKind, PendingReason, Projection, ProjectionLimits, Scheduler, StartEstimate,
+};
+use tokio::sync::Mutex;
+
+use super::Control;
+
+/// The projection of the latest scheduler epoch asked about. Its own lock is held while
+/// a projection is computed, so concurrent askers wait for one computation; the control
+/// plane's lock is held only to copy the scheduler, never while projecting.
+#[derive(Debug, Default)]
+pub(crate) struct EstimateCache {
+    latest: Mutex<Option<Arc<Projection>>>,
+}
+
+impl Control {
+    /// The projection of the current scheduler state: the cached one while the
+    /// scheduler's epoch has not moved, else a fresh one.
+    pub(super) async fn projection(&self) -> Arc<Projection> {
+        let mut cached = self.estimates.latest.lock().await;
+        let copy = {
+            let inner = self.inner.lock().await;
+            if let Some(projection) = cached.as_ref()
+                && projection.epoch() == inner.scheduler.epoch()
+            {
+                return projection.clone();
+            }
+            inner.scheduler.clone()
+        };
+        let fresh =
+            Arc::new(project_apart(move || copy.project(ProjectionLimits::default())).await);
+        *cached = Some(fresh.clone());
+        fresh
+    }
+}
+
+/// Run a projection on a blocking thread: it may take a while on a large cluster.
+async fn project_apart<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(done) => done,
+        // A blocking task is never aborted; it fails only by panicking (or when the
+        // runtime shuts down, which ends this request too).
+        Err(panicked) => std::panic::resume_unwind(panicked.into_panic()),
+    }
+}
+
+/// What-if for a queued task asking for 2 or more GPUs per node: the projection of the
+/// same task asking for half of them, from `scheduler` (a copy of the live one). Made on
+/// demand for the one task; it stops when the task starts.
+pub(super) async fn fewer_gpus(
+    scheduler: Scheduler,
+    task: TaskId,
+    per_node: Resources,
+    asked: StartEstimate,
+    now: Timestamp,
+) -> Option<ShapeWhatIf> {
+    let gpus = per_node.gpus / 2;
+    let reshaped = Resources { gpus, ..per_node };
+    let projection = project_apart(move || {
+        scheduler.project_reshaped(task, reshaped, ProjectionLimits::default())
+    })
+    .await?;
+    let estimate = projection.estimate(task, now)?;
+    let sooner = match (estimate.latest_at(), asked.latest_at()) {
+        (Some(half), Some(full)) => half < full,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    Some(ShapeWhatIf {
+        gpus_per_node: gpus,
+        latest: latest_view(&estimate.latest),
+        sooner,
+    })
+}
+
+pub(super) fn latest_view(latest: &LatestStart) -> LatestStartView {
+    match latest {
+        LatestStart::At(at) => LatestStartView::At { at: *at },
+        LatestStart::Unknown { no_time_limit } => LatestStartView::Unknown {
+            no_time_limit: no_time_limit.clone(),
+        },
+        LatestStart::BeyondHorizon { after } => LatestStartView::BeyondHorizon { after: *after },
+    }
+}
+
+/// The wire form of `estimate`, with what it rests on besides the ends of tasks (the
+/// limit or hold that keeps the task waiting) said for people.
+pub(super) fn view(
+    estimate: &StartEstimate,
+    reason: Option<&PendingReason>,
+    user: &str,
+) -> StartEstimateView {
+    let mut basis = Vec::new();
+    if let Some(reason) = reason
+        && let Some(said) = rests_on(reason, user)
+    {
+        basis.push(said);
+    }
+    if let LatestStart::Unknown { no_time_limit } = &estimate.latest {
+        let tasks: Vec<String> = no_time_limit.iter().map(|t| format!("task {t}")).collect();
+        basis.push(if tasks.is_empty() {
+            "nothing ahead of it ends by a time limit".to_string()
+        } else {
+            format!(
+                "it waits for {} without a time limit (set resources.time_limit to get an estimate)",
+                tasks.join(", ")
+            )
+        });
+    }
+    StartEstimateView {
+        earliest: estimate.earliest,
+        latest: latest_view(&estimate.latest),
+        after: estimate
+            .after
+            .iter()
+            .map(|end| TaskEndView {
+                task: end.task,
+                at: end.at,
+            })
+            .collect(),
+        basis,
+    }
+}
+
+/// The limit or hold behind a pending reason, as a fact the estimate rests on.
+fn rests_on(reason: &PendingReason, user: &str) -> Option<String> {
+    let amount = |limit: LimitKind, max: u64| match limit {
+        LimitKind::RunningTasks => format!("run {max} task{} at a time", plural(max)),
+        LimitKind::QueuedTasks => format!("queue {max} task{}", plural(max)),
+        other => format!("use {max} {other} at a time"),
+    };
+    Some(match reason {
+        PendingReason::OverUserQuota { limit, max } => {
+            format!("{user} may {}", amount(*limit, *max))
+        }
+        PendingReason::OverGroupQuota { group, limit, max } => {
+            format!("group {group} may {}", amount(*limit, *max))
+        }
+        PendingReason::LowerPriority { blocked_by } => {
+            format!("the free resources are held for task {blocked_by}")
+        }
+        PendingReason::BehindOlderTask { blocked_by } => {
+            format!("the queue is first-in first-out and task {blocked_by} goes first")
+        }
+        PendingReason::Dependency { on } => format!("task {on} must end first"),
+        _ => return None,
+    })
+}
+
+fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
