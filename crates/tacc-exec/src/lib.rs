@@ -15,6 +15,7 @@
 
 mod docker;
 mod fake;
+mod held_env;
 mod lines;
 mod private_tmp;
 mod process;

@@ -180,11 +180,22 @@ impl Executor for ProcessExecutor {
             ]);
         }
         argv.push(BASH.to_string());
+        // Steps before the switch run as root: what the task chose for the loader or the
+        // shell travels renamed and is put back by its own shell (see `held_env`).
+        let starts_as_root = cgroup.is_some()
+            || spec.placement.private_tmp.is_some()
+            || spec.placement.run_as.is_some();
+        let (env, script) = match crate::held_env::hold_back(&spec.env) {
+            (env, true) if starts_as_root => {
+                (env, format!("{}{}", crate::held_env::RESTORE, spec.script))
+            }
+            _ => (spec.env.clone(), spec.script.clone()),
+        };
         let mut command = Command::new(&argv[0]);
         command
             .args(&argv[1..])
             .arg("-c")
-            .arg(&spec.script)
+            .arg(&script)
             .arg(&spec.label)
             .current_dir(if spec.placement.run_as.is_some() {
                 Path::new("/")
@@ -192,7 +203,7 @@ impl Executor for ProcessExecutor {
                 spec.workdir.as_path()
             })
             .env_clear()
-            .envs(&spec.env)
+            .envs(&env)
             .stdin(if cgroup.is_some() {
                 Stdio::piped()
             } else {

@@ -423,3 +423,52 @@ async fn two_agents_on_one_host_keep_two_users_apart() {
     bob.cancel(bobs).await.unwrap();
     wait_terminal(&bob, bobs).await;
 }
+
+/// A root agent's first steps of each execution (the cgroup join, the private /tmp, the
+/// identity switch) run as root with the task's environment: loader variables the user
+/// chose (`LD_PRELOAD` would run their library as root) must not reach them, yet the task
+/// must still see them. `LD_DEBUG_OUTPUT` makes every process that honours the loader
+/// variables write a file: each one must belong to the task's uid, none to root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_s_loader_variables_reach_the_task_and_no_root_process() {
+    if !root_or_skip("a_task_s_loader_variables_reach_the_task_and_no_root_process") {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let markers = markers_dir(dir.path());
+    let daemon = start("dev", &data, &[]).await;
+    let alice = daemon.user_client("alice", None, "user").await;
+    let yaml = format!(
+        "name: loader\nenvironment:\n  vars:\n    LD_DEBUG: files\n    LD_DEBUG_OUTPUT: {}/ld\n    \
+         BASH_ENV: /nonexistent/bash-env\nrun: |\n  echo debug=$LD_DEBUG\n  \
+         echo held=$(env | grep -c '^TACC_HELD_BACK_')\n  echo uid=$(/usr/bin/id -u)\n",
+        markers.display()
+    );
+    let (state, log) = run_task(&alice, dir.path(), "loader", &yaml).await;
+    assert_eq!(state, TaskState::Succeeded, "{log}");
+    assert_eq!(field(&log, "debug"), Some("files"), "{log}");
+    assert_eq!(field(&log, "held"), Some("0"), "{log}");
+    let uid: u32 = field(&log, "uid").unwrap().parse().unwrap();
+    assert_ne!(uid, 0, "{log}");
+    let written: Vec<(String, u32)> = std::fs::read_dir(&markers)
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("ld."))
+        .map(|entry| {
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                entry.metadata().unwrap().uid(),
+            )
+        })
+        .collect();
+    assert!(
+        !written.is_empty(),
+        "the task's own processes honoured no loader variable: {log}"
+    );
+    assert!(
+        written.iter().all(|(_, owner)| *owner == uid),
+        "a process not of the task's uid {uid} honoured the task's loader variables: {written:?}"
+    );
+}
