@@ -10,6 +10,23 @@ use std::collections::BTreeMap;
 
 use super::prelude::*;
 
+/// An upload's file before its rename into place; removed when dropped before that.
+struct Partial {
+    path: PathBuf,
+    renamed: bool,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.renamed {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Numbers each output upload's partial file (see `put_output`).
+static UPLOADS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A path inside an output or snapshot tree: relative, no `..`, no empty parts.
 pub(super) fn safe_relative(path: &str) -> ApiResult<PathBuf> {
     let candidate = FsPath::new(path);
@@ -192,12 +209,26 @@ pub(super) async fn put_output(
         tokio::fs::create_dir_all(parent).await.map_err(internal)?;
     }
     // Beside the file and named after all of its name: two outputs that differ only in
-    // their extension never share one.
+    // their extension never share one. Numbered per upload: two uploads of one file at
+    // once (a retry while the server still handles the first) must never write into one
+    // inode — one truncating the other's bytes would leave a recorded size over an
+    // emptied file. The last complete upload's rename wins.
     let mut partial = file.clone().into_os_string();
-    partial.push(".tacc-partial");
-    let partial = PathBuf::from(partial);
-    let written = async {
-        let mut out = tokio::fs::File::create(&partial).await.map_err(internal)?;
+    partial.push(format!(
+        ".tacc-partial-{}",
+        UPLOADS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    // Removed however this ends short of its rename: an error, or the request dropped
+    // mid-way (a half-written file holds space the disk may be short of; the agent sends
+    // the whole file again).
+    let mut partial = Partial {
+        path: PathBuf::from(partial),
+        renamed: false,
+    };
+    let size = async {
+        let mut out = tokio::fs::File::create(&partial.path)
+            .await
+            .map_err(internal)?;
         let mut stream = body.into_data_stream();
         let mut size = 0u64;
         while let Some(chunk) = stream.try_next().await.map_err(|e| {
@@ -207,19 +238,13 @@ pub(super) async fn put_output(
             out.write_all(&chunk).await.map_err(internal)?;
         }
         out.sync_all().await.map_err(internal)?;
-        tokio::fs::rename(&partial, &file).await.map_err(internal)?;
         Ok::<u64, ServerError>(size)
     }
-    .await;
-    let size = match written {
-        Ok(size) => size,
-        Err(e) => {
-            // A half-written file holds space the disk may be short of (the agent sends
-            // the whole file again).
-            let _ = tokio::fs::remove_file(&partial).await;
-            return Err(e);
-        }
-    };
+    .await?;
+    tokio::fs::rename(&partial.path, &file)
+        .await
+        .map_err(internal)?;
+    partial.renamed = true;
     app.control
         .record_output(OutputRecord {
             task: TaskId(task),
