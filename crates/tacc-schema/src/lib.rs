@@ -15,6 +15,7 @@ mod pipeline;
 mod processes;
 mod reader;
 mod schema;
+mod sizes;
 mod spans;
 mod spec;
 mod sweep;
@@ -30,13 +31,13 @@ pub use pipeline::{
 };
 pub use processes::{MAX_PROCESSES_PER_NODE, Processes};
 pub use schema::json_schema;
+pub use sizes::{MAX_COMMAND_BYTES, MAX_VAR_VALUE_BYTES, MAX_VARS_TOTAL_BYTES};
 pub use spans::{Location, Spans};
 pub use spec::{
     CHECKPOINT_SIGNALS, CheckpointSpec, CodeSpec, CondaSpec, DatasetSpec, EnvironmentSpec,
-    MAX_ATTEMPTS, MAX_COMMAND_BYTES, MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_MEMORY_PER_NODE,
-    MAX_NAME_LEN, MAX_NODES, MAX_TIME_LIMIT, MAX_VAR_VALUE_BYTES, MAX_VARS_TOTAL_BYTES,
-    PLATFORM_VARIABLES, PlacementSpec, ResourceSpec, RetryOn, RetrySpec, TaskSpec,
-    is_platform_variable, runtime_name,
+    MAX_ATTEMPTS, MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_MEMORY_PER_NODE, MAX_NAME_LEN,
+    MAX_NODES, MAX_TIME_LIMIT, PLATFORM_VARIABLES, PlacementSpec, ResourceSpec, RetryOn, RetrySpec,
+    TaskSpec, is_platform_variable, runtime_name,
 };
 pub use sweep::{
     AshaSpec, Goal, MAX_SWEEP_TRIALS, PARAM_VARIABLE_PREFIX, ParameterSpec, SweepMethod, SweepSpec,

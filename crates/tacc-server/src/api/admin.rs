@@ -234,23 +234,39 @@ pub(super) async fn audit(
     ))
 }
 
+/// A node's state changed by an admin (drain, resume, approve): audited before it takes
+/// effect, like every admin action.
+async fn audited_node_change<F>(
+    app: &AppState,
+    caller: &Caller,
+    action: &str,
+    name: &str,
+    change: F,
+) -> ApiResult<Json<tacc_proto::NodeView>>
+where
+    F: std::future::Future<Output = Result<tacc_proto::NodeView, ServerError>>,
+{
+    let view = app
+        .control
+        .audit
+        .audited(
+            caller,
+            action,
+            format!("node:{name}"),
+            String::new(),
+            change,
+        )
+        .await?;
+    Ok(Json(view))
+}
+
 pub(super) async fn drain_node(
     State(app): State<AppState>,
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<tacc_proto::NodeView>> {
-    let view = app
-        .control
-        .audit
-        .audited(
-            &caller,
-            "node.drain",
-            format!("node:{name}"),
-            String::new(),
-            app.control.drain_node(&name),
-        )
-        .await?;
-    Ok(Json(view))
+    let change = app.control.drain_node(&name);
+    audited_node_change(&app, &caller, "node.drain", &name, change).await
 }
 
 pub(super) async fn resume_node(
@@ -258,18 +274,8 @@ pub(super) async fn resume_node(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<tacc_proto::NodeView>> {
-    let view = app
-        .control
-        .audit
-        .audited(
-            &caller,
-            "node.resume",
-            format!("node:{name}"),
-            String::new(),
-            app.control.resume_node(&name),
-        )
-        .await?;
-    Ok(Json(view))
+    let change = app.control.resume_node(&name);
+    audited_node_change(&app, &caller, "node.resume", &name, change).await
 }
 
 pub(super) async fn approve_node(
@@ -277,18 +283,8 @@ pub(super) async fn approve_node(
     Extension(caller): Extension<Caller>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<tacc_proto::NodeView>> {
-    let view = app
-        .control
-        .audit
-        .audited(
-            &caller,
-            "node.approve",
-            format!("node:{name}"),
-            String::new(),
-            app.control.approve_node(&name),
-        )
-        .await?;
-    Ok(Json(view))
+    let change = app.control.approve_node(&name);
+    audited_node_change(&app, &caller, "node.approve", &name, change).await
 }
 
 pub(super) async fn remove_node(
