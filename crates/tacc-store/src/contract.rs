@@ -12,6 +12,7 @@ mod lease;
 mod metrics;
 mod outputs;
 mod pipelines;
+mod restart_facts;
 mod task_uids;
 mod usage;
 
@@ -24,6 +25,7 @@ pub use lease::*;
 pub use metrics::*;
 pub use outputs::*;
 pub use pipelines::*;
+pub use restart_facts::*;
 pub use task_uids::*;
 pub use usage::*;
 
@@ -169,6 +171,10 @@ macro_rules! store_contract_tests {
             task_uids_allocated_from_the_base_and_kept,
             task_uids_never_repeat_when_the_base_changes,
             task_uids_racing_allocations_never_share_a_uid,
+            rank_ends_kept_per_attempt_with_their_change,
+            rank_ends_roll_back_with_a_failed_change,
+            fairshare_ledgers_kept_and_replaced,
+            nodes_last_seen_kept_across_registrations,
         );
     };
     (@each plain $fresh:path; $($check:ident),+ $(,)?) => {

@@ -17,6 +17,7 @@ mod metrics;
 mod pipelines;
 mod postgres;
 mod records;
+mod restart_facts;
 mod rows;
 mod sql;
 mod sqlite;
@@ -47,6 +48,7 @@ pub use records::{
     NewNode, NewTask, NodeEnrolment, NodeRecord, OutputRecord, StoredPlacement, TaskChange,
     TaskEvent, TaskFilter, TaskHistory, TaskRecord, Transition, UsagePeak,
 };
+pub use restart_facts::{FairShareLedger, RankEnd};
 pub use sqlite::SqliteStore;
 
 use std::collections::BTreeMap;
@@ -412,6 +414,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn task_uid(&self, user: &str, base: u32) -> Result<u32>;
     /// Every user's task uid, by user.
     async fn list_task_uids(&self) -> Result<Vec<(String, u32)>>;
+
+    // ------------------------------------------------------------ restart facts
+
+    /// How the node ranks of `task`'s attempt `attempt` that ended so far ended, by rank.
+    async fn rank_ends(&self, task: TaskId, attempt: tacc_core::AttemptNo)
+    -> Result<Vec<RankEnd>>;
+    /// Keep these groups' fair-share ledgers (replacing what was kept for them).
+    async fn save_fairshare(&self, ledgers: &[FairShareLedger]) -> Result<()>;
+    /// Every group's kept fair-share ledger, by group.
+    async fn load_fairshare(&self) -> Result<Vec<FairShareLedger>>;
+    /// When these nodes were last heard from (a removed node is skipped).
+    async fn save_nodes_seen(&self, seen: &[(NodeId, Timestamp)]) -> Result<()>;
 
     // ------------------------------------------------------------ audit
 

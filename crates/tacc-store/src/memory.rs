@@ -48,6 +48,8 @@ struct Inner {
     kept: BTreeMap<(String, String), KeptReply>,
     /// The task uid of each user.
     task_uids: BTreeMap<String, u32>,
+    rank_ends: BTreeMap<(TaskId, AttemptNo, u32), crate::RankEnd>,
+    fairshare: BTreeMap<String, crate::FairShareLedger>,
     /// The leadership lease (one process: nothing to fence).
     lease: Option<crate::LeaderLease>,
 }
@@ -314,7 +316,7 @@ pub fn apply_transition(record: &mut TaskRecord, change: &TaskChange) -> Result<
             }
             Ok(None)
         }
-        TaskChange::Notify(_) => Ok(None),
+        TaskChange::Notify(_) | TaskChange::RankEnded(_) => Ok(None),
     }
 }
 
@@ -434,6 +436,11 @@ impl Store for MemoryStore {
             if let TaskChange::Resized(resize) = change {
                 draft.resizes.entry(id).or_default().push(resize.clone());
             }
+            if let TaskChange::RankEnded(end) = change {
+                draft
+                    .rank_ends
+                    .insert((end.task, end.attempt, end.rank), end.clone());
+            }
         }
         *inner = draft;
         Ok(())
@@ -445,11 +452,11 @@ impl Store for MemoryStore {
             .nodes
             .values()
             .find(|n| n.name == node.name)
-            .map(|n| (n.id, n.drained, n.enrolled_capacity, n.pending));
-        let (id, drained, enrolled_capacity, pending) = existing.unwrap_or_else(|| {
+            .map(|n| (n.id, n.drained, n.enrolled_capacity, n.pending, n.last_seen));
+        let (id, drained, enrolled_capacity, pending, last_seen) = existing.unwrap_or_else(|| {
             // Ids are never reused, not even a removed node's (as AUTOINCREMENT in SQLite).
             inner.last_node_id += 1;
-            (NodeId(inner.last_node_id), false, node.capacity, false)
+            (NodeId(inner.last_node_id), false, node.capacity, false, None)
         });
         // An enrolment sets the enrolled capacity and approval state; a restart keeps them.
         let (enrolled_capacity, pending) = match node.enrolment {
@@ -467,6 +474,7 @@ impl Store for MemoryStore {
             drained,
             enrolled_capacity,
             pending,
+            last_seen,
         };
         inner.nodes.insert(id, record.clone());
         Ok(record)
@@ -1046,6 +1054,37 @@ impl Store for MemoryStore {
             .collect();
         let skip = matching.len().saturating_sub(limit as usize);
         Ok(matching.into_iter().skip(skip).collect())
+    }
+
+    async fn rank_ends(&self, task: TaskId, attempt: AttemptNo) -> Result<Vec<crate::RankEnd>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .rank_ends
+            .range((task, attempt, 0)..=(task, attempt, u32::MAX))
+            .map(|(_, end)| end.clone())
+            .collect())
+    }
+
+    async fn save_fairshare(&self, ledgers: &[crate::FairShareLedger]) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        for ledger in ledgers {
+            inner.fairshare.insert(ledger.group.clone(), ledger.clone());
+        }
+        Ok(())
+    }
+
+    async fn load_fairshare(&self) -> Result<Vec<crate::FairShareLedger>> {
+        Ok(self.inner.lock().unwrap().fairshare.values().cloned().collect())
+    }
+
+    async fn save_nodes_seen(&self, seen: &[(NodeId, Timestamp)]) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        for (node, at) in seen {
+            if let Some(record) = inner.nodes.get_mut(node) {
+                record.last_seen = Some(*at);
+            }
+        }
+        Ok(())
     }
 
     async fn task_uid(&self, user: &str, base: u32) -> Result<u32> {

@@ -477,6 +477,34 @@ impl Store for PostgresStore {
         access::list_audit(&self.reader, since, limit).await
     }
 
+    async fn rank_ends(
+        &self,
+        task: tacc_core::TaskId,
+        attempt: tacc_core::AttemptNo,
+    ) -> Result<Vec<crate::RankEnd>> {
+        crate::sql::restart_facts::rank_ends(&self.reader, task, attempt).await
+    }
+
+    async fn save_fairshare(&self, ledgers: &[crate::FairShareLedger]) -> Result<()> {
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        crate::sql::restart_facts::save_fairshare(&mut tx, ledgers).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn load_fairshare(&self) -> Result<Vec<crate::FairShareLedger>> {
+        crate::sql::restart_facts::load_fairshare(&self.reader).await
+    }
+
+    async fn save_nodes_seen(&self, seen: &[(NodeId, tacc_core::Timestamp)]) -> Result<()> {
+        let mut tx = self.writer.begin().await?;
+        check_fence(&mut tx, &self.fence).await?;
+        crate::sql::restart_facts::save_nodes_seen(&mut tx, seen).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     async fn task_uid(&self, user: &str, base: u32) -> Result<u32> {
         crate::sql::task_uids::task_uid(&self.writer, user, base).await
     }

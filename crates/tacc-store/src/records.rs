@@ -157,6 +157,9 @@ pub enum TaskChange {
     /// Queue a notification for delivery, in the same transaction as the state change it
     /// reports; one with a key already queued is ignored.
     Notify(crate::NewDelivery),
+    /// One node rank of a multi-node attempt ended (kept, not a state event: the attempt
+    /// ends when its ranks say so). Recording the same rank again replaces it.
+    RankEnded(crate::RankEnd),
 }
 
 impl TaskChange {
@@ -166,6 +169,7 @@ impl TaskChange {
             TaskChange::Transition(t) => Some(t.task),
             TaskChange::Reason { task, .. } | TaskChange::CancelRequested { task } => Some(*task),
             TaskChange::Resized(resize) => Some(resize.task),
+            TaskChange::RankEnded(end) => Some(end.task),
             TaskChange::Notify(_) => None,
         }
     }
@@ -208,6 +212,8 @@ pub struct NodeRecord {
     /// The node enrolled while approval was required and is not approved yet: it gets
     /// no work.
     pub pending: bool,
+    /// When the server last heard from the node, as last kept (`None`: never kept).
+    pub last_seen: Option<Timestamp>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

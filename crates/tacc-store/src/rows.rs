@@ -154,6 +154,7 @@ pub(crate) fn node_from_row(row: &impl Columns) -> Result<NodeRecord> {
             None => row.json("capacity")?,
         },
         pending: row.flag("pending")?,
+        last_seen: row.optional_int("last_seen_at")?.map(|ms| Timestamp(ms as u64)),
     })
 }
 

@@ -13,13 +13,14 @@ pub(crate) mod groups;
 pub(crate) mod idempotency;
 pub(crate) mod lease;
 pub(crate) mod pipelines;
+pub(crate) mod restart_facts;
 pub(crate) mod task_uids;
 pub(crate) mod tasks;
 
 pub(crate) const TASK_COLUMNS: &str = "id, name, user_name, spec, snapshot, source, state, reason, exit_code, attempt, \
      placements, cancel_requested, submitted_at, started_at, finished_at, group_id, group_index, submission";
 
-pub(crate) const NODE_COLUMNS: &str = "id, name, capacity, gpu_type, labels, address, registered_at, drained, enrolled_capacity, pending";
+pub(crate) const NODE_COLUMNS: &str = "id, name, capacity, gpu_type, labels, address, registered_at, drained, enrolled_capacity, pending, last_seen_at";
 
 pub(crate) const GROUP_COLUMNS: &str = "id, kind, name, user_name, spec, size, created_at";
 

@@ -51,6 +51,15 @@ pub(crate) async fn apply_changes(tx: &mut impl Transact, changes: &[TaskChange]
             }
             continue;
         };
+        if let TaskChange::RankEnded(end) = change {
+            super::restart_facts::record_rank_end(tx, end)
+                .await
+                .map_err(|e| match e {
+                    StoreError::Database(_) => StoreError::TaskNotFound(id),
+                    other => other,
+                })?;
+            continue;
+        }
         // A reason changes one column: no need to read and rewrite the whole row (a
         // large array gets one for every queued element).
         if let TaskChange::Reason { reason, .. } = change {

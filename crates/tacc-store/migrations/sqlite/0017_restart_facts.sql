@@ -1,0 +1,23 @@
+-- What a restarted server needs to carry on as if it had never stopped.
+-- How each node rank of a multi-node attempt ended, recorded with the change that applied
+-- it: a rank that finished is not lost when the server restarts, and the first failure
+-- stays the one named.
+CREATE TABLE attempt_ranks (
+    task_id   INTEGER NOT NULL REFERENCES tasks (id),
+    attempt   INTEGER NOT NULL,
+    node_rank INTEGER NOT NULL,
+    node_id   INTEGER NOT NULL,
+    at        INTEGER NOT NULL,
+    failure   TEXT,
+    PRIMARY KEY (task_id, attempt, node_rank)
+);
+
+-- Each group's decaying fair-share usage (a JSON ledger: value, rate, at), so the standing
+-- does not reset with the server.
+CREATE TABLE fairshare_ledgers (
+    group_name TEXT PRIMARY KEY,
+    ledger     TEXT NOT NULL
+);
+
+-- When the server last heard from each node.
+ALTER TABLE nodes ADD COLUMN last_seen_at INTEGER;
