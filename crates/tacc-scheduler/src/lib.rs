@@ -30,8 +30,8 @@ pub use model::{
 };
 pub use policy::{Backfill, Policy, PolicyEntry, policy_names};
 pub use scheduler::{
-    Action, Event, FairShareStanding, GroupStanding, Plan, Projection, ProjectionLimits, Refusal,
-    Scheduler, UserStanding,
+    Action, Event, FairShareStanding, GroupStanding, LedgerState, Plan, Projection,
+    ProjectionLimits, Refusal, Scheduler, UserStanding,
 };
 
 /// Errors from feeding the scheduler an event that contradicts its state.

@@ -25,6 +25,7 @@ mod backfill;
 mod claims;
 mod explanation;
 mod invariants;
+mod ledgers;
 mod lifecycle;
 mod pass;
 mod preemption;
@@ -37,6 +38,7 @@ mod task;
 #[cfg(test)]
 mod testkit;
 
+pub use ledgers::LedgerState;
 pub use projection::{Projection, ProjectionLimits};
 pub use standing::{FairShareStanding, GroupStanding, UserStanding};
 

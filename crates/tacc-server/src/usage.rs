@@ -36,6 +36,10 @@ pub(crate) const CPU_ACTIVE_MILLIS: u64 = 50;
 /// or the attempt ended without a report reaching us).
 const STALE_AFTER: Duration = Duration::from_secs(600);
 
+/// The latest attempts of a multi-node task whose kept rank ends are read for their
+/// "failed first" flag.
+const FLAGGED_ATTEMPTS: u32 = 10;
+
 /// First failures kept at most (the oldest go first).
 const FAILURES_KEPT: usize = 10_000;
 
@@ -493,7 +497,7 @@ pub(crate) fn human_duration(duration: Duration) -> String {
 }
 
 /// How a failed rank ended, for its flag; `None` when it did not fail.
-fn failure_of(outcome: &AttemptOutcome) -> Option<String> {
+pub(crate) fn failure_of(outcome: &AttemptOutcome) -> Option<String> {
     match outcome {
         AttemptOutcome::Exited { code: 0 } | AttemptOutcome::Cancelled => None,
         AttemptOutcome::Exited { code } => Some(format!("exit code {code}")),
@@ -569,6 +573,58 @@ impl Control {
         Ok(())
     }
 
+    /// The "failed first" flags of a multi-node task's attempts that memory no longer
+    /// holds (a restart, or attempts long over), from the rank ends the store kept.
+    async fn with_kept_failures(
+        &self,
+        record: &tacc_store::TaskRecord,
+        mut flags: Vec<UsageFlag>,
+        names: &BTreeMap<NodeId, String>,
+    ) -> Result<Vec<UsageFlag>, ServerError> {
+        let multi_node = serde_json::from_value::<TaskSpec>(record.spec.clone())
+            .is_ok_and(|spec| spec.resources.nodes > 1);
+        if !multi_node {
+            return Ok(flags);
+        }
+        let first = record.attempt.0.saturating_sub(FLAGGED_ATTEMPTS - 1).max(1);
+        for attempt in (first..=record.attempt.0).rev().map(AttemptNo) {
+            if flags
+                .iter()
+                .any(|f| f.kind == "failed" && f.attempt == attempt)
+            {
+                continue;
+            }
+            let ends = self.store.rank_ends(record.id, attempt).await?;
+            let Some(failed) = ends
+                .iter()
+                .filter(|end| end.failure.is_some())
+                .min_by_key(|end| (end.at, end.rank))
+            else {
+                continue;
+            };
+            let node = names
+                .get(&failed.node)
+                .cloned()
+                .unwrap_or_else(|| failed.node.to_string());
+            let what = failed.failure.clone().unwrap_or_default();
+            flags.insert(
+                0,
+                UsageFlag {
+                    kind: "failed".into(),
+                    attempt,
+                    node_rank: failed.rank,
+                    message: format!(
+                        "rank {} on {node} failed first in attempt {attempt}: {what}",
+                        failed.rank
+                    ),
+                    node,
+                    since: failed.at,
+                },
+            );
+        }
+        Ok(flags)
+    }
+
     /// `GET /v1/tasks/{id}/usage`.
     pub async fn task_usage(&self, task: TaskId) -> Result<TaskUsage, ServerError> {
         let record = self
@@ -595,6 +651,7 @@ impl Control {
             silent_after,
             &names,
         );
+        let flags = self.with_kept_failures(&record, flags, &names).await?;
         let mut peaks: BTreeMap<(AttemptNo, u32), UsagePeak> = self
             .store
             .list_usage_peaks(task)

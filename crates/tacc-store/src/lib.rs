@@ -418,8 +418,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     // ------------------------------------------------------------ restart facts
 
     /// How the node ranks of `task`'s attempt `attempt` that ended so far ended, by rank.
-    async fn rank_ends(&self, task: TaskId, attempt: tacc_core::AttemptNo)
-    -> Result<Vec<RankEnd>>;
+    async fn rank_ends(&self, task: TaskId, attempt: tacc_core::AttemptNo) -> Result<Vec<RankEnd>>;
     /// Keep these groups' fair-share ledgers (replacing what was kept for them).
     async fn save_fairshare(&self, ledgers: &[FairShareLedger]) -> Result<()>;
     /// Every group's kept fair-share ledger, by group.

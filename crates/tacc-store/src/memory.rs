@@ -456,7 +456,13 @@ impl Store for MemoryStore {
         let (id, drained, enrolled_capacity, pending, last_seen) = existing.unwrap_or_else(|| {
             // Ids are never reused, not even a removed node's (as AUTOINCREMENT in SQLite).
             inner.last_node_id += 1;
-            (NodeId(inner.last_node_id), false, node.capacity, false, None)
+            (
+                NodeId(inner.last_node_id),
+                false,
+                node.capacity,
+                false,
+                None,
+            )
         });
         // An enrolment sets the enrolled capacity and approval state; a restart keeps them.
         let (enrolled_capacity, pending) = match node.enrolment {
@@ -1074,7 +1080,14 @@ impl Store for MemoryStore {
     }
 
     async fn load_fairshare(&self) -> Result<Vec<crate::FairShareLedger>> {
-        Ok(self.inner.lock().unwrap().fairshare.values().cloned().collect())
+        Ok(self
+            .inner
+            .lock()
+            .unwrap()
+            .fairshare
+            .values()
+            .cloned()
+            .collect())
     }
 
     async fn save_nodes_seen(&self, seen: &[(NodeId, Timestamp)]) -> Result<()> {

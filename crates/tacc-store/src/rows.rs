@@ -154,7 +154,9 @@ pub(crate) fn node_from_row(row: &impl Columns) -> Result<NodeRecord> {
             None => row.json("capacity")?,
         },
         pending: row.flag("pending")?,
-        last_seen: row.optional_int("last_seen_at")?.map(|ms| Timestamp(ms as u64)),
+        last_seen: row
+            .optional_int("last_seen_at")?
+            .map(|ms| Timestamp(ms as u64)),
     })
 }
 

@@ -276,6 +276,16 @@ impl Control {
             .iter()
             .position(|p| p.node == node)
             .map_or(0, |r| r as u32);
+        if nodes > 1 {
+            // Kept, so a restarted server knows this rank's part is done (or which failed).
+            let failure = match &outcome {
+                AttemptOutcome::Exited { code: 0 } => None,
+                AttemptOutcome::Cancelled => Some("cancelled".to_string()),
+                other => crate::usage::failure_of(other),
+            };
+            self.commit(&[self.rank_end(attempt, node_rank, node, at, failure)])
+                .await?;
+        }
         if nodes > 1
             && outcome == (AttemptOutcome::Exited { code: 0 })
             && !record.cancel_requested

@@ -11,6 +11,7 @@ use tacc_core::TaskState::{self, *};
 
 use super::retry::RetrySettings;
 use super::test_env::{HEARTBEAT, TestEnv, only};
+use crate::clock::Clock;
 
 const ONE_CPU: &str = "name: t\nresources: {cpus: 1}\nrun: true\n";
 
@@ -714,4 +715,136 @@ async fn a_task_waiting_for_capacity_survives_a_restart_and_starts_on_a_bigger_n
     let mut big = env.join("n2", 8).await;
     let attempt = only(&env.poll(&mut big).await);
     assert_eq!(attempt.task, task);
+}
+
+const GANG: &str = "name: g\nresources: {nodes: 2, cpus: 1}\nrun: true\n";
+
+/// A 2-node gang placed on `first` and `second`, both ranks started.
+async fn a_running_gang(
+    env: &TestEnv,
+    first: &mut super::test_env::FakeAgent,
+    second: &mut super::test_env::FakeAgent,
+) -> (TaskId, tacc_proto::AttemptRef) {
+    let task = env.submit(GANG).await;
+    let attempt = only(&env.poll(first).await);
+    assert_eq!(only(&env.poll(second).await), attempt);
+    env.report(first, vec![env.started(attempt)]).await;
+    env.report(second, vec![env.started(attempt)]).await;
+    assert_eq!(env.state(task).await, Running);
+    (task, attempt)
+}
+
+#[tokio::test]
+async fn a_gang_with_a_finished_rank_continues_as_the_same_attempt_across_a_restart() {
+    for finished_rank_registers_first in [false, true] {
+        let mut env = TestEnv::new().await;
+        let mut n1 = env.join("n1", 1).await;
+        let mut n2 = env.join("n2", 1).await;
+        let (task, attempt) = a_running_gang(&env, &mut n1, &mut n2).await;
+        // One rank finishes its part; then the server dies.
+        env.finish(&mut n1, attempt, 0).await;
+        assert_eq!(env.state(task).await, Running);
+        env.restart_server().await;
+        // Its agents come back in either order; n1 (its part done) claims nothing.
+        if finished_rank_registers_first {
+            env.register(&n1, 1).await;
+            env.register(&n2, 1).await;
+        } else {
+            env.register(&n2, 1).await;
+            env.register(&n1, 1).await;
+        }
+        assert_eq!(env.state(task).await, Running, "no rank was lost");
+        assert!(
+            env.poll(&mut n1).await.is_empty(),
+            "a finished rank is not run again"
+        );
+        assert_eq!(only(&env.poll(&mut n2).await), attempt);
+        env.finish(&mut n2, attempt, 0).await;
+        assert_eq!(
+            env.history(task).await,
+            [(1, Queued), (1, Starting), (1, Running), (1, Succeeded)],
+            "the same attempt, never lost"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_gang_whose_agents_come_back_one_by_one_after_a_restart_is_kept() {
+    let mut env = TestEnv::new().await;
+    let mut n1 = env.join("n1", 1).await;
+    let mut n2 = env.join("n2", 1).await;
+    let (task, attempt) = a_running_gang(&env, &mut n1, &mut n2).await;
+    env.restart_server().await;
+    env.register(&n2, 1).await;
+    // Most of a heartbeat term passes before the other agent is back.
+    env.pass_seconds(HEARTBEAT.as_secs() - 5, &mut [&mut n2])
+        .await;
+    assert_eq!(env.node_state(&n1).await, "unknown");
+    env.register(&n1, 1).await;
+    assert_eq!(env.node_state(&n1).await, "up");
+    env.pass_a_term(&mut [&mut n1, &mut n2]).await;
+    assert_eq!(env.state(task).await, Running);
+    env.finish(&mut n1, attempt, 0).await;
+    env.finish(&mut n2, attempt, 0).await;
+    assert_eq!(
+        env.history(task).await,
+        [(1, Queued), (1, Starting), (1, Running), (1, Succeeded)]
+    );
+}
+
+#[tokio::test]
+async fn a_gang_whose_other_node_never_comes_back_after_a_restart_is_lost_naming_it() {
+    let mut env = TestEnv::new().await;
+    let mut n1 = env.join("n1", 1).await;
+    let mut n2 = env.join("n2", 1).await;
+    let (task, attempt) = a_running_gang(&env, &mut n1, &mut n2).await;
+    env.restart_server().await;
+    env.register(&n2, 1).await;
+    env.pass_a_term(&mut [&mut n2]).await;
+    let record = env.task(task).await;
+    assert_eq!(record.state, Lost);
+    assert_reason(&record, "node_lost: node n1 did not come back");
+    // n2 is told to stop its rank.
+    assert!(env.poll(&mut n2).await.is_empty());
+    assert!(!n2.running.contains(&attempt));
+}
+
+#[tokio::test]
+async fn a_restarted_server_places_nothing_on_a_node_before_its_agent_is_back() {
+    let mut env = TestEnv::new().await;
+    let mut n1 = env.join("n1", 2).await;
+    let (running, _) = env.running(&mut n1, ONE_CPU).await;
+    env.restart_server().await;
+    let queued = env.submit(ONE_CPU).await;
+    assert_eq!(env.state(queued).await, Queued);
+    env.register(&n1, 2).await;
+    // Back: the node takes new work beside what it kept running.
+    let work = env.poll(&mut n1).await;
+    assert_eq!(work.len(), 2, "{work:?}");
+    assert_eq!(env.state(running).await, Running);
+}
+
+#[tokio::test]
+async fn the_fair_share_standing_survives_a_restart() {
+    let mut env = TestEnv::new().await;
+    let mut n1 = env.join("n1", 1).await;
+    let (_task, _) = env.running(&mut n1, ONE_CPU).await;
+    env.pass_seconds(120, &mut [&mut n1]).await;
+    let usage = |standing: tacc_scheduler::FairShareStanding| -> f64 {
+        standing.groups.iter().map(|g| g.decayed_usage).sum()
+    };
+    let now = env.clock.now();
+    let before = usage(env.control.fairshare_standing(now).await);
+    assert!(before > 0.0, "the running task accrued usage");
+    env.restart_server().await;
+    let after = usage(env.control.fairshare_standing(now).await);
+    assert!(
+        (after - before).abs() <= before * 1e-6,
+        "standing before {before}, after {after}"
+    );
+    // And it keeps accruing for the task that ran through the restart.
+    env.register(&n1, 1).await;
+    env.pass_seconds(60, &mut [&mut n1]).await;
+    let later = usage(env.control.fairshare_standing(env.clock.now()).await);
+    assert!(later > after, "{later} > {after}");
 }

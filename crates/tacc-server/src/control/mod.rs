@@ -37,6 +37,7 @@ use plans::assignments_for;
 #[cfg(test)]
 mod lifecycle_tests;
 mod records;
+mod restart;
 mod resume;
 mod retry;
 mod rules;
@@ -167,6 +168,10 @@ pub(crate) struct LiveNode {
     /// Attempts the agent claimed at registration that are not (or no longer) its to
     /// run: until it has stopped them, it gets no new work.
     stale_claims: BTreeSet<AttemptRef>,
+    /// A restarted server found attempts running here: the scheduler knows the node (as
+    /// drained, so nothing new lands on it) and their allocations, as before the restart,
+    /// until its agent registers again — or stays away for a heartbeat timeout and is lost.
+    expected: bool,
 }
 
 #[derive(Debug)]
@@ -201,6 +206,10 @@ pub(crate) struct Inner {
     /// ended (a sweep launches trials over time, so its tasks are no fixed dependency),
     /// with those sweeps' groups.
     after_sweeps: BTreeMap<TaskId, BTreeSet<GroupId>>,
+    /// The fair-share ledgers as last kept in the store (see `restart.rs`).
+    fairshare_saved: Vec<tacc_store::FairShareLedger>,
+    /// Each node's last-seen time as last kept in the store.
+    seen_saved: BTreeMap<NodeId, Timestamp>,
 }
 
 impl Inner {
@@ -415,6 +424,8 @@ impl Control {
                 preempting: BTreeSet::new(),
                 finished_ranks: BTreeMap::new(),
                 last_liveness_check: clock.instant(),
+                fairshare_saved: Vec::new(),
+                seen_saved: BTreeMap::new(),
                 identity_groups: BTreeMap::new(),
                 deferred: None,
             }),
@@ -442,6 +453,8 @@ impl Control {
         // Stages whose failure was committed just before a crash, before their dependents
         // were ended: ended now, once the queue is rebuilt.
         let mut failed_stages = Vec::new();
+        // Attempts that were starting or running (not being cancelled).
+        let mut running = Vec::new();
         for record in open.into_iter().rev() {
             let spec = spec_of(&record)?;
             if record.state == TaskState::Queued {
@@ -492,14 +505,28 @@ impl Control {
                 let secrets = self.task_secrets(&record, &spec).await;
                 let inputs = self.attempt_inputs(&record).await?;
                 let account = self.task_account(&record.user).await;
+                // Ranks of a multi-node attempt that already finished are not handed out
+                // again: their part is done, and their agents rightly claim nothing.
+                let finished = self.finished_ranks_of(&record).await?;
                 let assignments = assignments_for(&record, &spec, &inner.nodes, &account, &secrets);
                 for (node, mut assignment) in assignments {
+                    if finished.contains(&assignment.node_rank) {
+                        continue;
+                    }
                     assignment.allocation = self.adaptive.allocation(assignment.attempt);
                     assignment.inputs = inputs.clone();
                     if let Some(live) = inner.nodes.get_mut(&node) {
                         live.assignments.insert(assignment.attempt, assignment);
                     }
                 }
+                if !finished.is_empty() {
+                    let attempt = AttemptRef {
+                        task: record.id,
+                        attempt: record.attempt,
+                    };
+                    inner.finished_ranks.insert(attempt, finished);
+                }
+                running.push(record.clone());
             }
             if !inner.identity_groups.contains_key(&record.user) {
                 let group = self.auth.group_of(&record.user).await?;
@@ -507,6 +534,8 @@ impl Control {
             }
             inner.specs.insert(record.id, spec);
         }
+        self.expect_back(&mut inner, running).await;
+        self.restore_fairshare(&mut inner).await?;
         for (stage, reason, state) in failed_stages {
             self.end_dependents(&mut inner, &stage, reason, state)
                 .await?;
@@ -683,10 +712,12 @@ impl Control {
             .await?
             .ok_or(ServerError::TaskNotFound(task))?;
         // An attempt whose node is gone has nobody left to confirm the cancel.
-        let placed_on_a_live_node = record
-            .placements
-            .iter()
-            .any(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
+        let placed_on_a_live_node = record.placements.iter().any(|p| {
+            inner
+                .nodes
+                .get(&p.node)
+                .is_some_and(|n| n.online || n.expected)
+        });
         match rules::cancel::plan_cancel(
             record.state,
             record.cancel_requested,

@@ -35,6 +35,7 @@ impl LiveNode {
             losses: Vec::new(),
             held_back_until: None,
             stale_claims: BTreeSet::new(),
+            expected: false,
         }
     }
 
@@ -86,7 +87,10 @@ impl Control {
             .await?;
         // A node that re-registers while still online (its agent restarted faster than
         // the heartbeat timeout) is already known to the scheduler with its allocations.
-        let was_online = inner.nodes.get(&record.id).is_some_and(|n| n.online);
+        // So does a node a restarted server expected back with the attempts it ran: the
+        // scheduler knows it (drained) with their allocations, as before the restart.
+        let was_expected = inner.nodes.get(&record.id).is_some_and(|n| n.expected);
+        let was_online = was_expected || inner.nodes.get(&record.id).is_some_and(|n| n.online);
         let claimed: BTreeSet<AttemptRef> = registration.running.iter().copied().collect();
         let stable_after = self.config.node_stable_after;
         let live = inner
@@ -96,6 +100,7 @@ impl Control {
         let became_pending = record.pending && !live.record.pending;
         live.record = record.clone();
         live.online = true;
+        live.expected = false;
         if record.pending {
             tracing::warn!(
                 "node {} enrolled and waits for an admin's approval (`taccd admin node approve \
@@ -122,6 +127,10 @@ impl Control {
         let schedulable = live.schedulable();
         if !was_online && live.held_back_until.is_none() {
             self.node_joins_scheduler(&mut inner, record.id).await;
+        } else if was_expected {
+            if schedulable && !record.drained && !record.pending {
+                self.drive(&mut inner, Event::NodeResumed(record.id)).await;
+            }
         } else if was_online && became_pending && schedulable && !record.drained {
             // Enrolled again while up: held back like a drained node until approved.
             self.drive(&mut inner, Event::NodeDrained(record.id)).await;
@@ -136,10 +145,24 @@ impl Control {
                 task: task.id,
                 attempt: task.attempt,
             };
+            // A rank that already finished its part claims nothing and needs nobody.
+            let finished = inner.finished_ranks.get(&attempt);
+            let done = |rank: usize| finished.is_some_and(|done| done.contains(&(rank as u32)));
+            let own_rank = task.placements.iter().position(|p| p.node == record.id);
+            if own_rank.is_some_and(done) {
+                continue;
+            }
             let all_nodes_online = task
                 .placements
                 .iter()
-                .all(|p| inner.nodes.get(&p.node).is_some_and(|n| n.online));
+                .enumerate()
+                .filter(|(rank, _)| !done(*rank))
+                .all(|(_, p)| {
+                    inner
+                        .nodes
+                        .get(&p.node)
+                        .is_some_and(|n| n.online || n.expected)
+                });
             match rules::claims::judge(
                 claimed.contains(&attempt),
                 task.cancel_requested,
@@ -311,6 +334,7 @@ impl Control {
             } = &mut *inner;
             rules::liveness::check(nodes, finished_ranks, last_liveness_check, now, timeout)
         };
+        self.keep_restart_facts(&mut inner).await;
         if let Some(stalled) = found.stalled_for {
             tracing::warn!(
                 "the server did not check node liveness for {}s (was it stopped?): giving \
@@ -336,12 +360,20 @@ impl Control {
                 self.drive(&mut inner, Event::NodeDown(lost.node)).await;
             }
             for attempt in lost.attempts {
-                let outcome = AttemptOutcome::LaunchFailed {
-                    reason: "node_lost".into(),
-                    message: format!(
+                let message = if lost.after_restart {
+                    format!(
+                        "node {name} did not come back within {}s of the server's restart",
+                        timeout.as_secs()
+                    )
+                } else {
+                    format!(
                         "node {name} stopped responding (no heartbeat for {}s)",
                         timeout.as_secs()
-                    ),
+                    )
+                };
+                let outcome = AttemptOutcome::LaunchFailed {
+                    reason: "node_lost".into(),
+                    message,
                 };
                 self.lose_attempt(&mut inner, attempt, outcome).await?;
             }
@@ -374,6 +406,9 @@ impl Control {
                     gpu_type: live.record.gpu_type.clone(),
                     labels: live.record.labels.clone(),
                     state: match (live.online, live.record.drained) {
+                        // Slurm's word for a node not heard from since the controller
+                        // restarted.
+                        (false, _) if live.expected => "unknown".into(),
                         (false, _) => "down".into(),
                         (true, _) if live.record.pending => "pending".into(),
                         (true, _) if live.held_back_until.is_some() => "flapping".into(),
@@ -381,12 +416,17 @@ impl Control {
                         (true, true) if live.assignments.is_empty() => "drained".into(),
                         (true, true) => "draining".into(),
                     },
-                    last_seen: Timestamp(
-                        self.clock
-                            .now()
-                            .0
-                            .saturating_sub(self.clock.since(live.last_seen).as_millis() as u64),
-                    ),
+                    // Not heard from in this server's life: when it last was, as kept.
+                    last_seen: match live.record.last_seen {
+                        Some(kept) if !live.online => kept,
+                        _ => {
+                            Timestamp(
+                                self.clock.now().0.saturating_sub(
+                                    self.clock.since(live.last_seen).as_millis() as u64,
+                                ),
+                            )
+                        }
+                    },
                     running_tasks: live.assignments.keys().map(|a| a.task).collect(),
                     gpus: self.usage.node_gpus(live.record.id),
                 }

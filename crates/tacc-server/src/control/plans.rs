@@ -209,10 +209,10 @@ impl Control {
         let mut events: Vec<Event> = inner
             .nodes
             .values()
-            .filter(|n| n.schedulable())
+            .filter(|n| n.schedulable() || n.expected)
             .flat_map(|live| {
                 let up = Event::NodeUp(node_spec(&live.record));
-                if live.record.drained {
+                if live.record.drained || live.record.pending || live.expected {
                     vec![up, Event::NodeDrained(live.record.id)]
                 } else {
                     vec![up]
@@ -254,6 +254,9 @@ impl Control {
         // Epochs stay unique across the replacement: a cached projection of the old
         // scheduler is never taken for the new one's.
         scheduler.continue_epochs_after(inner.scheduler.epoch());
+        // Fair-share usage is history the store does not replay: carried over as it is.
+        let ledgers = inner.scheduler.fairshare_ledgers();
+        scheduler.restore_fairshare(&ledgers, self.clock.now());
         inner.scheduler = scheduler;
         match plan {
             Ok(plan) => {

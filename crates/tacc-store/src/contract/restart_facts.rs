@@ -21,8 +21,14 @@ fn end(task: TaskId, attempt: u32, rank: u32, failure: Option<&str>) -> RankEnd 
 }
 
 pub async fn rank_ends_kept_per_attempt_with_their_change(store: &dyn Store) {
-    let task = store.create_task(new_task("gang", "alice", 10)).await.unwrap();
-    assert_eq!(store.rank_ends(task.id, AttemptNo(1)).await.unwrap(), vec![]);
+    let task = store
+        .create_task(new_task("gang", "alice", 10))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.rank_ends(task.id, AttemptNo(1)).await.unwrap(),
+        vec![]
+    );
     store
         .apply(&[TaskChange::RankEnded(end(task.id, 1, 1, None))])
         .await
@@ -55,7 +61,10 @@ pub async fn rank_ends_kept_per_attempt_with_their_change(store: &dyn Store) {
 }
 
 pub async fn rank_ends_roll_back_with_a_failed_change(store: &dyn Store) {
-    let task = store.create_task(new_task("gang", "alice", 10)).await.unwrap();
+    let task = store
+        .create_task(new_task("gang", "alice", 10))
+        .await
+        .unwrap();
     // The second change conflicts (the task is queued, not starting): nothing is kept.
     let refused = store
         .apply(&[
@@ -69,8 +78,14 @@ pub async fn rank_ends_roll_back_with_a_failed_change(store: &dyn Store) {
             )),
         ])
         .await;
-    assert!(matches!(refused, Err(StoreError::Conflict { .. })), "{refused:?}");
-    assert_eq!(store.rank_ends(task.id, AttemptNo(1)).await.unwrap(), vec![]);
+    assert!(
+        matches!(refused, Err(StoreError::Conflict { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        store.rank_ends(task.id, AttemptNo(1)).await.unwrap(),
+        vec![]
+    );
 }
 
 pub async fn fairshare_ledgers_kept_and_replaced(store: &dyn Store) {
@@ -85,7 +100,10 @@ pub async fn fairshare_ledgers_kept_and_replaced(store: &dyn Store) {
         .save_fairshare(&[ledger("vision", 1.0 / 3.0, 5), ledger("nlp", 7.5, 5)])
         .await
         .unwrap();
-    store.save_fairshare(&[ledger("vision", 2.25, 9)]).await.unwrap();
+    store
+        .save_fairshare(&[ledger("vision", 2.25, 9)])
+        .await
+        .unwrap();
     assert_eq!(
         store.load_fairshare().await.unwrap(),
         vec![ledger("nlp", 7.5, 5), ledger("vision", 2.25, 9)]

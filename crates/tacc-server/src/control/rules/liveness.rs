@@ -26,6 +26,8 @@ pub(in crate::control) struct LostNode {
     pub attempts: Vec<AttemptRef>,
     /// The scheduler counted it as up (and must hear it is down).
     pub was_schedulable: bool,
+    /// A restarted server expected it back with its attempts, and it never came.
+    pub after_restart: bool,
 }
 
 /// What one liveness check found.
@@ -67,7 +69,8 @@ pub(in crate::control) fn check(
         if !silent || !(live.online || holds_work) {
             continue;
         }
-        let was_schedulable = live.schedulable();
+        let was_schedulable = live.schedulable() || live.expected;
+        let after_restart = std::mem::take(&mut live.expected);
         if live.online {
             live.losses
                 .retain(|at| now.saturating_duration_since(*at) < FLAP_WINDOW);
@@ -91,6 +94,7 @@ pub(in crate::control) fn check(
             name: live.record.name.clone(),
             attempts,
             was_schedulable,
+            after_restart,
         });
     }
     found
@@ -147,7 +151,8 @@ mod tests {
                 node: NodeId(1),
                 name: "n1".into(),
                 attempts: vec![attempt(9)],
-                was_schedulable: true
+                was_schedulable: true,
+                after_restart: false,
             }]
         );
         let live = &nodes[&NodeId(1)];
@@ -213,5 +218,31 @@ mod tests {
             nodes[&NodeId(1)].losses.is_empty(),
             "a node already down is not lost again"
         );
+    }
+
+    #[test]
+    fn a_node_a_restarted_server_expects_back_is_lost_only_after_its_term() {
+        let t0 = Instant::now();
+        let mut live = node(1, t0);
+        // As `recover` leaves it: not registered in this life, known to the scheduler
+        // with a running attempt.
+        live.online = false;
+        live.expected = true;
+        live.assignments
+            .insert(attempt(4), super::super::polls::tests::assignment(4));
+        let mut nodes = BTreeMap::from([(NodeId(1), live)]);
+        let checks = every_second(&mut nodes, t0, 31);
+        assert!(checks[..30].iter().all(|c| c.lost.is_empty()));
+        assert_eq!(
+            checks[30].lost,
+            [LostNode {
+                node: NodeId(1),
+                name: "n1".into(),
+                attempts: vec![attempt(4)],
+                was_schedulable: true,
+                after_restart: true,
+            }]
+        );
+        assert!(!nodes[&NodeId(1)].expected);
     }
 }

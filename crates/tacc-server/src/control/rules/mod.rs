@@ -27,6 +27,7 @@ pub(super) fn test_node(id: u64, at: std::time::Instant) -> super::LiveNode {
             drained: false,
             enrolled_capacity: tacc_core::Resources::new(1000, 1 << 30, 0),
             pending: false,
+            last_seen: None,
         },
         at,
     );

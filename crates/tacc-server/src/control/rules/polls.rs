@@ -53,7 +53,7 @@ pub(in crate::control) fn desired(live: &mut LiveNode, running: &[AttemptRef]) -
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::control) mod tests {
     use std::time::Instant;
 
     use super::*;
@@ -66,7 +66,7 @@ mod tests {
         }
     }
 
-    fn assignment(task: u64) -> Assignment {
+    pub(in crate::control) fn assignment(task: u64) -> Assignment {
         serde_json::from_value(serde_json::json!({
             "attempt": attempt(task),
             "instruction": {},
