@@ -776,6 +776,10 @@ pub struct TaskUsage {
     /// signal history; absent from older servers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adaptive: Option<AdaptiveView>,
+    /// Node ranks of the current multi-node attempt that already finished their part
+    /// (the attempt succeeds once every rank has); kept across server restarts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub finished_ranks: Vec<u32>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -652,6 +652,11 @@ impl Control {
             &names,
         );
         let flags = self.with_kept_failures(&record, flags, &names).await?;
+        let finished_ranks = if record.state.is_active() {
+            self.finished_ranks_of(&record).await?.into_iter().collect()
+        } else {
+            Vec::new()
+        };
         let mut peaks: BTreeMap<(AttemptNo, u32), UsagePeak> = self
             .store
             .list_usage_peaks(task)
@@ -678,6 +683,7 @@ impl Control {
             flags,
             silent_after_secs: silent_after.as_secs(),
             adaptive,
+            finished_ranks,
         })
     }
 }

@@ -25,7 +25,7 @@ const SEEN_KEPT_EVERY: Duration = Duration::from_secs(10);
 impl Control {
     /// The node ranks of `record`'s attempt that already ended successfully (multi-node
     /// attempts only; a single rank's end ends the attempt).
-    pub(super) async fn finished_ranks_of(
+    pub(crate) async fn finished_ranks_of(
         &self,
         record: &TaskRecord,
     ) -> Result<BTreeSet<u32>, ServerError> {

@@ -149,6 +149,14 @@ fn render(usages: &[TaskUsage], listed: bool, refresh: Option<Duration>) -> Resu
                 }
             }
         }
+        if !usage.finished_ranks.is_empty() {
+            let ranks: Vec<String> = usage.finished_ranks.iter().map(u32::to_string).collect();
+            out(format!(
+                "task {}: rank {} finished its part; the attempt ends when every rank has",
+                usage.task_id,
+                ranks.join(", ")
+            ))?;
+        }
         for flag in &usage.flags {
             out(format!(
                 "! task {}: {}",
@@ -261,6 +269,7 @@ mod tests {
             flags: Vec::new(),
             silent_after_secs: 300,
             adaptive: None,
+            finished_ranks: Vec::new(),
         };
         let rank = RankUsage {
             node_rank: 1,
