@@ -129,3 +129,229 @@ on_both_stores!(
     threads = 2,
     run = |backend| gang_across_a_server_crash(backend, true)
 );
+
+/// Every attempt of `task` so far, with no `lost` among them.
+async fn assert_never_lost(client: &tacc_client::Client, task: tacc_core::TaskId) {
+    let states = attempt_states(client, task).await;
+    assert!(
+        !states.iter().any(|(_, state)| *state == TaskState::Lost),
+        "task {task}: {states:?}"
+    );
+}
+
+/// The lines of a runs file, sorted.
+fn runs_of(path: &std::path::Path) -> Vec<String> {
+    let mut lines: Vec<String> = std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+async fn pipeline_across_a_server_crash(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("server");
+    let markers = markers_dir(dir.path());
+    let gate = markers.join("gate");
+    let runs = markers.join("runs");
+    let args = backend.with(&["--cpus", "2"]);
+    let mut server = start("dev", &data, &args).await;
+    let url = server.url.clone();
+    let home = dir.path().join("home");
+    let stage = |name: &str, needs: &str, wait: bool| {
+        let wait = if wait {
+            format!(
+                "      while [ ! -e {} ]; do sleep 0.05; done\n",
+                gate.display()
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            "  {name}:\n{needs}    resources: {{cpus: 0.5}}\n    run: |\n      \
+             echo \"{name} attempt $TACC_ATTEMPT\" >> {runs}\n      echo '{name} running'\n{wait}      \
+             echo {name} > out.txt\n    outputs: [out.txt]\n",
+            runs = runs.display()
+        )
+    };
+    let yaml = format!(
+        "name: three\nstages:\n{}{}{}",
+        stage("first", "", false),
+        stage("second", "    needs: [first]\n", true),
+        stage("third", "    needs: [second]\n", false)
+    );
+    let file = dir.path().join("p").join("pipeline.yaml");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::write(&file, yaml).unwrap();
+    let out = tcloud(&server, &home, &["submit", file.to_str().unwrap(), "--json"]);
+    let reply: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let tasks: Vec<tacc_core::TaskId> = reply["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| serde_json::from_value(s["task"].clone()).unwrap())
+        .collect();
+    let client = server.client();
+    wait_log(&client, tasks[1], "second running").await;
+
+    server.kill9();
+    let restarted = restart_on("dev", &data, &url, &args).await;
+    let client = restarted.client();
+    std::fs::write(&gate, "").unwrap();
+    for task in &tasks {
+        let view = wait_terminal(&client, *task).await;
+        assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+        assert_eq!(view.attempt.0, 1, "{view:?}");
+        assert_never_lost(&client, *task).await;
+    }
+    assert_eq!(
+        runs_of(&runs),
+        [
+            "first attempt 1",
+            "second attempt 1",
+            "third attempt 1"
+        ],
+        "each stage ran once"
+    );
+}
+
+on_both_stores!(
+    a_pipeline_mid_stage_continues_across_a_server_crash,
+    threads = 2,
+    run = pipeline_across_a_server_crash
+);
+
+async fn sweep_across_a_server_crash(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("server");
+    let markers = markers_dir(dir.path());
+    let gate = markers.join("gate");
+    let runs = markers.join("runs");
+    let args = backend.with(&["--cpus", "2"]);
+    let mut server = start("dev", &data, &args).await;
+    let url = server.url.clone();
+    let home = dir.path().join("home");
+    let task_dir = dir.path().join("sweep");
+    std::fs::create_dir_all(&task_dir).unwrap();
+    std::fs::write(
+        task_dir.join("task.yaml"),
+        format!(
+            "name: sweep\nresources: {{cpus: 0.5}}\nrun: |\n  \
+             echo \"trial {{{{x}}}} attempt $TACC_ATTEMPT\" >> {runs}\n  echo 'trial running'\n  \
+             while [ ! -e {gate} ]; do sleep 0.05; done\n  \
+             echo '{{\"step\": 1, \"loss\": {{{{x}}}}}}' >> \"$TACC_METRICS\"\n\
+             sweep:\n  method: grid\n  parameters: {{x: [1, 2, 3, 4]}}\n  metric: loss\n  parallel: 2\n",
+            runs = runs.display(),
+            gate = gate.display()
+        ),
+    )
+    .unwrap();
+    let out = tcloud(&server, &home, &["submit", task_dir.to_str().unwrap(), "--json"]);
+    let reply: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let group: tacc_core::GroupId = serde_json::from_value(reply["group"].clone())
+        .unwrap_or_else(|_| serde_json::from_value(reply["id"].clone()).unwrap());
+    eventually("two trials to run", DEADLINE, || {
+        let runs = runs.clone();
+        async move { (runs_of(&runs).len() == 2).then_some(()) }
+    })
+    .await;
+
+    server.kill9();
+    let restarted = restart_on("dev", &data, &url, &args).await;
+    let client = restarted.client();
+    std::fs::write(&gate, "").unwrap();
+    let board = eventually("the sweep to finish", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let board = client.sweep(group).await.ok()?;
+            let done = board.trials.len() == 4
+                && board.trials.iter().all(|t| t.state.is_terminal());
+            done.then_some(board)
+        }
+    })
+    .await;
+    for trial in &board.trials {
+        let view = client.get_task(trial.task_id).await.unwrap();
+        assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+        assert_eq!(view.attempt.0, 1, "{view:?}");
+        assert_never_lost(&client, trial.task_id).await;
+    }
+    let ran = runs_of(&runs);
+    assert_eq!(ran.len(), 4, "each trial ran once: {ran:?}");
+    assert!(ran.iter().all(|line| line.ends_with("attempt 1")), "{ran:?}");
+    drop(server);
+}
+
+on_both_stores!(
+    a_sweep_with_trials_running_continues_across_a_server_crash,
+    threads = 2,
+    run = sweep_across_a_server_crash
+);
+
+/// The resize scenarios measure CPU use: two at once on a small machine would starve
+/// each other's busy loops (and the verdicts with them), so they take turns.
+static ONE_RESIZE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn resized_task_across_a_server_crash(backend: Backend) {
+    let _turn = ONE_RESIZE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("server");
+    let markers = markers_dir(dir.path());
+    let gate = markers.join("gate");
+    let runs = markers.join("runs");
+    let args = backend.with(&[
+        "--cpus",
+        "2",
+        "--memory",
+        "2GiB",
+        "--adaptive",
+        "on",
+        "--adaptive-window",
+        "4s",
+        "--adaptive-cooldown",
+        "2s",
+    ]);
+    let mut server = start("dev", &data, &args).await;
+    let url = server.url.clone();
+    let client = server.client();
+    let yaml = format!(
+        "name: hungry\nresources: {{cpus: 0.5, memory: 256MiB}}\nadaptive: {{cpus: 0.5..1}}\n\
+         run: |\n  echo \"attempt $TACC_ATTEMPT\" >> {runs}\n  \
+         for i in 1 2; do (while [ ! -e {gate} ]; do :; done) & done\n  wait\n  echo fed\n",
+        runs = runs.display(),
+        gate = gate.display()
+    );
+    let task = submit(&client, dir.path(), "hungry", &yaml, &[]).await;
+    let grown = |client: tacc_client::Client| async move {
+        let adaptive = client.explain(task).await.ok()?.adaptive?;
+        (adaptive.allocation.cpu_millis == 1000).then_some(())
+    };
+    let deadline = std::time::Duration::from_secs(90);
+    eventually("the task to be resized to 1 CPU", deadline, || grown(client.clone())).await;
+
+    server.kill9();
+    let restarted = restart_on("dev", &data, &url, &args).await;
+    let client = restarted.client();
+    // The allocation in force is the resized one, not what the file asked.
+    eventually("the resized allocation after the restart", DEADLINE, || {
+        grown(client.clone())
+    })
+    .await;
+    let usage = client.task_usage(task).await.unwrap();
+    assert_eq!(usage.allocated.cpu_millis, 1000, "{usage:?}");
+    std::fs::write(&gate, "").unwrap();
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt.0, 1, "{view:?}");
+    assert_never_lost(&client, task).await;
+    assert_eq!(runs_of(&runs), ["attempt 1"], "it ran once");
+}
+
+on_both_stores!(
+    a_task_just_resized_continues_across_a_server_crash,
+    threads = 2,
+    needs = cgroups_or_skip,
+    run = resized_task_across_a_server_crash
+);
