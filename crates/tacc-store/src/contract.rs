@@ -175,6 +175,7 @@ macro_rules! store_contract_tests {
             rank_ends_roll_back_with_a_failed_change,
             fairshare_ledgers_kept_and_replaced,
             nodes_last_seen_kept_across_registrations,
+            dashboard_sessions_kept_found_forgotten_and_pruned,
         );
     };
     (@each plain $fresh:path; $($check:ident),+ $(,)?) => {

@@ -48,7 +48,7 @@ pub use records::{
     NewNode, NewTask, NodeEnrolment, NodeRecord, OutputRecord, StoredPlacement, TaskChange,
     TaskEvent, TaskFilter, TaskHistory, TaskRecord, Transition, UsagePeak,
 };
-pub use restart_facts::{FairShareLedger, RankEnd};
+pub use restart_facts::{DashboardSession, FairShareLedger, RankEnd};
 pub use sqlite::SqliteStore;
 
 use std::collections::BTreeMap;
@@ -425,6 +425,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn load_fairshare(&self) -> Result<Vec<FairShareLedger>>;
     /// When these nodes were last heard from (a removed node is skipped).
     async fn save_nodes_seen(&self, seen: &[(NodeId, Timestamp)]) -> Result<()>;
+    /// Keep a dashboard session (replacing one with its key).
+    async fn put_dashboard_session(&self, session: DashboardSession) -> Result<()>;
+    async fn dashboard_session(&self, key: &str) -> Result<Option<DashboardSession>>;
+    /// Forget a session (signed out); false when there was none.
+    async fn delete_dashboard_session(&self, key: &str) -> Result<bool>;
+    /// Forget the sessions opened before `before`; how many were.
+    async fn prune_dashboard_sessions(&self, before: Timestamp) -> Result<u64>;
 
     // ------------------------------------------------------------ audit
 

@@ -50,6 +50,7 @@ struct Inner {
     task_uids: BTreeMap<String, u32>,
     rank_ends: BTreeMap<(TaskId, AttemptNo, u32), crate::RankEnd>,
     fairshare: BTreeMap<String, crate::FairShareLedger>,
+    dashboard_sessions: BTreeMap<String, crate::DashboardSession>,
     /// The leadership lease (one process: nothing to fence).
     lease: Option<crate::LeaderLease>,
 }
@@ -1098,6 +1099,43 @@ impl Store for MemoryStore {
             }
         }
         Ok(())
+    }
+
+    async fn put_dashboard_session(&self, session: crate::DashboardSession) -> Result<()> {
+        let mut inner = self.inner.lock().unwrap();
+        inner
+            .dashboard_sessions
+            .insert(session.key.clone(), session);
+        Ok(())
+    }
+
+    async fn dashboard_session(&self, key: &str) -> Result<Option<crate::DashboardSession>> {
+        Ok(self
+            .inner
+            .lock()
+            .unwrap()
+            .dashboard_sessions
+            .get(key)
+            .cloned())
+    }
+
+    async fn delete_dashboard_session(&self, key: &str) -> Result<bool> {
+        Ok(self
+            .inner
+            .lock()
+            .unwrap()
+            .dashboard_sessions
+            .remove(key)
+            .is_some())
+    }
+
+    async fn prune_dashboard_sessions(&self, before: Timestamp) -> Result<u64> {
+        let mut inner = self.inner.lock().unwrap();
+        let count = inner.dashboard_sessions.len();
+        inner
+            .dashboard_sessions
+            .retain(|_, session| session.opened_at >= before);
+        Ok((count - inner.dashboard_sessions.len()) as u64)
     }
 
     async fn task_uid(&self, user: &str, base: u32) -> Result<u32> {

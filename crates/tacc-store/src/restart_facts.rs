@@ -2,7 +2,7 @@
 //! server needs to carry on as if it had never stopped: how each node rank of a multi-node
 //! attempt ended (so a rank that finished is not counted lost, and the first failure is
 //! still the one named), each group's decaying fair-share usage (so the standing does not
-//! reset), and when each node was last heard from.
+//! reset), when each node was last heard from, and the dashboard's signed-in sessions.
 
 use tacc_core::{AttemptNo, NodeId, TaskId, Timestamp};
 
@@ -28,4 +28,16 @@ pub struct FairShareLedger {
     pub value: f64,
     pub rate: f64,
     pub at: Timestamp,
+}
+
+/// A signed-in dashboard session as kept: the store sees neither the session id (only its
+/// SHA-256) nor the token it carries (sealed by the server).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DashboardSession {
+    /// The SHA-256 of the session id, hex.
+    pub key: String,
+    pub user: String,
+    pub nonce: Vec<u8>,
+    pub sealed: Vec<u8>,
+    pub opened_at: Timestamp,
 }

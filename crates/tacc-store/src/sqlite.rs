@@ -471,6 +471,22 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn put_dashboard_session(&self, session: crate::DashboardSession) -> Result<()> {
+        crate::sql::restart_facts::put_dashboard_session(&self.writer, session).await
+    }
+
+    async fn dashboard_session(&self, key: &str) -> Result<Option<crate::DashboardSession>> {
+        crate::sql::restart_facts::dashboard_session(&self.reader, key).await
+    }
+
+    async fn delete_dashboard_session(&self, key: &str) -> Result<bool> {
+        crate::sql::restart_facts::delete_dashboard_session(&self.writer, key).await
+    }
+
+    async fn prune_dashboard_sessions(&self, before: tacc_core::Timestamp) -> Result<u64> {
+        crate::sql::restart_facts::prune_dashboard_sessions(&self.writer, before).await
+    }
+
     async fn task_uid(&self, user: &str, base: u32) -> Result<u32> {
         crate::sql::task_uids::task_uid(&self.writer, user, base).await
     }

@@ -185,7 +185,11 @@ async fn pipeline_across_a_server_crash(backend: Backend) {
     let file = dir.path().join("p").join("pipeline.yaml");
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
     std::fs::write(&file, yaml).unwrap();
-    let out = tcloud(&server, &home, &["submit", file.to_str().unwrap(), "--json"]);
+    let out = tcloud(
+        &server,
+        &home,
+        &["submit", file.to_str().unwrap(), "--json"],
+    );
     let reply: serde_json::Value = serde_json::from_str(&out).unwrap();
     let tasks: Vec<tacc_core::TaskId> = reply["stages"]
         .as_array()
@@ -208,11 +212,7 @@ async fn pipeline_across_a_server_crash(backend: Backend) {
     }
     assert_eq!(
         runs_of(&runs),
-        [
-            "first attempt 1",
-            "second attempt 1",
-            "third attempt 1"
-        ],
+        ["first attempt 1", "second attempt 1", "third attempt 1"],
         "each stage ran once"
     );
 }
@@ -248,7 +248,11 @@ async fn sweep_across_a_server_crash(backend: Backend) {
         ),
     )
     .unwrap();
-    let out = tcloud(&server, &home, &["submit", task_dir.to_str().unwrap(), "--json"]);
+    let out = tcloud(
+        &server,
+        &home,
+        &["submit", task_dir.to_str().unwrap(), "--json"],
+    );
     let reply: serde_json::Value = serde_json::from_str(&out).unwrap();
     let group: tacc_core::GroupId = serde_json::from_value(reply["group"].clone())
         .unwrap_or_else(|_| serde_json::from_value(reply["id"].clone()).unwrap());
@@ -266,8 +270,8 @@ async fn sweep_across_a_server_crash(backend: Backend) {
         let client = client.clone();
         async move {
             let board = client.sweep(group).await.ok()?;
-            let done = board.trials.len() == 4
-                && board.trials.iter().all(|t| t.state.is_terminal());
+            let done =
+                board.trials.len() == 4 && board.trials.iter().all(|t| t.state.is_terminal());
             done.then_some(board)
         }
     })
@@ -280,7 +284,10 @@ async fn sweep_across_a_server_crash(backend: Backend) {
     }
     let ran = runs_of(&runs);
     assert_eq!(ran.len(), 4, "each trial ran once: {ran:?}");
-    assert!(ran.iter().all(|line| line.ends_with("attempt 1")), "{ran:?}");
+    assert!(
+        ran.iter().all(|line| line.ends_with("attempt 1")),
+        "{ran:?}"
+    );
     drop(server);
 }
 
@@ -329,7 +336,10 @@ async fn resized_task_across_a_server_crash(backend: Backend) {
         (adaptive.allocation.cpu_millis == 1000).then_some(())
     };
     let deadline = std::time::Duration::from_secs(90);
-    eventually("the task to be resized to 1 CPU", deadline, || grown(client.clone())).await;
+    eventually("the task to be resized to 1 CPU", deadline, || {
+        grown(client.clone())
+    })
+    .await;
 
     server.kill9();
     let restarted = restart_on("dev", &data, &url, &args).await;

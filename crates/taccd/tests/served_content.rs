@@ -311,3 +311,59 @@ async fn a_forged_sign_in_is_refused_and_opens_no_session() {
         .unwrap();
     assert_eq!(page.status(), StatusCode::OK, "the session survived");
 }
+
+/// A dashboard session survives a crash of the server (it is kept, sealed, in the store):
+/// the browser's cookie still opens the dashboard from the restarted server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dashboard_session_survives_a_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let mut daemon = start("dev", &data, &["--cpus", "1"]).await;
+    let url = daemon.url.clone();
+    let (cookie, csrf) = sign_in_form(&url).await;
+    let (status, session) = post_sign_in(
+        &url,
+        &daemon.token,
+        Some(&csrf),
+        Some(&cookie),
+        &[("origin", &url), ("sec-fetch-site", "same-origin")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::SEE_OTHER);
+    let session = session.expect("a session");
+    let open_dashboard = |url: String, session: String| async move {
+        http()
+            .get(format!("{url}/ui/"))
+            .header("cookie", session)
+            .send()
+            .await
+            .unwrap()
+            .status()
+    };
+    assert_eq!(
+        open_dashboard(url.clone(), session.clone()).await,
+        StatusCode::OK
+    );
+    daemon.kill9();
+    let restarted = restart_on("dev", &data, &url, &["--cpus", "1"]).await;
+    assert_eq!(
+        open_dashboard(url.clone(), session.clone()).await,
+        StatusCode::OK,
+        "the restarted server knows the session"
+    );
+    // The database holds neither the session id nor the token in the clear.
+    let mut database = std::fs::read(data.join("tacc.db")).unwrap();
+    database.extend(std::fs::read(data.join("tacc.db-wal")).unwrap_or_default());
+    let text = String::from_utf8_lossy(&database);
+    assert!(
+        text.contains("dashboard_sessions"),
+        "the file read is the database"
+    );
+    let id = session.trim_start_matches("tacc_session=");
+    assert!(!text.contains(id), "the session id is in the database");
+    assert!(
+        !text.contains(&restarted.token),
+        "the token is in the database"
+    );
+    drop(restarted);
+}

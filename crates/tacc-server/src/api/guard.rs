@@ -170,8 +170,10 @@ pub(super) async fn guard(State(app): State<AppState>, request: Request, next: N
         .get(axum::http::header::AUTHORIZATION)
         .cloned();
     if header.is_none() && (ui || reading) {
-        let session = dashboard::session::session_id(request.headers())
-            .and_then(|id| app.sessions.get(&id, std::time::Instant::now()));
+        let session = match dashboard::session::session_id(request.headers()) {
+            Some(id) => app.sessions.get(&id, crate::clock::wall_now()).await,
+            None => None,
+        };
         if let Some(session) = session {
             if let Ok(value) =
                 axum::http::HeaderValue::from_str(&format!("Bearer {}", session.token))

@@ -393,10 +393,13 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken, secure_cookies
         .map(|(rule, _)| ((rule.method.clone(), rule.path), rule.access))
         .collect();
     let state = AppState {
-        control,
+        control: control.clone(),
         shutdown,
         rules: Arc::new(rules),
-        sessions: Arc::new(dashboard::Sessions::default()),
+        sessions: Arc::new(dashboard::Sessions::kept(dashboard::Keeping {
+            store: control.store.clone(),
+            seal: control.secret_box.clone(),
+        })),
         secure_cookies,
     };
     let mut router = Router::new();

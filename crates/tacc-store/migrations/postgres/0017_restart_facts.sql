@@ -21,3 +21,14 @@ CREATE TABLE fairshare_ledgers (
 
 -- When the server last heard from each node.
 ALTER TABLE nodes ADD COLUMN last_seen_at BIGINT;
+
+-- Dashboard sessions, so a restarted server does not sign everyone out: keyed by the
+-- SHA-256 of the session id (the id itself is only in the browser's cookie), the API token
+-- and form token sealed with the server's secret key.
+CREATE TABLE dashboard_sessions (
+    session_key TEXT   PRIMARY KEY,
+    user_name   TEXT   NOT NULL,
+    nonce       BYTEA  NOT NULL,
+    sealed      BYTEA  NOT NULL,
+    opened_at   BIGINT NOT NULL
+);

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use tacc_core::{AttemptNo, NodeId, Resources, TaskId, TaskState, Timestamp};
 
 use super::{new_task, transition};
-use crate::{FairShareLedger, NewNode, RankEnd, Store, StoreError, TaskChange};
+use crate::{DashboardSession, FairShareLedger, NewNode, RankEnd, Store, StoreError, TaskChange};
 
 fn end(task: TaskId, attempt: u32, rank: u32, failure: Option<&str>) -> RankEnd {
     RankEnd {
@@ -137,4 +137,42 @@ pub async fn nodes_last_seen_kept_across_registrations(store: &dyn Store) {
     assert_eq!(nodes[0].last_seen, Some(Timestamp(250)));
     let again = store.register_node(node).await.unwrap();
     assert_eq!(again.last_seen, Some(Timestamp(250)));
+}
+
+pub async fn dashboard_sessions_kept_found_forgotten_and_pruned(store: &dyn Store) {
+    let session = |key: &str, at: u64| DashboardSession {
+        key: key.into(),
+        user: "alice".into(),
+        nonce: vec![1, 2, 3],
+        sealed: vec![0, 255, 7],
+        opened_at: Timestamp(at),
+    };
+    assert_eq!(store.dashboard_session("k1").await.unwrap(), None);
+    store
+        .put_dashboard_session(session("k1", 10))
+        .await
+        .unwrap();
+    store
+        .put_dashboard_session(session("k2", 20))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.dashboard_session("k1").await.unwrap(),
+        Some(session("k1", 10))
+    );
+    assert!(store.delete_dashboard_session("k1").await.unwrap());
+    assert!(!store.delete_dashboard_session("k1").await.unwrap());
+    store
+        .put_dashboard_session(session("k3", 30))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.prune_dashboard_sessions(Timestamp(30)).await.unwrap(),
+        1
+    );
+    assert_eq!(store.dashboard_session("k2").await.unwrap(), None);
+    assert_eq!(
+        store.dashboard_session("k3").await.unwrap(),
+        Some(session("k3", 30))
+    );
 }

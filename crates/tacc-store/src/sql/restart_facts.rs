@@ -7,7 +7,7 @@ use tacc_core::{AttemptNo, NodeId, TaskId, Timestamp};
 use super::millis;
 use crate::rows::{Columns, corrupt};
 use crate::statement::{Run, Statement, Transact};
-use crate::{FairShareLedger, RankEnd, Result};
+use crate::{DashboardSession, FairShareLedger, RankEnd, Result};
 
 pub(crate) async fn record_rank_end(tx: &mut impl Transact, end: &RankEnd) -> Result<()> {
     let upsert = Statement::new(
@@ -92,4 +92,64 @@ pub(crate) async fn save_nodes_seen(
         tx.execute(update).await?;
     }
     Ok(())
+}
+
+pub(crate) async fn put_dashboard_session(
+    writer: &impl Run,
+    session: DashboardSession,
+) -> Result<()> {
+    let upsert = Statement::new(
+        "INSERT INTO dashboard_sessions (session_key, user_name, nonce, sealed, opened_at) \
+         VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_key) DO UPDATE SET \
+         user_name = excluded.user_name, nonce = excluded.nonce, sealed = excluded.sealed, \
+         opened_at = excluded.opened_at",
+    )
+    .bind(&session.key)
+    .bind(&session.user)
+    .bind(&session.nonce)
+    .bind(&session.sealed)
+    .bind(millis(session.opened_at));
+    writer.execute(upsert).await?;
+    Ok(())
+}
+
+pub(crate) async fn dashboard_session(
+    reader: &impl Run,
+    key: &str,
+) -> Result<Option<DashboardSession>> {
+    let row = reader
+        .fetch_optional(
+            Statement::new(
+                "SELECT session_key, user_name, nonce, sealed, opened_at \
+                 FROM dashboard_sessions WHERE session_key = ?",
+            )
+            .bind(key),
+        )
+        .await?;
+    row.map(|row| {
+        Ok(DashboardSession {
+            key: row.text("session_key")?,
+            user: row.text("user_name")?,
+            nonce: row.bytes("nonce")?,
+            sealed: row.bytes("sealed")?,
+            opened_at: Timestamp(row.int("opened_at")? as u64),
+        })
+    })
+    .transpose()
+}
+
+pub(crate) async fn delete_dashboard_session(writer: &impl Run, key: &str) -> Result<bool> {
+    let done = writer
+        .execute(Statement::new("DELETE FROM dashboard_sessions WHERE session_key = ?").bind(key))
+        .await?;
+    Ok(done > 0)
+}
+
+pub(crate) async fn prune_dashboard_sessions(writer: &impl Run, before: Timestamp) -> Result<u64> {
+    Ok(writer
+        .execute(
+            Statement::new("DELETE FROM dashboard_sessions WHERE opened_at < ?")
+                .bind(millis(before)),
+        )
+        .await?)
 }

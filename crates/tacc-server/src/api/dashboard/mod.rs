@@ -24,7 +24,7 @@ use serde::Serialize;
 use super::prelude::*;
 use crate::auth::Refusal;
 pub(crate) use pages::{accounts as accounts_page, cancel, cluster, queue, task};
-pub(crate) use session::{Session, Sessions};
+pub(crate) use session::{Keeping, Session, Sessions};
 
 /// A dashboard handler's answer: a page, or an error shown as a page.
 pub(crate) type UiResult = Result<Response, UiError>;
@@ -255,7 +255,10 @@ pub(crate) async fn login(
             if let Err(error) = recorded {
                 return render::error_page(&error, true);
             }
-            let (id, _) = app.sessions.open(&name, token, std::time::Instant::now());
+            let (id, _) = app
+                .sessions
+                .open(&name, token, crate::clock::wall_now())
+                .await;
             let mut response = Redirect::to(&next).into_response();
             for cookie in [
                 session::set_cookie(Some(&id), secure),
@@ -309,7 +312,7 @@ pub(crate) async fn logout(
         )));
     }
     if let Some(id) = session::session_id(&headers) {
-        app.sessions.close(&id);
+        app.sessions.close(&id).await;
     }
     let mut response = Redirect::to("/ui/login").into_response();
     if let Ok(cookie) = HeaderValue::from_str(&session::set_cookie(None, app.secure_cookies)) {
