@@ -49,6 +49,7 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
             array: None,
             notify: None,
             sweep: None,
+            on_hang: None,
         },
         slurm_job_name: None,
     };

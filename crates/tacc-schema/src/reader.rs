@@ -43,6 +43,7 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "array",
     "notify",
     "sweep",
+    "on_hang",
 ];
 pub(crate) const SWEEP_FIELDS: &[&str] = &[
     "method",
@@ -81,6 +82,7 @@ pub(crate) const CONDA_FIELDS: &[&str] = &["name", "channels", "dependencies"];
 pub(crate) const DATASET_FIELDS: &[&str] = &["name", "source", "mount"];
 pub(crate) const RETRY_FIELDS: &[&str] = &["max_attempts", "on"];
 pub(crate) const CHECKPOINT_FIELDS: &[&str] = &["signal", "grace"];
+pub(crate) const HANG_FIELDS: &[&str] = &["after", "then"];
 pub(crate) const PLACEMENT_FIELDS: &[&str] = &["labels", "partition"];
 pub(crate) const ADAPTIVE_FIELDS: &[&str] = &["cpus", "memory"];
 
@@ -91,6 +93,7 @@ const NESTED_SECTIONS: &[(&str, &[&str])] = &[
     ("code", CODE_FIELDS),
     ("retry", RETRY_FIELDS),
     ("checkpoint", CHECKPOINT_FIELDS),
+    ("on_hang", HANG_FIELDS),
     ("placement", PLACEMENT_FIELDS),
     ("notify", NOTIFY_FIELDS),
 ];
@@ -815,6 +818,12 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         top.map_key("sweep")
     )
     .map(Some));
+    let on_hang = field!("on_hang", None, |node| read_on_hang(
+        &mut reader,
+        node,
+        top.map_key("on_hang")
+    )
+    .map(Some));
     if let (Some(_), Some(node)) = (&sweep, top.get("array")) {
         let error = reader.error_at_node(
             node,
@@ -843,6 +852,7 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         placement,
         array,
         notify,
+        on_hang,
     };
     let found = reader.take_found();
     match reader.spans.located_problems(spec.problems(), found) {
@@ -1193,6 +1203,47 @@ fn read_checkpoint<'n>(
         checkpoint.grace = reader.duration(node, "checkpoint.grace", "grace: 60s")?;
     }
     Ok(checkpoint)
+}
+
+fn read_on_hang<'n>(
+    reader: &mut Reader<'_>,
+    node: &'n Node,
+    key: Option<&'n MarkedScalarNode>,
+) -> Result<crate::HangSpec> {
+    use crate::{HangAction, HangSpec};
+    if let Node::Scalar(scalar) = node
+        && scalar.as_str() == "off"
+    {
+        return Ok(HangSpec {
+            after: None,
+            then: HangAction::Fail,
+        });
+    }
+    let fields = reader.fields(node, key, "on_hang", HANG_FIELDS)?;
+    let after = match fields.get("after") {
+        Some(node) => {
+            let after = reader.duration(node, "on_hang.after", "after: 10m")?;
+            if after.as_secs() < 1 {
+                return Err(reader.error_at_node(
+                    node,
+                    "`on_hang.after` must be at least 1s",
+                    "give the silence that means hung, e.g. `after: 10m`; `on_hang: off` never ends the task",
+                ));
+            }
+            Some(after)
+        }
+        None => return Err(reader.missing(&fields, "after", "after: 10m")),
+    };
+    let then = match fields.get("then") {
+        Some(node) => reader.choice(
+            node,
+            "on_hang.then",
+            "hang action",
+            &[("fail", HangAction::Fail), ("retry", HangAction::Retry)],
+        )?,
+        None => HangAction::Fail,
+    };
+    Ok(HangSpec { after, then })
 }
 
 pub(crate) fn read_notify<'n>(

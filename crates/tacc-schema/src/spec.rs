@@ -88,6 +88,35 @@ pub struct TaskSpec {
     /// reported metric (`grid`, `random` or `asha`, which stops bad trials early).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<crate::SweepSpec>,
+    /// What becomes of a hung attempt: every rank still running silent — no output, no
+    /// CPU or GPU use — for `after` (one rank may have exited early). Multi-node tasks get
+    /// the cluster's default; `on_hang: off` never ends one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_hang: Option<HangSpec>,
+}
+
+/// `on_hang: {after: 10m, then: fail|retry}`; `on_hang: off` is `after: null`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HangSpec {
+    /// How long every rank still running must have been silent; `null` (written `off`)
+    /// never.
+    #[schemars(with = "Option<String>", example = "10m")]
+    pub after: Option<HumanDuration>,
+    #[serde(default)]
+    pub then: HangAction,
+}
+
+/// What a hung attempt becomes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum HangAction {
+    /// The task fails (retried only as `retry:` says for failures).
+    #[default]
+    Fail,
+    /// The attempt is stopped and the task runs again as a new attempt (up to
+    /// `retry.max_attempts`).
+    Retry,
 }
 
 // Mirrors `Priority` for the JSON Schema only, since tacc-core stays free of schemars.

@@ -739,3 +739,35 @@ fn past_the_cap_the_rest_are_counted_not_shown() {
         "{rendered}"
     );
 }
+
+#[test]
+fn on_hang_says_how_long_a_silence_means_hung_and_what_follows() {
+    let spec = parse("run: train\non_hang: {after: 10m, then: retry}\n").unwrap();
+    let hang = spec.on_hang.expect("on_hang is kept");
+    assert_eq!(hang.after, Some(HumanDuration::from_secs(600)));
+    assert_eq!(hang.then, tacc_schema::HangAction::Retry);
+    let spec = parse("run: train\non_hang: {after: 90s}\n").unwrap();
+    assert_eq!(
+        spec.on_hang.unwrap().then,
+        tacc_schema::HangAction::Fail,
+        "failing is the default"
+    );
+    let off = parse("run: train\non_hang: off\n").unwrap().on_hang.unwrap();
+    assert_eq!(off.after, None);
+    assert_eq!(parse("run: train\n").unwrap().on_hang, None);
+    // A round trip through the JSON the server stores keeps it.
+    let spec = parse("run: train\non_hang: {after: 10m, then: retry}\n").unwrap();
+    let json = serde_json::to_value(&spec).unwrap();
+    let back: TaskSpec = serde_json::from_value(json).unwrap();
+    assert_eq!(back.on_hang, spec.on_hang);
+}
+
+#[test]
+fn on_hang_mistakes_are_located() {
+    let rendered = rejected("run: train\non_hang: {after: 10m, then: explode}\n");
+    assert_located(&rendered, 2, 29, "fail, retry");
+    let rendered = rejected("run: train\non_hang: {then: retry}\n");
+    assert!(rendered.contains("after"), "{rendered}");
+    let rendered = rejected("run: train\non_hang: {after: soon}\n");
+    assert_located(&rendered, 2, 18, "");
+}
