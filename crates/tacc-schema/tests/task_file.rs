@@ -752,7 +752,10 @@ fn on_hang_says_how_long_a_silence_means_hung_and_what_follows() {
         tacc_schema::HangAction::Fail,
         "failing is the default"
     );
-    let off = parse("run: train\non_hang: off\n").unwrap().on_hang.unwrap();
+    let off = parse("run: train\non_hang: off\n")
+        .unwrap()
+        .on_hang
+        .unwrap();
     assert_eq!(off.after, None);
     assert_eq!(parse("run: train\n").unwrap().on_hang, None);
     // A round trip through the JSON the server stores keeps it.

@@ -288,6 +288,15 @@ impl UsageBook {
         *fed = received;
     }
 
+    /// The last sign of life of each sampled rank of `attempt` (see `rules::hangs`).
+    pub(crate) fn alive_ranks(&self, attempt: AttemptRef) -> BTreeMap<u32, Timestamp> {
+        let book = self.book.lock().unwrap();
+        book.ranks
+            .range((attempt.task, attempt.attempt, 0)..=(attempt.task, attempt.attempt, u32::MAX))
+            .map(|((_, _, rank), state)| (*rank, state.alive_at))
+            .collect()
+    }
+
     /// The kept samples of each rank of `attempt`, rank by rank.
     pub(crate) fn series(&self, task: TaskId, attempt: AttemptNo) -> Vec<RankSeries> {
         let book = self.book.lock().unwrap();
@@ -540,7 +549,7 @@ impl Control {
         }
         if let Some(peak) = self
             .usage
-            .record(node, sample, crate::now(), Instant::now())
+            .record(node, sample, self.clock.now(), self.clock.instant())
         {
             self.store.record_usage_peak(peak).await?;
         }
@@ -653,7 +662,7 @@ impl Control {
         );
         let flags = self.with_kept_failures(&record, flags, &names).await?;
         let finished_ranks = if record.state.is_active() {
-            self.finished_ranks_of(&record).await?.into_iter().collect()
+            self.finished_ranks_of(&record).await?.into_keys().collect()
         } else {
             Vec::new()
         };

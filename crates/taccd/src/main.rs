@@ -215,6 +215,11 @@ struct ServerArgs {
     /// silent in `tcloud top` (e.g. 5m, 30s).
     #[arg(long, default_value = "5m")]
     silent_after: HumanDuration,
+    /// A multi-node task whose ranks still running have all been silent (no output, no CPU
+    /// or GPU use) this long is ended as hung, naming the ranks (e.g. 30m; `off` never).
+    /// A task's own `on_hang:` wins. See docs/GPUS.md.
+    #[arg(long, default_value = "30m", value_name = "DURATION|off", value_parser = parse_hang_after)]
+    hang_after: HangAfter,
     /// Adaptive allocation of running tasks that give `adaptive:` bounds: `on` grows and
     /// shrinks their CPU and memory within the bounds, `shrink` only gives back what they
     /// do not use, `off` moves nothing (verdicts are still shown). Tasks without
@@ -313,6 +318,23 @@ impl std::str::FromStr for AdaptiveModeArg {
     fn from_str(text: &str) -> Result<Self, String> {
         text.parse().map(AdaptiveModeArg)
     }
+}
+
+/// `--hang-after`: a duration, or `off`.
+#[derive(Debug, Clone, Copy)]
+struct HangAfter(Option<Duration>);
+
+fn parse_hang_after(text: &str) -> Result<HangAfter, String> {
+    if text == "off" {
+        return Ok(HangAfter(None));
+    }
+    let after: HumanDuration = text
+        .parse()
+        .map_err(|e| format!("`{text}` is neither a duration (e.g. 30m) nor `off`: {e}"))?;
+    if after.as_secs() == 0 {
+        return Err("give a silence of at least 1s, or `off`".into());
+    }
+    Ok(HangAfter(Some(Duration::from_secs(after.as_secs()))))
 }
 
 /// `NAME=SOURCE` where SOURCE is an absolute path or an http(s) URL.
@@ -613,6 +635,7 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
     };
     config.chunk_retention = Duration::from_secs(args.chunk_retention.as_secs());
     config.silent_after = Duration::from_secs(args.silent_after.as_secs());
+    config.hang_after = args.hang_after.0;
     config.adaptive = tacc_server::AdaptiveConfig {
         mode: args.adaptive.0,
         window: args.adaptive_window.as_std(),

@@ -292,7 +292,7 @@ impl Control {
             && !inner.preempting.contains(&record.id)
         {
             let done = inner.finished_ranks.entry(attempt).or_default();
-            done.insert(node_rank);
+            done.insert(node_rank, at);
             if (done.len() as u32) < nodes {
                 return Ok(());
             }
@@ -415,6 +415,33 @@ impl Control {
         at: Timestamp,
         node_failure: bool,
     ) -> Result<(), ServerError> {
+        self.end_attempt_retrying(
+            inner,
+            record,
+            state,
+            reason,
+            exit_code,
+            at,
+            node_failure,
+            None,
+        )
+        .await
+    }
+
+    /// [`Control::end_attempt`], retried as `retry_as` says instead of the task's own
+    /// `retry:` (a hung attempt whose `on_hang.then` is `retry`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn end_attempt_retrying(
+        &self,
+        inner: &mut Inner,
+        record: TaskRecord,
+        state: TaskState,
+        reason: Option<String>,
+        exit_code: Option<i32>,
+        at: Timestamp,
+        node_failure: bool,
+        retry_as: Option<tacc_schema::RetrySpec>,
+    ) -> Result<(), ServerError> {
         let task = record.id;
         inner.preempting.remove(&task);
         inner.finished_ranks.remove(&AttemptRef {
@@ -429,7 +456,7 @@ impl Control {
         };
         let plan = rules::ending::plan_end(AttemptEnd {
             record: &record,
-            policy: spec.as_ref().map(|s| &s.retry),
+            policy: retry_as.as_ref().or(spec.as_ref().map(|s| &s.retry)),
             state,
             reason,
             exit_code,

@@ -848,3 +848,136 @@ async fn the_fair_share_standing_survives_a_restart() {
     let later = usage(env.control.fairshare_standing(env.clock.now()).await);
     assert!(later > after, "{later} > {after}");
 }
+
+/// A 3-node gang whose rank 2 exited 0 at once while ranks 0–1 sit silent.
+async fn a_gang_with_an_early_exit(
+    env: &TestEnv,
+    on_hang: &str,
+) -> (
+    TaskId,
+    tacc_proto::AttemptRef,
+    Vec<super::test_env::FakeAgent>,
+) {
+    let mut agents = Vec::new();
+    for name in ["n1", "n2", "n3"] {
+        agents.push(env.join(name, 1).await);
+    }
+    let task = env
+        .submit(&format!(
+            "name: g\nresources: {{nodes: 3, cpus: 1}}\n{on_hang}run: true\n"
+        ))
+        .await;
+    let mut attempt = None;
+    for agent in agents.iter_mut() {
+        attempt = Some(only(&env.poll(agent).await));
+    }
+    let attempt = attempt.unwrap();
+    for agent in &agents {
+        env.report(agent, vec![env.started(attempt)]).await;
+    }
+    env.finish(&mut agents[2], attempt, 0).await;
+    (task, attempt, agents)
+}
+
+#[tokio::test]
+async fn a_hung_gang_is_ended_naming_the_rank_that_exited_and_retried_when_asked() {
+    let env = TestEnv::new().await;
+    let (task, attempt, mut agents) =
+        a_gang_with_an_early_exit(&env, "on_hang: {after: 60s, then: retry}\n").await;
+    let started = env.clock.now();
+    // Ranks 0 and 1 report every 5 s: alive, but no output and no CPU.
+    for _ in 0..11 {
+        for (rank, agent) in agents.iter().take(2).enumerate() {
+            env.report(
+                agent,
+                vec![env.sampled(attempt, rank as u32, started, false)],
+            )
+            .await;
+        }
+        env.advance(Duration::from_secs(5));
+        env.check_liveness().await;
+        assert_eq!(env.state(task).await, Running, "not before 60 s of silence");
+    }
+    env.advance(Duration::from_secs(6));
+    for (rank, agent) in agents.iter().take(2).enumerate() {
+        env.report(
+            agent,
+            vec![env.sampled(attempt, rank as u32, started, false)],
+        )
+        .await;
+    }
+    env.check_liveness().await;
+    let record = env.task(task).await;
+    assert_eq!((record.state, record.attempt.0), (Queued, 2), "retried");
+    let ended = env.events(task).await;
+    let failed = ended
+        .iter()
+        .find(|e| e.state == Failed)
+        .expect("a failed event");
+    let reason = failed.reason.as_deref().unwrap();
+    assert!(
+        reason.starts_with("hung: rank 2 exited 0 at ")
+            && reason.ends_with("; ranks 0–1 silent for 1m1s (no output, no CPU or GPU use)"),
+        "{reason}"
+    );
+    // The silent ranks are withdrawn from their nodes.
+    for agent in agents.iter_mut().take(2) {
+        let work = env.poll(agent).await;
+        assert!(work.iter().all(|a| a.attempt != attempt), "{work:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_gang_that_computes_is_never_ended_and_the_cluster_default_fails_a_hung_one() {
+    let env = TestEnv::configured(|c| c.hang_after = Some(Duration::from_secs(60))).await;
+    let (task, attempt, agents) = a_gang_with_an_early_exit(&env, "").await;
+    let started = env.clock.now();
+    for _ in 0..30 {
+        for (rank, agent) in agents.iter().take(2).enumerate() {
+            env.report(
+                agent,
+                vec![env.sampled(attempt, rank as u32, started, true)],
+            )
+            .await;
+        }
+        env.advance(Duration::from_secs(5));
+        env.check_liveness().await;
+    }
+    assert_eq!(env.state(task).await, Running, "busy ranks are not hung");
+    // They fall silent: the cluster's default ends the attempt, failed.
+    let quiet_from = env.clock.now();
+    for _ in 0..14 {
+        for (rank, agent) in agents.iter().take(2).enumerate() {
+            env.report(
+                agent,
+                vec![env.sampled(attempt, rank as u32, started, false)],
+            )
+            .await;
+        }
+        env.advance(Duration::from_secs(5));
+        env.check_liveness().await;
+    }
+    assert!(env.clock.now().millis_since(quiet_from) >= 60_000);
+    let record = env.task(task).await;
+    assert_eq!(record.state, Failed);
+    assert_reason(&record, "hung: rank 2 exited 0 at ");
+}
+
+#[tokio::test]
+async fn on_hang_off_leaves_a_silent_gang_alone() {
+    let env = TestEnv::configured(|c| c.hang_after = Some(Duration::from_secs(60))).await;
+    let (task, attempt, agents) = a_gang_with_an_early_exit(&env, "on_hang: off\n").await;
+    let started = env.clock.now();
+    for _ in 0..30 {
+        for (rank, agent) in agents.iter().take(2).enumerate() {
+            env.report(
+                agent,
+                vec![env.sampled(attempt, rank as u32, started, false)],
+            )
+            .await;
+        }
+        env.advance(Duration::from_secs(5));
+        env.check_liveness().await;
+    }
+    assert_eq!(env.state(task).await, Running);
+}

@@ -30,6 +30,7 @@ mod attempts;
 mod comm;
 mod estimates;
 mod groups;
+mod hangs;
 mod nodes;
 mod pipelines;
 mod plans;
@@ -95,6 +96,9 @@ pub struct ServerConfig {
     /// A running rank with no output (and no CPU use, where measured) for this long is
     /// flagged silent in its task's usage (`tcloud top`).
     pub silent_after: Duration,
+    /// A multi-node attempt whose ranks still running have all been silent this long is
+    /// ended as hung (`--hang-after`; `None` is off); a task's `on_hang` overrides it.
+    pub hang_after: Option<Duration>,
     /// Adaptive allocation: which running tasks' allocations may move, and how fast.
     pub adaptive: AdaptiveConfig,
     /// One of several replicas (`--replicated`): agents are told so at registration.
@@ -127,6 +131,7 @@ impl ServerConfig {
             unix_users: BTreeMap::new(),
             task_uid_base: DEFAULT_TASK_UID_BASE,
             silent_after: Duration::from_secs(300),
+            hang_after: Some(DEFAULT_HANG_AFTER),
             adaptive: AdaptiveConfig::default(),
             replicated: false,
             retry: RetrySettings::default(),
@@ -137,6 +142,10 @@ impl ServerConfig {
         }
     }
 }
+
+/// How long every running rank of a multi-node attempt must have been silent for it to
+/// count as hung, unless the operator or the task says otherwise.
+pub const DEFAULT_HANG_AFTER: Duration = Duration::from_secs(30 * 60);
 
 /// The default first uid of the accounts the server allocates for users' tasks: above the
 /// ranges distributions give to local and directory accounts.
@@ -190,7 +199,7 @@ pub(crate) struct Inner {
     preempting: BTreeSet<TaskId>,
     /// Node ranks of multi-node attempts that already ended successfully; the attempt
     /// succeeds when every rank has.
-    finished_ranks: BTreeMap<AttemptRef, BTreeSet<u32>>,
+    finished_ranks: BTreeMap<AttemptRef, BTreeMap<u32, Timestamp>>,
     /// When node liveness was last checked (to tell a stalled server from silent nodes).
     last_liveness_check: Instant,
     /// The group of each task owner's identity (users the configuration file gives no
@@ -510,7 +519,7 @@ impl Control {
                 let finished = self.finished_ranks_of(&record).await?;
                 let assignments = assignments_for(&record, &spec, &inner.nodes, &account, &secrets);
                 for (node, mut assignment) in assignments {
-                    if finished.contains(&assignment.node_rank) {
+                    if finished.contains_key(&assignment.node_rank) {
                         continue;
                     }
                     assignment.allocation = self.adaptive.allocation(assignment.attempt);

@@ -147,7 +147,7 @@ impl Control {
             };
             // A rank that already finished its part claims nothing and needs nobody.
             let finished = inner.finished_ranks.get(&attempt);
-            let done = |rank: usize| finished.is_some_and(|done| done.contains(&(rank as u32)));
+            let done = |rank: usize| finished.is_some_and(|done| done.contains_key(&(rank as u32)));
             let own_rank = task.placements.iter().position(|p| p.node == record.id);
             if own_rank.is_some_and(done) {
                 continue;
@@ -378,6 +378,7 @@ impl Control {
                 self.lose_attempt(&mut inner, attempt, outcome).await?;
             }
         }
+        self.end_hung_attempts(&mut inner).await?;
         self.release_due_retries(&mut inner, self.clock.now()).await;
         Ok(())
     }

@@ -7,7 +7,7 @@
 //! drained (nothing new lands on them) until their agents register again and claim what
 //! they still run, or stay away for a heartbeat timeout and are lost.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tacc_core::Timestamp;
@@ -23,14 +23,14 @@ use crate::ServerError;
 const SEEN_KEPT_EVERY: Duration = Duration::from_secs(10);
 
 impl Control {
-    /// The node ranks of `record`'s attempt that already ended successfully (multi-node
-    /// attempts only; a single rank's end ends the attempt).
+    /// The node ranks of `record`'s attempt that already ended successfully, and when
+    /// (multi-node attempts only; a single rank's end ends the attempt).
     pub(crate) async fn finished_ranks_of(
         &self,
         record: &TaskRecord,
-    ) -> Result<BTreeSet<u32>, ServerError> {
+    ) -> Result<BTreeMap<u32, Timestamp>, ServerError> {
         if record.placements.len() < 2 {
-            return Ok(BTreeSet::new());
+            return Ok(BTreeMap::new());
         }
         Ok(self
             .store
@@ -38,7 +38,7 @@ impl Control {
             .await?
             .into_iter()
             .filter(|end| end.failure.is_none())
-            .map(|end| end.rank)
+            .map(|end| (end.rank, end.at))
             .collect())
     }
 

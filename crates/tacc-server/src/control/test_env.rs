@@ -350,6 +350,27 @@ impl TestEnv {
         }
     }
 
+    /// A usage sample of rank `node_rank` of `attempt`, started `started` ago: busy (CPU
+    /// use) or silent (no output, no CPU).
+    pub(super) fn sampled(
+        &self,
+        attempt: AttemptRef,
+        node_rank: u32,
+        started_at: tacc_core::Timestamp,
+        busy: bool,
+    ) -> AgentReport {
+        AgentReport::Usage(
+            serde_json::from_value(serde_json::json!({
+                "attempt": attempt,
+                "node_rank": node_rank,
+                "at": self.clock.now(),
+                "started_at": started_at,
+                "cpu_millis_used": if busy { 900 } else { 0 },
+            }))
+            .expect("a usage sample"),
+        )
+    }
+
     pub(super) fn exited(&self, attempt: AttemptRef, code: i32) -> AgentReport {
         AgentReport::Finished {
             attempt,

@@ -5,7 +5,7 @@
 //! fresh term, as Nomad does. A node lost often lately is held back when it returns,
 //! until it has stayed up long enough.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tacc_core::NodeId;
@@ -43,7 +43,7 @@ pub(in crate::control) struct LivenessCheck {
 /// Check every node at `now`; `last_check` is when the previous check ran.
 pub(in crate::control) fn check(
     nodes: &mut BTreeMap<NodeId, LiveNode>,
-    finished_ranks: &BTreeMap<AttemptRef, BTreeSet<u32>>,
+    finished_ranks: &BTreeMap<AttemptRef, BTreeMap<u32, tacc_core::Timestamp>>,
     last_check: &mut Instant,
     now: Instant,
     timeout: Duration,
@@ -84,7 +84,7 @@ pub(in crate::control) fn check(
             .filter(|a| {
                 !finished_ranks
                     .get(&a.attempt)
-                    .is_some_and(|done| done.contains(&a.node_rank))
+                    .is_some_and(|done| done.contains_key(&a.node_rank))
             })
             .map(|a| a.attempt)
             .collect();

@@ -9,6 +9,7 @@ pub(super) mod admission;
 pub(super) mod cancel;
 pub(super) mod claims;
 pub(super) mod ending;
+pub(super) mod hangs;
 pub(super) mod liveness;
 pub(super) mod polls;
 
