@@ -448,3 +448,65 @@ async fn a_drained_host_finishes_its_task_and_a_removed_one_is_gone() {
         .collect();
     assert_eq!(names, vec!["drain-h1".to_string()]);
 }
+
+/// The hang that burns GPUs: rank 2 of a 3-host gang exits 0 at once while ranks 0–1 sit
+/// silent (no output, no CPU). With `on_hang: {after: 5s, then: retry}` the attempt is
+/// ended within the silence and a sample interval or two, the reason naming rank 2, its
+/// processes stopped on every host, and the task runs again as attempt 2; a gang whose
+/// ranks keep printing is never ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_gang_is_ended_and_retried_and_a_busy_one_is_not() {
+    if !network_ready("a_hung_gang_is_ended_and_retried_and_a_busy_one_is_not") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), &[]).await;
+    let _agents: Vec<Daemon> = (1..=3)
+        .map(|h| cluster.agent(h, &format!("hang-h{h}"), &["--cpus", "2"]))
+        .collect();
+    wait_nodes(&cluster.client, 3).await;
+    let marker = format!("netns-hang-{}", std::process::id());
+    let hung = cluster
+        .submit(
+            "hung",
+            &format!(
+                "name: hung\nresources: {{nodes: 3, cpus: 0.5}}\n\
+                 on_hang: {{after: 5s, then: retry}}\n\
+                 environment: {{vars: {{MARKER: {marker}}}}}\nrun: |\n  \
+                 echo \"rank $NODE_RANK attempt $TACC_ATTEMPT\"\n  \
+                 if [ \"$NODE_RANK\" = 2 ] || [ \"$TACC_ATTEMPT\" = 2 ]; then exit 0; fi\n  \
+                 sleep 600\n"
+            ),
+        )
+        .await;
+    let busy = cluster
+        .submit(
+            "busy",
+            "name: busy\nresources: {nodes: 3, cpus: 0.5}\non_hang: {after: 5s}\nrun: |\n  \
+             for i in $(seq 1 40); do echo \"step $i\"; sleep 0.5; done\n",
+        )
+        .await;
+    let started = Instant::now();
+    let view = wait_terminal(&cluster.client, hung).await;
+    let events = cluster.client.task_events(hung).await.unwrap();
+    let failed = events
+        .iter()
+        .find(|e| e.state == TaskState::Failed)
+        .unwrap_or_else(|| panic!("the hung attempt ended failed: {events:?}"));
+    let reason = failed.reason.as_deref().unwrap_or_default();
+    assert!(
+        reason.starts_with("hung: rank 2 exited 0 at ") && reason.contains("ranks 0–1 silent"),
+        "{reason}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(40),
+        "ended within the silence and a few samples: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt.0, 2, "retried once: {view:?}");
+    wait_no_processes(&marker).await;
+    let busy = wait_terminal(&cluster.client, busy).await;
+    assert_eq!(busy.state, TaskState::Succeeded, "{busy:?}");
+    assert_eq!(busy.attempt.0, 1, "{busy:?}");
+}
