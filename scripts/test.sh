@@ -110,6 +110,10 @@ if [ "${CI:-}" = "true" ]; then
   cargo clippy --workspace --all-targets --quiet -- -D warnings
 fi
 
+# The GPU check needs a real GPU; everywhere else it must still pass its own dry run.
+phase "scripts/gpu-check.sh --dry-run"
+bash scripts/gpu-check.sh --dry-run >/dev/null
+
 # The CLI's end-to-end tests start the real taccd binary, so build every binary first.
 phase "cargo build --bins"
 cargo build --workspace --bins --quiet
