@@ -197,6 +197,14 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// How many store commits of kind `op` were timed (for the lifecycle tests).
+    #[cfg(test)]
+    pub(crate) fn commits(&self, op: &'static str) -> u64 {
+        self.commit_seconds
+            .with_label_values(&[op])
+            .get_sample_count()
+    }
+
     /// The text exposition of every metric as gathered now.
     fn encode(&self) -> Result<String, ServerError> {
         TextEncoder::new()

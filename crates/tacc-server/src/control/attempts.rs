@@ -28,12 +28,21 @@ impl Control {
         // One scheduling decision for everything the batch ended, not one per attempt:
         // with a long queue each decision walks it, and a batch may end dozens.
         inner.deferred = Some(Vec::new());
-        let applied = self.apply_reports(&mut inner, node, reports).await;
-        let events = inner.deferred.take().unwrap_or_default();
-        if !events.is_empty() {
-            self.drive(&mut inner, Event::Batch(events)).await;
-        }
-        applied
+        let inner = &mut *inner;
+        self.staging_starts(async {
+            let mut applied = self.apply_reports(inner, node, reports).await;
+            if applied.is_ok()
+                && let Err(e) = self.flush_staged().await
+            {
+                applied = Err(e.into());
+            }
+            let events = inner.deferred.take().unwrap_or_default();
+            if !events.is_empty() {
+                self.drive(inner, Event::Batch(events)).await;
+            }
+            applied
+        })
+        .await
     }
 
     async fn apply_reports(
@@ -130,13 +139,13 @@ impl Control {
                         continue;
                     };
                     if record.attempt == attempt.attempt && record.state == TaskState::Starting {
-                        self.commit(&[TaskChange::Transition(Transition::new(
+                        self.stage(TaskChange::Transition(Transition::new(
                             attempt.task,
                             TaskState::Starting,
                             TaskState::Running,
                             attempt.attempt,
                             at,
-                        ))])
+                        )))
                         .await?;
                         self.metrics.started(
                             record.submitted_at,
@@ -465,7 +474,7 @@ impl Control {
             earlier_node_losses,
             settings: &self.config.retry,
         });
-        self.commit(&plan.changes).await?;
+        self.commit_with_staged(&plan.changes).await?;
         let state = plan.state;
         if let Some(retry) = &plan.retry {
             self.mark_attempt(task, retry.next, &retry.cause);

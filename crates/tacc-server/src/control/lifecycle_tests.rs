@@ -981,3 +981,51 @@ async fn on_hang_off_leaves_a_silent_gang_alone() {
     }
     assert_eq!(env.state(task).await, Running);
 }
+
+#[tokio::test]
+async fn a_start_and_an_end_reported_together_cost_one_transaction() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 4).await;
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        tasks.push(env.submit(ONE_CPU).await);
+    }
+    let attempts: Vec<_> = env
+        .poll(&mut agent)
+        .await
+        .iter()
+        .map(|a| a.attempt)
+        .collect();
+    assert_eq!(attempts.len(), 3);
+    let commits = env.control.metrics.commits("apply");
+    // One batch: every start, then every end (as an agent reports short tasks).
+    let mut reports: Vec<_> = attempts.iter().map(|a| env.started(*a)).collect();
+    reports.extend(attempts.iter().map(|a| env.exited(*a, 0)));
+    env.report(&agent, reports).await;
+    assert_eq!(
+        env.control.metrics.commits("apply") - commits,
+        3,
+        "the starts go with the first end: one transaction per task's end"
+    );
+    for task in &tasks {
+        assert_eq!(
+            env.history(*task).await,
+            [(1, Queued), (1, Starting), (1, Running), (1, Succeeded)]
+        );
+    }
+    // Starts alone are committed together before the batch is acknowledged.
+    let more: Vec<TaskId> = vec![env.submit(ONE_CPU).await, env.submit(ONE_CPU).await];
+    let attempts: Vec<_> = env
+        .poll(&mut agent)
+        .await
+        .iter()
+        .map(|a| a.attempt)
+        .collect();
+    let commits = env.control.metrics.commits("apply");
+    env.report(&agent, attempts.iter().map(|a| env.started(*a)).collect())
+        .await;
+    assert_eq!(env.control.metrics.commits("apply") - commits, 1);
+    for task in more {
+        assert_eq!(env.state(task).await, Running);
+    }
+}

@@ -15,6 +15,12 @@ use tacc_store::{StoreError, TaskChange, TaskRecord};
 
 use super::Control;
 
+tokio::task_local! {
+    /// Changes of the agent report batch being applied that are not committed yet: they
+    /// go into the batch's next commit, or its last (see [`Control::staging_starts`]).
+    static STAGED: std::cell::RefCell<Vec<TaskChange>>;
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct PlacedRecords {
     records: Mutex<HashMap<TaskId, TaskRecord>>,
@@ -63,7 +69,77 @@ impl PlacedRecords {
     }
 }
 
+/// Drops what a batch staged and never committed from the copies (the batch's request
+/// was dropped midway): they are read afresh from the store, which never saw them.
+struct StagedGuard<'a>(&'a PlacedRecords);
+
+impl Drop for StagedGuard<'_> {
+    fn drop(&mut self) {
+        let left = STAGED
+            .try_with(|staged| std::mem::take(&mut *staged.borrow_mut()))
+            .unwrap_or_default();
+        if !left.is_empty() {
+            self.0.forget(&left);
+        }
+    }
+}
+
 impl Control {
+    /// Apply one agent report batch with its `starting → running` transitions staged:
+    /// each is applied to the placed copy at once and committed with the batch's next
+    /// attempt end — typically the same attempt's, so a short task's start and end cost
+    /// one transaction — or by `batch`'s own [`Control::flush_staged`] before it is
+    /// acknowledged. Nothing is acknowledged before it is durable; a failed commit fails
+    /// the batch (the agent sends it again).
+    pub(crate) async fn staging_starts<T>(
+        &self,
+        batch: impl std::future::Future<Output = Result<T, crate::ServerError>>,
+    ) -> Result<T, crate::ServerError> {
+        STAGED
+            .scope(std::cell::RefCell::new(Vec::new()), async {
+                let _guard = StagedGuard(&self.placed);
+                batch.await
+            })
+            .await
+    }
+
+    /// Commit what the report batch being applied staged and nothing took yet.
+    pub(crate) async fn flush_staged(&self) -> Result<(), StoreError> {
+        self.commit_with_staged(&[]).await
+    }
+
+    /// Commit `changes` (an attempt's end) together with what the report batch being
+    /// applied staged so far, in one transaction. Its caller must fail the batch when
+    /// this fails: the staged changes were part of it.
+    pub(crate) async fn commit_with_staged(
+        &self,
+        changes: &[TaskChange],
+    ) -> Result<(), StoreError> {
+        let staged = STAGED
+            .try_with(|staged| std::mem::take(&mut *staged.borrow_mut()))
+            .unwrap_or_default();
+        if staged.is_empty() {
+            if changes.is_empty() {
+                return Ok(());
+            }
+            return self.commit(changes).await;
+        }
+        self.commit(&[&staged[..], changes].concat()).await
+    }
+
+    /// Commit `change` with the report batch's next attempt end, or its last commit, when a
+    /// batch is being applied ([`Control::staging_starts`]); at once otherwise.
+    pub(crate) async fn stage(&self, change: TaskChange) -> Result<(), StoreError> {
+        let staged = STAGED.try_with(|staged| {
+            self.placed.applied(std::slice::from_ref(&change));
+            staged.borrow_mut().push(change.clone());
+        });
+        match staged {
+            Ok(()) => Ok(()),
+            Err(_) => self.commit(&[change]).await,
+        }
+    }
+
     /// Commit `changes` in one store transaction, timing it, then bring the placed
     /// tasks' copies up to date.
     pub(crate) async fn commit(&self, changes: &[TaskChange]) -> Result<(), StoreError> {
