@@ -43,7 +43,7 @@ pub use auth::AuditSettings;
 pub use connections::ConnectionLimits;
 pub use control::{
     AdaptiveConfig, AdaptiveMode, Control, DEFAULT_POLICY, DEFAULT_TASK_UID_BASE, DefaultBounds,
-    RetrySettings, ServerConfig, now,
+    IdleGpuAction, IdleGpuPolicy, RetrySettings, ServerConfig, now,
 };
 pub use limits::UserLimits;
 pub use replica::{ReplicaConfig, serve_replicated};

@@ -116,6 +116,9 @@ struct RankState {
     last_output_at: Option<Timestamp>,
     /// The last sign of life: start, output, or CPU or GPU use.
     alive_at: Timestamp,
+    /// The last time one of its GPUs was used at or above the book's threshold (its start
+    /// when never); `None` for a rank with no GPU.
+    gpu_busy_at: Option<Timestamp>,
     /// The highest use seen of this rank in this attempt, and what the store has.
     peak: UsagePeak,
     kept: Option<UsagePeak>,
@@ -136,17 +139,62 @@ struct Book {
     failures: BTreeMap<(TaskId, AttemptNo), Failure>,
     nodes: BTreeMap<NodeId, (String, Vec<GpuDevice>)>,
     pruned: Option<Instant>,
+    /// Warnings of idle GPUs, per attempt: when, and what they say.
+    idle_warnings: BTreeMap<(TaskId, AttemptNo), (Timestamp, String)>,
     /// Plotted samples per (task, attempt, rank), with when each was last fed.
     series: BTreeMap<(TaskId, AttemptNo, u32), (RankSeries, Instant)>,
 }
 
+/// GPU utilisation (percent) at or above which a GPU counts as used, unless the
+/// operator's idle-GPU policy says otherwise.
+pub(crate) const GPU_BUSY_PERCENT: u32 = 5;
+
 /// The usage the server knows, shared by the report path and the API.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct UsageBook {
     book: Mutex<Book>,
+    /// GPU utilisation at or above which a rank's GPUs count as used.
+    gpu_busy_percent: u32,
+}
+
+impl Default for UsageBook {
+    fn default() -> Self {
+        UsageBook::new(GPU_BUSY_PERCENT)
+    }
 }
 
 impl UsageBook {
+    pub(crate) fn new(gpu_busy_percent: u32) -> UsageBook {
+        UsageBook {
+            book: Mutex::default(),
+            gpu_busy_percent,
+        }
+    }
+
+    /// Per sampled rank of `attempt` that has GPUs: the last time one was used at or above
+    /// the threshold (see `rules::idle_gpus`).
+    pub(crate) fn gpu_busy_ranks(&self, attempt: AttemptRef) -> BTreeMap<u32, Timestamp> {
+        let book = self.book.lock().unwrap();
+        book.ranks
+            .range((attempt.task, attempt.attempt, 0)..=(attempt.task, attempt.attempt, u32::MAX))
+            .filter_map(|((_, _, rank), state)| state.gpu_busy_at.map(|at| (*rank, at)))
+            .collect()
+    }
+
+    /// Show (or, with `None`, stop showing) a warning about `attempt`'s idle GPUs.
+    pub(crate) fn set_idle_warning(
+        &self,
+        attempt: AttemptRef,
+        warning: Option<(Timestamp, String)>,
+    ) {
+        let mut book = self.book.lock().unwrap();
+        let key = (attempt.task, attempt.attempt);
+        match warning {
+            Some(warning) => book.idle_warnings.insert(key, warning),
+            None => book.idle_warnings.remove(&key),
+        };
+    }
+
     /// A node (re)registered with these GPUs.
     pub(crate) fn register_node(&self, node: NodeId, name: String, gpus: Vec<GpuDevice>) {
         self.book.lock().unwrap().nodes.insert(node, (name, gpus));
@@ -211,6 +259,20 @@ impl UsageBook {
         {
             alive_at = alive_at.max(seen);
         }
+        let gpu_busy_at = (!sample.gpus.is_empty()).then(|| {
+            let used = sample
+                .gpus
+                .iter()
+                .any(|g| g.utilization_percent >= self.gpu_busy_percent);
+            let mut at = to_server(sample.started_at);
+            for seen in [used.then_some(now), previous.and_then(|p| p.gpu_busy_at)]
+                .into_iter()
+                .flatten()
+            {
+                at = at.max(seen);
+            }
+            at
+        });
         let observed = UsagePeak {
             task: sample.attempt.task,
             attempt: sample.attempt.attempt,
@@ -246,6 +308,7 @@ impl UsageBook {
                 sample,
                 last_output_at,
                 alive_at,
+                gpu_busy_at,
                 peak,
                 kept: write.clone().or(kept),
             },
@@ -419,6 +482,18 @@ impl UsageBook {
                 gpus: rank.sample.gpus.clone(),
                 last_output_at: rank.last_output_at,
                 quiet_secs: quiet.as_secs(),
+            });
+        }
+        if let Some((since, message)) = book.idle_warnings.get(&(task, attempt))
+            && state.is_active()
+        {
+            flags.push(UsageFlag {
+                kind: "idle_gpu".into(),
+                attempt,
+                node_rank: 0,
+                node: String::new(),
+                since: *since,
+                message: message.clone(),
             });
         }
         for ((_, failed_attempt), failure) in book

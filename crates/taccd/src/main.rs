@@ -220,6 +220,24 @@ struct ServerArgs {
     /// A task's own `on_hang:` wins. See docs/GPUS.md.
     #[arg(long, default_value = "30m", value_name = "DURATION|off", value_parser = parse_hang_after)]
     hang_after: HangAfter,
+    /// The idle-GPU policy: a running task whose GPUs have all been used below
+    /// --idle-gpu-below percent for this long is warned of (its log, `tcloud top`), then,
+    /// --idle-gpu-grace later, --idle-gpu-then runs (e.g. 30m). Off when not given.
+    #[arg(long, value_name = "DURATION")]
+    idle_gpu_for: Option<HumanDuration>,
+    /// GPU utilisation (percent) under which a GPU counts as idle.
+    #[arg(long, default_value_t = 5, value_name = "PERCENT", value_parser = clap::value_parser!(u32).range(1..=100))]
+    idle_gpu_below: u32,
+    /// What follows the warning: `warn` (nothing more), `checkpoint_and_requeue` (the task's
+    /// checkpoint signal, then back to the queue as a new attempt) or `cancel`.
+    #[arg(long, default_value = "warn", value_name = "ACTION", value_parser = parse_idle_gpu_action)]
+    idle_gpu_then: IdleGpuActionArg,
+    /// Time between the warning and the action.
+    #[arg(long, default_value = "10m", value_name = "DURATION")]
+    idle_gpu_grace: HumanDuration,
+    /// A user or group the idle-GPU policy leaves alone (repeatable).
+    #[arg(long = "idle-gpu-exempt", value_name = "NAME")]
+    idle_gpu_exempt: Vec<String>,
     /// Adaptive allocation of running tasks that give `adaptive:` bounds: `on` grows and
     /// shrinks their CPU and memory within the bounds, `shrink` only gives back what they
     /// do not use, `off` moves nothing (verdicts are still shown). Tasks without
@@ -318,6 +336,16 @@ impl std::str::FromStr for AdaptiveModeArg {
     fn from_str(text: &str) -> Result<Self, String> {
         text.parse().map(AdaptiveModeArg)
     }
+}
+
+/// `--idle-gpu-then`.
+#[derive(Debug, Clone, Copy)]
+struct IdleGpuActionArg(tacc_server::IdleGpuAction);
+
+fn parse_idle_gpu_action(text: &str) -> Result<IdleGpuActionArg, String> {
+    tacc_server::IdleGpuAction::parse(text)
+        .map(IdleGpuActionArg)
+        .ok_or_else(|| format!("`{text}`: give warn, checkpoint_and_requeue or cancel"))
 }
 
 /// `--hang-after`: a duration, or `off`.
@@ -636,6 +664,15 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
     config.chunk_retention = Duration::from_secs(args.chunk_retention.as_secs());
     config.silent_after = Duration::from_secs(args.silent_after.as_secs());
     config.hang_after = args.hang_after.0;
+    config.idle_gpu = args
+        .idle_gpu_for
+        .map(|idle_for| tacc_server::IdleGpuPolicy {
+            below_percent: args.idle_gpu_below,
+            idle_for: Duration::from_secs(idle_for.as_secs()),
+            then: args.idle_gpu_then.0,
+            grace: Duration::from_secs(args.idle_gpu_grace.as_secs()),
+            exempt: args.idle_gpu_exempt.clone(),
+        });
     config.adaptive = tacc_server::AdaptiveConfig {
         mode: args.adaptive.0,
         window: args.adaptive_window.as_std(),

@@ -373,8 +373,12 @@ impl Control {
         at: Timestamp,
     ) -> Result<(), ServerError> {
         let task = record.id;
+        let reason = match inner.requeue_reasons.remove(&task) {
+            Some(why) => format!("{why} (attempt {})", record.attempt),
+            None => format!("preempted during attempt {}", record.attempt),
+        };
         self.commit(&[TaskChange::Transition(Transition {
-            reason: Some(format!("preempted during attempt {}", record.attempt)),
+            reason: Some(reason),
             ..Transition::new(
                 task,
                 record.state,

@@ -1029,3 +1029,113 @@ async fn a_start_and_an_end_reported_together_cost_one_transaction() {
         assert_eq!(env.state(task).await, Running);
     }
 }
+
+fn idle_policy(then: super::IdleGpuAction) -> super::IdleGpuPolicy {
+    super::IdleGpuPolicy {
+        below_percent: 5,
+        idle_for: Duration::from_secs(60),
+        then,
+        grace: Duration::from_secs(30),
+        exempt: vec!["exempted".into()],
+    }
+}
+
+const ONE_GPU: &str = "name: gpu\nresources: {cpus: 1, gpus: 1}\ncheckpoint: {signal: SIGUSR1, grace: 5s}\nrun: train\n";
+
+/// `agent` runs a one-GPU task whose GPU reads `series` percent, one sample every 5 s,
+/// with a liveness check after each; its task and attempt.
+async fn gpu_series(
+    env: &TestEnv,
+    agent: &mut super::test_env::FakeAgent,
+    attempt: tacc_proto::AttemptRef,
+    started: tacc_core::Timestamp,
+    series: &[u32],
+) {
+    for utilization in series {
+        env.report(agent, vec![env.gpu_sampled(attempt, started, *utilization)])
+            .await;
+        env.advance(Duration::from_secs(5));
+        env.check_liveness().await;
+        env.poll(agent).await;
+    }
+}
+
+#[tokio::test]
+async fn idle_gpus_are_warned_of_then_checkpointed_and_requeued() {
+    let env = TestEnv::configured(|c| {
+        c.idle_gpu = Some(idle_policy(super::IdleGpuAction::CheckpointAndRequeue))
+    })
+    .await;
+    let mut agent = env.join_gpus("g1", 2, 1).await;
+    let (task, attempt) = env.running(&mut agent, ONE_GPU).await;
+    let started = env.clock.now();
+    // Busy for a minute, then idle: 12 samples (60 s) idle is the warning.
+    gpu_series(&env, &mut agent, attempt, started, &[90; 12]).await;
+    assert!(!env.log(task).contains("idle"), "{}", env.log(task));
+    gpu_series(&env, &mut agent, attempt, started, &[1; 13]).await;
+    let log = env.log(task);
+    assert!(
+        log.contains(
+            "tacc: its GPUs have been idle (below 5%) for 1 min; the cluster's policy will \
+             checkpoint and requeue it in 30s unless they are used"
+        ),
+        "{log}"
+    );
+    let usage = env.control.task_usage(task).await.unwrap();
+    assert!(
+        usage.flags.iter().any(|f| f.kind == "idle_gpu"),
+        "{:?}",
+        usage.flags
+    );
+    assert_eq!(env.state(task).await, Running, "warned, not yet acted on");
+    // Still idle after the grace: the attempt is withdrawn (the agent stops it with its
+    // checkpoint signal) and, once stopped, queued again as attempt 2.
+    gpu_series(&env, &mut agent, attempt, started, &[0; 7]).await;
+    assert!(!agent.running.contains(&attempt), "withdrawn from its node");
+    env.report(
+        &agent,
+        vec![tacc_proto::AgentReport::Finished {
+            attempt,
+            at: env.clock.now(),
+            outcome: tacc_proto::AttemptOutcome::Cancelled,
+            rank: None,
+        }],
+    )
+    .await;
+    let record = env.task(task).await;
+    assert_eq!(record.attempt.0, 2, "{record:?}");
+    let events = env.events(task).await;
+    let requeued = events
+        .iter()
+        .find(|e| e.state == Queued && e.attempt.0 == 2)
+        .expect("queued again as attempt 2");
+    let reason = requeued.reason.clone().unwrap_or_default();
+    assert!(
+        reason.starts_with("idle GPUs: used below 5% for 1 min and 30s after a warning")
+            && reason.ends_with("(attempt 1)"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn gpus_used_again_lift_the_warning_and_exempt_users_are_left_alone() {
+    let env =
+        TestEnv::configured(|c| c.idle_gpu = Some(idle_policy(super::IdleGpuAction::Cancel))).await;
+    let mut agent = env.join_gpus("g1", 2, 1).await;
+    let (task, attempt) = env.running(&mut agent, ONE_GPU).await;
+    let started = env.clock.now();
+    gpu_series(&env, &mut agent, attempt, started, &[0; 13]).await;
+    assert!(env.log(task).contains("idle (below 5%)"));
+    gpu_series(&env, &mut agent, attempt, started, &[80; 10]).await;
+    assert!(
+        env.log(task).contains("its GPUs are used again"),
+        "{}",
+        env.log(task)
+    );
+    assert_eq!(env.state(task).await, Running);
+    // Idle long enough again, past the grace: cancelled, saying why.
+    gpu_series(&env, &mut agent, attempt, started, &[0; 22]).await;
+    let record = env.task(task).await;
+    assert_eq!(record.state, Cancelled);
+    assert_reason(&record, "idle GPUs: used below 5%");
+}

@@ -31,6 +31,7 @@ mod comm;
 mod estimates;
 mod groups;
 mod hangs;
+mod idle_gpus;
 mod nodes;
 mod pipelines;
 mod plans;
@@ -59,6 +60,7 @@ pub use nodes::LIVENESS_CHECK_EVERY;
 use nodes::node_spec;
 pub use pipelines::StageSubmission;
 pub use retry::RetrySettings;
+pub use rules::idle_gpus::{IdleGpuAction, IdleGpuPolicy};
 pub use sweeps::run_sweeps;
 
 /// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
@@ -99,6 +101,8 @@ pub struct ServerConfig {
     /// A multi-node attempt whose ranks still running have all been silent this long is
     /// ended as hung (`--hang-after`; `None` is off); a task's `on_hang` overrides it.
     pub hang_after: Option<Duration>,
+    /// The operator's idle-GPU policy (`--idle-gpu-*`); `None`: idle GPUs are only shown.
+    pub idle_gpu: Option<IdleGpuPolicy>,
     /// Adaptive allocation: which running tasks' allocations may move, and how fast.
     pub adaptive: AdaptiveConfig,
     /// One of several replicas (`--replicated`): agents are told so at registration.
@@ -132,6 +136,7 @@ impl ServerConfig {
             task_uid_base: DEFAULT_TASK_UID_BASE,
             silent_after: Duration::from_secs(300),
             hang_after: Some(DEFAULT_HANG_AFTER),
+            idle_gpu: None,
             adaptive: AdaptiveConfig::default(),
             replicated: false,
             retry: RetrySettings::default(),
@@ -219,6 +224,10 @@ pub(crate) struct Inner {
     fairshare_saved: Vec<tacc_store::FairShareLedger>,
     /// Each node's last-seen time as last kept in the store.
     seen_saved: BTreeMap<NodeId, Timestamp>,
+    /// Attempts whose owners were warned of their idle GPUs, and when.
+    idle_warned: BTreeMap<AttemptRef, Timestamp>,
+    /// Why a task the control plane (not the scheduler) stopped to requeue it was stopped.
+    requeue_reasons: BTreeMap<TaskId, String>,
 }
 
 impl Inner {
@@ -408,7 +417,12 @@ impl Control {
             node_attempts: Default::default(),
             log_offsets: crate::log_offsets::LogOffsets::new(config.data_dir.join("logs")),
             node_requests: Default::default(),
-            usage: Default::default(),
+            usage: crate::usage::UsageBook::new(
+                config
+                    .idle_gpu
+                    .as_ref()
+                    .map_or(crate::usage::GPU_BUSY_PERCENT, |p| p.below_percent),
+            ),
             metrics: crate::metrics::Metrics::new(logs.written_counter()),
             placed: records::PlacedRecords::default(),
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
@@ -435,6 +449,8 @@ impl Control {
                 last_liveness_check: clock.instant(),
                 fairshare_saved: Vec::new(),
                 seen_saved: BTreeMap::new(),
+                idle_warned: BTreeMap::new(),
+                requeue_reasons: BTreeMap::new(),
                 identity_groups: BTreeMap::new(),
                 deferred: None,
             }),

@@ -379,6 +379,7 @@ impl Control {
             }
         }
         self.end_hung_attempts(&mut inner).await?;
+        self.apply_idle_gpu_policy(&mut inner).await?;
         self.release_due_retries(&mut inner, self.clock.now()).await;
         Ok(())
     }

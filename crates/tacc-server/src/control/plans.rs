@@ -183,22 +183,28 @@ impl Control {
         // The agent stops a withdrawn attempt with SIGTERM, then SIGKILL after the task's
         // grace period; its end comes back as a cancelled attempt and is requeued.
         for task in preempted {
-            inner.preempting.insert(task);
-            for (node, live) in inner.nodes.iter_mut() {
-                let withdrawn: Vec<AttemptRef> = live
-                    .assignments
-                    .keys()
-                    .filter(|a| a.task == task)
-                    .copied()
-                    .collect();
-                for attempt in withdrawn {
-                    live.assignments.remove(&attempt);
-                    live.cancelling.insert(attempt);
-                    self.comm.work_changed(*node);
-                }
-            }
+            self.stop_to_requeue(inner, task);
         }
         Ok(())
+    }
+
+    /// Withdraw `task`'s running attempt from its nodes so that it is requeued once its
+    /// agents have stopped it (with its checkpoint signal and grace, as a preemption).
+    pub(super) fn stop_to_requeue(&self, inner: &mut Inner, task: TaskId) {
+        inner.preempting.insert(task);
+        for (node, live) in inner.nodes.iter_mut() {
+            let withdrawn: Vec<AttemptRef> = live
+                .assignments
+                .keys()
+                .filter(|a| a.task == task)
+                .copied()
+                .collect();
+            for attempt in withdrawn {
+                live.assignments.remove(&attempt);
+                live.cancelling.insert(attempt);
+                self.comm.work_changed(*node);
+            }
+        }
     }
 
     /// Throw the scheduler's state away, rebuild it from the store in one batch, and carry

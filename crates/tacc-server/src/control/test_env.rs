@@ -62,6 +62,8 @@ pub(super) struct FakeAgent {
     log_written: u64,
     /// This agent process's life (`RegisterAgent::life`).
     pub(super) life: u64,
+    /// The GPUs it offers.
+    pub(super) gpus: u32,
 }
 
 impl TestEnv {
@@ -253,9 +255,46 @@ impl TestEnv {
             running: BTreeSet::new(),
             log_written: 0,
             life: 1,
+            gpus: 0,
         };
         agent.node = self.register(&agent, cpus).await;
         agent
+    }
+
+    /// A new agent offering `gpus` GPUs registers.
+    pub(super) async fn join_gpus(&self, name: &str, cpus: u64, gpus: u32) -> FakeAgent {
+        let mut agent = FakeAgent {
+            node: NodeId(0),
+            name: name.to_string(),
+            running: BTreeSet::new(),
+            log_written: 0,
+            life: 1,
+            gpus,
+        };
+        agent.node = self.register(&agent, cpus).await;
+        agent
+    }
+
+    /// A usage sample of rank 0 of `attempt` whose one GPU is `utilization` percent busy
+    /// (and whose CPU is busy, so it is alive).
+    pub(super) fn gpu_sampled(
+        &self,
+        attempt: AttemptRef,
+        started_at: tacc_core::Timestamp,
+        utilization: u32,
+    ) -> AgentReport {
+        AgentReport::Usage(
+            serde_json::from_value(serde_json::json!({
+                "attempt": attempt,
+                "node_rank": 0,
+                "at": self.clock.now(),
+                "started_at": started_at,
+                "cpu_millis_used": 900,
+                "gpus": [{"index": 0, "utilization_percent": utilization,
+                          "memory_used_bytes": 0, "memory_total_bytes": 0}],
+            }))
+            .expect("a usage sample"),
+        )
     }
 
     /// A new agent enrols (as with a join token): pending when the server requires
@@ -267,6 +306,7 @@ impl TestEnv {
             running: BTreeSet::new(),
             log_written: 0,
             life: 1,
+            gpus: 0,
         };
         let enrolment = tacc_store::NodeEnrolment {
             pending: self.control.config.require_node_approval,
@@ -290,7 +330,7 @@ impl TestEnv {
             .register_agent(
                 RegisterAgent {
                     name: agent.name.clone(),
-                    capacity: Resources::new(cpus * 1000, 64 << 30, 0),
+                    capacity: Resources::new(cpus * 1000, 64 << 30, agent.gpus),
                     gpu_type: None,
                     labels: Default::default(),
                     running: agent.running.iter().copied().collect(),

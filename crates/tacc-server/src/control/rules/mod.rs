@@ -10,6 +10,7 @@ pub(super) mod cancel;
 pub(super) mod claims;
 pub(super) mod ending;
 pub(super) mod hangs;
+pub(crate) mod idle_gpus;
 pub(super) mod liveness;
 pub(super) mod polls;
 
