@@ -6,6 +6,7 @@
 //! states) and must not depend on the schema, scheduler, store or any runtime crate.
 
 mod accounting;
+mod cluster_stop;
 mod adaptive;
 mod files;
 mod groups;
@@ -14,6 +15,7 @@ mod pipelines;
 use std::collections::BTreeMap;
 
 pub use accounting::*;
+pub use cluster_stop::*;
 pub use adaptive::*;
 pub use files::*;
 pub use groups::*;
