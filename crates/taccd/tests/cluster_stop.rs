@@ -52,7 +52,7 @@ async fn a_signal_restarts_the_server_alone_and_the_next_one_adopts_the_running_
     let outside = tempfile::tempdir_in("/var/tmp").unwrap();
     let markers = markers_dir(outside.path());
     let data = dir.path().join("d");
-    // The agent stops its tasks after a third of the heartbeat timeout without its server:
+    // The agent stops its tasks once its server has been gone for the heartbeat timeout:
     // a generous one, so that a slow machine restarts the server well within it.
     let flags = ["--heartbeat-timeout", "60"];
     let server = start("dev", &data, &flags).await;

@@ -446,7 +446,7 @@ everything they run. While tasks are queued or running it stops nothing, names t
 with code 9: --drain takes no new tasks, lets those finish (showing how many are left), then \
 stops; --force stops them now (they end `cancelled`, reason `cluster stopped by tcloud down`). \
 To restart the server alone (an upgrade) with the tasks running on, send it SIGTERM and run \
-`tcloud up` again within 10 seconds.",
+`tcloud up` again within 30 seconds (the heartbeat timeout).",
         after_help = "Examples:\n  tcloud down\n  tcloud down --drain\n  tcloud down --force"
     )]
     Down {
