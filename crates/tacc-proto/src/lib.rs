@@ -6,8 +6,8 @@
 //! states) and must not depend on the schema, scheduler, store or any runtime crate.
 
 mod accounting;
-mod cluster_stop;
 mod adaptive;
+mod cluster_stop;
 mod files;
 mod groups;
 mod pipelines;
@@ -15,8 +15,8 @@ mod pipelines;
 use std::collections::BTreeMap;
 
 pub use accounting::*;
-pub use cluster_stop::*;
 pub use adaptive::*;
+pub use cluster_stop::*;
 pub use files::*;
 pub use groups::*;
 pub use pipelines::*;

@@ -48,7 +48,11 @@ pub(crate) enum StopDecision {
 
 /// A stop never weakens: a force stop stays one, a drain turns into a force stop when
 /// asked, and a plain request during a drain carries on with the drain.
-pub(crate) fn decide(requested: StopMode, under_way: Option<StopMode>, active: u64) -> StopDecision {
+pub(crate) fn decide(
+    requested: StopMode,
+    under_way: Option<StopMode>,
+    active: u64,
+) -> StopDecision {
     let strongest = match (requested, under_way) {
         (StopMode::Force, _) | (_, Some(StopMode::Force)) => StopMode::Force,
         (StopMode::Drain, _) | (_, Some(StopMode::Drain)) => StopMode::Drain,
@@ -127,7 +131,10 @@ fn active_filter(limit: Option<u32>) -> TaskFilter {
 }
 
 /// Where the stop stands: the one under way and the tasks still active.
-pub(crate) async fn view(control: &Control, stop: &ClusterStop) -> Result<ClusterStopView, ServerError> {
+pub(crate) async fn view(
+    control: &Control,
+    stop: &ClusterStop,
+) -> Result<ClusterStopView, ServerError> {
     let active_count = control.store.count_tasks(&active_filter(None)).await?;
     let active = control
         .store
@@ -291,7 +298,10 @@ mod tests {
             refused.contains("draining (`tcloud down --drain`)") && refused.contains("tcloud up"),
             "{refused}"
         );
-        assert!(!stop.begin(Force), "a second request starts no second watcher");
+        assert!(
+            !stop.begin(Force),
+            "a second request starts no second watcher"
+        );
         let refused = stop.refuse_new_work().unwrap_err().to_string();
         assert!(refused.contains("--force"), "{refused}");
     }

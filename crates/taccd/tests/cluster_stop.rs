@@ -225,7 +225,10 @@ async fn tcloud_down_refuses_while_a_task_runs_and_force_cancels_it_leaving_no_p
     let agent = embedded_agent_pid(&cluster.data()).expect("the agent's record");
     let stopped = cluster.ok(&["down", "--force"]);
     assert!(stopped.contains("Stopped the local cluster"), "{stopped}");
-    assert!(task_processes(&marker).is_empty(), "the task's processes live on");
+    assert!(
+        task_processes(&marker).is_empty(),
+        "the task's processes live on"
+    );
     assert!(!process_alive(agent), "the agent lives on");
     assert!(!cluster.is_running());
 

@@ -330,7 +330,11 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
         .stop_cluster(tacc_proto::StopMode::IfIdle)
         .await
         .unwrap();
-    assert_eq!(stopping.stopping, Some(tacc_proto::StopMode::IfIdle), "{stopping:?}");
+    assert_eq!(
+        stopping.stopping,
+        Some(tacc_proto::StopMode::IfIdle),
+        "{stopping:?}"
+    );
     eventually("the cluster to stop", DEADLINE, || {
         let exited = matches!(server.child.try_wait(), Ok(Some(_)));
         async move { (exited && !process_alive(agent_pid)).then_some(()) }
