@@ -54,6 +54,6 @@ pub struct ClusterStopView {
     pub stopping: Option<StopMode>,
     /// How many tasks are queued, starting or running.
     pub active_count: u64,
-    /// The first few of them, oldest first.
+    /// A few of them (the newest first, as `tcloud ps` lists them).
     pub active: Vec<ActiveTask>,
 }
