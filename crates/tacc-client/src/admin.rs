@@ -92,4 +92,24 @@ impl Client {
     pub async fn collect_garbage(&self) -> Result<tacc_proto::GcReport> {
         self.json(self.request(Method::POST, "/v1/admin/gc")).await
     }
+
+    /// Stop the embedded cluster (`tcloud down`): at once when no task is active, else as
+    /// `mode` says (see [`tacc_proto::StopMode`]).
+    pub async fn stop_cluster(
+        &self,
+        mode: tacc_proto::StopMode,
+    ) -> Result<tacc_proto::ClusterStopView> {
+        let body = tacc_proto::StopCluster { mode };
+        self.json(
+            self.request(Method::POST, "/v1/admin/cluster/stop")
+                .json(&body),
+        )
+        .await
+    }
+
+    /// How far a stop of the embedded cluster has got.
+    pub async fn cluster_stop(&self) -> Result<tacc_proto::ClusterStopView> {
+        self.json(self.request(Method::GET, "/v1/admin/cluster/stop"))
+            .await
+    }
 }

@@ -7,6 +7,7 @@
 
 mod accounting;
 mod adaptive;
+mod cluster_stop;
 mod files;
 mod groups;
 mod pipelines;
@@ -15,6 +16,7 @@ use std::collections::BTreeMap;
 
 pub use accounting::*;
 pub use adaptive::*;
+pub use cluster_stop::*;
 pub use files::*;
 pub use groups::*;
 pub use pipelines::*;

@@ -17,6 +17,7 @@ mod artifacts;
 mod asha;
 pub mod auth;
 pub mod clock;
+pub mod cluster_stop;
 mod connections;
 mod control;
 pub mod daemon_log;
@@ -112,7 +113,7 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    serve_on(control, listener, None, shutdown).await
+    serve_on(control, listener, None, shutdown, None).await
 }
 
 /// Serve the API in HTTPS on `listener`, with `tls`'s certificate, until `shutdown` is
@@ -123,7 +124,20 @@ pub async fn serve_tls(
     tls: TlsConfig,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    serve_on(control, listener, Some(tls), shutdown).await
+    serve_on(control, listener, Some(tls), shutdown, None).await
+}
+
+/// Serve the API of the embedded cluster (`taccd dev`), in HTTPS when `tls` is given,
+/// until `shutdown` is cancelled: an admin may ask it to stop (`tcloud down`), after
+/// which `stop` says when no task is left (see [`cluster_stop`]).
+pub async fn serve_embedded(
+    control: Arc<Control>,
+    listener: TcpListener,
+    tls: Option<TlsConfig>,
+    shutdown: CancellationToken,
+    stop: Arc<cluster_stop::ClusterStop>,
+) -> std::io::Result<()> {
+    serve_on(control, listener, tls, shutdown, Some(stop)).await
 }
 
 /// Without TCP_NODELAY a streamed response (log follow, long poll) can wait out the peer's
@@ -142,10 +156,11 @@ async fn serve_on(
     listener: TcpListener,
     tls: Option<TlsConfig>,
     shutdown: CancellationToken,
+    cluster_stop: Option<Arc<cluster_stop::ClusterStop>>,
 ) -> std::io::Result<()> {
     let background = spawn_background(control.clone(), shutdown.clone());
     let limits = control.config.connections;
-    let app = api::router(control, shutdown.clone(), tls.is_some());
+    let app = api::router(control, shutdown.clone(), tls.is_some(), cluster_stop);
     let result = connections::serve(listener, tls, app, limits, shutdown).await;
     for task in background {
         task.abort();

@@ -96,7 +96,7 @@ pub async fn serve_replicated(
         .build()
         .map_err(|e| ServerError::Internal(format!("cannot build the forwarding client: {e}")))?;
     let replica = Arc::new(Replica {
-        follower_app: crate::api::router(follower, shutdown.clone(), false),
+        follower_app: crate::api::router(follower, shutdown.clone(), false, None),
         store,
         config,
         replica,
@@ -271,7 +271,7 @@ impl Replica {
             }
         };
         let stop = self.shutdown.child_token();
-        let app = crate::api::router(control.clone(), stop.clone(), false);
+        let app = crate::api::router(control.clone(), stop.clone(), false, None);
         let background = crate::spawn_background(control, stop.clone());
         tokio::spawn({
             let stop = stop.clone();

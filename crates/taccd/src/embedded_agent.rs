@@ -9,6 +9,11 @@
 //! URL with its settings. An agent whose server stays gone for one heartbeat timeout
 //! stops its tasks and exits: nobody is left to report to, and a server started later
 //! starts an agent of its own, which kills what a previous one left behind.
+//!
+//! A signal to the server (SIGTERM, SIGINT) stops the server alone, as a crash would but
+//! cleanly: an upgrade restarts the server within the heartbeat timeout and loses no
+//! task. Only an explicit stop of the cluster (`tcloud down`, see
+//! `tacc_server::cluster_stop`) stops the agent.
 
 use std::ffi::OsString;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -165,8 +170,15 @@ pub fn record_server(data_dir: &Path) -> Result<()> {
 }
 
 /// Start the embedded agent (or adopt the one a previous server left), start it again
-/// should it end, and stop it when `shutdown` is cancelled.
-pub async fn supervise(launch: AgentLaunch, shutdown: CancellationToken) -> Result<()> {
+/// should it end, and stop it when `stop_agent` is cancelled (the cluster stops:
+/// `tcloud down`). When only `shutdown` is (a signal to the server: an upgrade, a restart)
+/// the agent and its tasks are left running, and its record with them, for the next
+/// server to adopt; unadopted, it stops itself after the heartbeat timeout.
+pub async fn supervise(
+    launch: AgentLaunch,
+    shutdown: CancellationToken,
+    stop_agent: CancellationToken,
+) -> Result<()> {
     let record_path = launch.data_dir.join(AGENT_RECORD);
     let mut relay = LogRelay::from_end(launch.data_dir.join(AGENT_LOG));
     loop {
@@ -193,10 +205,19 @@ pub async fn supervise(launch: AgentLaunch, shutdown: CancellationToken) -> Resu
         };
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => {
+                _ = stop_agent.cancelled() => {
                     agent.stop(launch.stop_wait).await;
                     relay.relay();
                     let _ = std::fs::remove_file(&record_path);
+                    return Ok(());
+                }
+                _ = shutdown.cancelled() => {
+                    relay.relay();
+                    tracing::info!(
+                        "the embedded agent (pid {}) and its tasks carry on without this server; the next `taccd dev` on {} adopts them",
+                        agent.pid(),
+                        launch.data_dir.display()
+                    );
                     return Ok(());
                 }
                 _ = tokio::time::sleep(WATCH_EVERY) => {}
@@ -213,6 +234,7 @@ pub async fn supervise(launch: AgentLaunch, shutdown: CancellationToken) -> Resu
         }
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
+            _ = stop_agent.cancelled() => return Ok(()),
             _ = tokio::time::sleep(RESTART_PAUSE) => {}
         }
     }

@@ -30,6 +30,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 use tacc_core::{ByteSize, HumanDuration};
+use tacc_server::cluster_stop::ClusterStop;
 use tacc_server::{Control, ServerConfig};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -684,12 +685,14 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
     Ok(config)
 }
 
-/// Start the control plane; returns its URL and the serving task.
+/// Start the control plane; `cluster_stop` when it embeds its cluster (`taccd dev`), which
+/// an admin may then stop (`tcloud down`).
 async fn start_server(
     args: &ServerArgs,
-    hosts_agent: bool,
+    cluster_stop: Option<Arc<ClusterStop>>,
     shutdown: CancellationToken,
 ) -> Result<Started> {
+    let hosts_agent = cluster_stop.is_some();
     args.tls.check_exposure(args.listen, &args.data_dir)?;
     let tls = args.tls.load()?;
     modes::secure_server_dir(&args.data_dir, hosts_agent)?;
@@ -713,18 +716,21 @@ async fn start_server(
         if tls.is_some() { "https" } else { "http" }
     );
     write_endpoint(&args.data_dir, &url)?;
-    let serving = match tls {
+    match &tls {
         Some(tls) => {
             let fingerprint = tacc_client::tls::fingerprint(tls.certificate_der());
             tracing::info!(
                 "control plane listening on {url} (certificate SHA-256 fingerprint {fingerprint})"
             );
-            tokio::spawn(tacc_server::serve_tls(served, listener, tls, shutdown))
         }
-        None => {
-            tracing::info!("control plane listening on {url}");
-            tokio::spawn(tacc_server::serve(served, listener, shutdown))
-        }
+        None => tracing::info!("control plane listening on {url}"),
+    }
+    let serving = match (cluster_stop, tls) {
+        (Some(stop), tls) => tokio::spawn(tacc_server::serve_embedded(
+            served, listener, tls, shutdown, stop,
+        )),
+        (None, Some(tls)) => tokio::spawn(tacc_server::serve_tls(served, listener, tls, shutdown)),
+        (None, None) => tokio::spawn(tacc_server::serve(served, listener, shutdown)),
     };
     Ok(Started {
         url,
@@ -772,7 +778,7 @@ async fn run_server(args: ServerArgs, shutdown: CancellationToken) -> Result<()>
     if args.replica.replicated {
         return replica::run(&args, shutdown).await;
     }
-    let started = start_server(&args, false, shutdown).await?;
+    let started = start_server(&args, None, shutdown).await?;
     started.serving.await??;
     Ok(())
 }
@@ -795,11 +801,12 @@ async fn run_dev(
     std::fs::create_dir_all(&server.data_dir)
         .with_context(|| format!("cannot create {}", server.data_dir.display()))?;
     embedded_agent::record_server(&server.data_dir)?;
+    let cluster_stop = ClusterStop::new();
     let Started {
         url,
         control,
-        serving,
-    } = start_server(&server, true, shutdown.clone()).await?;
+        mut serving,
+    } = start_server(&server, Some(cluster_stop.clone()), shutdown.clone()).await?;
     let node_name = node.name.clone().unwrap_or_else(host_name);
     let join = control
         .provision_local(
@@ -809,6 +816,9 @@ async fn run_dev(
         )
         .await?;
     let heartbeat = Duration::from_secs(server.heartbeat_timeout);
+    // Only an explicit stop (`tcloud down`) stops the agent: a signal stops this server
+    // alone, and the agent and its tasks wait for the next one (an upgrade).
+    let stop_agent = CancellationToken::new();
     let agent = tokio::spawn(embedded_agent::supervise(
         embedded_agent::AgentLaunch {
             data_dir: server.data_dir.clone(),
@@ -820,10 +830,28 @@ async fn run_dev(
             stop_wait: heartbeat / 3 + Duration::from_secs(30),
         },
         shutdown.clone(),
+        stop_agent.clone(),
     ));
-    serving.await??;
-    shutdown.cancel();
-    agent.await??;
+    let stopped = cluster_stop.done();
+    let on_request = tokio::select! {
+        served = &mut serving => {
+            served??;
+            false
+        }
+        _ = stopped.cancelled() => true,
+    };
+    if on_request {
+        // Every task has ended (the stop waited for that): the agent goes first, so that
+        // nothing it reports is refused, then the server.
+        tracing::info!("the cluster stops on request: stopping its agent, then the server");
+        stop_agent.cancel();
+        agent.await??;
+        shutdown.cancel();
+        serving.await??;
+    } else {
+        shutdown.cancel();
+        agent.await??;
+    }
     Ok(())
 }
 

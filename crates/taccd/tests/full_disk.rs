@@ -325,11 +325,16 @@ async fn a_task_filling_the_disk_takes_no_daemon_down_and_loses_no_report() {
     // The cluster stops and starts again (`tcloud down`, `tcloud up`): nothing that
     // finished runs again, nothing ends `lost`.
     let url = server.url.clone();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server.pid() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let stopping = server
+        .client()
+        .stop_cluster(tacc_proto::StopMode::IfIdle)
+        .await
+        .unwrap();
+    assert_eq!(
+        stopping.stopping,
+        Some(tacc_proto::StopMode::IfIdle),
+        "{stopping:?}"
+    );
     eventually("the cluster to stop", DEADLINE, || {
         let exited = matches!(server.child.try_wait(), Ok(Some(_)));
         async move { (exited && !process_alive(agent_pid)).then_some(()) }

@@ -62,6 +62,8 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("POST", "/v1/admin/tokens/{id}/revoke", "admin"),
         ("POST", "/v1/admin/agent-tokens", "admin"),
         ("GET", "/v1/admin/audit", "admin"),
+        ("POST", "/v1/admin/cluster/stop", "admin"),
+        ("GET", "/v1/admin/cluster/stop", "admin"),
         ("POST", "/v1/admin/nodes/{name}/drain", "admin"),
         ("POST", "/v1/admin/nodes/{name}/resume", "admin"),
         ("POST", "/v1/admin/nodes/{name}/approve", "admin"),

@@ -33,6 +33,9 @@ pub const FORBIDDEN: u8 = 7;
 /// The server failed, not the request: its disk is full, its database unavailable, an
 /// internal error (HTTP 5xx). Retrying later may succeed.
 pub const SERVER_FAULT: u8 = 8;
+/// `tcloud down` stopped nothing: the local cluster has tasks queued or running (stop it
+/// with `--drain` or `--force`).
+pub const CLUSTER_BUSY: u8 = 9;
 
 /// Where the token of a request came from.
 #[derive(Debug, Clone, PartialEq, Eq)]

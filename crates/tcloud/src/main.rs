@@ -190,7 +190,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             DatasetCommand::Ls { json } => compiler::dataset_ls(&ctx, json).await,
         },
         Command::Up { port, options } => cluster::up(port, options).await,
-        Command::Down => cluster::down().await,
+        Command::Down { args } => cluster::down(args).await,
         Command::Quickstart { dir } => quickstart::quickstart(&dir),
         Command::Config { command } => match command {
             ConfigCommand::Use { name } => config_cmd::use_profile(&name),

@@ -233,6 +233,7 @@ pub(super) async fn rerun_group(
     Json(body): Json<GroupRerun>,
 ) -> ApiResult<(StatusCode, Json<SubmitReply>)> {
     let user = user_of(&caller)?;
+    super::cluster_stop::refuse_while_stopping(&app)?;
     if !body.failed {
         return Err(ServerError::BadRequest(
             "a group is rerun by its failed elements only: send {\"failed\": true} \

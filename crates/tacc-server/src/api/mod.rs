@@ -7,6 +7,7 @@ mod accounting;
 mod admin;
 mod agents;
 mod cluster;
+mod cluster_stop;
 mod dashboard;
 mod drain;
 mod files;
@@ -88,6 +89,8 @@ pub(crate) const MAX_SECRET_BODY: usize = crate::secrets::MAX_SECRET_BYTES;
 pub(crate) struct AppState {
     pub(crate) control: Arc<Control>,
     pub(crate) shutdown: CancellationToken,
+    /// The embedded cluster's stop (`tcloud down`); `None` for a plain server.
+    pub(crate) cluster_stop: Option<Arc<crate::cluster_stop::ClusterStop>>,
     rules: Arc<HashMap<(Method, &'static str), Access>>,
     /// The dashboard's signed-in browsers.
     pub(crate) sessions: Arc<dashboard::Sessions>,
@@ -278,6 +281,18 @@ fn declare() -> Vec<Declared> {
         rule(M::GET, "/v1/admin/audit", Admin, get(admin::audit)),
         rule(
             M::POST,
+            "/v1/admin/cluster/stop",
+            Admin,
+            post(cluster_stop::stop),
+        ),
+        rule(
+            M::GET,
+            "/v1/admin/cluster/stop",
+            Admin,
+            get(cluster_stop::progress),
+        ),
+        rule(
+            M::POST,
             "/v1/admin/nodes/{name}/drain",
             Admin,
             post(admin::drain_node),
@@ -385,8 +400,14 @@ pub(crate) fn body_limit(path: &str) -> Option<usize> {
     }
 }
 
-/// The API and the dashboard; `secure_cookies` when served over TLS.
-pub fn router(control: Arc<Control>, shutdown: CancellationToken, secure_cookies: bool) -> Router {
+/// The API and the dashboard; `secure_cookies` when served over TLS; `cluster_stop` when
+/// the server embeds its cluster (`taccd dev`).
+pub fn router(
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+    secure_cookies: bool,
+    cluster_stop: Option<Arc<crate::cluster_stop::ClusterStop>>,
+) -> Router {
     let declared = declare();
     let rules = declared
         .iter()
@@ -395,6 +416,7 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken, secure_cookies
     let state = AppState {
         control: control.clone(),
         shutdown,
+        cluster_stop,
         rules: Arc::new(rules),
         sessions: Arc::new(dashboard::Sessions::kept(dashboard::Keeping {
             store: control.store.clone(),

@@ -440,6 +440,20 @@ fn described() -> Vec<Operation> {
             "Run a chunk garbage-collection pass now.",
         )
         .answers(200, Json(one::<GcReport>)),
+        op(
+            M::POST,
+            "/v1/admin/cluster/stop",
+            "Stop the embedded cluster (`tcloud down`): at once when no task is active, else \
+             as `mode` says (refuse and name them, drain, or cancel them).",
+        )
+        .takes(Json(one::<StopCluster>))
+        .answers(200, Json(one::<ClusterStopView>)),
+        op(
+            M::GET,
+            "/v1/admin/cluster/stop",
+            "How far a stop of the embedded cluster has got.",
+        )
+        .answers(200, Json(one::<ClusterStopView>)),
         op(M::GET, "/v1/admin/users", "Every user.").answers(200, Json(many::<UserView>)),
         op(
             M::POST,

@@ -24,6 +24,7 @@ pub(super) async fn submit_pipeline(
     {
         return Ok(reply);
     }
+    super::cluster_stop::refuse_while_stopping(&app)?;
     let submitted = submit_new(&app, user, body, key.as_ref()).await;
     match (submitted, &key) {
         (Err(error), Some(key)) => key.after_failure(&app.control, error).await,

@@ -82,6 +82,7 @@ pub(super) async fn submit(
     {
         return Ok(reply);
     }
+    super::cluster_stop::refuse_while_stopping(&app)?;
     match (submit_new(&app, user, body, key.as_ref()).await, &key) {
         (Err(error), Some(key)) => key.after_failure(&app.control, error).await,
         (done, _) => done,
@@ -387,6 +388,7 @@ pub(super) async fn rerun_task(
     {
         return Ok(reply);
     }
+    super::cluster_stop::refuse_while_stopping(&app)?;
     match (rerun_new(&app, user, TaskId(id), key.as_ref()).await, &key) {
         (Err(error), Some(key)) => key.after_failure(&app.control, error).await,
         (done, _) => done,

@@ -77,6 +77,29 @@ fn kill_embedded_agent(data_dir: &Path) {
     }
 }
 
+/// Leave nothing of a dev cluster on `data_dir` that a test started some other way (with
+/// `tcloud up`): `kill -9` of its server and agent, then its tasks' cgroups and private
+/// /tmp mounts swept. For a test's guard, after it asked the cluster to stop.
+pub fn clean_up_dev_cluster(data_dir: &Path) {
+    if let Some(server) = live_record(&data_dir.join("dev.json")) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(server.pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let end = Instant::now() + Duration::from_secs(10);
+        while server.is_alive() && Instant::now() < end {
+            std::thread::yield_now();
+        }
+    }
+    kill_embedded_agent(data_dir);
+    if !data_dir_in_use(data_dir) {
+        for agent_dir in [data_dir.to_path_buf(), data_dir.join("agent")] {
+            sweep_task_cgroups(&agent_dir);
+            sweep_private_tmps(&agent_dir);
+        }
+    }
+}
+
 /// Whether a live `taccd` process names `data_dir` on its command line.
 fn data_dir_in_use(data_dir: &Path) -> bool {
     let wanted = data_dir.as_os_str().as_encoded_bytes();

@@ -438,9 +438,21 @@ is found via $TACC_TACCD, next to tcloud, or on PATH.",
         #[command(flatten)]
         options: crate::commands::cluster::UpArgs,
     },
-    /// Stop the cluster started by `tcloud up`
-    #[command(after_help = "Examples:\n  tcloud down")]
-    Down,
+    /// Stop the cluster started by `tcloud up` (refused while tasks are queued or running,
+    /// unless --force or --drain says what to do with them)
+    #[command(
+        long_about = "Stops the cluster started by `tcloud up`: its server, its agent and \
+everything they run. While tasks are queued or running it stops nothing, names them and exits \
+with code 9: --drain takes no new tasks, lets those finish (showing how many are left), then \
+stops; --force stops them now (they end `cancelled`, reason `cluster stopped by tcloud down`). \
+To restart the server alone (an upgrade) with the tasks running on, send it SIGTERM and run \
+`tcloud up` again within 30 seconds (the heartbeat timeout).",
+        after_help = "Examples:\n  tcloud down\n  tcloud down --drain\n  tcloud down --force"
+    )]
+    Down {
+        #[command(flatten)]
+        args: crate::commands::cluster::DownArgs,
+    },
     /// Write a starter project (task.yaml and a small training script)
     #[command(after_help = "Examples:\n  tcloud quickstart\n  tcloud quickstart my-first-task")]
     Quickstart {

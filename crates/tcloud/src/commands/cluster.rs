@@ -17,6 +17,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tacc_client::{Client, ClientError};
+use tacc_proto::{ClusterStopView, StopMode};
 
 use crate::config::{self, Config, DEFAULT_PROFILE, UpOptions};
 use crate::errors::CliError;
@@ -25,6 +26,8 @@ use crate::format::out;
 const START_DEADLINE: Duration = Duration::from_secs(20);
 const STOP_DEADLINE: Duration = Duration::from_secs(15);
 const POLL: Duration = Duration::from_millis(50);
+/// How often `tcloud down` asks how many tasks are left.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
 fn pid_file(dir: &Path) -> PathBuf {
     dir.join("taccd.pid")
@@ -456,17 +459,189 @@ pub async fn up(port: u16, args: UpArgs) -> Result<()> {
     Ok(())
 }
 
-pub async fn down() -> Result<()> {
+/// `tcloud down`'s choice for the tasks still queued or running.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct DownArgs {
+    /// Stop the queued and running tasks now: they end `cancelled`, with the reason
+    /// `cluster stopped by tcloud down`
+    #[arg(long, conflicts_with = "drain")]
+    pub force: bool,
+    /// Take no new tasks, let the queued and running ones finish (showing how many are
+    /// left), then stop
+    #[arg(long)]
+    pub drain: bool,
+}
+
+impl DownArgs {
+    fn mode(self) -> StopMode {
+        match (self.force, self.drain) {
+            (true, _) => StopMode::Force,
+            (_, true) => StopMode::Drain,
+            _ => StopMode::IfIdle,
+        }
+    }
+}
+
+/// How many of the active tasks a message names.
+const NAMED: usize = 5;
+
+/// `12 train (running), 13 eval (queued) and 4 more`.
+fn name_tasks(view: &ClusterStopView) -> String {
+    let mut named: Vec<String> = view
+        .active
+        .iter()
+        .take(NAMED)
+        .map(|task| {
+            format!(
+                "{} {} ({}, {})",
+                task.id,
+                crate::sanitize::text(&task.name),
+                task.state,
+                crate::sanitize::text(&task.user)
+            )
+        })
+        .collect();
+    let more = view.active_count.saturating_sub(named.len() as u64);
+    if more > 0 {
+        named.push(format!("{more} more"));
+    }
+    match named.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        Some((last, _)) => last.clone(),
+        None => String::new(),
+    }
+}
+
+fn tasks_word(count: u64) -> &'static str {
+    if count == 1 { "task" } else { "tasks" }
+}
+
+/// Why a plain `tcloud down` stopped nothing, and what to run instead (exit 9).
+fn busy(view: &ClusterStopView) -> CliError {
+    let count = view.active_count;
+    let words = tasks_word(count);
+    let already = match view.stopping {
+        Some(StopMode::Drain) => " It is draining already (`tcloud down --drain` waits for it).",
+        _ => "",
+    };
+    CliError::new(
+        crate::errors::CLUSTER_BUSY,
+        format!(
+            "the local cluster has {count} {words} queued or running: {}; nothing was stopped.{already}\n  \
+             `tcloud down --drain` takes no new tasks, lets these finish, then stops;\n  \
+             `tcloud down --force` stops them now (they end `cancelled`).",
+            name_tasks(view)
+        ),
+    )
+}
+
+pub async fn down(args: DownArgs) -> Result<()> {
     let dir = config::local_data_dir()?;
     let Some(pid) = read_pid(&dir) else {
         out("no local cluster is running")?;
         return Ok(());
     };
     if !is_alive(pid) {
-        let _ = fs::remove_file(pid_file(&dir));
+        forget(&dir);
         out("no local cluster is running (removed a stale pid file)")?;
         return Ok(());
     }
+    let url = fs::read_to_string(url_file(&dir)).map(|u| u.trim().to_string());
+    let token = read_admin_token(&dir);
+    let client = match (url, token) {
+        (Ok(url), Some(token)) if healthy(&url).await => Client::new(&url).with_token(token),
+        _ => {
+            // No answer (or no token to ask with): only a signal is left, which stops the
+            // server alone; its agent stops its tasks when it finds the server gone.
+            eprintln!(
+                "note: the local cluster does not answer at its address; stopping its server with a signal (its agent stops its tasks within the heartbeat timeout, 30 s)"
+            );
+            return signal_stop(&dir, pid).await;
+        }
+    };
+    let mode = args.mode();
+    let view = match client.stop_cluster(mode).await {
+        Ok(view) => view,
+        // A taccd older than this tcloud knows no stop on request.
+        Err(ClientError::Api { status: 404, .. }) => return signal_stop(&dir, pid).await,
+        Err(e) => return Err(e).context("cannot ask the local cluster to stop"),
+    };
+    match (mode, view.stopping) {
+        (_, None) => bail!(busy(&view)),
+        // A plain `tcloud down` during a drain: it is not this command's to wait for.
+        (StopMode::IfIdle, Some(StopMode::Drain)) if view.active_count > 0 => bail!(busy(&view)),
+        _ => {}
+    }
+    if view.active_count > 0 {
+        let count = view.active_count;
+        let words = tasks_word(count);
+        match view.stopping {
+            Some(StopMode::Force) => eprintln!(
+                "Stopping {count} {words} ({}); they end `cancelled`",
+                name_tasks(&view)
+            ),
+            _ => eprintln!(
+                "Draining: new tasks are refused; waiting for {count} {words} to finish ({}). Ctrl-C leaves the drain going; `tcloud down --force` stops them now",
+                name_tasks(&view)
+            ),
+        }
+    }
+    wait_stopped(&client, &dir, pid, view.active_count).await
+}
+
+/// Wait for the cluster to stop on its own (it does once no task is left), saying how
+/// many tasks are left as that changes.
+async fn wait_stopped(client: &Client, dir: &Path, pid: i32, mut left: u64) -> Result<()> {
+    let mut silent_since: Option<Instant> = None;
+    let mut last_look = Instant::now();
+    while is_alive(pid) {
+        tokio::time::sleep(POLL).await;
+        if last_look.elapsed() < PROGRESS_EVERY {
+            continue;
+        }
+        last_look = Instant::now();
+        match client.cluster_stop().await {
+            Ok(view) => {
+                silent_since = None;
+                if view.active_count != left && view.active_count > 0 {
+                    eprintln!(
+                        "  {} {} left: {}",
+                        view.active_count,
+                        tasks_word(view.active_count),
+                        name_tasks(&view)
+                    );
+                }
+                left = view.active_count;
+            }
+            // Stopping: it answers no more. Should its process hang on, it is killed.
+            Err(_) => {
+                let since = *silent_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= STOP_DEADLINE {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                    forget(dir);
+                    out(format!(
+                        "taccd (pid {pid}) stopped answering but did not exit within {} s; killed it",
+                        STOP_DEADLINE.as_secs()
+                    ))?;
+                    return Ok(());
+                }
+            }
+        }
+    }
+    forget(dir);
+    out(format!("Stopped the local cluster (pid {pid})"))?;
+    Ok(())
+}
+
+/// The files `tcloud up` keeps about a running cluster.
+fn forget(dir: &Path) {
+    let _ = fs::remove_file(pid_file(dir));
+    let _ = fs::remove_file(url_file(dir));
+    let _ = fs::remove_file(options_file(dir));
+}
+
+/// SIGTERM, then SIGKILL after [`STOP_DEADLINE`]: for a server that cannot be asked.
+async fn signal_stop(dir: &Path, pid: i32) -> Result<()> {
     let target = Pid::from_raw(pid);
     kill(target, Signal::SIGTERM).map_err(|e| {
         CliError::new(
@@ -491,9 +666,7 @@ pub async fn down() -> Result<()> {
     } else {
         format!("Stopped the local cluster (pid {pid})")
     };
-    let _ = fs::remove_file(pid_file(&dir));
-    let _ = fs::remove_file(url_file(&dir));
-    let _ = fs::remove_file(options_file(&dir));
+    forget(dir);
     out(message)?;
     Ok(())
 }
