@@ -213,7 +213,7 @@ async fn look(
             .map(|task| (task.id, task.cancel_requested))
             .collect();
         for task in to_cancel(&marked, asked) {
-            match control.cancel(task).await {
+            match control.cancel_because(task, STOP_REASON).await {
                 Ok(_) | Err(ServerError::TaskNotFound(_)) => {
                     asked.insert(task);
                 }

@@ -238,6 +238,14 @@ async fn tcloud_down_refuses_while_a_task_runs_and_force_cancels_it_leaving_no_p
     let view = client.get_task(task).await.unwrap();
     assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
     assert_eq!(view.reason.as_deref(), Some(STOP_REASON), "{view:?}");
+    // The history says so too, not "cancelled by user".
+    let events = client.task_events(task).await.unwrap();
+    let ended = events.last().unwrap();
+    assert_eq!(
+        (ended.state, ended.reason.as_deref()),
+        (TaskState::Cancelled, Some(STOP_REASON)),
+        "{events:?}"
+    );
     assert_one_attempt_never_lost(&client, task).await;
     // Nothing runs now: a plain `tcloud down` stops it.
     cluster.ok(&["down"]);

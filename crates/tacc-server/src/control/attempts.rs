@@ -235,7 +235,11 @@ impl Control {
             return Ok(());
         }
         let (state, reason) = if record.cancel_requested {
-            (TaskState::Cancelled, "cancelled by user".to_string())
+            let reason = inner.cancel_reasons.remove(&record.id);
+            (
+                TaskState::Cancelled,
+                reason.unwrap_or_else(|| super::CANCELLED_BY_USER.to_string()),
+            )
         } else {
             let reason = match &outcome {
                 AttemptOutcome::LaunchFailed { reason, message } => format!("{reason}: {message}"),
@@ -360,7 +364,13 @@ impl Control {
         if was_preempted && outcome == AttemptOutcome::Cancelled && !record.cancel_requested {
             return self.requeue_preempted(inner, record, at).await;
         }
-        let (state, reason, exit_code) = rules::ending::outcome_of(&outcome, &record, blame);
+        let (state, mut reason, exit_code) = rules::ending::outcome_of(&outcome, &record, blame);
+        if state == TaskState::Cancelled
+            && record.cancel_requested
+            && let Some(why) = inner.cancel_reasons.remove(&record.id)
+        {
+            reason = Some(why);
+        }
         self.end_attempt(inner, record, state, reason, exit_code, at, false)
             .await
     }
@@ -457,6 +467,7 @@ impl Control {
     ) -> Result<(), ServerError> {
         let task = record.id;
         inner.preempting.remove(&task);
+        inner.cancel_reasons.remove(&task);
         inner.finished_ranks.remove(&AttemptRef {
             task,
             attempt: record.attempt,

@@ -67,6 +67,9 @@ pub use sweeps::run_sweeps;
 /// PyTorch's default up, one per attempt whose rank 0 shares the node.
 const MASTER_PORTS: std::ops::Range<u16> = 29500..30500;
 
+/// The reason a task its user cancelled ends with.
+pub(crate) const CANCELLED_BY_USER: &str = "cancelled by user";
+
 /// The reason of a queued task held while no node is online.
 pub(crate) const NO_NODE_REASON: &str = "waiting for a node to register";
 
@@ -228,6 +231,8 @@ pub(crate) struct Inner {
     idle_warned: BTreeMap<AttemptRef, Timestamp>,
     /// Why a task the control plane (not the scheduler) stopped to requeue it was stopped.
     requeue_reasons: BTreeMap<TaskId, String>,
+    /// Why a running task being cancelled was (when not simply by its user), until it ends.
+    cancel_reasons: BTreeMap<TaskId, String>,
 }
 
 impl Inner {
@@ -451,6 +456,7 @@ impl Control {
                 seen_saved: BTreeMap::new(),
                 idle_warned: BTreeMap::new(),
                 requeue_reasons: BTreeMap::new(),
+                cancel_reasons: BTreeMap::new(),
                 identity_groups: BTreeMap::new(),
                 deferred: None,
             }),
@@ -730,6 +736,15 @@ impl Control {
     /// A user cancels a task. Queued tasks end at once; starting or running ones are
     /// stopped by their agents, and end when the agents confirm.
     pub async fn cancel(&self, task: TaskId) -> Result<TaskRecord, ServerError> {
+        self.cancel_because(task, CANCELLED_BY_USER).await
+    }
+
+    /// [`Control::cancel`], the task ending with `reason` (`cluster stopped by tcloud down`).
+    pub async fn cancel_because(
+        &self,
+        task: TaskId,
+        reason: &str,
+    ) -> Result<TaskRecord, ServerError> {
         let mut inner = self.inner.lock().await;
         let record = self
             .store
@@ -750,7 +765,7 @@ impl Control {
         ) {
             CancelPlan::EndQueued => {
                 self.commit(&[TaskChange::Transition(Transition {
-                    reason: Some("cancelled by user".into()),
+                    reason: Some(reason.into()),
                     ..Transition::new(
                         task,
                         TaskState::Queued,
@@ -769,6 +784,9 @@ impl Control {
             }
             CancelPlan::Withdraw { end_now } => {
                 self.commit(&[TaskChange::CancelRequested { task }]).await?;
+                if reason != CANCELLED_BY_USER {
+                    inner.cancel_reasons.insert(task, reason.to_string());
+                }
                 let attempt = AttemptRef {
                     task,
                     attempt: record.attempt,
