@@ -10,6 +10,7 @@ mod adaptive;
 mod files;
 mod groups;
 mod pipelines;
+mod sessions;
 
 use std::collections::BTreeMap;
 
@@ -18,6 +19,7 @@ pub use adaptive::*;
 pub use files::*;
 pub use groups::*;
 pub use pipelines::*;
+pub use sessions::*;
 use serde::{Deserialize, Serialize};
 use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};
 

@@ -32,6 +32,7 @@ mod node_selector;
 pub mod notify;
 mod replica;
 pub mod secrets;
+mod sessions;
 mod tls;
 mod usage;
 pub mod webhook_destination;

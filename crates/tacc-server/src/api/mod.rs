@@ -20,6 +20,7 @@ mod openapi;
 mod outputs;
 mod pipelines;
 mod secrets;
+mod sessions;
 mod snapshots;
 mod tasks;
 mod usage;
@@ -93,6 +94,8 @@ pub(crate) struct AppState {
     pub(crate) sessions: Arc<dashboard::Sessions>,
     /// Whether session cookies are marked `Secure` (the server speaks TLS).
     pub(crate) secure_cookies: bool,
+    /// Open interactive sessions (`tcloud exec`, `shell`, `port-forward`).
+    pub(crate) interactive: Arc<crate::sessions::Sessions>,
 }
 
 /// One route as declared: method, path pattern and the access rule the guard enforces.
@@ -178,6 +181,13 @@ fn declare() -> Vec<Declared> {
             "/v1/tasks/{id}/files/content",
             Task,
             get(files::get_file),
+        ),
+        // Interactive sessions: the task's owner, their group admin and admins only.
+        rule(
+            M::GET,
+            "/v1/tasks/{id}/session",
+            Task,
+            get(sessions::open_session),
         ),
         rule(
             M::POST,
@@ -342,6 +352,12 @@ fn declare() -> Vec<Declared> {
             OwnNode,
             put(files::put_answer_file),
         ),
+        rule(
+            M::GET,
+            "/v1/agents/{node}/sessions/{session}",
+            OwnNode,
+            get(sessions::agent_session),
+        ),
         // The web dashboard: the same rules, a session cookie instead of the bearer
         // header (see `dashboard`).
         rule(M::GET, "/", Public, get(dashboard::root)),
@@ -398,6 +414,7 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken, secure_cookies
         rules: Arc::new(rules),
         sessions: Arc::new(dashboard::Sessions::default()),
         secure_cookies,
+        interactive: Arc::new(crate::sessions::Sessions::default()),
     };
     let mut router = Router::new();
     for (rule, handler) in declared {
