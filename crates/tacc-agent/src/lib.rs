@@ -46,7 +46,9 @@ pub use process_mark::ProcessMark;
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
 use tacc_exec::{DockerExecutor, Executor};
-use tacc_proto::{AgentReport, Assignment, AttemptRef, NodeRequest, NodeRequestKind, RegisterAgent};
+use tacc_proto::{
+    AgentReport, Assignment, AttemptRef, NodeRequest, NodeRequestKind, RegisterAgent,
+};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]

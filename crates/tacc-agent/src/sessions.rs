@@ -145,7 +145,11 @@ fn writer(mut write: Writer) -> (mpsc::Sender<Frame>, tokio::task::JoinHandle<()
 }
 
 /// Send what `from` yields as frames made by `make`, until its end.
-async fn pump<R: AsyncRead + Unpin>(mut from: R, tx: mpsc::Sender<Frame>, make: fn(Vec<u8>) -> Frame) {
+async fn pump<R: AsyncRead + Unpin>(
+    mut from: R,
+    tx: mpsc::Sender<Frame>,
+    make: fn(Vec<u8>) -> Frame,
+) {
     let mut buffer = vec![0u8; MAX_FRAME_PAYLOAD];
     loop {
         match from.read(&mut buffer).await {
@@ -174,12 +178,7 @@ fn kill_group(group: u32) {
     }
 }
 
-async fn exec_on_pipes(
-    entry: &Entry,
-    command: &[String],
-    mut frames: Frames,
-    write: Writer,
-) {
+async fn exec_on_pipes(entry: &Entry, command: &[String], mut frames: Frames, write: Writer) {
     let entered = match entry.spawn(command, None).await {
         Ok(entered) => entered,
         Err(e) => return refuse(write, e.to_string()).await,
@@ -188,8 +187,14 @@ async fn exec_on_pipes(
     let mut child = entered.child;
     let (tx, writer) = writer(write);
     let _ = tx.send(Frame::Ready).await;
-    let stdout = child.stdout.take().map(|out| tokio::spawn(pump(out, tx.clone(), Frame::Stdout)));
-    let stderr = child.stderr.take().map(|err| tokio::spawn(pump(err, tx.clone(), Frame::Stderr)));
+    let stdout = child
+        .stdout
+        .take()
+        .map(|out| tokio::spawn(pump(out, tx.clone(), Frame::Stdout)));
+    let stderr = child
+        .stderr
+        .take()
+        .map(|err| tokio::spawn(pump(err, tx.clone(), Frame::Stderr)));
     let mut stdin = child.stdin.take();
     let user = async {
         loop {

@@ -185,7 +185,12 @@ impl Entry {
         } else {
             format!("{restore}exec \"$@\"")
         };
-        argv.extend([BASH.to_string(), "-c".to_string(), run, "tacc-exec".to_string()]);
+        argv.extend([
+            BASH.to_string(),
+            "-c".to_string(),
+            run,
+            "tacc-exec".to_string(),
+        ]);
         argv.extend(command.iter().cloned());
         (argv, env)
     }

@@ -54,7 +54,10 @@ pub enum NodeRequestKind {
     /// Open an interactive session into node rank `rank` of the attempt: the agent
     /// connects back to `GET /v1/agents/{node}/sessions/{id}` (the request's id) and
     /// speaks [`crate::Frame`]s there.
-    Session { rank: u32, session: crate::SessionKind },
+    Session {
+        rank: u32,
+        session: crate::SessionKind,
+    },
 }
 
 /// Agent → server, for a [`NodeRequestKind::List`] or for any request that failed. A

@@ -19,8 +19,8 @@ pub use adaptive::*;
 pub use files::*;
 pub use groups::*;
 pub use pipelines::*;
-pub use sessions::*;
 use serde::{Deserialize, Serialize};
+pub use sessions::*;
 use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};
 
 /// Prefix of every API token TACC issues (users, agent join tokens, node credentials), so

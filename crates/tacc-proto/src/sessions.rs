@@ -205,7 +205,10 @@ mod tests {
             Frame::StdinEnd,
             Frame::Stdout(vec![0; MAX_FRAME_PAYLOAD]),
             Frame::Stderr(b"oops".to_vec()),
-            Frame::Resize(TtySize { rows: 40, cols: 120 }),
+            Frame::Resize(TtySize {
+                rows: 40,
+                cols: 120,
+            }),
             Frame::Exit(-3),
             Frame::Error("gone".into()),
         ];

@@ -6,8 +6,8 @@
 //! token was revoked, it fell idle, the server stops).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::upgrade::Upgraded;
@@ -168,7 +168,11 @@ impl Sessions {
 
     /// `node` connects back for session `id`: where its connection goes, if the session
     /// waits for that node.
-    pub(crate) fn claim(&self, node: NodeId, id: NodeRequestId) -> Option<oneshot::Sender<Upgraded>> {
+    pub(crate) fn claim(
+        &self,
+        node: NodeId,
+        id: NodeRequestId,
+    ) -> Option<oneshot::Sender<Upgraded>> {
         let mut open = self.open.lock().unwrap();
         match open.waiting.get(&id) {
             Some((waiting_for, _)) if *waiting_for == node => {}
@@ -351,12 +355,24 @@ mod tests {
         assert!(sessions.admit("alice", NodeId(2)).is_ok());
 
         let expected = sessions.expect(NodeRequestId(7), NodeId(1));
-        assert!(sessions.claim(NodeId(2), NodeRequestId(7)).is_none(), "another node");
-        assert!(sessions.claim(NodeId(1), NodeRequestId(8)).is_none(), "no such session");
+        assert!(
+            sessions.claim(NodeId(2), NodeRequestId(7)).is_none(),
+            "another node"
+        );
+        assert!(
+            sessions.claim(NodeId(1), NodeRequestId(8)).is_none(),
+            "no such session"
+        );
         drop(expected);
-        assert!(sessions.claim(NodeId(1), NodeRequestId(7)).is_none(), "forgotten");
+        assert!(
+            sessions.claim(NodeId(1), NodeRequestId(7)).is_none(),
+            "forgotten"
+        );
         let _expected = sessions.expect(NodeRequestId(9), NodeId(1));
         assert!(sessions.claim(NodeId(1), NodeRequestId(9)).is_some());
-        assert!(sessions.claim(NodeId(1), NodeRequestId(9)).is_none(), "claimed once");
+        assert!(
+            sessions.claim(NodeId(1), NodeRequestId(9)).is_none(),
+            "claimed once"
+        );
     }
 }

@@ -51,7 +51,13 @@ async fn user(daemon: &Daemon, name: &str) -> (Client, String, u64) {
 }
 
 /// `tcloud ARGS` as the holder of `token`, with `stdin`: (exit code, stdout, stderr).
-fn tcloud_as(daemon: &Daemon, token: &str, home: &Path, args: &[&str], stdin: &str) -> (i32, String, String) {
+fn tcloud_as(
+    daemon: &Daemon,
+    token: &str,
+    home: &Path,
+    args: &[&str],
+    stdin: &str,
+) -> (i32, String, String) {
     use std::io::Write;
     let mut child = Command::new(tcloud_binary())
         .args(args)
@@ -85,7 +91,17 @@ fn field<'a>(log: &'a str, key: &str) -> Option<&'a str> {
 
 /// Submit a task that prints `ready=1` once set up, then sleeps; wait until it has.
 async fn running_task(client: &Client, root: &Path, name: &str, yaml: &str) -> (TaskId, String) {
-    let task = submit(client, root, name, yaml, &[]).await;
+    running_task_with(client, root, name, yaml, &[]).await
+}
+
+async fn running_task_with(
+    client: &Client,
+    root: &Path,
+    name: &str,
+    yaml: &str,
+    files: &[(&str, &str)],
+) -> (TaskId, String) {
+    let task = submit(client, root, name, yaml, files).await;
     wait_state(client, task, &[TaskState::Running]).await;
     let log = eventually(&format!("task {task} to be ready"), DEADLINE, || {
         let client = client.clone();
@@ -110,7 +126,8 @@ impl Drop for Reaped {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_runs_as_the_task_in_its_cgroup_tmp_and_environment_and_returns_its_code() {
-    if !root_or_skip("exec_runs_as_the_task_in_its_cgroup_tmp_and_environment_and_returns_its_code") {
+    if !root_or_skip("exec_runs_as_the_task_in_its_cgroup_tmp_and_environment_and_returns_its_code")
+    {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -129,9 +146,19 @@ async fn exec_runs_as_the_task_in_its_cgroup_tmp_and_environment_and_returns_its
     let script = "echo uid=$(id -u); echo greeting=$GREETING; echo key=$API_KEY; echo tz=$TZ; \
                   echo pwd=$(pwd); echo workdir=$TACC_WORKDIR; echo tmp=$(cat /tmp/task-marker); \
                   echo cgroup=$(cat /proc/self/cgroup | tr '\\n' ' '); echo to-stderr >&2; exit 7";
-    let (code, out, err) = tcloud_as(&daemon, &alice_token, &home, &["exec", &id, "--", "sh", "-c", script], "");
+    let (code, out, err) = tcloud_as(
+        &daemon,
+        &alice_token,
+        &home,
+        &["exec", &id, "--", "sh", "-c", script],
+        "",
+    );
     assert_eq!(code, 7, "stdout: {out}\nstderr: {err}");
-    assert_eq!(field(&out, "uid"), Some(UID_BASE.to_string().as_str()), "{out}");
+    assert_eq!(
+        field(&out, "uid"),
+        Some(UID_BASE.to_string().as_str()),
+        "{out}"
+    );
     assert_eq!(field(&out, "greeting"), Some("hello-from-task"), "{out}");
     assert_eq!(field(&out, "key"), Some("s3cret-value"), "{out}");
     // A loader/shell variable held back from the root steps is the task's again.
@@ -142,7 +169,13 @@ async fn exec_runs_as_the_task_in_its_cgroup_tmp_and_environment_and_returns_its
     assert!(err.contains("to-stderr"), "{err}");
 
     // stdin is forwarded, and its end reaches the command.
-    let (code, out, err) = tcloud_as(&daemon, &alice_token, &home, &["exec", &id, "--", "sh", "-c", "tr a-z A-Z; echo done"], "forwarded text\n");
+    let (code, out, err) = tcloud_as(
+        &daemon,
+        &alice_token,
+        &home,
+        &["exec", &id, "--", "sh", "-c", "tr a-z A-Z; echo done"],
+        "forwarded text\n",
+    );
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "FORWARDED TEXT\ndone\n");
 
@@ -159,9 +192,22 @@ async fn exec_runs_as_the_task_in_its_cgroup_tmp_and_environment_and_returns_its
         .collect();
     assert_eq!(opened.len(), 2, "{audit:#?}");
     assert_eq!(closed.len(), 2, "{audit:#?}");
-    assert!(opened.iter().all(|e| e.actor == "user:alice"), "{opened:#?}");
-    assert!(opened.iter().any(|e| e.detail.starts_with("exec sh -c tr a-z A-Z")), "{opened:#?}");
-    assert!(closed.iter().all(|e| e.detail.contains("bytes from the user")), "{closed:#?}");
+    assert!(
+        opened.iter().all(|e| e.actor == "user:alice"),
+        "{opened:#?}"
+    );
+    assert!(
+        opened
+            .iter()
+            .any(|e| e.detail.starts_with("exec sh -c tr a-z A-Z")),
+        "{opened:#?}"
+    );
+    assert!(
+        closed
+            .iter()
+            .all(|e| e.detail.contains("bytes from the user")),
+        "{closed:#?}"
+    );
 
     daemon.client().cancel(task).await.unwrap();
 }
@@ -173,7 +219,12 @@ async fn only_the_owner_and_admins_enter_and_exec_cannot_escape_the_task() {
     }
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
-    let daemon = start("dev", &data, &["--task-uid-base", &(UID_BASE + 100).to_string()]).await;
+    let daemon = start(
+        "dev",
+        &data,
+        &["--task-uid-base", &(UID_BASE + 100).to_string()],
+    )
+    .await;
     let home = dir.path().join("home");
     let (alice, alice_token, _) = user(&daemon, "alice").await;
     let (bob, bob_token, _) = user(&daemon, "bob").await;
@@ -187,7 +238,7 @@ async fn only_the_owner_and_admins_enter_and_exec_cannot_escape_the_task() {
     // Bob is told Alice's task does not exist, for exec, shell and port-forward alike.
     let (code, _, err) = tcloud_as(&daemon, &bob_token, &home, &["exec", &id, "--", "true"], "");
     assert_eq!(code, 4, "{err}");
-    assert!(err.contains("not found") || err.contains("no task"), "{err}");
+    assert!(err.contains(&format!("task {id} does not exist")), "{err}");
     let url = format!("{}/v1/tasks/{id}/session", daemon.url);
     let raw = reqwest::Client::new();
     let ask = |token: String| {
@@ -199,14 +250,24 @@ async fn only_the_owner_and_admins_enter_and_exec_cannot_escape_the_task() {
             .send()
     };
     assert_eq!(ask(bob_token.clone()).await.unwrap().status(), 404);
-    // Nor can a node credential open one.
+    // Nor can a node credential open one: user routes refuse it outright.
     let node_token = std::fs::read_to_string(data.join("agent/node.token")).unwrap();
-    assert_eq!(ask(node_token.trim().to_string()).await.unwrap().status(), 404);
+    assert_eq!(
+        ask(node_token.trim().to_string()).await.unwrap().status(),
+        403
+    );
 
     // The admin may.
-    let (code, out, err) = tcloud_as(&daemon, &daemon.token, &home, &["exec", &id, "--", "id", "-u"], "");
+    let (code, out, err) = tcloud_as(
+        &daemon,
+        &daemon.token,
+        &home,
+        &["exec", &id, "--", "id", "-u"],
+        "",
+    );
     assert_eq!(code, 0, "{err}");
-    assert_eq!(out.trim(), (UID_BASE + 100).to_string());
+    // Alice's uid, the second allocated (Bob's task ran first): the task's, not the admin's.
+    assert_eq!(out.trim(), (UID_BASE + 101).to_string());
 
     // The isolation probes, run through exec as Alice: her own directory works, the
     // agent's credential, the server's database and Bob's files do not.
@@ -221,10 +282,22 @@ try list-bob-workdir "ls {bob_workdir}"
 try write-bob-workdir "touch {bob_workdir}/x"
 "#
     );
-    let (code, out, err) = tcloud_as(&daemon, &alice_token, &home, &["exec", &id, "--", "bash", "-c", &probes], "");
+    let (code, out, err) = tcloud_as(
+        &daemon,
+        &alice_token,
+        &home,
+        &["exec", &id, "--", "bash", "-c", &probes],
+        "",
+    );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("ALLOWED own-workdir"), "{out}");
-    for probe in ["read-node-credential", "read-database", "read-bob-file", "list-bob-workdir", "write-bob-workdir"] {
+    for probe in [
+        "read-node-credential",
+        "read-database",
+        "read-bob-file",
+        "list-bob-workdir",
+        "write-bob-workdir",
+    ] {
         assert!(out.contains(&format!("DENIED {probe}")), "{probe}: {out}");
     }
     let _ = alice;
@@ -239,7 +312,12 @@ async fn a_session_ends_when_its_token_is_revoked_or_its_task_ends() {
     }
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
-    let daemon = start("dev", &data, &["--task-uid-base", &(UID_BASE + 200).to_string()]).await;
+    let daemon = start(
+        "dev",
+        &data,
+        &["--task-uid-base", &(UID_BASE + 200).to_string()],
+    )
+    .await;
     let home = dir.path().join("home");
     let (alice, alice_token, alice_token_id) = user(&daemon, "alice").await;
     let yaml = "name: long\nrun: |\n  echo ready=1\n  sleep 300\n";
@@ -248,7 +326,14 @@ async fn a_session_ends_when_its_token_is_revoked_or_its_task_ends() {
     let spawn_exec = |token: &str| {
         Reaped(
             Command::new(tcloud_binary())
-                .args(["exec", &id, "--", "sh", "-c", "echo started; exec sleep 100"])
+                .args([
+                    "exec",
+                    &id,
+                    "--",
+                    "sh",
+                    "-c",
+                    "echo started; exec sleep 100",
+                ])
                 .env("TACC_HOME", &home)
                 .env("TACC_SERVER", &daemon.url)
                 .env("TACC_TOKEN", token)
@@ -286,7 +371,14 @@ async fn a_session_ends_when_its_token_is_revoked_or_its_task_ends() {
         let id = other.to_string();
         Reaped(
             Command::new(tcloud_binary())
-                .args(["exec", &id, "--", "sh", "-c", "echo started; exec sleep 100"])
+                .args([
+                    "exec",
+                    &id,
+                    "--",
+                    "sh",
+                    "-c",
+                    "echo started; exec sleep 100",
+                ])
                 .env("TACC_HOME", &home)
                 .env("TACC_SERVER", &daemon.url)
                 .env("TACC_TOKEN", token)
@@ -299,22 +391,32 @@ async fn a_session_ends_when_its_token_is_revoked_or_its_task_ends() {
     };
     wait_started(&mut session);
     admin.cancel(other).await.unwrap();
-    let status = ended_within(&mut session, Duration::from_secs(20)).expect("the session outlived its task");
+    let status =
+        ended_within(&mut session, Duration::from_secs(20)).expect("the session outlived its task");
     assert!(!status.success());
 
     // The owner's token is revoked: the open session ends within 10 s.
     let mut session = spawn_exec(&alice_token);
     wait_started(&mut session);
     admin.revoke_token(alice_token_id).await.unwrap();
-    let status = ended_within(&mut session, Duration::from_secs(10)).expect("the session outlived its token");
+    let status = ended_within(&mut session, Duration::from_secs(10))
+        .expect("the session outlived its token");
     assert!(!status.success());
     let mut stderr = String::new();
     use std::io::Read;
-    session.0.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    session
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
     assert!(stderr.contains("revoked"), "{stderr}");
     let audit = admin.audit(200).await.unwrap();
     assert!(
-        audit.iter().any(|e| e.action == "session.close" && e.detail.contains("was revoked")),
+        audit
+            .iter()
+            .any(|e| e.action == "session.close" && e.detail.contains("was revoked")),
         "{audit:#?}"
     );
     admin.cancel(task).await.unwrap();
@@ -333,7 +435,11 @@ impl Tmux {
             .args(args)
             .output()
             .unwrap();
-        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
@@ -342,28 +448,43 @@ impl Tmux {
     }
 
     async fn wait_for(&self, needle: &str) -> String {
-        eventually(&format!("`{needle}` on the terminal"), DEADLINE, || async move {
-            let screen = self.screen();
-            screen.contains(needle).then_some(screen)
-        })
+        eventually(
+            &format!("`{needle}` on the terminal"),
+            DEADLINE,
+            || async move {
+                let screen = self.screen();
+                screen.contains(needle).then_some(screen)
+            },
+        )
         .await
     }
 }
 
 impl Drop for Tmux {
     fn drop(&mut self) {
-        let _ = Command::new("tmux").arg("-S").arg(&self.socket).arg("kill-server").output();
+        let _ = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .arg("kill-server")
+            .output();
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_its_code() {
-    if !root_or_skip("a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_its_code") {
+    if !root_or_skip(
+        "a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_its_code",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
-    let daemon = start("dev", &data, &["--task-uid-base", &(UID_BASE + 300).to_string()]).await;
+    let daemon = start(
+        "dev",
+        &data,
+        &["--task-uid-base", &(UID_BASE + 300).to_string()],
+    )
+    .await;
     let home = dir.path().join("home");
     let (alice, alice_token, _) = user(&daemon, "alice").await;
     let yaml = "name: interactive\nrun: |\n  echo ready=1\n  sleep 300\n";
@@ -382,7 +503,19 @@ async fn a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_
     let tmux = Tmux {
         socket: dir.path().join("tmux.sock"),
     };
-    tmux.run(&["new-session", "-d", "-s", "s", "-x", "120", "-y", "40", "sh", "-c", &command]);
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "s",
+        "-x",
+        "120",
+        "-y",
+        "40",
+        "sh",
+        "-c",
+        &command,
+    ]);
 
     tmux.run(&["send-keys", "-t", "s", "echo uid-is-$(id -u)", "Enter"]);
     tmux.wait_for(&format!("uid-is-{}", UID_BASE + 300)).await;
@@ -390,34 +523,54 @@ async fn a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_
     tmux.wait_for("40 120").await;
     tmux.run(&["resize-window", "-t", "s", "-x", "100", "-y", "30"]);
     // The resize travels as its own frame: wait until the remote terminal has it.
-    eventually("the remote terminal to take the new size", DEADLINE, || async {
-        tmux.run(&["send-keys", "-t", "s", "clear; stty size", "Enter"]);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        tmux.screen().contains("30 100").then_some(())
-    })
+    eventually(
+        "the remote terminal to take the new size",
+        DEADLINE,
+        || async {
+            tmux.run(&["send-keys", "-t", "s", "clear; stty size", "Enter"]);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            tmux.screen().contains("30 100").then_some(())
+        },
+    )
     .await;
 
     // Ctrl-C stops the foreground command, not the shell.
-    tmux.run(&["send-keys", "-t", "s", "sleep 100; echo slept-through", "Enter"]);
+    tmux.run(&[
+        "send-keys",
+        "-t",
+        "s",
+        "sleep 100; echo slept-$((1+1))-through",
+        "Enter",
+    ]);
     tokio::time::sleep(Duration::from_millis(500)).await;
     tmux.run(&["send-keys", "-t", "s", "C-c", ""]);
     tmux.run(&["send-keys", "-t", "s", "echo still-$((40+2))", "Enter"]);
     let screen = tmux.wait_for("still-42").await;
-    assert!(!screen.contains("slept-through"), "{screen}");
+    assert!(!screen.contains("slept-2-through"), "{screen}");
 
     tmux.run(&["send-keys", "-t", "s", "exit 3", "Enter"]);
     let code = eventually("tcloud shell to end", DEADLINE, || async {
-        std::fs::read_to_string(&code_file).ok().filter(|c| c.ends_with('\n'))
+        std::fs::read_to_string(&code_file)
+            .ok()
+            .filter(|c| c.ends_with('\n'))
     })
     .await;
     assert_eq!(code.trim(), "3");
     // The local terminal is back in cooked mode with echo.
     let stty = eventually("stty's report", DEADLINE, || async {
-        std::fs::read_to_string(&stty_file).ok().filter(|s| s.contains("icanon"))
+        std::fs::read_to_string(&stty_file)
+            .ok()
+            .filter(|s| s.contains("icanon"))
     })
     .await;
-    assert!(stty.contains(" icanon") && !stty.contains("-icanon"), "{stty}");
-    assert!(stty.contains(" echo ") && !stty.contains("-echo "), "{stty}");
+    assert!(
+        stty.contains(" icanon") && !stty.contains("-icanon"),
+        "{stty}"
+    );
+    assert!(
+        stty.contains(" echo ") && !stty.contains("-echo "),
+        "{stty}"
+    );
     daemon.client().cancel(task).await.unwrap();
 }
 
@@ -428,12 +581,23 @@ async fn port_forward_carries_twenty_parallel_connections_to_a_server_in_the_tas
     }
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("d");
-    let daemon = start("dev", &data, &["--task-uid-base", &(UID_BASE + 400).to_string()]).await;
+    let daemon = start(
+        "dev",
+        &data,
+        &["--task-uid-base", &(UID_BASE + 400).to_string()],
+    )
+    .await;
     let home = dir.path().join("home");
     let (alice, alice_token, _) = user(&daemon, "alice").await;
     // The task serves its working directory on a port the kernel picks, and says which.
-    let yaml = "name: web\nrun: |\n  echo served-content > page.txt\n  python3 -u -c 'import http.server, socketserver, functools\nh = functools.partial(http.server.SimpleHTTPRequestHandler)\ns = http.server.ThreadingHTTPServer((\"127.0.0.1\", 0), h)\nprint(\"port=%d\" % s.server_address[1])\nprint(\"ready=1\")\ns.serve_forever()'\n";
-    let (task, log) = running_task(&alice, dir.path(), "web", yaml).await;
+    let yaml = "name: web\nrun: |\n  echo served-content > page.txt\n  python3 -u serve.py\n";
+    let serve = "import http.server\n\
+                 s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), http.server.SimpleHTTPRequestHandler)\n\
+                 print('port=%d' % s.server_address[1])\n\
+                 print('ready=1')\n\
+                 s.serve_forever()\n";
+    let (task, log) =
+        running_task_with(&alice, dir.path(), "web", yaml, &[("serve.py", serve)]).await;
     let remote = field(&log, "port").unwrap().to_string();
     let mut forward = Reaped(
         Command::new(tcloud_binary())

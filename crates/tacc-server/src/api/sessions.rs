@@ -39,18 +39,17 @@ fn switching() -> Response {
 
 /// What the user asked for, checked.
 fn session_kind(query: &SessionQuery) -> ApiResult<SessionKind> {
-    let kind: SessionKind = serde_json::from_str(&query.request).map_err(|e| {
-        ServerError::BadRequest(format!("`request` is not a session request: {e}"))
-    })?;
+    let kind: SessionKind = serde_json::from_str(&query.request)
+        .map_err(|e| ServerError::BadRequest(format!("`request` is not a session request: {e}")))?;
     match &kind {
-        SessionKind::Exec { command, tty: None } if command.is_empty() => {
-            Err(ServerError::BadRequest(
-                "exec needs a command: tcloud exec ID -- CMD [ARGS…]".into(),
-            ))
-        }
-        SessionKind::Exec { tty: Some(size), .. } if size.rows == 0 || size.cols == 0 => Err(
-            ServerError::BadRequest("a terminal needs at least one row and one column".into()),
+        SessionKind::Exec { command, tty: None } if command.is_empty() => Err(
+            ServerError::BadRequest("exec needs a command: tcloud exec ID -- CMD [ARGS…]".into()),
         ),
+        SessionKind::Exec {
+            tty: Some(size), ..
+        } if size.rows == 0 || size.cols == 0 => Err(ServerError::BadRequest(
+            "a terminal needs at least one row and one column".into(),
+        )),
         SessionKind::Forward { port: 0 } => Err(ServerError::BadRequest(
             "port 0 cannot be forwarded: name the port the task listens on".into(),
         )),
@@ -140,7 +139,9 @@ pub(super) async fn open_session(
                  unreachable; `tcloud nodes` shows when it was last seen)",
                 CONNECT_DEADLINE.as_secs()
             ));
-            control.audit.failed(&caller, "session.open", target, &error);
+            control
+                .audit
+                .failed(&caller, "session.open", target, &error);
             return Err(error);
         }
     };
@@ -170,7 +171,12 @@ pub(super) async fn open_session(
         }
         if let Err(e) = control
             .audit
-            .commit_as(format!("user:{}", user.name), "session.close", target, detail)
+            .commit_as(
+                format!("user:{}", user.name),
+                "session.close",
+                target,
+                detail,
+            )
             .await
         {
             tracing::error!("session {session}: its end was not recorded: {e}");
@@ -234,10 +240,7 @@ pub(super) async fn agent_session(
             "send `Connection: upgrade` and `Upgrade: {SESSION_PROTOCOL}`"
         )));
     }
-    let Some(waiting) = app
-        .interactive
-        .claim(NodeId(node), NodeRequestId(session))
-    else {
+    let Some(waiting) = app.interactive.claim(NodeId(node), NodeRequestId(session)) else {
         return Err(ServerError::NotFound(format!(
             "no session {session} waits for node {node} (it timed out or was closed)"
         )));

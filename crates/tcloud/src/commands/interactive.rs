@@ -46,7 +46,8 @@ async fn opened(frames: &mut Frames) -> Result<()> {
     }
 }
 
-/// Frames from a channel to the session, in order.
+/// Frames from a channel to the session, in order. The connection is never half-closed
+/// (the server takes that as the user leaving): the end of input is a `StdinEnd` frame.
 fn writer(mut write: WriteHalf<SessionStream>) -> mpsc::Sender<Frame> {
     let (tx, mut rx) = mpsc::channel::<Frame>(8);
     tokio::spawn(async move {
@@ -55,7 +56,6 @@ fn writer(mut write: WriteHalf<SessionStream>) -> mpsc::Sender<Frame> {
                 break;
             }
         }
-        let _ = write.shutdown().await;
     });
     tx
 }
