@@ -83,10 +83,15 @@ fn tcloud_as(
     )
 }
 
-/// The value of `KEY=value` on a line of `log`.
+/// The value of `KEY=value` on a line of `log` (a gang's lines start with `[RANK] `).
 fn field<'a>(log: &'a str, key: &str) -> Option<&'a str> {
-    log.lines()
-        .find_map(|line| line.strip_prefix(&format!("{key}=")))
+    log.lines().find_map(|line| {
+        let line = match line.strip_prefix('[') {
+            Some(rest) => rest.split_once("] ").map_or(line, |(_, text)| text),
+            None => line,
+        };
+        line.strip_prefix(&format!("{key}="))
+    })
 }
 
 /// Submit a task that prints `ready=1` once set up, then sleeps; wait until it has.
@@ -548,6 +553,20 @@ async fn a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_
     let screen = tmux.wait_for("still-42").await;
     assert!(!screen.contains("slept-2-through"), "{screen}");
 
+    // Ctrl-Z stops it (job control on the remote terminal); the shell goes on.
+    tmux.run(&["send-keys", "-t", "s", "sleep 200", "Enter"]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tmux.run(&["send-keys", "-t", "s", "C-z", ""]);
+    tmux.wait_for("Stopped").await;
+    tmux.run(&[
+        "send-keys",
+        "-t",
+        "s",
+        "kill %1; echo killed-$((2+3))",
+        "Enter",
+    ]);
+    tmux.wait_for("killed-5").await;
+
     tmux.run(&["send-keys", "-t", "s", "exit 3", "Enter"]);
     let code = eventually("tcloud shell to end", DEADLINE, || async {
         std::fs::read_to_string(&code_file)
@@ -653,4 +672,58 @@ async fn port_forward_carries_twenty_parallel_connections_to_a_server_in_the_tas
         std::thread::sleep(Duration::from_millis(50));
     }
     daemon.client().cancel(task).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_reaches_each_rank_of_a_two_node_gang_on_its_own_node() {
+    if !root_or_skip("exec_reaches_each_rank_of_a_two_node_gang_on_its_own_node") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = start("server", &dir.path().join("s"), &[]).await;
+    let home = dir.path().join("home");
+    let _a = start_agent(&server, &dir.path().join("a"), &["--name", "node-a"]);
+    let _b = start_agent(&server, &dir.path().join("b"), &["--name", "node-b"]);
+    let admin = server.client();
+    wait_nodes(&admin, 2).await;
+    let (alice, alice_token, _) = user(&server, "alice").await;
+    let yaml = "name: gang\nresources: {nodes: 2, cpus: 1}\nrun: |\n  echo ready=1\n  sleep 300\n";
+    let (task, _) = running_task(&alice, dir.path(), "gang", yaml).await;
+    let id = task.to_string();
+    let view = alice.get_task(task).await.unwrap();
+    let script = "echo node-rank=$NODE_RANK; echo workdir=$(pwd)";
+    for rank in 0..2usize {
+        let rank_text = rank.to_string();
+        let (code, out, err) = tcloud_as(
+            &server,
+            &alice_token,
+            &home,
+            &["exec", &id, "--rank", &rank_text, "--", "sh", "-c", script],
+            "",
+        );
+        assert_eq!(code, 0, "{err}");
+        assert_eq!(field(&out, "node-rank"), Some(rank_text.as_str()), "{out}");
+        // Each rank's working directory is on its own node's agent.
+        let agent_dir = if view.nodes[rank] == "node-a" {
+            "a"
+        } else {
+            "b"
+        };
+        let expected = dir.path().join(agent_dir).display().to_string();
+        assert!(
+            field(&out, "workdir").is_some_and(|w| w.starts_with(&expected)),
+            "rank {rank} on {}: {out}",
+            view.nodes[rank]
+        );
+    }
+    let (code, _, err) = tcloud_as(
+        &server,
+        &alice_token,
+        &home,
+        &["exec", &id, "--rank", "2", "--", "true"],
+        "",
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("--rank must be 0 to 1"), "{err}");
+    admin.cancel(task).await.unwrap();
 }
