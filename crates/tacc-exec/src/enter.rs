@@ -26,8 +26,12 @@ use crate::cgroups::Cgroup;
 use crate::{ExecError, RunAs};
 
 /// Waits for `go` on stdin (sent once the pid is in the cgroup), then runs the rest with
-/// stdin left as it is: the session's pipe or terminal.
+/// stdin left as it is: the session's pipe.
 const ENTER_JOIN_SCRIPT: &str = r#"IFS= read -r go && [ "$go" = go ] && exec "$@"; exit 125"#;
+/// The same for a terminal: `go` comes on a pipe of its own (said through the terminal,
+/// it would be echoed to the user), then stdin becomes the terminal stdout already is.
+const ENTER_JOIN_SCRIPT_TTY: &str =
+    r#"IFS= read -r go && [ "$go" = go ] && exec "$@" <&1; exit 125"#;
 const NSENTER: &str = "/usr/bin/nsenter";
 const SETSID: &str = "/usr/bin/setsid";
 const SETPRIV: &str = "/usr/bin/setpriv";
@@ -90,14 +94,6 @@ impl Pty {
         self.controller
     }
 
-    /// Turn the terminal's echo off or on (off while the agent says `go` through it).
-    fn echo(&self, on: bool) -> std::io::Result<()> {
-        use rustix::termios::{LocalModes, OptionalActions, tcgetattr, tcsetattr};
-        let mut modes = tcgetattr(&self.terminal)?;
-        modes.local_modes.set(LocalModes::ECHO, on);
-        tcsetattr(&self.terminal, OptionalActions::Now, &modes)?;
-        Ok(())
-    }
 }
 
 /// Tell the terminal whose controlling side is `controller` (and so the command on it, by
@@ -147,7 +143,12 @@ impl Entry {
     fn argv(&self, command: &[String], tty: bool) -> (Vec<String>, BTreeMap<String, String>) {
         let mut argv: Vec<String> = Vec::new();
         if self.cgroup.is_some() {
-            argv.extend(["/bin/sh", "-c", ENTER_JOIN_SCRIPT, "tacc-enter"].map(String::from));
+            let script = if tty {
+                ENTER_JOIN_SCRIPT_TTY
+            } else {
+                ENTER_JOIN_SCRIPT
+            };
+            argv.extend(["/bin/sh", "-c", script, "tacc-enter"].map(String::from));
         }
         if self.private_mounts {
             argv.extend([
@@ -216,14 +217,16 @@ impl Entry {
             .kill_on_drop(true);
         match pty {
             Some(pty) => {
+                // Not a group leader, so `setsid` makes it one without forking.
                 let io = |fd: &OwnedFd| fd.try_clone().map(Stdio::from);
-                cmd.stdin(io(&pty.terminal).map_err(spawn_error)?)
+                let stdin = if self.cgroup.is_some() {
+                    Stdio::piped()
+                } else {
+                    io(&pty.terminal).map_err(spawn_error)?
+                };
+                cmd.stdin(stdin)
                     .stdout(io(&pty.terminal).map_err(spawn_error)?)
                     .stderr(io(&pty.terminal).map_err(spawn_error)?);
-                // Not a group leader, so `setsid` makes it one without forking.
-                if self.cgroup.is_some() {
-                    pty.echo(false).map_err(spawn_error)?;
-                }
             }
             None => {
                 cmd.stdin(Stdio::piped())
@@ -241,25 +244,14 @@ impl Entry {
                     return Err(e);
                 }
             }
-            match pty {
-                Some(pty) => {
-                    use std::io::Write;
-                    let said = (&pty.controller).write_all(b"go\n");
-                    // The echo is back on for the user once `go` is in: input is echoed
-                    // as it is written, not as it is read.
-                    let echoed = pty.echo(true);
-                    if let Err(e) = said.and(echoed) {
-                        let _ = child.kill().await;
-                        return Err(spawn_error(e));
-                    }
-                }
-                None => {
-                    let stdin = child.stdin.as_mut().expect("piped above");
-                    if let Err(e) = stdin.write_all(b"go\n").await {
-                        let _ = child.kill().await;
-                        return Err(spawn_error(e));
-                    }
-                }
+            let stdin = child.stdin.as_mut().expect("piped above");
+            if let Err(e) = stdin.write_all(b"go\n").await {
+                let _ = child.kill().await;
+                return Err(spawn_error(e));
+            }
+            // A terminal's join reads nothing more from its pipe.
+            if pty.is_some() {
+                drop(child.stdin.take());
             }
         }
         Ok(Entered { child, group: pid })

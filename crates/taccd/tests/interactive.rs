@@ -523,7 +523,11 @@ async fn a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_
     ]);
 
     tmux.run(&["send-keys", "-t", "s", "echo uid-is-$(id -u)", "Enter"]);
-    tmux.wait_for(&format!("uid-is-{}", UID_BASE + 300)).await;
+    let screen = tmux
+        .wait_for(&format!("uid-is-{}", UID_BASE + 300))
+        .await;
+    // Nothing of the agent's own handshake shows on the user's terminal.
+    assert!(!screen.lines().any(|line| line.trim() == "go"), "{screen}");
     tmux.run(&["send-keys", "-t", "s", "stty size", "Enter"]);
     tmux.wait_for("40 120").await;
     tmux.run(&["resize-window", "-t", "s", "-x", "100", "-y", "30"]);
