@@ -93,7 +93,6 @@ impl Pty {
     pub fn into_controller(self) -> File {
         self.controller
     }
-
 }
 
 /// Tell the terminal whose controlling side is `controller` (and so the command on it, by

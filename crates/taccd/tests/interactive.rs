@@ -184,9 +184,22 @@ async fn exec_runs_as_the_task_in_its_cgroup_tmp_and_environment_and_returns_its
     assert_eq!(code, 0, "{err}");
     assert_eq!(out, "FORWARDED TEXT\ndone\n");
 
-    // Every session is in the audit: who, which task and rank, what, and how it ended.
-    let audit = daemon.client().audit(200).await.unwrap();
+    // Every session is in the audit: who, which task and rank, what, and how it ended
+    // (the end is written once the server has seen both sides close).
     let target = format!("task {task} rank 0");
+    let audit = eventually("both sessions' ends in the audit", DEADLINE, || {
+        let admin = daemon.client();
+        let target = target.clone();
+        async move {
+            let audit = admin.audit(200).await.ok()?;
+            let ends = audit
+                .iter()
+                .filter(|e| e.action == "session.close" && e.target == target)
+                .count();
+            (ends == 2).then_some(audit)
+        }
+    })
+    .await;
     let opened: Vec<_> = audit
         .iter()
         .filter(|e| e.action == "session.open" && e.target == target)
@@ -214,7 +227,65 @@ async fn exec_runs_as_the_task_in_its_cgroup_tmp_and_environment_and_returns_its
         "{closed:#?}"
     );
 
+    // The task's page on the dashboard offers the command lines to copy.
+    let page = dashboard_page(&daemon, &alice_token, &format!("/ui/tasks/{task}")).await;
+    for line in [
+        format!("tcloud exec {task} -- nvidia-smi"),
+        format!("tcloud shell {task}"),
+        format!("tcloud port-forward {task} 6006"),
+    ] {
+        assert!(page.contains(&line), "{line} missing from the task's page");
+    }
+
     daemon.client().cancel(task).await.unwrap();
+}
+
+/// The value of cookie `name` among a reply's `Set-Cookie` headers.
+fn set_cookie(reply: &reqwest::Response, name: &str) -> Option<String> {
+    reply
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(|v| v.strip_prefix(&format!("{name}=")))
+        .map(|v| v.split(';').next().unwrap_or("").to_string())
+}
+
+/// A dashboard page as the holder of `token` sees it, signed in through the form.
+async fn dashboard_page(daemon: &Daemon, token: &str, path: &str) -> String {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let form = http
+        .get(format!("{}/ui/login", daemon.url))
+        .send()
+        .await
+        .unwrap();
+    let login = set_cookie(&form, "tacc_login").expect("a sign-in cookie");
+    let html = form.text().await.unwrap();
+    let csrf = html
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the sign-in form's csrf field")
+        .to_string();
+    let signed_in = http
+        .post(format!("{}/ui/login", daemon.url))
+        .header("cookie", format!("tacc_login={login}"))
+        .form(&[("token", token), ("csrf", csrf.as_str()), ("next", "")])
+        .send()
+        .await
+        .unwrap();
+    let session = set_cookie(&signed_in, "tacc_session").expect("a session cookie");
+    http.get(format!("{}{path}", daemon.url))
+        .header("cookie", format!("tacc_session={session}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -417,13 +488,17 @@ async fn a_session_ends_when_its_token_is_revoked_or_its_task_ends() {
         .read_to_string(&mut stderr)
         .unwrap();
     assert!(stderr.contains("revoked"), "{stderr}");
-    let audit = admin.audit(200).await.unwrap();
-    assert!(
-        audit
-            .iter()
-            .any(|e| e.action == "session.close" && e.detail.contains("was revoked")),
-        "{audit:#?}"
-    );
+    eventually("the revoked session's end in the audit", DEADLINE, || {
+        let admin = admin.clone();
+        async move {
+            let audit = admin.audit(200).await.ok()?;
+            audit
+                .iter()
+                .any(|e| e.action == "session.close" && e.detail.contains("was revoked"))
+                .then_some(())
+        }
+    })
+    .await;
     admin.cancel(task).await.unwrap();
 }
 
@@ -523,9 +598,7 @@ async fn a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_
     ]);
 
     tmux.run(&["send-keys", "-t", "s", "echo uid-is-$(id -u)", "Enter"]);
-    let screen = tmux
-        .wait_for(&format!("uid-is-{}", UID_BASE + 300))
-        .await;
+    let screen = tmux.wait_for(&format!("uid-is-{}", UID_BASE + 300)).await;
     // Nothing of the agent's own handshake shows on the user's terminal.
     assert!(!screen.lines().any(|line| line.trim() == "go"), "{screen}");
     tmux.run(&["send-keys", "-t", "s", "stty size", "Enter"]);
