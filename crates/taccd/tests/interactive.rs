@@ -470,6 +470,20 @@ async fn a_session_ends_when_its_token_is_revoked_or_its_task_ends() {
     let status =
         ended_within(&mut session, Duration::from_secs(20)).expect("the session outlived its task");
     assert!(!status.success());
+    // A task that no longer runs cannot be entered, and says why.
+    wait_terminal(&admin, other).await;
+    let (code, _, err) = tcloud_as(
+        &daemon,
+        &alice_token,
+        &home,
+        &["exec", &other.to_string(), "--", "true"],
+        "",
+    );
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("is cancelled: sessions open only into a running task"),
+        "{err}"
+    );
 
     // The owner's token is revoked: the open session ends within 10 s.
     let mut session = spawn_exec(&alice_token);
