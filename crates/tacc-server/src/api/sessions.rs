@@ -153,6 +153,13 @@ pub(super) async fn open_session(
             Ok(stream) => stream,
             Err(e) => {
                 tracing::debug!("session {session}: the user's upgrade failed: {e}");
+                // Its opening was recorded: so is its end.
+                let detail = format!("{what}: the user went away before it opened");
+                let actor = format!("user:{}", user.name);
+                let _ = control
+                    .audit
+                    .commit_as(actor, "session.close", target, detail)
+                    .await;
                 return;
             }
         };
