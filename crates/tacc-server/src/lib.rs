@@ -48,6 +48,7 @@ pub use control::{
 };
 pub use limits::UserLimits;
 pub use replica::{ReplicaConfig, serve_replicated};
+pub use sessions::SessionLimits;
 use tacc_core::{NodeId, TaskId};
 pub use tls::TlsConfig;
 use tokio::net::TcpListener;

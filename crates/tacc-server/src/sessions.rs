@@ -117,7 +117,6 @@ impl Drop for Expected<'_> {
 }
 
 impl Sessions {
-    #[cfg(test)]
     pub(crate) fn new(limits: SessionLimits) -> Self {
         Sessions {
             limits,

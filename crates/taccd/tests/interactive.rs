@@ -818,3 +818,104 @@ async fn exec_reaches_each_rank_of_a_two_node_gang_on_its_own_node() {
     assert!(err.contains("--rank must be 0 to 1"), "{err}");
     admin.cancel(task).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_bounded_per_user_and_cut_when_idle() {
+    if !root_or_skip("sessions_are_bounded_per_user_and_cut_when_idle") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let daemon = start(
+        "dev",
+        &data,
+        &[
+            "--task-uid-base",
+            &(UID_BASE + 500).to_string(),
+            "--session-idle",
+            "3s",
+            "--sessions-per-user",
+            "1",
+        ],
+    )
+    .await;
+    let home = dir.path().join("home");
+    let (alice, alice_token, _) = user(&daemon, "alice").await;
+    let yaml = "name: quiet\nrun: |\n  echo ready=1\n  sleep 300\n";
+    let (task, _) = running_task(&alice, dir.path(), "quiet", yaml).await;
+    let id = task.to_string();
+    let mut first = Reaped(
+        Command::new(tcloud_binary())
+            .args([
+                "exec",
+                &id,
+                "--",
+                "sh",
+                "-c",
+                "echo started; exec sleep 100",
+            ])
+            .env("TACC_HOME", &home)
+            .env("TACC_SERVER", &daemon.url)
+            .env("TACC_TOKEN", &alice_token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let started = Instant::now();
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(first.0.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "started\n");
+    }
+    // A second session of the same user is refused while the first is open.
+    let (code, _, err) = tcloud_as(
+        &daemon,
+        &alice_token,
+        &home,
+        &["exec", &id, "--", "true"],
+        "",
+    );
+    assert_ne!(code, 0);
+    assert!(err.contains("you already have 1 sessions open"), "{err}");
+    // The first falls silent and is cut after the idle limit, saying so.
+    let status = loop {
+        if let Some(status) = first.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "an idle session was not cut"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    assert!(started.elapsed() >= Duration::from_secs(2), "cut too early");
+    let mut stderr = String::new();
+    use std::io::Read;
+    first
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("idle for 3 s"), "{stderr}");
+    // Its place is free again (once the server has seen both sides close).
+    eventually("a new session after the idle one", DEADLINE, || {
+        let (code, out, _) = tcloud_as(
+            &daemon,
+            &alice_token,
+            &home,
+            &["exec", &id, "--", "echo", "again"],
+            "",
+        );
+        std::future::ready((code == 0 && out == "again\n").then_some(()))
+    })
+    .await;
+    daemon.client().cancel(task).await.unwrap();
+}

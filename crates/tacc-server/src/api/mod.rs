@@ -408,13 +408,14 @@ pub fn router(control: Arc<Control>, shutdown: CancellationToken, secure_cookies
         .iter()
         .map(|(rule, _)| ((rule.method.clone(), rule.path), rule.access))
         .collect();
+    let limits = control.config.sessions;
     let state = AppState {
         control,
         shutdown,
         rules: Arc::new(rules),
         sessions: Arc::new(dashboard::Sessions::default()),
         secure_cookies,
-        interactive: Arc::new(crate::sessions::Sessions::default()),
+        interactive: Arc::new(crate::sessions::Sessions::new(limits)),
     };
     let mut router = Router::new();
     for (rule, handler) in declared {

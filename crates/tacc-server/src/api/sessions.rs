@@ -148,7 +148,6 @@ pub(super) async fn open_session(
     let shutdown = app.shutdown.clone();
     let idle = sessions.limits.idle;
     tokio::spawn(async move {
-        let _ticket = ticket;
         let user_stream = match on_upgrade.await {
             Ok(stream) => stream,
             Err(e) => {
@@ -166,6 +165,8 @@ pub(super) async fn open_session(
         let traffic = Traffic::new();
         let cut = watch(&control, &user, attempt, &traffic, idle, &shutdown);
         let ended = crate::sessions::splice(user_stream, node_stream, &traffic, cut).await;
+        // Its place is free as soon as both sides are closed.
+        drop(ticket);
         let detail = format!(
             "{what}: {} after {} s; {} bytes from the user, {} bytes to the user",
             ended.describe(),

@@ -94,6 +94,8 @@ pub struct ServerConfig {
     /// A running rank with no output (and no CPU use, where measured) for this long is
     /// flagged silent in its task's usage (`tcloud top`).
     pub silent_after: Duration,
+    /// The bounds on interactive sessions (`tcloud exec`, `shell`, `port-forward`).
+    pub sessions: crate::SessionLimits,
     /// Adaptive allocation: which running tasks' allocations may move, and how fast.
     pub adaptive: AdaptiveConfig,
     /// One of several replicas (`--replicated`): agents are told so at registration.
@@ -126,6 +128,7 @@ impl ServerConfig {
             unix_users: BTreeMap::new(),
             task_uid_base: DEFAULT_TASK_UID_BASE,
             silent_after: Duration::from_secs(300),
+            sessions: crate::SessionLimits::default(),
             adaptive: AdaptiveConfig::default(),
             replicated: false,
             retry: RetrySettings::default(),
