@@ -30,6 +30,7 @@ mod resize;
 mod runtimes;
 mod sampler;
 mod secrets;
+mod sessions;
 mod spool;
 mod tree_removal;
 pub mod watchdog;
@@ -45,7 +46,9 @@ pub use process_mark::ProcessMark;
 use tacc_client::Client;
 use tacc_core::{NodeId, Resources};
 use tacc_exec::{DockerExecutor, Executor};
-use tacc_proto::{AgentReport, Assignment, AttemptRef, NodeRequest, RegisterAgent};
+use tacc_proto::{
+    AgentReport, Assignment, AttemptRef, NodeRequest, NodeRequestKind, RegisterAgent,
+};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +154,8 @@ pub(crate) struct Shared {
     pub sampling: sampler::Sampling,
     /// Running attempts' executions whose limits can change live.
     pub resizing: Arc<resize::Resizing>,
+    /// Running executions an interactive session can enter.
+    pub entries: sessions::Entries,
     /// The secret values of every running attempt, masked in every task's log.
     pub secrets: Arc<node_secrets::NodeSecrets>,
 }
@@ -250,6 +255,7 @@ impl Agent {
                 gpus: Arc::new(gpus::FakeGpus::default()),
                 sampling: sampler::Sampling::default(),
                 resizing: Default::default(),
+                entries: Default::default(),
                 secrets: Default::default(),
             }),
             attempts: Arc::new(Mutex::new(attempts)),
@@ -536,6 +542,17 @@ impl Agent {
                 .workdirs
                 .get(&request.attempt)
                 .cloned();
+            if let NodeRequestKind::Session { rank, session } = request.kind.clone() {
+                tokio::spawn(sessions::serve(
+                    self.shared.clone(),
+                    node,
+                    request,
+                    rank,
+                    session,
+                    workdir.is_some(),
+                ));
+                continue;
+            }
             tokio::spawn(live_files::answer(
                 self.shared.clone(),
                 node,

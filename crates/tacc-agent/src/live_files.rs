@@ -52,6 +52,10 @@ pub(crate) async fn answer(
             tokio::task::spawn_blocking(move || match kind {
                 NodeRequestKind::List { path } => list(&workdir, &path),
                 NodeRequestKind::Fetch { path, max_bytes } => fetch(&workdir, &path, max_bytes),
+                // Sessions are served by `sessions`, never here.
+                NodeRequestKind::Session { .. } => {
+                    failed("bad_request", "a session is not a question".into())
+                }
             })
             .await
             .unwrap_or_else(|e| failed("internal", format!("the answer failed: {e}")))

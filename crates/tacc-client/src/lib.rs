@@ -17,6 +17,7 @@ mod cluster;
 mod files;
 mod groups;
 mod logs;
+pub mod sessions;
 mod snapshots;
 mod tasks;
 pub mod tls;
@@ -309,9 +310,14 @@ impl Client {
         if response.status().is_success() {
             return Ok(response);
         }
+        Err(self.error_of(response).await)
+    }
+
+    /// The error a refused request's answer says.
+    async fn error_of(&self, response: reqwest::Response) -> ClientError {
         let status = response.status();
         let body = response.bytes().await.unwrap_or_default();
-        Err(match serde_json::from_slice::<ApiError>(&body) {
+        match serde_json::from_slice::<ApiError>(&body) {
             Ok(error) => ClientError::Api {
                 status: status.as_u16(),
                 code: error.code,
@@ -325,7 +331,7 @@ impl Client {
                     String::from_utf8_lossy(&body).trim()
                 ),
             },
-        })
+        }
     }
 
     /// Send a mutating request with a fresh `Idempotency-Key`, again with the same key

@@ -22,6 +22,7 @@ mod process;
 
 pub mod cgroups;
 pub mod contract;
+pub mod enter;
 pub mod resize;
 pub mod runtime;
 pub mod slurm;
@@ -210,6 +211,8 @@ pub struct ExecutionHandle {
     usage: Option<cgroups::UsageReader>,
     /// Changes its limits while it runs, where the runtime can.
     resizer: Option<Arc<dyn resize::Resizer>>,
+    /// How a session enters it, where the runtime allows (the process runtime).
+    entry: Option<Arc<enter::Entry>>,
 }
 
 impl ExecutionHandle {
@@ -233,6 +236,18 @@ impl ExecutionHandle {
     /// the runtime cannot (no cgroup, Slurm).
     pub fn resizer(&self) -> Option<Arc<dyn resize::Resizer>> {
         self.resizer.clone()
+    }
+
+    /// How an interactive session enters the execution while it runs; `None` where the
+    /// runtime offers no way in.
+    pub fn entry(&self) -> Option<Arc<enter::Entry>> {
+        self.entry.clone()
+    }
+
+    /// This handle, enterable through `entry`.
+    pub(crate) fn with_entry(mut self, entry: Option<enter::Entry>) -> Self {
+        self.entry = entry.map(Arc::new);
+        self
     }
 
     /// Wait for the end. All output lines have been sent before this returns, so the
@@ -358,6 +373,7 @@ impl ExecutionHandle {
             exit,
             usage: None,
             resizer: None,
+            entry: None,
         }
     }
 

@@ -251,6 +251,14 @@ impl Executor for ProcessExecutor {
         let resizer = cgroup.clone().map(|cgroup| {
             Arc::new(crate::resize::CgroupResizer(cgroup)) as Arc<dyn crate::resize::Resizer>
         });
+        let entry = pid.map(|pid| crate::enter::Entry {
+            pid,
+            cgroup: cgroup.clone(),
+            workdir: spec.workdir.clone(),
+            env: spec.env.clone(),
+            run_as: spec.placement.run_as,
+            private_mounts: spec.placement.private_tmp.is_some(),
+        });
         tokio::spawn(async move {
             let group = pid.map(|p| Pid::from_raw(p as i32));
             let time_limit = async {
@@ -326,7 +334,8 @@ impl Executor for ProcessExecutor {
         });
         Ok(ExecutionHandle::new(pid, cancel, exit_rx)
             .with_usage(usage)
-            .with_resizer(resizer))
+            .with_resizer(resizer)
+            .with_entry(entry))
     }
 }
 

@@ -51,6 +51,13 @@ pub enum NodeRequestKind {
     List { path: String },
     /// One regular file of the working directory, at most `max_bytes` long.
     Fetch { path: String, max_bytes: u64 },
+    /// Open an interactive session into node rank `rank` of the attempt: the agent
+    /// connects back to `GET /v1/agents/{node}/sessions/{id}` (the request's id) and
+    /// speaks [`crate::Frame`]s there.
+    Session {
+        rank: u32,
+        session: crate::SessionKind,
+    },
 }
 
 /// Agent → server, for a [`NodeRequestKind::List`] or for any request that failed. A

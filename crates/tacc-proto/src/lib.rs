@@ -11,6 +11,7 @@ mod cluster_stop;
 mod files;
 mod groups;
 mod pipelines;
+mod sessions;
 
 use std::collections::BTreeMap;
 
@@ -21,6 +22,7 @@ pub use files::*;
 pub use groups::*;
 pub use pipelines::*;
 use serde::{Deserialize, Serialize};
+pub use sessions::*;
 use tacc_core::{AttemptNo, NodeId, Resources, Role, SnapshotId, TaskId, TaskState, Timestamp};
 
 /// Prefix of every API token TACC issues (users, agent join tokens, node credentials), so

@@ -33,6 +33,7 @@ mod node_selector;
 pub mod notify;
 mod replica;
 pub mod secrets;
+mod sessions;
 mod tls;
 mod usage;
 pub mod webhook_destination;
@@ -48,6 +49,7 @@ pub use control::{
 };
 pub use limits::UserLimits;
 pub use replica::{ReplicaConfig, serve_replicated};
+pub use sessions::SessionLimits;
 use tacc_core::{NodeId, TaskId};
 pub use tls::TlsConfig;
 use tokio::net::TcpListener;

@@ -90,7 +90,7 @@ impl NodeRequests {
         kind: NodeRequestKind,
         deadline: Duration,
     ) -> Result<Answer, Unanswered> {
-        let id = NodeRequestId(self.next.fetch_add(1, Ordering::Relaxed) + 1);
+        let id = self.next_id();
         let (tx, rx) = oneshot::channel();
         {
             let mut queues = self.queues.lock().unwrap();
@@ -119,6 +119,40 @@ impl NodeRequests {
             Ok(Ok(answer)) => Ok(answer),
             // The sender is only dropped unanswered when the question is forgotten.
             Ok(Err(_)) | Err(_) => Err(Unanswered::Timeout),
+        }
+    }
+
+    /// Put a request to `node` that is not answered here (a session: the node connects
+    /// back instead, see [`crate::sessions`]); its id.
+    pub fn deliver(
+        &self,
+        node: NodeId,
+        id: NodeRequestId,
+        attempt: AttemptRef,
+        kind: NodeRequestKind,
+    ) {
+        let mut queues = self.queues.lock().unwrap();
+        queues
+            .undelivered
+            .entry(node)
+            .or_default()
+            .push(NodeRequest { id, attempt, kind });
+        queues
+            .wake
+            .entry(node)
+            .or_insert_with(|| watch::channel(0).0)
+            .send_modify(|v| *v += 1);
+    }
+
+    /// A fresh request id, for [`NodeRequests::deliver`].
+    pub fn next_id(&self) -> NodeRequestId {
+        NodeRequestId(self.next.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// Forget request `id` to `node` if its poll has not carried it out yet.
+    pub fn withdraw(&self, node: NodeId, id: NodeRequestId) {
+        if let Some(undelivered) = self.queues.lock().unwrap().undelivered.get_mut(&node) {
+            undelivered.retain(|r| r.id != id);
         }
     }
 

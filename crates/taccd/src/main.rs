@@ -239,6 +239,17 @@ struct ServerArgs {
     /// A user or group the idle-GPU policy leaves alone (repeatable).
     #[arg(long = "idle-gpu-exempt", value_name = "NAME")]
     idle_gpu_exempt: Vec<String>,
+    /// An interactive session (`tcloud exec`, `shell`, `port-forward`) through which no
+    /// byte passed for this long is closed (e.g. 30m, 2h).
+    #[arg(long, default_value = "30m")]
+    session_idle: HumanDuration,
+    /// Interactive sessions one user may have open at once (each port-forward
+    /// connection counts).
+    #[arg(long, default_value_t = 64)]
+    sessions_per_user: usize,
+    /// Interactive sessions open into one node at once, all users together.
+    #[arg(long, default_value_t = 256)]
+    sessions_per_node: usize,
     /// Adaptive allocation of running tasks that give `adaptive:` bounds: `on` grows and
     /// shrinks their CPU and memory within the bounds, `shrink` only gives back what they
     /// do not use, `off` moves nothing (verdicts are still shown). Tasks without
@@ -674,6 +685,11 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
             grace: Duration::from_secs(args.idle_gpu_grace.as_secs()),
             exempt: args.idle_gpu_exempt.clone(),
         });
+    config.sessions = tacc_server::SessionLimits {
+        per_user: args.sessions_per_user,
+        per_node: args.sessions_per_node,
+        idle: args.session_idle.as_std(),
+    };
     config.adaptive = tacc_server::AdaptiveConfig {
         mode: args.adaptive.0,
         window: args.adaptive_window.as_std(),

@@ -34,6 +34,7 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("GET", "/v1/tasks/{id}/outputs", "task"),
         ("GET", "/v1/tasks/{id}/outputs/{attempt}/{*path}", "task"),
         ("GET", "/v1/tasks/{id}/files", "task"),
+        ("GET", "/v1/tasks/{id}/session", "task"),
         ("GET", "/v1/tasks/{id}/files/content", "task"),
         ("POST", "/v1/snapshots/offer", "user"),
         ("POST", "/v1/snapshots/commit", "user"),
@@ -82,6 +83,7 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
             "own_node",
         ),
         ("POST", "/v1/agents/{node}/answers/{request}", "own_node"),
+        ("GET", "/v1/agents/{node}/sessions/{session}", "own_node"),
         (
             "PUT",
             "/v1/agents/{node}/answers/{request}/file",

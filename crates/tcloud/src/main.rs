@@ -106,6 +106,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             attempt,
             json,
         } => files::ls(&ctx, id, path, rank, attempt, json).await,
+        Command::Exec { id, rank, command } => interactive::exec(&ctx, id, rank, command).await,
+        Command::Shell { id, rank } => interactive::shell(&ctx, id, rank).await,
+        Command::PortForward {
+            id,
+            ports: (local, remote),
+            rank,
+        } => interactive::port_forward(&ctx, id, rank, local, remote).await,
         Command::Nodes { json } => tasks::nodes(&ctx, json).await,
         Command::Usage {
             fairshare: true,

@@ -123,7 +123,13 @@ pub(crate) async fn launch(
     record_name: &str,
 ) -> Result<ExitOutcome, ExecError> {
     let (tx, mut rx) = tacc_exec::output_channel();
+    let phase = spec.phase;
     let handle = executor.launch(spec, tx).await?;
+    // A session enters the task's run, never its setup.
+    let enterable = handle.entry().filter(|_| phase == tacc_exec::Phase::Run);
+    if let Some(entry) = &enterable {
+        shared.entries.attach(attempt, record_name, entry.clone());
+    }
     let record = handle.pid.and_then(|pid| {
         GroupRecord::write(&shared.config.data_dir.join("run"), record_name, pid).ok()
     });
@@ -179,6 +185,9 @@ pub(crate) async fn launch(
     };
     shared.sampling.detach(attempt, record_name);
     shared.resizing.detach(attempt, record_name);
+    if enterable.is_some() {
+        shared.entries.detach(attempt, record_name);
+    }
     // Every line is forwarded before the attempt's end is reported.
     let _ = forwarder.await;
     // Killed by the watchdog while this agent was stopped: the node's fault, not the task's.

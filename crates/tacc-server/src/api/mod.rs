@@ -21,6 +21,7 @@ mod openapi;
 mod outputs;
 mod pipelines;
 mod secrets;
+mod sessions;
 mod snapshots;
 mod tasks;
 mod usage;
@@ -96,6 +97,8 @@ pub(crate) struct AppState {
     pub(crate) sessions: Arc<dashboard::Sessions>,
     /// Whether session cookies are marked `Secure` (the server speaks TLS).
     pub(crate) secure_cookies: bool,
+    /// Open interactive sessions (`tcloud exec`, `shell`, `port-forward`).
+    pub(crate) interactive: Arc<crate::sessions::Sessions>,
 }
 
 /// One route as declared: method, path pattern and the access rule the guard enforces.
@@ -181,6 +184,13 @@ fn declare() -> Vec<Declared> {
             "/v1/tasks/{id}/files/content",
             Task,
             get(files::get_file),
+        ),
+        // Interactive sessions: the task's owner, their group admin and admins only.
+        rule(
+            M::GET,
+            "/v1/tasks/{id}/session",
+            Task,
+            get(sessions::open_session),
         ),
         rule(
             M::POST,
@@ -357,6 +367,12 @@ fn declare() -> Vec<Declared> {
             OwnNode,
             put(files::put_answer_file),
         ),
+        rule(
+            M::GET,
+            "/v1/agents/{node}/sessions/{session}",
+            OwnNode,
+            get(sessions::agent_session),
+        ),
         // The web dashboard: the same rules, a session cookie instead of the bearer
         // header (see `dashboard`).
         rule(M::GET, "/", Public, get(dashboard::root)),
@@ -413,6 +429,7 @@ pub fn router(
         .iter()
         .map(|(rule, _)| ((rule.method.clone(), rule.path), rule.access))
         .collect();
+    let limits = control.config.sessions;
     let state = AppState {
         control: control.clone(),
         shutdown,
@@ -423,6 +440,7 @@ pub fn router(
             seal: control.secret_box.clone(),
         })),
         secure_cookies,
+        interactive: Arc::new(crate::sessions::Sessions::new(limits)),
     };
     let mut router = Router::new();
     for (rule, handler) in declared {

@@ -386,6 +386,27 @@ fn described() -> Vec<Operation> {
         .query(files_query)
         .answers(200, Raw(BYTES, bytes)),
         op(
+            M::GET,
+            "/v1/tasks/{id}/session",
+            "Open an interactive session into a running task (`tcloud exec`, `shell`, \
+             `port-forward`): an HTTP/1.1 upgrade (`Upgrade: tacc-session`) answered 101 \
+             once the task's node has connected back; then session frames both ways.",
+        )
+        .query(&[
+            (
+                "rank",
+                Type::Integer,
+                "The node rank to enter (0 when absent).",
+            ),
+            (
+                "request",
+                Type::String,
+                "JSON: `{\"kind\":\"exec\",\"command\":[…],\"tty\":{\"rows\":R,\"cols\":C}}` \
+                 or `{\"kind\":\"forward\",\"port\":P}`.",
+            ),
+        ])
+        .answers(101, Body::None),
+        op(
             M::POST,
             "/v1/snapshots/offer",
             "Offer a snapshot manifest; the answer lists the chunks the server lacks.",
@@ -596,6 +617,13 @@ fn described() -> Vec<Operation> {
         )
         .takes(Raw(BYTES, bytes))
         .answers(204, Body::None),
+        op(
+            M::GET,
+            "/v1/agents/{node}/sessions/{session}",
+            "The node's half of an interactive session it was asked to open in its work \
+             poll: an HTTP/1.1 upgrade (`Upgrade: tacc-session`), spliced to the user's.",
+        )
+        .answers(101, Body::None),
     ]
 }
 
@@ -623,6 +651,7 @@ fn path_param(path: &str, name: &str) -> (Type, &'static str) {
         "attempt" => (Type::Integer, "Attempt number (1 for the first)."),
         "node" => (Type::Integer, "The node's id (its credential's own)."),
         "request" => (Type::Integer, "Question id from the work poll."),
+        "session" => (Type::Integer, "Session id from the work poll."),
         "hash" => (Type::String, "Chunk name (hex BLAKE3 of its content)."),
         "name" if path.starts_with("/v1/secrets/") => (Type::String, "Secret name."),
         "name" => (Type::String, "Node name."),
@@ -941,8 +970,11 @@ mod tests {
                 let id = operation["operationId"].as_str().expect("an operation id");
                 assert!(ids.insert(id.to_string()), "{id} twice");
                 let responses = operation["responses"].as_object().unwrap();
+                // A session route succeeds by switching protocols.
                 assert!(
-                    responses.keys().any(|code| code.starts_with('2')),
+                    responses
+                        .keys()
+                        .any(|code| code.starts_with('2') || code == "101"),
                     "{method} {path}"
                 );
                 assert!(responses.contains_key("default"), "{method} {path}");

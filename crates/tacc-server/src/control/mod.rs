@@ -106,6 +106,8 @@ pub struct ServerConfig {
     pub hang_after: Option<Duration>,
     /// The operator's idle-GPU policy (`--idle-gpu-*`); `None`: idle GPUs are only shown.
     pub idle_gpu: Option<IdleGpuPolicy>,
+    /// The bounds on interactive sessions (`tcloud exec`, `shell`, `port-forward`).
+    pub sessions: crate::SessionLimits,
     /// Adaptive allocation: which running tasks' allocations may move, and how fast.
     pub adaptive: AdaptiveConfig,
     /// One of several replicas (`--replicated`): agents are told so at registration.
@@ -140,6 +142,7 @@ impl ServerConfig {
             silent_after: Duration::from_secs(300),
             hang_after: Some(DEFAULT_HANG_AFTER),
             idle_gpu: None,
+            sessions: crate::SessionLimits::default(),
             adaptive: AdaptiveConfig::default(),
             replicated: false,
             retry: RetrySettings::default(),

@@ -249,6 +249,59 @@ declare bigger files in `outputs:` to get them when the task ends).",
         #[arg(short = 'o', long, value_name = "DIR")]
         dest: Option<PathBuf>,
     },
+    /// Run a command inside a running task (its uid, cgroup, directory and environment)
+    #[command(
+        long_about = "Runs CMD inside the running task ID, on the node of rank 0 or of --rank R: \
+as the task's own user, in its cgroup (its limits apply), its private /tmp, its working \
+directory and its environment (secrets included). stdout and stderr are streamed, stdin is \
+forwarded, and tcloud exits with CMD's exit status. Only the task's owner, their group admin \
+and admins may; every session is audited. The command ends when tcloud does or the task ends.",
+        after_help = "Examples:\n  tcloud exec 12 -- nvidia-smi\n  tcloud exec 12 --rank 1 -- py-spy dump --pid 1234\n  tcloud exec 12 -- sh -c 'tail -n 20 train.log'"
+    )]
+    Exec {
+        #[arg(value_parser = parse_task_id)]
+        id: TaskId,
+        /// The node rank to run it on (default 0)
+        #[arg(long, value_name = "R", default_value_t = 0)]
+        rank: u32,
+        /// The command and its arguments, after `--`
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// An interactive shell inside a running task, on a terminal
+    #[command(
+        long_about = "Opens an interactive bash inside the running task ID (rank 0's node, or \
+--rank R's), exactly as `tcloud exec` runs commands, on a terminal: window-size changes follow, \
+Ctrl-C and Ctrl-Z reach the remote side, and `exit N` ends tcloud with status N. The local \
+terminal is restored however tcloud ends.",
+        after_help = "Examples:\n  tcloud shell 12\n  tcloud shell 12 --rank 1"
+    )]
+    Shell {
+        #[arg(value_parser = parse_task_id)]
+        id: TaskId,
+        /// The node rank to enter (default 0)
+        #[arg(long, value_name = "R", default_value_t = 0)]
+        rank: u32,
+    },
+    /// Forward a local TCP port to a port inside a running task, until Ctrl-C
+    #[command(
+        name = "port-forward",
+        long_about = "Listens on 127.0.0.1:LOCAL and carries each connection to port REMOTE on \
+the loopback of the running task's node (rank 0's, or --rank R's), through the server: \
+TensorBoard, Jupyter, a debugger. Many connections at once; LOCAL 0 picks a free port (printed). \
+PORT alone forwards the same number.",
+        after_help = "Examples:\n  tcloud port-forward 12 6006\n  tcloud port-forward 12 8888:8888 --rank 1\n  tcloud port-forward 12 0:8000"
+    )]
+    PortForward {
+        #[arg(value_parser = parse_task_id)]
+        id: TaskId,
+        /// LOCAL:REMOTE, or PORT for both
+        #[arg(value_name = "LOCAL:REMOTE", value_parser = crate::commands::interactive::parse_ports)]
+        ports: (u16, u16),
+        /// The node rank whose port to reach (default 0)
+        #[arg(long, value_name = "R", default_value_t = 0)]
+        rank: u32,
+    },
     /// List a task's files: a running task's live working directory, or what it kept
     #[command(
         long_about = "Lists a directory of a running task's live working directory (name, \

@@ -10,6 +10,7 @@ pub mod docs;
 mod estimate;
 pub mod files;
 pub mod groups;
+pub mod interactive;
 pub mod pipelines;
 pub mod quickstart;
 pub mod secret;

@@ -445,6 +445,8 @@ pub(crate) async fn task(
             user => view.user,
             state => view.state.as_str(),
             active => !view.state.is_terminal(),
+            running => view.state == TaskState::Running,
+            ranks => view.num_nodes,
             reason => view.reason.unwrap_or_default(),
             exit_code => view.exit_code,
             attempt => view.attempt.0,

@@ -1,0 +1,323 @@
+//! Entering a running execution (`tcloud exec`, `tcloud shell`): a new process that runs
+//! as the execution's identity, in its cgroup (its limits apply, and it dies with it), in
+//! its mount namespace (the same private /tmp and /dev/shm), in its working directory and
+//! with its environment (secrets included: only the task's owner may open a session).
+//!
+//! The process is built like the execution itself (see `process.rs`): a tiny `sh` that
+//! waits on its stdin until the agent has moved it into the cgroup, then `nsenter` into
+//! the execution's mount namespace, `setsid --ctty` for a terminal, `setpriv` to the
+//! task's uid and `env --chdir` into its directory — every one of them an `exec`, so
+//! nothing forks and nothing of the user's runs before the identity switch. Loader and
+//! shell variables the task chose travel renamed through those root steps and are put
+//! back by the task's own shell (`held_env`), so a user's `LD_PRELOAD` never reaches a
+//! root process here either.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, Command};
+
+use crate::cgroups::Cgroup;
+use crate::{ExecError, RunAs};
+
+/// Waits for `go` on stdin (sent once the pid is in the cgroup), then runs the rest with
+/// stdin left as it is: the session's pipe.
+const ENTER_JOIN_SCRIPT: &str = r#"IFS= read -r go && [ "$go" = go ] && exec "$@"; exit 125"#;
+/// The same for a terminal: `go` comes on a pipe of its own (said through the terminal,
+/// it would be echoed to the user), then stdin becomes the terminal stdout already is.
+const ENTER_JOIN_SCRIPT_TTY: &str =
+    r#"IFS= read -r go && [ "$go" = go ] && exec "$@" <&1; exit 125"#;
+const NSENTER: &str = "/usr/bin/nsenter";
+const SETSID: &str = "/usr/bin/setsid";
+const SETPRIV: &str = "/usr/bin/setpriv";
+const ENV: &str = "/usr/bin/env";
+const BASH: &str = "/bin/bash";
+
+/// What a session needs to know of a running execution to enter it.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The execution's main process (held as the agent's unreaped child while it runs,
+    /// so its pid cannot be reused meanwhile).
+    pub pid: u32,
+    pub cgroup: Option<Arc<dyn Cgroup>>,
+    pub workdir: PathBuf,
+    pub env: BTreeMap<String, String>,
+    pub run_as: Option<RunAs>,
+    /// The execution has a mount namespace of its own (private /tmp and /dev/shm).
+    pub private_mounts: bool,
+}
+
+/// A pseudo-terminal whose controller the agent keeps.
+#[derive(Debug)]
+pub struct Pty {
+    /// The controlling side: what the session reads and writes.
+    pub controller: File,
+    /// The terminal the command gets as stdin, stdout and stderr.
+    terminal: OwnedFd,
+}
+
+impl Pty {
+    /// A new pseudo-terminal of `rows` × `cols`.
+    pub fn open(rows: u16, cols: u16) -> std::io::Result<Pty> {
+        use rustix::pty::{OpenptFlags, grantpt, openpt, ptsname, unlockpt};
+        let controller = openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)?;
+        grantpt(&controller)?;
+        unlockpt(&controller)?;
+        let name = ptsname(&controller, Vec::new())?;
+        let terminal: OwnedFd = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags_noctty()
+            .open(Path::new(&*name.to_string_lossy()))?
+            .into();
+        let pty = Pty {
+            controller: File::from(controller),
+            terminal,
+        };
+        pty.resize(rows, cols)?;
+        Ok(pty)
+    }
+
+    /// Tell the terminal (and so the command, by `SIGWINCH`) its new size.
+    pub fn resize(&self, rows: u16, cols: u16) -> std::io::Result<()> {
+        resize(&self.controller, rows, cols)
+    }
+
+    /// The controlling side alone, once the command holds the terminal: when the
+    /// command's last process ends, reading it fails (`EIO`) instead of waiting forever.
+    pub fn into_controller(self) -> File {
+        self.controller
+    }
+}
+
+/// Tell the terminal whose controlling side is `controller` (and so the command on it, by
+/// `SIGWINCH`) its new size.
+pub fn resize(controller: &File, rows: u16, cols: u16) -> std::io::Result<()> {
+    {
+        rustix::termios::tcsetwinsize(
+            controller,
+            rustix::termios::Winsize {
+                ws_row: rows,
+                ws_col: cols,
+                ws_xpixel: 0,
+                ws_ypixel: 0,
+            },
+        )?;
+        Ok(())
+    }
+}
+
+trait NoCtty {
+    fn custom_flags_noctty(&mut self) -> &mut Self;
+}
+
+impl NoCtty for std::fs::OpenOptions {
+    fn custom_flags_noctty(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(rustix::fs::OFlags::NOCTTY.bits() as i32)
+    }
+}
+
+/// A process started inside an execution.
+#[derive(Debug)]
+pub struct Entered {
+    pub child: Child,
+    /// Its process group (it leads one), for ending it with everything it started.
+    pub group: u32,
+}
+
+impl Entry {
+    /// Whether the first steps of an entered process run as root.
+    fn starts_as_root(&self) -> bool {
+        self.cgroup.is_some() || self.private_mounts || self.run_as.is_some()
+    }
+
+    /// The argv up to and including the task's shell, which then runs `command` (or an
+    /// interactive shell when `command` is empty).
+    fn argv(&self, command: &[String], tty: bool) -> (Vec<String>, BTreeMap<String, String>) {
+        let mut argv: Vec<String> = Vec::new();
+        if self.cgroup.is_some() {
+            let script = if tty {
+                ENTER_JOIN_SCRIPT_TTY
+            } else {
+                ENTER_JOIN_SCRIPT
+            };
+            argv.extend(["/bin/sh", "-c", script, "tacc-enter"].map(String::from));
+        }
+        if self.private_mounts {
+            argv.extend([
+                NSENTER.to_string(),
+                format!("--target={}", self.pid),
+                "--mount".to_string(),
+                "--".to_string(),
+            ]);
+        }
+        if tty {
+            argv.extend([SETSID, "--ctty", "--"].map(String::from));
+        }
+        if let Some(run_as) = self.run_as {
+            argv.extend([
+                SETPRIV.to_string(),
+                format!("--reuid={}", run_as.uid),
+                format!("--regid={}", run_as.gid),
+                "--clear-groups".to_string(),
+                "--".to_string(),
+                ENV.to_string(),
+                format!("--chdir={}", self.workdir.display()),
+                "--".to_string(),
+            ]);
+        }
+        let mut env = self.env.clone();
+        if tty && !env.contains_key("TERM") {
+            env.insert("TERM".into(), "xterm-256color".into());
+        }
+        let (env, restore) = match crate::held_env::hold_back(&env) {
+            (held, true) if self.starts_as_root() => (held, crate::held_env::RESTORE),
+            _ => (env, ""),
+        };
+        let run = if command.is_empty() {
+            format!("{restore}exec {BASH} -i")
+        } else {
+            format!("{restore}exec \"$@\"")
+        };
+        argv.extend([
+            BASH.to_string(),
+            "-c".to_string(),
+            run,
+            "tacc-exec".to_string(),
+        ]);
+        argv.extend(command.iter().cloned());
+        (argv, env)
+    }
+
+    /// Start `command` inside the execution: with pipes (stdin, stdout and stderr of the
+    /// returned child), or on `pty`'s terminal.
+    pub async fn spawn(&self, command: &[String], pty: Option<&Pty>) -> Result<Entered, ExecError> {
+        let (argv, env) = self.argv(command, pty.is_some());
+        let spawn_error = |source| ExecError::Spawn {
+            program: argv[0].clone(),
+            workdir: self.workdir.display().to_string(),
+            source,
+        };
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .env_clear()
+            .envs(&env)
+            .current_dir(if self.run_as.is_some() {
+                Path::new("/")
+            } else {
+                self.workdir.as_path()
+            })
+            .kill_on_drop(true);
+        match pty {
+            Some(pty) => {
+                // Not a group leader, so `setsid` makes it one without forking.
+                let io = |fd: &OwnedFd| fd.try_clone().map(Stdio::from);
+                let stdin = if self.cgroup.is_some() {
+                    Stdio::piped()
+                } else {
+                    io(&pty.terminal).map_err(spawn_error)?
+                };
+                cmd.stdin(stdin)
+                    .stdout(io(&pty.terminal).map_err(spawn_error)?)
+                    .stderr(io(&pty.terminal).map_err(spawn_error)?);
+            }
+            None => {
+                cmd.stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .process_group(0);
+            }
+        }
+        let mut child = cmd.spawn().map_err(spawn_error)?;
+        let pid = child.id().unwrap_or(0);
+        if let Some(cgroup) = &self.cgroup {
+            for file in cgroup.join_files() {
+                if let Err(e) = crate::cgroups::write_file(&file, &pid.to_string()) {
+                    let _ = child.kill().await;
+                    return Err(e);
+                }
+            }
+            let stdin = child.stdin.as_mut().expect("piped above");
+            if let Err(e) = stdin.write_all(b"go\n").await {
+                let _ = child.kill().await;
+                return Err(spawn_error(e));
+            }
+            // A terminal's join reads nothing more from its pipe.
+            if pty.is_some() {
+                drop(child.stdin.take());
+            }
+        }
+        Ok(Entered { child, group: pid })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(root: bool) -> Entry {
+        let mut env = BTreeMap::new();
+        env.insert("LD_PRELOAD".to_string(), "/home/u/evil.so".to_string());
+        env.insert("PATH".to_string(), "/usr/bin:/bin".to_string());
+        Entry {
+            pid: 42,
+            cgroup: None,
+            workdir: PathBuf::from("/work/t1"),
+            env,
+            run_as: root.then_some(RunAs {
+                uid: 1000,
+                gid: 1000,
+            }),
+            private_mounts: root,
+        }
+    }
+
+    #[test]
+    fn a_root_entry_holds_the_loader_variables_back_until_the_task_shell() {
+        let (argv, env) = entry(true).argv(&["id".into(), "-u".into()], true);
+        assert_eq!(
+            &argv[..4],
+            ["/usr/bin/nsenter", "--target=42", "--mount", "--"]
+        );
+        assert!(argv.contains(&"--reuid=1000".to_string()));
+        assert!(argv.contains(&"--ctty".to_string()));
+        assert!(!env.contains_key("LD_PRELOAD"), "{env:?}");
+        assert_eq!(env["TACC_HELD_BACK_LD_PRELOAD"], "/home/u/evil.so");
+        assert_eq!(env["TERM"], "xterm-256color");
+        let script = &argv[argv.len() - 4];
+        assert!(script.starts_with(crate::held_env::RESTORE), "{script}");
+        assert_eq!(&argv[argv.len() - 2..], ["id", "-u"]);
+    }
+
+    #[test]
+    fn an_unprivileged_entry_passes_the_environment_as_it_is() {
+        let (argv, env) = entry(false).argv(&[], false);
+        assert_eq!(argv[0], "/bin/bash");
+        assert_eq!(env["LD_PRELOAD"], "/home/u/evil.so");
+        assert_eq!(argv[2], "exec /bin/bash -i");
+    }
+
+    #[tokio::test]
+    async fn a_command_runs_in_the_working_directory_with_the_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut entry = entry(false);
+        entry.workdir = dir.path().to_path_buf();
+        entry.env.remove("LD_PRELOAD");
+        entry.env.insert("GREETING".into(), "hello".into());
+        let command = ["sh", "-c", "echo $GREETING; pwd; exit 4"].map(String::from);
+        let entered = entry.spawn(&command, None).await.unwrap();
+        let output = entered.child.wait_with_output().await.unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            text,
+            format!("hello\n{}\n", dir.path().canonicalize().unwrap().display())
+        );
+        assert_eq!(output.status.code(), Some(4));
+    }
+}

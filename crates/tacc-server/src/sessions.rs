@@ -1,0 +1,377 @@
+//! Interactive sessions (`tcloud exec`, `shell`, `port-forward`): the user's upgraded
+//! connection waits while the node, told over its work poll, connects back with its own;
+//! then the two are spliced. Here: the bounds (sessions per user and per node, an idle
+//! cut-off, one frame of buffer per direction), the agents' connections awaited by id,
+//! and the splice itself with the reasons a session ends (its task ended, its owner's
+//! token was revoked, it fell idle, the server stops).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
+use tacc_core::NodeId;
+use tacc_proto::{Frame, NodeRequestId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::oneshot;
+
+use crate::ServerError;
+
+/// The bounds on sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// Sessions one user may have open at once (a port-forward's connections each count).
+    pub per_user: usize,
+    /// Sessions open into one node at once, all users together.
+    pub per_node: usize,
+    /// A session through which no byte passed for this long is closed.
+    pub idle: Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            per_user: 64,
+            per_node: 256,
+            idle: Duration::from_secs(30 * 60),
+        }
+    }
+}
+
+/// Why a new session is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Crowded {
+    User(usize),
+    Node(usize),
+}
+
+/// May one more session open, with `user_open` of the user's and `node_open` into the
+/// node already open?
+pub(crate) fn admit(
+    user_open: usize,
+    node_open: usize,
+    limits: &SessionLimits,
+) -> Result<(), Crowded> {
+    if user_open >= limits.per_user {
+        return Err(Crowded::User(limits.per_user));
+    }
+    if node_open >= limits.per_node {
+        return Err(Crowded::Node(limits.per_node));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Open {
+    per_user: HashMap<String, usize>,
+    per_node: HashMap<NodeId, usize>,
+    /// Sessions whose node has not connected back yet, and who waits for it.
+    waiting: HashMap<NodeRequestId, (NodeId, oneshot::Sender<Upgraded>)>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Sessions {
+    pub(crate) limits: SessionLimits,
+    open: Mutex<Open>,
+}
+
+/// One admitted session: counted against its user and node until dropped.
+#[derive(Debug)]
+pub(crate) struct Ticket {
+    sessions: Arc<Sessions>,
+    user: String,
+    node: NodeId,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut open = self.sessions.open.lock().unwrap();
+        if let Some(n) = open.per_user.get_mut(&self.user) {
+            *n -= 1;
+            if *n == 0 {
+                open.per_user.remove(&self.user);
+            }
+        }
+        if let Some(n) = open.per_node.get_mut(&self.node) {
+            *n -= 1;
+            if *n == 0 {
+                open.per_node.remove(&self.node);
+            }
+        }
+    }
+}
+
+/// Forgets a session the node never connected back for.
+pub(crate) struct Expected<'a> {
+    sessions: &'a Sessions,
+    id: NodeRequestId,
+    pub(crate) stream: oneshot::Receiver<Upgraded>,
+}
+
+impl Drop for Expected<'_> {
+    fn drop(&mut self) {
+        self.sessions.open.lock().unwrap().waiting.remove(&self.id);
+    }
+}
+
+impl Sessions {
+    pub(crate) fn new(limits: SessionLimits) -> Self {
+        Sessions {
+            limits,
+            open: Mutex::default(),
+        }
+    }
+
+    /// Count a new session of `user` into `node`, or say which bound it would break.
+    pub(crate) fn admit(self: &Arc<Self>, user: &str, node: NodeId) -> Result<Ticket, ServerError> {
+        let mut open = self.open.lock().unwrap();
+        let user_open = open.per_user.get(user).copied().unwrap_or(0);
+        let node_open = open.per_node.get(&node).copied().unwrap_or(0);
+        admit(user_open, node_open, &self.limits).map_err(|crowded| {
+            let message = match crowded {
+                Crowded::User(n) => format!(
+                    "you already have {n} sessions open (the most one user may); close one \
+                     (exit a shell, stop a port-forward) and try again"
+                ),
+                Crowded::Node(n) => format!(
+                    "the task's node already serves {n} sessions (the most it takes); try \
+                     again in a moment"
+                ),
+            };
+            ServerError::TooManyRequests {
+                message,
+                retry_after_secs: 5,
+            }
+        })?;
+        *open.per_user.entry(user.to_string()).or_default() += 1;
+        *open.per_node.entry(node).or_default() += 1;
+        Ok(Ticket {
+            sessions: self.clone(),
+            user: user.to_string(),
+            node,
+        })
+    }
+
+    /// Wait for `node` to connect back for session `id` (register before asking it).
+    pub(crate) fn expect(&self, id: NodeRequestId, node: NodeId) -> Expected<'_> {
+        let (tx, rx) = oneshot::channel();
+        self.open.lock().unwrap().waiting.insert(id, (node, tx));
+        Expected {
+            sessions: self,
+            id,
+            stream: rx,
+        }
+    }
+
+    /// `node` connects back for session `id`: where its connection goes, if the session
+    /// waits for that node.
+    pub(crate) fn claim(
+        &self,
+        node: NodeId,
+        id: NodeRequestId,
+    ) -> Option<oneshot::Sender<Upgraded>> {
+        let mut open = self.open.lock().unwrap();
+        match open.waiting.get(&id) {
+            Some((waiting_for, _)) if *waiting_for == node => {}
+            _ => return None,
+        }
+        open.waiting.remove(&id).map(|(_, tx)| tx)
+    }
+}
+
+/// Why a spliced session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// One side closed (the command ended, the user left).
+    Closed,
+    /// The server says why, to the user too.
+    Cut(String),
+}
+
+impl Ended {
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Ended::Closed => "closed".into(),
+            Ended::Cut(why) => why.clone(),
+        }
+    }
+}
+
+/// Bytes through a session, and when the last one passed.
+#[derive(Debug)]
+pub(crate) struct Traffic {
+    started: Instant,
+    pub(crate) from_user: AtomicU64,
+    pub(crate) to_user: AtomicU64,
+    last_ms: AtomicU64,
+}
+
+impl Traffic {
+    pub(crate) fn new() -> Self {
+        Traffic {
+            started: Instant::now(),
+            from_user: AtomicU64::new(0),
+            to_user: AtomicU64::new(0),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn passed(&self, counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        self.last_ms
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long no byte has passed.
+    pub(crate) fn idle(&self) -> Duration {
+        self.started
+            .elapsed()
+            .saturating_sub(Duration::from_millis(self.last_ms.load(Ordering::Relaxed)))
+    }
+
+    pub(crate) fn lasted(&self) -> Duration {
+        self.started.elapsed()
+    }
+}
+
+/// Copy between the user's and the node's connections until either closes or `cut`
+/// gives a reason to stop; the user is then sent an [`Frame::Error`] saying it. Bytes
+/// from the user go to the node as they come; the node's go to the user a whole frame at
+/// a time (so a reason can be put between two frames), one read buffer each way.
+pub(crate) async fn splice(
+    user: Upgraded,
+    node: Upgraded,
+    traffic: &Traffic,
+    cut: impl std::future::Future<Output = String>,
+) -> Ended {
+    let (mut user_read, mut user_write) = tokio::io::split(TokioIo::new(user));
+    let (mut node_read, mut node_write) = tokio::io::split(TokioIo::new(node));
+    let upward = async {
+        let mut buffer = vec![0u8; 16 << 10];
+        loop {
+            match user_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if node_write.write_all(&buffer[..n]).await.is_err() {
+                        return;
+                    }
+                    traffic.passed(&traffic.from_user, n);
+                }
+            }
+        }
+    };
+    let mut pending = Vec::new();
+    let mut downward_broken = false;
+    let ended = {
+        let downward = async {
+            let mut buffer = vec![0u8; 16 << 10];
+            loop {
+                // Whole frames only: the buffer never holds more than one frame and a read.
+                loop {
+                    match Frame::decode(&mut pending) {
+                        Ok(Some(frame)) => {
+                            let bytes = frame.encode();
+                            if user_write.write_all(&bytes).await.is_err() {
+                                return;
+                            }
+                            traffic.passed(&traffic.to_user, bytes.len());
+                        }
+                        Ok(None) => break,
+                        Err(_) => {
+                            downward_broken = true;
+                            return;
+                        }
+                    }
+                }
+                let _ = user_write.flush().await;
+                match node_read.read(&mut buffer).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => pending.extend_from_slice(&buffer[..n]),
+                }
+            }
+        };
+        tokio::select! {
+            _ = upward => Ended::Closed,
+            _ = downward => Ended::Closed,
+            why = cut => Ended::Cut(why),
+        }
+    };
+    if downward_broken {
+        let why = "the node sent a malformed session frame".to_string();
+        tracing::warn!("{why}");
+        let _ = user_write
+            .write_all(&Frame::Error(why.clone()).encode())
+            .await;
+        let _ = user_write.shutdown().await;
+        return Ended::Cut(why);
+    }
+    if let Ended::Cut(why) = &ended {
+        let _ = user_write
+            .write_all(&Frame::Error(format!("tacc: {why}")).encode())
+            .await;
+    }
+    let _ = user_write.shutdown().await;
+    let _ = node_write.shutdown().await;
+    ended
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_are_bounded_per_user_then_per_node() {
+        let limits = SessionLimits {
+            per_user: 2,
+            per_node: 3,
+            idle: Duration::from_secs(60),
+        };
+        let table = [
+            (0, 0, Ok(())),
+            (1, 2, Ok(())),
+            (2, 0, Err(Crowded::User(2))),
+            (0, 3, Err(Crowded::Node(3))),
+            (5, 5, Err(Crowded::User(2))),
+        ];
+        for (user, node, want) in table {
+            assert_eq!(admit(user, node, &limits), want, "user {user}, node {node}");
+        }
+    }
+
+    #[test]
+    fn a_ticket_counts_until_dropped_and_a_node_claims_only_its_own_session() {
+        let sessions = Arc::new(Sessions::new(SessionLimits {
+            per_user: 1,
+            per_node: 10,
+            idle: Duration::from_secs(60),
+        }));
+        let first = sessions.admit("alice", NodeId(1)).unwrap();
+        assert!(sessions.admit("alice", NodeId(2)).is_err());
+        assert!(sessions.admit("bob", NodeId(1)).is_ok());
+        drop(first);
+        assert!(sessions.admit("alice", NodeId(2)).is_ok());
+
+        let expected = sessions.expect(NodeRequestId(7), NodeId(1));
+        assert!(
+            sessions.claim(NodeId(2), NodeRequestId(7)).is_none(),
+            "another node"
+        );
+        assert!(
+            sessions.claim(NodeId(1), NodeRequestId(8)).is_none(),
+            "no such session"
+        );
+        drop(expected);
+        assert!(
+            sessions.claim(NodeId(1), NodeRequestId(7)).is_none(),
+            "forgotten"
+        );
+        let _expected = sessions.expect(NodeRequestId(9), NodeId(1));
+        assert!(sessions.claim(NodeId(1), NodeRequestId(9)).is_some());
+        assert!(
+            sessions.claim(NodeId(1), NodeRequestId(9)).is_none(),
+            "claimed once"
+        );
+    }
+}
