@@ -1139,3 +1139,26 @@ async fn gpus_used_again_lift_the_warning_and_exempt_users_are_left_alone() {
     assert_eq!(record.state, Cancelled);
     assert_reason(&record, "idle GPUs: used below 5%");
 }
+
+#[tokio::test]
+async fn a_node_expected_back_after_a_restart_can_be_removed_and_its_attempt_is_lost() {
+    let mut env = TestEnv::new().await;
+    let mut n1 = env.join("n1", 1).await;
+    let (task, _) = env.running(&mut n1, &retried("node_failure", 2)).await;
+    env.restart_server().await;
+    assert_eq!(env.node_state(&n1).await, "unknown");
+    env.control.remove_node("n1").await.unwrap();
+    let events = env.events(task).await;
+    assert!(
+        events.iter().any(|e| e.state == Lost
+            && e.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("node_removed:"))),
+        "{events:?}"
+    );
+    // The scheduler forgot the node: the retry waits for another one and gets it.
+    let mut n2 = env.join("n2", 1).await;
+    env.advance(RetrySettings::default().backoff);
+    env.check_liveness().await;
+    assert_eq!(only(&env.poll(&mut n2).await).attempt.0, 2);
+}

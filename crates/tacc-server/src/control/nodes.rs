@@ -521,7 +521,8 @@ impl Control {
         let (online, scheduled, attempts) = {
             let live = &inner.nodes[&id];
             let attempts: Vec<AttemptRef> = live.assignments.keys().copied().collect();
-            (live.online, live.schedulable(), attempts)
+            // A node expected back after a restart is known to the scheduler too.
+            (live.online, live.schedulable() || live.expected, attempts)
         };
         if online && !attempts.is_empty() {
             return Err(ServerError::Conflict(format!(
