@@ -60,6 +60,13 @@ pub struct UsageRow {
     pub cpu_hours: f64,
     pub gpu_hours: f64,
     pub memory_gib_hours: f64,
+    /// Of `gpu_hours`, the GPU time actually used (utilisation summed over the GPUs, as
+    /// the agents sampled it); absent from older servers.
+    #[serde(default)]
+    pub gpu_used_hours: f64,
+    /// `gpu_hours` allocated but not used: idle GPU-hours.
+    #[serde(default)]
+    pub gpu_idle_hours: f64,
 }
 
 /// One bucket of a usage series.

@@ -70,6 +70,8 @@ pub struct Metrics {
     decision_seconds: Histogram,
     submit_to_start_seconds: Histogram,
     commit_seconds: HistogramVec,
+    gpu_allocated_seconds: prometheus::CounterVec,
+    gpu_busy_seconds: prometheus::CounterVec,
     /// Scrapes refresh the gauges and then read them: one at a time, so two scrapes never
     /// see each other's half-refreshed gauges.
     scrape: tokio::sync::Mutex<()>,
@@ -135,6 +137,23 @@ impl Metrics {
                 &["op"],
             )
             .expect("a valid metric definition"),
+            gpu_allocated_seconds: prometheus::CounterVec::new(
+                Opts::new(
+                    "tacc_gpu_allocated_seconds_total",
+                    "GPU-seconds held by users' running attempts, as their samples cover them.",
+                ),
+                &["user"],
+            )
+            .expect("a valid metric definition"),
+            gpu_busy_seconds: prometheus::CounterVec::new(
+                Opts::new(
+                    "tacc_gpu_busy_seconds_total",
+                    "GPU-seconds those GPUs were busy (utilisation over 100); allocated minus \
+                     busy is idle GPU time.",
+                ),
+                &["user"],
+            )
+            .expect("a valid metric definition"),
             scrape: tokio::sync::Mutex::new(()),
         };
         #[allow(unused_mut)] // the process metrics read Linux's /proc
@@ -149,6 +168,8 @@ impl Metrics {
             Box::new(metrics.decision_seconds.clone()),
             Box::new(metrics.submit_to_start_seconds.clone()),
             Box::new(metrics.commit_seconds.clone()),
+            Box::new(metrics.gpu_allocated_seconds.clone()),
+            Box::new(metrics.gpu_busy_seconds.clone()),
             Box::new(log_bytes),
             Box::new(crate::daemon_log::lines_dropped()),
         ];
@@ -172,6 +193,16 @@ impl Metrics {
             "Bytes of task output written to task logs.",
         )
         .expect("a valid metric definition")
+    }
+
+    /// `user`'s running attempts held GPUs for `allocated`, busy for `busy` of it.
+    pub(crate) fn gpu_time(&self, user: &str, allocated: Duration, busy: Duration) {
+        self.gpu_allocated_seconds
+            .with_label_values(&[user])
+            .inc_by(allocated.as_secs_f64());
+        self.gpu_busy_seconds
+            .with_label_values(&[user])
+            .inc_by(busy.as_secs_f64());
     }
 
     pub(crate) fn submitted(&self) {

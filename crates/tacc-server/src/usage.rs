@@ -145,6 +145,17 @@ struct Book {
     series: BTreeMap<(TaskId, AttemptNo, u32), (RankSeries, Instant)>,
 }
 
+/// The most one usage sample accounts for: agents sample every 2 s, and a longer gap (an
+/// agent away) is not counted as GPU use or allocation.
+const MAX_SAMPLE_PERIOD_MS: u64 = 10_000;
+
+/// GPU time one sample accounts for, in milliseconds of one GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct GpuTime {
+    pub allocated_ms: u64,
+    pub busy_ms: u64,
+}
+
 /// GPU utilisation (percent) at or above which a GPU counts as used, unless the
 /// operator's idle-GPU policy says otherwise.
 pub(crate) const GPU_BUSY_PERCENT: u32 = 5;
@@ -178,6 +189,15 @@ impl UsageBook {
         book.ranks
             .range((attempt.task, attempt.attempt, 0)..=(attempt.task, attempt.attempt, u32::MAX))
             .filter_map(|((_, _, rank), state)| state.gpu_busy_at.map(|at| (*rank, at)))
+            .collect()
+    }
+
+    /// The GPU time each sampled rank of `task`'s attempts used so far (in memory).
+    pub(crate) fn gpu_busy_live(&self, task: TaskId) -> BTreeMap<(AttemptNo, u32), u64> {
+        let book = self.book.lock().unwrap();
+        book.ranks
+            .range((task, AttemptNo(0), 0)..=(task, AttemptNo(u32::MAX), u32::MAX))
+            .map(|((_, attempt, rank), state)| ((*attempt, *rank), state.peak.gpu_busy_ms))
             .collect()
     }
 
@@ -216,14 +236,15 @@ impl UsageBook {
     }
 
     /// Take a sample of rank `node_rank` on `node`, received at `now`; the peak to keep
-    /// durably, when it rose enough to be worth a write.
+    /// durably, when it rose enough to be worth a write, and the GPU time the sample's
+    /// period accounts for.
     fn record(
         &self,
         node: NodeId,
         sample: UsageSample,
         now: Timestamp,
         received: Instant,
-    ) -> Option<UsagePeak> {
+    ) -> (Option<UsagePeak>, GpuTime) {
         let mut book = self.book.lock().unwrap();
         if book
             .pruned
@@ -273,6 +294,18 @@ impl UsageBook {
             }
             at
         });
+        // The period this sample accounts for: since the rank's previous sample (or its
+        // start), never more than a few sample periods (a gap is not counted as use).
+        let since = previous.map_or_else(|| to_server(sample.started_at), |p| p.at);
+        let period_ms = now.millis_since(since).min(MAX_SAMPLE_PERIOD_MS);
+        let gpu_time = GpuTime {
+            allocated_ms: sample.gpus.len() as u64 * period_ms,
+            busy_ms: sample
+                .gpus
+                .iter()
+                .map(|g| u64::from(g.utilization_percent.min(100)) * period_ms / 100)
+                .sum(),
+        };
         let observed = UsagePeak {
             task: sample.attempt.task,
             attempt: sample.attempt.attempt,
@@ -291,6 +324,7 @@ impl UsageBook {
                 .unwrap_or(0),
             gpu_memory_bytes: sample.gpus.iter().map(|g| g.memory_used_bytes).sum(),
             at: now,
+            gpu_busy_ms: previous.map_or(0, |p| p.peak.gpu_busy_ms) + gpu_time.busy_ms,
         };
         let peak = match previous {
             Some(previous) => merge_rising(&previous.peak, &observed),
@@ -313,7 +347,7 @@ impl UsageBook {
                 kept: write.clone().or(kept),
             },
         );
-        write
+        (write, gpu_time)
     }
 
     fn extend_series(
@@ -547,6 +581,8 @@ fn worth_keeping(kept: Option<&UsagePeak>, peak: &UsagePeak) -> bool {
             u64::from(peak.gpu_utilization_percent),
         )
         || rose(kept.gpu_memory_bytes, peak.gpu_memory_bytes)
+        // GPU time grows with every sample: kept every 10 GPU-minutes (and at the end).
+        || peak.gpu_busy_ms >= kept.gpu_busy_ms + 600_000
 }
 
 fn silent_flag(
@@ -622,10 +658,17 @@ impl Control {
         if record.attempt != sample.attempt.attempt || !record.state.is_active() || !holds_rank {
             return Ok(false);
         }
-        if let Some(peak) = self
-            .usage
-            .record(node, sample, self.clock.now(), self.clock.instant())
-        {
+        let (peak, gpu_time) =
+            self.usage
+                .record(node, sample, self.clock.now(), self.clock.instant());
+        if gpu_time.allocated_ms > 0 {
+            self.metrics.gpu_time(
+                &record.user,
+                Duration::from_millis(gpu_time.allocated_ms),
+                Duration::from_millis(gpu_time.busy_ms),
+            );
+        }
+        if let Some(peak) = peak {
             self.store.record_usage_peak(peak).await?;
         }
         Ok(true)
@@ -945,7 +988,7 @@ mod tests {
         let record = |cpu: u64, memory: u64, at: u64| {
             let mut s = sample(at, 0, None, Some(cpu));
             s.memory_peak_bytes = Some(memory);
-            book.record(NodeId(3), s, Timestamp(at), Instant::now())
+            book.record(NodeId(3), s, Timestamp(at), Instant::now()).0
         };
         let first = record(500, 1000, 1).expect("the first peak is kept");
         assert_eq!((first.cpu_millis, first.memory_bytes), (500, 1000));
@@ -1066,5 +1109,35 @@ mod tests {
         assert_eq!(human_duration(Duration::from_secs(300)), "5 min");
         assert_eq!(human_duration(Duration::from_secs(312)), "5m12s");
         assert_eq!(human_duration(Duration::from_secs(7_500)), "2h5m");
+    }
+
+    #[test]
+    fn gpu_time_adds_up_each_sample_period_s_utilisation() {
+        let book = book();
+        let gpus = |percents: &[u32]| {
+            percents
+                .iter()
+                .enumerate()
+                .map(|(i, p)| tacc_proto::GpuSample {
+                    index: i as u32,
+                    utilization_percent: *p,
+                    memory_used_bytes: 0,
+                    memory_total_bytes: 0,
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut total = GpuTime::default();
+        // Started at 0; samples at 2 s, 4 s and 30 s (a gap: counted as 10 s at most).
+        for (at, percents) in [(2_000, [100, 50]), (4_000, [0, 0]), (30_000, [100, 100])] {
+            let mut s = sample(at, 0, None, Some(100));
+            s.gpus = gpus(&percents);
+            let (_, time) = book.record(NodeId(3), s, Timestamp(at), Instant::now());
+            total.allocated_ms += time.allocated_ms;
+            total.busy_ms += time.busy_ms;
+        }
+        assert_eq!(total.allocated_ms, 2 * (2_000 + 2_000 + 10_000));
+        assert_eq!(total.busy_ms, 2_000 + 1_000 + 20_000);
+        let live = book.gpu_busy_live(TaskId(7));
+        assert_eq!(live.values().copied().collect::<Vec<_>>(), [23_000]);
     }
 }

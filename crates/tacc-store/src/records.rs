@@ -245,6 +245,9 @@ pub struct UsagePeak {
     pub gpu_memory_bytes: u64,
     /// When a measure last rose.
     pub at: Timestamp,
+    /// GPU time used so far, in milliseconds of one GPU fully busy: each sample period's
+    /// utilisation summed over the rank's GPUs (only grows, so the maximum is the latest).
+    pub gpu_busy_ms: u64,
 }
 
 impl UsagePeak {
@@ -259,6 +262,7 @@ impl UsagePeak {
                 .max(other.gpu_utilization_percent),
             gpu_memory_bytes: self.gpu_memory_bytes.max(other.gpu_memory_bytes),
             at: self.at.max(other.at),
+            gpu_busy_ms: self.gpu_busy_ms.max(other.gpu_busy_ms),
             ..self.clone()
         }
     }

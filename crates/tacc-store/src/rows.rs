@@ -212,6 +212,7 @@ pub(crate) fn usage_from_row(task: TaskId, row: &impl Columns) -> Result<UsagePe
         gpu_utilization_percent: row.int("gpu_utilization_percent")? as u32,
         gpu_memory_bytes: row.int("gpu_memory_bytes")? as u64,
         at: row.timestamp("at")?,
+        gpu_busy_ms: row.int("gpu_busy_ms")? as u64,
     })
 }
 

@@ -114,6 +114,8 @@ struct Tally {
     attempts: u64,
     running: u64,
     amount: Amount,
+    /// GPU time used, in hours of one GPU fully busy.
+    gpu_used_hours: f64,
     buckets: Vec<Amount>,
 }
 
@@ -128,6 +130,8 @@ impl Tally {
             cpu_hours: self.amount.cpu_hours,
             gpu_hours: self.amount.gpu_hours,
             memory_gib_hours: self.amount.memory_gib_hours,
+            gpu_used_hours: self.gpu_used_hours,
+            gpu_idle_hours: (self.amount.gpu_hours - self.gpu_used_hours).max(0.0),
         }
     }
 }
@@ -202,6 +206,23 @@ impl Ledger {
             self.total.buckets[index].add(&amount);
             at = bucket_end;
         }
+    }
+
+    /// Charge `busy_ms` of GPU time an attempt used over its span to row `name`, the part
+    /// that falls in the window (spread evenly over the span: samples are not kept).
+    pub fn charge_gpu_use(&mut self, name: &str, span: &Span, busy_ms: u64) {
+        let start = span.start.max(self.since);
+        let end = span.end.min(self.until);
+        let length = span.end.millis_since(span.start);
+        if start >= end || length == 0 || busy_ms == 0 {
+            return;
+        }
+        let share = end.millis_since(start) as f64 / length as f64;
+        let hours = busy_ms as f64 * share / MILLIS_PER_HOUR;
+        if let Some(row) = self.rows.get_mut(name) {
+            row.gpu_used_hours += hours;
+        }
+        self.total.gpu_used_hours += hours;
     }
 
     /// The report, rows with the most GPU-hours first (then CPU-hours, then name).

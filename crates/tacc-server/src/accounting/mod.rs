@@ -61,7 +61,7 @@ impl Control {
         caller: &UserCaller,
         query: &UsageQuery,
     ) -> Result<UsageReport, ServerError> {
-        let now = crate::now();
+        let now = self.clock.now();
         let (since, until) = window::window(query.since.as_deref(), query.until.as_deref(), now)?;
         let groups = self.identity_groups().await?;
         let owner_group = |user: &str| groups.identity.get(user).cloned().flatten();
@@ -124,11 +124,43 @@ impl Control {
                 UsageBy::User => group.as_deref(),
                 UsageBy::Group => None,
             };
+            let gpu_busy = if allocation.per_node.gpus > 0 {
+                self.gpu_busy_by_attempt(history.task.id).await?
+            } else {
+                BTreeMap::new()
+            };
             for span in attempt_spans(&history.events, now) {
                 ledger.charge(&name, row_group, history.task.id, &allocation, &span);
+                if let Some(busy_ms) = gpu_busy.get(&span.attempt) {
+                    ledger.charge_gpu_use(&name, &span, *busy_ms);
+                }
             }
         }
         Ok(ledger.report(by, now))
+    }
+
+    /// The GPU time each attempt of `task` used (milliseconds of one GPU fully busy, over
+    /// its ranks): as kept in the store, or as sampled so far for a running attempt.
+    async fn gpu_busy_by_attempt(
+        &self,
+        task: tacc_core::TaskId,
+    ) -> Result<BTreeMap<tacc_core::AttemptNo, u64>, ServerError> {
+        let mut ranks: BTreeMap<(tacc_core::AttemptNo, u32), u64> = self
+            .store
+            .list_usage_peaks(task)
+            .await?
+            .into_iter()
+            .map(|p| ((p.attempt, p.node_rank), p.gpu_busy_ms))
+            .collect();
+        for ((attempt, rank), busy) in self.usage.gpu_busy_live(task) {
+            let kept = ranks.entry((attempt, rank)).or_default();
+            *kept = (*kept).max(busy);
+        }
+        let mut attempts = BTreeMap::new();
+        for ((attempt, _), busy) in ranks {
+            *attempts.entry(attempt).or_default() += busy;
+        }
+        Ok(attempts)
     }
 
     /// `GET /v1/usage/fairshare`: the scheduler's fair-share standing, limits and what is

@@ -1162,3 +1162,69 @@ async fn a_node_expected_back_after_a_restart_can_be_removed_and_its_attempt_is_
     env.check_liveness().await;
     assert_eq!(only(&env.poll(&mut n2).await).attempt.0, 2);
 }
+
+#[tokio::test]
+async fn idle_gpu_hours_are_what_the_samples_say_was_not_used() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join_gpus("g1", 2, 1).await;
+    let task = env.submit(ONE_GPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    let started = env.clock.now();
+    // A recorded series, one sample every 2 s; recomputed here on its own.
+    let series = [100, 100, 40, 0, 0, 0, 75, 100, 0, 10];
+    let mut expected_busy_ms = 0u64;
+    for utilization in series {
+        env.advance(Duration::from_secs(2));
+        env.report(&agent, vec![env.gpu_sampled(attempt, started, utilization)])
+            .await;
+        expected_busy_ms += u64::from(utilization) * 2_000 / 100;
+    }
+    env.advance(Duration::from_secs(2));
+    env.finish(&mut agent, attempt, 0).await;
+    let record = env.task(task).await;
+    let held_ms = record
+        .finished_at
+        .unwrap()
+        .millis_since(record.started_at.unwrap());
+    let caller = crate::auth::UserCaller {
+        name: "admin".into(),
+        group: None,
+        role: tacc_core::Role::Admin,
+        token: 0,
+    };
+    let day = 86_400_000;
+    let iso = |t: u64| {
+        time::OffsetDateTime::from_unix_timestamp((t / 1000) as i64)
+            .unwrap()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap()
+    };
+    let now = env.clock.now().0;
+    let report = env
+        .control
+        .usage_report(
+            &caller,
+            &tacc_proto::UsageQuery {
+                since: Some(iso(now - day)),
+                until: Some(iso(now + day)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let row = &report.rows[0];
+    let hour = 3_600_000.0;
+    let allocated = row.gpu_hours;
+    assert!((allocated - held_ms as f64 / hour).abs() < 1e-3, "{row:?}");
+    let used = expected_busy_ms as f64 / hour;
+    assert!(
+        (row.gpu_used_hours - used).abs() < 1e-9,
+        "{row:?} vs {used}"
+    );
+    assert!(
+        (row.gpu_idle_hours - (allocated - used)).abs() < 1e-9,
+        "{row:?}"
+    );
+    assert!(row.gpu_idle_hours > 0.0);
+}

@@ -32,3 +32,6 @@ CREATE TABLE dashboard_sessions (
     sealed      BYTEA  NOT NULL,
     opened_at   BIGINT NOT NULL
 );
+
+-- GPU time each rank used (milliseconds of one GPU fully busy), for idle GPU-hours.
+ALTER TABLE usage_peaks ADD COLUMN gpu_busy_ms BIGINT NOT NULL DEFAULT 0;

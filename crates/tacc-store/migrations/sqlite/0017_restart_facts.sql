@@ -32,3 +32,6 @@ CREATE TABLE dashboard_sessions (
     sealed      BLOB    NOT NULL,
     opened_at   INTEGER NOT NULL
 );
+
+-- GPU time each rank used (milliseconds of one GPU fully busy), for idle GPU-hours.
+ALTER TABLE usage_peaks ADD COLUMN gpu_busy_ms INTEGER NOT NULL DEFAULT 0;

@@ -17,6 +17,7 @@ fn peak(task: TaskId, attempt: u32, rank: u32, cpu: u64, memory: u64, at: u64) -
         gpu_utilization_percent: 0,
         gpu_memory_bytes: 0,
         at: Timestamp(at),
+        gpu_busy_ms: 0,
     }
 }
 
@@ -35,6 +36,7 @@ pub async fn usage_peaks_keep_each_measure_s_maximum(store: &dyn Store) {
         .record_usage_peak(UsagePeak {
             gpu_utilization_percent: 80,
             gpu_memory_bytes: 5 << 30,
+            gpu_busy_ms: 7_500,
             ..peak(task, 1, 0, 300, 700, 20)
         })
         .await
@@ -50,6 +52,7 @@ pub async fn usage_peaks_keep_each_measure_s_maximum(store: &dyn Store) {
         vec![UsagePeak {
             gpu_utilization_percent: 80,
             gpu_memory_bytes: 5 << 30,
+            gpu_busy_ms: 7_500,
             ..peak(task, 1, 0, 900, 700, 20)
         }]
     );

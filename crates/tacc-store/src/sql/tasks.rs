@@ -238,13 +238,15 @@ pub(crate) async fn record_usage_peak<R: Run>(writer: &R, peak: UsagePeak) -> Re
     let greatest = R::GREATEST;
     let upsert = Statement::new(format!(
         "INSERT INTO usage_peaks (task_id, attempt, node_rank, node, cpu_millis, memory_bytes, \
-         gpu_utilization_percent, gpu_memory_bytes, at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+         gpu_utilization_percent, gpu_memory_bytes, at, gpu_busy_ms) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (task_id, attempt, node_rank) DO UPDATE SET node = excluded.node, \
          cpu_millis = {greatest}(usage_peaks.cpu_millis, excluded.cpu_millis), \
          memory_bytes = {greatest}(usage_peaks.memory_bytes, excluded.memory_bytes), \
          gpu_utilization_percent = {greatest}(usage_peaks.gpu_utilization_percent, excluded.gpu_utilization_percent), \
          gpu_memory_bytes = {greatest}(usage_peaks.gpu_memory_bytes, excluded.gpu_memory_bytes), \
-         at = {greatest}(usage_peaks.at, excluded.at)"
+         at = {greatest}(usage_peaks.at, excluded.at), \
+         gpu_busy_ms = {greatest}(usage_peaks.gpu_busy_ms, excluded.gpu_busy_ms)"
     ))
     .bind(peak.task.0 as i64)
     .bind(peak.attempt.0 as i64)
@@ -254,7 +256,8 @@ pub(crate) async fn record_usage_peak<R: Run>(writer: &R, peak: UsagePeak) -> Re
     .bind(peak.memory_bytes as i64)
     .bind(i64::from(peak.gpu_utilization_percent))
     .bind(peak.gpu_memory_bytes as i64)
-    .bind(millis(peak.at));
+    .bind(millis(peak.at))
+    .bind(peak.gpu_busy_ms as i64);
     writer
         .execute(upsert)
         .await
@@ -265,7 +268,8 @@ pub(crate) async fn record_usage_peak<R: Run>(writer: &R, peak: UsagePeak) -> Re
 pub(crate) async fn list_usage_peaks(reader: &impl Run, task: TaskId) -> Result<Vec<UsagePeak>> {
     let select = Statement::new(
         "SELECT attempt, node_rank, node, cpu_millis, memory_bytes, gpu_utilization_percent, \
-         gpu_memory_bytes, at FROM usage_peaks WHERE task_id = ? ORDER BY attempt, node_rank",
+         gpu_memory_bytes, at, gpu_busy_ms FROM usage_peaks WHERE task_id = ? \
+         ORDER BY attempt, node_rank",
     )
     .bind(task.0 as i64);
     let rows = reader.fetch_all(select).await?;

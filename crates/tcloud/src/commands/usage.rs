@@ -123,6 +123,7 @@ fn render(report: &UsageReport) -> Result<()> {
         "RUNNING",
         "CPU-H",
         "GPU-H",
+        "IDLE-GPU-H",
         "MEM-GiB-H",
     ]);
     let mut t = table(header);
@@ -141,6 +142,7 @@ fn render(report: &UsageReport) -> Result<()> {
             row.running.to_string(),
             hours(row.cpu_hours),
             hours(row.gpu_hours),
+            hours(row.gpu_idle_hours),
             hours(row.memory_gib_hours),
         ]);
         cells
