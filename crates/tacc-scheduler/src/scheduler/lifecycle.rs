@@ -117,6 +117,7 @@ impl Scheduler {
             rank: 0,
             end_key: u64::MAX,
             phase: Phase::Queued { reason: None },
+            shape: Default::default(),
         };
         self.tasks.insert(task, entry);
         self.count_queued(user, group, true);

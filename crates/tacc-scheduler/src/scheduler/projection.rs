@@ -142,12 +142,19 @@ impl Scheduler {
 
     /// Project every queued task's start (see the module documentation).
     pub fn project(&self, limits: ProjectionLimits) -> Projection {
-        project(self.clone(), None, limits, self.epoch)
+        project(self.quiet_copy(), None, limits, self.epoch)
+    }
+
+    /// A copy whose decisions say only what starts and stops (see `unfit_shapes`).
+    fn quiet_copy(&self) -> Scheduler {
+        let mut copy = self.clone();
+        copy.set_quiet(true);
+        copy
     }
 
     /// Project one queued task's start, stopping as soon as it starts.
     pub fn project_task(&self, task: TaskId, limits: ProjectionLimits) -> Projection {
-        project(self.clone(), Some(task), limits, self.epoch)
+        project(self.quiet_copy(), Some(task), limits, self.epoch)
     }
 
     /// What-if: the projection of `task` had it asked for `per_node` instead (same
@@ -165,7 +172,7 @@ impl Scheduler {
         }
         let mut request = entry.request.clone();
         request.per_node = per_node;
-        let mut sim = self.clone();
+        let mut sim = self.quiet_copy();
         let now = sim.now;
         // Withdrawn and submitted again at the present: the decision that follows is the
         // one the live scheduler would make for the reshaped task.
@@ -217,8 +224,9 @@ fn project(
     let waiting: BTreeMap<TaskId, Waiting> = sim
         .queue
         .iter()
-        .filter(|(_, _, id)| target.is_none_or(|t| t == *id))
-        .map(|(_, _, id)| {
+        .map(|key| &key.task)
+        .filter(|id| target.is_none_or(|t| t == **id))
+        .map(|id| {
             let entry = &sim.tasks[id];
             let waits_for_node = matches!(
                 entry.phase,
@@ -252,8 +260,9 @@ fn project(
     // reports them preempted); the same holds for victims chosen during the projection.
     let grace_ms = sim.config.preemption.grace_secs.saturating_mul(1000);
     let mut preempted: BTreeMap<u64, Vec<TaskId>> = BTreeMap::new();
-    for (id, entry) in &sim.tasks {
-        if let Phase::Preempting { since, .. } = entry.phase {
+    // Every task that holds resources is in `running`, in id order.
+    for id in &sim.running {
+        if let Phase::Preempting { since, .. } = sim.tasks[id].phase {
             let due = since
                 .as_millis()
                 .saturating_add(grace_ms)

@@ -8,6 +8,7 @@ use std::cmp::Reverse;
 use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp};
 
 use super::QueueKey;
+use super::unfit_shapes::ShapeClass;
 use crate::{PendingReason, Placement, TaskRequest};
 
 #[derive(Debug, Clone)]
@@ -69,12 +70,20 @@ pub(super) struct TaskEntry {
     /// Key in `Scheduler::ends` while holding resources.
     pub end_key: u64,
     pub phase: Phase,
+    /// The shape of its request, as numbered when it was last queued.
+    pub shape: ShapeClass,
 }
 
 impl TaskEntry {
     /// The task's place in `Scheduler::queue` (at its current rank).
     pub(super) fn queue_key(&self, id: TaskId) -> QueueKey {
-        (Reverse(self.rank), self.request.submitted_at, id)
+        QueueKey {
+            rank: Reverse(self.rank),
+            submitted_at: self.request.submitted_at,
+            task: id,
+            shape: self.shape,
+            time_limit_secs: self.request.time_limit_secs,
+        }
     }
 
     /// Where the task holds resources; empty while queued.
