@@ -108,7 +108,7 @@ impl Scheduler {
             .priority
             .min(self.config.priority_cap(request.user.as_str()));
         let entry = TaskEntry {
-            request,
+            request: std::sync::Arc::new(request),
             user,
             group,
             priority,

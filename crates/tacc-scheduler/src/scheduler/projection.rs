@@ -170,7 +170,7 @@ impl Scheduler {
         if !entry.phase.is_queued() {
             return None;
         }
-        let mut request = entry.request.clone();
+        let mut request = crate::TaskRequest::clone(&entry.request);
         request.per_node = per_node;
         let mut sim = self.quiet_copy();
         let now = sim.now;

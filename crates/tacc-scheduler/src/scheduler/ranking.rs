@@ -91,12 +91,16 @@ impl Scheduler {
                 )
             })
             .collect();
-        self.queue.clear();
+        // Built in one go from the sorted keys: inserting 100,000 keys one by one into
+        // the cleared set cost more than ranking them.
+        let mut keys = Vec::with_capacity(ranks.len());
         for (id, rank) in ranks {
             let entry = self.tasks.get_mut(&id).expect("queued task");
             entry.rank = rank;
-            self.queue.insert(entry.queue_key(id));
+            keys.push(entry.queue_key(id));
         }
+        keys.sort_unstable();
+        self.queue = keys.into_iter().collect();
     }
 }
 

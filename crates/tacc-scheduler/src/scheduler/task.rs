@@ -4,6 +4,7 @@
 //! module that needs it.
 
 use std::cmp::Reverse;
+use std::sync::Arc;
 
 use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp};
 
@@ -57,7 +58,9 @@ impl Phase {
 
 #[derive(Debug, Clone)]
 pub(super) struct TaskEntry {
-    pub request: TaskRequest,
+    /// Shared, not owned: a projection copies the whole scheduler, and a request never
+    /// changes but by a resize (which replaces it).
+    pub request: Arc<TaskRequest>,
     /// Index of the user's account.
     pub user: usize,
     /// Index of the group's account.
