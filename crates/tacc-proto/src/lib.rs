@@ -7,6 +7,7 @@
 
 mod accounting;
 mod adaptive;
+pub mod estimate_text;
 mod files;
 mod groups;
 mod pipelines;
@@ -201,6 +202,10 @@ pub struct TaskExplanation {
     /// half of them (the same projection with the task reshaped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fewer_gpus: Option<ShapeWhatIf>,
+    /// While queued and selecting nodes by label (a partition, a pool): when it would
+    /// start selecting another value of that label that nodes up now carry (a few).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_nodes: Vec<NodesWhatIf>,
     /// The scheduling policy in force.
     pub policy: String,
     /// Further facts for people: the task's group, the limits that apply, what to change.
@@ -257,6 +262,18 @@ pub struct ShapeWhatIf {
     pub gpus_per_node: u32,
     pub latest: LatestStartView,
     /// True when that is sooner than the estimate for the shape asked.
+    pub sooner: bool,
+}
+
+/// What-if: the same projection with the task selecting nodes labelled `label=value`
+/// instead of its own value of that label.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodesWhatIf {
+    pub label: String,
+    pub value: String,
+    pub latest: LatestStartView,
+    /// True when that is sooner than the estimate for the nodes asked.
     pub sooner: bool,
 }
 

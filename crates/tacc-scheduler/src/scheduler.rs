@@ -11,7 +11,6 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use tacc_core::{NodeId, TaskId, Timestamp};
 
@@ -140,10 +139,7 @@ pub struct Scheduler {
     policy: Policy,
     config: SchedulerConfig,
     cluster: Cluster,
-    /// Every known task. A hash table, not an ordered map: a decision looks each queued
-    /// task up several times, and over 100,000 tasks the ordered map's lookups were most
-    /// of a decision's cost. Nothing iterates it in an order that matters.
-    tasks: FxHashMap<TaskId, TaskEntry>,
+    tasks: BTreeMap<TaskId, TaskEntry>,
     queue: BTreeSet<QueueKey>,
     running: BTreeSet<TaskId>,
     preemptible_running: usize,
@@ -194,7 +190,7 @@ impl Scheduler {
             policy,
             config,
             cluster: Cluster::default(),
-            tasks: FxHashMap::default(),
+            tasks: BTreeMap::new(),
             queue: BTreeSet::new(),
             running: BTreeSet::new(),
             preemptible_running: 0,

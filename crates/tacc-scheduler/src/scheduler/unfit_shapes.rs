@@ -25,8 +25,7 @@
 
 use std::collections::BTreeMap;
 
-use rustc_hash::FxHashMap;
-use tacc_core::{Resources, TaskId, Timestamp};
+use tacc_core::{TaskId, Timestamp};
 
 use super::pass::PassState;
 use super::repeats::WalkState;
@@ -41,9 +40,10 @@ const MAX_SHAPES: usize = 16;
 pub(super) struct ShapeClass(u32);
 
 /// What a request asks of the nodes, time aside.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Shape {
-    per_node: Resources,
+    /// CPU millis, memory bytes, GPUs per node.
+    per_node: (u64, u64, u32),
     nodes: u32,
     gpu_type: Option<String>,
     node_selector: BTreeMap<String, String>,
@@ -54,13 +54,17 @@ struct Shape {
 /// queue; a shape stays numbered for the scheduler's life).
 #[derive(Debug, Clone, Default)]
 pub(super) struct ShapeClasses {
-    known: FxHashMap<Shape, ShapeClass>,
+    known: BTreeMap<Shape, ShapeClass>,
 }
 
 impl ShapeClasses {
     pub(super) fn class_of(&mut self, request: &TaskRequest) -> ShapeClass {
         let shape = Shape {
-            per_node: request.per_node,
+            per_node: (
+                request.per_node.cpu_millis,
+                request.per_node.memory_bytes,
+                request.per_node.gpus,
+            ),
             nodes: request.nodes,
             gpu_type: request.gpu_type.clone(),
             node_selector: request.node_selector.clone(),

@@ -797,7 +797,11 @@ impl Control {
                         record.user.as_str(),
                     ));
                     if let Some(spec) = inner.specs.get(&task)
-                        && spec.resources.per_node().gpus >= 2
+                        && estimates::wants_what_ifs(
+                            &inner.scheduler,
+                            task,
+                            spec.resources.per_node(),
+                        )
                     {
                         let copy = inner.scheduler.clone();
                         what_if = Some((copy, spec.resources.per_node(), estimate));
@@ -850,11 +854,11 @@ impl Control {
         }
         let policy = inner.scheduler.policy_name().to_string();
         drop(inner);
-        let fewer_gpus = match what_if {
+        let (fewer_gpus, other_nodes) = match what_if {
             Some((copy, per_node, asked)) => {
-                estimates::fewer_gpus(copy, task, per_node, asked, now).await
+                estimates::what_ifs(copy, task, per_node, asked, now).await
             }
-            None => None,
+            None => (None, Vec::new()),
         };
         Ok(tacc_proto::TaskExplanation {
             task_id: task,
@@ -864,6 +868,7 @@ impl Control {
             estimated_start,
             start_estimate,
             fewer_gpus,
+            other_nodes,
             policy,
             details,
             adaptive: self.adaptive_view(task).await.ok(),
