@@ -211,11 +211,8 @@ mod tests {
     #[test]
     fn a_start_less_than_a_second_away_is_now_and_the_range_collapses() {
         // The reader's clock a moment behind the server's.
-        let text = estimate_text(
-            &why(Timestamp::from_secs(100)),
-            &Plain(Timestamp(99_500)),
-        )
-        .unwrap();
+        let text =
+            estimate_text(&why(Timestamp::from_secs(100)), &Plain(Timestamp(99_500))).unwrap();
         assert_eq!(text.range, "now");
     }
 }

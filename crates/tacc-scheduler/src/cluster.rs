@@ -48,7 +48,9 @@ pub(crate) struct Cluster {
 /// Whether placement on `node` depends on a task's time limit (see `allocation_end`).
 fn is_time_bound(node: &NodeSpec) -> bool {
     node.labels.contains_key(tacc_core::labels::PILOT_ENDS)
-        || node.labels.contains_key(tacc_core::labels::PILOT_SHORT_SECS)
+        || node
+            .labels
+            .contains_key(tacc_core::labels::PILOT_SHORT_SECS)
 }
 
 pub(crate) fn node_matches(node: &NodeSpec, request: &TaskRequest) -> bool {

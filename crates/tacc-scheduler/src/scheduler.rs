@@ -31,12 +31,12 @@ mod preemption;
 mod projection;
 mod ranking;
 mod repeats;
-mod unfit_shapes;
 mod resize;
 mod standing;
 mod task;
 #[cfg(test)]
 mod testkit;
+mod unfit_shapes;
 
 pub use projection::{Projection, ProjectionLimits};
 pub use standing::{FairShareStanding, GroupStanding, UserStanding};

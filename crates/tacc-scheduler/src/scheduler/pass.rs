@@ -67,7 +67,11 @@ impl Scheduler {
         pass.borrowing_sweep = true;
         repeat = None;
         for key in &deferred {
-            if self.tasks.get(&key.task).is_some_and(|e| e.phase.is_queued()) {
+            if self
+                .tasks
+                .get(&key.task)
+                .is_some_and(|e| e.phase.is_queued())
+            {
                 self.consider_or_repeat(now, key, &mut pass, &mut repeat, actions);
             }
         }

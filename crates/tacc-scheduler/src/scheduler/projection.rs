@@ -226,10 +226,12 @@ impl Scheduler {
         }
         let mut request = crate::TaskRequest::clone(&entry.request);
         change(&mut request);
-        let mut sim = self.quiet_copy();
+        let mut sim = self.clone();
         let now = sim.now;
         // Withdrawn and submitted again at the present: the decision that follows is the
-        // one the live scheduler would make for the reshaped task.
+        // one the live scheduler would make for the reshaped task. Not a quiet one: the
+        // projection reads the reshaped task's pending reason (whether it waits for a
+        // node) from it.
         let plan = sim
             .handle(
                 now,
@@ -239,6 +241,7 @@ impl Scheduler {
                 ]),
             )
             .ok()?;
+        sim.set_quiet(true);
         if plan
             .actions
             .iter()
@@ -598,8 +601,11 @@ mod tests {
             .unwrap();
         s.handle(Timestamp(0), labelled(2, 4, &[("pool", "b")]))
             .unwrap();
-        s.handle(Timestamp(0), labelled(3, 4, &[("pool", "c"), ("other", "x")]))
-            .unwrap();
+        s.handle(
+            Timestamp(0),
+            labelled(3, 4, &[("pool", "c"), ("other", "x")]),
+        )
+        .unwrap();
         submit(&mut s, 1, limited(selecting(4, 1, &[("pool", "a")]), 100));
         submit(&mut s, 2, limited(selecting(4, 2, &[("pool", "a")]), 100));
         let limits = ProjectionLimits::default();

@@ -200,12 +200,15 @@ impl Scheduler {
         let answers = &mut pass.unfit.answers;
         // One answer per shape: the newest walk replaces an older one.
         answers.retain(|known| {
-            (known.shape, known.overlaps_reservation, known.time_limit_secs)
-                != (
-                    answer.shape,
-                    answer.overlaps_reservation,
-                    answer.time_limit_secs,
-                )
+            (
+                known.shape,
+                known.overlaps_reservation,
+                known.time_limit_secs,
+            ) != (
+                answer.shape,
+                answer.overlaps_reservation,
+                answer.time_limit_secs,
+            )
         });
         if answers.len() >= MAX_SHAPES {
             answers.remove(0);

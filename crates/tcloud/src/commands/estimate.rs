@@ -19,7 +19,11 @@ impl Instants for Terminal {
         self.0
     }
     fn ahead(&self, at: Timestamp) -> String {
-        format!("in {} ({})", short_duration(at.millis_since(self.0)), utc(at))
+        format!(
+            "in {} ({})",
+            short_duration(at.millis_since(self.0)),
+            utc(at)
+        )
     }
     fn clock(&self, at: Timestamp) -> String {
         utc(at)
