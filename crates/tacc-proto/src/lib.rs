@@ -92,7 +92,18 @@ pub struct SubmitTask {
     /// refused at submit with the reason. Requests above a hard limit are refused either way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub wait_for_capacity: bool,
+    /// What the client changed of the task file while translating it (a legacy
+    /// `tuxiv.conf` option it could not honour as written): kept with the task as
+    /// overrides, first, and answered back like the server's own. At most
+    /// [`MAX_TRANSLATED`], each text at most [`MAX_TRANSLATED_BYTES`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub translated: Vec<Override>,
 }
+
+/// Most client-declared translations a submission may carry.
+pub const MAX_TRANSLATED: usize = 64;
+/// Longest text of one client-declared translation (each of its fields).
+pub const MAX_TRANSLATED_BYTES: usize = 2048;
 
 /// Something the platform changed of what a task asked for, said at submit (tcloud prints
 /// each as a warning) and kept with the task (`tcloud show`).

@@ -338,3 +338,58 @@ async fn a_pipelines_reply_says_what_was_changed_of_each_stage() {
     assert_eq!(overrides["prep"][0]["asked"], "high");
     assert_eq!(overrides["many"][0]["applied"], "normal");
 }
+
+/// A legacy `tuxiv.conf` option the translation cannot honour as written (a node range, an
+/// unlimited time) is warned of at submit, once, with its line, and kept with the task as
+/// an override: `tcloud show --json` carries what was asked and what applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_translated_legacy_option_is_kept_as_an_override() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "2"]).await;
+    wait_nodes(&daemon.client(), 1).await;
+    let home = dir.path().join("home");
+    let token = daemon.token.clone();
+    let task = task_dir(
+        dir.path(),
+        "old-project",
+        "tuxiv.conf",
+        "entrypoint: echo legacy\njob:\n  general: [nodes=1-2, cpus-per-task=1, time=unlimited]\n",
+    );
+    let out = tcloud_with(&daemon, &home, &token, &["submit", task.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(
+        err.matches("node range `1-2` is not supported").count(),
+        1,
+        "said once: {err}"
+    );
+    let id = text(&out.stdout)
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_string();
+    let out = tcloud_with(&daemon, &home, &token, &["show", "--json", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let overrides = shown["overrides"].as_array().expect("overrides");
+    let asked: Vec<(&str, &str)> = overrides
+        .iter()
+        .map(|o| (o["asked"].as_str().unwrap(), o["applied"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            ("nodes=1-2", "resources.nodes: 1"),
+            ("time=unlimited", "no time limit")
+        ],
+        "{shown}"
+    );
+    assert_eq!(overrides[0]["field"], "job.general", "{shown}");
+    assert!(
+        overrides[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("tuxiv.conf:3:"),
+        "{shown}"
+    );
+}

@@ -158,6 +158,7 @@ async fn submit_new(
             crate::control::SubmitOptions {
                 source: body.source,
                 wait_for_capacity: body.wait_for_capacity,
+                ..Default::default()
             },
             notify,
             keyed,

@@ -625,10 +625,12 @@ impl Control {
         let SubmitOptions {
             source,
             wait_for_capacity,
+            translated,
         } = options;
-        let (spec, submission) = self
+        let (spec, mut submission) = self
             .prepare(user, spec, &snapshot, wait_for_capacity)
             .await?;
+        submission.overrides.splice(0..0, translated);
         let spec_json =
             serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
         let committing = Instant::now();
