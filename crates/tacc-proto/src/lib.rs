@@ -8,6 +8,7 @@
 mod accounting;
 mod adaptive;
 mod cluster_stop;
+pub mod estimate_text;
 mod files;
 mod groups;
 mod pipelines;
@@ -95,7 +96,18 @@ pub struct SubmitTask {
     /// refused at submit with the reason. Requests above a hard limit are refused either way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub wait_for_capacity: bool,
+    /// What the client changed of the task file while translating it (a legacy
+    /// `tuxiv.conf` option it could not honour as written): kept with the task as
+    /// overrides, first, and answered back like the server's own. At most
+    /// [`MAX_TRANSLATED`], each text at most [`MAX_TRANSLATED_BYTES`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub translated: Vec<Override>,
 }
+
+/// Most client-declared translations a submission may carry.
+pub const MAX_TRANSLATED: usize = 64;
+/// Longest text of one client-declared translation (each of its fields).
+pub const MAX_TRANSLATED_BYTES: usize = 2048;
 
 /// Something the platform changed of what a task asked for, said at submit (tcloud prints
 /// each as a warning) and kept with the task (`tcloud show`).
@@ -205,6 +217,10 @@ pub struct TaskExplanation {
     /// half of them (the same projection with the task reshaped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fewer_gpus: Option<ShapeWhatIf>,
+    /// While queued and selecting nodes by label (a partition, a pool): when it would
+    /// start selecting another value of that label that nodes up now carry (a few).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub other_nodes: Vec<NodesWhatIf>,
     /// The scheduling policy in force.
     pub policy: String,
     /// Further facts for people: the task's group, the limits that apply, what to change.
@@ -261,6 +277,18 @@ pub struct ShapeWhatIf {
     pub gpus_per_node: u32,
     pub latest: LatestStartView,
     /// True when that is sooner than the estimate for the shape asked.
+    pub sooner: bool,
+}
+
+/// What-if: the same projection with the task selecting nodes labelled `label=value`
+/// instead of its own value of that label.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodesWhatIf {
+    pub label: String,
+    pub value: String,
+    pub latest: LatestStartView,
+    /// True when that is sooner than the estimate for the nodes asked.
     pub sooner: bool,
 }
 

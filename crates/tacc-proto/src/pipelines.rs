@@ -67,6 +67,10 @@ pub struct StageView {
 pub struct PipelineSubmitted {
     pub group: GroupId,
     pub stages: Vec<StageView>,
+    /// What the platform changed of what each stage asked for, by stage name (as a
+    /// single submit's reply says it); stages it changed nothing of are left out.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub overrides: BTreeMap<String, Vec<crate::Override>>,
 }
 
 /// A file of a needed stage that an attempt gets under `inputs/<stage>/<name>`, or (stage

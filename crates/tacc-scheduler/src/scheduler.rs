@@ -37,6 +37,7 @@ mod standing;
 mod task;
 #[cfg(test)]
 mod testkit;
+mod unfit_shapes;
 
 pub use ledgers::LedgerState;
 pub use projection::{Projection, ProjectionLimits};
@@ -121,8 +122,18 @@ pub struct Plan {
     pub actions: Vec<Action>,
 }
 
-/// Queue order: higher rank first, then earlier submission, then lower id.
-type QueueKey = (Reverse<i64>, Timestamp, TaskId);
+/// A task's place in the queue. Queue order: higher rank first, then earlier submission,
+/// then lower id (the id is unique, so the fields after it never decide). The key also
+/// carries what a decision needs to tell, without looking the task up, that a task of
+/// the same shape was just found not to fit (see `unfit_shapes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct QueueKey {
+    rank: Reverse<i64>,
+    submitted_at: Timestamp,
+    task: TaskId,
+    shape: unfit_shapes::ShapeClass,
+    time_limit_secs: Option<u64>,
+}
 
 /// The scheduler's whole state: a pure function of the events fed to it.
 #[derive(Debug, Clone)]
@@ -149,6 +160,14 @@ pub struct Scheduler {
     next_claim: u64,
     /// Bumped by every event that may change what a projection finds (see `projection`).
     epoch: u64,
+    /// Whether a decision reuses answers between equal tasks (`repeats`, `unfit_shapes`);
+    /// off only for the tests that check the reuse changes no decision.
+    walk_memos: bool,
+    /// Set in a projection's copy: its decisions need not say why a task waits (see
+    /// `unfit_shapes`), only which tasks start and stop.
+    quiet: bool,
+    /// The shapes of requests seen, numbered (see `unfit_shapes`).
+    shapes: unfit_shapes::ShapeClasses,
 }
 
 impl Default for Scheduler {
@@ -189,6 +208,9 @@ impl Scheduler {
             claims: Vec::new(),
             next_claim: 0,
             epoch: 0,
+            walk_memos: true,
+            quiet: false,
+            shapes: Default::default(),
         };
         // Configured groups exist from the start, so their shares count in fair share.
         let names: Vec<String> = scheduler.config.groups.keys().cloned().collect();
@@ -237,6 +259,13 @@ impl Scheduler {
         self.group_index
             .get(group)
             .map_or_else(Usage::default, |g| self.groups[*g].account.usage)
+    }
+
+    /// Turn the reuse of answers within a decision off or on; for tests that compare
+    /// both (the reuse is an optimisation and must change no decision).
+    #[doc(hidden)]
+    pub fn set_walk_memos(&mut self, on: bool) {
+        self.walk_memos = on;
     }
 
     /// Apply one event and decide what to do now.

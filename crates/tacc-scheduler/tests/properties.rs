@@ -81,12 +81,18 @@ fn config() -> SchedulerConfig {
 }
 
 /// Replays the cases with a virtual clock, checking every plan; returns all plans.
+/// `memos`: whether decisions reuse answers between equal tasks (the default); `quiet`:
+/// whether they leave pending reasons out (as a projection's do).
 fn replay(
     policy: &str,
     nodes: &[(u32, u64)],
     tasks: &[TaskCase],
+    memos: bool,
+    quiet: bool,
 ) -> Result<Vec<Plan>, TestCaseError> {
     let mut scheduler = Scheduler::by_name(policy, config()).unwrap();
+    scheduler.set_walk_memos(memos);
+    scheduler.set_quiet(quiet);
     let mut capacity = BTreeMap::new();
     for (i, (gpus, cpus)) in nodes.iter().enumerate() {
         let spec = NodeSpec {
@@ -428,9 +434,52 @@ proptest! {
         tasks in prop::collection::vec(task_case(), 1..=30),
     ) {
         for policy in policy_names() {
-            let first = replay(policy, &nodes, &tasks)?;
-            let second = replay(policy, &nodes, &tasks)?;
+            let first = replay(policy, &nodes, &tasks, true, false)?;
+            let second = replay(policy, &nodes, &tasks, true, false)?;
             prop_assert_eq!(first, second, "policy {} is not deterministic", policy);
+        }
+    }
+
+    /// Reusing answers within a decision (equal neighbours, tasks of one shape) is an
+    /// optimisation only: every plan, pending reasons included, is the one the full
+    /// walk makes; and a quiet decision (a projection's, which passes over tasks of a
+    /// shape that does not fit) starts and stops exactly what the full walk does. Tasks
+    /// come in few shapes here so that the reuse happens often.
+    #[test]
+    fn reusing_answers_within_a_decision_changes_no_plan(
+        nodes in prop::collection::vec((0u32..=8, 4u64..=16), 1..=5),
+        tasks in prop::collection::vec(task_case(), 1..=40),
+    ) {
+        let tasks: Vec<TaskCase> = tasks
+            .into_iter()
+            .map(|t| TaskCase {
+                gpus: t.gpus % 3,
+                cpus: 1 + t.cpus % 2,
+                nodes: 1 + t.nodes % 2,
+                ..t
+            })
+            .collect();
+        // What starts and stops, without the pending reasons a quiet decision leaves out.
+        let moves = |plans: Vec<Plan>| -> Vec<Plan> {
+            plans
+                .into_iter()
+                .map(|mut plan| {
+                    plan.actions.retain(|a| !matches!(a, Action::Pending { .. }));
+                    plan
+                })
+                .collect()
+        };
+        for policy in policy_names() {
+            let walked = replay(policy, &nodes, &tasks, false, false)?;
+            let reused = replay(policy, &nodes, &tasks, true, false)?;
+            prop_assert_eq!(&reused, &walked, "policy {}: reuse changed a plan", policy);
+            let quiet = replay(policy, &nodes, &tasks, true, true)?;
+            prop_assert_eq!(
+                moves(quiet),
+                moves(walked),
+                "policy {}: a quiet decision started or stopped something else",
+                policy
+            );
         }
     }
 

@@ -22,6 +22,21 @@ pub(crate) struct Translated {
     pub spec: TaskSpec,
     pub spans: Spans,
     pub warnings: Vec<String>,
+    pub changes: Vec<LegacyChange>,
+}
+
+/// A legacy option the translation could not honour as written: what was asked, what
+/// applies instead and why. Kept with the task (as an override) besides the warning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LegacyChange {
+    /// The legacy key the option sits under (`job.general`).
+    pub key: String,
+    /// The option as written (`nodes=2-4`).
+    pub asked: String,
+    /// What applies instead (`resources.nodes: 2`, `ignored`).
+    pub applied: String,
+    /// Why, with where it was written (`tuxiv.conf:4:7`).
+    pub why: String,
 }
 
 pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> Result<Translated> {
@@ -30,6 +45,7 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
     let mut translator = Translator {
         reader: Reader::new(&mut spans),
         warnings: Vec::new(),
+        changes: Vec::new(),
         spec: TaskSpec {
             name: String::new(),
             resources: Default::default(),
@@ -86,7 +102,12 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
         .unwrap_or_else(|| (fallback_name.to_string(), None));
     translator.spec.name = translator.task_name(name.0, name.1);
 
-    let Translator { spec, warnings, .. } = translator;
+    let Translator {
+        spec,
+        warnings,
+        changes,
+        ..
+    } = translator;
     if let Some(error) = spans.located_problems(spec.problems(), Vec::new()) {
         return Err(error);
     }
@@ -94,12 +115,14 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
         spec,
         spans,
         warnings,
+        changes,
     })
 }
 
 struct Translator<'s> {
     reader: Reader<'s>,
     warnings: Vec<String>,
+    changes: Vec<LegacyChange>,
     spec: TaskSpec,
     /// A `job-name=` Slurm option, used when `job.name` is absent.
     slurm_job_name: Option<(String, Option<Location>)>,
@@ -109,6 +132,25 @@ impl Translator<'_> {
     fn warn(&mut self, location: Location, message: impl AsRef<str>) {
         let at = self.reader.spans.describe(location);
         self.warnings.push(format!("{at}: {}", message.as_ref()));
+    }
+
+    /// A Slurm option of `job.general` not honoured as written: warned of, and kept as
+    /// a change (what was asked, what applies).
+    fn changed(
+        &mut self,
+        location: Location,
+        option: &str,
+        applied: impl Into<String>,
+        message: impl AsRef<str>,
+    ) {
+        let at = self.reader.spans.describe(location);
+        self.changes.push(LegacyChange {
+            key: "job.general".into(),
+            asked: option.to_string(),
+            applied: applied.into(),
+            why: format!("{} ({at})", message.as_ref()),
+        });
+        self.warn(location, message);
     }
 
     fn location(&self, node: &Node) -> Location {
@@ -345,8 +387,10 @@ impl Translator<'_> {
 
     fn slurm_option(&mut self, option: &str, location: Location) -> Result<()> {
         let Some((name, value)) = split_slurm_option(option) else {
-            self.warn(
+            self.changed(
                 location,
+                option,
+                "ignored",
                 format!("Slurm option `{option}` is not supported and was ignored"),
             );
             return Ok(());
@@ -373,12 +417,14 @@ impl Translator<'_> {
                     .map_err(|_| bad_value(self, "write the node count, e.g. `nodes=2`"))?;
                 record(self, "resources.nodes");
                 if ranged {
-                    self.warn(location, format!("node range `{value}` is not supported; asking for {minimum} nodes"));
+                    self.changed(location, option, format!("resources.nodes: {minimum}"), format!("node range `{value}` is not supported; asking for {minimum} nodes"));
                 }
             }
             "ntasks-per-node" if value == "1" => {}
-            "ntasks-per-node" | "ntasks" => self.warn(
+            "ntasks-per-node" | "ntasks" => self.changed(
                 location,
+                option,
+                "ignored",
                 format!("Slurm option `{option}` was ignored: TACC starts one process per node; start more workers from your command (e.g. `torchrun --nproc_per_node`)"),
             ),
             "cpus-per-task" => {
@@ -394,7 +440,7 @@ impl Translator<'_> {
                             .ok_or_else(|| bad_value(self, "write e.g. `gres=gpu:2` or `gres=gpu:v100:2`"))?;
                         self.set_gpus(gpu_type, count, location);
                     } else {
-                        self.warn(location, format!("generic resource `{resource}` is not supported and was ignored"));
+                        self.changed(location, option, "ignored", format!("generic resource `{resource}` is not supported and was ignored"));
                     }
                 }
             }
@@ -403,8 +449,10 @@ impl Translator<'_> {
                     .ok_or_else(|| bad_value(self, "write e.g. `gpus=2` or `gpus=v100:2`"))?;
                 self.set_gpus(gpu_type, count, location);
             }
-            "mem" if value == "0" => self.warn(
+            "mem" if value == "0" => self.changed(
                 location,
+                option,
+                "the default memory request",
                 "`mem=0` (all of a node's memory) is not supported; the default memory request was kept",
             ),
             "mem" => {
@@ -418,16 +466,18 @@ impl Translator<'_> {
                     record(self, "resources.time_limit");
                 }
                 None if matches!(value.to_ascii_lowercase().as_str(), "unlimited" | "infinite") => {
-                    self.warn(location, format!("`{option}` is not supported; the task has no time limit"));
+                    self.changed(location, option, "no time limit", format!("`{option}` is not supported; the task has no time limit"));
                 }
                 None => return Err(bad_value(self, "write e.g. `time=01:00:00` or `time=2-00:00:00`")),
             },
             "job-name" => self.slurm_job_name = Some((value, Some(location))),
-            "output" | "error" => self.warn(
+            "output" | "error" => self.changed(
                 location,
+                option,
+                "ignored",
                 format!("Slurm option `{option}` was ignored: TACC keeps every node's log itself (see `tcloud logs`)"),
             ),
-            _ => self.warn(location, format!("Slurm option `{option}` is not supported and was ignored")),
+            _ => self.changed(location, option, "ignored", format!("Slurm option `{option}` is not supported and was ignored")),
         }
         Ok(())
     }
@@ -669,6 +719,33 @@ mod tests {
         assert_eq!(slurm_memory("512k"), Some(ByteSize::from_bytes(512 << 10)));
         assert_eq!(slurm_memory("lots"), None);
         assert_eq!(slurm_memory("4Q"), None);
+    }
+
+    #[test]
+    fn options_not_honoured_as_written_are_kept_as_changes() {
+        let text = "entrypoint: python train.py\njob:\n  general: [nodes=1-2, cpus-per-task=2, time=unlimited, --exclusive]\n";
+        let translated = translate("tuxiv.conf", text, "fallback").unwrap();
+        let changes: Vec<(&str, &str)> = translated
+            .changes
+            .iter()
+            .map(|c| (c.asked.as_str(), c.applied.as_str()))
+            .collect();
+        assert_eq!(
+            changes,
+            [
+                ("nodes=1-2", "resources.nodes: 1"),
+                ("time=unlimited", "no time limit"),
+                ("--exclusive", "ignored"),
+            ]
+        );
+        assert!(translated.changes.iter().all(|c| c.key == "job.general"));
+        assert!(
+            translated.changes[0].why.contains("tuxiv.conf:3:"),
+            "{:?}",
+            translated.changes[0]
+        );
+        // Each is warned of too; an option honoured as written is neither.
+        assert_eq!(translated.warnings.len(), 3, "{:?}", translated.warnings);
     }
 
     #[test]

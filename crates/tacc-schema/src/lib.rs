@@ -26,6 +26,7 @@ use std::path::{Component, Path, PathBuf};
 pub use adaptive::{AdaptiveSpec, Range};
 pub use array::{ArrayError, ArraySpec, MAX_ARRAY_ELEMENTS, NotifySpec};
 pub use error::{Diagnostic, Diagnostics, MAX_SHOWN_DIAGNOSTICS, SchemaError, Severity};
+pub use legacy::LegacyChange;
 pub use pipeline::{
     LoadedPipeline, MAX_STAGES, PipelineSpec, StageSpec, is_pipeline, load_pipeline, parse_pipeline,
 };
@@ -59,6 +60,9 @@ pub struct LoadedTask {
     pub code_root: PathBuf,
     /// Things that were accepted but deserve the user's attention (mostly from `tuxiv.conf`).
     pub warnings: Vec<String>,
+    /// The options of a legacy `tuxiv.conf` not honoured as written (each also a warning):
+    /// submitted with the task, which keeps them as overrides (`tcloud show`).
+    pub legacy_changes: Vec<LegacyChange>,
     spans: Spans,
 }
 
@@ -121,6 +125,7 @@ pub fn load_task(path: &Path) -> Result<LoadedTask, SchemaError> {
     };
     let metadata = fs::metadata(path).map_err(read_error(path))?;
     let mut warnings = Vec::new();
+    let mut legacy_changes = Vec::new();
     let file = if metadata.is_dir() {
         find_task_file(path, &mut warnings)?
     } else {
@@ -146,6 +151,7 @@ pub fn load_task(path: &Path) -> Result<LoadedTask, SchemaError> {
     let (spec, spans) = if is_legacy {
         let translated = legacy::translate(&source_name, &text, &fallback_name)?;
         warnings.extend(translated.warnings);
+        legacy_changes = translated.changes;
         (translated.spec, translated.spans)
     } else {
         parse_task_with_fallback_name(&source_name, &text, &fallback_name)?
@@ -188,6 +194,7 @@ pub fn load_task(path: &Path) -> Result<LoadedTask, SchemaError> {
         source: file,
         code_root,
         warnings,
+        legacy_changes,
         spans,
     })
 }

@@ -94,6 +94,7 @@ impl Control {
         let options = crate::control::SubmitOptions {
             source: record.source,
             wait_for_capacity,
+            ..Default::default()
         };
         self.submit(user, spec, record.snapshot, options, keyed)
             .await

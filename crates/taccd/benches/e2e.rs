@@ -28,6 +28,7 @@ async fn submit_dir(client: &tacc_client::Client, dir: &std::path::Path) -> tacc
     let snapshot = upload(client, &loaded.code_root).await;
     client
         .submit(&SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,

@@ -59,6 +59,7 @@ fn main() {
         let loaded = tacc_schema::load_task(&task_dir).unwrap();
         let snapshot = upload(&client, &loaded.code_root).await;
         let submit = SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,
@@ -77,6 +78,7 @@ fn main() {
             spec["array"] = serde_json::json!(format!("1-{tasks}"));
             let reply = client
                 .submit(&SubmitTask {
+                    translated: Vec::new(),
                     spec,
                     ..submit.clone()
                 })

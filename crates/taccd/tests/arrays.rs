@@ -25,6 +25,7 @@ async fn submit_array(client: &Client, root: &Path, name: &str, yaml: &str) -> S
     let snapshot = upload(client, &loaded.code_root).await;
     client
         .submit(&SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: Some(dir.display().to_string()),
@@ -368,6 +369,7 @@ async fn scale() {
     let loaded = tacc_schema::load_task(&task_dir).unwrap();
     let snapshot = upload(&client, &loaded.code_root).await;
     let single = SubmitTask {
+        translated: Vec::new(),
         spec: serde_json::to_value(&loaded.spec).unwrap(),
         snapshot: snapshot.clone(),
         source: None,
@@ -396,6 +398,7 @@ async fn scale() {
     let mut spec = loaded.spec.clone();
     spec.array = Some("0-9999".parse().unwrap());
     let array = SubmitTask {
+        translated: Vec::new(),
         spec: serde_json::to_value(&spec).unwrap(),
         snapshot: snapshot.clone(),
         source: None,

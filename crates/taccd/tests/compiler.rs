@@ -529,6 +529,7 @@ async fn datasets_from_a_registered_directory_and_a_url_are_mounted_and_cached()
     let snapshot = upload(&client, &loaded.code_root).await;
     let error = client
         .submit(&tacc_proto::SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,

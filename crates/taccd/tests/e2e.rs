@@ -172,6 +172,7 @@ async fn bad_submissions_are_refused_and_nothing_is_queued() {
         upload(&client, &dir.path().join("code")).await
     };
     let spec = |value: serde_json::Value| tacc_proto::SubmitTask {
+        translated: Vec::new(),
         spec: value,
         snapshot: snapshot.clone(),
         source: None,
@@ -211,6 +212,7 @@ async fn bad_submissions_are_refused_and_nothing_is_queued() {
     );
     let unknown = client
         .submit(&tacc_proto::SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::json!({"name": "x", "run": "true"}),
             snapshot: "f".repeat(64).parse().unwrap(),
             source: None,

@@ -170,7 +170,7 @@ async fn every_waiting_task_starts_inside_its_estimated_range() {
     let html = page.text().await.unwrap();
     assert!(
         html.contains("Starts no earlier than now, no later than")
-            && html.contains(&format!("when task {b_running} ends at its time limit"))
+            && html.contains(&format!("starts when task {b_running} ends (time limit"))
             && html.contains("bob may run 1 task at a time"),
         "{html}"
     );
@@ -209,6 +209,87 @@ async fn every_waiting_task_starts_inside_its_estimated_range() {
                 .is_some_and(|r| r.contains("time limit")),
             "task {task} should have run to its time limit: {view:?}"
         );
+    }
+    wait_no_processes(&marker).await;
+}
+
+/// A task that waits on its pool of nodes is told that another pool would start it now:
+/// `why` carries the what-if, and `tcloud why` and the dashboard's task page say it in the
+/// same words (one formatter, `tacc_proto::estimate_text`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn why_says_when_another_pool_of_nodes_would_start_the_task() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start(
+        "dev",
+        &dir.path().join("d"),
+        &["--name", "node-a", "--label", "pool=a", "--cpus", "2"],
+    )
+    .await;
+    let _b = start_agent(
+        &daemon,
+        &dir.path().join("b"),
+        &["--name", "node-b", "--label", "pool=b", "--cpus", "2"],
+    );
+    let admin = daemon.client();
+    wait_nodes(&admin, 2).await;
+    let marker = format!("other-pool-{}", std::process::id());
+    let root = dir.path();
+    // Both CPUs of pool a for a minute; the second task, on pool a too, waits for them.
+    let busy = submit(
+        &admin,
+        root,
+        "busy",
+        &task_yaml("busy", "cpus: 2, time_limit: 60s", "a", &marker),
+        &[],
+    )
+    .await;
+    wait_state(&admin, busy, &[TaskState::Running]).await;
+    let waiting = submit(
+        &admin,
+        root,
+        "waiting",
+        &task_yaml("waiting", "cpus: 1, time_limit: 5s", "a", &marker),
+        &[],
+    )
+    .await;
+    let why = queued_with_reason(&admin, waiting).await;
+    let estimate = why.start_estimate.clone().expect("a start estimate");
+    assert!(
+        matches!(estimate.latest, LatestStartView::At { .. }),
+        "{why:?}"
+    );
+    let elsewhere = why
+        .other_nodes
+        .iter()
+        .find(|w| w.label == "pool" && w.value == "b")
+        .unwrap_or_else(|| panic!("no what-if for pool b: {why:?}"));
+    assert!(elsewhere.sooner, "{why:?}");
+    let LatestStartView::At { at } = elsewhere.latest else {
+        panic!("{why:?}");
+    };
+    assert!(
+        at.as_millis() <= tacc_server_now().as_millis() + 1_000,
+        "pool b is free now: {why:?}"
+    );
+
+    let said = "on nodes labelled pool=b: now (sooner)";
+    let home = dir.path().join("home");
+    let text = tcloud(&daemon, &home, &["why", &waiting.to_string()]);
+    assert!(text.contains(said), "{text}");
+    let html = reqwest::Client::new()
+        .get(format!("{}/ui/tasks/{}", daemon.url, waiting.0))
+        .bearer_auth(&daemon.token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains(said), "{html}");
+
+    for task in [waiting, busy] {
+        admin.cancel(task).await.unwrap();
+        wait_terminal(&admin, task).await;
     }
     wait_no_processes(&marker).await;
 }

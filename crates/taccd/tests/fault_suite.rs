@@ -33,6 +33,7 @@ async fn submit_body(client: &Client, root: &Path, name: &str, yaml: &str) -> se
     let loaded = tacc_schema::load_task(&dir).unwrap();
     let snapshot = upload(client, &loaded.code_root).await;
     serde_json::to_value(SubmitTask {
+        translated: Vec::new(),
         spec: serde_json::to_value(&loaded.spec).unwrap(),
         snapshot,
         source: None,

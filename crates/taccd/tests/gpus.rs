@@ -86,6 +86,7 @@ async fn tasks_are_placed_by_gpu_type_on_fake_gpus_and_see_their_own_devices() {
     let loaded = tacc_schema::load_task(&h100_dir).unwrap();
     let refused = admin
         .submit(&tacc_proto::SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot: upload(&admin, &loaded.code_root).await,
             source: None,

@@ -114,6 +114,7 @@ async fn submit_named(client: &Client, root: &Path, name: &str, seconds: u32) ->
     let loaded = tacc_schema::load_task(&dir).unwrap();
     let snapshot = upload(client, &loaded.code_root).await;
     let submission = tacc_proto::SubmitTask {
+        translated: Vec::new(),
         spec: serde_json::to_value(&loaded.spec).unwrap(),
         snapshot,
         source: Some(dir.display().to_string()),

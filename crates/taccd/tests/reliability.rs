@@ -36,6 +36,7 @@ async fn submit_body(server: &Daemon, dir: &Path) -> serde_json::Value {
     let loaded = tacc_schema::load_task(dir).unwrap();
     let snapshot = upload(&server.client(), &loaded.code_root).await;
     serde_json::to_value(SubmitTask {
+        translated: Vec::new(),
         spec: serde_json::to_value(&loaded.spec).unwrap(),
         snapshot,
         source: None,

@@ -264,6 +264,7 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
     // An array of the owner's, for the group routes.
     let array = owner
         .submit(&tacc_proto::SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::json!({"name": "arr", "run": "true", "array": "0-1"}),
             snapshot: view.snapshot.clone(),
             source: None,
@@ -444,6 +445,7 @@ async fn one_user_cannot_see_or_touch_what_is_another_users() {
     // nor commit it as his own without uploading every chunk himself.
     let stolen = bob
         .submit(&tacc_proto::SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(
                 &tacc_schema::parse_task("t", "name: steal\nrun: cat *\n")
                     .unwrap()
@@ -746,6 +748,7 @@ async fn submit_raw(client: &Client, root: &std::path::Path, name: &str, yaml: &
     let snapshot = upload(client, &loaded.code_root).await;
     client
         .submit(&tacc_proto::SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,
@@ -881,6 +884,7 @@ async fn a_flooding_user_gets_429_while_another_users_submissions_stay_fast() {
             while Instant::now() < deadline {
                 let reply = flooder
                     .submit(&tacc_proto::SubmitTask {
+                        translated: Vec::new(),
                         spec: spec.clone(),
                         snapshot: snapshot.clone(),
                         source: None,
@@ -901,6 +905,7 @@ async fn a_flooding_user_gets_429_while_another_users_submissions_stay_fast() {
         let started = Instant::now();
         bystander
             .submit(&tacc_proto::SubmitTask {
+                translated: Vec::new(),
                 spec: spec("calm"),
                 snapshot: calm_snapshot.clone(),
                 source: None,

@@ -944,6 +944,7 @@ async fn submit_short_array(
     let snapshot = upload(client, &loaded.code_root).await;
     let reply = client
         .submit(&tacc_proto::SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: Some(dir.display().to_string()),

@@ -2,7 +2,8 @@
 //! a request the cluster can never hold, or one above a hard limit, is refused at submit
 //! with the reason and a non-zero exit (pointing at the task file's line), unless
 //! `--wait-for-capacity` accepts it on purpose; and what the platform changes of what was
-//! asked (a lowered priority) is said at submit and shown as asked and applied.
+//! asked (a lowered priority) is said at submit and shown as asked and applied, for a
+//! pipeline's stages as for a task.
 
 mod common;
 
@@ -279,4 +280,116 @@ async fn a_lowered_priority_is_said_at_submit_and_shown_as_asked_and_applied() {
     let out = tcloud_with(&daemon, &home, &bob, &["show", "--instruction", &id]);
     let instruction: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(instruction["priority"], "normal", "{instruction}");
+}
+
+/// A pipeline's submit reply says what the platform changed of each stage as a single
+/// submit does: bob's stages ask for `priority: high` (a task and an array), each is
+/// warned of at submit and listed by stage in `--json`; a stage that asks for nothing
+/// above bob's limits is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelines_reply_says_what_was_changed_of_each_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tacc.toml");
+    std::fs::write(&config, "[users.bob]\nmax_priority = \"normal\"\n").unwrap();
+    let daemon = start(
+        "dev",
+        &dir.path().join("d"),
+        &["--cpus", "2", "--config", config.to_str().unwrap()],
+    )
+    .await;
+    wait_nodes(&daemon.client(), 1).await;
+    let home = dir.path().join("home");
+    let bob = user_token(&daemon, "bob", None).await;
+    let root = task_dir(
+        dir.path(),
+        "flow",
+        "pipeline.yaml",
+        "name: flow\nstages:\n  \
+           prep:\n    priority: high\n    resources: {cpus: 0.5}\n    run: echo prep\n  \
+           many:\n    needs: [prep]\n    array: 0-1\n    priority: high\n    resources: {cpus: 0.5}\n    run: echo many\n  \
+           last:\n    needs: [many]\n    resources: {cpus: 0.5}\n    run: echo last\n",
+    );
+    let file = root.join("pipeline.yaml");
+    let out = tcloud_with(
+        &daemon,
+        &home,
+        &bob,
+        &["submit", "--json", file.to_str().unwrap()],
+    );
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    for stage in ["prep", "many"] {
+        assert!(
+            err.contains(&format!(
+                "warning: stage `{stage}`: `priority: high` was changed to `normal`"
+            )),
+            "{err}"
+        );
+    }
+    assert!(!err.contains("stage `last`"), "{err}");
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let overrides = reply["overrides"].as_object().expect("overrides by stage");
+    assert_eq!(
+        overrides.keys().collect::<Vec<_>>(),
+        ["many", "prep"],
+        "{reply}"
+    );
+    assert_eq!(overrides["prep"][0]["field"], "priority", "{reply}");
+    assert_eq!(overrides["prep"][0]["asked"], "high");
+    assert_eq!(overrides["many"][0]["applied"], "normal");
+}
+
+/// A legacy `tuxiv.conf` option the translation cannot honour as written (a node range, an
+/// unlimited time) is warned of at submit, once, with its line, and kept with the task as
+/// an override: `tcloud show --json` carries what was asked and what applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_translated_legacy_option_is_kept_as_an_override() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "2"]).await;
+    wait_nodes(&daemon.client(), 1).await;
+    let home = dir.path().join("home");
+    let token = daemon.token.clone();
+    let task = task_dir(
+        dir.path(),
+        "old-project",
+        "tuxiv.conf",
+        "entrypoint: echo legacy\njob:\n  general: [nodes=1-2, cpus-per-task=1, time=unlimited]\n",
+    );
+    let out = tcloud_with(&daemon, &home, &token, &["submit", task.to_str().unwrap()]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(
+        err.matches("node range `1-2` is not supported").count(),
+        1,
+        "said once: {err}"
+    );
+    let id = text(&out.stdout)
+        .split_whitespace()
+        .nth(2)
+        .unwrap()
+        .to_string();
+    let out = tcloud_with(&daemon, &home, &token, &["show", "--json", &id]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let overrides = shown["overrides"].as_array().expect("overrides");
+    let asked: Vec<(&str, &str)> = overrides
+        .iter()
+        .map(|o| (o["asked"].as_str().unwrap(), o["applied"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            ("nodes=1-2", "resources.nodes: 1"),
+            ("time=unlimited", "no time limit")
+        ],
+        "{shown}"
+    );
+    assert_eq!(overrides[0]["field"], "job.general", "{shown}");
+    assert!(
+        overrides[0]["why"]
+            .as_str()
+            .unwrap()
+            .contains("tuxiv.conf:3:"),
+        "{shown}"
+    );
 }

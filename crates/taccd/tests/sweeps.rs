@@ -40,6 +40,7 @@ async fn asha_stops_bad_trials_early_and_the_best_trial_leads_the_board() {
     let started = std::time::Instant::now();
     let reply = client
         .submit(&SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: Some("examples/sweep".into()),

@@ -72,6 +72,7 @@ async fn an_oversized_var_or_run_line_is_refused_at_check_and_submit_where_it_is
     let refused = server
         .client()
         .submit(&tacc_proto::SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::json!({
                 "name": "api",
                 "run": "echo hi",

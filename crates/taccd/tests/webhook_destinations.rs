@@ -31,6 +31,7 @@ async fn try_submit(client: &Client, root: &std::path::Path, yaml: &str) -> Opti
     let snapshot = upload(client, &loaded.code_root).await;
     client
         .submit(&tacc_proto::SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: None,

@@ -25,10 +25,15 @@ pub(super) struct Reservation {
 impl Reservation {
     /// Whether a task starting now may still run at the shadow time (it is not sure to
     /// end before, by its time limit), so it must leave the reserved share free.
-    fn overlaps(&self, now: Timestamp, request: &TaskRequest, config: &SchedulerConfig) -> bool {
+    pub(super) fn overlaps(
+        &self,
+        now: Timestamp,
+        time_limit_secs: Option<u64>,
+        config: &SchedulerConfig,
+    ) -> bool {
         match (
             self.shadow,
-            request.time_limit_secs.or(config.default_time_limit_secs),
+            time_limit_secs.or(config.default_time_limit_secs),
         ) {
             (Some(shadow), Some(limit)) => now.plus_secs(limit) > shadow,
             _ => true,
@@ -86,7 +91,7 @@ impl Scheduler {
         let keeps_holds = |node: NodeId| hold_allows(cluster, holds, node, &use_per_node, u64::MAX);
         let placement = self.policy.placement.as_ref();
         match &pass.reservation {
-            Some(held) if held.overlaps(now, request, &self.config) => {
+            Some(held) if held.overlaps(now, request.time_limit_secs, &self.config) => {
                 let need = held.need;
                 let keeps_reservation = |node: NodeId| {
                     held.free_after
@@ -110,7 +115,7 @@ impl Scheduler {
         pass: &mut PassState,
     ) {
         if let Some(held) = &mut pass.reservation
-            && held.overlaps(now, request, config)
+            && held.overlaps(now, request.time_limit_secs, config)
         {
             for p in placements {
                 if let Some(free) = held.free_after.get_mut(&p.node) {

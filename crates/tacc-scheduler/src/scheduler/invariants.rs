@@ -1,6 +1,7 @@
 //! Consistency checks of the bookkeeping against first principles, for tests and
 //! property tests: every task listed as running holds one placement per node of its gang,
-//! no GPU is given twice, and no node holds more than its capacity.
+//! no GPU is given twice, no node holds more than its capacity, and the schedulable
+//! capacity kept is the nodes' sum.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -46,6 +47,18 @@ impl Scheduler {
                     node.spec.capacity
                 ));
             }
+        }
+        let total = self
+            .cluster
+            .nodes
+            .values()
+            .filter(|n| n.schedulable)
+            .fold(Resources::ZERO, |acc, n| acc.add(&n.spec.capacity));
+        if total != self.cluster.schedulable_total() {
+            return Err(format!(
+                "schedulable capacity kept as {} but the nodes add up to {total}",
+                self.cluster.schedulable_total()
+            ));
         }
         Ok(())
     }

@@ -108,7 +108,7 @@ impl Scheduler {
             .priority
             .min(self.config.priority_cap(request.user.as_str()));
         let entry = TaskEntry {
-            request,
+            request: std::sync::Arc::new(request),
             user,
             group,
             priority,
@@ -117,6 +117,7 @@ impl Scheduler {
             rank: 0,
             end_key: u64::MAX,
             phase: Phase::Queued { reason: None },
+            shape: Default::default(),
         };
         self.tasks.insert(task, entry);
         self.count_queued(user, group, true);

@@ -13,7 +13,8 @@ use super::backfill::Reservation;
 use super::claims::Hold;
 use super::repeats::Repeat;
 use super::task::{Phase, TaskEntry};
-use super::{Action, Scheduler};
+use super::unfit_shapes::UnfitShapes;
+use super::{Action, QueueKey, Scheduler};
 use crate::PendingReason;
 use crate::policy::Backfill;
 
@@ -31,6 +32,8 @@ pub(super) struct PassState {
     /// The first blocked task that stays within its group's guarantee.
     pub blocked_owner: Option<TaskId>,
     pub borrowing_sweep: bool,
+    /// Answers of this decision by shape (see `unfit_shapes`).
+    pub unfit: UnfitShapes,
 }
 
 impl Scheduler {
@@ -44,42 +47,51 @@ impl Scheduler {
         if !self.claims.is_empty() {
             self.settle_claims(now, &mut pass, actions);
         }
-        let order: Vec<TaskId> = self.queue.iter().map(|(_, _, id)| *id).collect();
+        let order: Vec<QueueKey> = self.queue.iter().copied().collect();
         let guarantees = self.groups.iter().any(|g| g.guaranteed_gpus > 0);
         let mut repeat = None;
         if !guarantees {
-            for task in order {
-                self.consider_or_repeat(now, task, &mut pass, &mut repeat, actions);
+            for key in &order {
+                self.consider_or_repeat(now, key, &mut pass, &mut repeat, actions);
             }
             return;
         }
         let mut deferred = Vec::new();
-        for task in order {
-            if self.within_guarantee(&self.tasks[&task]) {
-                self.consider_or_repeat(now, task, &mut pass, &mut repeat, actions);
+        for key in order {
+            if self.within_guarantee(&self.tasks[&key.task]) {
+                self.consider_or_repeat(now, &key, &mut pass, &mut repeat, actions);
             } else {
-                deferred.push(task);
+                deferred.push(key);
             }
         }
         pass.borrowing_sweep = true;
         repeat = None;
-        for task in deferred {
-            if self.tasks.get(&task).is_some_and(|e| e.phase.is_queued()) {
-                self.consider_or_repeat(now, task, &mut pass, &mut repeat, actions);
+        for key in &deferred {
+            if self
+                .tasks
+                .get(&key.task)
+                .is_some_and(|e| e.phase.is_queued())
+            {
+                self.consider_or_repeat(now, key, &mut pass, &mut repeat, actions);
             }
         }
     }
 
     /// [`Scheduler::consider`], unless an equal task just got an answer this one would
-    /// get too (see [`super::repeats`]).
+    /// get too (see [`super::repeats`]), or, in a quiet decision, a task of its shape was
+    /// just found not to fit (see [`super::unfit_shapes`]).
     fn consider_or_repeat(
         &mut self,
         now: Timestamp,
-        task: TaskId,
+        key: &QueueKey,
         pass: &mut PassState,
         repeat: &mut Option<Repeat>,
         actions: &mut Vec<Action>,
     ) {
+        if self.passes_over(now, key, pass) {
+            return;
+        }
+        let task = key.task;
         if self.repeat(task, pass, repeat, actions) {
             return;
         }
@@ -176,50 +188,63 @@ impl Scheduler {
             );
             return;
         }
-        let request = &entry.request;
-        if let Some(placements) = self.place_around(now, request, pass) {
-            Self::backfilled(now, request, &self.config, &placements, pass);
-            self.start(now, task, placements, Some(actions));
-            return;
-        }
-        // Too few nodes carry its labels: nothing running or reserved stands in its way,
-        // so it neither holds up the queue nor claims anything.
-        if let Some(detail) = self.cluster.selector_unmet(request) {
-            self.set_reason(task, PendingReason::NoMatchingNode { detail }, actions);
-            return;
-        }
-        // Submitted to wait for a node that can hold it: no preemption or reservation
-        // would help, so like the above it waits aside.
-        if request.wait_for_capacity
-            && let Some(detail) = self.cluster.never_fits(request)
-        {
-            self.set_reason(task, PendingReason::WaitingForCapacity { detail }, actions);
-            return;
-        }
-        if let Some(blocked_by) = self.held_for_another(request, pass) {
-            if self.policy.backfill == Backfill::None {
-                pass.blocked_head.get_or_insert(task);
-            }
-            let reason = PendingReason::LowerPriority { blocked_by };
+        if let Some(reason) = self.unfit_answer(now, task, pass) {
             self.set_reason(task, reason, actions);
             return;
         }
-        // Under EASY only the reserved head claims: a task behind it could not use what
-        // its victims free, and the victims would restart at once. For the same reason a
-        // borrowing task never claims: owners, considered first, would take the room.
-        // A claimant must be admitted alongside the older claimants (claims hold quota),
-        // and its victims' share is then held for it until it starts (see `Claim`).
-        if pass.claimants < self.config.preemption.max_claimants_per_pass
-            && pass.reservation.is_none()
-            && !pass.borrowing_sweep
-            && self.may_claim(task)
-            && (self.claims.is_empty() || self.admitted_after_claims(now, task))
-        {
-            pass.claimants += 1;
-            self.try_preempt(now, task, pass, actions);
+        let before = self.walk_state(pass);
+        if let Some(reason) = self.fit_or_wait(now, task, pass, actions) {
+            self.remember_unfit(now, task, before, reason, pass);
         }
-        self.note_blocked(now, task, pass);
-        self.set_reason(task, PendingReason::WaitingForResources, actions);
+    }
+
+    /// The admitted `task` starts if it fits, or waits: the reason it waits, if it does.
+    /// What happens here depends only on what the task asks of the nodes and on the walk
+    /// (see [`super::unfit_shapes`]).
+    fn fit_or_wait(
+        &mut self,
+        now: Timestamp,
+        task: TaskId,
+        pass: &mut PassState,
+        actions: &mut Vec<Action>,
+    ) -> Option<PendingReason> {
+        let request = &self.tasks[&task].request;
+        if let Some(placements) = self.place_around(now, request, pass) {
+            Self::backfilled(now, request, &self.config, &placements, pass);
+            self.start(now, task, placements, Some(actions));
+            return None;
+        }
+        // Too few nodes carry its labels: nothing running or reserved stands in its way,
+        // so it neither holds up the queue nor claims anything.
+        let reason = if let Some(detail) = self.cluster.selector_unmet(request) {
+            PendingReason::NoMatchingNode { detail }
+        } else if request.wait_for_capacity
+            && let Some(detail) = self.cluster.never_fits(request)
+        {
+            // Submitted to wait for a node that can hold it: no preemption or reservation
+            // would help, so like the above it waits aside.
+            PendingReason::WaitingForCapacity { detail }
+        } else if let Some(blocked_by) = self.held_for_another(request, pass) {
+            if self.policy.backfill == Backfill::None {
+                pass.blocked_head.get_or_insert(task);
+            }
+            PendingReason::LowerPriority { blocked_by }
+        } else {
+            // Under EASY only the reserved head claims: a task behind it could not use
+            // what its victims free, and the victims would restart at once. For the same
+            // reason a borrowing task never claims: owners, considered first, would take
+            // the room. A claimant must be admitted alongside the older claimants (claims
+            // hold quota), and its victims' share is then held for it until it starts
+            // (see `Claim`).
+            if self.would_claim(now, task, pass) {
+                pass.claimants += 1;
+                self.try_preempt(now, task, pass, actions);
+            }
+            self.note_blocked(now, task, pass);
+            PendingReason::WaitingForResources
+        };
+        self.set_reason(task, reason.clone(), actions);
+        Some(reason)
     }
 
     /// Bookkeeping for a task that waits for resources in this decision.

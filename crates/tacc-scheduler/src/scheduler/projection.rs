@@ -142,33 +142,96 @@ impl Scheduler {
 
     /// Project every queued task's start (see the module documentation).
     pub fn project(&self, limits: ProjectionLimits) -> Projection {
-        project(self.clone(), None, limits, self.epoch)
+        project(self.quiet_copy(), None, limits, self.epoch)
+    }
+
+    /// A copy whose decisions say only what starts and stops (see `unfit_shapes`).
+    fn quiet_copy(&self) -> Scheduler {
+        let mut copy = self.clone();
+        copy.set_quiet(true);
+        copy
     }
 
     /// Project one queued task's start, stopping as soon as it starts.
     pub fn project_task(&self, task: TaskId, limits: ProjectionLimits) -> Projection {
-        project(self.clone(), Some(task), limits, self.epoch)
+        project(self.quiet_copy(), Some(task), limits, self.epoch)
     }
 
     /// What-if: the projection of `task` had it asked for `per_node` instead (same
     /// submission time and place in the policy's order otherwise). `None` when the task
-    /// is not queued.
+    /// is not queued, or could never run so.
     pub fn project_reshaped(
         &self,
         task: TaskId,
         per_node: Resources,
         limits: ProjectionLimits,
     ) -> Option<Projection> {
+        self.project_as(task, limits, |request| request.per_node = per_node)
+    }
+
+    /// What-if: the projection of `task` had it selected nodes labelled `key=value`
+    /// instead of the value it selects (another partition, another pool of nodes). `None`
+    /// when the task is not queued, or could never run there.
+    pub fn project_relabelled(
+        &self,
+        task: TaskId,
+        key: &str,
+        value: &str,
+        limits: ProjectionLimits,
+    ) -> Option<Projection> {
+        self.project_as(task, limits, |request| {
+            request
+                .node_selector
+                .insert(key.to_string(), value.to_string());
+        })
+    }
+
+    /// The other values of the labels the queued `task` selects nodes by, as carried by
+    /// the schedulable nodes up now (each label's values in order, at most `per_label` of
+    /// them): where [`Scheduler::project_relabelled`] may look.
+    pub fn other_label_values(&self, task: TaskId, per_label: usize) -> Vec<(String, String)> {
+        let Some(entry) = self.tasks.get(&task) else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for (key, asked) in &entry.request.node_selector {
+            let values: std::collections::BTreeSet<&String> = self
+                .cluster
+                .nodes
+                .values()
+                .filter(|node| node.schedulable)
+                .filter_map(|node| node.spec.labels.get(key))
+                .filter(|value| *value != asked)
+                .collect();
+            found.extend(
+                values
+                    .into_iter()
+                    .take(per_label)
+                    .map(|value| (key.clone(), value.clone())),
+            );
+        }
+        found
+    }
+
+    /// The projection of the queued `task` with its request changed by `change`.
+    fn project_as(
+        &self,
+        task: TaskId,
+        limits: ProjectionLimits,
+        change: impl FnOnce(&mut crate::TaskRequest),
+    ) -> Option<Projection> {
         let entry = self.tasks.get(&task)?;
         if !entry.phase.is_queued() {
             return None;
         }
-        let mut request = entry.request.clone();
-        request.per_node = per_node;
+        let mut request = crate::TaskRequest::clone(&entry.request);
+        change(&mut request);
         let mut sim = self.clone();
         let now = sim.now;
         // Withdrawn and submitted again at the present: the decision that follows is the
-        // one the live scheduler would make for the reshaped task.
+        // one the live scheduler would make for the reshaped task. Not a quiet one: the
+        // projection reads the reshaped task's pending reason (whether it waits for a
+        // node) from it.
         let plan = sim
             .handle(
                 now,
@@ -178,6 +241,7 @@ impl Scheduler {
                 ]),
             )
             .ok()?;
+        sim.set_quiet(true);
         if plan
             .actions
             .iter()
@@ -217,8 +281,9 @@ fn project(
     let waiting: BTreeMap<TaskId, Waiting> = sim
         .queue
         .iter()
-        .filter(|(_, _, id)| target.is_none_or(|t| t == *id))
-        .map(|(_, _, id)| {
+        .map(|key| &key.task)
+        .filter(|id| target.is_none_or(|t| t == **id))
+        .map(|id| {
             let entry = &sim.tasks[id];
             let waits_for_node = matches!(
                 entry.phase,
@@ -252,8 +317,9 @@ fn project(
     // reports them preempted); the same holds for victims chosen during the projection.
     let grace_ms = sim.config.preemption.grace_secs.saturating_mul(1000);
     let mut preempted: BTreeMap<u64, Vec<TaskId>> = BTreeMap::new();
-    for (id, entry) in &sim.tasks {
-        if let Phase::Preempting { since, .. } = entry.phase {
+    // Every task that holds resources is in `running`, in id order.
+    for id in &sim.running {
+        if let Phase::Preempting { since, .. } = sim.tasks[id].phase {
             let due = since
                 .as_millis()
                 .saturating_add(grace_ms)
@@ -521,6 +587,45 @@ mod tests {
             .unwrap();
         assert_eq!(
             half.estimate(TaskId(2), now).unwrap().latest,
+            LatestStart::At(now)
+        );
+        // The live state is untouched.
+        assert_eq!(s.queue_len(), 1);
+        s.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn another_pool_of_nodes_is_projected_as_a_what_if() {
+        let mut s = Scheduler::new();
+        s.handle(Timestamp(0), labelled(1, 4, &[("pool", "a")]))
+            .unwrap();
+        s.handle(Timestamp(0), labelled(2, 4, &[("pool", "b")]))
+            .unwrap();
+        s.handle(
+            Timestamp(0),
+            labelled(3, 4, &[("pool", "c"), ("other", "x")]),
+        )
+        .unwrap();
+        submit(&mut s, 1, limited(selecting(4, 1, &[("pool", "a")]), 100));
+        submit(&mut s, 2, limited(selecting(4, 2, &[("pool", "a")]), 100));
+        let limits = ProjectionLimits::default();
+        let now = Timestamp(2);
+        assert_eq!(
+            s.other_label_values(TaskId(2), 3),
+            vec![
+                ("pool".to_string(), "b".to_string()),
+                ("pool".to_string(), "c".to_string())
+            ]
+        );
+        assert_eq!(s.other_label_values(TaskId(2), 1).len(), 1);
+        // Task 1 holds pool a until its limit, 100 s after its start at 1 ms.
+        let asked = s.project_task(TaskId(2), limits).estimate(TaskId(2), now);
+        assert_eq!(asked.unwrap().latest, LatestStart::At(Timestamp(100_001)));
+        let moved = s
+            .project_relabelled(TaskId(2), "pool", "b", limits)
+            .unwrap();
+        assert_eq!(
+            moved.estimate(TaskId(2), now).unwrap().latest,
             LatestStart::At(now)
         );
         // The live state is untouched.

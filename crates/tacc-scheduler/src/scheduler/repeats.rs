@@ -79,7 +79,7 @@ impl Scheduler {
         repeat: &Option<Repeat>,
         actions: &mut Vec<crate::Action>,
     ) -> bool {
-        let Some(repeat) = repeat else {
+        let Some(repeat) = repeat.as_ref().filter(|_| self.walk_memos) else {
             return false;
         };
         if pass.waiting_claimants.contains(&task) || self.walk_state(pass) != repeat.walk {

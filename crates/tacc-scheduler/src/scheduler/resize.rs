@@ -52,13 +52,13 @@ impl Scheduler {
         }
         let placements = placements.clone();
         let old_request = entry.request.clone();
-        let mut new_request = old_request.clone();
+        let mut new_request = crate::TaskRequest::clone(&old_request);
         new_request.per_node = per_node;
         self.cluster.resize(&old, &per_node, &placements);
         // The same arithmetic as a stop and a start, so every account moves as one.
         self.refund(now, user, group, &old_request);
         self.charge(now, user, group, &new_request);
-        self.tasks.get_mut(&task).expect("known task").request = new_request;
+        self.tasks.get_mut(&task).expect("known task").request = std::sync::Arc::new(new_request);
         Ok(())
     }
 

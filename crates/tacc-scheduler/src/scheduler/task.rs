@@ -4,10 +4,12 @@
 //! module that needs it.
 
 use std::cmp::Reverse;
+use std::sync::Arc;
 
 use tacc_core::{NodeId, Priority, Resources, TaskId, Timestamp};
 
 use super::QueueKey;
+use super::unfit_shapes::ShapeClass;
 use crate::{PendingReason, Placement, TaskRequest};
 
 #[derive(Debug, Clone)]
@@ -56,7 +58,9 @@ impl Phase {
 
 #[derive(Debug, Clone)]
 pub(super) struct TaskEntry {
-    pub request: TaskRequest,
+    /// Shared, not owned: a projection copies the whole scheduler, and a request never
+    /// changes but by a resize (which replaces it).
+    pub request: Arc<TaskRequest>,
     /// Index of the user's account.
     pub user: usize,
     /// Index of the group's account.
@@ -69,12 +73,20 @@ pub(super) struct TaskEntry {
     /// Key in `Scheduler::ends` while holding resources.
     pub end_key: u64,
     pub phase: Phase,
+    /// The shape of its request, as numbered when it was last queued.
+    pub shape: ShapeClass,
 }
 
 impl TaskEntry {
     /// The task's place in `Scheduler::queue` (at its current rank).
     pub(super) fn queue_key(&self, id: TaskId) -> QueueKey {
-        (Reverse(self.rank), self.request.submitted_at, id)
+        QueueKey {
+            rank: Reverse(self.rank),
+            submitted_at: self.request.submitted_at,
+            task: id,
+            shape: self.shape,
+            time_limit_secs: self.request.time_limit_secs,
+        }
     }
 
     /// Where the task holds resources; empty while queued.

@@ -142,6 +142,7 @@ async fn submit_new(
                 &PipelineSubmitted {
                     group: group.id,
                     stages: stages_at_creation(stages, tasks, &sweeps),
+                    overrides: stage_overrides(stages, tasks),
                 },
             ),
             Created::Task(_) | Created::Group(..) => {
@@ -149,7 +150,7 @@ async fn submit_new(
             }
         }))
     });
-    let (group, _) = app
+    let (group, stage_records) = app
         .control
         .submit_pipeline(
             &user.name,
@@ -158,20 +159,59 @@ async fn submit_new(
             crate::control::SubmitOptions {
                 source: body.source,
                 wait_for_capacity: body.wait_for_capacity,
+                ..Default::default()
             },
             notify,
             keyed,
         )
         .await?;
     let stages = app.control.stage_views(group.id).await?;
+    let mut tasks = Vec::new();
+    for stage in stage_records.iter().filter(|s| !s.cached) {
+        match stage.source {
+            StageSource::Task(task) => tasks.extend(app.control.store.get_task(task).await?),
+            StageSource::Group(group) => tasks.extend(
+                app.control
+                    .store
+                    .list_tasks(&tacc_store::TaskFilter {
+                        group: Some(group),
+                        limit: Some(1),
+                        ..Default::default()
+                    })
+                    .await?,
+            ),
+        }
+    }
     Ok((
         StatusCode::CREATED,
         Json(PipelineSubmitted {
             group: group.id,
             stages,
+            overrides: stage_overrides(&stage_records, &tasks),
         }),
     )
         .into_response())
+}
+
+/// What the platform changed of what each stage asked for, by stage name, as kept with
+/// the stage's task (an array's or sweep's elements were all submitted alike: any one
+/// says it). A cached stage ran nothing now and has none.
+fn stage_overrides(
+    stages: &[StageRecord],
+    tasks: &[TaskRecord],
+) -> std::collections::BTreeMap<String, Vec<tacc_proto::Override>> {
+    stages
+        .iter()
+        .filter(|stage| !stage.cached)
+        .filter_map(|stage| {
+            let record = tasks.iter().find(|t| match stage.source {
+                StageSource::Task(task) => t.id == task,
+                StageSource::Group(group) => t.group == Some(group),
+            })?;
+            let overrides = crate::control::Submission::of(record).overrides;
+            (!overrides.is_empty()).then(|| (stage.name.clone(), overrides))
+        })
+        .collect()
 }
 
 /// One input file of an attempt this node runs: the `index`th of its assignment's

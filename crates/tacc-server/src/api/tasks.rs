@@ -107,6 +107,36 @@ fn submitted_reply() -> tacc_store::RenderReply {
     })
 }
 
+/// Client-declared translations are the client's word, kept and shown back to the same
+/// user: bounded so that a submission cannot store an unbounded list.
+fn check_translated(translated: &[tacc_proto::Override]) -> Result<(), ServerError> {
+    if translated.len() > tacc_proto::MAX_TRANSLATED {
+        return Err(ServerError::InvalidTask(format!(
+            "the submission declares {} translated options; at most {} are accepted",
+            translated.len(),
+            tacc_proto::MAX_TRANSLATED
+        )));
+    }
+    let too_long = translated.iter().any(|o| {
+        [
+            Some(&o.field),
+            o.asked.as_ref(),
+            Some(&o.applied),
+            Some(&o.why),
+        ]
+        .into_iter()
+        .flatten()
+        .any(|text| text.len() > tacc_proto::MAX_TRANSLATED_BYTES)
+    });
+    if too_long {
+        return Err(ServerError::InvalidTask(format!(
+            "a translated option of the submission is longer than {} bytes",
+            tacc_proto::MAX_TRANSLATED_BYTES
+        )));
+    }
+    Ok(())
+}
+
 async fn submit_new(
     app: &AppState,
     user: &UserCaller,
@@ -114,9 +144,11 @@ async fn submit_new(
     key: Option<&RequestKey>,
 ) -> ApiResult<Response> {
     let keyed = || key.map(|k| k.keyed(submitted_reply()));
+    check_translated(&body.translated)?;
     let options = || crate::control::SubmitOptions {
         source: body.source.clone(),
         wait_for_capacity: body.wait_for_capacity,
+        translated: body.translated.clone(),
     };
     let spec: TaskSpec = serde_json::from_value(body.spec)
         .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;

@@ -1,12 +1,13 @@
 //! Start estimates for users: the scheduler's own projection of the queue
 //! (`tacc_scheduler::Projection`), computed at most once per scheduler epoch, on a copy
 //! of the scheduler and off the control plane's lock, and shared by every task view and
-//! `why` until the scheduler's state changes; the fewer-GPUs what-if; their wire form.
+//! `why` until the scheduler's state changes; the what-ifs (fewer GPUs, other nodes);
+//! their wire form.
 
 use std::sync::Arc;
 
 use tacc_core::{Resources, TaskId, Timestamp};
-use tacc_proto::{LatestStartView, ShapeWhatIf, StartEstimateView, TaskEndView};
+use tacc_proto::{LatestStartView, NodesWhatIf, ShapeWhatIf, StartEstimateView, TaskEndView};
 use tacc_scheduler::{
     LatestStart, LimitKind, PendingReason, Projection, ProjectionLimits, Scheduler, StartEstimate,
 };
@@ -53,33 +54,78 @@ async fn project_apart<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'sta
     }
 }
 
-/// What-if for a queued task asking for 2 or more GPUs per node: the projection of the
-/// same task asking for half of them, from `scheduler` (a copy of the live one). Made on
-/// demand for the one task; it stops when the task starts.
-pub(super) async fn fewer_gpus(
+/// Label values tried per label in the other-nodes what-if.
+const OTHER_VALUES: usize = 3;
+
+/// Whether the queued `task` has what-ifs to project: it asks for 2 or more GPUs per node
+/// (half as many), or selects nodes by a label that other nodes up carry other values of
+/// (another partition, another pool). Asked under the control plane's lock, so cheap.
+pub(super) fn wants_what_ifs(scheduler: &Scheduler, task: TaskId, per_node: Resources) -> bool {
+    per_node.gpus >= 2 || !scheduler.other_label_values(task, 1).is_empty()
+}
+
+/// The what-ifs of a queued task from `scheduler` (a copy of the live one), off the
+/// control plane's lock: made on demand for the one task, each projection stopping when
+/// the task starts.
+pub(super) async fn what_ifs(
     scheduler: Scheduler,
     task: TaskId,
     per_node: Resources,
     asked: StartEstimate,
     now: Timestamp,
-) -> Option<ShapeWhatIf> {
-    let gpus = per_node.gpus / 2;
-    let reshaped = Resources { gpus, ..per_node };
-    let projection = project_apart(move || {
-        scheduler.project_reshaped(task, reshaped, ProjectionLimits::default())
-    })
-    .await?;
-    let estimate = projection.estimate(task, now)?;
-    let sooner = match (estimate.latest_at(), asked.latest_at()) {
-        (Some(half), Some(full)) => half < full,
+) -> (Option<ShapeWhatIf>, Vec<NodesWhatIf>) {
+    project_apart(move || what_ifs_of(&scheduler, task, per_node, &asked, now)).await
+}
+
+/// [`what_ifs`] itself: the same task asking for half its GPUs per node, and selecting
+/// each other value of its labels (a few per label) that nodes up carry.
+fn what_ifs_of(
+    scheduler: &Scheduler,
+    task: TaskId,
+    per_node: Resources,
+    asked: &StartEstimate,
+    now: Timestamp,
+) -> (Option<ShapeWhatIf>, Vec<NodesWhatIf>) {
+    let limits = ProjectionLimits::default();
+    let fewer_gpus = (per_node.gpus >= 2)
+        .then(|| {
+            let gpus = per_node.gpus / 2;
+            let reshaped = Resources { gpus, ..per_node };
+            let estimate = scheduler
+                .project_reshaped(task, reshaped, limits)?
+                .estimate(task, now)?;
+            Some(ShapeWhatIf {
+                gpus_per_node: gpus,
+                latest: latest_view(&estimate.latest),
+                sooner: sooner(&estimate, asked),
+            })
+        })
+        .flatten();
+    let other_nodes = scheduler
+        .other_label_values(task, OTHER_VALUES)
+        .into_iter()
+        .filter_map(|(label, value)| {
+            let estimate = scheduler
+                .project_relabelled(task, &label, &value, limits)?
+                .estimate(task, now)?;
+            Some(NodesWhatIf {
+                latest: latest_view(&estimate.latest),
+                sooner: sooner(&estimate, asked),
+                label,
+                value,
+            })
+        })
+        .collect();
+    (fewer_gpus, other_nodes)
+}
+
+/// Whether `other` starts sooner than `asked` (a known latest start beats an unknown one).
+fn sooner(other: &StartEstimate, asked: &StartEstimate) -> bool {
+    match (other.latest_at(), asked.latest_at()) {
+        (Some(other), Some(asked)) => other < asked,
         (Some(_), None) => true,
         _ => false,
-    };
-    Some(ShapeWhatIf {
-        gpus_per_node: gpus,
-        latest: latest_view(&estimate.latest),
-        sooner,
-    })
+    }
 }
 
 pub(super) fn latest_view(latest: &LatestStart) -> LatestStartView {

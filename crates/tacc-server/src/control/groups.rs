@@ -32,10 +32,12 @@ impl Control {
         let super::SubmitOptions {
             source,
             wait_for_capacity,
+            translated,
         } = options;
-        let (spec, submission) = self
+        let (spec, mut submission) = self
             .prepare(user, spec, &snapshot, wait_for_capacity)
             .await?;
+        submission.overrides.splice(0..0, translated);
         let submission = submission.to_json();
         let Some(array) = spec.array.clone() else {
             return Err(ServerError::InvalidTask(
@@ -229,6 +231,7 @@ impl Control {
         let options = super::SubmitOptions {
             source,
             wait_for_capacity,
+            ..Default::default()
         };
         self.submit_array(user, spec, snapshot, options, Some(group.id), None)
             .await

@@ -702,6 +702,7 @@ async fn a_task_waiting_for_capacity_survives_a_restart_and_starts_on_a_bigger_n
     let waiting = super::SubmitOptions {
         source: None,
         wait_for_capacity: true,
+        ..Default::default()
     };
     let task = env.submit_with(BIG, waiting).await.unwrap();
     assert_eq!(env.state(task).await, Queued);

@@ -688,10 +688,12 @@ impl Control {
         let SubmitOptions {
             source,
             wait_for_capacity,
+            translated,
         } = options;
-        let (spec, submission) = self
+        let (spec, mut submission) = self
             .prepare(user, spec, &snapshot, wait_for_capacity)
             .await?;
+        submission.overrides.splice(0..0, translated);
         let spec_json =
             serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
         let committing = Instant::now();
@@ -874,7 +876,11 @@ impl Control {
                         record.user.as_str(),
                     ));
                     if let Some(spec) = inner.specs.get(&task)
-                        && spec.resources.per_node().gpus >= 2
+                        && estimates::wants_what_ifs(
+                            &inner.scheduler,
+                            task,
+                            spec.resources.per_node(),
+                        )
                     {
                         let copy = inner.scheduler.clone();
                         what_if = Some((copy, spec.resources.per_node(), estimate));
@@ -927,11 +933,11 @@ impl Control {
         }
         let policy = inner.scheduler.policy_name().to_string();
         drop(inner);
-        let fewer_gpus = match what_if {
+        let (fewer_gpus, other_nodes) = match what_if {
             Some((copy, per_node, asked)) => {
-                estimates::fewer_gpus(copy, task, per_node, asked, now).await
+                estimates::what_ifs(copy, task, per_node, asked, now).await
             }
-            None => None,
+            None => (None, Vec::new()),
         };
         Ok(tacc_proto::TaskExplanation {
             task_id: task,
@@ -941,6 +947,7 @@ impl Control {
             estimated_start,
             start_estimate,
             fewer_gpus,
+            other_nodes,
             policy,
             details,
             adaptive: self.adaptive_view(task).await.ok(),

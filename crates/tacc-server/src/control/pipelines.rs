@@ -62,9 +62,11 @@ impl Control {
         notify: Option<NotifySpec>,
         keyed: Option<tacc_store::Keyed>,
     ) -> Result<(GroupRecord, Vec<StageRecord>), ServerError> {
+        // A pipeline file is never a translated legacy one.
         let super::SubmitOptions {
             source,
             wait_for_capacity,
+            translated: _,
         } = options;
         if let Some(notify) = &notify {
             self.check_secrets(user, std::iter::once(&notify.secret))

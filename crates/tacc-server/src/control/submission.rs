@@ -7,8 +7,8 @@
 //!   at fault. `--wait-for-capacity` accepts a request that no node holds yet, on purpose;
 //!   it then waits aside until one registers.
 //! - **overrides**: what the platform changes of what the task asked for (a priority above
-//!   the user's maximum, a default time limit), each said at submit and shown by
-//!   `tcloud show` beside the spec as asked.
+//!   the user's maximum, a default time limit, and what the client translated of a legacy
+//!   task file), each said at submit and shown by `tcloud show` beside the spec as asked.
 
 use serde::{Deserialize, Serialize};
 use tacc_compiler::Instruction;
@@ -27,6 +27,9 @@ pub struct SubmitOptions {
     pub source: Option<String>,
     /// Accept a request no node can hold today, for a cluster that will grow.
     pub wait_for_capacity: bool,
+    /// What the client changed translating the task file (legacy options), kept first
+    /// among the overrides.
+    pub translated: Vec<Override>,
 }
 
 /// How a task was submitted beyond its spec.

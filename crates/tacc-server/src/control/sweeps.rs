@@ -110,10 +110,12 @@ impl Control {
         let super::SubmitOptions {
             source,
             wait_for_capacity,
+            translated,
         } = options;
-        let (spec, submission) = self
+        let (spec, mut submission) = self
             .prepare(user, spec, &snapshot, wait_for_capacity)
             .await?;
+        submission.overrides.splice(0..0, translated);
         let submission = submission.to_json();
         let Some(sweep) = spec.sweep.clone() else {
             return Err(ServerError::InvalidTask(

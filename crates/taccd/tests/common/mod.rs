@@ -460,6 +460,7 @@ pub async fn submit(
     let snapshot = upload(client, &loaded.code_root).await;
     let reply = client
         .submit(&SubmitTask {
+            translated: Vec::new(),
             spec: serde_json::to_value(&loaded.spec).unwrap(),
             snapshot,
             source: Some(dir.display().to_string()),

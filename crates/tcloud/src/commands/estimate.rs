@@ -1,101 +1,93 @@
 //! `tcloud why`'s start estimate: the range the scheduler's projection gives, what it
-//! rests on, and the fewer-GPUs what-if.
+//! rests on, and the what-ifs (fewer GPUs, other nodes), laid out for a terminal. The
+//! words are `tacc_proto::estimate_text`'s, shared with the dashboard; this file only
+//! says instants as a terminal does and lays the lines out.
 
 use tacc_core::Timestamp;
-use tacc_proto::{LatestStartView, ShapeWhatIf, StartEstimateView};
+use tacc_proto::TaskExplanation;
+use tacc_proto::estimate_text::{Instants, estimate_text};
 
 use super::usage::utc;
 use crate::format::short_duration;
 use crate::sanitize::field;
 
-/// "now" for a time reached or less than a second away (the server's clock and this
-/// machine's may differ a little), else "in 5m (2026-11-27T12:40:00Z)".
-fn when(at: Timestamp, now: Timestamp) -> String {
-    if at.millis_since(now) < 1_000 {
-        "now".into()
-    } else {
-        format!("in {} ({})", short_duration(at.millis_since(now)), utc(at))
+/// Instants as `tcloud` prints them: "in 5m (2026-11-27T12:40:00Z)".
+struct Terminal(Timestamp);
+
+impl Instants for Terminal {
+    fn now(&self) -> Timestamp {
+        self.0
+    }
+    fn ahead(&self, at: Timestamp) -> String {
+        format!(
+            "in {} ({})",
+            short_duration(at.millis_since(self.0)),
+            utc(at)
+        )
+    }
+    fn clock(&self, at: Timestamp) -> String {
+        utc(at)
     }
 }
 
-fn latest_text(latest: &LatestStartView, now: Timestamp) -> String {
-    match latest {
-        LatestStartView::At { at } => when(*at, now),
-        LatestStartView::Unknown { .. } => "unknown".into(),
-        LatestStartView::BeyondHorizon { after } => format!("later than {}", when(*after, now)),
+/// The estimate of `why` as lines: the range first, then what it rests on, then the
+/// what-ifs; none when it has no estimate. Every line passes the terminal sanitiser: the
+/// basis and label values come from the server.
+pub(super) fn lines(why: &TaskExplanation, now: Timestamp) -> Vec<String> {
+    let Some(text) = estimate_text(why, &Terminal(now)) else {
+        return Vec::new();
+    };
+    let mut lines = vec![format!("estimated start: {}", text.range)];
+    if !text.rests_on.is_empty() {
+        lines.push(format!("  rests on: {}", text.rests_on.join("; ")));
     }
-}
-
-/// The estimate as lines: the range first, then what it rests on, then the what-if.
-pub(super) fn lines(
-    estimate: &StartEstimateView,
-    fewer_gpus: Option<&ShapeWhatIf>,
-    now: Timestamp,
-) -> Vec<String> {
-    let earliest = when(estimate.earliest, now);
-    let latest = latest_text(&estimate.latest, now);
-    let mut lines = vec![if earliest == latest {
-        format!("estimated start: {latest}")
-    } else {
-        format!("estimated start: no earlier than {earliest}, no later than {latest}")
-    }];
-    let mut basis: Vec<String> = estimate
-        .after
-        .iter()
-        .map(|end| {
-            format!(
-                "starts when task {} ends (time limit {})",
-                end.task,
-                utc(end.at)
-            )
-        })
-        .collect();
-    basis.extend(estimate.basis.iter().map(|b| field(b)));
-    if !basis.is_empty() {
-        lines.push(format!("  rests on: {}", basis.join("; ")));
-    }
-    if let Some(what_if) = fewer_gpus {
-        lines.push(format!(
-            "  with {} GPU(s) per node: {}{}",
-            what_if.gpus_per_node,
-            latest_text(&what_if.latest, now),
-            if what_if.sooner {
-                " (sooner)"
-            } else {
-                " (no sooner)"
-            }
-        ));
-    }
-    lines
+    lines.extend(text.what_ifs.iter().map(|w| format!("  {w}")));
+    lines.into_iter().map(|line| field(&line)).collect()
 }
 
 #[cfg(test)]
 mod tests {
-    use tacc_core::TaskId;
-    use tacc_proto::TaskEndView;
+    use tacc_core::{TaskId, TaskState};
+    use tacc_proto::{LatestStartView, NodesWhatIf, ShapeWhatIf, StartEstimateView, TaskEndView};
 
     use super::*;
 
     #[test]
-    fn a_range_says_what_it_rests_on_and_the_what_if() {
+    fn a_range_says_what_it_rests_on_and_the_what_ifs() {
         let now = Timestamp::from_secs(1_700_000_000);
         let end = Timestamp::from_secs(1_700_000_600);
         // The server's "now" may be a moment ahead of this machine's clock.
-        let estimate = StartEstimateView {
-            earliest: Timestamp(now.0 + 300),
-            latest: LatestStartView::At { at: end },
-            after: vec![TaskEndView {
-                task: TaskId(41),
-                at: end,
+        let why = TaskExplanation {
+            task_id: TaskId(42),
+            state: TaskState::Queued,
+            reason: None,
+            queue_position: Some(0),
+            estimated_start: Some(end),
+            start_estimate: Some(StartEstimateView {
+                earliest: Timestamp(now.0 + 300),
+                latest: LatestStartView::At { at: end },
+                after: vec![TaskEndView {
+                    task: TaskId(41),
+                    at: end,
+                }],
+                basis: vec!["bob may run 1 task at a time".into()],
+            }),
+            fewer_gpus: Some(ShapeWhatIf {
+                gpus_per_node: 2,
+                latest: LatestStartView::At { at: now },
+                sooner: true,
+            }),
+            other_nodes: vec![NodesWhatIf {
+                label: "pool".into(),
+                value: "b\u{1b}[2J".into(),
+                latest: LatestStartView::At { at: now },
+                sooner: true,
             }],
-            basis: vec!["bob may run 1 task at a time".into()],
+            policy: "fairshare".into(),
+            details: vec![],
+            adaptive: None,
         };
-        let what_if = ShapeWhatIf {
-            gpus_per_node: 2,
-            latest: LatestStartView::At { at: now },
-            sooner: true,
-        };
-        let lines = lines(&estimate, Some(&what_if), now);
+        let lines = lines(&why, now);
         assert_eq!(
             lines,
             vec![
@@ -104,7 +96,9 @@ mod tests {
                 "  rests on: starts when task 41 ends (time limit 2023-11-14T22:23:20Z); bob may run 1 task at a time"
                     .to_string(),
                 "  with 2 GPU(s) per node: now (sooner)".to_string(),
+                format!("  on nodes labelled pool={}: now (sooner)", field("b\u{1b}[2J")),
             ]
         );
+        assert!(!lines[3].contains('\u{1b}'), "{lines:?}");
     }
 }

@@ -112,10 +112,21 @@ pub async fn submit_pipeline(
             wait_for_capacity,
         })
         .await?;
+    // What the platform changed of a stage, said as a single submit says it.
+    for (stage, overrides) in &reply.overrides {
+        for applied in overrides {
+            eprintln!(
+                "warning: stage `{}`: {}",
+                field(stage),
+                crate::sanitize::text(&applied.to_string())
+            );
+        }
+    }
     if as_json {
         out_json(&json!({
             "group": reply.group,
             "stages": reply.stages,
+            "overrides": reply.overrides,
             "uploaded_bytes": uploaded,
         }))?;
     } else {

@@ -140,6 +140,20 @@ pub struct SubmitOptions {
 }
 
 /// What the platform changed of what the task asked for, each a warning on stderr.
+/// The legacy options the task file's translation did not honour as written, as the
+/// overrides the task keeps (`tcloud show`: asked and applied).
+fn translated(task: &LoadedTask) -> Vec<tacc_proto::Override> {
+    task.legacy_changes
+        .iter()
+        .map(|change| tacc_proto::Override {
+            field: change.key.clone(),
+            asked: Some(change.asked.clone()),
+            applied: change.applied.clone(),
+            why: change.why.clone(),
+        })
+        .collect()
+}
+
 fn print_overrides(overrides: &[tacc_proto::Override]) {
     for applied in overrides {
         eprintln!("warning: {}", sanitize::text(&applied.to_string()));
@@ -190,8 +204,10 @@ pub async fn submit(ctx: &Ctx, path: &Path, options: SubmitOptions) -> Result<()
         })?;
     let report = upload_snapshot(&client, tree, !as_json).await?;
     let spec = serde_json::to_value(&task.spec).context("cannot encode the task spec")?;
+    let translated = translated(&task);
     let reply = client
         .submit(&SubmitTask {
+            translated: translated.clone(),
             spec,
             snapshot: report.snapshot.clone(),
             source: Some(task.source.display().to_string()),
@@ -201,7 +217,14 @@ pub async fn submit(ctx: &Ctx, path: &Path, options: SubmitOptions) -> Result<()
         .map_err(|error| locate(&task, error))?;
     let id = reply.task_id;
     if !as_json {
-        print_overrides(&reply.overrides);
+        // What this client translated was warned of already, with its line and caret.
+        let server_said: Vec<_> = reply
+            .overrides
+            .iter()
+            .filter(|o| !translated.contains(o))
+            .cloned()
+            .collect();
+        print_overrides(&server_said);
     }
     if let Some(group) = &reply.group {
         if as_json {

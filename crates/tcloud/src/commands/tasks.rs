@@ -149,12 +149,8 @@ pub async fn why(ctx: &Ctx, id: TaskId, as_json: bool) -> Result<()> {
             position
         ));
     }
-    if let Some(estimate) = &explanation.start_estimate {
-        lines.extend(super::estimate::lines(
-            estimate,
-            explanation.fewer_gpus.as_ref(),
-            now,
-        ));
+    if explanation.start_estimate.is_some() {
+        lines.extend(super::estimate::lines(&explanation, now));
     } else if explanation.state == TaskState::Queued {
         lines.push(match explanation.estimated_start {
             Some(_) => format!(

@@ -464,13 +464,14 @@ pub(crate) async fn task(
             cancel_requested => view.cancel_requested,
             source => view.source,
         },
-        explanation => explanation.map(|e| minijinja::context! {
-            position => e.queue_position,
-            policy => e.policy,
-            details => e.details,
-            estimate => e.start_estimate.as_ref().map(|estimate| {
-                super::estimate::lines(estimate, e.fewer_gpus.as_ref(), now)
-            }),
+        explanation => explanation.map(|e| {
+            let estimate = super::estimate::lines(&e, now);
+            minijinja::context! {
+                position => e.queue_position,
+                policy => e.policy,
+                details => e.details,
+                estimate => estimate,
+            }
         }),
         events => v(events),
         attempts => v(attempts),
