@@ -91,6 +91,13 @@ impl Client {
             .await
     }
 
+    /// When a task with `spec` would start on this cluster if submitted now.
+    pub async fn estimate(&self, spec: &serde_json::Value) -> Result<tacc_proto::SubmitEstimate> {
+        let query = tacc_proto::EstimateQuery { spec: spec.clone() };
+        self.json(self.request(Method::POST, "/v1/estimate").json(&query))
+            .await
+    }
+
     pub async fn explain(&self, id: TaskId) -> Result<TaskExplanation> {
         self.json(self.request(Method::GET, &format!("/v1/tasks/{id}/why")))
             .await

@@ -83,6 +83,31 @@ pub struct SnapshotCommitted {
 
 // ---------------------------------------------------------------- tasks
 
+/// `POST /v1/estimate`: when a task with `spec` would start on this cluster if it were
+/// submitted now; nothing is stored (`tcloud why` asks the other clusters of the user's
+/// profiles).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EstimateQuery {
+    /// The normalised task spec, as a submission carries it.
+    pub spec: serde_json::Value,
+}
+
+/// The answer to an [`EstimateQuery`].
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmitEstimate {
+    /// Why this cluster would refuse it (no node can ever hold it, a hard limit), if it
+    /// would.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// It would start at once.
+    pub starts_now: bool,
+    /// Otherwise, the scheduler's projection of its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<StartEstimateView>,
+}
+
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SubmitTask {

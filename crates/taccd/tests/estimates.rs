@@ -302,3 +302,80 @@ fn tacc_server_now() -> Timestamp {
         .as_millis() as u64;
     Timestamp(millis)
 }
+
+/// `tcloud why` asks the user's other clusters (profiles with a token) when the same task
+/// would start there if submitted now: one that is free says now, one where it can never
+/// fit says it would refuse it and why, and one that does not answer is said so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn why_asks_the_other_clusters_of_your_profiles() {
+    let dir = tempfile::tempdir().unwrap();
+    let busy = start("dev", &dir.path().join("busy"), &["--cpus", "1"]).await;
+    let idle = start("dev", &dir.path().join("idle"), &["--cpus", "2"]).await;
+    let small = start("dev", &dir.path().join("small"), &["--cpus", "0.5"]).await;
+    let admin = busy.client();
+    wait_nodes(&admin, 1).await;
+    wait_nodes(&idle.client(), 1).await;
+    wait_nodes(&small.client(), 1).await;
+    let root = dir.path();
+    let yaml = |name: &str| {
+        format!("name: {name}\nresources: {{cpus: 1, time_limit: 60s}}\nrun: sleep 100\n")
+    };
+    let holder = submit(&admin, root, "holder", &yaml("holder"), &[]).await;
+    wait_state(&admin, holder, &[TaskState::Running]).await;
+    let waiting = submit(&admin, root, "waiting", &yaml("waiting"), &[]).await;
+    queued_with_reason(&admin, waiting).await;
+
+    let home = dir.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone_url = format!("http://{}", gone.local_addr().unwrap());
+    drop(gone);
+    let profile = |name: &str, url: &str, token: &str| {
+        format!("[clusters.{name}]\nurl = \"{url}\"\ntoken = \"{token}\"\n")
+    };
+    let config = format!(
+        "current = \"busy\"\n{}{}{}{}",
+        profile("busy", &busy.url, &busy.token),
+        profile("idle", &idle.url, &idle.token),
+        profile("small", &small.url, &small.token),
+        profile("gone", &gone_url, "tacc_not_a_real_token"),
+    );
+    let path = home.join("config.toml");
+    std::fs::write(&path, config).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let text = tcloud(&busy, &home, &["why", &waiting.to_string()]);
+    assert!(
+        text.contains("if submitted now to your other clusters:"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "- on cluster idle ({}): would start now",
+            idle.url
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("- on cluster small ({}): refused (", small.url))
+            && text.contains("can never fit"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("- on cluster gone ({gone_url}): could not tell")),
+        "{text}"
+    );
+    assert!(!text.contains("on cluster busy"), "{text}");
+    // Nothing was stored on the clusters asked.
+    assert!(
+        idle.client()
+            .list_tasks(&Default::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for task in [waiting, holder] {
+        admin.cancel(task).await.unwrap();
+    }
+}

@@ -22,6 +22,7 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("GET", "/v1/whoami", "user"),
         ("GET", "/metrics", "metrics"),
         ("POST", "/v1/tasks", "user"),
+        ("POST", "/v1/estimate", "user"),
         ("GET", "/v1/tasks", "user"),
         ("GET", "/v1/tasks/{id}", "task"),
         ("GET", "/v1/tasks/{id}/events", "task"),

@@ -137,6 +137,7 @@ fn declare() -> Vec<Declared> {
         rule(M::GET, "/v1/whoami", User, get(cluster::whoami)),
         rule(M::GET, "/metrics", Metrics, get(metrics::scrape)),
         rule(M::POST, "/v1/tasks", User, post(tasks::submit)),
+        rule(M::POST, "/v1/estimate", User, post(tasks::estimate)),
         rule(M::GET, "/v1/tasks", User, get(tasks::list_tasks)),
         rule(M::GET, "/v1/tasks/{id}", Task, get(tasks::get_task)),
         rule(

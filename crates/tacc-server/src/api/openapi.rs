@@ -195,6 +195,13 @@ fn described() -> Vec<Operation> {
         .answers(201, Json(one::<SubmitReply>))
         .keyed(),
         op(
+            M::POST,
+            "/v1/estimate",
+            "When a task with this spec would start here if submitted now (nothing is stored).",
+        )
+        .takes(Json(one::<tacc_proto::EstimateQuery>))
+        .answers(200, Json(one::<tacc_proto::SubmitEstimate>)),
+        op(
             M::GET,
             "/v1/tasks",
             "List the tasks the caller may see, newest first.",

@@ -373,6 +373,20 @@ pub(super) async fn cancel_task(
     Ok(Json(reply).into_response())
 }
 
+/// `POST /v1/estimate`: when a task like this would start here (nothing is stored).
+pub(super) async fn estimate(
+    State(app): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    Json(body): Json<tacc_proto::EstimateQuery>,
+) -> ApiResult<Json<tacc_proto::SubmitEstimate>> {
+    let user = user_of(&caller)?;
+    let spec: TaskSpec = serde_json::from_value(body.spec)
+        .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;
+    Ok(Json(
+        app.control.estimate_submission(&user.name, spec).await?,
+    ))
+}
+
 pub(super) async fn explain_task(
     State(app): State<AppState>,
     Path(id): Path<u64>,

@@ -44,6 +44,83 @@ impl Control {
     }
 }
 
+impl Control {
+    /// When a task `user` submits with `spec` would start if submitted now: refused (with
+    /// the reason a submit would give), at once, or the projection's answer — worked out on
+    /// a copy of the scheduler, off the control plane's lock; nothing is stored.
+    pub async fn estimate_submission(
+        &self,
+        user: &str,
+        spec: tacc_schema::TaskSpec,
+    ) -> Result<tacc_proto::SubmitEstimate, crate::ServerError> {
+        spec.validate()
+            .map_err(|e| crate::ServerError::InvalidTask(e.to_string()))?;
+        let identity_group = self.auth.group_of(user).await?;
+        let now = self.clock.now();
+        let (copy, request) = {
+            let mut inner = self.inner.lock().await;
+            inner
+                .identity_groups
+                .insert(user.to_string(), identity_group);
+            let group = inner.group_for(&self.config, user);
+            let request = super::request_for(&spec, user, now, group);
+            if let Some(refusal) = inner.scheduler.refusal(&request) {
+                return Ok(tacc_proto::SubmitEstimate {
+                    refused: Some(refusal.reason.to_string()),
+                    starts_now: false,
+                    estimate: None,
+                });
+            }
+            (inner.scheduler.clone(), request)
+        };
+        project_apart(move || hypothetical_start(copy, request, now)).await
+    }
+}
+
+/// The id the hypothetical task of [`Control::estimate_submission`] gets in the copy (no
+/// real task ever has it: ids count up from 1).
+const HYPOTHETICAL: TaskId = TaskId(u64::MAX);
+
+/// Submit `request` to `scheduler` (a copy) and project its start.
+fn hypothetical_start(
+    mut scheduler: Scheduler,
+    request: tacc_scheduler::TaskRequest,
+    now: Timestamp,
+) -> Result<tacc_proto::SubmitEstimate, crate::ServerError> {
+    let plan = scheduler
+        .handle(
+            now,
+            tacc_scheduler::Event::TaskSubmitted {
+                task: HYPOTHETICAL,
+                request,
+            },
+        )
+        .map_err(|e| crate::ServerError::Internal(format!("estimating a submission: {e}")))?;
+    let starts_now = plan.actions.iter().any(|action| {
+        matches!(action, tacc_scheduler::Action::Start { task, .. } if *task == HYPOTHETICAL)
+    });
+    if starts_now {
+        return Ok(tacc_proto::SubmitEstimate {
+            refused: None,
+            starts_now: true,
+            estimate: None,
+        });
+    }
+    let projection = scheduler.project(ProjectionLimits::default());
+    let reason = match scheduler.explain_with(HYPOTHETICAL, Some(&projection)) {
+        tacc_scheduler::Explanation::Queued { reason, .. } => reason,
+        _ => None,
+    };
+    let estimate = projection
+        .estimate(HYPOTHETICAL, now)
+        .map(|estimate| view(&estimate, reason.as_ref(), "you"));
+    Ok(tacc_proto::SubmitEstimate {
+        refused: None,
+        starts_now: false,
+        estimate,
+    })
+}
+
 /// Run a projection on a blocking thread: it may take a while on a large cluster.
 async fn project_apart<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
     match tokio::task::spawn_blocking(work).await {

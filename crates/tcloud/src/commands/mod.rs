@@ -84,7 +84,7 @@ impl std::fmt::Debug for Target {
     }
 }
 
-fn same_url(a: &str, b: &str) -> bool {
+pub(crate) fn same_url(a: &str, b: &str) -> bool {
     a.trim_end_matches('/') == b.trim_end_matches('/')
 }
 

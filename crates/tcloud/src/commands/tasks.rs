@@ -169,8 +169,71 @@ pub async fn why(ctx: &Ctx, id: TaskId, as_json: bool) -> Result<()> {
             lines.extend(super::adaptive::verdict_lines(adaptive));
         }
     }
+    if explanation.state == TaskState::Queued {
+        let spec = client.get_task(id).await?.spec;
+        lines.extend(other_clusters(ctx, &spec, now).await);
+    }
     out(lines.join("\n"))?;
     Ok(())
+}
+
+/// How long `tcloud why` waits for another cluster's answer.
+const OTHER_CLUSTER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// The what-if on the user's other cluster profiles (each with a token): when the same
+/// task would start there if submitted now. A cluster that does not answer in a few
+/// seconds, or refuses the question, is said so in a word.
+async fn other_clusters(ctx: &Ctx, spec: &serde_json::Value, now: Timestamp) -> Vec<String> {
+    let Ok(config) = crate::config::Config::load() else {
+        return Vec::new();
+    };
+    let Ok(current) = ctx.target() else {
+        return Vec::new();
+    };
+    let mut lines = Vec::new();
+    for (name, cluster) in &config.file.clusters {
+        let Some(token) = cluster.token() else {
+            continue;
+        };
+        if super::same_url(&cluster.url, &current.url) {
+            continue;
+        }
+        let Ok(client) = super::pinned_client(&cluster.url, cluster.fingerprint.as_deref()) else {
+            continue;
+        };
+        let client = client.with_token(token.to_string());
+        let said = match tokio::time::timeout(OTHER_CLUSTER_WAIT, client.estimate(spec)).await {
+            Ok(Ok(answer)) => what_if_text(&answer, now),
+            Ok(Err(e)) => format!("could not tell ({})", field(&e.to_string())),
+            Err(_) => "did not answer in 3s".to_string(),
+        };
+        lines.push(format!(
+            "- on cluster {} ({}): {said}",
+            field(name),
+            field(&cluster.url)
+        ));
+    }
+    if !lines.is_empty() {
+        lines.insert(0, "if submitted now to your other clusters:".to_string());
+    }
+    lines
+}
+
+/// What another cluster says of the task, in a few words.
+fn what_if_text(answer: &tacc_proto::SubmitEstimate, now: Timestamp) -> String {
+    if let Some(refused) = &answer.refused {
+        return format!("refused ({})", field(refused));
+    }
+    if answer.starts_now {
+        return "would start now".to_string();
+    }
+    match answer.estimate.as_ref().map(|e| &e.latest) {
+        Some(tacc_proto::LatestStartView::At { at }) => format!(
+            "would start {} at the latest",
+            estimated_start_text(Some(*at), now)
+        ),
+        _ => "would wait, with no estimate".to_string(),
+    }
 }
 
 /// Milliseconds the task has run (so far), if it started.
