@@ -28,6 +28,9 @@ pub struct EstimateText {
     pub rests_on: Vec<String>,
     /// What-ifs: "with 2 GPU(s) per node: now (sooner)".
     pub what_ifs: Vec<String>,
+    /// "likely in 20m (…): task 41 usually runs 20m (median of …)", where the history
+    /// of the tasks ahead gives one.
+    pub likely: Option<String>,
 }
 
 /// "now" for an instant reached or less than a second away (the estimate's "now" was
@@ -110,10 +113,18 @@ pub fn estimate_text(why: &TaskExplanation, instants: &dyn Instants) -> Option<E
             .iter()
             .map(|what_if| other_nodes_text(what_if, instants)),
     );
+    let likely = estimate.likely.as_ref().map(|likely| {
+        format!(
+            "likely {}: {}",
+            when(likely.at, instants),
+            likely.because.join("; ")
+        )
+    });
     Some(EstimateText {
         range,
         rests_on,
         what_ifs,
+        likely,
     })
 }
 
@@ -153,6 +164,7 @@ mod tests {
                     at: latest,
                 }],
                 basis: vec!["bob may run 1 task at a time".into()],
+                likely: None,
             }),
             fewer_gpus: Some(ShapeWhatIf {
                 gpus_per_node: 2,
@@ -214,5 +226,21 @@ mod tests {
         let text =
             estimate_text(&why(Timestamp::from_secs(100)), &Plain(Timestamp(99_500))).unwrap();
         assert_eq!(text.range, "now");
+    }
+
+    #[test]
+    fn a_likelier_start_says_the_history_it_rests_on() {
+        let mut why = why(Timestamp::from_secs(700));
+        if let Some(estimate) = why.start_estimate.as_mut() {
+            estimate.likely = Some(crate::LikelyStartView {
+                at: Timestamp::from_secs(160),
+                because: vec!["task 41 usually runs 1m (median of bob's last 5 runs of x)".into()],
+            });
+        }
+        let text = estimate_text(&why, &Plain(Timestamp::from_secs(100))).unwrap();
+        assert_eq!(
+            text.likely.as_deref(),
+            Some("likely in 60s: task 41 usually runs 1m (median of bob's last 5 runs of x)")
+        );
     }
 }

@@ -272,6 +272,21 @@ pub struct StartEstimateView {
     /// What the estimate rests on, for people (`task 41 ends at its time limit …`,
     /// `bob may run 1 task at a time`).
     pub basis: Vec<String>,
+    /// When it likely starts if the tasks ahead end after their users' usual run times
+    /// (where their history gives one) rather than at their limits; absent when no task
+    /// ahead has such a history, or it changes nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub likely: Option<LikelyStartView>,
+}
+
+/// A likelier start than the latest: see [`StartEstimateView::likely`].
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LikelyStartView {
+    pub at: Timestamp,
+    /// The usual run times it rests on (`task 41 usually runs 20m (median of alice's
+    /// last 8 runs of train)`).
+    pub because: Vec<String>,
 }
 
 /// The latest start of a [`StartEstimateView`].

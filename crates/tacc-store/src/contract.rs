@@ -176,6 +176,7 @@ macro_rules! store_contract_tests {
             fairshare_ledgers_kept_and_replaced,
             nodes_last_seen_kept_across_registrations,
             dashboard_sessions_kept_found_forgotten_and_pruned,
+            recent_run_times_of_a_user_s_succeeded_tasks_by_name,
         );
     };
     (@each plain $fresh:path; $($check:ident),+ $(,)?) => {

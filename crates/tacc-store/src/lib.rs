@@ -425,6 +425,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn load_fairshare(&self) -> Result<Vec<FairShareLedger>>;
     /// When these nodes were last heard from (a removed node is skipped).
     async fn save_nodes_seen(&self, seen: &[(NodeId, Timestamp)]) -> Result<()>;
+    /// How long `user`'s latest succeeded tasks named `name` ran (milliseconds, newest
+    /// first, at most `limit`).
+    async fn recent_run_times(&self, user: &str, name: &str, limit: u32) -> Result<Vec<u64>>;
     /// Keep a dashboard session (replacing one with its key).
     async fn put_dashboard_session(&self, session: DashboardSession) -> Result<()>;
     async fn dashboard_session(&self, key: &str) -> Result<Option<DashboardSession>>;

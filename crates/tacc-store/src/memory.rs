@@ -1101,6 +1101,18 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn recent_run_times(&self, user: &str, name: &str, limit: u32) -> Result<Vec<u64>> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .tasks
+            .values()
+            .rev()
+            .filter(|t| t.user == user && t.name == name && t.state == TaskState::Succeeded)
+            .filter_map(|t| Some(t.finished_at?.millis_since(t.started_at?)))
+            .take(limit as usize)
+            .collect())
+    }
+
     async fn put_dashboard_session(&self, session: crate::DashboardSession) -> Result<()> {
         let mut inner = self.inner.lock().unwrap();
         inner

@@ -505,6 +505,10 @@ impl Store for PostgresStore {
         Ok(())
     }
 
+    async fn recent_run_times(&self, user: &str, name: &str, limit: u32) -> Result<Vec<u64>> {
+        crate::sql::restart_facts::recent_run_times(&self.reader, user, name, limit).await
+    }
+
     async fn put_dashboard_session(&self, session: crate::DashboardSession) -> Result<()> {
         crate::sql::restart_facts::put_dashboard_session(&self.writer, session).await
     }

@@ -152,6 +152,34 @@ impl Scheduler {
         copy
     }
 
+    /// What-if: the projection with the running tasks of `likely_ends` ending then instead
+    /// of at their time limits (where that is earlier; never before the state's present):
+    /// a likelier start where the history gives run times.
+    pub fn project_likely(
+        &self,
+        likely_ends: &BTreeMap<TaskId, Timestamp>,
+        limits: ProjectionLimits,
+    ) -> Projection {
+        let mut copy = self.quiet_copy();
+        let present = copy.now.as_millis();
+        for (task, at) in likely_ends {
+            let Some(entry) = copy.tasks.get_mut(task) else {
+                continue;
+            };
+            if !matches!(entry.phase, Phase::Running { .. }) {
+                continue;
+            }
+            let key = at.as_millis().max(present).min(entry.end_key);
+            if key == entry.end_key {
+                continue;
+            }
+            copy.ends.remove(&(entry.end_key, *task));
+            copy.ends.insert((key, *task));
+            entry.end_key = key;
+        }
+        project(copy, None, limits, self.epoch)
+    }
+
     /// Project one queued task's start, stopping as soon as it starts.
     pub fn project_task(&self, task: TaskId, limits: ProjectionLimits) -> Projection {
         project(self.quiet_copy(), Some(task), limits, self.epoch)

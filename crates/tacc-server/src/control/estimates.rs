@@ -77,6 +77,100 @@ impl Control {
     }
 }
 
+/// Earlier runs of a user's task name needed before their median counts as its usual run
+/// time, and the most looked at.
+const RUNS_FOR_A_USUAL_TIME: (usize, u32) = (3, 20);
+
+impl Control {
+    /// When the queued `task` likely starts if the running tasks end after their users'
+    /// usual run times for their names (the median of the last runs that succeeded, where
+    /// there are enough) instead of at their limits: `None` when no running task has such
+    /// a history, or it starts it no sooner than `latest`.
+    pub(super) async fn likely_start(
+        &self,
+        scheduler: Scheduler,
+        task: TaskId,
+        latest: &LatestStartView,
+        now: Timestamp,
+    ) -> Result<Option<tacc_proto::LikelyStartView>, crate::ServerError> {
+        let running = self
+            .store
+            .list_tasks(&tacc_store::TaskFilter {
+                states: vec![tacc_core::TaskState::Running],
+                ..Default::default()
+            })
+            .await?;
+        let mut usual: std::collections::BTreeMap<(String, String), Option<(u64, usize)>> =
+            Default::default();
+        let mut ends = std::collections::BTreeMap::new();
+        let mut said = std::collections::BTreeMap::new();
+        for record in running {
+            let Some(started) = record.started_at else {
+                continue;
+            };
+            let key = (record.user.clone(), record.name.clone());
+            if !usual.contains_key(&key) {
+                let (least, most) = RUNS_FOR_A_USUAL_TIME;
+                let mut runs = self
+                    .store
+                    .recent_run_times(&record.user, &record.name, most)
+                    .await?;
+                runs.sort_unstable();
+                let median = (runs.len() >= least).then(|| (runs[runs.len() / 2], runs.len()));
+                usual.insert(key.clone(), median);
+            }
+            let Some((median, count)) = usual[&key] else {
+                continue;
+            };
+            ends.insert(
+                record.id,
+                Timestamp(started.as_millis().saturating_add(median)),
+            );
+            said.insert(
+                record.id,
+                format!(
+                    "task {} usually runs {} (median of {}'s last {count} runs of {})",
+                    record.id,
+                    crate::usage::human_duration(std::time::Duration::from_millis(median)),
+                    record.user,
+                    record.name
+                ),
+            );
+        }
+        if ends.is_empty() {
+            return Ok(None);
+        }
+        let estimate = project_apart(move || {
+            scheduler
+                .project_likely(&ends, ProjectionLimits::default())
+                .estimate(task, now)
+        })
+        .await;
+        let Some(estimate) = estimate else {
+            return Ok(None);
+        };
+        let LatestStart::At(at) = estimate.latest else {
+            return Ok(None);
+        };
+        let sooner = match latest {
+            LatestStartView::At { at: latest } => at < *latest,
+            _ => true,
+        };
+        if !sooner {
+            return Ok(None);
+        }
+        let mut because: Vec<String> = estimate
+            .after
+            .iter()
+            .filter_map(|end| said.get(&end.task).cloned())
+            .collect();
+        if because.is_empty() {
+            because = said.into_values().take(3).collect();
+        }
+        Ok(Some(tacc_proto::LikelyStartView { at, because }))
+    }
+}
+
 /// The id the hypothetical task of [`Control::estimate_submission`] gets in the copy (no
 /// real task ever has it: ids count up from 1).
 const HYPOTHETICAL: TaskId = TaskId(u64::MAX);
@@ -251,6 +345,7 @@ pub(super) fn view(
             })
             .collect(),
         basis,
+        likely: None,
     }
 }
 

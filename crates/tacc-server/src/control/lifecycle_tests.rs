@@ -1229,3 +1229,57 @@ async fn idle_gpu_hours_are_what_the_samples_say_was_not_used() {
     );
     assert!(row.gpu_idle_hours > 0.0);
 }
+
+#[tokio::test]
+async fn the_likely_start_rests_on_the_usual_run_time_of_the_task_ahead() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let train = "name: train\nresources: {cpus: 1, time_limit: 1h}\nrun: train\n";
+    // Alice's last runs of `train` took 60 s, 70 s and 80 s: usually 70 s.
+    for secs in [60, 70, 80] {
+        let (_, attempt) = env.running(&mut agent, train).await;
+        env.advance(Duration::from_secs(secs));
+        env.finish(&mut agent, attempt, 0).await;
+    }
+    let (running, _) = env.running(&mut agent, train).await;
+    let started = env.task(running).await.started_at.unwrap();
+    let waiting = env.submit(train).await;
+    let why = env.control.explain(waiting).await.unwrap();
+    let estimate = why.start_estimate.expect("an estimate");
+    assert_eq!(
+        estimate.latest,
+        tacc_proto::LatestStartView::At {
+            at: tacc_core::Timestamp(started.as_millis() + 3_600_000)
+        },
+        "at the latest when the running one reaches its time limit"
+    );
+    let likely = estimate.likely.expect("a likelier start");
+    assert_eq!(likely.at.as_millis(), started.as_millis() + 70_000);
+    assert_eq!(
+        likely.because,
+        [format!(
+            "task {running} usually runs 1m10s (median of alice's last 3 runs of train)"
+        )]
+    );
+    // A task of another name waiting behind the same running task gets it too.
+    let other = env
+        .submit("name: other\nresources: {cpus: 1, time_limit: 1h}\nrun: x\n")
+        .await;
+    let why = env.control.explain(other).await.unwrap();
+    assert!(
+        why.start_estimate.is_some_and(|e| e.likely.is_some()),
+        "it waits behind the same running train task"
+    );
+}
+
+#[tokio::test]
+async fn without_a_history_there_is_no_likelier_start() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let train = "name: train\nresources: {cpus: 1, time_limit: 1h}\nrun: train\n";
+    env.running(&mut agent, train).await;
+    let waiting = env.submit(train).await;
+    let estimate = env.control.explain(waiting).await.unwrap().start_estimate;
+    let estimate = estimate.expect("an estimate");
+    assert_eq!(estimate.likely, None, "{estimate:?}");
+}

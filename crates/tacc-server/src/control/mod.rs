@@ -932,7 +932,11 @@ impl Control {
             });
         }
         let policy = inner.scheduler.policy_name().to_string();
+        let likely_copy = start_estimate.is_some().then(|| inner.scheduler.clone());
         drop(inner);
+        if let (Some(view), Some(copy)) = (start_estimate.as_mut(), likely_copy) {
+            view.likely = self.likely_start(copy, task, &view.latest, now).await?;
+        }
         let (fewer_gpus, other_nodes) = match what_if {
             Some((copy, per_node, asked)) => {
                 estimates::what_ifs(copy, task, per_node, asked, now).await

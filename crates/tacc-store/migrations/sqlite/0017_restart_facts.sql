@@ -35,3 +35,7 @@ CREATE TABLE dashboard_sessions (
 
 -- GPU time each rank used (milliseconds of one GPU fully busy), for idle GPU-hours.
 ALTER TABLE usage_peaks ADD COLUMN gpu_busy_ms INTEGER NOT NULL DEFAULT 0;
+
+-- A user's runs of one task name, newest first: their typical run length makes start
+-- estimates likelier.
+CREATE INDEX tasks_by_user_and_name ON tasks (user_name, name, id);

@@ -176,3 +176,51 @@ pub async fn dashboard_sessions_kept_found_forgotten_and_pruned(store: &dyn Stor
         Some(session("k3", 30))
     );
 }
+
+pub async fn recent_run_times_of_a_user_s_succeeded_tasks_by_name(store: &dyn Store) {
+    let run = |name: &str, user: &str, start: u64, end: u64, state: TaskState| {
+        let (name, user) = (name.to_string(), user.to_string());
+        async move {
+            let task = store.create_task(new_task(&name, &user, 1)).await.unwrap();
+            let step = |from, to, at| {
+                TaskChange::Transition(crate::Transition {
+                    placements: vec![crate::StoredPlacement {
+                        node: NodeId(1),
+                        gpu_indices: vec![],
+                    }],
+                    ..transition(task.id, from, to, 1, at)
+                })
+            };
+            store
+                .apply(&[
+                    step(TaskState::Queued, TaskState::Starting, start),
+                    step(TaskState::Starting, TaskState::Running, start),
+                    step(TaskState::Running, state, end),
+                ])
+                .await
+                .unwrap();
+        }
+    };
+    run("train", "alice", 100, 1_100, TaskState::Succeeded).await;
+    run("train", "alice", 200, 2_200, TaskState::Succeeded).await;
+    run("train", "alice", 300, 400, TaskState::Failed).await;
+    run("train", "bob", 100, 9_100, TaskState::Succeeded).await;
+    run("eval", "alice", 100, 600, TaskState::Succeeded).await;
+    run("train", "alice", 500, 3_500, TaskState::Succeeded).await;
+    assert_eq!(
+        store.recent_run_times("alice", "train", 10).await.unwrap(),
+        vec![3_000, 2_000, 1_000],
+        "newest first, succeeded only, this user and name only"
+    );
+    assert_eq!(
+        store.recent_run_times("alice", "train", 2).await.unwrap(),
+        vec![3_000, 2_000]
+    );
+    assert!(
+        store
+            .recent_run_times("carol", "train", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

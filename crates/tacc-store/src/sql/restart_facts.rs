@@ -94,6 +94,33 @@ pub(crate) async fn save_nodes_seen(
     Ok(())
 }
 
+pub(crate) async fn recent_run_times(
+    reader: &impl Run,
+    user: &str,
+    name: &str,
+    limit: u32,
+) -> Result<Vec<u64>> {
+    let rows = reader
+        .fetch_all(
+            Statement::new(
+                "SELECT started_at, finished_at FROM tasks WHERE user_name = ? AND name = ? \
+                 AND state = 'succeeded' AND started_at IS NOT NULL AND finished_at IS NOT NULL \
+                 ORDER BY id DESC LIMIT ?",
+            )
+            .bind(user)
+            .bind(name)
+            .bind(i64::from(limit)),
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let started = row.int("started_at")?;
+            let finished = row.int("finished_at")?;
+            Ok(finished.saturating_sub(started).max(0) as u64)
+        })
+        .collect()
+}
+
 pub(crate) async fn put_dashboard_session(
     writer: &impl Run,
     session: DashboardSession,

@@ -38,6 +38,9 @@ pub(super) fn lines(why: &TaskExplanation, now: Timestamp) -> Vec<String> {
         return Vec::new();
     };
     let mut lines = vec![format!("estimated start: {}", text.range)];
+    if let Some(likely) = &text.likely {
+        lines.push(format!("  {likely}"));
+    }
     if !text.rests_on.is_empty() {
         lines.push(format!("  rests on: {}", text.rests_on.join("; ")));
     }
@@ -71,6 +74,7 @@ mod tests {
                     at: end,
                 }],
                 basis: vec!["bob may run 1 task at a time".into()],
+                likely: None,
             }),
             fewer_gpus: Some(ShapeWhatIf {
                 gpus_per_node: 2,

@@ -28,6 +28,7 @@ impl Instants for Page {
 pub(super) fn lines(why: &TaskExplanation, now: Timestamp) -> Option<Vec<String>> {
     let text = estimate_text(why, &Page(now))?;
     let mut lines = vec![format!("Starts {}", text.range)];
+    lines.extend(text.likely);
     lines.extend(text.rests_on);
     lines.extend(text.what_ifs);
     Some(lines)
