@@ -190,29 +190,28 @@ async fn other_clusters(ctx: &Ctx, spec: &serde_json::Value, now: Timestamp) -> 
     let Ok(current) = ctx.target() else {
         return Vec::new();
     };
-    let mut lines = Vec::new();
-    for (name, cluster) in &config.file.clusters {
-        let Some(token) = cluster.token() else {
-            continue;
-        };
+    // Asked all at once: a cluster that does not answer costs its wait once.
+    let asked = config.file.clusters.iter().filter_map(|(name, cluster)| {
+        let token = cluster.token()?;
         if super::same_url(&cluster.url, &current.url) {
-            continue;
+            return None;
         }
-        let Ok(client) = super::pinned_client(&cluster.url, cluster.fingerprint.as_deref()) else {
-            continue;
-        };
+        let client = super::pinned_client(&cluster.url, cluster.fingerprint.as_deref()).ok()?;
         let client = client.with_token(token.to_string());
-        let said = match tokio::time::timeout(OTHER_CLUSTER_WAIT, client.estimate(spec)).await {
-            Ok(Ok(answer)) => what_if_text(&answer, now),
-            Ok(Err(e)) => format!("could not tell ({})", field(&e.to_string())),
-            Err(_) => "did not answer in 3s".to_string(),
-        };
-        lines.push(format!(
-            "- on cluster {} ({}): {said}",
-            field(name),
-            field(&cluster.url)
-        ));
-    }
+        Some(async move {
+            let said = match tokio::time::timeout(OTHER_CLUSTER_WAIT, client.estimate(spec)).await {
+                Ok(Ok(answer)) => what_if_text(&answer, now),
+                Ok(Err(e)) => format!("could not tell ({})", field(&e.to_string())),
+                Err(_) => "did not answer in 3s".to_string(),
+            };
+            format!(
+                "- on cluster {} ({}): {said}",
+                field(name),
+                field(&cluster.url)
+            )
+        })
+    });
+    let mut lines: Vec<String> = futures::future::join_all(asked).await;
     if !lines.is_empty() {
         lines.insert(0, "if submitted now to your other clusters:".to_string());
     }
