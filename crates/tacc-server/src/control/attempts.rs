@@ -489,7 +489,7 @@ impl Control {
             earlier_node_losses,
             settings: &self.config.retry,
         });
-        self.commit_with_staged(&plan.changes).await?;
+        self.commit(&plan.changes).await?;
         let state = plan.state;
         if let Some(retry) = &plan.retry {
             self.mark_attempt(task, retry.next, &retry.cause);

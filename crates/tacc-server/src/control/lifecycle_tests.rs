@@ -1283,3 +1283,31 @@ async fn without_a_history_there_is_no_likelier_start() {
     let estimate = estimate.expect("an estimate");
     assert_eq!(estimate.likely, None, "{estimate:?}");
 }
+
+#[tokio::test]
+async fn a_staged_start_keeps_its_place_before_what_the_batch_says_after_it() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    // The start, then the runtime the agent chose, in one batch: the reason the second
+    // sets is not overwritten by the first, committed after it.
+    env.report(
+        &agent,
+        vec![
+            env.started(attempt),
+            tacc_proto::AgentReport::RuntimeChosen {
+                attempt,
+                runtime: "container".into(),
+                why: "the task names a container image".into(),
+            },
+        ],
+    )
+    .await;
+    let record = env.task(task).await;
+    assert_eq!(record.state, Running);
+    assert_eq!(
+        record.reason.as_deref(),
+        Some("runtime container: the task names a container image")
+    );
+}

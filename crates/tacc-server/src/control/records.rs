@@ -86,11 +86,11 @@ impl Drop for StagedGuard<'_> {
 
 impl Control {
     /// Apply one agent report batch with its `starting → running` transitions staged:
-    /// each is applied to the placed copy at once and committed with the batch's next
-    /// attempt end — typically the same attempt's, so a short task's start and end cost
-    /// one transaction — or by `batch`'s own [`Control::flush_staged`] before it is
-    /// acknowledged. Nothing is acknowledged before it is durable; a failed commit fails
-    /// the batch (the agent sends it again).
+    /// each is applied to the placed copy at once and committed, in order, with the
+    /// batch's next commit — typically the same attempt's end, so a short task's start
+    /// and end cost one transaction — or by `batch`'s own [`Control::flush_staged`]
+    /// before it is acknowledged. Nothing is acknowledged before it is durable; a failed
+    /// commit fails the batch (the agent sends it again).
     pub(crate) async fn staging_starts<T>(
         &self,
         batch: impl std::future::Future<Output = Result<T, crate::ServerError>>,
@@ -103,28 +103,9 @@ impl Control {
             .await
     }
 
-    /// Commit what the report batch being applied staged and nothing took yet.
+    /// Commit what the report batch being applied staged and no commit took yet.
     pub(crate) async fn flush_staged(&self) -> Result<(), StoreError> {
-        self.commit_with_staged(&[]).await
-    }
-
-    /// Commit `changes` (an attempt's end) together with what the report batch being
-    /// applied staged so far, in one transaction. Its caller must fail the batch when
-    /// this fails: the staged changes were part of it.
-    pub(crate) async fn commit_with_staged(
-        &self,
-        changes: &[TaskChange],
-    ) -> Result<(), StoreError> {
-        let staged = STAGED
-            .try_with(|staged| std::mem::take(&mut *staged.borrow_mut()))
-            .unwrap_or_default();
-        if staged.is_empty() {
-            if changes.is_empty() {
-                return Ok(());
-            }
-            return self.commit(changes).await;
-        }
-        self.commit(&[&staged[..], changes].concat()).await
+        self.commit(&[]).await
     }
 
     /// Commit `change` with the report batch's next attempt end, or its last commit, when a
@@ -149,6 +130,40 @@ impl Control {
     /// [`Control::commit`], keeping the records of the tasks `changes` place (each as the
     /// store holds it once `changes` are applied).
     pub(crate) async fn commit_placing(
+        &self,
+        changes: &[TaskChange],
+        placed: &[TaskRecord],
+    ) -> Result<(), StoreError> {
+        // What the report batch being applied staged goes first, in order, in this
+        // transaction; if it fails they are staged again, for the batch's last commit to
+        // try (and fail the batch with) — a caller that swallows its own failure cannot
+        // lose them.
+        let staged = STAGED
+            .try_with(|staged| std::mem::take(&mut *staged.borrow_mut()))
+            .unwrap_or_default();
+        let with_staged;
+        let changes = if staged.is_empty() {
+            changes
+        } else {
+            with_staged = [&staged[..], changes].concat();
+            &with_staged[..]
+        };
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let result = self.commit_now(changes, placed).await;
+        if result.is_err() && !staged.is_empty() {
+            let _ = STAGED.try_with(|left| {
+                let mut left = left.borrow_mut();
+                let later = std::mem::take(&mut *left);
+                *left = staged;
+                left.extend(later);
+            });
+        }
+        result
+    }
+
+    async fn commit_now(
         &self,
         changes: &[TaskChange],
         placed: &[TaskRecord],
