@@ -23,7 +23,7 @@ fn retried(on: &str, max: u32) -> String {
 
 const MS: Duration = Duration::from_millis(1);
 
-fn assert_reason(record: &tacc_store::TaskRecord, prefix: &str) {
+pub(super) fn assert_reason(record: &tacc_store::TaskRecord, prefix: &str) {
     assert!(
         record
             .reason
@@ -811,17 +811,27 @@ async fn a_gang_whose_other_node_never_comes_back_after_a_restart_is_lost_naming
 }
 
 #[tokio::test]
-async fn a_restarted_server_places_nothing_on_a_node_before_its_agent_is_back() {
+async fn a_restarted_server_places_nothing_on_a_node_before_its_agent_is_back_and_then_does() {
     let mut env = TestEnv::new().await;
     let mut n1 = env.join("n1", 2).await;
     let (running, _) = env.running(&mut n1, ONE_CPU).await;
     env.restart_server().await;
-    let queued = env.submit(ONE_CPU).await;
-    assert_eq!(env.state(queued).await, Queued);
+    // n1 has a free CPU, but its agent is not back: the first task goes to n2, the
+    // second waits.
+    let mut n2 = env.join("n2", 1).await;
+    let first = env.submit(ONE_CPU).await;
+    let second = env.submit(ONE_CPU).await;
+    assert_eq!(only(&env.poll(&mut n2).await).task, first);
+    assert_eq!(
+        env.state(second).await,
+        Queued,
+        "nothing placed on n1 meanwhile"
+    );
     env.register(&n1, 2).await;
     // Back: the node takes new work beside what it kept running.
     let work = env.poll(&mut n1).await;
-    assert_eq!(work.len(), 2, "{work:?}");
+    let tasks: Vec<TaskId> = work.iter().map(|a| a.attempt.task).collect();
+    assert_eq!(tasks, [running, second], "{work:?}");
     assert_eq!(env.state(running).await, Running);
 }
 
@@ -848,139 +858,6 @@ async fn the_fair_share_standing_survives_a_restart() {
     env.pass_seconds(60, &mut [&mut n1]).await;
     let later = usage(env.control.fairshare_standing(env.clock.now()).await);
     assert!(later > after, "{later} > {after}");
-}
-
-/// A 3-node gang whose rank 2 exited 0 at once while ranks 0–1 sit silent.
-async fn a_gang_with_an_early_exit(
-    env: &TestEnv,
-    on_hang: &str,
-) -> (
-    TaskId,
-    tacc_proto::AttemptRef,
-    Vec<super::test_env::FakeAgent>,
-) {
-    let mut agents = Vec::new();
-    for name in ["n1", "n2", "n3"] {
-        agents.push(env.join(name, 1).await);
-    }
-    let task = env
-        .submit(&format!(
-            "name: g\nresources: {{nodes: 3, cpus: 1}}\n{on_hang}run: true\n"
-        ))
-        .await;
-    let mut attempt = None;
-    for agent in agents.iter_mut() {
-        attempt = Some(only(&env.poll(agent).await));
-    }
-    let attempt = attempt.unwrap();
-    for agent in &agents {
-        env.report(agent, vec![env.started(attempt)]).await;
-    }
-    env.finish(&mut agents[2], attempt, 0).await;
-    (task, attempt, agents)
-}
-
-#[tokio::test]
-async fn a_hung_gang_is_ended_naming_the_rank_that_exited_and_retried_when_asked() {
-    let env = TestEnv::new().await;
-    let (task, attempt, mut agents) =
-        a_gang_with_an_early_exit(&env, "on_hang: {after: 60s, then: retry}\n").await;
-    let started = env.clock.now();
-    // Ranks 0 and 1 report every 5 s: alive, but no output and no CPU.
-    for _ in 0..11 {
-        for (rank, agent) in agents.iter().take(2).enumerate() {
-            env.report(
-                agent,
-                vec![env.sampled(attempt, rank as u32, started, false)],
-            )
-            .await;
-        }
-        env.advance(Duration::from_secs(5));
-        env.check_liveness().await;
-        assert_eq!(env.state(task).await, Running, "not before 60 s of silence");
-    }
-    env.advance(Duration::from_secs(6));
-    for (rank, agent) in agents.iter().take(2).enumerate() {
-        env.report(
-            agent,
-            vec![env.sampled(attempt, rank as u32, started, false)],
-        )
-        .await;
-    }
-    env.check_liveness().await;
-    let record = env.task(task).await;
-    assert_eq!((record.state, record.attempt.0), (Queued, 2), "retried");
-    let ended = env.events(task).await;
-    let failed = ended
-        .iter()
-        .find(|e| e.state == Failed)
-        .expect("a failed event");
-    let reason = failed.reason.as_deref().unwrap();
-    assert!(
-        reason.starts_with("hung: rank 2 exited 0 at ")
-            && reason.ends_with("; ranks 0–1 silent for 1m1s (no output, no CPU or GPU use)"),
-        "{reason}"
-    );
-    // The silent ranks are withdrawn from their nodes.
-    for agent in agents.iter_mut().take(2) {
-        let work = env.poll(agent).await;
-        assert!(work.iter().all(|a| a.attempt != attempt), "{work:?}");
-    }
-}
-
-#[tokio::test]
-async fn a_gang_that_computes_is_never_ended_and_the_cluster_default_fails_a_hung_one() {
-    let env = TestEnv::configured(|c| c.hang_after = Some(Duration::from_secs(60))).await;
-    let (task, attempt, agents) = a_gang_with_an_early_exit(&env, "").await;
-    let started = env.clock.now();
-    for _ in 0..30 {
-        for (rank, agent) in agents.iter().take(2).enumerate() {
-            env.report(
-                agent,
-                vec![env.sampled(attempt, rank as u32, started, true)],
-            )
-            .await;
-        }
-        env.advance(Duration::from_secs(5));
-        env.check_liveness().await;
-    }
-    assert_eq!(env.state(task).await, Running, "busy ranks are not hung");
-    // They fall silent: the cluster's default ends the attempt, failed.
-    let quiet_from = env.clock.now();
-    for _ in 0..14 {
-        for (rank, agent) in agents.iter().take(2).enumerate() {
-            env.report(
-                agent,
-                vec![env.sampled(attempt, rank as u32, started, false)],
-            )
-            .await;
-        }
-        env.advance(Duration::from_secs(5));
-        env.check_liveness().await;
-    }
-    assert!(env.clock.now().millis_since(quiet_from) >= 60_000);
-    let record = env.task(task).await;
-    assert_eq!(record.state, Failed);
-    assert_reason(&record, "hung: rank 2 exited 0 at ");
-}
-
-#[tokio::test]
-async fn on_hang_off_leaves_a_silent_gang_alone() {
-    let env = TestEnv::configured(|c| c.hang_after = Some(Duration::from_secs(60))).await;
-    let (task, attempt, agents) = a_gang_with_an_early_exit(&env, "on_hang: off\n").await;
-    let started = env.clock.now();
-    for _ in 0..30 {
-        for (rank, agent) in agents.iter().take(2).enumerate() {
-            env.report(
-                agent,
-                vec![env.sampled(attempt, rank as u32, started, false)],
-            )
-            .await;
-        }
-        env.advance(Duration::from_secs(5));
-        env.check_liveness().await;
-    }
-    assert_eq!(env.state(task).await, Running);
 }
 
 #[tokio::test]
@@ -1031,116 +908,6 @@ async fn a_start_and_an_end_reported_together_cost_one_transaction() {
     }
 }
 
-fn idle_policy(then: super::IdleGpuAction) -> super::IdleGpuPolicy {
-    super::IdleGpuPolicy {
-        below_percent: 5,
-        idle_for: Duration::from_secs(60),
-        then,
-        grace: Duration::from_secs(30),
-        exempt: vec!["exempted".into()],
-    }
-}
-
-const ONE_GPU: &str = "name: gpu\nresources: {cpus: 1, gpus: 1}\ncheckpoint: {signal: SIGUSR1, grace: 5s}\nrun: train\n";
-
-/// `agent` runs a one-GPU task whose GPU reads `series` percent, one sample every 5 s,
-/// with a liveness check after each; its task and attempt.
-async fn gpu_series(
-    env: &TestEnv,
-    agent: &mut super::test_env::FakeAgent,
-    attempt: tacc_proto::AttemptRef,
-    started: tacc_core::Timestamp,
-    series: &[u32],
-) {
-    for utilization in series {
-        env.report(agent, vec![env.gpu_sampled(attempt, started, *utilization)])
-            .await;
-        env.advance(Duration::from_secs(5));
-        env.check_liveness().await;
-        env.poll(agent).await;
-    }
-}
-
-#[tokio::test]
-async fn idle_gpus_are_warned_of_then_checkpointed_and_requeued() {
-    let env = TestEnv::configured(|c| {
-        c.idle_gpu = Some(idle_policy(super::IdleGpuAction::CheckpointAndRequeue))
-    })
-    .await;
-    let mut agent = env.join_gpus("g1", 2, 1).await;
-    let (task, attempt) = env.running(&mut agent, ONE_GPU).await;
-    let started = env.clock.now();
-    // Busy for a minute, then idle: 12 samples (60 s) idle is the warning.
-    gpu_series(&env, &mut agent, attempt, started, &[90; 12]).await;
-    assert!(!env.log(task).contains("idle"), "{}", env.log(task));
-    gpu_series(&env, &mut agent, attempt, started, &[1; 13]).await;
-    let log = env.log(task);
-    assert!(
-        log.contains(
-            "tacc: its GPUs have been idle (below 5%) for 1 min; the cluster's policy will \
-             checkpoint and requeue it in 30s unless they are used"
-        ),
-        "{log}"
-    );
-    let usage = env.control.task_usage(task).await.unwrap();
-    assert!(
-        usage.flags.iter().any(|f| f.kind == "idle_gpu"),
-        "{:?}",
-        usage.flags
-    );
-    assert_eq!(env.state(task).await, Running, "warned, not yet acted on");
-    // Still idle after the grace: the attempt is withdrawn (the agent stops it with its
-    // checkpoint signal) and, once stopped, queued again as attempt 2.
-    gpu_series(&env, &mut agent, attempt, started, &[0; 7]).await;
-    assert!(!agent.running.contains(&attempt), "withdrawn from its node");
-    env.report(
-        &agent,
-        vec![tacc_proto::AgentReport::Finished {
-            attempt,
-            at: env.clock.now(),
-            outcome: tacc_proto::AttemptOutcome::Cancelled,
-            rank: None,
-        }],
-    )
-    .await;
-    let record = env.task(task).await;
-    assert_eq!(record.attempt.0, 2, "{record:?}");
-    let events = env.events(task).await;
-    let requeued = events
-        .iter()
-        .find(|e| e.state == Queued && e.attempt.0 == 2)
-        .expect("queued again as attempt 2");
-    let reason = requeued.reason.clone().unwrap_or_default();
-    assert!(
-        reason.starts_with("idle GPUs: used below 5% for 1 min and 30s after a warning")
-            && reason.ends_with("(attempt 1)"),
-        "{reason}"
-    );
-}
-
-#[tokio::test]
-async fn gpus_used_again_lift_the_warning_and_exempt_users_are_left_alone() {
-    let env =
-        TestEnv::configured(|c| c.idle_gpu = Some(idle_policy(super::IdleGpuAction::Cancel))).await;
-    let mut agent = env.join_gpus("g1", 2, 1).await;
-    let (task, attempt) = env.running(&mut agent, ONE_GPU).await;
-    let started = env.clock.now();
-    gpu_series(&env, &mut agent, attempt, started, &[0; 13]).await;
-    assert!(env.log(task).contains("idle (below 5%)"));
-    gpu_series(&env, &mut agent, attempt, started, &[80; 10]).await;
-    assert!(
-        env.log(task).contains("its GPUs are used again"),
-        "{}",
-        env.log(task)
-    );
-    assert_eq!(env.state(task).await, Running);
-    // Idle long enough again, past the grace: cancelled, saying why.
-    gpu_series(&env, &mut agent, attempt, started, &[0; 22]).await;
-    let record = env.task(task).await;
-    assert_eq!(record.state, Cancelled);
-    assert_reason(&record, "idle GPUs: used below 5%");
-}
-
 #[tokio::test]
 async fn a_node_expected_back_after_a_restart_can_be_removed_and_its_attempt_is_lost() {
     let mut env = TestEnv::new().await;
@@ -1162,72 +929,6 @@ async fn a_node_expected_back_after_a_restart_can_be_removed_and_its_attempt_is_
     env.advance(RetrySettings::default().backoff);
     env.check_liveness().await;
     assert_eq!(only(&env.poll(&mut n2).await).attempt.0, 2);
-}
-
-#[tokio::test]
-async fn idle_gpu_hours_are_what_the_samples_say_was_not_used() {
-    let env = TestEnv::new().await;
-    let mut agent = env.join_gpus("g1", 2, 1).await;
-    let task = env.submit(ONE_GPU).await;
-    let attempt = only(&env.poll(&mut agent).await);
-    env.report(&agent, vec![env.started(attempt)]).await;
-    let started = env.clock.now();
-    // A recorded series, one sample every 2 s; recomputed here on its own.
-    let series = [100, 100, 40, 0, 0, 0, 75, 100, 0, 10];
-    let mut expected_busy_ms = 0u64;
-    for utilization in series {
-        env.advance(Duration::from_secs(2));
-        env.report(&agent, vec![env.gpu_sampled(attempt, started, utilization)])
-            .await;
-        expected_busy_ms += u64::from(utilization) * 2_000 / 100;
-    }
-    env.advance(Duration::from_secs(2));
-    env.finish(&mut agent, attempt, 0).await;
-    let record = env.task(task).await;
-    let held_ms = record
-        .finished_at
-        .unwrap()
-        .millis_since(record.started_at.unwrap());
-    let caller = crate::auth::UserCaller {
-        name: "admin".into(),
-        group: None,
-        role: tacc_core::Role::Admin,
-        token: 0,
-    };
-    let day = 86_400_000;
-    let iso = |t: u64| {
-        time::OffsetDateTime::from_unix_timestamp((t / 1000) as i64)
-            .unwrap()
-            .format(&time::format_description::well_known::Rfc3339)
-            .unwrap()
-    };
-    let now = env.clock.now().0;
-    let report = env
-        .control
-        .usage_report(
-            &caller,
-            &tacc_proto::UsageQuery {
-                since: Some(iso(now - day)),
-                until: Some(iso(now + day)),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let row = &report.rows[0];
-    let hour = 3_600_000.0;
-    let allocated = row.gpu_hours;
-    assert!((allocated - held_ms as f64 / hour).abs() < 1e-3, "{row:?}");
-    let used = expected_busy_ms as f64 / hour;
-    assert!(
-        (row.gpu_used_hours - used).abs() < 1e-9,
-        "{row:?} vs {used}"
-    );
-    assert!(
-        (row.gpu_idle_hours - (allocated - used)).abs() < 1e-9,
-        "{row:?}"
-    );
-    assert!(row.gpu_idle_hours > 0.0);
 }
 
 #[tokio::test]

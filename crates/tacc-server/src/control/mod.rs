@@ -37,6 +37,8 @@ mod pipelines;
 mod plans;
 use plans::assignments_for;
 #[cfg(test)]
+mod gpu_lifecycle_tests;
+#[cfg(test)]
 mod lifecycle_tests;
 mod records;
 mod restart;
