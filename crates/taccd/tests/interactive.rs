@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -28,6 +28,16 @@ fn root_or_skip(test: &str) -> bool {
         "\n######## SKIPPED {test}: not root, so the agent cannot run tasks as their own uid.\n"
     );
     false
+}
+
+/// A dev cluster in `root/d` whose task uids start at `uid_base` (each test takes a range
+/// of its own), with `extra` flags, and a `tcloud` home beside it.
+async fn dev_cluster(root: &Path, uid_base: u32, extra: &[&str]) -> (Daemon, PathBuf) {
+    let base = uid_base.to_string();
+    let mut args = vec!["--task-uid-base", base.as_str()];
+    args.extend_from_slice(extra);
+    let daemon = start("dev", &root.join("d"), &args).await;
+    (daemon, root.join("home"))
 }
 
 /// A user and their token.
@@ -136,9 +146,7 @@ async fn exec_runs_as_the_task_in_its_cgroup_tmp_and_environment_and_returns_its
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("d");
-    let daemon = start("dev", &data, &["--task-uid-base", &UID_BASE.to_string()]).await;
-    let home = dir.path().join("home");
+    let (daemon, home) = dev_cluster(dir.path(), UID_BASE, &[]).await;
     let (alice, alice_token, _) = user(&daemon, "alice").await;
     alice
         .put_secret("API_KEY", b"s3cret-value".to_vec())
@@ -294,14 +302,8 @@ async fn only_the_owner_and_admins_enter_and_exec_cannot_escape_the_task() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
+    let (daemon, home) = dev_cluster(dir.path(), UID_BASE + 100, &[]).await;
     let data = dir.path().join("d");
-    let daemon = start(
-        "dev",
-        &data,
-        &["--task-uid-base", &(UID_BASE + 100).to_string()],
-    )
-    .await;
-    let home = dir.path().join("home");
     let (alice, alice_token, _) = user(&daemon, "alice").await;
     let (bob, bob_token, _) = user(&daemon, "bob").await;
     let bob_yaml = "name: private\nrun: |\n  echo bob-model-weights > model.txt\n  echo workdir=$TACC_WORKDIR\n  echo ready=1\n  sleep 300\n";
@@ -387,14 +389,7 @@ async fn a_session_ends_when_its_token_is_revoked_or_its_task_ends() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("d");
-    let daemon = start(
-        "dev",
-        &data,
-        &["--task-uid-base", &(UID_BASE + 200).to_string()],
-    )
-    .await;
-    let home = dir.path().join("home");
+    let (daemon, home) = dev_cluster(dir.path(), UID_BASE + 200, &[]).await;
     let (alice, alice_token, alice_token_id) = user(&daemon, "alice").await;
     let yaml = "name: long\nrun: |\n  echo ready=1\n  sleep 300\n";
     let (task, _) = running_task(&alice, dir.path(), "long", yaml).await;
@@ -572,14 +567,7 @@ async fn a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("d");
-    let daemon = start(
-        "dev",
-        &data,
-        &["--task-uid-base", &(UID_BASE + 300).to_string()],
-    )
-    .await;
-    let home = dir.path().join("home");
+    let (daemon, home) = dev_cluster(dir.path(), UID_BASE + 300, &[]).await;
     let (alice, alice_token, _) = user(&daemon, "alice").await;
     let yaml = "name: interactive\nrun: |\n  echo ready=1\n  sleep 300\n";
     let (task, _) = running_task(&alice, dir.path(), "sh", yaml).await;
@@ -690,14 +678,7 @@ async fn port_forward_carries_twenty_parallel_connections_to_a_server_in_the_tas
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("d");
-    let daemon = start(
-        "dev",
-        &data,
-        &["--task-uid-base", &(UID_BASE + 400).to_string()],
-    )
-    .await;
-    let home = dir.path().join("home");
+    let (daemon, home) = dev_cluster(dir.path(), UID_BASE + 400, &[]).await;
     let (alice, alice_token, _) = user(&daemon, "alice").await;
     // The task serves its working directory on a port the kernel picks, and says which.
     let yaml = "name: web\nrun: |\n  echo served-content > page.txt\n  python3 -u serve.py\n";
@@ -825,21 +806,12 @@ async fn sessions_are_bounded_per_user_and_cut_when_idle() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("d");
-    let daemon = start(
-        "dev",
-        &data,
-        &[
-            "--task-uid-base",
-            &(UID_BASE + 500).to_string(),
-            "--session-idle",
-            "3s",
-            "--sessions-per-user",
-            "1",
-        ],
+    let (daemon, home) = dev_cluster(
+        dir.path(),
+        UID_BASE + 500,
+        &["--session-idle", "3s", "--sessions-per-user", "1"],
     )
     .await;
-    let home = dir.path().join("home");
     let (alice, alice_token, _) = user(&daemon, "alice").await;
     let yaml = "name: quiet\nrun: |\n  echo ready=1\n  sleep 300\n";
     let (task, _) = running_task(&alice, dir.path(), "quiet", yaml).await;
