@@ -31,6 +31,10 @@ use crate::{Backoff, Shared};
 
 /// The most a batch's JSON body may take (an estimate that never undercounts).
 pub(crate) const BATCH_BYTES: usize = 4 << 20;
+/// How long reports that are nothing but attempts' starts wait for company: a short
+/// task's end then travels with its start — one request, and one durable commit on the
+/// server, instead of two — while a long task shows `running` this much later.
+pub(crate) const START_LINGER: Duration = Duration::from_millis(50);
 /// What one attempt's output may take of a batch per turn.
 pub(crate) const ATTEMPT_SHARE: usize = 256 << 10;
 /// What a log report costs beside its text (its tags and ids, generously).
@@ -325,6 +329,20 @@ impl Reports {
         }
     }
 
+    /// Whether something waits and all of it is attempts' starts (no output, no end, no
+    /// sample): what [`START_LINGER`] holds back for a moment.
+    fn only_starts_waiting(&self) -> bool {
+        let queues = self.queues.lock().unwrap();
+        !queues.attempts.values().all(AttemptQueue::is_empty)
+            && queues.attempts.values().all(|queue| {
+                queue.log.is_empty()
+                    && queue
+                        .events
+                        .iter()
+                        .all(|(_, report)| matches!(report, AgentReport::Started { .. }))
+            })
+    }
+
     /// Wait until something may have been queued.
     async fn queued(&self) {
         self.wake.notified().await;
@@ -333,6 +351,21 @@ impl Reports {
 
 pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
     loop {
+        if shared.reports.only_starts_waiting() {
+            let linger = tokio::time::sleep(START_LINGER);
+            tokio::pin!(linger);
+            loop {
+                tokio::select! {
+                    _ = &mut linger => break,
+                    _ = shared.reports.queued() => {
+                        if !shared.reports.only_starts_waiting() {
+                            break;
+                        }
+                    }
+                    _ = shutdown.cancelled() => break,
+                }
+            }
+        }
         let batch = shared.reports.take_batch(BATCH_BYTES);
         if batch.is_empty() {
             tokio::select! {
@@ -592,6 +625,30 @@ mod tests {
             text_of(&[flat[end..].iter().map(|r| (*r).clone()).collect()], a),
             "after the end\n"
         );
+    }
+
+    #[test]
+    fn only_starts_are_held_back_for_company() {
+        let (_dir, reports) = reports();
+        assert!(!reports.only_starts_waiting(), "nothing waits");
+        reports.send(AgentReport::Started {
+            attempt: attempt(1),
+            at: Timestamp(1),
+        });
+        reports.send(AgentReport::Started {
+            attempt: attempt(2),
+            at: Timestamp(1),
+        });
+        assert!(reports.only_starts_waiting());
+        reports.send(finished(attempt(1)));
+        assert!(!reports.only_starts_waiting(), "an end goes at once");
+        drain(&reports);
+        reports.send(AgentReport::Started {
+            attempt: attempt(3),
+            at: Timestamp(1),
+        });
+        reports.send(log(attempt(3), "hello\n"));
+        assert!(!reports.only_starts_waiting(), "output goes at once");
     }
 
     #[test]

@@ -427,12 +427,20 @@ pub(crate) async fn run_deliveries(control: Arc<Control>, shutdown: Cancellation
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {}
         }
+        // A notification says a task ended: it leaves only once that end is durable.
         let due = match control
             .store
             .due_deliveries(crate::control::now(), BATCH)
             .await
         {
-            Ok(due) => due,
+            Ok(due) if due.is_empty() => continue,
+            Ok(due) => match control.store.sync().await {
+                Ok(()) => due,
+                Err(e) => {
+                    tracing::error!("cannot make the notification outbox durable: {e}");
+                    continue;
+                }
+            },
             Err(e) => {
                 tracing::error!("cannot read the notification outbox: {e}");
                 continue;

@@ -98,6 +98,7 @@ macro_rules! store_contract_tests {
     (@list $mode:ident $fresh:path) => {
         $crate::store_contract_tests!(@each $mode $fresh;
             tasks_get_ids_in_order_and_round_trip,
+            sync_covers_every_write_before_it,
             lifecycle_records_every_transition,
             apply_is_all_or_nothing,
             list_filters_by_state_and_user,
@@ -325,6 +326,18 @@ pub async fn lifecycle_records_every_transition(store: &dyn Store) {
         ]
     );
     assert_eq!(events[3].reason.as_deref(), Some("exit_code"));
+}
+
+/// `sync` returns once what was written before it is durable, again and again, with or
+/// without writes between; it changes nothing that reads see.
+pub async fn sync_covers_every_write_before_it(store: &dyn Store) {
+    store.sync().await.expect("a sync with nothing written");
+    let task = store.create_task(new_task("a", "alice", 10)).await.unwrap();
+    store.sync().await.expect("a sync after a write");
+    store.sync().await.expect("a sync with nothing new");
+    let (a, b) = tokio::join!(store.sync(), store.sync());
+    a.and(b).expect("concurrent syncs");
+    assert_eq!(store.get_task(task.id).await.unwrap(), Some(task));
 }
 
 pub async fn apply_is_all_or_nothing(store: &dyn Store) {

@@ -198,9 +198,17 @@ fn is_unavailable(error: &sqlx::Error) -> bool {
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// Durable control-plane state. Every method is one transaction: when it returns `Ok`, the
-/// change survives a crash of the process.
+/// change survives a crash of the process, and once a later [`Store::sync`] returns `Ok`
+/// it survives a power loss too.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Returns once every change made before the call survives a power loss. The server
+    /// answers no request before its sync (group commit: one sync serves every request
+    /// waiting, instead of one per transaction). PostgreSQL commits are durable when they
+    /// return (the server groups their WAL flushes itself), and the memory store keeps
+    /// nothing, so both return at once; SQLite syncs its write-ahead log.
+    async fn sync(&self) -> Result<()>;
+
     /// Insert a queued task (attempt 1) and its first event; assigns the id.
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord>;
     async fn get_task(&self, id: TaskId) -> Result<Option<TaskRecord>>;

@@ -335,6 +335,11 @@ pub(crate) fn matches(filter: &TaskFilter, task: &TaskRecord) -> bool {
 
 #[async_trait::async_trait]
 impl Store for MemoryStore {
+    /// Nothing is kept past the process: there is nothing to sync.
+    async fn sync(&self) -> Result<()> {
+        Ok(())
+    }
+
     async fn try_acquire_lease(
         &self,
         claim: &crate::LeaseClaim,

@@ -1,5 +1,5 @@
-//! The embedded store in SQLite: its file and pools (WAL, synchronous commits, one writer
-//! connection) and its transactions. The SQL it runs is shared with the PostgreSQL store
+//! The embedded store in SQLite: its file and pools (WAL, one writer connection, commits
+//! made durable in groups by [`durability`]) and its transactions. The SQL it runs is shared with the PostgreSQL store
 //! ([`crate::sql`]; rows decoded by [`crate::rows`]), run on its pools through [`run`].
 
 use std::path::Path;
@@ -17,13 +17,17 @@ use crate::{
     TaskHistory, TaskRecord, TokenRecord, UsagePeak, UserRecord,
 };
 
+mod durability;
 mod integrity;
 mod run;
 
+use durability::Durability;
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite");
 
-/// The embedded store: one SQLite file in WAL mode with synchronous commits, so an
-/// acknowledged write survives `kill -9` and power loss alike.
+/// The embedded store: one SQLite file in WAL mode. A write that returned survives
+/// `kill -9`; [`Store::sync`] makes every write before it survive a power loss too, one
+/// `fsync` for all the writes of many requests ([`durability`]).
 ///
 /// Writes go through a pool of exactly one connection: SQLite allows one writer at a time,
 /// and a read transaction upgraded to a write after another connection committed fails
@@ -33,6 +37,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/sqlite")
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
+    durability: std::sync::Arc<Durability>,
 }
 
 impl SqliteStore {
@@ -48,7 +53,9 @@ impl SqliteStore {
             .filename(path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
+            // No fsync per commit: `sync` makes groups of commits durable (see
+            // `durability`); checkpoints still sync the files they copy between.
+            .synchronous(SqliteSynchronous::Normal)
             .foreign_keys(true)
             // Reads served from the page cache through a mapping, not a pread each.
             .pragma("mmap_size", "268435456")
@@ -70,6 +77,10 @@ impl SqliteStore {
                 budget.as_secs()
             );
         }
+        let durability = std::sync::Arc::new(Durability::new(
+            path,
+            std::sync::Arc::new(durability::Fsync),
+        ));
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .after_release(|conn, _| Box::pin(no_transaction_left_open(conn)))
@@ -82,7 +93,16 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(open_error)?;
-        Ok(SqliteStore { writer, reader })
+        Ok(SqliteStore {
+            writer,
+            reader,
+            durability,
+        })
+    }
+
+    /// How many times the write-ahead log was synced since the store was opened.
+    pub fn syncs(&self) -> u64 {
+        self.durability.syncs()
     }
 }
 
@@ -112,10 +132,15 @@ async fn no_transaction_left_open(
 
 #[async_trait::async_trait]
 impl Store for SqliteStore {
+    async fn sync(&self) -> Result<()> {
+        self.durability.barrier().await
+    }
+
     async fn try_acquire_lease(
         &self,
         claim: &crate::LeaseClaim,
     ) -> Result<Option<crate::LeaderLease>> {
+        let _written = self.durability.writing();
         let lease = lease::try_acquire(&self.writer, claim).await?;
         Ok(lease)
     }
@@ -125,6 +150,7 @@ impl Store for SqliteStore {
         claim: &crate::LeaseClaim,
         epoch: u64,
     ) -> Result<Option<crate::LeaderLease>> {
+        let _written = self.durability.writing();
         let lease = lease::renew(&self.writer, claim, epoch).await?;
         Ok(lease)
     }
@@ -134,6 +160,7 @@ impl Store for SqliteStore {
     }
 
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         let record = changes::insert_task(&mut tx, task).await?;
         tx.commit().await?;
@@ -157,6 +184,7 @@ impl Store for SqliteStore {
     }
 
     async fn apply(&self, changes: &[TaskChange]) -> Result<()> {
+        let _written = self.durability.writing();
         if changes.is_empty() {
             return Ok(());
         }
@@ -167,6 +195,7 @@ impl Store for SqliteStore {
     }
 
     async fn register_node(&self, node: NewNode) -> Result<NodeRecord> {
+        let _written = self.durability.writing();
         tasks::register_node(&self.writer, node).await
     }
 
@@ -175,14 +204,17 @@ impl Store for SqliteStore {
     }
 
     async fn set_node_drained(&self, node: NodeId, drained: bool) -> Result<bool> {
+        let _written = self.durability.writing();
         tasks::set_node_drained(&self.writer, node, drained).await
     }
 
     async fn remove_node(&self, node: NodeId) -> Result<bool> {
+        let _written = self.durability.writing();
         tasks::remove_node(&self.writer, node).await
     }
 
     async fn approve_node(&self, node: NodeId) -> Result<bool> {
+        let _written = self.durability.writing();
         tasks::approve_node(&self.writer, node).await
     }
 
@@ -193,6 +225,7 @@ impl Store for SqliteStore {
         total_bytes: u64,
         at: Timestamp,
     ) -> Result<()> {
+        let _written = self.durability.writing();
         tasks::put_snapshot(&self.writer, id, manifest, total_bytes, at).await
     }
 
@@ -205,6 +238,7 @@ impl Store for SqliteStore {
     }
 
     async fn add_output(&self, output: OutputRecord) -> Result<()> {
+        let _written = self.durability.writing();
         tasks::add_output(&self.writer, output).await
     }
 
@@ -217,6 +251,7 @@ impl Store for SqliteStore {
     }
 
     async fn record_signal_point(&self, point: crate::SignalRecord, keep: u32) -> Result<()> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         changes::record_signal_point(&mut tx, point, keep).await?;
         tx.commit().await?;
@@ -228,6 +263,7 @@ impl Store for SqliteStore {
     }
 
     async fn record_usage_peak(&self, peak: UsagePeak) -> Result<()> {
+        let _written = self.durability.writing();
         tasks::record_usage_peak(&self.writer, peak).await
     }
 
@@ -253,6 +289,7 @@ impl Store for SqliteStore {
         group: NewGroup,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         let made = groups::insert_group(&mut tx, group, elements).await?;
         tx.commit().await?;
@@ -264,6 +301,7 @@ impl Store for SqliteStore {
         group: GroupId,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<Vec<TaskRecord>> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         let tasks = groups::add_elements(&mut tx, group, elements).await?;
         tx.commit().await?;
@@ -271,6 +309,7 @@ impl Store for SqliteStore {
     }
 
     async fn append_metrics(&self, points: Vec<crate::MetricPoint>) -> Result<()> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         changes::append_metrics(&mut tx, &points).await?;
         tx.commit().await?;
@@ -301,6 +340,7 @@ impl Store for SqliteStore {
         group: NewGroup,
         stages: Vec<crate::NewStage>,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         let made = pipelines::insert_pipeline(&mut tx, group, stages).await?;
         tx.commit().await?;
@@ -334,6 +374,7 @@ impl Store for SqliteStore {
     }
 
     async fn finish_delivery(&self, id: u64, outcome: DeliveryOutcome) -> Result<bool> {
+        let _written = self.durability.writing();
         groups::finish_delivery(&self.writer, id, outcome).await
     }
 
@@ -351,6 +392,7 @@ impl Store for SqliteStore {
     }
 
     async fn keep_reply(&self, kept: crate::KeptReply) -> Result<()> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         idempotency::insert_key(&mut tx, &kept).await?;
         tx.commit().await?;
@@ -358,6 +400,7 @@ impl Store for SqliteStore {
     }
 
     async fn create_task_keyed(&self, task: NewTask, keyed: crate::Keyed) -> Result<TaskRecord> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         let record = changes::insert_task(&mut tx, task).await?;
         let kept = keyed.kept(crate::Created::Task(&record));
@@ -372,6 +415,7 @@ impl Store for SqliteStore {
         elements: Vec<(u32, NewTask)>,
         keyed: crate::Keyed,
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         let (record, tasks) = groups::insert_group(&mut tx, group, elements).await?;
         let kept = keyed.kept(crate::Created::Group(&record, &tasks));
@@ -386,6 +430,7 @@ impl Store for SqliteStore {
         stages: Vec<crate::NewStage>,
         keyed: crate::Keyed,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         let made = pipelines::insert_pipeline(&mut tx, group, stages).await?;
         let kept = keyed.kept(crate::Created::Pipeline(&made.0, &made.1, &made.2));
@@ -395,6 +440,7 @@ impl Store for SqliteStore {
     }
 
     async fn create_user(&self, user: UserRecord) -> Result<()> {
+        let _written = self.durability.writing();
         access::create_user(&self.writer, user).await
     }
 
@@ -407,6 +453,7 @@ impl Store for SqliteStore {
     }
 
     async fn create_token(&self, token: NewToken) -> Result<TokenRecord> {
+        let _written = self.durability.writing();
         access::create_token(&self.writer, token).await
     }
 
@@ -423,10 +470,12 @@ impl Store for SqliteStore {
     }
 
     async fn revoke_token(&self, id: u64, at: Timestamp) -> Result<bool> {
+        let _written = self.durability.writing();
         access::revoke_token(&self.writer, id, at).await
     }
 
     async fn enrol_node(&self, token: u64, node_name: &str, at: Timestamp) -> Result<Enrolment> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         let enrolment = access::enrol_node(&mut tx, token, node_name, at).await?;
         tx.commit().await?;
@@ -434,10 +483,12 @@ impl Store for SqliteStore {
     }
 
     async fn append_audit(&self, entry: NewAuditEntry) -> Result<()> {
+        let _written = self.durability.writing();
         access::append_audit(&self.writer, entry).await
     }
 
     async fn prune_audit(&self, before: Timestamp) -> Result<u64> {
+        let _written = self.durability.writing();
         access::prune_audit(&self.writer, before).await
     }
 
@@ -454,6 +505,7 @@ impl Store for SqliteStore {
     }
 
     async fn save_fairshare(&self, ledgers: &[crate::FairShareLedger]) -> Result<()> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         crate::sql::restart_facts::save_fairshare(&mut tx, ledgers).await?;
         tx.commit().await?;
@@ -465,6 +517,7 @@ impl Store for SqliteStore {
     }
 
     async fn save_nodes_seen(&self, seen: &[(NodeId, tacc_core::Timestamp)]) -> Result<()> {
+        let _written = self.durability.writing();
         let mut tx = self.writer.begin().await?;
         crate::sql::restart_facts::save_nodes_seen(&mut tx, seen).await?;
         tx.commit().await?;
@@ -476,6 +529,7 @@ impl Store for SqliteStore {
     }
 
     async fn put_dashboard_session(&self, session: crate::DashboardSession) -> Result<()> {
+        let _written = self.durability.writing();
         crate::sql::restart_facts::put_dashboard_session(&self.writer, session).await
     }
 
@@ -484,14 +538,17 @@ impl Store for SqliteStore {
     }
 
     async fn delete_dashboard_session(&self, key: &str) -> Result<bool> {
+        let _written = self.durability.writing();
         crate::sql::restart_facts::delete_dashboard_session(&self.writer, key).await
     }
 
     async fn prune_dashboard_sessions(&self, before: tacc_core::Timestamp) -> Result<u64> {
+        let _written = self.durability.writing();
         crate::sql::restart_facts::prune_dashboard_sessions(&self.writer, before).await
     }
 
     async fn task_uid(&self, user: &str, base: u32) -> Result<u32> {
+        let _written = self.durability.writing();
         crate::sql::task_uids::task_uid(&self.writer, user, base).await
     }
 
@@ -500,6 +557,7 @@ impl Store for SqliteStore {
     }
 
     async fn put_secret(&self, secret: SecretRecord) -> Result<()> {
+        let _written = self.durability.writing();
         access::put_secret(&self.writer, secret).await
     }
 
@@ -512,10 +570,12 @@ impl Store for SqliteStore {
     }
 
     async fn delete_secret(&self, user: &str, name: &str) -> Result<bool> {
+        let _written = self.durability.writing();
         access::delete_secret(&self.writer, user, name).await
     }
 
     async fn add_snapshot_owner(&self, owner: SnapshotOwner) -> Result<()> {
+        let _written = self.durability.writing();
         access::add_snapshot_owner(&self.writer, owner).await
     }
 
@@ -524,6 +584,7 @@ impl Store for SqliteStore {
     }
 
     async fn add_chunk_owners(&self, user: &str, hashes: &[String]) -> Result<()> {
+        let _written = self.durability.writing();
         access::add_chunk_owners(&self.writer, user, hashes).await
     }
 

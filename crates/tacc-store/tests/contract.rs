@@ -38,6 +38,53 @@ mod postgres {
     tacc_store::store_contract_tests!(optional super::fresh_postgres);
 }
 
+/// Group commit: commits do not sync the log each; a sync syncs once for every write
+/// before it, and not at all when nothing was written since the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_syncs_the_log_once_for_many_writes() {
+    let (store, _dir) = fresh_sqlite().await;
+    let store = std::sync::Arc::new(store);
+    store.sync().await.unwrap();
+    let before = store.syncs();
+    let writers: Vec<_> = (0..20)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .create_task(tacc_store::NewTask {
+                        name: format!("t{i}"),
+                        user: "alice".into(),
+                        spec: serde_json::json!({}),
+                        snapshot: "ef".repeat(32).parse().unwrap(),
+                        source: None,
+                        submitted_at: tacc_core::Timestamp(1),
+                        submission: serde_json::json!({}),
+                    })
+                    .await
+                    .unwrap();
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    assert_eq!(
+        store.syncs(),
+        before,
+        "20 commits synced nothing by themselves"
+    );
+    store.sync().await.unwrap();
+    assert_eq!(store.syncs(), before + 1, "one sync for the 20 commits");
+    store.sync().await.unwrap();
+    let _ = store.get_task(tacc_core::TaskId(1)).await.unwrap();
+    store.sync().await.unwrap();
+    assert_eq!(
+        store.syncs(),
+        before + 1,
+        "reads and repeated syncs sync nothing"
+    );
+}
+
 #[tokio::test]
 async fn sqlite_store_keeps_everything_across_reopen() {
     let dir = tempfile::tempdir().unwrap();

@@ -10,6 +10,7 @@ mod cluster;
 mod cluster_stop;
 mod dashboard;
 mod drain;
+mod durable;
 mod files;
 mod groups;
 mod guard;
@@ -457,6 +458,11 @@ pub fn router(
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             guard::guard,
+        ))
+        // Answers wait for their changes to be durable, many requests per sync.
+        .layer(axum::middleware::from_fn_with_state(
+            control.clone() as Arc<dyn durable::Durable>,
+            durable::durable_answers,
         ))
         .layer(axum::middleware::map_response_with_state(
             state.clone(),
