@@ -26,9 +26,7 @@ pub enum GpuCountError {
     Negative(String),
     #[error("`{0}` is finer than a hundredth of a GPU")]
     TooFine(String),
-    #[error(
-        "`{0}` is more than one GPU but not a whole number; a task shares at most one GPU"
-    )]
+    #[error("`{0}` is more than one GPU but not a whole number; a task shares at most one GPU")]
     FractionAboveOne(String),
     #[error("`{0}` is far too large")]
     TooLarge(String),
@@ -214,14 +212,26 @@ mod tests {
         assert_eq!(GpuCount::parse("0.10").unwrap().hundredths(), 10);
         assert_eq!(GpuCount::parse("1.0"), Ok(GpuCount::whole(1)));
         assert_eq!(GpuCount::parse("2.00"), Ok(GpuCount::whole(2)));
-        assert!(matches!(GpuCount::parse("0.333"), Err(GpuCountError::TooFine(_))));
+        assert!(matches!(
+            GpuCount::parse("0.333"),
+            Err(GpuCountError::TooFine(_))
+        ));
         assert!(matches!(
             GpuCount::parse("1.5"),
             Err(GpuCountError::FractionAboveOne(_))
         ));
-        assert!(matches!(GpuCount::parse("-1"), Err(GpuCountError::Negative(_))));
-        assert!(matches!(GpuCount::parse("many"), Err(GpuCountError::NotANumber(_))));
-        assert!(matches!(GpuCount::parse("."), Err(GpuCountError::NotANumber(_))));
+        assert!(matches!(
+            GpuCount::parse("-1"),
+            Err(GpuCountError::Negative(_))
+        ));
+        assert!(matches!(
+            GpuCount::parse("many"),
+            Err(GpuCountError::NotANumber(_))
+        ));
+        assert!(matches!(
+            GpuCount::parse("."),
+            Err(GpuCountError::NotANumber(_))
+        ));
         assert!(matches!(
             GpuCount::parse("99999999999"),
             Err(GpuCountError::TooLarge(_))
@@ -247,10 +257,15 @@ mod tests {
         assert_eq!(serde_json::to_string(&half).unwrap(), "0.5");
         assert_eq!(serde_json::from_str::<GpuCount>("0.5").unwrap(), half);
         assert_eq!(
-            serde_json::from_str::<GpuCount>("0.29").unwrap().hundredths(),
+            serde_json::from_str::<GpuCount>("0.29")
+                .unwrap()
+                .hundredths(),
             29
         );
-        assert_eq!(serde_json::from_str::<GpuCount>("3").unwrap(), GpuCount::whole(3));
+        assert_eq!(
+            serde_json::from_str::<GpuCount>("3").unwrap(),
+            GpuCount::whole(3)
+        );
         assert!(serde_json::from_str::<GpuCount>("1.5").is_err());
         assert!(serde_json::from_str::<GpuCount>("-2").is_err());
     }

@@ -789,14 +789,24 @@ fn a_share_of_one_gpu_is_read_in_hundredths_and_other_fractions_are_refused_wher
     let whole = parse("run: x\nresources:\n  gpus: 2\n").unwrap();
     assert_eq!(whole.resources.gpu_share_percent(), None);
     assert_eq!(whole.resources.per_node().gpus, 2);
-    assert!(serde_json::to_string(&whole).unwrap().contains("\"gpus\":2"));
+    assert!(
+        serde_json::to_string(&whole)
+            .unwrap()
+            .contains("\"gpus\":2")
+    );
 
     let above_one = rejected("run: x\nresources:\n  gpus: 1.5\n");
-    assert!(above_one.contains("more than one GPU but not a whole number"), "{above_one}");
+    assert!(
+        above_one.contains("more than one GPU but not a whole number"),
+        "{above_one}"
+    );
     assert_located(&above_one, 3, 9, "whole GPUs (e.g. `gpus: 2`)");
 
     let too_fine = rejected("run: x\nresources:\n  gpus: 0.333\n");
-    assert!(too_fine.contains("finer than a hundredth of a GPU"), "{too_fine}");
+    assert!(
+        too_fine.contains("finer than a hundredth of a GPU"),
+        "{too_fine}"
+    );
     assert_located(&too_fine, 3, 9, "hundredths of a GPU");
 
     let negative = rejected("run: x\nresources:\n  gpus: -0.5\n");
