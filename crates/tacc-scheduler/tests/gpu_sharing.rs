@@ -183,7 +183,7 @@ fn replay(
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: 256,
-        rng_seed: RngSeed::Fixed(0x5ba2_ed),
+        rng_seed: RngSeed::Fixed(0x005b_a2ed),
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
         ..ProptestConfig::default()
     })]
@@ -254,8 +254,10 @@ fn two_halves_of_one_user_share_a_gpu_and_two_tenants_never_do() {
     assert_eq!(starts(&after), vec![(TaskId(2), vec![0])]);
 
     // Users of one group share when the operator allows groups; not otherwise.
-    let mut config = SchedulerConfig::default();
-    config.share_gpus_within = ShareGpusWithin::Group;
+    let config = SchedulerConfig {
+        share_gpus_within: ShareGpusWithin::Group,
+        ..SchedulerConfig::default()
+    };
     let mut group = Scheduler::by_name("fifo", config).unwrap();
     group.handle(Timestamp(0), node(1)).unwrap();
     assert_eq!(
