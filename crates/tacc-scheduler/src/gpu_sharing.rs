@@ -38,10 +38,19 @@ impl ShareGpusWithin {
 /// One GPU holding shares.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SharedGpu {
-    pub tenant: String,
     /// Hundredths of the GPU held, at most [`GPU_HUNDREDTHS`].
     pub used: u32,
-    pub holders: BTreeMap<TaskId, u32>,
+    /// Each holder's share and tenant. One tenant, except after a restart that found
+    /// tasks of two running on one GPU (the operator narrowed `share_gpus_within`): they
+    /// run already, and no new share joins such a GPU.
+    pub holders: BTreeMap<TaskId, (u32, String)>,
+}
+
+impl SharedGpu {
+    /// Whether every holder is `tenant`'s.
+    fn only(&self, tenant: &str) -> bool {
+        self.holders.values().all(|(_, t)| t == tenant)
+    }
 }
 
 /// Every shared GPU of the cluster, by node and GPU index.
@@ -65,7 +74,7 @@ impl SharedGpus {
         let packed = self
             .gpus
             .range((node, 0)..=(node, u32::MAX))
-            .filter(|(_, gpu)| gpu.tenant == tenant && gpu.used + share <= GPU_HUNDREDTHS)
+            .filter(|(_, gpu)| gpu.only(tenant) && gpu.used + share <= GPU_HUNDREDTHS)
             .max_by_key(|((_, index), gpu)| (gpu.used, std::cmp::Reverse(*index)))
             .map(|((_, index), _)| *index);
         packed.or_else(|| free_gpus.first().copied())
@@ -83,13 +92,11 @@ impl SharedGpus {
     ) -> bool {
         let opened = !self.gpus.contains_key(&(node, index));
         let gpu = self.gpus.entry((node, index)).or_insert_with(|| SharedGpu {
-            tenant: tenant.to_string(),
             used: 0,
             holders: BTreeMap::new(),
         });
-        debug_assert_eq!(gpu.tenant, tenant, "a GPU shared across tenants");
         gpu.used += share;
-        gpu.holders.insert(task, share);
+        gpu.holders.insert(task, (share, tenant.to_string()));
         opened
     }
 
@@ -99,7 +106,7 @@ impl SharedGpus {
         let Some(gpu) = self.gpus.get_mut(&(node, index)) else {
             return false;
         };
-        if let Some(share) = gpu.holders.remove(&task) {
+        if let Some((share, _)) = gpu.holders.remove(&task) {
             gpu.used -= share;
         }
         if gpu.holders.is_empty() {
@@ -143,6 +150,12 @@ mod tests {
         assert_eq!(shared.slot(n, &free(&[1]), "user a", 1), Some(1));
         assert!(shared.take(n, 1, TaskId(3), "user b", 30));
         assert_eq!(shared.slot(n, &free(&[]), "user a", 10), None);
+        // Restored after a restart: two tenants' shares on GPU 1; neither adds one there.
+        assert!(!shared.take(n, 1, TaskId(4), "user a", 10));
+        assert_eq!(shared.slot(n, &free(&[]), "user a", 10), None);
+        assert_eq!(shared.slot(n, &free(&[]), "user b", 10), None);
+        assert!(!shared.give_back(n, 1, TaskId(4)));
+        assert_eq!(shared.slot(n, &free(&[]), "user b", 10), Some(1));
         assert!(!shared.give_back(n, 0, TaskId(1)));
         assert!(
             shared.give_back(n, 0, TaskId(2)),
