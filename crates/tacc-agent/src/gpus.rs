@@ -9,9 +9,11 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex, Once};
 
-use nvml_wrapper::Nvml;
 use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, Nvml};
 use tacc_proto::{GpuDevice, GpuSample};
+
+use crate::mig::{MigSlice, Offered, PhysicalGpu, offer};
 
 /// What the agent knows of its GPUs.
 pub trait GpuProbe: Send + Sync + Debug {
@@ -27,13 +29,78 @@ pub trait GpuProbe: Send + Sync + Debug {
 
     /// The processes holding a context on the GPUs `indices`, as (GPU index, pid).
     fn holders(&self, indices: &[u32]) -> Vec<(u32, u32)>;
+
+    /// `CUDA_VISIBLE_DEVICES` for the GPUs `indices` when their indices do not name them:
+    /// the `MIG-…` UUIDs where any is a MIG slice. `None` keeps the indices.
+    fn visible_devices(&self, _indices: &[u32]) -> Option<String> {
+        None
+    }
 }
 
-/// The GPUs NVML finds, the first `limit` of them (`--gpus N` on a machine with more).
+/// The UUIDs of `indices` in `offered`, joined, when any of them is a MIG slice.
+fn slice_uuids(offered: &[Offered], indices: &[u32]) -> Option<String> {
+    let chosen: Vec<&Offered> = indices
+        .iter()
+        .filter_map(|&i| offered.get(i as usize))
+        .collect();
+    chosen.iter().any(|o| o.is_slice()).then(|| {
+        chosen
+            .iter()
+            .map(|o| o.uuid.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    })
+}
+
+/// The GPUs NVML finds, the first `limit` of them (`--gpus N` on a machine with more);
+/// a GPU in MIG mode is offered as its slices, each its own GPU ([`crate::mig`]).
 #[derive(Debug)]
 pub struct NvmlProbe {
     nvml: Nvml,
-    limit: u32,
+    offered: Vec<Offered>,
+}
+
+/// MIG mode as NVML reports it when on (`NVML_DEVICE_MIG_ENABLE`).
+const MIG_ENABLED: u32 = 1;
+
+/// A physical GPU and its MIG slices; one that cannot be read is offered whole (and
+/// reported unreadable by [`NvmlProbe::devices`]).
+fn physical(nvml: &Nvml, index: u32) -> PhysicalGpu {
+    let read = || -> Result<PhysicalGpu, NvmlError> {
+        let device = nvml.device_by_index(index)?;
+        let mig_on = device
+            .mig_mode()
+            .is_ok_and(|mode| mode.current == MIG_ENABLED);
+        let mut slices = Vec::new();
+        if mig_on {
+            for slice in 0..device.mig_device_count().unwrap_or(0) {
+                // Slots without a configured slice are not found: skip them.
+                let Ok(handle) = device.mig_device_by_index(slice) else {
+                    continue;
+                };
+                slices.push(MigSlice {
+                    index: slice,
+                    uuid: handle.uuid()?,
+                    name: handle.name()?,
+                    memory_total_bytes: handle.memory_info().map_or(0, |m| m.total),
+                });
+            }
+        }
+        Ok(PhysicalGpu {
+            index,
+            uuid: device.uuid()?,
+            name: device.name()?,
+            memory_total_bytes: device.memory_info()?.total,
+            slices,
+        })
+    };
+    read().unwrap_or(PhysicalGpu {
+        index,
+        uuid: String::new(),
+        name: String::new(),
+        memory_total_bytes: 0,
+        slices: Vec::new(),
+    })
 }
 
 impl NvmlProbe {
@@ -46,23 +113,48 @@ impl NvmlProbe {
         let count = nvml
             .device_count()
             .map_err(|e| format!("NVML cannot count GPUs: {e}"))?;
-        Ok(NvmlProbe {
-            nvml,
-            limit: limit.map_or(count, |l| l.min(count)),
-        })
+        let physical: Vec<PhysicalGpu> = (0..count).map(|i| physical(&nvml, i)).collect();
+        let mut offered = offer(&physical);
+        offered.truncate(limit.map_or(offered.len(), |l| l as usize));
+        Ok(NvmlProbe { nvml, offered })
     }
 
     /// How many GPUs are offered.
     pub fn count(&self) -> u32 {
-        self.limit
+        self.offered.len() as u32
+    }
+
+    /// The GPU type of the first GPU offered, as task files name it (`H100`,
+    /// `A100-MIG-1g.10gb`).
+    fn first_type(&self) -> Option<String> {
+        self.offered.first().map(|o| o.gpu_type.clone())
+    }
+
+    /// NVML's handle of offered GPU `index`: the physical GPU, or its MIG slice.
+    fn handle(&self, index: u32) -> Result<Device<'_>, NvmlError> {
+        let offered = self
+            .offered
+            .get(index as usize)
+            .ok_or(NvmlError::InvalidArg)?;
+        let device = self.nvml.device_by_index(offered.source.gpu)?;
+        match offered.source.slice {
+            Some(slice) => device.mig_device_by_index(slice),
+            None => Ok(device),
+        }
     }
 
     fn device(&self, index: u32) -> Result<GpuDevice, NvmlError> {
-        let device = self.nvml.device_by_index(index)?;
+        let offered = self
+            .offered
+            .get(index as usize)
+            .ok_or(NvmlError::InvalidArg)?;
+        let device = self.handle(index)?;
         let memory = device.memory_info()?;
+        // Retired pages are the physical GPU's, whichever slice is asked about.
+        let parent = self.nvml.device_by_index(offered.source.gpu)?;
         // Pages waiting to be retired mean uncorrectable memory errors: the GPU needs a
         // reset. Consumer GPUs do not report it, which is no sign of trouble.
-        let health = match device.are_pages_pending_retired() {
+        let health = match parent.are_pages_pending_retired() {
             Ok(true) => "retired pages pending".to_string(),
             Ok(false) | Err(NvmlError::NotSupported) => "ok".to_string(),
             Err(e) => format!("unreadable: {e}"),
@@ -77,7 +169,7 @@ impl NvmlProbe {
     }
 
     fn reading(&self, index: u32) -> Result<GpuSample, NvmlError> {
-        let device = self.nvml.device_by_index(index)?;
+        let device = self.handle(index)?;
         let memory = device.memory_info()?;
         Ok(GpuSample {
             index,
@@ -94,7 +186,7 @@ impl GpuProbe for NvmlProbe {
     }
 
     fn devices(&self) -> Vec<GpuDevice> {
-        (0..self.limit)
+        (0..self.count())
             .map(|index| {
                 self.device(index).unwrap_or_else(|e| GpuDevice {
                     index,
@@ -110,15 +202,15 @@ impl GpuProbe for NvmlProbe {
     fn sample(&self, indices: &[u32]) -> Vec<GpuSample> {
         indices
             .iter()
-            .filter(|&&i| i < self.limit)
+            .filter(|&&i| i < self.count())
             .filter_map(|&i| self.reading(i).ok())
             .collect()
     }
 
     fn holders(&self, indices: &[u32]) -> Vec<(u32, u32)> {
         let mut held = Vec::new();
-        for &index in indices.iter().filter(|&&i| i < self.limit) {
-            let Ok(device) = self.nvml.device_by_index(index) else {
+        for &index in indices.iter().filter(|&&i| i < self.count()) {
+            let Ok(device) = self.handle(index) else {
                 continue;
             };
             let compute = device.running_compute_processes().unwrap_or_default();
@@ -129,6 +221,10 @@ impl GpuProbe for NvmlProbe {
         held.dedup();
         held
     }
+
+    fn visible_devices(&self, indices: &[u32]) -> Option<String> {
+        slice_uuids(&self.offered, indices)
+    }
 }
 
 /// GPUs that are not there: `--gpus N --gpu-type T` on a machine without them. They are
@@ -138,6 +234,8 @@ impl GpuProbe for NvmlProbe {
 pub struct FakeGpus {
     count: u32,
     model: String,
+    /// Set by [`FakeGpus::from_physical`]: GPUs described as NVML would offer them.
+    offered: Vec<Offered>,
     readings: Mutex<BTreeMap<u32, GpuSample>>,
     holders: Mutex<Vec<(u32, u32)>>,
 }
@@ -147,8 +245,21 @@ impl FakeGpus {
         FakeGpus {
             count,
             model: model.unwrap_or_default(),
+            offered: Vec::new(),
             readings: Mutex::default(),
             holders: Mutex::default(),
+        }
+    }
+
+    /// GPUs as NVML would offer `physical` (MIG slices each their own GPU), for tests of
+    /// the mapping without MIG hardware.
+    #[cfg(test)]
+    pub(crate) fn from_physical(physical: &[PhysicalGpu]) -> FakeGpus {
+        let offered = offer(physical);
+        FakeGpus {
+            count: offered.len() as u32,
+            offered,
+            ..FakeGpus::default()
         }
     }
 
@@ -178,14 +289,27 @@ impl GpuProbe for FakeGpus {
 
     fn devices(&self) -> Vec<GpuDevice> {
         (0..self.count)
-            .map(|index| GpuDevice {
-                index,
-                uuid: format!("fake-{index}"),
-                model: self.model.clone(),
-                memory_total_bytes: 0,
-                health: "fake".into(),
+            .map(|index| match self.offered.get(index as usize) {
+                Some(offered) => GpuDevice {
+                    index,
+                    uuid: offered.uuid.clone(),
+                    model: offered.gpu_type.clone(),
+                    memory_total_bytes: offered.memory_total_bytes,
+                    health: "fake".into(),
+                },
+                None => GpuDevice {
+                    index,
+                    uuid: format!("fake-{index}"),
+                    model: self.model.clone(),
+                    memory_total_bytes: 0,
+                    health: "fake".into(),
+                },
             })
             .collect()
+    }
+
+    fn visible_devices(&self, indices: &[u32]) -> Option<String> {
+        slice_uuids(&self.offered, indices)
     }
 
     fn sample(&self, indices: &[u32]) -> Vec<GpuSample> {
@@ -239,8 +363,7 @@ pub fn detect_gpus() -> (u32, Option<String>) {
     let Ok(probe) = NvmlProbe::open(None) else {
         return (0, None);
     };
-    let model = probe.device(0).ok().map(|d| short_model(&d.model));
-    (probe.count(), model)
+    (probe.count(), probe.first_type())
 }
 
 /// The model word of a GPU's name: the first that starts with a letter and holds a
@@ -280,6 +403,47 @@ mod tests {
         assert_eq!(samples.len(), 1);
         assert_eq!(samples[0].index, 1);
         assert_eq!(samples[0].utilization_percent, 75);
+    }
+
+    #[test]
+    fn mig_slices_are_offered_as_their_own_gpus_and_named_by_uuid_to_cuda() {
+        use crate::mig::MigSlice;
+        let slice = |index: u32| MigSlice {
+            index,
+            uuid: format!("MIG-5a1c{index}"),
+            name: "NVIDIA A100-SXM4-40GB MIG 1g.10gb".into(),
+            memory_total_bytes: 10 << 30,
+        };
+        let probe = FakeGpus::from_physical(&[
+            PhysicalGpu {
+                index: 0,
+                uuid: "GPU-0".into(),
+                name: "NVIDIA A100-SXM4-40GB".into(),
+                memory_total_bytes: 40 << 30,
+                slices: vec![slice(0), slice(1)],
+            },
+            PhysicalGpu {
+                index: 1,
+                uuid: "GPU-1".into(),
+                name: "NVIDIA A100-SXM4-40GB".into(),
+                memory_total_bytes: 40 << 30,
+                slices: vec![],
+            },
+        ]);
+        let devices = probe.devices();
+        let types: Vec<&str> = devices.iter().map(|d| d.model.as_str()).collect();
+        assert_eq!(
+            types,
+            ["A100-MIG-1g.10gb", "A100-MIG-1g.10gb", "A100-SXM4-40GB"]
+        );
+        assert_eq!(devices[1].uuid, "MIG-5a1c1");
+        // A task given offered GPU 1 sees that slice by UUID; a whole GPU keeps its index.
+        assert_eq!(probe.visible_devices(&[1]).as_deref(), Some("MIG-5a1c1"));
+        assert_eq!(probe.visible_devices(&[2]), None);
+        let mut env = BTreeMap::from([("CUDA_VISIBLE_DEVICES".to_string(), "1".to_string())]);
+        crate::gpu_share_env::apply(&mut env, &probe, &[1], None, None);
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "MIG-5a1c1");
+        assert_eq!(FakeGpus::new(2, None).visible_devices(&[0, 1]), None);
     }
 
     #[test]

@@ -20,7 +20,12 @@ use crate::environment::{DatasetMount, EnvPlan, InstructionEnvironment, resolve_
 /// Version 5 added `array`; only an array element's instruction needs it (an older agent
 /// would run every element without its index). Version 6 added `disk_limit_bytes`;
 /// only an instruction with a limit needs it (an older agent would not enforce it).
-pub const INSTRUCTION_FORMAT: u32 = 6;
+/// Version 7 added `gpu_share_percent`; only a task on a share of one GPU needs it (an
+/// older agent would give it no MPS share and tell it `TACC_GPUS=0`).
+pub const INSTRUCTION_FORMAT: u32 = 7;
+
+/// The format of an instruction that uses nothing newer than version 6.
+const FORMAT_WITH_DISK: u32 = 6;
 
 /// The format of an instruction that uses nothing newer than version 5.
 const FORMAT_WITH_ARRAY: u32 = 5;
@@ -52,6 +57,11 @@ pub struct Instruction {
     #[serde(default = "one_process")]
     pub processes_per_node: u32,
     pub per_node: Resources,
+    /// `gpus: 0.5`: the share of its one GPU the task runs on, in percent (its
+    /// `per_node.gpus` is 0; the GPU is shared with tasks of the same tenant). The agent
+    /// sets `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` to it where MPS runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_share_percent: Option<u32>,
     pub time_limit_secs: Option<u64>,
     /// `resources.disk`: the most the working directory may hold on each node; the
     /// agent stops a task that writes more (reason `disk_limit`).
@@ -140,8 +150,10 @@ pub fn compile(
     let runtime = spec.runtime;
     let processes_per_node = spec.resources.processes_per_node();
     Instruction {
-        format_version: if spec.resources.disk.is_some() {
+        format_version: if spec.resources.gpu_share_percent().is_some() {
             INSTRUCTION_FORMAT
+        } else if spec.resources.disk.is_some() {
+            FORMAT_WITH_DISK
         } else if processes_per_node > 1 {
             FORMAT_WITH_PROCESSES
         } else if image.is_some() || runtime.is_some() {
@@ -157,6 +169,7 @@ pub fn compile(
         num_nodes: spec.resources.nodes,
         processes_per_node,
         per_node: spec.resources.per_node(),
+        gpu_share_percent: spec.resources.gpu_share_percent(),
         time_limit_secs: spec.resources.time_limit.map(|t| t.as_secs()),
         disk_limit_bytes: spec.resources.disk.map(|d| d.as_bytes()),
         setup: spec.setup.clone().filter(|s| !s.trim().is_empty()),
@@ -277,7 +290,14 @@ impl Instruction {
                 "TACC_MEMORY_MB",
                 (self.per_node.memory_bytes / (1024 * 1024)).to_string(),
             ),
-            ("TACC_GPUS", self.per_node.gpus.to_string()),
+            // `0.5` for a share of one GPU, as the task file wrote it.
+            (
+                "TACC_GPUS",
+                match self.gpu_share_percent.and_then(tacc_core::GpuCount::share) {
+                    Some(share) => share.to_string(),
+                    None => self.per_node.gpus.to_string(),
+                },
+            ),
             ("TACC_PRIORITY", self.priority.as_str().to_string()),
             // An empty list hides every GPU from a task that asked for none.
             ("CUDA_VISIBLE_DEVICES", gpus),
@@ -360,10 +380,36 @@ mod tests {
             tacc_schema::parse_task("task.yaml", "run: x\nresources: {disk: 1GiB}\n").unwrap();
         let mut instruction = compile(TaskId(7), AttemptNo(1), "alice", &limited, snapshot);
         assert_eq!(instruction.disk_limit_bytes, Some(1 << 30));
-        assert_eq!(instruction.format_version, INSTRUCTION_FORMAT);
+        assert_eq!(instruction.format_version, FORMAT_WITH_DISK);
         // An array element's instruction keeps the newer format it needs.
         instruction.set_array_element(ArrayElement { group: 1, index: 0 });
+        assert_eq!(instruction.format_version, FORMAT_WITH_DISK);
+    }
+
+    #[test]
+    fn a_share_of_one_gpu_travels_and_needs_an_agent_that_knows_shares() {
+        let snapshot: SnapshotId = "0".repeat(64).parse().unwrap();
+        let (half, _) =
+            tacc_schema::parse_task("task.yaml", "run: x\nresources: {gpus: 0.5}\n").unwrap();
+        let instruction = compile(TaskId(7), AttemptNo(1), "alice", &half, snapshot.clone());
+        assert_eq!(instruction.gpu_share_percent, Some(50));
+        assert_eq!(instruction.per_node.gpus, 0);
         assert_eq!(instruction.format_version, INSTRUCTION_FORMAT);
+        let node = NodeContext {
+            node_rank: 0,
+            local_rank: 0,
+            gpu_indices: vec![0],
+            master_addr: "n1".into(),
+            master_port: 29500,
+            workdir: "/w".into(),
+            userdir: "/u".into(),
+        };
+        let env = instruction.environment(&node, &BTreeMap::new());
+        assert_eq!(env["TACC_GPUS"], "0.5");
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "0");
+        let whole = compile(TaskId(7), AttemptNo(1), "alice", &spec(), snapshot);
+        assert_eq!(whole.gpu_share_percent, None);
+        assert!(whole.format_version < INSTRUCTION_FORMAT);
     }
 
     #[test]

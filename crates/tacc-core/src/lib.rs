@@ -6,6 +6,7 @@
 //! depend on any other crate of ours, nor on anything that does I/O (no tokio, no network,
 //! no file system, no clock). Everything here is plain data with parsing and formatting.
 
+mod gpu_count;
 mod identity;
 mod ids;
 pub mod labels;
@@ -15,6 +16,7 @@ mod runtime;
 mod state;
 mod time;
 
+pub use gpu_count::{GPU_HUNDREDTHS, GpuCount, GpuCountError};
 pub use identity::Role;
 pub use ids::{AttemptNo, GroupId, NodeId, SnapshotId, TaskId, UserName};
 pub use quantity::{ByteSize, HumanDuration};

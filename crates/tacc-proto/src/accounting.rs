@@ -120,10 +120,11 @@ pub struct QuotaLimits {
 }
 
 /// What a user's or group's tasks hold and how many wait, now.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AllocatedNow {
-    pub gpus: u64,
+    /// GPUs held, shares of one GPU counted as such (two tasks on `gpus: 0.5` hold 1).
+    pub gpus: f64,
     pub cpu_millis: u64,
     pub running: u64,
     pub queued: u64,

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use tacc_core::{NodeId, Resources, TaskId};
 
+use crate::gpu_sharing::SharedGpus;
 use crate::policy::{NodeView, PlacementPolicy};
 use crate::{NodeSpec, Placement, SchedulerError, TaskRequest};
 
@@ -43,6 +44,8 @@ pub(crate) struct Cluster {
     schedulable_total: Resources,
     /// Nodes whose placement depends on a task's time limit (pilot allocations).
     time_bound: usize,
+    /// GPUs holding shares of one GPU (`gpus: 0.5`), each out of its node's free GPUs.
+    pub shared: SharedGpus,
 }
 
 /// Whether placement on `node` depends on a task's time limit (see `allocation_end`).
@@ -87,6 +90,7 @@ impl Cluster {
 
     pub fn remove(&mut self, id: NodeId) {
         if let Some(node) = self.nodes.remove(&id) {
+            self.shared.forget_node(id);
             self.by_free_gpus.remove(&(node.free.gpus, id));
             if node.schedulable {
                 self.schedulable_total = self.schedulable_total.saturating_sub(&node.spec.capacity);
@@ -138,28 +142,57 @@ impl Cluster {
         }
     }
 
-    pub fn take(&mut self, per_node: &Resources, placements: &[Placement]) {
+    pub fn take(&mut self, task: TaskId, request: &TaskRequest, placements: &[Placement]) {
+        let per_node = &request.per_node;
         for placement in placements {
             if let Some(node) = self.nodes.get_mut(&placement.node) {
                 let before = node.free.gpus;
                 node.free = node.free.saturating_sub(per_node);
-                for gpu in &placement.gpu_indices {
-                    node.free_gpus.remove(gpu);
+                match (request.gpu_share, placement.gpu_indices.first()) {
+                    (Some(share), Some(&gpu)) => {
+                        let tenant = request.gpu_tenant.as_deref().unwrap_or_default();
+                        if self.shared.take(placement.node, gpu, task, tenant, share) {
+                            node.free_gpus.remove(&gpu);
+                            node.free.gpus = node.free.gpus.saturating_sub(1);
+                        }
+                    }
+                    _ => {
+                        for gpu in &placement.gpu_indices {
+                            node.free_gpus.remove(gpu);
+                        }
+                    }
                 }
                 self.reindex(placement.node, before);
             }
         }
     }
 
-    pub fn give_back(&mut self, per_node: &Resources, placements: &[Placement]) {
+    pub fn give_back(&mut self, task: TaskId, request: &TaskRequest, placements: &[Placement]) {
+        let per_node = &request.per_node;
         for placement in placements {
             if let Some(node) = self.nodes.get_mut(&placement.node) {
                 let before = node.free.gpus;
                 node.free = node.free.add(per_node);
-                node.free_gpus.extend(placement.gpu_indices.iter().copied());
+                match (request.gpu_share, placement.gpu_indices.first()) {
+                    (Some(_), Some(&gpu)) => {
+                        if self.shared.give_back(placement.node, gpu, task) {
+                            node.free_gpus.insert(gpu);
+                            node.free.gpus += 1;
+                        }
+                    }
+                    _ => node.free_gpus.extend(placement.gpu_indices.iter().copied()),
+                }
                 self.reindex(placement.node, before);
             }
         }
+    }
+
+    /// The GPU of `node` a share request would take now, if any (see [`SharedGpus::slot`]).
+    fn share_slot(&self, node: &NodeState, request: &TaskRequest) -> Option<u32> {
+        let share = request.gpu_share?;
+        let tenant = request.gpu_tenant.as_deref().unwrap_or_default();
+        self.shared
+            .slot(node.spec.id, &node.free_gpus, tenant, share)
     }
 
     /// Whether each of `placements`' nodes can trade `old` for `new` per node (CPU and
@@ -201,6 +234,7 @@ impl Cluster {
             .map(|(_, id)| &self.nodes[id])
             .filter(move |node| {
                 node.free.covers(&need)
+                    && (request.gpu_share.is_none() || self.share_slot(node, request).is_some())
                     && node_matches(&node.spec, request)
                     && crate::scheduler::allocation_end::fits(&node.spec, request)
             })
@@ -237,12 +271,18 @@ impl Cluster {
                 .into_iter()
                 .map(|id| Placement {
                     node: id,
-                    gpu_indices: self.nodes[&id]
-                        .free_gpus
-                        .iter()
-                        .take(request.per_node.gpus as usize)
-                        .copied()
-                        .collect(),
+                    gpu_indices: match request.gpu_share {
+                        Some(_) => self
+                            .share_slot(&self.nodes[&id], request)
+                            .into_iter()
+                            .collect(),
+                        None => self.nodes[&id]
+                            .free_gpus
+                            .iter()
+                            .take(request.per_node.gpus as usize)
+                            .copied()
+                            .collect(),
+                    },
                 })
                 .collect(),
         )
@@ -257,7 +297,9 @@ impl Cluster {
         releases: impl Iterator<Item = (u64, TaskId, NodeId, Resources)>,
         allow: &dyn Fn(NodeId) -> bool,
     ) -> Option<WhatIf> {
-        let need = request.per_node;
+        // A share that does not fit now is projected to wait for a whole free GPU: the
+        // releases say what whole GPUs come back, not which shares.
+        let need = request.footprint();
         let count = request.nodes as usize;
         if count == 0 {
             return None;
@@ -379,7 +421,7 @@ impl Cluster {
             .nodes
             .values()
             .filter(|node| {
-                node_matches(&node.spec, request) && node.spec.capacity.covers(&request.per_node)
+                node_matches(&node.spec, request) && node.spec.capacity.covers(&request.footprint())
             })
             .take(request.nodes as usize)
             .count();
@@ -441,7 +483,7 @@ impl Cluster {
             .map(|node| node.spec.capacity)
             .collect();
         let most = |part: fn(&Resources) -> u64| matching.iter().map(part).max().unwrap_or(0);
-        let asked = &request.per_node;
+        let asked = &request.footprint();
         if u64::from(asked.gpus) > most(|r| u64::from(r.gpus)) {
             MisfitPart::Gpus
         } else if asked.cpu_millis > most(|r| r.cpu_millis) {

@@ -116,6 +116,9 @@ pub struct SchedulerConfig {
     pub default_time_limit_secs: Option<u64>,
     pub fairshare: FairShareConfig,
     pub preemption: PreemptionConfig,
+    /// Whose tasks may pack shares of one GPU (`gpus: 0.5`) onto the same GPU: `user`
+    /// (the default) or `group`; never tasks of different tenants.
+    pub share_gpus_within: crate::ShareGpusWithin,
 }
 
 impl SchedulerConfig {

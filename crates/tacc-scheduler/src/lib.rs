@@ -14,6 +14,7 @@
 
 mod cluster;
 pub mod config;
+mod gpu_sharing;
 mod model;
 pub mod policies;
 pub mod policy;
@@ -24,6 +25,7 @@ pub use cluster::{Misfit, MisfitPart};
 pub use config::{
     FairShareConfig, GroupConfig, Limits, PreemptionConfig, SchedulerConfig, UserConfig,
 };
+pub use gpu_sharing::ShareGpusWithin;
 pub use model::{
     Explanation, LatestStart, LimitKind, NodeSpec, PendingReason, Placement, StartEstimate,
     TaskEnd, TaskRequest,

@@ -55,6 +55,14 @@ pub struct TaskRequest {
     /// the queue, instead of being refused.
     #[serde(default)]
     pub wait_for_capacity: bool,
+    /// A share of one GPU on each node, in hundredths (`gpus: 0.5` is 50; `1..=99`), packed
+    /// with other shares of the same tenant on one GPU; `per_node.gpus` is 0 then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_share: Option<u32>,
+    /// Who the task may share a GPU with (see [`crate::ShareGpusWithin`]). The scheduler
+    /// sets it when the task is submitted; a caller's value is replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_tenant: Option<String>,
 }
 
 impl Default for TaskRequest {
@@ -74,6 +82,8 @@ impl Default for TaskRequest {
             duration_hint_secs: None,
             not_before: None,
             wait_for_capacity: false,
+            gpu_share: None,
+            gpu_tenant: None,
         }
     }
 }
@@ -82,6 +92,26 @@ impl TaskRequest {
     /// Resources of the whole gang.
     pub fn total(&self) -> Resources {
         self.per_node.times(self.nodes)
+    }
+
+    /// What a node must have to ever hold one node's share: a share of a GPU needs a
+    /// node with at least one GPU.
+    pub fn footprint(&self) -> Resources {
+        let mut need = self.per_node;
+        if self.gpu_share.is_some() {
+            need.gpus = need.gpus.max(1);
+        }
+        need
+    }
+
+    /// GPUs of the whole gang in hundredths, shares counted as such (`0.5` is 50): what
+    /// quotas, guarantees, fair share and GPU-hours add up.
+    pub fn gpu_hundredths(&self) -> u64 {
+        let per_node = match self.gpu_share {
+            Some(share) => u64::from(share),
+            None => u64::from(self.per_node.gpus) * u64::from(tacc_core::GPU_HUNDREDTHS),
+        };
+        per_node * u64::from(self.nodes)
     }
 }
 

@@ -44,7 +44,8 @@ pub struct TaskView<'a> {
 /// Current consumption of one user or group.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
-    pub gpus: u64,
+    /// GPUs held, in hundredths of a GPU (a task on `gpus: 0.5` holds 50).
+    pub gpu_hundredths: u64,
     pub cpu_millis: u64,
     pub running: u64,
     pub queued: u64,
@@ -159,8 +160,13 @@ impl AdmissionPolicy for HardLimits {
         let total = task.request.total();
         let checks = |limits: &Limits, usage: &Usage| {
             let over = |max: Option<u64>, value: u64| max.filter(|max| value > *max);
-            if let Some(max) = over(limits.max_gpus, usage.gpus + total.gpus as u64) {
-                return Err((crate::LimitKind::Gpus, max));
+            // Limits are whole GPUs; shares count as such (two tasks on 0.5 are one GPU).
+            let hundredths = u64::from(tacc_core::GPU_HUNDREDTHS);
+            if let Some(max) = over(
+                limits.max_gpus.map(|max| max.saturating_mul(hundredths)),
+                usage.gpu_hundredths + task.request.gpu_hundredths(),
+            ) {
+                return Err((crate::LimitKind::Gpus, max / hundredths));
             }
             if let Some(max) = over(
                 limits.max_cpus.map(|c| c * 1000),

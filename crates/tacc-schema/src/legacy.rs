@@ -483,7 +483,7 @@ impl Translator<'_> {
     }
 
     fn set_gpus(&mut self, gpu_type: Option<String>, count: u32, location: Location) {
-        self.spec.resources.gpus = count;
+        self.spec.resources.gpus = count.into();
         self.spec.resources.gpu_type = gpu_type;
         self.reader
             .spans

@@ -10,6 +10,7 @@
 mod adaptive;
 mod array;
 mod error;
+mod gpus;
 mod legacy;
 mod pipeline;
 mod processes;

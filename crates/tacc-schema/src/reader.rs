@@ -517,6 +517,18 @@ impl<'s> Reader<'s> {
             .to_string())
     }
 
+    /// Whole GPUs (`gpus: 2`) or a share of one GPU in hundredths (`gpus: 0.5`).
+    pub fn gpus(&self, node: &Node, path: &str) -> Result<tacc_core::GpuCount> {
+        let scalar = self.scalar(node, path, "a number of GPUs", "gpus: 1")?;
+        tacc_core::GpuCount::parse(scalar.as_str()).map_err(|e| {
+            self.error_at_node(
+                node,
+                format!("`{}`: {e}", display_path(path)),
+                e.help().to_string(),
+            )
+        })
+    }
+
     pub fn count(&self, node: &Node, path: &str, example: &str) -> Result<u32> {
         let scalar = self.scalar(node, path, "a whole number", example)?;
         let text = scalar.as_str().trim().replace('_', "");
@@ -881,7 +893,7 @@ fn read_resources<'n>(
         resources.nodes = reader.keep(read).unwrap_or(resources.nodes);
     }
     if let Some(node) = fields.get("gpus") {
-        let read = reader.count(node, "resources.gpus", "gpus: 4");
+        let read = reader.gpus(node, "resources.gpus");
         resources.gpus = reader.keep(read).unwrap_or(resources.gpus);
     }
     if let Some(node) = fields.get("gpu_type") {

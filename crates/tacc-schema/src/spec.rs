@@ -9,7 +9,7 @@ use std::path::{Component, Path};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use tacc_core::{ByteSize, HumanDuration, Priority, Resources, RuntimeKind};
+use tacc_core::{ByteSize, GpuCount, HumanDuration, Priority, Resources, RuntimeKind};
 
 use crate::SchemaError;
 use crate::array::{ArraySpec, NotifySpec, webhook_error};
@@ -137,8 +137,12 @@ enum PriorityName {
 pub struct ResourceSpec {
     #[serde(default = "default_nodes")]
     pub nodes: u32,
+    /// Whole GPUs per node (`2`), or a share of one GPU (`0.5`, in hundredths) that the
+    /// task may share with other tasks of its own user (or group, where the operator
+    /// allows it); never with another tenant's.
     #[serde(default)]
-    pub gpus: u32,
+    #[schemars(with = "crate::gpus::GpusSchema")]
+    pub gpus: GpuCount,
     /// E.g. `A100`; any GPU when left out.
     #[serde(default)]
     pub gpu_type: Option<String>,
@@ -183,7 +187,7 @@ impl Default for ResourceSpec {
     fn default() -> Self {
         ResourceSpec {
             nodes: default_nodes(),
-            gpus: 0,
+            gpus: GpuCount::ZERO,
             gpu_type: None,
             cpus: default_cpus(),
             memory: default_memory(),
@@ -197,7 +201,7 @@ impl Default for ResourceSpec {
 impl ResourceSpec {
     /// Processes each node starts (see [`Processes`]).
     pub fn processes_per_node(&self) -> u32 {
-        self.processes.per_node(self.gpus)
+        self.processes.per_node(self.gpus.whole_gpus())
     }
 
     /// What one node of the task holds, as the scheduler counts it.
@@ -205,8 +209,14 @@ impl ResourceSpec {
         Resources::new(
             (self.cpus * 1000.0).round() as u64,
             self.memory.as_bytes(),
-            self.gpus,
+            // A share of one GPU holds no whole GPU: the scheduler packs shares apart.
+            self.gpus.whole_gpus(),
         )
+    }
+
+    /// The share of one GPU asked for, in percent (`gpus: 0.5` is 50); `None` for whole GPUs.
+    pub fn gpu_share_percent(&self) -> Option<u32> {
+        self.gpus.share_percent()
     }
 }
 
@@ -620,7 +630,7 @@ fn check_resources(resources: &ResourceSpec) -> Vec<Problem> {
             "ask for the number of machines the task spans, e.g. `nodes: 2`",
         ));
     }
-    if resources.gpus > MAX_GPUS_PER_NODE {
+    if resources.gpus > GpuCount::whole(MAX_GPUS_PER_NODE) {
         problems.push(problem(
             "resources.gpus",
             format!(
@@ -637,7 +647,7 @@ fn check_resources(resources: &ResourceSpec) -> Vec<Problem> {
                 "`gpu_type` is empty",
                 "name a GPU model such as `gpu_type: A100`, or remove the line",
             ));
-        } else if resources.gpus == 0 {
+        } else if resources.gpus.is_zero() {
             problems.push(problem(
                 "resources.gpu_type",
                 format!("`gpu_type: {gpu_type}` is set but `gpus` is 0"),
@@ -692,11 +702,14 @@ fn check_resources(resources: &ResourceSpec) -> Vec<Problem> {
             ));
         }
     }
-    if resources.processes == Processes::PerGpu && resources.gpus == 0 {
+    if resources.processes == Processes::PerGpu && resources.gpus.whole_gpus() == 0 {
         problems.push(problem(
             "resources.processes",
-            "`processes: per_gpu` starts one process per GPU, but `gpus` is 0",
-            "add `gpus: N` to `resources`, or write a number such as `processes: 4`",
+            format!(
+                "`processes: per_gpu` starts one process per whole GPU, but `gpus` is {}",
+                resources.gpus
+            ),
+            "add `gpus: N` (whole GPUs) to `resources`, or write a number such as `processes: 1`",
         ));
     }
     if let Some(limit) = resources.time_limit

@@ -151,7 +151,7 @@ fn a_legacy_tuxiv_conf_is_translated_with_warnings() {
     assert_eq!(spec.run, "python ${TACC_WORKDIR}/mnist.py --epoch=3");
     assert_eq!(spec.resources.nodes, 2);
     assert_eq!(spec.resources.cpus, 4.0);
-    assert_eq!(spec.resources.gpus, 2);
+    assert_eq!(spec.resources.gpus, 2.into());
     assert_eq!(spec.resources.gpu_type.as_deref(), Some("v100"));
     assert_eq!(spec.resources.memory, ByteSize::gib(16));
     assert_eq!(
@@ -249,7 +249,7 @@ fn legacy_names_and_short_options_are_made_usable() {
     let loaded = load_task(dir.path()).unwrap();
     assert_eq!(loaded.spec.name, "my-job");
     assert_eq!(loaded.spec.resources.nodes, 3);
-    assert_eq!(loaded.spec.resources.gpus, 1);
+    assert_eq!(loaded.spec.resources.gpus, 1.into());
     assert_eq!(loaded.spec.resources.memory, ByteSize::mib(2048));
     assert_eq!(
         loaded.spec.resources.time_limit,

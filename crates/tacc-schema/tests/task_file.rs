@@ -74,7 +74,7 @@ fn the_design_example_parses_to_what_it_says() {
     let spec = parse(DESIGN_EXAMPLE).unwrap();
     assert_eq!(spec.name, "mnist-ddp");
     assert_eq!(spec.resources.nodes, 2);
-    assert_eq!(spec.resources.gpus, 4);
+    assert_eq!(spec.resources.gpus, 4.into());
     assert_eq!(spec.resources.gpu_type.as_deref(), Some("A100"));
     assert_eq!(spec.resources.cpus, 16.0);
     assert_eq!(spec.resources.memory, ByteSize::gib(64));
@@ -123,7 +123,7 @@ fn a_minimal_file_gets_defaults_and_its_directory_name() {
     let (spec, _) = parse_task("projects/my mnist/task.yaml", "run: python train.py\n").unwrap();
     assert_eq!(spec.name, "my-mnist");
     assert_eq!(spec.resources.nodes, 1);
-    assert_eq!(spec.resources.gpus, 0);
+    assert_eq!(spec.resources.gpus, 0.into());
     assert_eq!(spec.resources.cpus, 1.0);
     assert_eq!(spec.resources.memory, ByteSize::gib(1));
     assert_eq!(spec.resources.time_limit, None);
@@ -207,18 +207,18 @@ fn unknown_fields_suggest_where_they_belong() {
 fn wrong_types_are_named_with_an_example() {
     let many = rejected("run: x\nresources:\n  gpus: many\n");
     assert!(
-        many.contains("expected a whole number for `resources.gpus`, found `many`"),
+        many.contains("`resources.gpus`: `many` is not a number of GPUs"),
         "{many}"
     );
     assert!(
         many.contains("   |         ^^^^\n"),
         "caret under `many`:\n{many}"
     );
-    assert_located(&many, 3, 9, "gpus: 4");
+    assert_located(&many, 3, 9, "gpus: 2");
 
     let negative = rejected("run: x\nresources:\n  gpus: -2\n");
     assert!(negative.contains("cannot be negative"), "{negative}");
-    assert_located(&negative, 3, 9, "gpus: 4");
+    assert_located(&negative, 3, 9, "gpus: 2");
 
     let mapping = rejected("run: x\nresources: 4\n");
     assert_located(&mapping, 2, 12, "valid fields: nodes, gpus");
@@ -518,7 +518,7 @@ fn specs_round_trip_through_json_and_validate() {
 
     // A JSON spec gets the same rules, reported by field path.
     let mut bad = spec.clone();
-    bad.resources.gpus = 5000;
+    bad.resources.gpus = 5000.into();
     let error = bad.validate().unwrap_err();
     assert!(matches!(&error, SchemaError::Invalid { field, .. } if field == "resources.gpus"));
     assert!(error.to_string().contains("at most 1024"), "{error}");
@@ -706,7 +706,7 @@ fn mistakes_across_sections_are_all_listed_once() {
     assert!(
         found[1]
             .1
-            .contains("expected a whole number for `resources.gpus`"),
+            .contains("`resources.gpus`: `lots` is not a number of GPUs"),
         "{error}"
     );
     assert!(found[2].1.contains("unknown priority `urgent`"), "{error}");
@@ -773,4 +773,42 @@ fn on_hang_mistakes_are_located() {
     assert!(rendered.contains("after"), "{rendered}");
     let rendered = rejected("run: train\non_hang: {after: soon}\n");
     assert_located(&rendered, 2, 18, "");
+}
+
+#[test]
+fn a_share_of_one_gpu_is_read_in_hundredths_and_other_fractions_are_refused_where_written() {
+    let half = parse("run: x\nresources:\n  gpus: 0.5\n").unwrap();
+    assert_eq!(half.resources.gpus.hundredths(), 50);
+    assert_eq!(half.resources.gpu_share_percent(), Some(50));
+    // A share holds no whole GPU; the scheduler packs shares on their own.
+    assert_eq!(half.resources.per_node().gpus, 0);
+    let json = serde_json::to_string(&half).unwrap();
+    assert!(json.contains("\"gpus\":0.5"), "{json}");
+    assert_eq!(serde_json::from_str::<TaskSpec>(&json).unwrap(), half);
+
+    let whole = parse("run: x\nresources:\n  gpus: 2\n").unwrap();
+    assert_eq!(whole.resources.gpu_share_percent(), None);
+    assert_eq!(whole.resources.per_node().gpus, 2);
+    assert!(
+        serde_json::to_string(&whole)
+            .unwrap()
+            .contains("\"gpus\":2")
+    );
+
+    let above_one = rejected("run: x\nresources:\n  gpus: 1.5\n");
+    assert!(
+        above_one.contains("more than one GPU but not a whole number"),
+        "{above_one}"
+    );
+    assert_located(&above_one, 3, 9, "whole GPUs (e.g. `gpus: 2`)");
+
+    let too_fine = rejected("run: x\nresources:\n  gpus: 0.333\n");
+    assert!(
+        too_fine.contains("finer than a hundredth of a GPU"),
+        "{too_fine}"
+    );
+    assert_located(&too_fine, 3, 9, "hundredths of a GPU");
+
+    let negative = rejected("run: x\nresources:\n  gpus: -0.5\n");
+    assert_located(&negative, 3, 9, "`gpus: 0.5`");
 }

@@ -96,6 +96,16 @@ pub fn resources(r: &Resources) -> String {
     text
 }
 
+/// [`resources`] with a share of one GPU (`gpus: 0.5`, `share_percent` 50) shown as
+/// `0.5 gpu (shared)`.
+pub fn resources_with_share(r: &Resources, share_percent: Option<u32>) -> String {
+    let mut text = resources(r);
+    if let Some(share) = share_percent.and_then(tacc_core::GpuCount::share) {
+        text.push_str(&format!(", {share} gpu (shared)"));
+    }
+    text
+}
+
 /// A borderless table with a header row.
 pub fn table<I, S>(header: I) -> Table
 where

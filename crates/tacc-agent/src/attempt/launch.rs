@@ -100,12 +100,25 @@ pub(super) async fn setup_then_run(
         .collect();
     base.extend(identity.vars(&node.userdir));
     let processes = instruction.processes_per_node.max(1);
+    // Judged once per launch: a stat of the MPS control pipe.
+    let mps = instruction.gpu_share_percent.and_then(|_| {
+        crate::gpu_share_env::mps_pipe_directory(
+            std::env::var("CUDA_MPS_PIPE_DIRECTORY").ok().as_deref(),
+        )
+    });
     let env_of = |local_rank: u32| {
         let node = NodeContext {
             local_rank,
             ..node.clone()
         };
         let mut env = instruction.environment(&node, &base);
+        crate::gpu_share_env::apply(
+            &mut env,
+            shared.gpus.as_ref(),
+            &assignment.gpu_indices,
+            instruction.gpu_share_percent,
+            mps.as_deref(),
+        );
         if let Some(lease) = &surroundings.environment {
             activate(&mut env, lease);
         }

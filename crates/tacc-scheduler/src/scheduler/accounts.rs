@@ -62,9 +62,10 @@ pub(super) struct GroupAccount {
 
 impl Usage {
     /// One running task holding `total`.
-    fn one_task(total: &Resources) -> Usage {
+    fn one_task(request: &TaskRequest) -> Usage {
+        let total = request.total();
         Usage {
-            gpus: total.gpus as u64,
+            gpu_hundredths: request.gpu_hundredths(),
             cpu_millis: total.cpu_millis,
             running: 1,
             queued: 0,
@@ -73,7 +74,7 @@ impl Usage {
 
     /// Count the queued tasks in `started` as running.
     fn add_started(&mut self, started: &Usage) {
-        self.gpus += started.gpus;
+        self.gpu_hundredths += started.gpu_hundredths;
         self.cpu_millis += started.cpu_millis;
         self.running += started.running;
         self.queued = self.queued.saturating_sub(started.running);
@@ -81,7 +82,7 @@ impl Usage {
 
     /// Count the running tasks in `stopped` as queued again.
     fn remove_started(&mut self, stopped: &Usage) {
-        self.gpus -= stopped.gpus;
+        self.gpu_hundredths -= stopped.gpu_hundredths;
         self.cpu_millis -= stopped.cpu_millis;
         self.running -= stopped.running;
         self.queued += stopped.running;
@@ -99,7 +100,7 @@ pub(super) struct Extra {
 impl Extra {
     /// Count `entry` as started.
     pub(super) fn add(&mut self, entry: &TaskEntry) {
-        let one = Usage::one_task(&entry.request.total());
+        let one = Usage::one_task(&entry.request);
         self.users.entry(entry.user).or_default().add_started(&one);
         self.groups
             .entry(entry.group)
@@ -199,7 +200,8 @@ impl Scheduler {
     fn billing_rate(&self, request: &TaskRequest) -> f64 {
         let total = request.total();
         let weights = &self.config.fairshare;
-        total.gpus as f64 * weights.gpu_weight
+        // Shares are billed as such: half a GPU accrues half a GPU's usage.
+        request.gpu_hundredths() as f64 / f64::from(tacc_core::GPU_HUNDREDTHS) * weights.gpu_weight
             + total.cpu_millis as f64 / 1000.0 * weights.cpu_weight
     }
 
@@ -237,7 +239,7 @@ impl Scheduler {
     ) {
         let half_life = self.config.fairshare.half_life_secs;
         let total = request.total();
-        let one = Usage::one_task(&total);
+        let one = Usage::one_task(request);
         let rate = self.billing_rate(request);
         for usage in [
             &mut self.users[user].usage,
@@ -286,7 +288,8 @@ impl Scheduler {
     /// Whether the task's group stays within its guarantee once the task has started.
     pub(super) fn within_guarantee(&self, entry: &TaskEntry) -> bool {
         let group = &self.groups[entry.group];
-        group.account.usage.gpus + entry.request.total().gpus as u64 <= group.guaranteed_gpus
+        group.account.usage.gpu_hundredths + entry.request.gpu_hundredths()
+            <= group.guaranteed_gpus * u64::from(tacc_core::GPU_HUNDREDTHS)
     }
 
     /// Limits that reject at submit: a full queue, or a task bigger than a limit allows

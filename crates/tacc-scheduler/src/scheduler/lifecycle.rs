@@ -102,8 +102,15 @@ impl Scheduler {
             })
     }
 
-    fn insert_queued(&mut self, now: Timestamp, task: TaskId, request: TaskRequest) {
+    fn insert_queued(&mut self, now: Timestamp, task: TaskId, mut request: TaskRequest) {
         let (user, group) = self.accounts_of(&request);
+        // The tenant is the scheduler's to decide, never the caller's: shares of one GPU
+        // meet only within it.
+        request.gpu_tenant = request.gpu_share.map(|_| {
+            self.config
+                .share_gpus_within
+                .tenant(request.user.as_str(), &self.groups[group].account.name)
+        });
         let priority = request
             .priority
             .min(self.config.priority_cap(request.user.as_str()));
@@ -152,7 +159,7 @@ impl Scheduler {
             )
         };
         self.queue.remove(&key);
-        self.cluster.take(&request.per_node, &placements);
+        self.cluster.take(task, &request, &placements);
         self.charge(now, user, group, &request);
         if !self.claims.is_empty() {
             self.claims.retain(|c| c.task != task);
@@ -185,7 +192,7 @@ impl Scheduler {
         let placements = placements.to_vec();
         let request = entry.request.clone();
         let (user, group, end_key) = (entry.user, entry.group, entry.end_key);
-        self.cluster.give_back(&request.per_node, &placements);
+        self.cluster.give_back(task, &request, &placements);
         self.refund(now, user, group, &request);
         self.ends.remove(&(end_key, task));
         self.running.remove(&task);
@@ -194,7 +201,9 @@ impl Scheduler {
         if request.preemptible && matches!(entry.phase, Phase::Running { .. }) {
             self.preemptible_running -= 1;
         }
-        entry.attained_gpu_ms += now.millis_since(started_at) * request.total().gpus as u64;
+        // Shares count as such: half a GPU for an hour is half a GPU-hour.
+        entry.attained_gpu_ms += now.millis_since(started_at) * request.gpu_hundredths()
+            / u64::from(tacc_core::GPU_HUNDREDTHS);
         entry.end_key = u64::MAX;
         entry.phase = Phase::Queued { reason: None };
     }

@@ -74,7 +74,8 @@ impl Scheduler {
                 continue;
             }
             let group = &self.groups[entry.group];
-            let borrowing = group.account.usage.gpus > group.guaranteed_gpus;
+            let borrowing = group.account.usage.gpu_hundredths
+                > group.guaranteed_gpus * u64::from(tacc_core::GPU_HUNDREDTHS);
             let reclaimable = reclaim && entry.group != claimant.group && borrowing;
             let outranked = by_priority
                 && (entry.group == claimant.group || borrowing)
@@ -200,7 +201,11 @@ mod tests {
     #[test]
     fn owners_reclaim_borrowed_gpus_by_preemption() {
         let mut s = borrowed(&[("a", 2), ("b", 2)], &[(1, 1), (2, 1), (3, 1), (4, 1)]);
-        assert_eq!(s.group_usage("b").gpus, 4, "b borrows a's idle share");
+        assert_eq!(
+            s.group_usage("b").gpu_hundredths,
+            400,
+            "b borrows a's idle share"
+        );
         let plan = owner_arrives(&mut s, 2);
         let victims: Vec<TaskId> = plan
             .actions

@@ -245,7 +245,7 @@ mod tests {
         }
         let vision = &standing.groups[1];
         assert_eq!((vision.share, vision.normalized_share), (3.0, 0.75));
-        assert_eq!(vision.usage.gpus, 4);
+        assert_eq!(vision.usage.gpu_hundredths, 400);
         assert_eq!(vision.usage.running, 1);
         // vision ran 4 GPUs for the whole hour, nlp 1 GPU for half of it and 2 GPUs for
         // all of it: 4 / (4 + 0.5 + 2) of the (decayed) usage, roughly.
@@ -257,7 +257,7 @@ mod tests {
         let users: Vec<(&str, u64)> = standing
             .users
             .iter()
-            .map(|u| (u.user.as_str(), u.usage.gpus))
+            .map(|u| (u.user.as_str(), u.usage.gpu_hundredths / 100))
             .collect();
         assert_eq!(users, vec![("alice", 4), ("bob", 0), ("carol", 2)]);
         // Later, the standing decays further without changing the scheduler.

@@ -65,6 +65,9 @@ pub fn attempt_spans(events: &[TaskEvent], now: Timestamp) -> Vec<Span> {
 pub struct Allocation {
     pub per_node: Resources,
     pub nodes: u32,
+    /// A share of one GPU per node in hundredths (`gpus: 0.5` is 50), charged as such;
+    /// `per_node.gpus` is 0 then.
+    pub gpu_share: Option<u32>,
 }
 
 /// Resource-hours.
@@ -82,7 +85,10 @@ impl Amount {
         let per_node = &allocation.per_node;
         Amount {
             cpu_hours: per_node.cpu_millis as f64 / 1000.0 * hours,
-            gpu_hours: f64::from(per_node.gpus) * hours,
+            gpu_hours: allocation
+                .gpu_share
+                .map_or(f64::from(per_node.gpus), |share| f64::from(share) / 100.0)
+                * hours,
             memory_gib_hours: per_node.memory_bytes as f64 / GIB * hours,
         }
     }
@@ -293,6 +299,7 @@ mod tests {
         Allocation {
             per_node: Resources::new(cpus * 1000, gib << 30, gpus),
             nodes,
+            gpu_share: None,
         }
     }
 

@@ -115,6 +115,7 @@ impl Control {
             let allocation = Allocation {
                 per_node: spec.resources.per_node(),
                 nodes: spec.resources.nodes,
+                gpu_share: spec.resources.gpu_share_percent(),
             };
             let name = match by {
                 UsageBy::User => user.clone(),
@@ -124,7 +125,7 @@ impl Control {
                 UsageBy::User => group.as_deref(),
                 UsageBy::Group => None,
             };
-            let gpu_busy = if allocation.per_node.gpus > 0 {
+            let gpu_busy = if !spec.resources.gpus.is_zero() {
                 self.gpu_busy_by_attempt(history.task.id).await?
             } else {
                 BTreeMap::new()
@@ -247,7 +248,7 @@ fn quota(limits: &tacc_scheduler::Limits) -> QuotaLimits {
 
 fn allocated(usage: &tacc_scheduler::policy::Usage) -> AllocatedNow {
     AllocatedNow {
-        gpus: usage.gpus,
+        gpus: usage.gpu_hundredths as f64 / f64::from(tacc_core::GPU_HUNDREDTHS),
         cpu_millis: usage.cpu_millis,
         running: usage.running,
         queued: usage.queued,

@@ -330,6 +330,7 @@ fn request_for(spec: &TaskSpec, user: &str, at: Timestamp, group: Option<String>
         group,
         user: tacc_core::UserName::new(user.to_string()),
         per_node: spec.resources.per_node(),
+        gpu_share: spec.resources.gpu_share_percent(),
         nodes: spec.resources.nodes,
         gpu_type: spec.resources.gpu_type.clone(),
         priority: spec.priority,

@@ -390,7 +390,7 @@ impl Control {
             .nodes
             .values()
             .map(|live| {
-                let allocated = live
+                let mut allocated = live
                     .assignments
                     .values()
                     .filter_map(|a| {
@@ -400,6 +400,19 @@ impl Control {
                             .map(|s| s.resources.per_node())
                     })
                     .fold(Resources::ZERO, |acc, r| acc.add(&r));
+                // A GPU holding shares (`gpus: 0.5`) is taken whole, however many share it.
+                let shared: std::collections::BTreeSet<u32> = live
+                    .assignments
+                    .values()
+                    .filter(|a| {
+                        inner
+                            .specs
+                            .get(&a.attempt.task)
+                            .is_some_and(|s| s.resources.gpu_share_percent().is_some())
+                    })
+                    .flat_map(|a| a.gpu_indices.iter().copied())
+                    .collect();
+                allocated.gpus += shared.len() as u32;
                 tacc_proto::NodeView {
                     id: live.record.id,
                     name: live.record.name.clone(),

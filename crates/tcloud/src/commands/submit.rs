@@ -27,7 +27,7 @@ fn print_warnings(task: &LoadedTask) {
 /// `16 cpu, 64GiB, 4 gpu` with the GPU type, time limit and disk limit when set.
 fn describe_resources(spec: &TaskSpec) -> String {
     let r = &spec.resources;
-    let mut text = format::resources(&r.per_node());
+    let mut text = format::resources_with_share(&r.per_node(), r.gpu_share_percent());
     if let Some(gpu_type) = &r.gpu_type {
         text.push_str(&format!(" ({gpu_type})"));
     }

@@ -312,7 +312,15 @@ pub async fn show(ctx: &Ctx, id: TaskId, as_json: bool, instruction: bool) -> Re
     }
     rows.push((
         "resources",
-        format!("{} per node", format::resources(&task.per_node)),
+        format!(
+            "{} per node",
+            format::resources_with_share(
+                &task.per_node,
+                serde_json::from_value::<tacc_schema::TaskSpec>(task.spec.clone())
+                    .ok()
+                    .and_then(|spec| spec.resources.gpu_share_percent())
+            )
+        ),
     ));
     rows.push((
         "time limit",
