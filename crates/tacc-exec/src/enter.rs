@@ -11,6 +11,10 @@
 //! shell variables the task chose travel renamed through those root steps and are put
 //! back by the task's own shell (`held_env`), so a user's `LD_PRELOAD` never reaches a
 //! root process here either.
+//!
+//! A container task is entered through its engine instead ([`Via::Container`]): `docker
+//! exec` into its container, as the task's uid and in its working directory — the
+//! container's own environment, cgroup and mounts are the task's already.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -50,7 +54,25 @@ pub struct Entry {
     pub run_as: Option<RunAs>,
     /// The execution has a mount namespace of its own (private /tmp and /dev/shm).
     pub private_mounts: bool,
+    /// How the execution is reached.
+    pub via: Via,
 }
+
+/// How an execution is entered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Via {
+    /// A process tree on this host: joined as described above.
+    #[default]
+    Host,
+    /// A Docker container: `docker exec` through the engine at `socket` (a path).
+    Container { socket: String, container: String },
+}
+
+/// The Docker CLI that `docker exec` runs (the engine is reached at the agent's socket).
+const DOCKER: &str = "docker";
+/// A shell inside an image: bash where the image has it, else POSIX sh.
+const IMAGE_SHELL: &str =
+    "if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi";
 
 /// A pseudo-terminal whose controller the agent keeps.
 #[derive(Debug)]
@@ -137,9 +159,58 @@ impl Entry {
         self.cgroup.is_some() || self.private_mounts || self.run_as.is_some()
     }
 
+    /// `docker exec` into the container: as the task's identity (the container's user
+    /// when the agent gave none), in its working directory, with the container's
+    /// environment (the task's); on a terminal (`-t`, the CLI on ours) or on pipes.
+    fn container_argv(
+        &self,
+        socket: &str,
+        container: &str,
+        command: &[String],
+        tty: bool,
+    ) -> Vec<String> {
+        let mut argv: Vec<String> = Vec::new();
+        if tty {
+            argv.extend([SETSID, "--ctty", "--"].map(String::from));
+        }
+        argv.extend([
+            DOCKER.to_string(),
+            "--host".to_string(),
+            format!("unix://{socket}"),
+            "exec".to_string(),
+            "--interactive".to_string(),
+        ]);
+        if tty {
+            argv.push("--tty".to_string());
+        }
+        if let Some(run_as) = self.run_as {
+            argv.push(format!("--user={}:{}", run_as.uid, run_as.gid));
+        }
+        argv.push(format!("--workdir={}", self.workdir.display()));
+        argv.push(container.to_string());
+        if command.is_empty() {
+            argv.extend(["/bin/sh", "-c", IMAGE_SHELL].map(String::from));
+        } else {
+            argv.extend(command.iter().cloned());
+        }
+        argv
+    }
+
     /// The argv up to and including the task's shell, which then runs `command` (or an
     /// interactive shell when `command` is empty).
     fn argv(&self, command: &[String], tty: bool) -> (Vec<String>, BTreeMap<String, String>) {
+        if let Via::Container { socket, container } = &self.via {
+            // Only the CLI's own needs, from the agent (the command gets the container's
+            // environment, the task's).
+            let mut env: BTreeMap<String, String> = ["PATH", "HOME"]
+                .into_iter()
+                .filter_map(|key| Some((key.to_string(), std::env::var(key).ok()?)))
+                .collect();
+            if tty {
+                env.insert("TERM".into(), "xterm-256color".into());
+            }
+            return (self.container_argv(socket, container, command, tty), env);
+        }
         let mut argv: Vec<String> = Vec::new();
         if self.cgroup.is_some() {
             let script = if tty {
@@ -208,7 +279,7 @@ impl Entry {
         cmd.args(&argv[1..])
             .env_clear()
             .envs(&env)
-            .current_dir(if self.run_as.is_some() {
+            .current_dir(if self.run_as.is_some() || self.via != Via::Host {
                 Path::new("/")
             } else {
                 self.workdir.as_path()
@@ -275,7 +346,43 @@ mod tests {
                 gid: 1000,
             }),
             private_mounts: root,
+            via: Via::Host,
         }
+    }
+
+    #[test]
+    fn a_container_is_entered_through_docker_exec_as_the_task_in_its_directory() {
+        let mut entry = entry(true);
+        entry.cgroup = None;
+        entry.private_mounts = false;
+        entry.via = Via::Container {
+            socket: "/run/docker.sock".into(),
+            container: "c0ffee".into(),
+        };
+        let (argv, env) = entry.argv(&["id".into(), "-u".into()], false);
+        assert_eq!(
+            argv,
+            [
+                "docker",
+                "--host",
+                "unix:///run/docker.sock",
+                "exec",
+                "--interactive",
+                "--user=1000:1000",
+                "--workdir=/work/t1",
+                "c0ffee",
+                "id",
+                "-u"
+            ]
+        );
+        // No secret travels on the CLI's command line or in its environment: the
+        // container has the task's environment already.
+        assert!(!env.contains_key("LD_PRELOAD"), "{env:?}");
+        let (argv, env) = entry.argv(&[], true);
+        assert_eq!(&argv[..3], ["/usr/bin/setsid", "--ctty", "--"]);
+        assert!(argv.contains(&"--tty".to_string()), "{argv:?}");
+        assert_eq!(argv.last().map(String::as_str), Some(IMAGE_SHELL));
+        assert_eq!(env["TERM"], "xterm-256color");
     }
 
     #[test]
