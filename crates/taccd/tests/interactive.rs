@@ -747,57 +747,95 @@ async fn port_forward_carries_twenty_parallel_connections_to_a_server_in_the_tas
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exec_reaches_each_rank_of_a_two_node_gang_on_its_own_node() {
-    if !root_or_skip("exec_reaches_each_rank_of_a_two_node_gang_on_its_own_node") {
+async fn exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host() {
+    if !root_or_skip("exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host")
+        || !common::netns::network_ready("exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host")
+    {
         return;
     }
+    use common::netns::{Cluster, host_address};
     let dir = tempfile::tempdir().unwrap();
-    let server = start("server", &dir.path().join("s"), &[]).await;
+    // The server on the bridge over TLS, each agent in a network namespace of its own:
+    // two machines, as far as the session's way back to each node goes.
+    let cluster = Cluster::start(dir.path(), &[]).await;
+    let _agents: Vec<Daemon> = (1..=2)
+        .map(|h| cluster.agent(h, &format!("exec-h{h}"), &["--cpus", "2"]))
+        .collect();
+    wait_nodes(&cluster.client, 2).await;
+    let created = cluster
+        .client
+        .create_user(&tacc_proto::CreateUser {
+            name: "alice".into(),
+            group: None,
+            role: tacc_core::Role::User,
+            token_ttl_secs: None,
+        })
+        .await
+        .unwrap();
+    let alice_token = created.token.token.clone();
+    let alice = Client::new(&cluster.server.url)
+        .with_pinned_fingerprint(&cluster.fingerprint)
+        .unwrap()
+        .with_token(alice_token.clone());
+    // tcloud trusts the server's certificate through its profile's pinned fingerprint.
     let home = dir.path().join("home");
-    let _a = start_agent(&server, &dir.path().join("a"), &["--name", "node-a"]);
-    let _b = start_agent(&server, &dir.path().join("b"), &["--name", "node-b"]);
-    let admin = server.client();
-    wait_nodes(&admin, 2).await;
-    let (alice, alice_token, _) = user(&server, "alice").await;
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("config.toml"),
+        format!(
+            "current = \"lab\"\n\n[clusters.lab]\nurl = \"{}\"\ntoken = \"{alice_token}\"\nfingerprint = \"{}\"\n",
+            cluster.server.url, cluster.fingerprint
+        ),
+    )
+    .unwrap();
+    let tcloud_lab = |args: &[&str]| {
+        let output = Command::new(tcloud_binary())
+            .args(args)
+            .env("TACC_HOME", &home)
+            .env_remove("TACC_SERVER")
+            .env_remove("TACC_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
     let yaml = "name: gang\nresources: {nodes: 2, cpus: 1}\nrun: |\n  echo ready=1\n  sleep 300\n";
     let (task, _) = running_task(&alice, dir.path(), "gang", yaml).await;
     let id = task.to_string();
     let view = alice.get_task(task).await.unwrap();
-    let script = "echo node-rank=$NODE_RANK; echo workdir=$(pwd)";
+    let script = "echo node-rank=$NODE_RANK; echo workdir=$(pwd); echo addresses=$(hostname -I)";
     for rank in 0..2usize {
         let rank_text = rank.to_string();
-        let (code, out, err) = tcloud_as(
-            &server,
-            &alice_token,
-            &home,
-            &["exec", &id, "--rank", &rank_text, "--", "sh", "-c", script],
-            "",
-        );
+        let (code, out, err) =
+            tcloud_lab(&["exec", &id, "--rank", &rank_text, "--", "sh", "-c", script]);
         assert_eq!(code, 0, "{err}");
         assert_eq!(field(&out, "node-rank"), Some(rank_text.as_str()), "{out}");
-        // Each rank's working directory is on its own node's agent.
-        let agent_dir = if view.nodes[rank] == "node-a" {
-            "a"
-        } else {
-            "b"
-        };
-        let expected = dir.path().join(agent_dir).display().to_string();
+        // It ran on that rank's host: in its network namespace, in its agent's directory.
+        let host: u32 = view.nodes[rank]
+            .trim_start_matches("exec-h")
+            .parse()
+            .unwrap();
+        let addresses = field(&out, "addresses").unwrap_or_default();
+        assert!(
+            addresses.split_whitespace().any(|a| a == host_address(host)),
+            "rank {rank} on {}: {out}",
+            view.nodes[rank]
+        );
+        let expected = dir.path().join(&view.nodes[rank]).display().to_string();
         assert!(
             field(&out, "workdir").is_some_and(|w| w.starts_with(&expected)),
             "rank {rank} on {}: {out}",
             view.nodes[rank]
         );
     }
-    let (code, _, err) = tcloud_as(
-        &server,
-        &alice_token,
-        &home,
-        &["exec", &id, "--rank", "2", "--", "true"],
-        "",
-    );
+    let (code, _, err) = tcloud_lab(&["exec", &id, "--rank", "2", "--", "true"]);
     assert_ne!(code, 0);
     assert!(err.contains("--rank must be 0 to 1"), "{err}");
-    admin.cancel(task).await.unwrap();
+    cluster.client.cancel(task).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
