@@ -78,6 +78,10 @@ struct Open {
     /// The spliced sessions of each task: their traffic, and where to send them a notice.
     attached: HashMap<TaskId, HashMap<u64, Attached>>,
     next_attached: u64,
+    /// When a byte last passed through a closed session of each task (a dev session's
+    /// idle time counts from then, not from when its shell exited); kept as long as the
+    /// longest idle timeout.
+    closed_use: HashMap<TaskId, Instant>,
 }
 
 #[derive(Debug)]
@@ -96,13 +100,22 @@ pub(crate) struct Attachment {
 
 impl Drop for Attachment {
     fn drop(&mut self) {
+        let kept_for = self.sessions.limits.dev_idle_max;
         let mut open = self.sessions.open.lock().unwrap();
-        if let Some(of_task) = open.attached.get_mut(&self.task) {
-            of_task.remove(&self.id);
-            if of_task.is_empty() {
-                open.attached.remove(&self.task);
-            }
+        let Some(of_task) = open.attached.get_mut(&self.task) else {
+            return;
+        };
+        let Some(attached) = of_task.remove(&self.id) else {
+            return;
+        };
+        if of_task.is_empty() {
+            open.attached.remove(&self.task);
         }
+        let used = attached.traffic.last_at();
+        open.closed_use
+            .retain(|_, at| at.elapsed() < kept_for);
+        let latest = open.closed_use.entry(self.task).or_insert(used);
+        *latest = (*latest).max(used);
     }
 }
 
@@ -226,15 +239,18 @@ impl Sessions {
         (attachment, rx)
     }
 
-    /// How long ago a byte last passed through a session open into `task` (the most
-    /// recent of them); `None` when none is open.
+    /// How long ago a byte last passed through a session into `task`, open or closed
+    /// (the most recent); `None` when none was ever opened (or too long ago to matter).
     pub(crate) fn last_use(&self, task: TaskId) -> Option<Duration> {
         let open = self.open.lock().unwrap();
-        open.attached
-            .get(&task)?
-            .values()
-            .map(|attached| attached.traffic.idle())
-            .min()
+        let of_open = open
+            .attached
+            .get(&task)
+            .into_iter()
+            .flat_map(|of_task| of_task.values())
+            .map(|attached| attached.traffic.idle());
+        let of_closed = open.closed_use.get(&task).map(|at| at.elapsed());
+        of_open.chain(of_closed).min()
     }
 
     /// Say `text` to the user of every session open into `task` (on their terminal or
@@ -306,6 +322,11 @@ impl Traffic {
         counter.fetch_add(n as u64, Ordering::Relaxed);
         self.last_ms
             .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// When the last byte passed (the start when none did).
+    fn last_at(&self) -> Instant {
+        self.started + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
     }
 
     /// How long no byte has passed.
@@ -504,6 +525,8 @@ mod tests {
         assert_eq!(heard.try_recv().unwrap(), "ends in 5 min");
         drop(first);
         drop(second);
-        assert_eq!(sessions.last_use(task), None, "forgotten once closed");
+        // Closed, its last use still counts (a dev session's idle time starts there).
+        assert!(sessions.last_use(task).is_some_and(|ago| ago < Duration::from_secs(60)));
+        assert_eq!(sessions.notify(task, "nobody"), 0);
     }
 }

@@ -1093,9 +1093,16 @@ async fn tcloud_dev_opens_a_shell_that_keeps_the_session_while_in_use_and_it_end
     // Left (Ctrl-C, exit): tcloud says how to return, and it ends by itself.
     tmux.run(&["send-keys", "-t", "s", "C-c", ""]);
     tmux.run(&["send-keys", "-t", "s", "exit", "Enter"]);
+    let left = Instant::now();
     tmux.wait_for(&format!("`tcloud shell {task}` to return"))
         .await;
     let view = wait_terminal(&alice, task).await;
+    // Its idle time counts from the shell's last byte, not from long before it.
+    assert!(
+        left.elapsed() >= Duration::from_secs(12),
+        "ended {:?} after the shell was left",
+        left.elapsed()
+    );
     assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
     assert!(
         view.reason
