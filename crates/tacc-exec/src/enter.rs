@@ -530,7 +530,10 @@ mod tests {
             node: "tacc-n2".into(),
         };
         let refused = entry.argv(&["hostname".into()], false).unwrap_err();
-        assert!(refused.to_string().contains("not submitted yet"), "{refused}");
+        assert!(
+            refused.to_string().contains("not submitted yet"),
+            "{refused}"
+        );
         job.set(41).unwrap();
         let (argv, env) = entry.argv(&["hostname".into()], false).unwrap();
         assert_eq!(

@@ -94,7 +94,11 @@ async fn check(
             }
             DevVerdict::Clear { attempt } => {
                 warned.remove(&attempt);
-                note_in_log(control, attempt, "the dev session is in use again: it goes on");
+                note_in_log(
+                    control,
+                    attempt,
+                    "the dev session is in use again: it goes on",
+                );
             }
             DevVerdict::End { attempt, reason } => {
                 warned.remove(&attempt);

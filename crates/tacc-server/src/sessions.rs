@@ -112,8 +112,7 @@ impl Drop for Attachment {
             open.attached.remove(&self.task);
         }
         let used = attached.traffic.last_at();
-        open.closed_use
-            .retain(|_, at| at.elapsed() < kept_for);
+        open.closed_use.retain(|_, at| at.elapsed() < kept_for);
         let latest = open.closed_use.entry(self.task).or_insert(used);
         *latest = (*latest).max(used);
     }
@@ -526,7 +525,11 @@ mod tests {
         drop(first);
         drop(second);
         // Closed, its last use still counts (a dev session's idle time starts there).
-        assert!(sessions.last_use(task).is_some_and(|ago| ago < Duration::from_secs(60)));
+        assert!(
+            sessions
+                .last_use(task)
+                .is_some_and(|ago| ago < Duration::from_secs(60))
+        );
         assert_eq!(sessions.notify(task, "nobody"), 0);
     }
 }

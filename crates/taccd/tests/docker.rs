@@ -233,9 +233,17 @@ async fn tcloud_exec_into_a_container_task_sees_the_container_as_the_task() {
     };
     assert_eq!(field("uid").as_deref(), Some(task_uid.as_str()), "{out}");
     assert_eq!(field("dockerenv").as_deref(), Some("yes"), "{out}");
-    assert_eq!(field("os-release").as_deref(), Some(""), "the host's: {out}");
+    assert_eq!(
+        field("os-release").as_deref(),
+        Some(""),
+        "the host's: {out}"
+    );
     assert_eq!(field("pwd-is-workdir").as_deref(), Some("yes"), "{out}");
-    assert_eq!(field("greeting").as_deref(), Some("hello-from-vars"), "{out}");
+    assert_eq!(
+        field("greeting").as_deref(),
+        Some("hello-from-vars"),
+        "{out}"
+    );
     assert_eq!(field("sh").as_deref(), Some("/bin/busybox"), "{out}");
     // Its exit status is tcloud's.
     let status = Command::new(tcloud_binary())

@@ -749,7 +749,9 @@ async fn port_forward_carries_twenty_parallel_connections_to_a_server_in_the_tas
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host() {
     if !root_or_skip("exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host")
-        || !common::netns::network_ready("exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host")
+        || !common::netns::network_ready(
+            "exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host",
+        )
     {
         return;
     }
@@ -821,7 +823,9 @@ async fn exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host() {
             .unwrap();
         let addresses = field(&out, "addresses").unwrap_or_default();
         assert!(
-            addresses.split_whitespace().any(|a| a == host_address(host)),
+            addresses
+                .split_whitespace()
+                .any(|a| a == host_address(host)),
             "rank {rank} on {}: {out}",
             view.nodes[rank]
         );
@@ -932,9 +936,8 @@ async fn sessions_are_bounded_per_user_and_cut_when_idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_dev_session_warns_its_silent_shell_then_ends_naming_its_idle_timeout() {
-    if !root_or_skip(
-        "an_idle_dev_session_warns_its_silent_shell_then_ends_naming_its_idle_timeout",
-    ) {
+    if !root_or_skip("an_idle_dev_session_warns_its_silent_shell_then_ends_naming_its_idle_timeout")
+    {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

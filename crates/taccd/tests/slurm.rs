@@ -233,8 +233,7 @@ async fn slurm_multi_node_task_has_every_rank_in_the_log() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcloud_exec_into_a_slurm_task_runs_a_step_of_its_job_on_the_rank_s_node() {
-    if !slurm_ready("tcloud_exec_into_a_slurm_task_runs_a_step_of_its_job_on_the_rank_s_node")
-        .await
+    if !slurm_ready("tcloud_exec_into_a_slurm_task_runs_a_step_of_its_job_on_the_rank_s_node").await
     {
         return;
     }
@@ -266,7 +265,16 @@ async fn tcloud_exec_into_a_slurm_task_runs_a_step_of_its_job_on_the_rank_s_node
     let out = tcloud(
         &c._server,
         &home,
-        &["exec", &task.to_string(), "--rank", "1", "--", "sh", "-c", script],
+        &[
+            "exec",
+            &task.to_string(),
+            "--rank",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
     );
     let field = |key: &str| {
         out.lines()
@@ -274,7 +282,11 @@ async fn tcloud_exec_into_a_slurm_task_runs_a_step_of_its_job_on_the_rank_s_node
             .map(str::to_string)
     };
     assert_eq!(field("job"), Some(jobs[0].0.to_string()), "{out}");
-    assert_eq!(field("host").as_deref(), Some(view.nodes[1].as_str()), "{out}");
+    assert_eq!(
+        field("host").as_deref(),
+        Some(view.nodes[1].as_str()),
+        "{out}"
+    );
     assert_eq!(field("rank").as_deref(), Some("1"), "{out}");
     assert_eq!(field("greeting").as_deref(), Some("hello-slurm"), "{out}");
     assert_eq!(field("pwd-is-workdir").as_deref(), Some("yes"), "{out}");

@@ -171,8 +171,7 @@ pub(super) async fn open_session(
         let traffic = std::sync::Arc::new(Traffic::new());
         let (attachment, notices) = sessions.attach(task, traffic.clone());
         let cut = watch(&control, &user, attempt, &traffic, idle, &shutdown);
-        let ended =
-            crate::sessions::splice(user_stream, node_stream, &traffic, notices, cut).await;
+        let ended = crate::sessions::splice(user_stream, node_stream, &traffic, notices, cut).await;
         drop(attachment);
         // Its place is free as soon as both sides are closed.
         drop(ticket);

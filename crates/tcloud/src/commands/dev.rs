@@ -226,7 +226,10 @@ mod tests {
         assert_eq!(task.spec.run, tacc_schema::DEV_HOLDER);
         assert_eq!(task.spec.setup.as_deref(), Some("pip list"));
         assert_eq!(task.spec.resources.cpus, 2.0);
-        assert_eq!(task.spec.environment.vars.get("A").map(String::as_str), Some("b"));
+        assert_eq!(
+            task.spec.environment.vars.get("A").map(String::as_str),
+            Some("b")
+        );
         // A timeout below the minimum is refused like the file's own mistakes.
         let short = DevOptions {
             idle_timeout: Some(HumanDuration::from_secs(2)),

@@ -38,10 +38,7 @@ pub(crate) enum DevVerdict {
     /// It is used again: the warning no longer holds.
     Clear { attempt: AttemptRef },
     /// End it (cancelled), with this reason.
-    End {
-        attempt: AttemptRef,
-        reason: String,
-    },
+    End { attempt: AttemptRef, reason: String },
 }
 
 /// How long before the end the users are warned: a quarter of the timeout, at most
@@ -158,7 +155,10 @@ mod tests {
                 [DevVerdict::End { .. }] => End,
                 more => panic!("{more:?}"),
             };
-            assert_eq!(got, want, "busy {busy:?} used {used:?} warned {warned:?} at {now}");
+            assert_eq!(
+                got, want,
+                "busy {busy:?} used {used:?} warned {warned:?} at {now}"
+            );
         }
     }
 
@@ -180,7 +180,10 @@ mod tests {
 
     #[test]
     fn the_warning_comes_a_quarter_of_the_timeout_before_at_most_five_minutes() {
-        assert_eq!(warning_lead(Duration::from_secs(20)), Duration::from_secs(5));
+        assert_eq!(
+            warning_lead(Duration::from_secs(20)),
+            Duration::from_secs(5)
+        );
         assert_eq!(
             warning_lead(Duration::from_secs(2 * 3600)),
             Duration::from_secs(300)
