@@ -1016,6 +1016,19 @@ async fn an_idle_dev_session_warns_its_silent_shell_then_ends_naming_its_idle_ti
     let log = log_text(&alice, task).await;
     assert!(log.contains("dev session ready"), "{log}");
     assert!(log.contains("it ends in 5s"), "{log}");
+    // It was accounted like any task: its allocation, for as long as it held it.
+    let usage = alice
+        .usage_report(&tacc_proto::UsageQuery::default())
+        .await
+        .unwrap();
+    let mine = usage
+        .rows
+        .iter()
+        .find(|row| row.name == "alice")
+        .unwrap_or_else(|| panic!("alice's row: {usage:?}"));
+    assert_eq!((mine.tasks, mine.attempts), (1, 1), "{mine:?}");
+    // One CPU held for at least the 20 s it sat idle.
+    assert!(mine.cpu_hours >= 20.0 / 3600.0, "{mine:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
