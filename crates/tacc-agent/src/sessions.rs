@@ -97,7 +97,7 @@ pub(crate) async fn serve(
         (None, _) if runs_here => {
             let message = format!(
                 "task {} runs on node {node_name} in a runtime that offers no way in yet \
-                 (only process tasks do), or its run has not started",
+                 (process and container tasks do), or its run has not started",
                 attempt.task
             );
             refuse(write, message).await

@@ -367,6 +367,19 @@ impl Executor for DockerExecutor {
             .and_then(|c| c.state?.pid)
             .and_then(|pid| u32::try_from(pid).ok())
             .and_then(|pid| container_usage(std::path::Path::new(CGROUP_MOUNT), pid));
+        // Sessions (`tcloud exec`, `shell`) enter through the engine, as the task.
+        let entry = crate::enter::Entry {
+            pid: 0,
+            cgroup: None,
+            workdir: spec.workdir.clone(),
+            env: spec.env.clone(),
+            run_as: spec.placement.run_as,
+            private_mounts: false,
+            via: crate::enter::Via::Container {
+                socket: self.socket.clone(),
+                container: id.clone(),
+            },
+        };
         let (cancel, exit_tx, exit_rx) = handle_parts();
         let token = cancel.clone();
         let resizer: Arc<dyn crate::resize::Resizer> = Arc::new(crate::resize::DockerResizer {
@@ -400,7 +413,8 @@ impl Executor for DockerExecutor {
         });
         Ok(ExecutionHandle::new(None, cancel, exit_rx)
             .with_resizer(Some(resizer))
-            .with_usage(usage))
+            .with_usage(usage)
+            .with_entry(Some(entry)))
     }
 
     /// Containers of a previous life of this agent: their attempts are lost (the agent

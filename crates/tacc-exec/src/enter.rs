@@ -11,6 +11,12 @@
 //! shell variables the task chose travel renamed through those root steps and are put
 //! back by the task's own shell (`held_env`), so a user's `LD_PRELOAD` never reaches a
 //! root process here either.
+//!
+//! A container task is entered through its engine instead ([`Via::Container`]): `docker
+//! exec` into its container, as the task's uid and in its working directory — the
+//! container's own environment, cgroup and mounts are the task's already. A Slurm task
+//! through Slurm ([`Via::Slurm`]): `srun --overlap --jobid J` on the rank's node, a step
+//! inside the job's allocation (its limits apply), with the rank's environment.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -50,7 +56,40 @@ pub struct Entry {
     pub run_as: Option<RunAs>,
     /// The execution has a mount namespace of its own (private /tmp and /dev/shm).
     pub private_mounts: bool,
+    /// How the execution is reached.
+    pub via: Via,
 }
+
+/// How an execution is entered.
+#[derive(Debug, Clone, Default)]
+pub enum Via {
+    /// A process tree on this host: joined as described above.
+    #[default]
+    Host,
+    /// A Docker container: `docker exec` through the engine at `socket` (a path).
+    Container { socket: String, container: String },
+    /// A rank of a Slurm job: a step on `node` (a Slurm node name) of the job, whose id
+    /// is known once the whole gang was submitted.
+    Slurm {
+        job: Arc<std::sync::OnceLock<u64>>,
+        node: String,
+    },
+}
+
+impl Via {
+    fn is_host(&self) -> bool {
+        matches!(self, Via::Host)
+    }
+}
+
+/// The Slurm command that starts a step inside a running job.
+const SRUN: &str = "srun";
+
+/// The Docker CLI that `docker exec` runs (the engine is reached at the agent's socket).
+const DOCKER: &str = "docker";
+/// A shell inside an image: bash where the image has it, else POSIX sh.
+const IMAGE_SHELL: &str =
+    "if command -v bash >/dev/null 2>&1; then exec bash -i; else exec sh -i; fi";
 
 /// A pseudo-terminal whose controller the agent keeps.
 #[derive(Debug)]
@@ -137,9 +176,119 @@ impl Entry {
         self.cgroup.is_some() || self.private_mounts || self.run_as.is_some()
     }
 
+    /// `docker exec` into the container: as the task's identity (the container's user
+    /// when the agent gave none), in its working directory, with the container's
+    /// environment (the task's); on a terminal (`-t`, the CLI on ours) or on pipes.
+    fn container_argv(
+        &self,
+        socket: &str,
+        container: &str,
+        command: &[String],
+        tty: bool,
+    ) -> Vec<String> {
+        let mut argv: Vec<String> = Vec::new();
+        if tty {
+            argv.extend([SETSID, "--ctty", "--"].map(String::from));
+        }
+        argv.extend([
+            DOCKER.to_string(),
+            "--host".to_string(),
+            format!("unix://{socket}"),
+            "exec".to_string(),
+            "--interactive".to_string(),
+        ]);
+        if tty {
+            argv.push("--tty".to_string());
+        }
+        if let Some(run_as) = self.run_as {
+            argv.push(format!("--user={}:{}", run_as.uid, run_as.gid));
+        }
+        argv.push(format!("--workdir={}", self.workdir.display()));
+        argv.push(container.to_string());
+        if command.is_empty() {
+            argv.extend(["/bin/sh", "-c", IMAGE_SHELL].map(String::from));
+        } else {
+            argv.extend(command.iter().cloned());
+        }
+        argv
+    }
+
+    /// `srun --overlap` into job `job` on `node`: one task, in the working directory,
+    /// with a terminal of Slurm's (`--pty`, srun on ours) or on pipes.
+    fn slurm_argv(&self, job: u64, node: &str, command: &[String], tty: bool) -> Vec<String> {
+        let mut argv: Vec<String> = Vec::new();
+        if tty {
+            argv.extend([SETSID, "--ctty", "--"].map(String::from));
+        }
+        argv.extend([
+            SRUN.to_string(),
+            "--overlap".to_string(),
+            format!("--jobid={job}"),
+            format!("--nodelist={node}"),
+            "--nodes=1".to_string(),
+            "--ntasks=1".to_string(),
+            "--quiet".to_string(),
+            format!("--chdir={}", self.workdir.display()),
+        ]);
+        if tty {
+            argv.push("--pty".to_string());
+        }
+        if command.is_empty() {
+            argv.extend(["/bin/sh", "-c", IMAGE_SHELL].map(String::from));
+        } else {
+            argv.extend(command.iter().cloned());
+        }
+        argv
+    }
+
     /// The argv up to and including the task's shell, which then runs `command` (or an
     /// interactive shell when `command` is empty).
-    fn argv(&self, command: &[String], tty: bool) -> (Vec<String>, BTreeMap<String, String>) {
+    fn argv(
+        &self,
+        command: &[String],
+        tty: bool,
+    ) -> Result<(Vec<String>, BTreeMap<String, String>), ExecError> {
+        if let Via::Slurm { job, node } = &self.via {
+            let Some(job) = job.get() else {
+                return Err(ExecError::Slurm(
+                    "the attempt's Slurm job is not submitted yet (its gang is still \
+                     gathering): try again once it runs"
+                        .into(),
+                ));
+            };
+            // The step gets srun's environment: the rank's (kept off the command line,
+            // which every user of the node can read), and what srun needs of the agent's.
+            let mut env = self.env.clone();
+            for key in ["SLURM_CONF"] {
+                if let Ok(value) = std::env::var(key) {
+                    env.insert(key.to_string(), value);
+                }
+            }
+            if tty && !env.contains_key("TERM") {
+                env.insert("TERM".into(), "xterm-256color".into());
+            }
+            return Ok((self.slurm_argv(*job, node, command, tty), env));
+        }
+        Ok(self.host_or_container_argv(command, tty))
+    }
+
+    fn host_or_container_argv(
+        &self,
+        command: &[String],
+        tty: bool,
+    ) -> (Vec<String>, BTreeMap<String, String>) {
+        if let Via::Container { socket, container } = &self.via {
+            // Only the CLI's own needs, from the agent (the command gets the container's
+            // environment, the task's).
+            let mut env: BTreeMap<String, String> = ["PATH", "HOME"]
+                .into_iter()
+                .filter_map(|key| Some((key.to_string(), std::env::var(key).ok()?)))
+                .collect();
+            if tty {
+                env.insert("TERM".into(), "xterm-256color".into());
+            }
+            return (self.container_argv(socket, container, command, tty), env);
+        }
         let mut argv: Vec<String> = Vec::new();
         if self.cgroup.is_some() {
             let script = if tty {
@@ -198,7 +347,13 @@ impl Entry {
     /// Start `command` inside the execution: with pipes (stdin, stdout and stderr of the
     /// returned child), or on `pty`'s terminal.
     pub async fn spawn(&self, command: &[String], pty: Option<&Pty>) -> Result<Entered, ExecError> {
-        let (argv, env) = self.argv(command, pty.is_some());
+        let (mut argv, env) = self.argv(command, pty.is_some())?;
+        // Found on the agent's PATH: the command line's own PATH is the task's.
+        for program in argv.iter_mut().filter(|p| *p == DOCKER || *p == SRUN) {
+            if let Some(found) = on_agent_path(program) {
+                *program = found.display().to_string();
+            }
+        }
         let spawn_error = |source| ExecError::Spawn {
             program: argv[0].clone(),
             workdir: self.workdir.display().to_string(),
@@ -208,7 +363,7 @@ impl Entry {
         cmd.args(&argv[1..])
             .env_clear()
             .envs(&env)
-            .current_dir(if self.run_as.is_some() {
+            .current_dir(if self.run_as.is_some() || !self.via.is_host() {
                 Path::new("/")
             } else {
                 self.workdir.as_path()
@@ -257,6 +412,13 @@ impl Entry {
     }
 }
 
+/// Where `program` is on the agent's own PATH.
+fn on_agent_path(program: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,12 +437,48 @@ mod tests {
                 gid: 1000,
             }),
             private_mounts: root,
+            via: Via::Host,
         }
     }
 
     #[test]
+    fn a_container_is_entered_through_docker_exec_as_the_task_in_its_directory() {
+        let mut entry = entry(true);
+        entry.cgroup = None;
+        entry.private_mounts = false;
+        entry.via = Via::Container {
+            socket: "/run/docker.sock".into(),
+            container: "c0ffee".into(),
+        };
+        let (argv, env) = entry.argv(&["id".into(), "-u".into()], false).unwrap();
+        assert_eq!(
+            argv,
+            [
+                "docker",
+                "--host",
+                "unix:///run/docker.sock",
+                "exec",
+                "--interactive",
+                "--user=1000:1000",
+                "--workdir=/work/t1",
+                "c0ffee",
+                "id",
+                "-u"
+            ]
+        );
+        // No secret travels on the CLI's command line or in its environment: the
+        // container has the task's environment already.
+        assert!(!env.contains_key("LD_PRELOAD"), "{env:?}");
+        let (argv, env) = entry.argv(&[], true).unwrap();
+        assert_eq!(&argv[..3], ["/usr/bin/setsid", "--ctty", "--"]);
+        assert!(argv.contains(&"--tty".to_string()), "{argv:?}");
+        assert_eq!(argv.last().map(String::as_str), Some(IMAGE_SHELL));
+        assert_eq!(env["TERM"], "xterm-256color");
+    }
+
+    #[test]
     fn a_root_entry_holds_the_loader_variables_back_until_the_task_shell() {
-        let (argv, env) = entry(true).argv(&["id".into(), "-u".into()], true);
+        let (argv, env) = entry(true).argv(&["id".into(), "-u".into()], true).unwrap();
         assert_eq!(
             &argv[..4],
             ["/usr/bin/nsenter", "--target=42", "--mount", "--"]
@@ -297,7 +495,7 @@ mod tests {
 
     #[test]
     fn an_unprivileged_entry_passes_the_environment_as_it_is() {
-        let (argv, env) = entry(false).argv(&[], false);
+        let (argv, env) = entry(false).argv(&[], false).unwrap();
         assert_eq!(argv[0], "/bin/bash");
         assert_eq!(env["LD_PRELOAD"], "/home/u/evil.so");
         assert_eq!(argv[2], "exec /bin/bash -i");
@@ -319,5 +517,43 @@ mod tests {
             format!("hello\n{}\n", dir.path().canonicalize().unwrap().display())
         );
         assert_eq!(output.status.code(), Some(4));
+    }
+
+    #[test]
+    fn a_slurm_rank_is_entered_by_a_step_of_its_job_once_the_job_is_known() {
+        let job = Arc::new(std::sync::OnceLock::new());
+        let mut entry = entry(false);
+        entry.run_as = None;
+        entry.env.insert("API_KEY".into(), "s3cret".into());
+        entry.via = Via::Slurm {
+            job: job.clone(),
+            node: "tacc-n2".into(),
+        };
+        let refused = entry.argv(&["hostname".into()], false).unwrap_err();
+        assert!(
+            refused.to_string().contains("not submitted yet"),
+            "{refused}"
+        );
+        job.set(41).unwrap();
+        let (argv, env) = entry.argv(&["hostname".into()], false).unwrap();
+        assert_eq!(
+            argv,
+            [
+                "srun",
+                "--overlap",
+                "--jobid=41",
+                "--nodelist=tacc-n2",
+                "--nodes=1",
+                "--ntasks=1",
+                "--quiet",
+                "--chdir=/work/t1",
+                "hostname"
+            ]
+        );
+        // The rank's variables reach the step through srun's environment, not argv.
+        assert_eq!(env["API_KEY"], "s3cret");
+        assert!(!argv.iter().any(|a| a.contains("s3cret")));
+        let (argv, _) = entry.argv(&[], true).unwrap();
+        assert!(argv.contains(&"--pty".to_string()), "{argv:?}");
     }
 }

@@ -258,6 +258,7 @@ impl Executor for ProcessExecutor {
             env: spec.env.clone(),
             run_as: spec.placement.run_as,
             private_mounts: spec.placement.private_tmp.is_some(),
+            via: crate::enter::Via::Host,
         });
         tokio::spawn(async move {
             let group = pid.map(|p| Pid::from_raw(p as i32));

@@ -66,6 +66,8 @@ pub(crate) fn translate(source_name: &str, text: &str, fallback_name: &str) -> R
             notify: None,
             sweep: None,
             on_hang: None,
+            kind: Default::default(),
+            idle_timeout: None,
         },
         slurm_job_name: None,
     };

@@ -11,6 +11,7 @@ mod adaptive;
 mod array;
 mod error;
 mod gpus;
+mod interactive;
 mod legacy;
 mod pipeline;
 mod processes;
@@ -27,6 +28,7 @@ use std::path::{Component, Path, PathBuf};
 pub use adaptive::{AdaptiveSpec, Range};
 pub use array::{ArrayError, ArraySpec, MAX_ARRAY_ELEMENTS, NotifySpec};
 pub use error::{Diagnostic, Diagnostics, MAX_SHOWN_DIAGNOSTICS, SchemaError, Severity};
+pub use interactive::{DEFAULT_IDLE_TIMEOUT, DEV_HOLDER, MIN_IDLE_TIMEOUT, TaskKind};
 pub use legacy::LegacyChange;
 pub use pipeline::{
     LoadedPipeline, MAX_STAGES, PipelineSpec, StageSpec, is_pipeline, load_pipeline, parse_pipeline,

@@ -44,6 +44,8 @@ pub(crate) const TASK_FIELDS: &[&str] = &[
     "notify",
     "sweep",
     "on_hang",
+    "kind",
+    "idle_timeout",
 ];
 pub(crate) const SWEEP_FIELDS: &[&str] = &[
     "method",
@@ -762,12 +764,26 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
     let setup = field!("setup", None, |node| reader
         .text(node, "setup", "setup: pip list")
         .map(Some));
+    let kind = field!("kind", crate::TaskKind::Batch, |node| reader.choice(
+        node,
+        "kind",
+        "task kind",
+        &[
+            ("batch", crate::TaskKind::Batch),
+            ("interactive", crate::TaskKind::Interactive),
+        ],
+    ));
+    let idle_timeout = field!("idle_timeout", None, |node| reader
+        .duration(node, "idle_timeout", "idle_timeout: 2h")
+        .map(Some));
     let run = match top.get("run") {
         Some(node) => {
             let read = reader.text(node, "run", "run: python train.py");
             reader.keep(read).unwrap_or_default()
         }
         None if top.has("run") => String::new(),
+        // A dev session without a command of its own holds its allocation.
+        None if kind == crate::TaskKind::Interactive => crate::DEV_HOLDER.to_string(),
         None => {
             let error = reader.spans.error_at(
                 "run",
@@ -865,6 +881,8 @@ pub(crate) fn read_task(root: &Node, spans: &mut Spans, fallback_name: &str) -> 
         array,
         notify,
         on_hang,
+        kind,
+        idle_timeout,
     };
     let found = reader.take_found();
     match reader.spans.located_problems(spec.problems(), found) {

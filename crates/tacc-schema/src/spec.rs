@@ -93,6 +93,15 @@ pub struct TaskSpec {
     /// the cluster's default; `on_hang: off` never ends one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_hang: Option<HangSpec>,
+    /// `batch` (default): a job. `interactive`: a dev session that holds its allocation
+    /// for `tcloud shell`/`exec`/`port-forward` and ends when idle (`run` may be left out).
+    #[serde(default, skip_serializing_if = "crate::TaskKind::is_batch")]
+    pub kind: crate::TaskKind,
+    /// A dev session ends after this long with no session in use and no CPU or GPU used
+    /// by its processes (default 2h; the cluster may cap it). `kind: interactive` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", example = "2h")]
+    pub idle_timeout: Option<HumanDuration>,
 }
 
 /// `on_hang: {after: 10m, then: fail|retry}`; `on_hang: off` is `after: null`.
@@ -537,6 +546,7 @@ impl TaskSpec {
         ));
         problems.extend(check_datasets(&self.datasets));
         problems.extend(check_commands(self));
+        problems.extend(crate::interactive::check_interactive(self));
         problems.extend(crate::sizes::check_sizes(self));
         problems.extend(check_outputs(&self.outputs));
         problems.extend(check_retry(&self.retry));

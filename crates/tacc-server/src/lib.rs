@@ -21,6 +21,7 @@ pub mod cluster_stop;
 mod connections;
 mod control;
 pub mod daemon_log;
+mod dev_idle;
 mod disk_errors;
 mod enrolment;
 mod limits;
@@ -162,7 +163,7 @@ async fn serve_on(
 ) -> std::io::Result<()> {
     let background = spawn_background(control.clone(), shutdown.clone());
     let limits = control.config.connections;
-    let app = api::router(control, shutdown.clone(), tls.is_some(), cluster_stop);
+    let app = api::leader_router(control, shutdown.clone(), tls.is_some(), cluster_stop);
     let result = connections::serve(listener, tls, app, limits, shutdown).await;
     for task in background {
         task.abort();

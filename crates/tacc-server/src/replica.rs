@@ -271,7 +271,7 @@ impl Replica {
             }
         };
         let stop = self.shutdown.child_token();
-        let app = crate::api::router(control.clone(), stop.clone(), false, None);
+        let app = crate::api::leader_router(control.clone(), stop.clone(), false, None);
         let background = crate::spawn_background(control, stop.clone());
         tokio::spawn({
             let stop = stop.clone();

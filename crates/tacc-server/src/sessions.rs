@@ -3,7 +3,9 @@
 //! then the two are spliced. Here: the bounds (sessions per user and per node, an idle
 //! cut-off, one frame of buffer per direction), the agents' connections awaited by id,
 //! and the splice itself with the reasons a session ends (its task ended, its owner's
-//! token was revoked, it fell idle, the server stops).
+//! token was revoked, it fell idle, the server stops). The sessions open into each task
+//! are known by task too, with their traffic, so that a dev session counts as in use
+//! while bytes pass through one (`crate::dev_idle`) and its users can be warned in them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tacc_core::NodeId;
+use tacc_core::{NodeId, TaskId};
 use tacc_proto::{Frame, NodeRequestId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::ServerError;
 
@@ -26,8 +28,11 @@ pub struct SessionLimits {
     pub per_user: usize,
     /// Sessions open into one node at once, all users together.
     pub per_node: usize,
-    /// A session through which no byte passed for this long is closed.
+    /// A session through which no byte passed for this long is closed (unless it goes
+    /// into a dev session, whose own idle timeout governs it).
     pub idle: Duration,
+    /// The longest idle timeout a dev session gets (`taccd --dev-idle-max`).
+    pub dev_idle_max: Duration,
 }
 
 impl Default for SessionLimits {
@@ -36,6 +41,7 @@ impl Default for SessionLimits {
             per_user: 64,
             per_node: 256,
             idle: Duration::from_secs(30 * 60),
+            dev_idle_max: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -69,6 +75,47 @@ struct Open {
     per_node: HashMap<NodeId, usize>,
     /// Sessions whose node has not connected back yet, and who waits for it.
     waiting: HashMap<NodeRequestId, (NodeId, oneshot::Sender<Upgraded>)>,
+    /// The spliced sessions of each task: their traffic, and where to send them a notice.
+    attached: HashMap<TaskId, HashMap<u64, Attached>>,
+    next_attached: u64,
+    /// When a byte last passed through a closed session of each task (a dev session's
+    /// idle time counts from then, not from when its shell exited); kept as long as the
+    /// longest idle timeout.
+    closed_use: HashMap<TaskId, Instant>,
+}
+
+#[derive(Debug)]
+struct Attached {
+    traffic: Arc<Traffic>,
+    notices: mpsc::UnboundedSender<String>,
+}
+
+/// A session spliced into a task: known by its task until dropped.
+#[derive(Debug)]
+pub(crate) struct Attachment {
+    sessions: Arc<Sessions>,
+    task: TaskId,
+    id: u64,
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        let kept_for = self.sessions.limits.dev_idle_max;
+        let mut open = self.sessions.open.lock().unwrap();
+        let Some(of_task) = open.attached.get_mut(&self.task) else {
+            return;
+        };
+        let Some(attached) = of_task.remove(&self.id) else {
+            return;
+        };
+        if of_task.is_empty() {
+            open.attached.remove(&self.task);
+        }
+        let used = attached.traffic.last_at();
+        open.closed_use.retain(|_, at| at.elapsed() < kept_for);
+        let latest = open.closed_use.entry(self.task).or_insert(used);
+        *latest = (*latest).max(used);
+    }
 }
 
 #[derive(Debug, Default)]
@@ -165,6 +212,58 @@ impl Sessions {
         }
     }
 
+    /// A session into `task` is spliced, with this traffic: the notices for it come out
+    /// of the receiver (see [`splice`]).
+    pub(crate) fn attach(
+        self: &Arc<Self>,
+        task: TaskId,
+        traffic: Arc<Traffic>,
+    ) -> (Attachment, mpsc::UnboundedReceiver<String>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut open = self.open.lock().unwrap();
+        open.next_attached += 1;
+        let id = open.next_attached;
+        open.attached.entry(task).or_default().insert(
+            id,
+            Attached {
+                traffic,
+                notices: tx,
+            },
+        );
+        let attachment = Attachment {
+            sessions: self.clone(),
+            task,
+            id,
+        };
+        (attachment, rx)
+    }
+
+    /// How long ago a byte last passed through a session into `task`, open or closed
+    /// (the most recent); `None` when none was ever opened (or too long ago to matter).
+    pub(crate) fn last_use(&self, task: TaskId) -> Option<Duration> {
+        let open = self.open.lock().unwrap();
+        let of_open = open
+            .attached
+            .get(&task)
+            .into_iter()
+            .flat_map(|of_task| of_task.values())
+            .map(|attached| attached.traffic.idle());
+        let of_closed = open.closed_use.get(&task).map(|at| at.elapsed());
+        of_open.chain(of_closed).min()
+    }
+
+    /// Say `text` to the user of every session open into `task` (on their terminal or
+    /// stderr); how many were told.
+    pub(crate) fn notify(&self, task: TaskId, text: &str) -> usize {
+        let open = self.open.lock().unwrap();
+        open.attached.get(&task).map_or(0, |of_task| {
+            of_task
+                .values()
+                .filter(|attached| attached.notices.send(text.to_string()).is_ok())
+                .count()
+        })
+    }
+
     /// `node` connects back for session `id`: where its connection goes, if the session
     /// waits for that node.
     pub(crate) fn claim(
@@ -224,6 +323,11 @@ impl Traffic {
             .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
+    /// When the last byte passed (the start when none did).
+    fn last_at(&self) -> Instant {
+        self.started + Duration::from_millis(self.last_ms.load(Ordering::Relaxed))
+    }
+
     /// How long no byte has passed.
     pub(crate) fn idle(&self) -> Duration {
         self.started
@@ -236,14 +340,23 @@ impl Traffic {
     }
 }
 
+impl Default for Traffic {
+    fn default() -> Self {
+        Traffic::new()
+    }
+}
+
 /// Copy between the user's and the node's connections until either closes or `cut`
 /// gives a reason to stop; the user is then sent an [`Frame::Error`] saying it. Bytes
 /// from the user go to the node as they come; the node's go to the user a whole frame at
-/// a time (so a reason can be put between two frames), one read buffer each way.
+/// a time (so a reason or a notice can be put between two frames), one read buffer each
+/// way. Each of `notices` reaches the user as a line on stderr once the session is open
+/// (after the node's first frame); it is the server's, not traffic.
 pub(crate) async fn splice(
     user: Upgraded,
     node: Upgraded,
     traffic: &Traffic,
+    mut notices: mpsc::UnboundedReceiver<String>,
     cut: impl std::future::Future<Output = String>,
 ) -> Ended {
     let (mut user_read, mut user_write) = tokio::io::split(TokioIo::new(user));
@@ -267,6 +380,8 @@ pub(crate) async fn splice(
     let ended = {
         let downward = async {
             let mut buffer = vec![0u8; 16 << 10];
+            let mut opened = false;
+            let mut notices_open = true;
             loop {
                 // Whole frames only: the buffer never holds more than one frame and a read.
                 loop {
@@ -277,6 +392,7 @@ pub(crate) async fn splice(
                                 return;
                             }
                             traffic.passed(&traffic.to_user, bytes.len());
+                            opened = true;
                         }
                         Ok(None) => break,
                         Err(_) => {
@@ -286,9 +402,24 @@ pub(crate) async fn splice(
                     }
                 }
                 let _ = user_write.flush().await;
-                match node_read.read(&mut buffer).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => pending.extend_from_slice(&buffer[..n]),
+                tokio::select! {
+                    read = node_read.read(&mut buffer) => match read {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => pending.extend_from_slice(&buffer[..n]),
+                    },
+                    // Before the node's go-ahead the user's side waits for that frame
+                    // first: a notice then waits too.
+                    notice = notices.recv(), if opened && notices_open => match notice {
+                        Some(text) => {
+                            // A terminal in raw mode needs the carriage returns.
+                            let line = format!("\r\ntacc: {text}\r\n");
+                            let bytes = Frame::Stderr(line.into_bytes()).encode();
+                            if user_write.write_all(&bytes).await.is_err() {
+                                return;
+                            }
+                        }
+                        None => notices_open = false,
+                    },
                 }
             }
         };
@@ -327,6 +458,7 @@ mod tests {
             per_user: 2,
             per_node: 3,
             idle: Duration::from_secs(60),
+            ..SessionLimits::default()
         };
         let table = [
             (0, 0, Ok(())),
@@ -346,6 +478,7 @@ mod tests {
             per_user: 1,
             per_node: 10,
             idle: Duration::from_secs(60),
+            ..SessionLimits::default()
         }));
         let first = sessions.admit("alice", NodeId(1)).unwrap();
         assert!(sessions.admit("alice", NodeId(2)).is_err());
@@ -368,10 +501,35 @@ mod tests {
             "forgotten"
         );
         let _expected = sessions.expect(NodeRequestId(9), NodeId(1));
+        // (The attached sessions are below.)
         assert!(sessions.claim(NodeId(1), NodeRequestId(9)).is_some());
         assert!(
             sessions.claim(NodeId(1), NodeRequestId(9)).is_none(),
             "claimed once"
         );
+    }
+
+    #[test]
+    fn a_task_knows_its_spliced_sessions_their_last_use_and_hears_notices() {
+        let sessions = Arc::new(Sessions::new(SessionLimits::default()));
+        let task = TaskId(3);
+        assert_eq!(sessions.last_use(task), None);
+        assert_eq!(sessions.notify(task, "hello"), 0);
+        let traffic = Arc::new(Traffic::new());
+        let (first, mut heard) = sessions.attach(task, traffic.clone());
+        let (second, _other) = sessions.attach(task, Arc::new(Traffic::new()));
+        assert!(sessions.last_use(task).is_some());
+        assert_eq!(sessions.last_use(TaskId(4)), None);
+        assert_eq!(sessions.notify(task, "ends in 5 min"), 2);
+        assert_eq!(heard.try_recv().unwrap(), "ends in 5 min");
+        drop(first);
+        drop(second);
+        // Closed, its last use still counts (a dev session's idle time starts there).
+        assert!(
+            sessions
+                .last_use(task)
+                .is_some_and(|ago| ago < Duration::from_secs(60))
+        );
+        assert_eq!(sessions.notify(task, "nobody"), 0);
     }
 }

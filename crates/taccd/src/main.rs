@@ -250,6 +250,10 @@ struct ServerArgs {
     /// Interactive sessions open into one node at once, all users together.
     #[arg(long, default_value_t = 256)]
     sessions_per_node: usize,
+    /// The longest `idle_timeout` a dev session (`tcloud dev`, `kind: interactive`) gets:
+    /// one that asks for more (or its 2h default, when longer) is ended after this.
+    #[arg(long, default_value = "24h", value_name = "DURATION")]
+    dev_idle_max: HumanDuration,
     /// Adaptive allocation of running tasks that give `adaptive:` bounds: `on` grows and
     /// shrinks their CPU and memory within the bounds, `shrink` only gives back what they
     /// do not use, `off` moves nothing (verdicts are still shown). Tasks without
@@ -689,6 +693,7 @@ fn server_config(args: &ServerArgs) -> Result<ServerConfig> {
         per_user: args.sessions_per_user,
         per_node: args.sessions_per_node,
         idle: args.session_idle.as_std(),
+        dev_idle_max: args.dev_idle_max.as_std(),
     };
     config.adaptive = tacc_server::AdaptiveConfig {
         mode: args.adaptive.0,

@@ -197,6 +197,69 @@ async fn docker_cancel_stops_and_removes_the_container() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcloud_exec_into_a_container_task_sees_the_container_as_the_task() {
+    if !docker_ready("tcloud_exec_into_a_container_task_sees_the_container_as_the_task") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let dev_dir = dir.path().join("dev");
+    let dev = start("dev", &dev_dir, &["--docker-socket", SOCKET]).await;
+    let client = dev.client();
+    wait_nodes(&client, 1).await;
+    let yaml = format!(
+        "name: boxed\nenvironment:\n  image: {TEST_IMAGE}\n  vars: {{GREETING: hello-from-vars}}\nrun: |\n  \
+         echo task-uid=$(id -u)\n  echo ready\n  sleep 300\n"
+    );
+    let task = submit(&client, dir.path(), "boxed", &yaml, &[]).await;
+    let log = wait_log(&client, task, "ready").await;
+    let task_uid = log
+        .lines()
+        .find_map(|l| l.strip_prefix("task-uid="))
+        .expect("the task's uid in its log")
+        .to_string();
+    let home = dir.path().join("home");
+    let id = task.to_string();
+    // What the command sees is the container: the image's filesystem (busybox, no
+    // /etc/os-release), the task's uid, directory and variables.
+    let script = "echo uid=$(id -u); echo dockerenv=$(test -f /.dockerenv && echo yes); \
+                  echo os-release=$(cat /etc/os-release 2>/dev/null | head -n 1 || true); \
+                  echo pwd-is-workdir=$(test \"$(pwd)\" = \"$TACC_WORKDIR\" && echo yes); \
+                  echo greeting=$GREETING; echo sh=$(readlink /bin/sh)";
+    let out = tcloud(&dev, &home, &["exec", &id, "--", "sh", "-c", script]);
+    let field = |key: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .map(str::to_string)
+    };
+    assert_eq!(field("uid").as_deref(), Some(task_uid.as_str()), "{out}");
+    assert_eq!(field("dockerenv").as_deref(), Some("yes"), "{out}");
+    assert_eq!(
+        field("os-release").as_deref(),
+        Some(""),
+        "the host's: {out}"
+    );
+    assert_eq!(field("pwd-is-workdir").as_deref(), Some("yes"), "{out}");
+    assert_eq!(
+        field("greeting").as_deref(),
+        Some("hello-from-vars"),
+        "{out}"
+    );
+    assert_eq!(field("sh").as_deref(), Some("/bin/busybox"), "{out}");
+    // Its exit status is tcloud's.
+    let status = Command::new(tcloud_binary())
+        .args(["exec", &id, "--", "sh", "-c", "exit 6"])
+        .env("TACC_HOME", &home)
+        .env("TACC_SERVER", &dev.url)
+        .env("TACC_TOKEN", &dev.token)
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(6));
+    client.cancel(task).await.unwrap();
+    wait_terminal(&client, task).await;
+    wait_no_containers(&dev_dir, task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn docker_missing_image_fails_as_image_not_found() {
     if !docker_ready("docker_missing_image_fails_as_image_not_found") {
         return;

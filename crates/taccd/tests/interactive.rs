@@ -328,11 +328,11 @@ async fn only_the_owner_and_admins_enter_and_exec_cannot_escape_the_task() {
             .send()
     };
     assert_eq!(ask(bob_token.clone()).await.unwrap().status(), 404);
-    // Nor can a node credential open one: user routes refuse it outright.
+    // Nor can a node credential open one: it too is told the task does not exist.
     let node_token = std::fs::read_to_string(data.join("agent/node.token")).unwrap();
     assert_eq!(
         ask(node_token.trim().to_string()).await.unwrap().status(),
-        403
+        404
     );
 
     // The admin may.
@@ -747,57 +747,99 @@ async fn port_forward_carries_twenty_parallel_connections_to_a_server_in_the_tas
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exec_reaches_each_rank_of_a_two_node_gang_on_its_own_node() {
-    if !root_or_skip("exec_reaches_each_rank_of_a_two_node_gang_on_its_own_node") {
+async fn exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host() {
+    if !root_or_skip("exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host")
+        || !common::netns::network_ready(
+            "exec_reaches_each_rank_of_a_two_node_gang_on_its_own_host",
+        )
+    {
         return;
     }
+    use common::netns::{Cluster, host_address};
     let dir = tempfile::tempdir().unwrap();
-    let server = start("server", &dir.path().join("s"), &[]).await;
+    // The server on the bridge over TLS, each agent in a network namespace of its own:
+    // two machines, as far as the session's way back to each node goes.
+    let cluster = Cluster::start(dir.path(), &[]).await;
+    let _agents: Vec<Daemon> = (1..=2)
+        .map(|h| cluster.agent(h, &format!("exec-h{h}"), &["--cpus", "2"]))
+        .collect();
+    wait_nodes(&cluster.client, 2).await;
+    let created = cluster
+        .client
+        .create_user(&tacc_proto::CreateUser {
+            name: "alice".into(),
+            group: None,
+            role: tacc_core::Role::User,
+            token_ttl_secs: None,
+        })
+        .await
+        .unwrap();
+    let alice_token = created.token.token.clone();
+    let alice = Client::new(&cluster.server.url)
+        .with_pinned_fingerprint(&cluster.fingerprint)
+        .unwrap()
+        .with_token(alice_token.clone());
+    // tcloud trusts the server's certificate through its profile's pinned fingerprint.
     let home = dir.path().join("home");
-    let _a = start_agent(&server, &dir.path().join("a"), &["--name", "node-a"]);
-    let _b = start_agent(&server, &dir.path().join("b"), &["--name", "node-b"]);
-    let admin = server.client();
-    wait_nodes(&admin, 2).await;
-    let (alice, alice_token, _) = user(&server, "alice").await;
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::write(
+        home.join("config.toml"),
+        format!(
+            "current = \"lab\"\n\n[clusters.lab]\nurl = \"{}\"\ntoken = \"{alice_token}\"\nfingerprint = \"{}\"\n",
+            cluster.server.url, cluster.fingerprint
+        ),
+    )
+    .unwrap();
+    let tcloud_lab = |args: &[&str]| {
+        let output = Command::new(tcloud_binary())
+            .args(args)
+            .env("TACC_HOME", &home)
+            .env_remove("TACC_SERVER")
+            .env_remove("TACC_TOKEN")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
     let yaml = "name: gang\nresources: {nodes: 2, cpus: 1}\nrun: |\n  echo ready=1\n  sleep 300\n";
     let (task, _) = running_task(&alice, dir.path(), "gang", yaml).await;
     let id = task.to_string();
     let view = alice.get_task(task).await.unwrap();
-    let script = "echo node-rank=$NODE_RANK; echo workdir=$(pwd)";
+    let script = "echo node-rank=$NODE_RANK; echo workdir=$(pwd); echo addresses=$(hostname -I)";
     for rank in 0..2usize {
         let rank_text = rank.to_string();
-        let (code, out, err) = tcloud_as(
-            &server,
-            &alice_token,
-            &home,
-            &["exec", &id, "--rank", &rank_text, "--", "sh", "-c", script],
-            "",
-        );
+        let (code, out, err) =
+            tcloud_lab(&["exec", &id, "--rank", &rank_text, "--", "sh", "-c", script]);
         assert_eq!(code, 0, "{err}");
         assert_eq!(field(&out, "node-rank"), Some(rank_text.as_str()), "{out}");
-        // Each rank's working directory is on its own node's agent.
-        let agent_dir = if view.nodes[rank] == "node-a" {
-            "a"
-        } else {
-            "b"
-        };
-        let expected = dir.path().join(agent_dir).display().to_string();
+        // It ran on that rank's host: in its network namespace, in its agent's directory.
+        let host: u32 = view.nodes[rank]
+            .trim_start_matches("exec-h")
+            .parse()
+            .unwrap();
+        let addresses = field(&out, "addresses").unwrap_or_default();
+        assert!(
+            addresses
+                .split_whitespace()
+                .any(|a| a == host_address(host)),
+            "rank {rank} on {}: {out}",
+            view.nodes[rank]
+        );
+        let expected = dir.path().join(&view.nodes[rank]).display().to_string();
         assert!(
             field(&out, "workdir").is_some_and(|w| w.starts_with(&expected)),
             "rank {rank} on {}: {out}",
             view.nodes[rank]
         );
     }
-    let (code, _, err) = tcloud_as(
-        &server,
-        &alice_token,
-        &home,
-        &["exec", &id, "--rank", "2", "--", "true"],
-        "",
-    );
+    let (code, _, err) = tcloud_lab(&["exec", &id, "--rank", "2", "--", "true"]);
     assert_ne!(code, 0);
     assert!(err.contains("--rank must be 0 to 1"), "{err}");
-    admin.cancel(task).await.unwrap();
+    cluster.client.cancel(task).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -890,4 +932,198 @@ async fn sessions_are_bounded_per_user_and_cut_when_idle() {
     })
     .await;
     daemon.client().cancel(task).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_dev_session_warns_its_silent_shell_then_ends_naming_its_idle_timeout() {
+    if !root_or_skip("an_idle_dev_session_warns_its_silent_shell_then_ends_naming_its_idle_timeout")
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (daemon, home) = dev_cluster(dir.path(), UID_BASE + 600, &[]).await;
+    let (alice, alice_token, _) = user(&daemon, "alice").await;
+    // No `run`: a dev session holds its allocation with a process that uses nothing.
+    let yaml = "name: dev\nkind: interactive\nidle_timeout: 20s\n";
+    let task = submit(&alice, dir.path(), "dev", yaml, &[]).await;
+    wait_state(&alice, task, &[TaskState::Running]).await;
+    let running_seen = Instant::now();
+    // A session left open and silent does not keep it: its user is warned in it first.
+    let mut silent = Reaped(
+        Command::new(tcloud_binary())
+            .args([
+                "exec",
+                &task.to_string(),
+                "--",
+                "sh",
+                "-c",
+                "echo started; exec sleep 100",
+            ])
+            .env("TACC_HOME", &home)
+            .env("TACC_SERVER", &daemon.url)
+            .env("TACC_TOKEN", &alice_token)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(silent.0.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "started\n");
+    }
+    let view = wait_terminal(&alice, task).await;
+    assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
+    let reason = view.reason.clone().unwrap_or_default();
+    assert!(
+        reason.contains("idle for 20s (its idle_timeout)"),
+        "{reason}"
+    );
+    assert!(
+        running_seen.elapsed() >= Duration::from_secs(10),
+        "ended after {:?}, before its idle timeout",
+        running_seen.elapsed()
+    );
+    // The silent session heard the warning, then ended with its task.
+    let end = Instant::now() + DEADLINE;
+    let status = loop {
+        if let Some(status) = silent.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < end, "the session outlived its dev session");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success());
+    let mut stderr = String::new();
+    use std::io::Read;
+    silent
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(
+        stderr.contains("tacc: this dev session has been idle for")
+            && stderr.contains("it ends in 5s (idle_timeout 20s)"),
+        "{stderr}"
+    );
+    // So did its log.
+    let log = log_text(&alice, task).await;
+    assert!(log.contains("dev session ready"), "{log}");
+    assert!(log.contains("it ends in 5s"), "{log}");
+    // It was accounted like any task: its allocation, for as long as it held it.
+    let usage = alice
+        .usage_report(&tacc_proto::UsageQuery::default())
+        .await
+        .unwrap();
+    let mine = usage
+        .rows
+        .iter()
+        .find(|row| row.name == "alice")
+        .unwrap_or_else(|| panic!("alice's row: {usage:?}"));
+    assert_eq!((mine.tasks, mine.attempts), (1, 1), "{mine:?}");
+    // One CPU held for at least the 20 s it sat idle.
+    assert!(mine.cpu_hours >= 20.0 / 3600.0, "{mine:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcloud_dev_opens_a_shell_that_keeps_the_session_while_in_use_and_it_ends_when_left() {
+    if !root_or_skip(
+        "tcloud_dev_opens_a_shell_that_keeps_the_session_while_in_use_and_it_ends_when_left",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (daemon, home) = dev_cluster(dir.path(), UID_BASE + 700, &[]).await;
+    let (alice, alice_token, _) = user(&daemon, "alice").await;
+    let project = dir.path().join("proj");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("notes.txt"), "project-file\n").unwrap();
+    let command = format!(
+        "cd {project} && TACC_HOME={home} TACC_SERVER={url} TACC_TOKEN={token} {tcloud} dev --idle-timeout 20s; sleep 300",
+        project = project.display(),
+        home = home.display(),
+        url = daemon.url,
+        token = alice_token,
+        tcloud = tcloud_binary().display(),
+    );
+    let tmux = Tmux {
+        socket: dir.path().join("tmux.sock"),
+    };
+    tmux.run(&[
+        "new-session",
+        "-d",
+        "-s",
+        "s",
+        "-x",
+        "150",
+        "-y",
+        "40",
+        "sh",
+        "-c",
+        &command,
+    ]);
+    // It queues, waits for the start and drops the user into a shell in the task, in
+    // the project's code, as the task's uid.
+    let screen = tmux.wait_for("Submitted dev session").await;
+    let task: u64 = screen
+        .split("Submitted dev session ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|id| id.parse().ok())
+        .unwrap_or_else(|| panic!("no task id on {screen}"));
+    let task = TaskId(task);
+    tmux.run(&[
+        "send-keys",
+        "-t",
+        "s",
+        "echo uid-$(id -u) $(cat notes.txt)",
+        "Enter",
+    ]);
+    tmux.wait_for(&format!("uid-{} project-file", UID_BASE + 700))
+        .await;
+    // In use (a command printing into the shell): it outlives its idle timeout by far.
+    tmux.run(&[
+        "send-keys",
+        "-t",
+        "s",
+        "while sleep 1; do echo tick; done",
+        "Enter",
+    ]);
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(35) {
+        let view = alice.get_task(task).await.unwrap();
+        assert_eq!(
+            view.state,
+            TaskState::Running,
+            "ended while in use: {:?}",
+            view.reason
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // Left (Ctrl-C, exit): tcloud says how to return, and it ends by itself.
+    tmux.run(&["send-keys", "-t", "s", "C-c", ""]);
+    tmux.run(&["send-keys", "-t", "s", "exit", "Enter"]);
+    let left = Instant::now();
+    tmux.wait_for(&format!("`tcloud shell {task}` to return"))
+        .await;
+    let view = wait_terminal(&alice, task).await;
+    // Its idle time counts from the shell's last byte, not from long before it.
+    assert!(
+        left.elapsed() >= Duration::from_secs(12),
+        "ended {:?} after the shell was left",
+        left.elapsed()
+    );
+    assert_eq!(view.state, TaskState::Cancelled, "{view:?}");
+    assert!(
+        view.reason
+            .as_deref()
+            .is_some_and(|r| r.contains("idle for 20s (its idle_timeout)")),
+        "{view:?}"
+    );
 }

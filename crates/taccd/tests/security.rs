@@ -35,7 +35,7 @@ fn expected_routes() -> BTreeMap<(String, &'static str), &'static str> {
         ("GET", "/v1/tasks/{id}/outputs", "task"),
         ("GET", "/v1/tasks/{id}/outputs/{attempt}/{*path}", "task"),
         ("GET", "/v1/tasks/{id}/files", "task"),
-        ("GET", "/v1/tasks/{id}/session", "task"),
+        ("GET", "/v1/tasks/{id}/session", "task_session"),
         ("GET", "/v1/tasks/{id}/files/content", "task"),
         ("POST", "/v1/snapshots/offer", "user"),
         ("POST", "/v1/snapshots/commit", "user"),
@@ -161,14 +161,18 @@ fn acceptable(path: &str, class: &str, who: Who, status: StatusCode) -> bool {
         (Who::Nobody | Who::Malformed | Who::Expired | Who::Revoked, _) => {
             status == StatusCode::UNAUTHORIZED
         }
-        (Who::Owner, "user" | "task" | "group" | "snapshot") => admitted,
+        (Who::Owner, "user" | "task" | "task_session" | "group" | "snapshot") => admitted,
         (Who::Owner | Who::OtherUser, "admin" | "chunk" | "register" | "own_node" | "metrics") => {
             status == StatusCode::FORBIDDEN
         }
         (Who::Scraper, "metrics") => status.is_success(),
         (Who::Scraper, _) => status == StatusCode::FORBIDDEN,
         (Who::OtherUser, "user") => admitted,
-        (Who::OtherUser, "task" | "group" | "snapshot") => status == StatusCode::NOT_FOUND,
+        (Who::OtherUser, "task" | "task_session" | "group" | "snapshot") => {
+            status == StatusCode::NOT_FOUND
+        }
+        // Entering a task: a node is told it does not exist, as another user is.
+        (Who::Node, "task_session") => status == StatusCode::NOT_FOUND,
         (Who::Node, "register" | "own_node") => admitted,
         // The node runs none of the owner's attempts (the task has ended).
         (Who::Node, "snapshot" | "chunk") => status == StatusCode::NOT_FOUND,
@@ -215,6 +219,7 @@ async fn every_route_answers_every_kind_of_credential_as_its_rule_says() {
             let class = format!("{:?}", rule.access);
             let class = match class.as_str() {
                 "OwnNode" => "own_node".to_string(),
+                "TaskSession" => "task_session".to_string(),
                 other => other.to_lowercase(),
             };
             ((rule.method.to_string(), rule.path), class)

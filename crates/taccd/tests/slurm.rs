@@ -232,6 +232,69 @@ async fn slurm_multi_node_task_has_every_rank_in_the_log() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcloud_exec_into_a_slurm_task_runs_a_step_of_its_job_on_the_rank_s_node() {
+    if !slurm_ready("tcloud_exec_into_a_slurm_task_runs_a_step_of_its_job_on_the_rank_s_node").await
+    {
+        return;
+    }
+    let _one = CLUSTER.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let c = cluster(dir.path(), "exec").await;
+    let task = submit(
+        &c.client,
+        dir.path(),
+        "exec",
+        "name: exec\nresources: {nodes: 2}\nenvironment:\n  vars: {GREETING: hello-slurm}\nrun: |\n  echo ready on $(hostname)\n  sleep 300\n",
+        &[],
+    )
+    .await;
+    eventually("both ranks to run", DEADLINE, || {
+        let client = c.client.clone();
+        async move {
+            let log = log_text(&client, task).await;
+            (log.matches("ready on tacc-n").count() == 2).then_some(())
+        }
+    })
+    .await;
+    let view = c.client.get_task(task).await.unwrap();
+    let jobs = jobs_of(&c.tag);
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    let home = dir.path().join("home");
+    let script = "echo job=$SLURM_JOB_ID; echo host=$(hostname); echo rank=$TACC_NODE_RANK; \
+                  echo greeting=$GREETING; echo pwd-is-workdir=$(test \"$(pwd)\" = \"$TACC_WORKDIR\" && echo yes)";
+    let out = tcloud(
+        &c._server,
+        &home,
+        &[
+            "exec",
+            &task.to_string(),
+            "--rank",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            script,
+        ],
+    );
+    let field = |key: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .map(str::to_string)
+    };
+    assert_eq!(field("job"), Some(jobs[0].0.to_string()), "{out}");
+    assert_eq!(
+        field("host").as_deref(),
+        Some(view.nodes[1].as_str()),
+        "{out}"
+    );
+    assert_eq!(field("rank").as_deref(), Some("1"), "{out}");
+    assert_eq!(field("greeting").as_deref(), Some("hello-slurm"), "{out}");
+    assert_eq!(field("pwd-is-workdir").as_deref(), Some("yes"), "{out}");
+    c.client.cancel(task).await.unwrap();
+    wait_terminal(&c.client, task).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slurm_cancel_of_a_running_and_of_a_pending_job() {
     if !slurm_ready("slurm_cancel_of_a_running_and_of_a_pending_job").await {
         return;

@@ -108,6 +108,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => files::ls(&ctx, id, path, rank, attempt, json).await,
         Command::Exec { id, rank, command } => interactive::exec(&ctx, id, rank, command).await,
         Command::Shell { id, rank } => interactive::shell(&ctx, id, rank).await,
+        Command::Dev {
+            path,
+            gpus,
+            cpus,
+            memory,
+            idle_timeout,
+            name,
+            detach,
+        } => {
+            let options = dev::DevOptions {
+                gpus,
+                cpus,
+                memory,
+                idle_timeout,
+                name,
+                detach,
+            };
+            dev::dev(&ctx, &path, options).await
+        }
         Command::PortForward {
             id,
             ports: (local, remote),

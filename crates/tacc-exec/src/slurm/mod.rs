@@ -117,6 +117,8 @@ struct RankSlot {
     output: OutputSender,
     exit: oneshot::Sender<ExitOutcome>,
     cancel: CancellationToken,
+    /// The job's id, for sessions into the rank, once the gang is submitted.
+    job: Arc<std::sync::OnceLock<u64>>,
 }
 
 /// The launch's place in its gang, from its typed owner and phase.
@@ -262,13 +264,28 @@ impl SlurmBackend {
         let member = GangMember::of(&spec);
         let gang_name = format!("{}-{}", self.config.tag, member.key);
         let (cancel, exit_tx, exit_rx) = handle_parts();
-        let handle = ExecutionHandle::new(None, cancel.clone(), exit_rx);
+        // Sessions (`tcloud exec`, `shell`) enter the rank as a step of its job.
+        let job = Arc::new(std::sync::OnceLock::new());
+        let entry = crate::enter::Entry {
+            pid: 0,
+            cgroup: None,
+            workdir: spec.workdir.clone(),
+            env: spec.env.clone(),
+            run_as: None,
+            private_mounts: false,
+            via: crate::enter::Via::Slurm {
+                job: job.clone(),
+                node: node.to_string(),
+            },
+        };
+        let handle = ExecutionHandle::new(None, cancel.clone(), exit_rx).with_entry(Some(entry));
         let slot = RankSlot {
             node: node.to_string(),
             spec,
             output,
             exit: exit_tx,
             cancel: cancel.clone(),
+            job,
         };
         let complete = {
             let mut gangs = self.gangs.lock().unwrap();
@@ -371,6 +388,9 @@ impl SlurmBackend {
             Err(error) => return Err(fail_ranks(ranks, error)),
         };
         let _ = std::fs::write(dir.join("job_id"), job_id.to_string());
+        for slot in ranks.values() {
+            let _ = slot.job.set(job_id);
+        }
         let time_limit = first.spec.time_limit;
         let stop = StopPolicy {
             signal: first.spec.stop_signal,

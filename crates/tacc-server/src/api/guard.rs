@@ -274,7 +274,9 @@ async fn check_object(
 ) -> Result<(), ServerError> {
     let control = &app.control;
     match access {
-        Access::Task => {
+        // Only a user may own a task: any other credential that got this far (a node's,
+        // on a session route) is told it does not exist.
+        Access::Task | Access::TaskSession => {
             let text = param(params, "id")?;
             let id: u64 = text
                 .parse()

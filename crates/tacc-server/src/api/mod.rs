@@ -187,11 +187,12 @@ fn declare() -> Vec<Declared> {
             Task,
             get(files::get_file),
         ),
-        // Interactive sessions: the task's owner, their group admin and admins only.
+        // Interactive sessions: the task's owner, their group admin and admins only; a
+        // node credential is told the task does not exist.
         rule(
             M::GET,
             "/v1/tasks/{id}/session",
-            Task,
+            TaskSession,
             get(sessions::open_session),
         ),
         rule(
@@ -418,6 +419,23 @@ pub(crate) fn body_limit(path: &str) -> Option<usize> {
     }
 }
 
+/// [`router`] of the leading server, and beside it, until `shutdown`, the check that
+/// ends idle dev sessions (it reads the sessions this API opens).
+pub(crate) fn leader_router(
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+    secure_cookies: bool,
+    cluster_stop: Option<Arc<crate::cluster_stop::ClusterStop>>,
+) -> Router {
+    let interactive = Arc::new(crate::sessions::Sessions::new(control.config.sessions));
+    tokio::spawn(crate::dev_idle::run(
+        control.clone(),
+        interactive.clone(),
+        shutdown.clone(),
+    ));
+    router_with(control, shutdown, secure_cookies, cluster_stop, interactive)
+}
+
 /// The API and the dashboard; `secure_cookies` when served over TLS; `cluster_stop` when
 /// the server embeds its cluster (`taccd dev`).
 pub fn router(
@@ -426,12 +444,22 @@ pub fn router(
     secure_cookies: bool,
     cluster_stop: Option<Arc<crate::cluster_stop::ClusterStop>>,
 ) -> Router {
+    let interactive = Arc::new(crate::sessions::Sessions::new(control.config.sessions));
+    router_with(control, shutdown, secure_cookies, cluster_stop, interactive)
+}
+
+fn router_with(
+    control: Arc<Control>,
+    shutdown: CancellationToken,
+    secure_cookies: bool,
+    cluster_stop: Option<Arc<crate::cluster_stop::ClusterStop>>,
+    interactive: Arc<crate::sessions::Sessions>,
+) -> Router {
     let declared = declare();
     let rules = declared
         .iter()
         .map(|(rule, _)| ((rule.method.clone(), rule.path), rule.access))
         .collect();
-    let limits = control.config.sessions;
     let state = AppState {
         control: control.clone(),
         shutdown,
@@ -442,7 +470,7 @@ pub fn router(
             seal: control.secret_box.clone(),
         })),
         secure_cookies,
-        interactive: Arc::new(crate::sessions::Sessions::new(limits)),
+        interactive,
     };
     let mut router = Router::new();
     for (rule, handler) in declared {

@@ -673,6 +673,10 @@ fn access_text(access: Access) -> &'static str {
         Access::Public => "Anyone, without a token.",
         Access::User => "Any user; what it shows or changes is limited to the caller's own.",
         Access::Task => "The task's owner, their group's admin, or an admin; others get 404.",
+        Access::TaskSession => {
+            "The task's owner, their group's admin, or an admin; others get 404, a node \
+             credential included."
+        }
         Access::Group => {
             "The task group's owner, their group's admin, or an admin; others get 404."
         }

@@ -126,6 +126,7 @@ pub(super) async fn open_session(
         .deliver(node, session, attempt, request_kind);
     let node_stream = tokio::time::timeout(CONNECT_DEADLINE, &mut expected.stream).await;
     control.node_requests.withdraw(node, session);
+    drop(expected);
     let node_stream = match node_stream {
         Ok(Ok(stream)) => stream,
         _ => {
@@ -146,7 +147,12 @@ pub(super) async fn open_session(
         }
     };
     let shutdown = app.shutdown.clone();
-    let idle = sessions.limits.idle;
+    // A session into a dev session is not cut when silent: the dev session's own
+    // idle timeout governs it, its users warned first (`crate::dev_idle`).
+    let dev_session = serde_json::from_value::<tacc_schema::TaskSpec>(record.spec.clone())
+        .is_ok_and(|spec| spec.is_interactive());
+    let idle = (!dev_session).then_some(sessions.limits.idle);
+    let task = record.id;
     tokio::spawn(async move {
         let user_stream = match on_upgrade.await {
             Ok(stream) => stream,
@@ -162,9 +168,11 @@ pub(super) async fn open_session(
                 return;
             }
         };
-        let traffic = Traffic::new();
+        let traffic = std::sync::Arc::new(Traffic::new());
+        let (attachment, notices) = sessions.attach(task, traffic.clone());
         let cut = watch(&control, &user, attempt, &traffic, idle, &shutdown);
-        let ended = crate::sessions::splice(user_stream, node_stream, &traffic, cut).await;
+        let ended = crate::sessions::splice(user_stream, node_stream, &traffic, notices, cut).await;
+        drop(attachment);
         // Its place is free as soon as both sides are closed.
         drop(ticket);
         let detail = format!(
@@ -194,14 +202,14 @@ pub(super) async fn open_session(
 }
 
 /// Resolves, with the reason, once the session must end: its attempt no longer runs,
-/// the token it was opened with was revoked or expired, nothing passed for `idle`, or
-/// the server stops.
+/// the token it was opened with was revoked or expired, nothing passed for `idle` (when
+/// given), or the server stops.
 async fn watch(
     control: &Control,
     user: &UserCaller,
     attempt: tacc_proto::AttemptRef,
     traffic: &Traffic,
-    idle: Duration,
+    idle: Option<Duration>,
     shutdown: &tokio_util::sync::CancellationToken,
 ) -> String {
     let mut ticks = tokio::time::interval(CHECK_EVERY);
@@ -210,7 +218,9 @@ async fn watch(
             _ = shutdown.cancelled() => return "the server is stopping".into(),
             _ = ticks.tick() => {}
         }
-        if traffic.idle() >= idle {
+        if let Some(idle) = idle
+            && traffic.idle() >= idle
+        {
             return format!("the session was idle for {} s", idle.as_secs());
         }
         match control.store.get_task(attempt.task).await {

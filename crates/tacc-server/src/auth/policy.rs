@@ -62,6 +62,10 @@ pub enum Access {
     User,
     /// The `{id}` task's owner, their group's admin, or an admin; others get 404.
     Task,
+    /// Entering the `{id}` task (an interactive session): as [`Access::Task`], and a node
+    /// credential too is told the task does not exist (a node has no business inside
+    /// tasks, and must not learn which exist).
+    TaskSession,
     /// The `{id}` task group's owner, their group's admin, or an admin; others get 404.
     Group,
     /// A user who may read a task using the `{id}` snapshot or who committed it, or a node
@@ -104,7 +108,10 @@ pub fn decide(caller: &Caller, access: Access) -> Result<(), Refusal> {
     match (access, caller) {
         (Access::Public, _) => Ok(()),
         (_, Caller::Anonymous) => Err(unauthenticated()),
-        (Access::User | Access::Task | Access::Group | Access::Snapshot, Caller::User(_)) => Ok(()),
+        (
+            Access::User | Access::Task | Access::TaskSession | Access::Group | Access::Snapshot,
+            Caller::User(_),
+        ) => Ok(()),
         (Access::Metrics, Caller::Scraper { .. }) => Ok(()),
         (Access::Admin | Access::Chunk | Access::Metrics, Caller::User(user))
             if user.role == Role::Admin =>
@@ -121,7 +128,11 @@ pub fn decide(caller: &Caller, access: Access) -> Result<(), Refusal> {
             user.name
         ))),
         (Access::Register, Caller::Joiner { .. } | Caller::Node { .. }) => Ok(()),
-        (Access::OwnNode | Access::Snapshot | Access::Chunk, Caller::Node { .. }) => Ok(()),
+        // The object check hides the task from a node (404).
+        (
+            Access::OwnNode | Access::Snapshot | Access::Chunk | Access::TaskSession,
+            Caller::Node { .. },
+        ) => Ok(()),
         (Access::Register | Access::OwnNode, Caller::User(_)) => Err(Refusal::Forbidden(
             "agent routes need a node credential: enrol the node with a join token (`taccd agent --token-file FILE`)".into(),
         )),
@@ -168,6 +179,7 @@ mod tests {
         for access in [
             Access::User,
             Access::Task,
+            Access::TaskSession,
             Access::Group,
             Access::Snapshot,
             Access::Chunk,
@@ -223,6 +235,13 @@ mod tests {
             decide(&node, Access::Admin),
             Err(Refusal::Forbidden(_))
         ));
+        // A task route answers a node 403; a session route lets it through to the object
+        // check, which tells it the task does not exist (404), as it tells another user.
+        assert!(matches!(
+            decide(&node, Access::Task),
+            Err(Refusal::Forbidden(_))
+        ));
+        assert_eq!(decide(&node, Access::TaskSession), Ok(()));
         let joiner = Caller::Joiner { token: 3 };
         assert_eq!(decide(&joiner, Access::Register), Ok(()));
         assert!(matches!(
@@ -243,6 +262,7 @@ mod tests {
             Access::Public,
             Access::User,
             Access::Task,
+            Access::TaskSession,
             Access::Snapshot,
             Access::Chunk,
             Access::Admin,

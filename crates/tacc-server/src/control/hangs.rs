@@ -25,6 +25,8 @@ pub(super) fn policy_of(
     cluster: Option<Duration>,
 ) -> Option<(Duration, HangAction)> {
     match &spec.on_hang {
+        // A dev session sits silent by design; its idle timeout ends it.
+        _ if spec.is_interactive() => None,
         Some(hang) => hang
             .after
             .map(|after| (Duration::from_secs(after.as_secs()), hang.then)),

@@ -62,6 +62,7 @@ pub use nodes::LIVENESS_CHECK_EVERY;
 use nodes::node_spec;
 pub use pipelines::StageSubmission;
 pub use retry::RetrySettings;
+pub(crate) use rules::dev_idle;
 pub use rules::idle_gpus::{IdleGpuAction, IdleGpuPolicy};
 pub use sweeps::run_sweeps;
 

@@ -268,6 +268,39 @@ and admins may; every session is audited. The command ends when tcloud does or t
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<String>,
     },
+    /// A dev session: queue DIR's code as a task that holds its allocation, then a shell in it
+    #[command(
+        long_about = "Queues a dev session (a `kind: interactive` task) for DIR's code, like any \
+task (quotas and fair share count it), and once it runs opens `tcloud shell` in it. It keeps its \
+allocation after the shell exits (`tcloud shell ID` returns to it) until it has been idle for its \
+idle timeout — no session in use and no CPU or GPU used by its processes; you are warned in your \
+open shells before the end — or until `tcloud cancel ID`. A task file in DIR gives its \
+environment, resources and setup (its `run` is not started); the flags override them.",
+        after_help = "Examples:\n  tcloud dev\n  tcloud dev ~/proj --gpus 1 --idle-timeout 30m\n  tcloud dev . --detach    # queue it; `tcloud shell ID` later"
+    )]
+    Dev {
+        /// The code directory (or a task file)
+        #[arg(default_value = ".")]
+        path: PathBuf,
+        /// GPUs per node (overrides the task file's)
+        #[arg(long, value_name = "N")]
+        gpus: Option<u32>,
+        /// CPUs per node, e.g. 4 or 0.5
+        #[arg(long, value_name = "N")]
+        cpus: Option<f64>,
+        /// Memory per node, e.g. 16GiB
+        #[arg(long, value_name = "SIZE")]
+        memory: Option<tacc_core::ByteSize>,
+        /// End it after this long idle, e.g. 30m (default 2h; the cluster may cap it)
+        #[arg(long, value_name = "DURATION")]
+        idle_timeout: Option<tacc_core::HumanDuration>,
+        /// The task's name (default: the directory's)
+        #[arg(long)]
+        name: Option<String>,
+        /// Queue it and return, without waiting for it to start or opening a shell
+        #[arg(long)]
+        detach: bool,
+    },
     /// An interactive shell inside a running task, on a terminal
     #[command(
         long_about = "Opens an interactive bash inside the running task ID (rank 0's node, or \

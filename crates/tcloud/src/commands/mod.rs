@@ -6,6 +6,7 @@ pub mod auth;
 pub mod cluster;
 pub mod compiler;
 pub mod config_cmd;
+pub mod dev;
 pub mod docs;
 mod estimate;
 pub mod files;

@@ -8,6 +8,7 @@
 pub(super) mod admission;
 pub(super) mod cancel;
 pub(super) mod claims;
+pub(crate) mod dev_idle;
 pub(super) mod ending;
 pub(super) mod hangs;
 pub(crate) mod idle_gpus;
