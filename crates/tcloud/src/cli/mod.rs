@@ -282,9 +282,9 @@ environment, resources and setup (its `run` is not started); the flags override 
         /// The code directory (or a task file)
         #[arg(default_value = ".")]
         path: PathBuf,
-        /// GPUs per node (overrides the task file's)
-        #[arg(long, value_name = "N")]
-        gpus: Option<u32>,
+        /// GPUs per node (overrides the task file's): whole GPUs, or a share of one, e.g. 0.5
+        #[arg(long, value_name = "N", value_parser = parse_gpu_count)]
+        gpus: Option<tacc_core::GpuCount>,
         /// CPUs per node, e.g. 4 or 0.5
         #[arg(long, value_name = "N")]
         cpus: Option<f64>,
@@ -768,4 +768,9 @@ mod tests {
         let err = Cli::try_parse_from(["tcloud", "show", "abc"]).unwrap_err();
         assert_eq!(err.exit_code(), errors::INVALID as i32);
     }
+}
+
+/// `--gpus` of `tcloud dev`: whole GPUs or a share of one, as task files write it.
+fn parse_gpu_count(text: &str) -> Result<tacc_core::GpuCount, String> {
+    tacc_core::GpuCount::parse(text).map_err(|e| e.to_string())
 }

@@ -21,7 +21,7 @@ use crate::upload::upload_snapshot;
 /// What `tcloud dev` was asked beside the directory.
 #[derive(Debug, Default)]
 pub struct DevOptions {
-    pub gpus: Option<u32>,
+    pub gpus: Option<tacc_core::GpuCount>,
     pub cpus: Option<f64>,
     pub memory: Option<ByteSize>,
     pub idle_timeout: Option<HumanDuration>,
@@ -201,7 +201,7 @@ mod tests {
         let project = dir.path().join("my-project");
         std::fs::create_dir(&project).unwrap();
         let options = DevOptions {
-            gpus: Some(2),
+            gpus: Some(2.into()),
             idle_timeout: Some(HumanDuration::from_secs(600)),
             ..Default::default()
         };
