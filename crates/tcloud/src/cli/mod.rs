@@ -653,6 +653,11 @@ pub enum CompletionShell {
     Fish,
 }
 
+/// `--gpus` of `tcloud dev`: whole GPUs or a share of one, as task files write it.
+fn parse_gpu_count(text: &str) -> Result<tacc_core::GpuCount, String> {
+    tacc_core::GpuCount::parse(text).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -768,9 +773,4 @@ mod tests {
         let err = Cli::try_parse_from(["tcloud", "show", "abc"]).unwrap_err();
         assert_eq!(err.exit_code(), errors::INVALID as i32);
     }
-}
-
-/// `--gpus` of `tcloud dev`: whole GPUs or a share of one, as task files write it.
-fn parse_gpu_count(text: &str) -> Result<tacc_core::GpuCount, String> {
-    tacc_core::GpuCount::parse(text).map_err(|e| e.to_string())
 }

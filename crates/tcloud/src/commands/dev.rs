@@ -209,7 +209,7 @@ mod tests {
         assert_eq!(task.spec.name, "my-project");
         assert!(task.spec.is_interactive());
         assert_eq!(task.spec.run, tacc_schema::DEV_HOLDER);
-        assert_eq!(task.spec.resources.gpus, 2);
+        assert_eq!(task.spec.resources.gpus, 2.into());
         assert_eq!(task.spec.idle_timeout, Some(HumanDuration::from_secs(600)));
     }
 
