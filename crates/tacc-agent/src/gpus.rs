@@ -237,6 +237,9 @@ pub struct FakeGpus {
     /// Set by [`FakeGpus::from_physical`]: GPUs described as NVML would offer them.
     offered: Vec<Offered>,
     readings: Mutex<BTreeMap<u32, GpuSample>>,
+    /// Where the readings come from instead, read at each sample
+    /// ([`FakeGpus::reading_from`]).
+    readings_file: Option<std::path::PathBuf>,
     holders: Mutex<Vec<(u32, u32)>>,
 }
 
@@ -247,8 +250,19 @@ impl FakeGpus {
             model: model.unwrap_or_default(),
             offered: Vec::new(),
             readings: Mutex::default(),
+            readings_file: None,
             holders: Mutex::default(),
         }
+    }
+
+    /// Read the GPUs' utilisation from `file` at each sample (`taccd agent
+    /// --fake-gpu-readings`): one `INDEX PERCENT` line per GPU; a GPU it does not list,
+    /// or a file that cannot be read, gives no reading. Fake GPUs measure nothing, so
+    /// this is how a demo or a test plays a utilisation series to the idle-GPU policy
+    /// through a real agent.
+    pub fn reading_from(mut self, file: std::path::PathBuf) -> FakeGpus {
+        self.readings_file = Some(file);
+        self
     }
 
     /// GPUs as NVML would offer `physical` (MIG slices each their own GPU), for tests of
@@ -313,6 +327,14 @@ impl GpuProbe for FakeGpus {
     }
 
     fn sample(&self, indices: &[u32]) -> Vec<GpuSample> {
+        if let Some(file) = &self.readings_file {
+            let listed = std::fs::read_to_string(file).unwrap_or_default();
+            let readings = readings_listed(&listed);
+            return indices
+                .iter()
+                .filter_map(|i| readings.get(i).cloned())
+                .collect();
+        }
         let readings = self.readings.lock().unwrap();
         indices
             .iter()
@@ -331,10 +353,35 @@ impl GpuProbe for FakeGpus {
     }
 }
 
+/// The readings a `--fake-gpu-readings` file lists: `INDEX PERCENT` lines (a percent over
+/// 100 is 100); other lines are ignored.
+fn readings_listed(text: &str) -> BTreeMap<u32, GpuSample> {
+    text.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let index: u32 = words.next()?.parse().ok()?;
+            let percent: u32 = words.next()?.parse().ok()?;
+            Some((
+                index,
+                GpuSample {
+                    index,
+                    utilization_percent: percent.min(100),
+                    memory_used_bytes: 0,
+                    memory_total_bytes: 0,
+                },
+            ))
+        })
+        .collect()
+}
+
 /// The probe of this node: NVML where it loads and finds GPUs (the first `asked` of
 /// them with `--gpus N`), else `asked` fake GPUs of model `model` (none without
 /// `--gpus`). Where NVML is unusable the log says so once.
-pub fn choose_probe(asked: Option<u32>, model: Option<String>) -> Arc<dyn GpuProbe> {
+pub fn choose_probe(
+    asked: Option<u32>,
+    model: Option<String>,
+    fake_readings: Option<std::path::PathBuf>,
+) -> Arc<dyn GpuProbe> {
     match NvmlProbe::open(asked) {
         Ok(probe) if probe.count() > 0 => {
             tracing::info!("NVML finds {} GPU(s) to offer", probe.count());
@@ -352,7 +399,11 @@ pub fn choose_probe(asked: Option<u32>, model: Option<String>) -> Arc<dyn GpuPro
                 ),
                 _ => tracing::info!("no GPU through NVML ({why}): this node offers no GPUs"),
             });
-            Arc::new(FakeGpus::new(asked.unwrap_or(0), model))
+            let fake = FakeGpus::new(asked.unwrap_or(0), model);
+            Arc::new(match fake_readings {
+                Some(file) => fake.reading_from(file),
+                None => fake,
+            })
         }
     }
 }
@@ -381,6 +432,28 @@ pub(crate) fn short_model(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fake_gpus_read_what_their_readings_file_lists_at_each_sample() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("readings");
+        let gpus = FakeGpus::new(2, None).reading_from(file.clone());
+        assert_eq!(gpus.sample(&[0, 1]), vec![], "no file yet: no reading");
+        std::fs::write(&file, "0 87\n1 250\nnot a reading\n").unwrap();
+        let read: Vec<(u32, u32)> = gpus
+            .sample(&[0, 1])
+            .iter()
+            .map(|s| (s.index, s.utilization_percent))
+            .collect();
+        assert_eq!(read, vec![(0, 87), (1, 100)]);
+        std::fs::write(&file, "1 3\n").unwrap();
+        let read: Vec<(u32, u32)> = gpus
+            .sample(&[0, 1])
+            .iter()
+            .map(|s| (s.index, s.utilization_percent))
+            .collect();
+        assert_eq!(read, vec![(1, 3)], "GPU 0 is no longer listed");
+    }
 
     #[test]
     fn gpu_model_is_the_short_name() {
@@ -458,12 +531,12 @@ mod tests {
                 let samples = nvml.sample(&[0]);
                 assert_eq!(samples.len(), 1);
                 assert!(samples[0].utilization_percent <= 100);
-                assert_eq!(choose_probe(None, None).kind(), "nvml");
+                assert_eq!(choose_probe(None, None, None).kind(), "nvml");
                 assert_eq!(detect_gpus().0, nvml.count());
             }
             _ => {
-                assert_eq!(choose_probe(None, None).devices().len(), 0);
-                let probe = choose_probe(Some(3), Some("T4".into()));
+                assert_eq!(choose_probe(None, None, None).devices().len(), 0);
+                let probe = choose_probe(Some(3), Some("T4".into()), None);
                 assert_eq!(probe.kind(), "fake");
                 assert_eq!(probe.devices().len(), 3);
                 assert_eq!(detect_gpus(), (0, None));

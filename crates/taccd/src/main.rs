@@ -496,6 +496,11 @@ struct NodeArgs {
     /// overrides what NVML reports. On a machine without GPUs it needs --gpus N.
     #[arg(long, value_name = "TYPE", value_parser = parse_gpu_type)]
     gpu_type: Option<String>,
+    /// With fake GPUs (--gpus N where NVML finds none), read their utilisation from FILE
+    /// at each sample: one `INDEX PERCENT` line per GPU. Fake GPUs measure nothing; this
+    /// plays a series to the idle-GPU policy for a demo or a test.
+    #[arg(long, value_name = "FILE")]
+    fake_gpu_readings: Option<PathBuf>,
     /// Address other nodes reach this one at, e.g. rank 0's MASTER_ADDR (default: the
     /// address this machine reaches the server from).
     #[arg(long)]

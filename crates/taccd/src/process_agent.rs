@@ -107,7 +107,11 @@ pub(crate) async fn run_agent(
     };
     let cgroups: Arc<dyn tacc_exec::cgroups::Cgroups> = Arc::from(agent_cgroups(data_dir));
     let processes = tacc_exec::ProcessExecutor::with_cgroups(cgroups.clone());
-    let gpu_probe = tacc_agent::choose_probe(node.gpus, config.gpu_type.clone());
+    let gpu_probe = tacc_agent::choose_probe(
+        node.gpus,
+        config.gpu_type.clone(),
+        node.fake_gpu_readings.clone(),
+    );
     let mut agent = Agent::new(client, config, Arc::new(processes))?.with_gpu_probe(gpu_probe);
     if let Some(join) = enrol_token {
         agent = agent.with_enrol_token(join);

@@ -133,3 +133,94 @@ fn a_gpu_type_without_gpus_on_a_machine_without_any_is_refused() {
         "{stderr}"
     );
 }
+
+/// The idle-GPU policy through a real agent: its fake GPU plays a utilisation series from
+/// a file (`--fake-gpu-readings`). While the GPU reads busy the task is left alone; once
+/// it reads idle the owner is warned in the task log, then the task gets its checkpoint
+/// signal, saves its state and is queued again; attempt 2 finds the checkpoint through
+/// `$TACC_RESUME_FROM`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_gpu_task_is_warned_then_checkpointed_and_requeued_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(
+        "server",
+        &dir.path().join("s"),
+        &[
+            "--idle-gpu-for",
+            "6s",
+            "--idle-gpu-grace",
+            "4s",
+            "--idle-gpu-then",
+            "checkpoint_and_requeue",
+        ],
+    )
+    .await;
+    let client = server.client();
+    let readings = dir.path().join("gpu-readings");
+    std::fs::write(&readings, "0 93\n").unwrap();
+    let _agent = start_agent(
+        &server,
+        &dir.path().join("a"),
+        &[
+            "--gpus",
+            "1",
+            "--fake-gpu-readings",
+            readings.to_str().unwrap(),
+        ],
+    );
+    wait_nodes(&client, 1).await;
+    let yaml = r#"name: idler
+resources: {cpus: 0.5, gpus: 1, time_limit: 5m}
+checkpoint: {signal: SIGUSR1, grace: 10s}
+run: |
+  echo "attempt $TACC_ATTEMPT resumes from ${TACC_RESUME_FROM:-nothing}"
+  if [ -n "$TACC_RESUME_FROM" ]; then echo "found step $(cat "$TACC_RESUME_FROM/step")"; exit 0; fi
+  trap 'echo 41 > "$TACC_CHECKPOINT_DIR/step"; echo "checkpointed"; exit 1' USR1
+  sleep 300 & wait
+"#;
+    let task = submit(&client, dir.path(), "idler", yaml, &[]).await;
+    let running = wait_state(&client, task, &[TaskState::Running]).await;
+    assert_eq!(running.attempt.0, 1);
+    // Busy for longer than the policy's window: nothing is said.
+    let busy_until = std::time::Instant::now() + std::time::Duration::from_secs(9);
+    eventually("the busy GPU to be sampled", DEADLINE, || {
+        let client = client.clone();
+        async move {
+            let usage = client.task_usage(task).await.ok()?;
+            let busy = usage
+                .ranks
+                .iter()
+                .flat_map(|r| &r.gpus)
+                .any(|g| g.utilization_percent == 93);
+            (busy && std::time::Instant::now() >= busy_until).then_some(())
+        }
+    })
+    .await;
+    let log = log_text(&client, task).await;
+    assert!(!log.contains("idle"), "a busy GPU was called idle:\n{log}");
+    // Now it reads idle: a warning first, then the checkpoint and the requeue.
+    std::fs::write(&readings, "0 1\n").unwrap();
+    let view = wait_terminal(&client, task).await;
+    assert_eq!(view.state, TaskState::Succeeded, "{view:?}");
+    assert_eq!(view.attempt.0, 2, "{view:?}");
+    let log = log_text(&client, task).await;
+    let at = |needle: &str| {
+        log.find(needle)
+            .unwrap_or_else(|| panic!("no `{needle}` in the log:\n{log}"))
+    };
+    let warned = at(
+        "tacc: its GPUs have been idle (below 5%) for 6s; the cluster's policy will checkpoint and requeue it in 4s unless they are used",
+    );
+    let saved = at("checkpointed\n");
+    let resumed = at("found step 41\n");
+    assert!(warned < saved && saved < resumed, "{log}");
+    let events = client.task_events(task).await.unwrap();
+    assert!(
+        events.iter().any(|e| e.attempt.0 == 2
+            && e.state == TaskState::Queued
+            && e.reason
+                .as_deref()
+                .is_some_and(|r| r.starts_with("idle GPUs: used below 5% for 6s"))),
+        "{events:?}"
+    );
+}
