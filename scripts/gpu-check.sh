@@ -17,7 +17,9 @@
 #      the idle policy;
 #   3. whether any process still holds the GPU once that task was cancelled;
 #   4. a task that allocates GPU memory and then sleeps: the idle policy warns it and then
-#      cancels it, and no process is left on the GPU.
+#      cancels it, and no process is left on the GPU;
+#   5. two tasks of one user asking `gpus: 0.5` run on the one GPU at the same time, see
+#      the same CUDA_VISIBLE_DEVICES, and leave nothing on it.
 # JSON is read with python3 (jq is not on every GPU image).
 # Exit status: 0 when every check held, 1 when one failed, 2 when no GPU is here.
 set -euo pipefail
@@ -82,7 +84,7 @@ if [[ $DRY_RUN == 1 ]]; then
   if have_gpu; then echo "an NVIDIA GPU is here: run without --dry-run"; else echo "no NVIDIA GPU here"; fi
   echo "the computing task would run: $(compute_line | head -1) …"
   echo "the idle task would run: $(idle_line | head -1)"
-  echo "steps: binaries → tcloud up (real NVML discovery, idle policy 20s+10s→cancel) → nodes → GPU task → top samples → cancel → holders → idle task → warned → cancelled → holders"
+  echo "steps: binaries → tcloud up (real NVML discovery, idle policy 20s+10s→cancel) → nodes → GPU task → top samples → cancel → holders → idle task → warned → cancelled → holders → two shares together → holders"
   exit 0
 fi
 
@@ -230,11 +232,60 @@ echo "task state: $state"
 tcloud logs "$idle" | tail -4 || true
 tcloud show "$idle" | tail -6 || true
 [[ $warned == 1 ]] || fail "the idle task was never warned in its log"
-[[ $state == cancelled ]] || fail "the idle task is $state, not cancelled by the idle policy"
+if [[ $state != cancelled ]]; then
+  fail "the idle task is $state, not cancelled by the idle policy"
+  tcloud cancel "$idle" >/dev/null
+  wait_ended "$idle" >/dev/null
+fi
 wait_released
 n=$(holders)
 echo "processes on the GPUs now: $n"
 [[ $n -eq 0 ]] || fail "a process still holds a GPU after the idle policy's cancel"
+
+say "5. two shares of one GPU (gpus: 0.5) of one user run together on it"
+share_line() {
+  if [[ -n $PY ]] && "$PY" -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+    echo "echo \"gpus=\$CUDA_VISIBLE_DEVICES\"; $PY -c \"import torch,time; a=torch.randn(4096,4096,device='cuda'); t=time.time()
+while time.time()-t<25: (a@a).sum().item()
+print('share done')\""
+  else
+    echo 'echo "gpus=$CUDA_VISIBLE_DEVICES"; sleep 25; echo "share done"'
+  fi
+}
+share_dir() {
+  local dir
+  dir=$(mktemp -d -p "$TACC_HOME")
+  chmod 755 "$dir"
+  {
+    echo "name: $1"
+    echo "resources: {gpus: 0.5, cpus: 1, memory: 8GiB}"
+    echo "run: |"
+    share_line | sed 's/^/  /'
+  } >"$dir/task.yaml"
+  echo "$dir"
+}
+a=$(tcloud submit "$(share_dir share-a)" --json | json 'd["task_id"]')
+b=$(tcloud submit "$(share_dir share-b)" --json | json 'd["task_id"]')
+together=0
+for _ in $(seq 1 30); do
+  sa=$(tcloud show "$a" --json | json 'd["state"]')
+  sb=$(tcloud show "$b" --json | json 'd["state"]')
+  if [[ $sa == running && $sb == running ]]; then together=1; break; fi
+  sleep 1
+done
+echo "tasks $a and $b running together: $together"
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | sed 's/^/on the GPU: /'
+[[ $together == 1 ]] || fail "two shares of one user did not run together"
+for t in "$a" "$b"; do
+  echo "task $t: $(wait_ended "$t"), $(tcloud logs "$t" | grep -m1 '^gpus=')"
+  [[ $(tcloud show "$t" --json | json 'd["state"]') == succeeded ]] || fail "share task $t did not succeed"
+done
+[[ $(tcloud logs "$a" | grep -m1 '^gpus=') == "$(tcloud logs "$b" | grep -m1 '^gpus=')" ]] ||
+  fail "the two shares saw different GPUs"
+wait_released
+n=$(holders)
+echo "processes on the GPUs now: $n"
+[[ $n -eq 0 ]] || fail "a process still holds a GPU after the shares ended"
 
 [[ $failed == 0 ]] && say "every check held" || say "a check failed"
 exit "$failed"
