@@ -188,7 +188,8 @@ fn launch(steps: &Steps) -> (i32, String) {
         }
     }
     if let Some(dirs) = &steps.private_tmp {
-        if let Err(error) = crate::private_tmp::namespace(&dirs.tmp, &dirs.shm, dirs.keep.as_deref())
+        if let Err(error) =
+            crate::private_tmp::namespace(&dirs.tmp, &dirs.shm, dirs.keep.as_deref())
         {
             return (
                 LAUNCH_FAILED,
@@ -252,7 +253,10 @@ fn wait_for_go() -> Result<(), String> {
     if line == b"go" {
         Ok(())
     } else {
-        Err("the agent did not let the task start (it failed or ended before the cgroup join)".into())
+        Err(
+            "the agent did not let the task start (it failed or ended before the cgroup join)"
+                .into(),
+        )
     }
 }
 
@@ -277,7 +281,9 @@ fn task_env(
     let mut restored = Vec::new();
     for (name, value) in inherited {
         match name.as_bytes().strip_prefix(prefix) {
-            Some(own) if !own.is_empty() => restored.push((OsStr::from_bytes(own).to_owned(), value)),
+            Some(own) if !own.is_empty() => {
+                restored.push((OsStr::from_bytes(own).to_owned(), value))
+            }
             _ => {
                 env.insert(name, value);
             }
@@ -312,7 +318,10 @@ mod tests {
                 shm: "/scratch/a/shm".into(),
                 keep: Some("/tmp/data".into()),
             }),
-            run_as: Some(RunAs { uid: 5000, gid: 5001 }),
+            run_as: Some(RunAs {
+                uid: 5000,
+                gid: 5001,
+            }),
             workdir: "/work/dir with space".into(),
             command: os(&["/bin/bash", "-c", "echo -- hi", "label"]),
             direct: false,
@@ -326,7 +335,10 @@ mod tests {
             command: os(&["true"]),
             direct: true,
         };
-        assert_eq!(bare.args(), os(&["--direct", "--chdir", "/w", "--", "true"]));
+        assert_eq!(
+            bare.args(),
+            os(&["--direct", "--chdir", "/w", "--", "true"])
+        );
         assert_eq!(Steps::parse(&bare.args()), Ok(bare));
     }
 
@@ -336,10 +348,22 @@ mod tests {
             (os(&["--chdir", "/w"]), "no `--`"),
             (os(&["--chdir", "/w", "--"]), "no command"),
             (os(&["--", "true"]), "--chdir is required"),
-            (os(&["--uid", "5", "--chdir", "/w", "--", "true"]), "go together"),
-            (os(&["--tmp", "/t", "--chdir", "/w", "--", "true"]), "go together"),
-            (os(&["--uid", "x", "--gid", "1", "--chdir", "/w", "--", "true"]), "number"),
-            (os(&["--setuid", "0", "--chdir", "/w", "--", "true"]), "unknown"),
+            (
+                os(&["--uid", "5", "--chdir", "/w", "--", "true"]),
+                "go together",
+            ),
+            (
+                os(&["--tmp", "/t", "--chdir", "/w", "--", "true"]),
+                "go together",
+            ),
+            (
+                os(&["--uid", "x", "--gid", "1", "--chdir", "/w", "--", "true"]),
+                "number",
+            ),
+            (
+                os(&["--setuid", "0", "--chdir", "/w", "--", "true"]),
+                "unknown",
+            ),
         ] {
             let error = Steps::parse(&args).unwrap_err();
             assert!(error.contains(why), "{args:?}: {error}");
@@ -355,7 +379,10 @@ mod tests {
             ("SHLVL", "2"),
         ]
         .map(|(k, v)| (OsString::from(k), OsString::from(v)));
-        let env = task_env(inherited.clone().into_iter(), Some(std::path::Path::new("/w")));
+        let env = task_env(
+            inherited.clone().into_iter(),
+            Some(std::path::Path::new("/w")),
+        );
         let get = |k: &str| env.get(OsStr::new(k)).and_then(|v| v.to_str());
         assert_eq!(get("LD_PRELOAD"), Some("/home/u/x.so"));
         assert_eq!(get("TZ"), Some("UTC"));
@@ -363,12 +390,16 @@ mod tests {
         assert_eq!(get("PWD"), Some("/w"));
         assert_eq!(get("SHLVL"), Some("3"));
         assert!(
-            !env.keys().any(|k| k.as_bytes().starts_with(b"TACC_HELD_BACK_")),
+            !env.keys()
+                .any(|k| k.as_bytes().starts_with(b"TACC_HELD_BACK_")),
             "{env:?}"
         );
         // Under bash, bash itself exports them.
         let env = task_env(inherited.into_iter(), None);
-        assert_eq!(env.get(OsStr::new("SHLVL")).and_then(|v| v.to_str()), Some("2"));
+        assert_eq!(
+            env.get(OsStr::new("SHLVL")).and_then(|v| v.to_str()),
+            Some("2")
+        );
         assert!(!env.contains_key(OsStr::new("PWD")));
     }
 }

@@ -12,16 +12,88 @@
 /// same either way and run directly.)
 const SHELL_WORDS: &[&str] = &[
     // keywords
-    "!", "case", "coproc", "do", "done", "elif", "else", "esac", "fi", "for", "function",
-    "if", "in", "select", "then", "time", "until", "while", "{", "}", "[[", "]]",
+    "!",
+    "case",
+    "coproc",
+    "do",
+    "done",
+    "elif",
+    "else",
+    "esac",
+    "fi",
+    "for",
+    "function",
+    "if",
+    "in",
+    "select",
+    "then",
+    "time",
+    "until",
+    "while",
+    "{",
+    "}",
+    "[[",
+    "]]",
     // builtins
-    ".", ":", "[", "alias", "bg", "bind", "break", "builtin", "caller", "cd", "command",
-    "compgen", "complete", "compopt", "continue", "declare", "dirs", "disown", "echo",
-    "enable", "eval", "exec", "exit", "export", "fc", "fg", "getopts", "hash", "help",
-    "history", "jobs", "kill", "let", "local", "logout", "mapfile", "popd", "printf",
-    "pushd", "pwd", "read", "readarray", "readonly", "return", "set", "shift", "shopt",
-    "source", "suspend", "test", "times", "trap", "type", "typeset", "ulimit", "umask",
-    "unalias", "unset", "wait",
+    ".",
+    ":",
+    "[",
+    "alias",
+    "bg",
+    "bind",
+    "break",
+    "builtin",
+    "caller",
+    "cd",
+    "command",
+    "compgen",
+    "complete",
+    "compopt",
+    "continue",
+    "declare",
+    "dirs",
+    "disown",
+    "echo",
+    "enable",
+    "eval",
+    "exec",
+    "exit",
+    "export",
+    "fc",
+    "fg",
+    "getopts",
+    "hash",
+    "help",
+    "history",
+    "jobs",
+    "kill",
+    "let",
+    "local",
+    "logout",
+    "mapfile",
+    "popd",
+    "printf",
+    "pushd",
+    "pwd",
+    "read",
+    "readarray",
+    "readonly",
+    "return",
+    "set",
+    "shift",
+    "shopt",
+    "source",
+    "suspend",
+    "test",
+    "times",
+    "trap",
+    "type",
+    "typeset",
+    "ulimit",
+    "umask",
+    "unalias",
+    "unset",
+    "wait",
 ];
 
 /// The words to `exec` for `script` when it needs no shell; `None` when it goes through
@@ -33,7 +105,11 @@ pub(crate) fn direct_words(script: &str) -> Option<Vec<String>> {
     if line.is_empty() || !line.chars().all(plain) {
         return None;
     }
-    let words: Vec<String> = line.split([' ', '\t']).filter(|w| !w.is_empty()).map(String::from).collect();
+    let words: Vec<String> = line
+        .split([' ', '\t'])
+        .filter(|w| !w.is_empty())
+        .map(String::from)
+        .collect();
     let first = words.first()?.as_str();
     let alone = words.len() == 1;
     if first.contains('=') || first.starts_with('%') {
@@ -54,10 +130,16 @@ mod tests {
         for (script, direct) in [
             ("true", Some(vec!["true"])),
             ("true\n", Some(vec!["true"])),
-            ("  python3 train.py --lr=0.1 --out=runs/a,b\n", Some(vec!["python3", "train.py", "--lr=0.1", "--out=runs/a,b"])),
+            (
+                "  python3 train.py --lr=0.1 --out=runs/a,b\n",
+                Some(vec!["python3", "train.py", "--lr=0.1", "--out=runs/a,b"]),
+            ),
             ("/usr/bin/env", Some(vec!["/usr/bin/env"])),
             ("sleep\t30", Some(vec!["sleep", "30"])),
-            ("torchrun --nproc-per-node=8 user@host:x +y", Some(vec!["torchrun", "--nproc-per-node=8", "user@host:x", "+y"])),
+            (
+                "torchrun --nproc-per-node=8 user@host:x +y",
+                Some(vec!["torchrun", "--nproc-per-node=8", "user@host:x", "+y"]),
+            ),
             // expansions, quoting, operators, redirections, globs, comments
             ("echo $HOME", None),
             ("python train.py \"a b\"", None),
@@ -97,7 +179,8 @@ mod tests {
             ("pythön", None),
             ("a\r", None),
         ] {
-            let expected = direct.map(|words| words.into_iter().map(String::from).collect::<Vec<_>>());
+            let expected =
+                direct.map(|words| words.into_iter().map(String::from).collect::<Vec<_>>());
             assert_eq!(direct_words(script), expected, "{script:?}");
         }
     }

@@ -472,3 +472,58 @@ async fn a_task_s_loader_variables_reach_the_task_and_no_root_process() {
         "a process not of the task's uid {uid} honoured the task's loader variables: {written:?}"
     );
 }
+
+/// The same through a run line the launcher `exec`s without a shell (`/usr/bin/env`): the
+/// launcher itself, not a shell of the task, puts the loader variables back — after the
+/// identity switch, so again only processes of the task's uid honour them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_s_loader_variables_reach_the_task_and_no_root_process_even_a_task_run_without_a_shell()
+ {
+    if !root_or_skip(
+        "a_task_s_loader_variables_reach_the_task_and_no_root_process_even_a_task_run_without_a_shell",
+    ) {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let markers = markers_dir(dir.path());
+    let daemon = start("dev", &data, &[]).await;
+    let alice = daemon.user_client("alice", None, "user").await;
+    let yaml = format!(
+        "name: loader-direct\nenvironment:\n  vars:\n    LD_DEBUG: files\n    LD_DEBUG_OUTPUT: {}/ld\n    \
+         BASH_ENV: /nonexistent/bash-env\nrun: /usr/bin/env\n",
+        markers.display()
+    );
+    let (state, log) = run_task(&alice, dir.path(), "loader-direct", &yaml).await;
+    assert_eq!(state, TaskState::Succeeded, "{log}");
+    assert!(log.lines().any(|l| l == "LD_DEBUG=files"), "{log}");
+    assert!(
+        log.lines().any(|l| l == "BASH_ENV=/nonexistent/bash-env"),
+        "{log}"
+    );
+    assert!(!log.contains("TACC_HELD_BACK_"), "{log}");
+    // No shell ran: bash would have exported `_`.
+    assert!(!log.lines().any(|l| l.starts_with("_=")), "{log}");
+    let owners: Vec<(String, u32)> = std::fs::read_dir(&markers)
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("ld."))
+        .map(|entry| {
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                entry.metadata().unwrap().uid(),
+            )
+        })
+        .collect();
+    assert!(
+        !owners.is_empty(),
+        "the task's own process honoured no loader variable: {log}"
+    );
+    assert!(
+        owners
+            .iter()
+            .all(|(_, owner)| *owner != 0 && *owner == owners[0].1),
+        "a process not of the task's uid honoured the task's loader variables: {owners:?}"
+    );
+}

@@ -1,5 +1,5 @@
-//! The process runtime through its launcher (`tacc-launch`, what `taccd launch` is on a
-//! node): the contract holds; a run line that is a plain command runs without a shell and
+//! The process runtime through its launcher (`tacc-launch`, the program a root agent
+//! starts each execution as; `taccd launch` is the same code): the contract holds; a run line that is a plain command runs without a shell and
 //! still gets its cgroup, identity, working directory, environment and private /tmp; a
 //! run line with shell syntax still goes through `bash`; nothing runs before the agent
 //! says `go`. Needs root and a cgroup file system: elsewhere the tests say SKIPPED loudly
@@ -105,8 +105,11 @@ async fn a_direct_run_line_gets_its_cgroup_identity_directory_environment_and_pr
     };
     // Outside /tmp, which the execution sees replaced.
     let scratch = tempfile::tempdir_in("/var/tmp").unwrap();
-    std::fs::set_permissions(scratch.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(
+        scratch.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let workdir = scratch.path().join("work");
     let (tmp, shm) = (scratch.path().join("tmp"), scratch.path().join("shm"));
     for dir in [&workdir, &tmp, &shm] {
@@ -137,7 +140,10 @@ async fn a_direct_run_line_gets_its_cgroup_identity_directory_environment_and_pr
     assert_eq!(env.get("LD_TACC_TEST"), Some(&"held a b"), "{out}");
     assert_eq!(env.get("TZ"), Some(&"UTC"), "{out}");
     assert_eq!(env.get("PWD"), Some(&workdir.to_str().unwrap()), "{out}");
-    assert!(!env.keys().any(|k| k.starts_with("TACC_HELD_BACK_")), "{out}");
+    assert!(
+        !env.keys().any(|k| k.starts_with("TACC_HELD_BACK_")),
+        "{out}"
+    );
     assert!(!env.contains_key("_"), "bash ran: {out}");
 
     let (out, outcome) = run(&executor, spec("id")).await;
