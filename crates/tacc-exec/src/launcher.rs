@@ -215,17 +215,25 @@ fn launch(steps: &Steps) -> (i32, String) {
             format!("cannot enter {}{who}: {error}", steps.workdir.display()),
         );
     }
-    let (program, args) = steps
-        .command
+    let env = task_env(
+        std::env::vars_os(),
+        steps.direct.then_some(steps.workdir.as_path()),
+    );
+    let mut command = steps.command.clone();
+    if steps.direct {
+        if let Some(script) = shebang_less_script(&command[0], env.get(OsStr::new("PATH"))) {
+            // What bash does with an executable text file without `#!`: run it as a bash
+            // script (the kernel refuses it, and `execvp` would hand it to `/bin/sh`).
+            command.splice(0..1, [OsString::from(BASH), script.into_os_string()]);
+        }
+    }
+    let (program, args) = command
         .split_first()
         .expect("parse refuses an empty command");
     let error = std::process::Command::new(program)
         .args(args)
         .env_clear()
-        .envs(task_env(
-            std::env::vars_os(),
-            steps.direct.then_some(steps.workdir.as_path()),
-        ))
+        .envs(env)
         .stdin(Stdio::null())
         .exec();
     let name = program.to_string_lossy();
@@ -233,6 +241,41 @@ fn launch(steps: &Steps) -> (i32, String) {
         std::io::ErrorKind::NotFound => (127, format!("{name}: command not found")),
         _ => (126, format!("cannot run {name}: {error}")),
     }
+}
+
+/// The shell a task's shebang-less script runs under, as it would under `bash -c`.
+const BASH: &str = "/bin/bash";
+
+/// Where `program` is an executable file that is neither a binary (ELF) nor a script with
+/// `#!` — found as bash finds it: by its path where it has a `/`, else in `PATH` — that
+/// file.
+fn shebang_less_script(program: &OsStr, path: Option<&OsString>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |file: &std::path::Path| {
+        std::fs::metadata(file).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    let file = if program.as_bytes().contains(&b'/') {
+        PathBuf::from(program)
+    } else {
+        std::env::split_paths(path?)
+            .map(|dir| {
+                if dir.as_os_str().is_empty() {
+                    PathBuf::from(".").join(program)
+                } else {
+                    dir.join(program)
+                }
+            })
+            .find(|candidate| executable(candidate))?
+    };
+    if !executable(&file) {
+        return None;
+    }
+    let mut head = [0u8; 4];
+    let read = std::fs::File::open(&file)
+        .and_then(|mut f| f.read(&mut head))
+        .ok()?;
+    let head = &head[..read];
+    (!head.starts_with(b"#!") && head != b"\x7fELF").then_some(file)
 }
 
 /// Block until the agent says `go` (the pid is in its cgroup); the pipe is read byte by

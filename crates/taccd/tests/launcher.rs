@@ -184,6 +184,31 @@ async fn a_run_line_with_shell_syntax_still_goes_through_bash() {
     assert_eq!(out, "contract\n", "bash -c gets the label as $0");
 }
 
+/// An executable text file without `#!` named by a plain run line runs under bash, as
+/// `bash -c` would have run it (not under `/bin/sh`, where `[[` does not exist).
+#[tokio::test]
+async fn a_shebang_less_script_run_directly_still_runs_under_bash() {
+    let Some(h) = hierarchy_or_skip("shebang") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("plain.sh");
+    std::fs::write(&script, "[[ a == a ]] && echo \"bash $((1 + 2))\"\n").unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let executor = executor(&h);
+    for line in ["./plain.sh", "plain.sh"] {
+        let mut spec = contract::spec(dir.path(), line);
+        // `plain.sh` alone is found through PATH, as bash would find it.
+        spec.env.insert(
+            "PATH".into(),
+            format!("/usr/bin:/bin:{}", dir.path().display()),
+        );
+        let (out, outcome) = run(&executor, spec).await;
+        assert_eq!(outcome, ExitOutcome::Exited(0), "{line}: {out}");
+        assert_eq!(out, "bash 3\n", "{line}");
+    }
+}
+
 /// A plain command that does not exist ends as bash would have it: 127, said in the log.
 #[tokio::test]
 async fn a_direct_command_that_is_not_found_exits_127_with_the_reason() {
