@@ -1,8 +1,8 @@
 //! A private `/tmp` and `/dev/shm` for every attempt, where the agent runs as root: a
-//! tmpfs of the attempt's own under `DATA/scratch/<attempt>/` (0700 root, so no task
+//! tmpfs of the attempt's own under `DATA/scratch/slot-N/` (0700 root, so no task
 //! reaches it from outside), holding `tmp/` and `shm/` (1777), which the process runtime
 //! binds onto `/tmp` and `/dev/shm` in each execution's own mount namespace
-//! ([`tacc_exec::PrivateTmp`], mounted by this agent's own binary, `taccd private-tmp`). Setup and every local rank of the attempt share them; no
+//! ([`tacc_exec::PrivateTmp`], mounted by the launcher, `tacc-launch`). Setup and every local rank of the attempt share them; no
 //! other attempt — another user's, or the same user's — sees them, and they are gone
 //! (unmounted) when the attempt ends.
 //!
@@ -19,6 +19,7 @@
 //! their working directories: what lies in `/tmp/NAME` is then shared as on the host.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use nix::mount::{MntFlags, MsFlags};
 use tacc_exec::PrivateTmp;
@@ -36,10 +37,10 @@ pub(crate) enum PrivateTmps {
     Enabled {
         /// The program that mounts them in each execution (this agent's own binary).
         helper: PathBuf,
-        root: PathBuf,
         /// The top directory in `/tmp` that holds the data directory, when it lies there
         /// (bound back at its path in every attempt's `/tmp`).
         keep: Option<PathBuf>,
+        mount_points: Arc<MountPoints>,
     },
     Disabled,
 }
@@ -86,7 +87,12 @@ impl PrivateTmps {
             .map(|top| Path::new("/tmp").join(top));
         let root = data_dir.join(SCRATCH_DIR);
         remove_leftovers(&root);
-        let enabled = PrivateTmps::Enabled { helper, root, keep };
+        let mount_points = Arc::new(MountPoints::new(root.clone()));
+        let enabled = PrivateTmps::Enabled {
+            helper,
+            keep,
+            mount_points,
+        };
         match enabled.probe() {
             Ok(()) => {
                 tracing::info!(
@@ -111,20 +117,27 @@ impl PrivateTmps {
     /// `memory_bytes` (0: the kernel's default); `None` where attempts get none. `Err` is
     /// the message the attempt fails with.
     pub fn for_attempt(&self, name: &str, memory_bytes: u64) -> Result<Option<AttemptTmp>, String> {
-        let PrivateTmps::Enabled { helper, root, keep } = self else {
+        let PrivateTmps::Enabled {
+            helper,
+            keep,
+            mount_points,
+        } = self
+        else {
             return Ok(None);
         };
-        let dir = root.join(name);
-        mount_tmpfs(&dir, memory_bytes).map_err(|e| {
-            format!(
-                "cannot make the attempt's private /tmp at {}: {e}",
+        let dir = mount_points.take();
+        if let Err(e) = mount_tmpfs(&dir, memory_bytes) {
+            mount_points.put_back(dir.clone());
+            return Err(format!(
+                "cannot make the private /tmp of {name} at {}: {e}",
                 dir.display()
-            )
-        })?;
+            ));
+        }
         let attempt = AttemptTmp {
             helper: helper.clone(),
             dir,
             keep: keep.clone(),
+            mount_points: mount_points.clone(),
         };
         for sub in ["tmp", "shm"] {
             let path = attempt.dir.join(sub);
@@ -136,13 +149,55 @@ impl PrivateTmps {
     }
 }
 
+/// The directories under `scratch/` the attempts' tmpfs are mounted on, kept (empty,
+/// nothing mounted) for the next attempt instead of removed: creating a directory on ext4
+/// right after others were deleted makes the inode allocator walk past every recently
+/// freed inode, which was an eighth of a busy agent's CPU (docs/BENCHMARKS.md). Nothing is
+/// ever written into them: a fresh tmpfs covers one while an attempt has it.
+#[derive(Debug)]
+pub(crate) struct MountPoints {
+    root: PathBuf,
+    free: Mutex<Vec<PathBuf>>,
+    made: std::sync::atomic::AtomicU64,
+}
+
+impl MountPoints {
+    fn new(root: PathBuf) -> MountPoints {
+        MountPoints {
+            root,
+            free: Mutex::new(Vec::new()),
+            made: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// A free mount point, or a new name (the directory is made when it is mounted on).
+    fn take(&self) -> PathBuf {
+        if let Some(dir) = self.free.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return dir;
+        }
+        let n = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.root.join(format!("slot-{n}"))
+    }
+
+    /// A mount point with nothing mounted on it any more.
+    fn put_back(&self, dir: PathBuf) {
+        if dir.is_dir() {
+            self.free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(dir);
+        }
+    }
+}
+
 /// One attempt's tmpfs, unmounted (lazily: a process that outlived the attempt keeps its
-/// files until it ends) and removed when dropped.
+/// files until it ends) when dropped; its mount point goes back to [`MountPoints`].
 #[derive(Debug)]
 pub(crate) struct AttemptTmp {
     helper: PathBuf,
     dir: PathBuf,
     keep: Option<PathBuf>,
+    mount_points: Arc<MountPoints>,
 }
 
 impl AttemptTmp {
@@ -159,18 +214,23 @@ impl AttemptTmp {
 
 impl Drop for AttemptTmp {
     fn drop(&mut self) {
-        if let Err(e) = unmount_and_remove(&self.dir) {
-            tracing::warn!(
-                "cannot remove the private /tmp at {}: {e}",
+        match unmount(&self.dir) {
+            Ok(()) => self.mount_points.put_back(self.dir.clone()),
+            Err(e) => tracing::warn!(
+                "cannot unmount the private /tmp at {}: {e}",
                 self.dir.display()
-            );
+            ),
         }
     }
 }
 
-/// A fresh tmpfs at `dir` (created, 0700 root), with no devices and no set-id programs.
+/// A fresh tmpfs at `dir` (created where missing, 0700 root), with no devices and no
+/// set-id programs.
 fn mount_tmpfs(dir: &Path, memory_bytes: u64) -> std::io::Result<()> {
-    std::fs::create_dir(dir)?;
+    match std::fs::create_dir(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
     let mut options = String::from("mode=0700");
     if memory_bytes > 0 {
         options.push_str(&format!(",size={memory_bytes}"));
@@ -182,19 +242,19 @@ fn mount_tmpfs(dir: &Path, memory_bytes: u64) -> std::io::Result<()> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(options.as_str()),
     );
-    if let Err(e) = mounted {
-        let _ = std::fs::remove_dir(dir);
-        return Err(e.into());
+    mounted.map_err(Into::into)
+}
+
+/// Detach what is mounted on `dir` (EINVAL: nothing is).
+fn unmount(dir: &Path) -> std::io::Result<()> {
+    match nix::mount::umount2(dir, MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 fn unmount_and_remove(dir: &Path) -> std::io::Result<()> {
-    match nix::mount::umount2(dir, MntFlags::MNT_DETACH) {
-        // EINVAL: nothing mounted there (a leftover directory).
-        Ok(()) | Err(nix::errno::Errno::EINVAL) => {}
-        Err(e) => return Err(e.into()),
-    }
+    unmount(dir)?;
     std::fs::remove_dir(dir)
 }
 
@@ -212,5 +272,26 @@ fn remove_leftovers(root: &Path) {
                 path.display()
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_reused_and_a_missing_one_is_forgotten() {
+        let root = tempfile::tempdir().unwrap();
+        let points = MountPoints::new(root.path().to_path_buf());
+        let first = points.take();
+        let second = points.take();
+        assert_eq!(first, root.path().join("slot-0"));
+        assert_eq!(second, root.path().join("slot-1"));
+        std::fs::create_dir(&first).unwrap();
+        points.put_back(first.clone());
+        // Never made (its mount failed before): not offered again.
+        points.put_back(second);
+        assert_eq!(points.take(), first);
+        assert_eq!(points.take(), root.path().join("slot-2"));
     }
 }

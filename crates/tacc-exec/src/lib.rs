@@ -19,10 +19,12 @@ mod held_env;
 mod lines;
 mod private_tmp;
 mod process;
+mod run_line;
 
 pub mod cgroups;
 pub mod contract;
 pub mod enter;
+pub mod launcher;
 pub mod resize;
 pub mod runtime;
 pub mod slurm;

@@ -81,7 +81,8 @@ pub fn enter_private_tmp(
     std::process::Command::new(program).args(args).exec()
 }
 
-fn namespace(tmp: &Path, shm: &Path, keep: Option<&Path>) -> std::io::Result<()> {
+/// The namespace and its binds, in this process (the helper's and the launcher's step).
+pub(crate) fn namespace(tmp: &Path, shm: &Path, keep: Option<&Path>) -> std::io::Result<()> {
     let context =
         |what: String| move |e: nix::errno::Errno| std::io::Error::other(format!("{what}: {e}"));
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)

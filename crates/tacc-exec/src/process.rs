@@ -62,6 +62,10 @@ static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 pub struct ProcessExecutor {
     cgroups: Arc<dyn Cgroups>,
     pids_max: u64,
+    /// The program that readies an execution and becomes it (see `launcher.rs`); without
+    /// one, the steps are a chain of `sh`, the private /tmp helper, `setpriv`, `env` and
+    /// `bash` (for embedders that have no launcher binary).
+    launcher: Option<PathBuf>,
 }
 
 impl Default for ProcessExecutor {
@@ -76,6 +80,7 @@ impl ProcessExecutor {
         ProcessExecutor {
             cgroups: Arc::new(NoCgroups),
             pids_max: DEFAULT_PIDS_MAX,
+            launcher: None,
         }
     }
 
@@ -84,7 +89,18 @@ impl ProcessExecutor {
         ProcessExecutor {
             cgroups,
             pids_max: DEFAULT_PIDS_MAX,
+            launcher: None,
         }
+    }
+
+    /// Start executions that have steps to take as root (cgroup join, private /tmp,
+    /// identity switch) through `launcher`, a program that runs
+    /// [`crate::launcher::main`] as its [`crate::launcher::LAUNCH_SUBCOMMAND`] (the
+    /// agent's own binary, `taccd`): one `exec` before the task's instead of four, and a
+    /// run line that is a plain command runs without `bash`.
+    pub fn with_launcher(mut self, launcher: impl Into<PathBuf>) -> Self {
+        self.launcher = Some(launcher.into());
+        self
     }
 
     /// The pids limit of each execution's cgroup (default [`DEFAULT_PIDS_MAX`]).
@@ -144,20 +160,9 @@ impl Executor for ProcessExecutor {
                 pids_max: self.pids_max,
             },
         )?;
-        // The task's command: `bash`, run as the task's identity through `setpriv` where
-        // it has one, and behind the join script where it has a cgroup.
-        let mut argv: Vec<String> = Vec::new();
-        if cgroup.is_some() {
-            argv.extend(["/bin/sh", "-c", JOIN_SCRIPT, "tacc-join"].map(String::from));
-        }
-        // After the join (the namespace steps run in the cgroup), before the switch
-        // (mounting needs root).
-        if let Some(private) = &spec.placement.private_tmp {
-            argv.extend(private.argv());
-        }
+        // Checked here to fail the launch cleanly; entering the directory as the task's
+        // identity (after the switch) is what enforces it.
         if let Some(run_as) = spec.placement.run_as {
-            // Checked here to fail the launch cleanly; `env --chdir` after the switch is
-            // what enforces it (the directory is entered as the task's identity).
             if let Err(source) = identity_can_enter(&spec.workdir, run_as) {
                 if let Some(cgroup) = &cgroup {
                     let _ = cgroup.remove();
@@ -168,47 +173,16 @@ impl Executor for ProcessExecutor {
                     source,
                 });
             }
-            argv.extend([
-                SETPRIV.to_string(),
-                format!("--reuid={}", run_as.uid),
-                format!("--regid={}", run_as.gid),
-                "--clear-groups".to_string(),
-                "--".to_string(),
-                ENV.to_string(),
-                format!("--chdir={}", spec.workdir.display()),
-                "--".to_string(),
-            ]);
         }
-        argv.push(BASH.to_string());
-        // Steps before the switch run as root: what the task chose for the loader or the
-        // shell travels renamed and is put back by its own shell (see `held_env`).
-        let starts_as_root = cgroup.is_some()
-            || spec.placement.private_tmp.is_some()
-            || spec.placement.run_as.is_some();
-        let (env, script) = match crate::held_env::hold_back(&spec.env) {
-            (env, true) if starts_as_root => {
-                (env, format!("{}{}", crate::held_env::RESTORE, spec.script))
-            }
-            _ => (spec.env.clone(), spec.script.clone()),
+        let joins = cgroup.is_some();
+        let starts_as_root =
+            joins || spec.placement.private_tmp.is_some() || spec.placement.run_as.is_some();
+        let (program, mut command) = match &self.launcher {
+            Some(launcher) if starts_as_root => launched(launcher, &spec, joins),
+            _ => chained(&spec, joins, starts_as_root),
         };
-        let mut command = Command::new(&argv[0]);
         command
-            .args(&argv[1..])
-            .arg("-c")
-            .arg(&script)
-            .arg(&spec.label)
-            .current_dir(if spec.placement.run_as.is_some() {
-                Path::new("/")
-            } else {
-                spec.workdir.as_path()
-            })
-            .env_clear()
-            .envs(&env)
-            .stdin(if cgroup.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdin(if joins { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
@@ -219,7 +193,7 @@ impl Executor for ProcessExecutor {
                     let _ = cgroup.remove();
                 }
                 return Err(ExecError::Spawn {
-                    program: argv[0].clone(),
+                    program,
                     workdir: spec.workdir.display().to_string(),
                     source,
                 });
@@ -338,6 +312,94 @@ impl Executor for ProcessExecutor {
             .with_resizer(resizer)
             .with_entry(entry))
     }
+}
+
+/// The execution through the launcher (see `launcher.rs`): the launcher's steps, then
+/// the run line itself where it is a plain command (`run_line.rs`), else `bash -c`. The
+/// launcher runs as root with what the task chose for the loader and the shell renamed
+/// (`held_env`); it puts them back itself, after the identity switch.
+fn launched(launcher: &Path, spec: &LaunchSpec, joins: bool) -> (String, Command) {
+    let direct = crate::run_line::direct_words(&spec.script);
+    let steps = crate::launcher::Steps {
+        join: joins,
+        private_tmp: spec
+            .placement
+            .private_tmp
+            .as_ref()
+            .map(|p| crate::launcher::TmpDirs {
+                tmp: p.tmp.clone(),
+                shm: p.shm.clone(),
+                keep: p.keep.clone(),
+            }),
+        run_as: spec.placement.run_as,
+        workdir: spec.workdir.clone(),
+        direct: direct.is_some(),
+        command: match direct {
+            Some(words) => words.into_iter().map(Into::into).collect(),
+            None => [BASH, "-c", &spec.script, &spec.label]
+                .map(Into::into)
+                .into(),
+        },
+    };
+    let (env, _) = crate::held_env::hold_back(&spec.env);
+    let mut command = Command::new(launcher);
+    command
+        .arg(crate::launcher::LAUNCH_SUBCOMMAND)
+        .args(steps.args())
+        .current_dir("/")
+        .env_clear()
+        .envs(&env);
+    (launcher.display().to_string(), command)
+}
+
+/// The execution as a chain of programs, each `exec`ing the next: the join script where
+/// it has a cgroup, the private /tmp helper, `setpriv` and `env --chdir` where it has an
+/// identity, then `bash -c`. For an executor without a launcher.
+fn chained(spec: &LaunchSpec, joins: bool, starts_as_root: bool) -> (String, Command) {
+    let mut argv: Vec<String> = Vec::new();
+    if joins {
+        argv.extend(["/bin/sh", "-c", JOIN_SCRIPT, "tacc-join"].map(String::from));
+    }
+    // After the join (the namespace steps run in the cgroup), before the switch
+    // (mounting needs root).
+    if let Some(private) = &spec.placement.private_tmp {
+        argv.extend(private.argv());
+    }
+    if let Some(run_as) = spec.placement.run_as {
+        argv.extend([
+            SETPRIV.to_string(),
+            format!("--reuid={}", run_as.uid),
+            format!("--regid={}", run_as.gid),
+            "--clear-groups".to_string(),
+            "--".to_string(),
+            ENV.to_string(),
+            format!("--chdir={}", spec.workdir.display()),
+            "--".to_string(),
+        ]);
+    }
+    argv.push(BASH.to_string());
+    // Steps before the switch run as root: what the task chose for the loader or the
+    // shell travels renamed and is put back by its own shell (see `held_env`).
+    let (env, script) = match crate::held_env::hold_back(&spec.env) {
+        (env, true) if starts_as_root => {
+            (env, format!("{}{}", crate::held_env::RESTORE, spec.script))
+        }
+        _ => (spec.env.clone(), spec.script.clone()),
+    };
+    let mut command = Command::new(&argv[0]);
+    command
+        .args(&argv[1..])
+        .arg("-c")
+        .arg(&script)
+        .arg(&spec.label)
+        .current_dir(if spec.placement.run_as.is_some() {
+            Path::new("/")
+        } else {
+            spec.workdir.as_path()
+        })
+        .env_clear()
+        .envs(&env);
+    (argv[0].clone(), command)
 }
 
 /// Put the freshly spawned wrapper (see [`JOIN_SCRIPT`]) into its cgroup, then let it

@@ -538,6 +538,11 @@ fn main() -> Result<()> {
     if private_tmp_helper::requested() {
         private_tmp_helper::run();
     }
+    // The process runtime's launcher (where `tacc-launch` is not installed beside us):
+    // before anything else, so the task keeps the umask and all the agent gave it.
+    if tacc_exec::launcher::requested() {
+        tacc_exec::launcher::main();
+    }
     // Before anything is created: the daemon's files are its own (see `modes`).
     modes::private_umask();
     let cli = Cli::parse();

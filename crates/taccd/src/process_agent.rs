@@ -2,7 +2,7 @@
 //! pilot's): the node's capacity and name, its credential, its task cgroups, the optional
 //! container runtime, and its watchdog process — then `tacc_agent::Agent` runs.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -106,7 +106,13 @@ pub(crate) async fn run_agent(
         ),
     };
     let cgroups: Arc<dyn tacc_exec::cgroups::Cgroups> = Arc::from(agent_cgroups(data_dir));
-    let processes = tacc_exec::ProcessExecutor::with_cgroups(cgroups.clone());
+    let mut processes = tacc_exec::ProcessExecutor::with_cgroups(cgroups.clone());
+    match launcher() {
+        Ok(launcher) => processes = processes.with_launcher(launcher),
+        Err(error) => tracing::warn!(
+            "executions start through a chain of sh, setpriv, env and bash ({error:#})"
+        ),
+    }
     let gpu_probe = tacc_agent::choose_probe(
         node.gpus,
         config.gpu_type.clone(),
@@ -130,6 +136,14 @@ pub(crate) async fn run_agent(
     agent.run(shutdown).await;
     cgroups.close();
     Ok(())
+}
+
+/// The program executions start as (`tacc_exec::launcher`): `tacc-launch` beside this
+/// binary (small, so quick to start), else this binary itself (`taccd launch`).
+fn launcher() -> Result<PathBuf> {
+    let this = std::env::current_exe().context("cannot find the taccd binary")?;
+    let small = this.with_file_name("tacc-launch");
+    Ok(if small.is_file() { small } else { this })
 }
 
 /// Start this agent's watchdog (`taccd agent-watchdog`), a process of its own (and its

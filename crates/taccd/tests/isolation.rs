@@ -472,3 +472,95 @@ async fn a_task_s_loader_variables_reach_the_task_and_no_root_process() {
         "a process not of the task's uid {uid} honoured the task's loader variables: {written:?}"
     );
 }
+
+/// The same through a run line the launcher `exec`s without a shell (`/usr/bin/env`): the
+/// launcher itself, not a shell of the task, puts the loader variables back — after the
+/// identity switch, so again only processes of the task's uid honour them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_s_loader_variables_reach_the_task_and_no_root_process_even_a_task_run_without_a_shell()
+ {
+    if !root_or_skip(
+        "a_task_s_loader_variables_reach_the_task_and_no_root_process_even_a_task_run_without_a_shell",
+    ) {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let markers = markers_dir(dir.path());
+    let daemon = start("dev", &data, &[]).await;
+    let alice = daemon.user_client("alice", None, "user").await;
+    let yaml = format!(
+        "name: loader-direct\nenvironment:\n  vars:\n    LD_DEBUG: files\n    LD_DEBUG_OUTPUT: {}/ld\n    \
+         BASH_ENV: /nonexistent/bash-env\nrun: /usr/bin/env\n",
+        markers.display()
+    );
+    let (state, log) = run_task(&alice, dir.path(), "loader-direct", &yaml).await;
+    assert_eq!(state, TaskState::Succeeded, "{log}");
+    assert!(log.lines().any(|l| l == "LD_DEBUG=files"), "{log}");
+    assert!(
+        log.lines().any(|l| l == "BASH_ENV=/nonexistent/bash-env"),
+        "{log}"
+    );
+    assert!(!log.contains("TACC_HELD_BACK_"), "{log}");
+    // No shell ran: bash would have exported `_`.
+    assert!(!log.lines().any(|l| l.starts_with("_=")), "{log}");
+    let owners: Vec<(String, u32)> = std::fs::read_dir(&markers)
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("ld."))
+        .map(|entry| {
+            (
+                entry.file_name().to_string_lossy().into_owned(),
+                entry.metadata().unwrap().uid(),
+            )
+        })
+        .collect();
+    assert!(
+        !owners.is_empty(),
+        "the task's own process honoured no loader variable: {log}"
+    );
+    assert!(
+        owners
+            .iter()
+            .all(|(_, owner)| *owner != 0 && *owner == owners[0].1),
+        "a process not of the task's uid honoured the task's loader variables: {owners:?}"
+    );
+}
+
+/// Attempts reuse the directories their private /tmp is mounted on (no directory made and
+/// deleted per attempt), and a later attempt on a reused one sees nothing of the earlier
+/// attempt's /tmp or /dev/shm: each gets a fresh tmpfs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_attempt_on_a_reused_mount_point_gets_a_fresh_private_tmp() {
+    if !root_or_skip("a_later_attempt_on_a_reused_mount_point_gets_a_fresh_private_tmp") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("d");
+    let daemon = start("dev", &data, &[]).await;
+    let alice = daemon.user_client("alice", None, "user").await;
+    let first = "name: leaves\nrun: |\n  echo left > /tmp/leftover\n  echo left > /dev/shm/leftover\n  echo wrote=$(cat /tmp/leftover)\n";
+    let (state, log) = run_task(&alice, dir.path(), "leaves", first).await;
+    assert_eq!(state, TaskState::Succeeded, "{log}");
+    assert_eq!(field(&log, "wrote"), Some("left"), "{log}");
+    // (Its /tmp holds one thing: the test's directory, bound back since the data
+    // directory lies in the host's /tmp.)
+    let second = "name: looks\nrun: |\n  echo tmp=$(test -e /tmp/leftover && echo seen || echo fresh)\n  echo shm=$(ls -A /dev/shm | wc -l)\n";
+    let (state, log) = run_task(&alice, dir.path(), "looks", second).await;
+    assert_eq!(state, TaskState::Succeeded, "{log}");
+    assert_eq!(field(&log, "tmp"), Some("fresh"), "{log}");
+    assert_eq!(field(&log, "shm"), Some("0"), "{log}");
+    // One mount point served the probe and both attempts, and nothing is mounted on it.
+    let scratch = data.join("agent").join("scratch");
+    let points: Vec<String> = std::fs::read_dir(&scratch)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(points, ["slot-0"], "{}", scratch.display());
+    assert_eq!(
+        std::fs::read_dir(scratch.join("slot-0")).unwrap().count(),
+        0,
+        "still mounted, or written to"
+    );
+}
