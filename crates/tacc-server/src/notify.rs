@@ -384,6 +384,37 @@ async fn settle_counts(
     Ok(counts)
 }
 
+/// The webhook call warning the owner of `record` of what the platform is about to do to
+/// its attempt (`kind`: `idle_gpu`), when the task has a `notify:`; committed with the
+/// warning's own change. The key makes one call per warning.
+pub(crate) fn warning(
+    record: &tacc_store::TaskRecord,
+    kind: &str,
+    message: &str,
+    at: Timestamp,
+) -> Option<TaskChange> {
+    let notify = notify_of(&record.spec)?;
+    let body = serde_json::json!({
+        "event": "task.warning",
+        "at": at,
+        "kind": kind,
+        "message": message,
+        "task": {
+            "id": record.id,
+            "name": record.name,
+            "user": record.user,
+            "attempt": record.attempt,
+        }
+    });
+    Some(delivery(
+        format!("task:{}/{}:{kind}:{}", record.id, record.attempt, at.0),
+        &record.user,
+        notify,
+        body,
+        at,
+    ))
+}
+
 fn delivery(
     key: String,
     user: &str,

@@ -144,6 +144,9 @@ fn idle_policy(then: super::IdleGpuAction) -> super::IdleGpuPolicy {
 
 const ONE_GPU: &str = "name: gpu\nresources: {cpus: 1, gpus: 1}\ncheckpoint: {signal: SIGUSR1, grace: 5s}\nrun: train\n";
 
+/// [`ONE_GPU`] with a webhook.
+const ONE_GPU_NOTIFIED: &str = "name: gpu\nresources: {cpus: 1, gpus: 1}\ncheckpoint: {signal: SIGUSR1, grace: 5s}\nnotify: {webhook: \"https://hooks.example.com/tacc\", secret: HOOK_KEY}\nrun: train\n";
+
 /// `agent` runs a one-GPU task whose GPU reads `series` percent, one sample every 5 s,
 /// with a liveness check after each; its task and attempt.
 async fn gpu_series(
@@ -169,7 +172,19 @@ async fn idle_gpus_are_warned_of_then_checkpointed_and_requeued() {
     })
     .await;
     let mut agent = env.join_gpus("g1", 2, 1).await;
-    let (task, attempt) = env.running(&mut agent, ONE_GPU).await;
+    // The webhook's signing key (only its existence matters here: no call is sent).
+    env.control
+        .store
+        .put_secret(tacc_store::SecretRecord {
+            user: "alice".into(),
+            name: "HOOK_KEY".into(),
+            nonce: vec![0; 12],
+            ciphertext: vec![0; 16],
+            updated_at: env.clock.now(),
+        })
+        .await
+        .unwrap();
+    let (task, attempt) = env.running(&mut agent, ONE_GPU_NOTIFIED).await;
     let started = env.clock.now();
     // Busy for a minute, then idle: 12 samples (60 s) idle is the warning.
     gpu_series(&env, &mut agent, attempt, started, &[90; 12]).await;
@@ -190,6 +205,26 @@ async fn idle_gpus_are_warned_of_then_checkpointed_and_requeued() {
         usage.flags
     );
     assert_eq!(env.state(task).await, Running, "warned, not yet acted on");
+    // The owner's webhook is called with the warning, before anything is done.
+    let calls = env
+        .control
+        .store
+        .due_deliveries(env.clock.now(), 10)
+        .await
+        .unwrap();
+    let warning: serde_json::Value = calls
+        .iter()
+        .map(|call| serde_json::from_str(&call.body).unwrap())
+        .find(|body: &serde_json::Value| body["event"] == "task.warning")
+        .unwrap_or_else(|| panic!("no warning call among {calls:?}"));
+    assert_eq!(warning["kind"], "idle_gpu");
+    assert_eq!(warning["task"]["id"], task.0);
+    assert!(
+        warning["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("idle (below 5%) for 1 min")),
+        "{warning}"
+    );
     // Still idle after the grace: the attempt is withdrawn (the agent stops it with its
     // checkpoint signal) and, once stopped, queued again as attempt 2.
     gpu_series(&env, &mut agent, attempt, started, &[0; 7]).await;

@@ -60,6 +60,13 @@ impl Control {
                     self.usage
                         .set_idle_warning(attempt, Some((now, message.clone())));
                     self.note_in_log(attempt, &message);
+                    // The owner's webhook hears of it too, before anything is done.
+                    if let Some(record) = self.task_record(attempt.task).await?
+                        && let Some(call) =
+                            crate::notify::warning(&record, "idle_gpu", &message, now)
+                    {
+                        self.commit(&[call]).await?;
+                    }
                 }
                 IdleVerdict::Clear { attempt } => {
                     inner.idle_warned.remove(&attempt);
