@@ -6,11 +6,13 @@
 #
 # HyperQueue (../shared/anchors/hyperqueue/hq, a benchmark anchor only — never shipped,
 # never used by tests): one server, one worker with every core, `hq submit --array 1-N
-# --wait -- true` (per-task stdout/stderr files kept). TACC: a release `taccd dev`
-# (control plane + one agent, SQLite with synchronous commits), N tasks `true` queued over
-# HTTP by 16 concurrent clients (crates/taccd/benches/throughput.rs). Prints tasks/s of
-# each, the ratio, TACC's own CPU per task and the bare-spawn floor. Figures belong in
-# docs/BENCHMARKS.md with the machine they ran on.
+# --wait -- true` (per-task stdout/stderr files kept). TACC, twice: through the command a
+# user types (`tcloud up` with release binaries, then `tcloud submit DIR --array 1-N -f`,
+# `run: "true"`, timed from start to exit; CPU = the server's and its children's, the
+# embedded agent included, from /proc) and through the bench harness (a release `taccd
+# dev`, the N tasks as one array over HTTP, crates/taccd/benches/throughput.rs). Prints
+# tasks/s of each, the ratios to HyperQueue, TACC's CPU per task and the bare-spawn
+# floor. Figures belong in docs/BENCHMARKS.md with the machine they ran on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HQ=${HQ:-$(realpath ../shared/anchors/hyperqueue/hq)}
@@ -20,6 +22,39 @@ CORES=$(nproc)
 
 cargo bench -p taccd --bench throughput --no-run >/dev/null 2>&1 ||
   cargo bench -p taccd --bench throughput --no-run
+cargo build --release -q -p taccd -p tcloud --bins
+BIN=$PWD/target/release
+
+# CPU seconds (user + system) of a process and its live children, from /proc.
+cpu_of_tree() {
+  local total=0 pid ticks
+  for pid in "$1" $(pgrep -P "$1" || true); do
+    ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+    total=$((total + ticks))
+  done
+  echo "$total / $(getconf CLK_TCK)" | bc -l
+}
+
+# TACC through the command a user types: `tcloud up`, then `tcloud submit DIR --array 1-N
+# -f` (`run: "true"`) timed from the command's start to its exit; prints "tasks/s cpu_ms".
+tacc_cli_run() {
+  local n=$1 home task pid c0 c1 start end
+  home=$(mktemp -d)
+  task=$(mktemp -d)
+  printf 'name: t\nrun: "true"\n' >"$task/task.yaml"
+  TACC_HOME=$home "$BIN/tcloud" up --port "${TACC_BENCH_PORT:-18383}" >/dev/null 2>&1 ||
+    { echo "tcloud up failed (see $home/local/taccd.log)" >&2; exit 1; }
+  until TACC_HOME=$home "$BIN/tcloud" nodes --json 2>/dev/null | grep -q '"name"'; do sleep 0.2; done
+  pid=$(cat "$home/local/taccd.pid")
+  c0=$(cpu_of_tree "$pid")
+  start=$(date +%s.%N)
+  TACC_HOME=$home "$BIN/tcloud" submit "$task" --array "1-$n" -f >/dev/null 2>&1
+  end=$(date +%s.%N)
+  c1=$(cpu_of_tree "$pid")
+  TACC_HOME=$home "$BIN/tcloud" down >/dev/null 2>&1 || true
+  rm -rf "$home" "$task"
+  echo "$(echo "$n / ($end - $start)" | bc -l) $(echo "($c1 - $c0) * 1000 / $n" | bc -l)"
+}
 
 hq_run() {
   local n=$1 dir
@@ -42,12 +77,14 @@ hq_run() {
   echo "$n / ($end - $start)" | bc -l
 }
 
-printf '%-8s %12s %12s %8s %18s %14s\n' N "HQ tasks/s" "TACC tasks/s" ratio "TACC CPU ms/task" "bare spawn/s"
+printf '%-8s %10s %10s %8s %12s %10s %8s %12s %12s\n' N "HQ /s" "CLI /s" "CLI x" "CLI CPU ms" "bench /s" "bench x" "bench CPU ms" "bare spawn/s"
 for n in $COUNTS; do
   hq=$(hq_run "$n")
+  read -r cli cli_cpu < <(tacc_cli_run "$n")
   tacc_json=$(TACC_BENCH_TASKS=$n cargo bench -q -p taccd --bench throughput 2>/dev/null | tail -1)
   tacc=$(jq -r .tasks_per_s <<<"$tacc_json")
   cpu=$(jq -r .cpu_ms_per_task <<<"$tacc_json")
   bare=$(jq -r .bare_spawn_per_s <<<"$tacc_json")
-  printf '%-8s %12.0f %12.0f %7.2fx %18.2f %14.0f\n' "$n" "$hq" "$tacc" "$(echo "$tacc / $hq" | bc -l)" "$cpu" "$bare"
+  printf '%-8s %10.0f %10.0f %7.2fx %12.2f %10.0f %7.2fx %12.2f %12.0f\n' "$n" "$hq" "$cli" \
+    "$(echo "$cli / $hq" | bc -l)" "$cli_cpu" "$tacc" "$(echo "$tacc / $hq" | bc -l)" "$cpu" "$bare"
 done
