@@ -32,6 +32,7 @@ mod node_attempts;
 mod node_requests;
 mod node_selector;
 pub mod notify;
+mod query;
 mod replica;
 pub mod secrets;
 mod sessions;

@@ -153,3 +153,75 @@ fn the_control_plane_rules_do_no_io_and_read_no_clock() {
         rules.display()
     );
 }
+
+/// The API's handlers read the durable state only through `query.rs` (the read-only
+/// view) and change it only through `Control` and the services that own each change.
+/// The writes still made from handlers are listed with their owner: they leave the API
+/// with the services (the reactor issue).
+const API_STORE_WRITES: &[(&str, &str)] = &[
+    (
+        "api/secrets.rs",
+        "a user's secret set or deleted, audited (the secrets service)",
+    ),
+    (
+        "api/admin.rs",
+        "users and tokens made or revoked through `accounts`, audited",
+    ),
+    (
+        "api/mod.rs",
+        "wiring: the dashboard's sessions kept in the store",
+    ),
+];
+
+#[test]
+fn the_api_reads_through_the_query_module_and_names_no_store_elsewhere() {
+    let api = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tacc-server/src/api");
+    let mut files = vec![api.clone()];
+    let mut checked = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(
+                std::fs::read_dir(&path)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.path()),
+            );
+            continue;
+        }
+        let relative = path
+            .strip_prefix(api.parent().unwrap())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        checked += 1;
+        let allowed = API_STORE_WRITES.iter().any(|(file, _)| *file == relative);
+        for (number, line) in code.lines().enumerate() {
+            let line = line.split("//").next().unwrap_or_default();
+            if line.contains("control.store") && !allowed {
+                panic!(
+                    "{relative}:{}: a handler reaches the store; read through \
+                     `control.query()` (query.rs), change state through `Control`",
+                    number + 1
+                );
+            }
+        }
+        if allowed {
+            // Even there, reads go through the query module.
+            for read in [
+                "get_task(",
+                "list_tasks(",
+                "get_token(",
+                "get_secret(",
+                "list_users(",
+            ] {
+                assert!(
+                    !code.contains(&format!("store.{read}")),
+                    "{relative}: reads `store.{read}`; use `control.query()`"
+                );
+            }
+        }
+    }
+    assert!(checked >= 20, "only {checked} API files found");
+}

@@ -32,7 +32,7 @@ pub(crate) fn token_view(token: TokenRecord) -> TokenView {
 }
 
 pub(super) async fn list_users(State(app): State<AppState>) -> ApiResult<Json<Vec<UserView>>> {
-    let users = app.control.store.list_users().await?;
+    let users = app.control.query().users().await?;
     Ok(Json(users.into_iter().map(user_view).collect()))
 }
 
@@ -73,7 +73,7 @@ pub(super) async fn create_user(
 }
 
 pub(super) async fn list_tokens(State(app): State<AppState>) -> ApiResult<Json<Vec<TokenView>>> {
-    let tokens = app.control.store.list_tokens(None).await?;
+    let tokens = app.control.query().tokens(None).await?;
     Ok(Json(tokens.into_iter().map(token_view).collect()))
 }
 
@@ -114,8 +114,10 @@ pub(super) async fn revoke_token(
         ))
     };
     let store = &app.control.store;
-    if store
-        .get_token(id)
+    if app
+        .control
+        .query()
+        .token(id)
         .await?
         .is_none_or(|token| token.revoked_at.is_some())
     {

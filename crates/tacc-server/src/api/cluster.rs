@@ -48,7 +48,7 @@ pub(super) async fn list_nodes(
         for view in &mut views {
             let mut visible = Vec::with_capacity(view.running_tasks.len());
             for task in &view.running_tasks {
-                let Some(record) = app.control.store.get_task(*task).await? else {
+                let Some(record) = app.control.query().task(*task).await? else {
                     continue;
                 };
                 let group = app.control.auth.group_of(&record.user).await?;

@@ -158,7 +158,7 @@ async fn kept_listing(
     query: &FilesQuery,
 ) -> ApiResult<FileListing> {
     let id = record.id;
-    let outputs = control.store.list_outputs(id).await?;
+    let outputs = control.query().outputs(id).await?;
     let names = listed_names(&outputs);
     let attempt = match query.attempt {
         Some(attempt) => AttemptNo(attempt),

@@ -16,7 +16,7 @@ const RECENT_GROUPS: u32 = 20;
 const MAX_HISTORY_PAGE: u32 = 500;
 
 async fn group_view(control: &Control, record: GroupRecord) -> ApiResult<GroupView> {
-    let mut counts = control.store.group_counts(record.id).await?;
+    let mut counts = control.query().group_counts(record.id).await?;
     let stages = if record.kind == tacc_store::GroupKind::Pipeline {
         let stages = control.stage_views(record.id).await?;
         // A pipeline counts every stage's tasks, its array stages' elements included.
@@ -53,8 +53,8 @@ fn group_id(text: &str) -> ApiResult<GroupId> {
 
 async fn load_group(control: &Control, id: GroupId) -> ApiResult<GroupRecord> {
     control
-        .store
-        .get_group(id)
+        .query()
+        .group(id)
         .await?
         .ok_or(ServerError::GroupNotFound(id))
 }
@@ -251,8 +251,8 @@ pub(super) async fn rerun_group(
     }
     let failed = app
         .control
-        .store
-        .list_tasks(&TaskFilter {
+        .query()
+        .tasks(&TaskFilter {
             group: Some(id),
             states: crate::control::RERUN_STATES.to_vec(),
             ..Default::default()
@@ -366,7 +366,7 @@ pub(super) async fn history(
         before: query.before.as_deref().map(parse_cursor).transpose()?,
         limit,
     };
-    let records = app.control.store.task_history(&filter).await?;
+    let records = app.control.query().history(&filter).await?;
     let next = (records.len() as u32 == limit)
         .then(|| records.last())
         .flatten()

@@ -285,11 +285,7 @@ async fn check_object(
             let Caller::User(user) = caller else {
                 return Err(hidden());
             };
-            let record = control
-                .store
-                .get_task(TaskId(id))
-                .await?
-                .ok_or_else(hidden)?;
+            let record = control.query().task(TaskId(id)).await?.ok_or_else(hidden)?;
             let group = control.auth.group_of(&record.user).await?;
             if may_act_for(user, &record.user, group.as_deref()) {
                 Ok(())
@@ -306,7 +302,7 @@ async fn check_object(
             let Caller::User(user) = caller else {
                 return Err(hidden());
             };
-            let record = control.store.get_group(id).await?.ok_or_else(hidden)?;
+            let record = control.query().group(id).await?.ok_or_else(hidden)?;
             let group = control.auth.group_of(&record.user).await?;
             if may_act_for(user, &record.user, group.as_deref()) {
                 Ok(())
@@ -322,7 +318,7 @@ async fn check_object(
             let hidden = || ServerError::NotFound(format!("snapshot {id} does not exist"));
             let allowed = match caller {
                 Caller::User(user) if user.role == tacc_core::Role::Admin => true,
-                Caller::User(user) => control.store.is_snapshot_owner(&id, &user.name).await?,
+                Caller::User(user) => control.query().is_snapshot_owner(&id, &user.name).await?,
                 Caller::Node { node, .. } => control.node_runs_snapshot(*node, &id).await,
                 _ => false,
             };

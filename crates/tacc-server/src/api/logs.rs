@@ -71,7 +71,7 @@ pub(super) async fn task_logs(
                     let next = offset + data.len() as u64;
                     return Some((Ok(Bytes::from(data)), (next, false)));
                 }
-                let finished = match control.store.get_task(task).await {
+                let finished = match control.query().task(task).await {
                     Ok(Some(record)) => record.state.is_terminal(),
                     _ => true,
                 };

@@ -81,7 +81,7 @@ pub(super) async fn list_outputs(
 ) -> ApiResult<Response> {
     let task = TaskId(id);
     super::tasks::load(&app.control, task).await?;
-    let outputs = app.control.store.list_outputs(task).await?;
+    let outputs = app.control.query().outputs(task).await?;
     let names = listed_names(&outputs);
     let files: Vec<OutputFile> = outputs
         .into_iter()
@@ -157,7 +157,7 @@ async fn uploading_rank(
     if !control.attempt_is_on_node(node, attempt, false).await? {
         return Ok(None);
     }
-    let Some(record) = control.store.get_task(attempt.task).await? else {
+    let Some(record) = control.query().task(attempt.task).await? else {
         return Ok(None);
     };
     Ok(record

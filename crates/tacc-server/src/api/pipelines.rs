@@ -116,7 +116,7 @@ async fn submit_new(
         if user.role != tacc_core::Role::Admin
             && !app
                 .control
-                .store
+                .query()
                 .is_snapshot_owner(&stage.snapshot, &user.name)
                 .await?
         {
@@ -169,11 +169,11 @@ async fn submit_new(
     let mut tasks = Vec::new();
     for stage in stage_records.iter().filter(|s| !s.cached) {
         match stage.source {
-            StageSource::Task(task) => tasks.extend(app.control.store.get_task(task).await?),
+            StageSource::Task(task) => tasks.extend(app.control.query().task(task).await?),
             StageSource::Group(group) => tasks.extend(
                 app.control
-                    .store
-                    .list_tasks(&tacc_store::TaskFilter {
+                    .query()
+                    .tasks(&tacc_store::TaskFilter {
                         group: Some(group),
                         limit: Some(1),
                         ..Default::default()

@@ -11,7 +11,7 @@ pub(super) async fn list_secrets(
     Extension(caller): Extension<Caller>,
 ) -> ApiResult<Json<Vec<SecretView>>> {
     let user = user_of(&caller)?;
-    let secrets = app.control.store.list_secrets(&user.name).await?;
+    let secrets = app.control.query().secrets(&user.name).await?;
     Ok(Json(
         secrets
             .into_iter()
@@ -71,7 +71,13 @@ pub(super) async fn delete_secret(
         ))
     };
     let store = &app.control.store;
-    if store.get_secret(&user.name, &name).await?.is_none() {
+    if app
+        .control
+        .query()
+        .secret(&user.name, &name)
+        .await?
+        .is_none()
+    {
         return Err(missing());
     }
     app.control

@@ -223,7 +223,7 @@ async fn watch(
         {
             return format!("the session was idle for {} s", idle.as_secs());
         }
-        match control.store.get_task(attempt.task).await {
+        match control.query().task(attempt.task).await {
             Ok(Some(task))
                 if task.attempt == attempt.attempt && task.state == TaskState::Running => {}
             Ok(Some(task)) if task.attempt != attempt.attempt => {
@@ -233,7 +233,7 @@ async fn watch(
             Ok(None) => return format!("task {} no longer exists", attempt.task),
             Err(e) => tracing::warn!("session check of task {}: {e}", attempt.task),
         }
-        match control.store.get_token(user.token).await {
+        match control.query().token(user.token).await {
             Ok(Some(token)) if token.revoked_at.is_some() => {
                 return format!("token {} was revoked", token.id);
             }

@@ -23,7 +23,7 @@ pub(super) async fn offer_snapshot(
     let names: Vec<String> = chunks.iter().map(|h| h.to_string()).collect();
     // A chunk counts as present for this user only if they uploaded it themselves:
     // knowing a hash must not let anyone claim code they never had.
-    let owned = app.control.store.owned_chunks(&user.name, &names).await?;
+    let owned = app.control.query().owned_chunks(&user.name, &names).await?;
     // Touching what is present restarts its retention: the client will not send it, so
     // garbage collection must leave it for the commit that follows.
     let missing: Vec<String> = chunks
@@ -50,7 +50,7 @@ pub(super) async fn commit_snapshot(
     let _no_gc_meanwhile = crate::artifacts::COMMIT_OR_COLLECT.read().await;
     check_chunks_stored(&app.control, &manifest)?;
     let names: Vec<String> = manifest.chunk_set().iter().map(|h| h.to_string()).collect();
-    let owned = app.control.store.owned_chunks(&user.name, &names).await?;
+    let owned = app.control.query().owned_chunks(&user.name, &names).await?;
     let unproven = names.iter().filter(|n| !owned.contains(*n)).count();
     if unproven > 0 {
         return Err(ServerError::BadRequest(format!(
@@ -60,7 +60,12 @@ pub(super) async fn commit_snapshot(
     }
     let id = manifest.id();
     // Resubmitting unchanged code commits again: a read, not another durable write.
-    if !app.control.store.is_snapshot_owner(&id, &user.name).await? {
+    if !app
+        .control
+        .query()
+        .is_snapshot_owner(&id, &user.name)
+        .await?
+    {
         app.control
             .store
             .add_snapshot_owner(tacc_store::SnapshotOwner {
@@ -70,7 +75,7 @@ pub(super) async fn commit_snapshot(
             .await?;
     }
     // A resubmission of unchanged code commits a snapshot the server already has.
-    if app.control.store.get_snapshot(&id).await?.is_some() {
+    if app.control.query().snapshot(&id).await?.is_some() {
         return Ok(Json(SnapshotCommitted { snapshot: id }));
     }
     let value =
@@ -121,7 +126,7 @@ pub(super) async fn get_snapshot(
     let id: SnapshotId = id
         .parse()
         .map_err(|e: tacc_core::CoreError| ServerError::BadRequest(e.to_string()))?;
-    let manifest = app.control.store.get_snapshot(&id).await?;
+    let manifest = app.control.query().snapshot(&id).await?;
     manifest
         .map(Json)
         .ok_or_else(|| ServerError::NotFound(format!("snapshot {id} does not exist")))

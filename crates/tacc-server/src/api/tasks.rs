@@ -62,8 +62,8 @@ pub(super) async fn task_view(control: &Control, record: TaskRecord) -> TaskView
 
 pub(super) async fn load(control: &Control, id: TaskId) -> ApiResult<TaskRecord> {
     control
-        .store
-        .get_task(id)
+        .query()
+        .task(id)
         .await?
         .ok_or(ServerError::TaskNotFound(id))
 }
@@ -158,7 +158,7 @@ async fn submit_new(
     if user.role != tacc_core::Role::Admin
         && !app
             .control
-            .store
+            .query()
             .is_snapshot_owner(&body.snapshot, &user.name)
             .await?
     {
@@ -277,7 +277,7 @@ pub(super) async fn visible_tasks(
         },
         ..base
     };
-    let records = control.store.list_tasks(&filter).await?;
+    let records = control.query().tasks(&filter).await?;
     if user.role != tacc_core::Role::GroupAdmin {
         return Ok(records);
     }
@@ -308,7 +308,7 @@ pub(super) async fn task_events(
     Path(id): Path<u64>,
 ) -> ApiResult<Json<Vec<TaskEventView>>> {
     load(&app.control, TaskId(id)).await?;
-    let events = app.control.store.task_events(TaskId(id)).await?;
+    let events = app.control.query().task_events(TaskId(id)).await?;
     let mut views: Vec<TaskEventView> = events
         .into_iter()
         .map(|e| TaskEventView {
@@ -320,7 +320,7 @@ pub(super) async fn task_events(
         .collect();
     // Allocation changes of a running attempt are part of its history (the task stays
     // running; the reason says what moved and why).
-    for resize in app.control.store.list_resizes(TaskId(id)).await? {
+    for resize in app.control.query().resizes(TaskId(id)).await? {
         views.push(TaskEventView {
             at: resize.at,
             attempt: resize.attempt,

@@ -354,6 +354,11 @@ fn placements_of(stored: &[StoredPlacement]) -> Vec<Placement> {
 }
 
 impl Control {
+    /// The read-only view of the durable state, for the API's reads (`query.rs`).
+    pub(crate) fn query(&self) -> crate::query::Query {
+        crate::query::Query::new(self.store.clone())
+    }
+
     pub async fn open(
         store: Arc<dyn Store>,
         config: ServerConfig,

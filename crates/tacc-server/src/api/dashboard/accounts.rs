@@ -99,8 +99,8 @@ async fn group_of(control: &Control, user: &str) -> Result<String, ServerError> 
 pub(crate) async fn build(control: &Control, me: &UserCaller) -> Result<AccountsPage, ServerError> {
     let config = &control.config.scheduler;
     let active = control
-        .store
-        .list_tasks(&TaskFilter {
+        .query()
+        .tasks(&TaskFilter {
             states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
             ..Default::default()
         })
@@ -122,14 +122,7 @@ pub(crate) async fn build(control: &Control, me: &UserCaller) -> Result<Accounts
     }
     let mut names: BTreeSet<String> = by_user.keys().cloned().collect();
     names.extend(config.users.keys().cloned());
-    names.extend(
-        control
-            .store
-            .list_users()
-            .await?
-            .into_iter()
-            .map(|u| u.name),
-    );
+    names.extend(control.query().users().await?.into_iter().map(|u| u.name));
     let my_group = group_of(control, &me.name).await?;
     let mut users = Vec::new();
     let mut by_group: BTreeMap<String, Holding> = BTreeMap::new();
@@ -143,7 +136,7 @@ pub(crate) async fn build(control: &Control, me: &UserCaller) -> Result<Accounts
         total.allocated = total.allocated.add(&holding.allocated);
         total.running += holding.running;
         total.queued += holding.queued;
-        let identity = control.store.get_user(&name).await?;
+        let identity = control.query().user(&name).await?;
         let identity_group = identity.as_ref().and_then(|u| u.group.clone());
         if !may_act_for(me, &name, identity_group.as_deref()) {
             continue;

@@ -129,7 +129,7 @@ async fn visible_to(control: &Control, user: &UserCaller, task: TaskId) -> ApiRe
     if user.role == Role::Admin {
         return Ok(true);
     }
-    let Some(record) = control.store.get_task(task).await? else {
+    let Some(record) = control.query().task(task).await? else {
         return Ok(false);
     };
     let group = control.auth.group_of(&record.user).await?;
@@ -362,7 +362,7 @@ pub(crate) async fn task(
     } else {
         None
     };
-    let events = control.store.task_events(task).await?;
+    let events = control.query().task_events(task).await?;
     let attempts = attempts_of(&events);
     let events: Vec<EventRow> = events
         .iter()
@@ -418,7 +418,7 @@ pub(crate) async fn task(
     let flags: Vec<String> = usage.flags.iter().map(|f| f.message.clone()).collect();
     let plotted = AttemptNo(query.attempt.unwrap_or(view.attempt.0));
     let charts = charts(control, task, plotted);
-    let outputs = control.store.list_outputs(task).await?;
+    let outputs = control.query().outputs(task).await?;
     let names = super::super::outputs::listed_names(&outputs);
     let outputs: Vec<OutputRow> = outputs
         .into_iter()
