@@ -42,13 +42,18 @@ tacc_cli_run() {
   home=$(mktemp -d)
   task=$(mktemp -d)
   printf 'name: t\nrun: "true"\n' >"$task/task.yaml"
-  TACC_HOME=$home "$BIN/tcloud" up --port "${TACC_BENCH_PORT:-18383}" >/dev/null 2>&1 ||
+  # HyperQueue caps no queue: lift the cluster's per-user limits past N (an operator's
+  # taccd flags, which `tcloud up` starts taccd through this wrapper with).
+  printf '#!/bin/sh\nexec "%s" "$@" --max-queued %d --submit-burst %d\n' "$BIN/taccd" $((n * 2)) $((n * 2)) >"$home/taccd"
+  chmod +x "$home/taccd"
+  TACC_TACCD=$home/taccd TACC_HOME=$home "$BIN/tcloud" up --port "${TACC_BENCH_PORT:-18383}" >/dev/null 2>&1 ||
     { echo "tcloud up failed (see $home/local/taccd.log)" >&2; exit 1; }
   until TACC_HOME=$home "$BIN/tcloud" nodes --json 2>/dev/null | grep -q '"name"'; do sleep 0.2; done
   pid=$(cat "$home/local/taccd.pid")
   c0=$(cpu_of_tree "$pid")
   start=$(date +%s.%N)
-  TACC_HOME=$home "$BIN/tcloud" submit "$task" --array "1-$n" -f >/dev/null 2>&1
+  TACC_HOME=$home "$BIN/tcloud" submit "$task" --array "1-$n" -f >/dev/null 2>"$home/submit.err" ||
+    { echo "tcloud submit failed: $(tail -3 "$home/submit.err")" >&2; TACC_HOME=$home "$BIN/tcloud" down >/dev/null 2>&1; exit 1; }
   end=$(date +%s.%N)
   c1=$(cpu_of_tree "$pid")
   TACC_HOME=$home "$BIN/tcloud" down >/dev/null 2>&1 || true
