@@ -26,6 +26,19 @@ async fn fresh_postgres(test: &str) -> Option<(PostgresStore, TestDatabase)> {
     Some((store, database))
 }
 
+/// A queued task of alice's named `name`.
+fn alice_task(name: &str) -> tacc_store::NewTask {
+    tacc_store::NewTask {
+        name: name.into(),
+        user: "alice".into(),
+        spec: serde_json::json!({}),
+        snapshot: "ef".repeat(32).parse().unwrap(),
+        source: None,
+        submitted_at: tacc_core::Timestamp(1),
+        submission: serde_json::json!({}),
+    }
+}
+
 mod memory {
     tacc_store::store_contract_tests!(super::fresh_memory);
 }
@@ -51,15 +64,7 @@ async fn sqlite_syncs_the_log_once_for_many_writes() {
             let store = store.clone();
             tokio::spawn(async move {
                 store
-                    .create_task(tacc_store::NewTask {
-                        name: format!("t{i}"),
-                        user: "alice".into(),
-                        spec: serde_json::json!({}),
-                        snapshot: "ef".repeat(32).parse().unwrap(),
-                        source: None,
-                        submitted_at: tacc_core::Timestamp(1),
-                        submission: serde_json::json!({}),
-                    })
+                    .create_task(alice_task(&format!("t{i}")))
                     .await
                     .unwrap();
             })
@@ -92,19 +97,7 @@ async fn sqlite_store_keeps_everything_across_reopen() {
     let (id, token) = {
         let store = SqliteStore::open(&path).await.unwrap();
         contract::tasks_get_ids_in_order_and_round_trip(&store).await;
-        let id = store
-            .create_task(tacc_store::NewTask {
-                name: "durable".into(),
-                user: "alice".into(),
-                spec: serde_json::json!({}),
-                snapshot: "ef".repeat(32).parse().unwrap(),
-                source: None,
-                submitted_at: tacc_core::Timestamp(1),
-                submission: serde_json::json!({}),
-            })
-            .await
-            .unwrap()
-            .id;
+        let id = store.create_task(alice_task("durable")).await.unwrap().id;
         store
             .create_user(tacc_store::UserRecord {
                 name: "alice".into(),

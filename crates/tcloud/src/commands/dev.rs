@@ -124,17 +124,7 @@ pub async fn dev(ctx: &Ctx, path: &Path, options: DevOptions) -> Result<()> {
         eprintln!("{}", crate::sanitize::text(warning));
     }
     let client = ctx.client()?;
-    let root = task.code_root.clone();
-    let exclude = task.spec.code.exclude.clone();
-    let tree = tokio::task::spawn_blocking(move || tacc_compiler::scan(&root, &exclude))
-        .await
-        .context("the code scanner failed")?
-        .map_err(|e| {
-            CliError::invalid(format!(
-                "cannot snapshot the code directory {}: {e}",
-                task.code_root.display()
-            ))
-        })?;
+    let tree = super::submit::scan_code(&task.code_root, &task.spec).await?;
     let report = upload_snapshot(&client, tree, true).await?;
     let reply = client
         .submit(&SubmitTask {

@@ -18,6 +18,22 @@ fn load(path: &Path) -> Result<LoadedTask> {
     load_task(path).map_err(|e| CliError::schema(&e).into())
 }
 
+/// The code directory's tree as the snapshot will hold it (its `code.exclude` applied),
+/// scanned off the async threads.
+pub(super) async fn scan_code(root: &Path, spec: &TaskSpec) -> Result<tacc_compiler::ScannedTree> {
+    let (dir, exclude) = (root.to_path_buf(), spec.code.exclude.clone());
+    tokio::task::spawn_blocking(move || tacc_compiler::scan(&dir, &exclude))
+        .await
+        .context("the code scanner failed")?
+        .map_err(|e| {
+            CliError::invalid(format!(
+                "cannot snapshot the code directory {}: {e}",
+                root.display()
+            ))
+            .into()
+        })
+}
+
 fn print_warnings(task: &LoadedTask) {
     for warning in task.rendered_warnings() {
         eprintln!("{}", sanitize::text(&warning));
@@ -191,17 +207,7 @@ pub async fn submit(ctx: &Ctx, path: &Path, options: SubmitOptions) -> Result<()
         task.spec.array = Some(parsed);
     }
     let client = ctx.client()?;
-    let root = task.code_root.clone();
-    let exclude = task.spec.code.exclude.clone();
-    let tree = tokio::task::spawn_blocking(move || tacc_compiler::scan(&root, &exclude))
-        .await
-        .context("the code scanner failed")?
-        .map_err(|e| {
-            CliError::invalid(format!(
-                "cannot snapshot the code directory {}: {e}",
-                task.code_root.display()
-            ))
-        })?;
+    let tree = scan_code(&task.code_root, &task.spec).await?;
     let report = upload_snapshot(&client, tree, !as_json).await?;
     let spec = serde_json::to_value(&task.spec).context("cannot encode the task spec")?;
     let translated = translated(&task);
