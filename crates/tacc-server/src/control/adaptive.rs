@@ -32,7 +32,7 @@ use tacc_scheduler::Event;
 use tacc_schema::TaskSpec;
 use tacc_store::{ResizeRecord, SignalRecord, TaskChange};
 
-use super::{Control, Inner};
+use super::{Control, Core};
 use crate::ServerError;
 
 /// Signal points kept per attempt (at the default 10 s: the last 80 minutes).
@@ -379,7 +379,7 @@ impl AdaptiveBook {
 
 impl Control {
     /// A usage sample of a running attempt was accepted (under the control lock).
-    pub(super) async fn adapt(&self, inner: &mut Inner, sample: &UsageSample) {
+    pub(super) async fn adapt(&self, inner: &mut Core, sample: &UsageSample) {
         if sample.node_rank != 0 {
             return;
         }
@@ -448,7 +448,7 @@ impl Control {
     /// the scheduler or the store refused it (nothing changed).
     async fn resize(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         attempt: AttemptRef,
         from: Resources,
         to: Resources,
@@ -502,7 +502,7 @@ impl Control {
     /// An agent applied (or could not apply) a new allocation of `attempt`.
     pub(super) async fn resized_on_node(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         node: NodeId,
         attempt: AttemptRef,
         applied: Resources,

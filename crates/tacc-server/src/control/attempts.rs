@@ -5,49 +5,36 @@
 
 use tacc_core::{NodeId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
-use tacc_scheduler::Event;
-use tacc_store::{TaskChange, TaskRecord, Transition};
+use tacc_store::{TaskChange, TaskRecord};
 
 use super::rules::admission::Admission;
-use super::rules::ending::AttemptEnd;
-use super::{Control, Inner, LiveNode, request_of, retry, rules};
+use super::effects::Effects;
+use super::{Control, Core, handlers, retry, rules};
 use crate::ServerError;
 
 impl Control {
-    /// Apply an agent's reports, in order.
+    /// Apply an agent's report batch, in order, as one turn (`shell.rs`): one
+    /// scheduling decision for everything the batch ended, not one per attempt (with a
+    /// long queue each decision walks it, and a batch may end dozens), and one transaction
+    /// for the batch's changes and that decision's plan.
     pub async fn agent_reports(
         &self,
         node: NodeId,
         reports: Vec<AgentReport>,
     ) -> Result<tacc_proto::ReportsAck, ServerError> {
-        let mut inner = self.inner.lock().await;
-        match inner.nodes.get_mut(&node) {
-            Some(live) => live.last_seen = self.clock.instant(),
-            None => return Err(ServerError::NodeNotFound(node)),
-        }
-        // One scheduling decision for everything the batch ended, not one per attempt:
-        // with a long queue each decision walks it, and a batch may end dozens.
-        inner.deferred = Some(Vec::new());
-        let inner = &mut *inner;
-        self.staging_starts(async {
-            let mut applied = self.apply_reports(inner, node, reports).await;
-            if applied.is_ok()
-                && let Err(e) = self.flush_staged().await
-            {
-                applied = Err(e.into());
+        self.turn(async |core: &mut Core| {
+            match core.nodes.get_mut(&node) {
+                Some(live) => live.last_seen = self.clock.instant(),
+                None => return Err(ServerError::NodeNotFound(node)),
             }
-            let events = inner.deferred.take().unwrap_or_default();
-            if !events.is_empty() {
-                self.drive(inner, Event::Batch(events)).await;
-            }
-            applied
+            self.apply_reports(core, node, reports).await
         })
         .await
     }
 
     async fn apply_reports(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         node: NodeId,
         reports: Vec<AgentReport>,
     ) -> Result<tacc_proto::ReportsAck, ServerError> {
@@ -138,21 +125,9 @@ impl Control {
                     let Some(record) = self.task_record(attempt.task).await? else {
                         continue;
                     };
-                    if record.attempt == attempt.attempt && record.state == TaskState::Starting {
-                        self.stage(TaskChange::Transition(Transition::new(
-                            attempt.task,
-                            TaskState::Starting,
-                            TaskState::Running,
-                            attempt.attempt,
-                            at,
-                        )))
-                        .await?;
-                        self.metrics.started(
-                            record.submitted_at,
-                            attempt.attempt,
-                            self.clock.now(),
-                        );
-                    }
+                    let mut fx = Effects::default();
+                    handlers::started::on_started(inner, &mut fx, &record, attempt, at);
+                    self.carry(inner, fx).await?;
                 }
                 AgentReport::Finished {
                     attempt,
@@ -224,7 +199,7 @@ impl Control {
     /// An attempt's node vanished: the attempt is lost (and maybe retried).
     pub(super) async fn lose_attempt(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         attempt: AttemptRef,
         outcome: AttemptOutcome,
     ) -> Result<(), ServerError> {
@@ -259,20 +234,18 @@ impl Control {
         .await
     }
 
-    /// One node's part of an attempt ended. A multi-node attempt succeeds when every node
-    /// rank has; the first part that does not succeed ends it for all (the others are
-    /// withdrawn, so their agents stop them), named in the reason.
+    /// One node's part of an attempt ended (see `handlers::rank_end`). A node that
+    /// stopped an attempt because it lost contact with the server failed as a node, not
+    /// the task: the attempt is lost and follows the retry policy.
     pub(super) async fn rank_finished(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         node: NodeId,
         attempt: AttemptRef,
         outcome: AttemptOutcome,
         process_rank: Option<u32>,
         at: Timestamp,
     ) -> Result<(), ServerError> {
-        // A node that stopped an attempt because it lost contact with the server failed as
-        // a node, not the task: the attempt is lost and follows the retry policy.
         if matches!(&outcome, AttemptOutcome::LaunchFailed { reason, .. } if reason == "node_fenced")
         {
             return self.lose_attempt(inner, attempt, outcome).await;
@@ -280,79 +253,30 @@ impl Control {
         let Some(record) = self.task_record(attempt.task).await? else {
             return Ok(());
         };
-        if record.attempt != attempt.attempt || !record.state.is_active() {
-            return Ok(());
-        }
-        let nodes = record.placements.len() as u32;
-        let node_rank = record
-            .placements
-            .iter()
-            .position(|p| p.node == node)
-            .map_or(0, |r| r as u32);
-        if nodes > 1 {
-            // Kept, so a restarted server knows this rank's part is done (or which failed).
-            let failure = match &outcome {
-                AttemptOutcome::Exited { code: 0 } => None,
-                AttemptOutcome::Cancelled => Some("cancelled".to_string()),
-                other => crate::usage::failure_of(other),
-            };
-            self.commit(&[self.rank_end(attempt, node_rank, node, at, failure)])
-                .await?;
-        }
-        if nodes > 1
-            && outcome == (AttemptOutcome::Exited { code: 0 })
-            && !record.cancel_requested
-            && !inner.preempting.contains(&record.id)
-        {
-            let done = inner.finished_ranks.entry(attempt).or_default();
-            done.insert(node_rank, at);
-            if (done.len() as u32) < nodes {
-                return Ok(());
-            }
-        }
-        let processes = inner
-            .specs
-            .get(&record.id)
-            .map_or(1, |spec| spec.resources.processes_per_node());
-        let blame = (nodes * processes > 1).then(|| {
-            let rank = process_rank.unwrap_or(node_rank * processes);
-            let name = inner
-                .nodes
-                .get(&node)
-                .map_or_else(|| node.to_string(), |n| n.record.name.clone());
-            if processes > 1 {
-                format!(
-                    "rank {rank} (node {name}, local rank {})",
-                    rank.saturating_sub(node_rank * processes)
-                )
-            } else {
-                format!("rank {rank} (node {name})")
-            }
-        });
-        self.finish_attempt_blaming(inner, attempt, outcome, at, blame)
-            .await
+        let mut fx = Effects::default();
+        handlers::rank_end::on_rank_finished(
+            inner,
+            &mut fx,
+            handlers::rank_end::RankFinished {
+                record,
+                node,
+                attempt,
+                outcome,
+                process_rank,
+                at,
+                config: &self.config,
+            },
+        );
+        self.carry(inner, fx).await
     }
 
+    /// End an attempt as `outcome` says (see `handlers::ending`).
     pub(super) async fn finish_attempt(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         attempt: AttemptRef,
         outcome: AttemptOutcome,
         at: Timestamp,
-    ) -> Result<(), ServerError> {
-        self.finish_attempt_blaming(inner, attempt, outcome, at, None)
-            .await
-    }
-
-    /// End an attempt as `outcome` says; `blame` names the rank whose end it was when the
-    /// attempt had several, and goes into the reason of a failure.
-    pub(super) async fn finish_attempt_blaming(
-        &self,
-        inner: &mut Inner,
-        attempt: AttemptRef,
-        outcome: AttemptOutcome,
-        at: Timestamp,
-        blame: Option<String>,
     ) -> Result<(), ServerError> {
         let Some(record) = self.task_record(attempt.task).await? else {
             return Ok(());
@@ -360,77 +284,23 @@ impl Control {
         if record.attempt != attempt.attempt || !record.state.is_active() {
             return Ok(());
         }
-        let was_preempted = inner.preempting.remove(&record.id);
-        if was_preempted && outcome == AttemptOutcome::Cancelled && !record.cancel_requested {
-            return self.requeue_preempted(inner, record, at).await;
-        }
-        let (state, mut reason, exit_code) = rules::ending::outcome_of(&outcome, &record, blame);
-        if state == TaskState::Cancelled
-            && record.cancel_requested
-            && let Some(why) = inner.cancel_reasons.remove(&record.id)
-        {
-            reason = Some(why);
-        }
-        self.end_attempt(inner, record, state, reason, exit_code, at, false)
-            .await
-    }
-
-    /// A preempted attempt has stopped: the task goes back to the queue as a new attempt.
-    pub(super) async fn requeue_preempted(
-        &self,
-        inner: &mut Inner,
-        record: TaskRecord,
-        at: Timestamp,
-    ) -> Result<(), ServerError> {
-        let task = record.id;
-        let reason = match inner.requeue_reasons.remove(&task) {
-            Some(why) => format!("{why} (attempt {})", record.attempt),
-            None => format!("preempted during attempt {}", record.attempt),
-        };
-        self.commit(&[TaskChange::Transition(Transition {
-            reason: Some(reason),
-            ..Transition::new(
-                task,
-                record.state,
-                TaskState::Queued,
-                record.attempt.next(),
-                at,
-            )
-        })])
-        .await?;
-        self.mark_attempt(task, record.attempt.next(), "preempted");
-        let attempt = AttemptRef {
-            task,
-            attempt: record.attempt,
-        };
-        for (node, live) in inner.nodes.iter_mut() {
-            // Wake the node's poll: its part of the attempt is withdrawn, so it stops it
-            // now (a rank still running when another ended the attempt).
-            if live.assignments.remove(&attempt).is_some() {
-                self.comm.work_changed(*node);
-            }
-            live.cancelling.remove(&attempt);
-        }
-        self.drive(inner, Event::TaskPreempted(task)).await;
-        self.logs.wake(task);
-        Ok(())
-    }
-
-    /// Open attempt `next`'s section of the task log. A log that cannot be written costs
-    /// the marker only, never the retry.
-    fn mark_attempt(&self, task: tacc_core::TaskId, next: tacc_core::AttemptNo, cause: &str) {
-        if let Err(e) = self
-            .logs
-            .append_line(task, &retry::attempt_marker(next, cause))
-        {
-            tracing::warn!("cannot mark attempt {next} in the log of task {task}: {e}");
-        }
+        let mut fx = Effects::default();
+        handlers::ending::on_attempt_finished(
+            inner,
+            &mut fx,
+            &self.config,
+            record,
+            &outcome,
+            at,
+            None,
+        );
+        self.carry(inner, fx).await
     }
 
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn end_attempt(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         record: TaskRecord,
         state: TaskState,
         reason: Option<String>,
@@ -451,12 +321,13 @@ impl Control {
         .await
     }
 
-    /// [`Control::end_attempt`], retried as `retry_as` says instead of the task's own
-    /// `retry:` (a hung attempt whose `on_hang.then` is `retry`).
+    /// End `record`'s attempt as `state` (see `handlers::ending`), retried as `retry_as`
+    /// says instead of the task's own `retry:` (a hung attempt whose `on_hang.then` is
+    /// `retry`). A node loss counts the task's earlier ones, read from its history.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn end_attempt_retrying(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         record: TaskRecord,
         state: TaskState,
         reason: Option<String>,
@@ -465,72 +336,27 @@ impl Control {
         node_failure: bool,
         retry_as: Option<tacc_schema::RetrySpec>,
     ) -> Result<(), ServerError> {
-        let task = record.id;
-        inner.preempting.remove(&task);
-        inner.cancel_reasons.remove(&task);
-        inner.finished_ranks.remove(&AttemptRef {
-            task,
-            attempt: record.attempt,
-        });
-        let spec = inner.specs.get(&task).cloned();
         let earlier_node_losses = if rules::ending::counts_node_losses(state, reason.as_deref()) {
-            retry::node_losses(&self.store.task_events(task).await?)
+            retry::node_losses(&self.store.task_events(record.id).await?)
         } else {
             0
         };
-        let plan = rules::ending::plan_end(AttemptEnd {
-            record: &record,
-            policy: retry_as.as_ref().or(spec.as_ref().map(|s| &s.retry)),
-            state,
-            reason,
-            exit_code,
-            at,
-            node_failure,
-            earlier_node_losses,
-            settings: &self.config.retry,
-        });
-        self.commit(&plan.changes).await?;
-        let state = plan.state;
-        if let Some(retry) = &plan.retry {
-            self.mark_attempt(task, retry.next, &retry.cause);
-        }
-        let attempt = AttemptRef {
-            task,
-            attempt: record.attempt,
-        };
-        for (node, live) in inner.nodes.iter_mut() {
-            // Wake the node's poll: its part of the attempt is withdrawn, so it stops it
-            // now (a rank still running when another ended the attempt).
-            if live.assignments.remove(&attempt).is_some() {
-                self.comm.work_changed(*node);
-            }
-            live.cancelling.remove(&attempt);
-        }
-        if plan.retry.is_none() {
-            inner.stage_deps.remove(&task);
-            // Before the scheduler hears of the end: it would start dependents at once.
-            self.stop_dependents(inner, &record, state).await?;
-        }
-        self.drive(inner, Event::TaskEnded(task)).await;
-        match (plan.retry, spec) {
-            (Some(retry), Some(spec)) => {
-                // Queued at once, so what depends on it keeps waiting, but placed no
-                // earlier than the backoff allows (`release_due_retries` wakes it).
-                inner.retry_at.insert(task, retry.not_before);
-                let group = inner.group_for(&self.config, &record.user);
-                let request = request_of(&spec, &record, at, group);
-                if inner.nodes.values().any(LiveNode::schedulable) {
-                    self.drive(inner, Event::TaskSubmitted { task, request })
-                        .await;
-                } else {
-                    inner.held.insert(task);
-                }
-            }
-            _ => {
-                inner.specs.remove(&task);
-            }
-        }
-        self.logs.wake(task);
-        Ok(())
+        let mut fx = Effects::default();
+        handlers::ending::on_attempt_end(
+            inner,
+            &mut fx,
+            handlers::ending::End {
+                record,
+                state,
+                reason,
+                exit_code,
+                at,
+                node_failure,
+                retry_as,
+                earlier_node_losses,
+                config: &self.config,
+            },
+        );
+        self.carry(inner, fx).await
     }
 }

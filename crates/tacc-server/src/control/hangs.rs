@@ -12,7 +12,7 @@ use tacc_proto::AttemptRef;
 use tacc_schema::{HangAction, RetryOn, RetrySpec, TaskSpec};
 
 use super::rules::hangs::{self, AttemptSilence};
-use super::{Control, Inner};
+use super::{Control, Core};
 use crate::ServerError;
 
 /// A hung attempt retried by `on_hang.then: retry` runs this many times in all at least.
@@ -37,7 +37,7 @@ pub(super) fn policy_of(
 
 impl Control {
     /// End the attempts found hung now.
-    pub(super) async fn end_hung_attempts(&self, inner: &mut Inner) -> Result<(), ServerError> {
+    pub(super) async fn end_hung_attempts(&self, inner: &mut Core) -> Result<(), ServerError> {
         let running: BTreeSet<AttemptRef> = inner
             .nodes
             .values()

@@ -10,12 +10,12 @@ use tacc_proto::AttemptRef;
 use tacc_store::TaskChange;
 
 use super::rules::idle_gpus::{self, GpuAttempt, IdleGpuAction, IdleVerdict};
-use super::{Control, Inner};
+use super::{Control, Core};
 use crate::ServerError;
 
 impl Control {
     /// Apply the idle-GPU policy now (nothing without one).
-    pub(super) async fn apply_idle_gpu_policy(&self, inner: &mut Inner) -> Result<(), ServerError> {
+    pub(super) async fn apply_idle_gpu_policy(&self, inner: &mut Core) -> Result<(), ServerError> {
         let Some(policy) = self.config.idle_gpu.clone() else {
             return Ok(());
         };

@@ -861,7 +861,7 @@ async fn the_fair_share_standing_survives_a_restart() {
 }
 
 #[tokio::test]
-async fn a_start_and_an_end_reported_together_cost_one_transaction() {
+async fn a_report_batch_is_one_turn_and_one_transaction() {
     let env = TestEnv::new().await;
     let mut agent = env.join("n1", 4).await;
     let mut tasks = Vec::new();
@@ -882,8 +882,8 @@ async fn a_start_and_an_end_reported_together_cost_one_transaction() {
     env.report(&agent, reports).await;
     assert_eq!(
         env.control.metrics.commits("apply") - commits,
-        3,
-        "the starts go with the first end: one transaction per task's end"
+        1,
+        "a batch is one turn: its starts and ends go in one transaction"
     );
     for task in &tasks {
         assert_eq!(
@@ -1011,4 +1011,33 @@ async fn a_staged_start_keeps_its_place_before_what_the_batch_says_after_it() {
         record.reason.as_deref(),
         Some("runtime container: the task names a container image")
     );
+}
+
+#[tokio::test]
+async fn the_plan_a_batch_of_ends_calls_for_commits_with_them() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 2).await;
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        tasks.push(env.submit(ONE_CPU).await);
+    }
+    let first: Vec<_> = env.poll(&mut agent).await.iter().map(|a| a.attempt).collect();
+    assert_eq!(first.len(), 2, "two fit on two CPUs");
+    let commits = env.control.metrics.commits("apply");
+    let mut reports: Vec<_> = first.iter().map(|a| env.started(*a)).collect();
+    reports.extend(first.iter().map(|a| env.exited(*a, 0)));
+    env.report(&agent, reports).await;
+    assert_eq!(
+        env.control.metrics.commits("apply") - commits,
+        1,
+        "the ends, and the starts of the two waiting tasks they make room for, in one transaction"
+    );
+    let next: Vec<_> = env.poll(&mut agent).await.iter().map(|a| a.attempt).collect();
+    assert_eq!(next.len(), 2, "the two waiting tasks were handed to the node");
+    for task in &tasks[..2] {
+        assert_eq!(env.task(*task).await.state, TaskState::Succeeded);
+    }
+    for task in &tasks[2..] {
+        assert_eq!(env.task(*task).await.state, TaskState::Starting);
+    }
 }

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tacc_compiler::{DirChunkStore, Instruction};
-use tacc_core::{GroupId, NodeId, SnapshotId, TaskId, TaskState, Timestamp};
-use tacc_proto::{Assignment, AttemptOutcome, AttemptRef};
+use tacc_core::{NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_proto::{Assignment, AttemptRef};
 use tacc_scheduler::{
     Action, Event, Explanation, Placement, Plan, Scheduler, SchedulerConfig, TaskRequest,
 };
 use tacc_schema::TaskSpec;
 use tacc_store::{
-    NewTask, NodeRecord, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter, TaskRecord,
+    NewTask, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter, TaskRecord,
     Transition,
 };
 use tokio::sync::Mutex;
@@ -23,9 +23,10 @@ use tokio::sync::Mutex;
 use crate::ServerError;
 use crate::clock::{Clock, SystemClock};
 use comm::{Comm, WatchComm};
-use rules::cancel::CancelPlan;
 
 mod adaptive;
+mod core;
+pub(crate) use self::core::{Core, LiveNode};
 mod attempts;
 mod comm;
 mod estimates;
@@ -42,6 +43,9 @@ mod gpu_lifecycle_tests;
 mod lifecycle_tests;
 mod records;
 mod restart;
+mod effects;
+mod handlers;
+mod shell;
 mod resume;
 mod retry;
 mod rules;
@@ -177,95 +181,6 @@ pub fn now() -> Timestamp {
 }
 
 #[derive(Debug)]
-pub(crate) struct LiveNode {
-    record: NodeRecord,
-    online: bool,
-    last_seen: Instant,
-    pub(crate) assignments: BTreeMap<AttemptRef, Assignment>,
-    /// Attempts withdrawn by a cancel, until the agent confirms they are not running.
-    cancelling: BTreeSet<AttemptRef>,
-    /// When the node was lost recently (heartbeat timeouts), oldest first.
-    losses: Vec<Instant>,
-    /// A flapping node that came back is up but gets no work before this instant.
-    held_back_until: Option<Instant>,
-    /// Attempts the agent claimed at registration that are not (or no longer) its to
-    /// run: until it has stopped them, it gets no new work.
-    stale_claims: BTreeSet<AttemptRef>,
-    /// A restarted server found attempts running here: the scheduler knows the node (as
-    /// drained, so nothing new lands on it) and their allocations, as before the restart,
-    /// until its agent registers again — or stays away for a heartbeat timeout and is lost.
-    expected: bool,
-}
-
-#[derive(Debug)]
-pub(crate) struct Inner {
-    scheduler: Scheduler,
-    pub(crate) nodes: BTreeMap<NodeId, LiveNode>,
-    /// Queued tasks not yet given to the scheduler because no node is online: the
-    /// scheduler would reject them as never fitting an empty cluster.
-    held: BTreeSet<TaskId>,
-    /// Retried tasks waiting out their backoff, and when they may run (see `retry`): the
-    /// scheduler has them (their dependents keep waiting) but places them no earlier.
-    retry_at: BTreeMap<TaskId, Timestamp>,
-    /// Task specs of every non-terminal task, parsed once.
-    specs: BTreeMap<TaskId, TaskSpec>,
-    /// Tasks told to stop by a preemption, until their attempt has ended.
-    preempting: BTreeSet<TaskId>,
-    /// Node ranks of multi-node attempts that already ended successfully; the attempt
-    /// succeeds when every rank has.
-    finished_ranks: BTreeMap<AttemptRef, BTreeMap<u32, Timestamp>>,
-    /// When node liveness was last checked (to tell a stalled server from silent nodes).
-    last_liveness_check: Instant,
-    /// The group of each task owner's identity (users the configuration file gives no
-    /// group are accounted to this one).
-    identity_groups: BTreeMap<String, Option<String>>,
-    /// While set, events are collected here instead of decided one by one; the caller
-    /// decides once for all of them (see `Control::agent_reports`).
-    deferred: Option<Vec<Event>>,
-    /// Pipeline stage tasks and the tasks of the stages they need (the scheduler's
-    /// `depends_on`), kept until they leave the queue.
-    stage_deps: BTreeMap<TaskId, Vec<TaskId>>,
-    /// Queued stage tasks kept from the scheduler until the sweep stages they need have
-    /// ended (a sweep launches trials over time, so its tasks are no fixed dependency),
-    /// with those sweeps' groups.
-    after_sweeps: BTreeMap<TaskId, BTreeSet<GroupId>>,
-    /// The fair-share ledgers as last kept in the store (see `restart.rs`).
-    fairshare_saved: Vec<tacc_store::FairShareLedger>,
-    /// Each node's last-seen time as last kept in the store.
-    seen_saved: BTreeMap<NodeId, Timestamp>,
-    /// Attempts whose owners were warned of their idle GPUs, and when.
-    idle_warned: BTreeMap<AttemptRef, Timestamp>,
-    /// Why a task the control plane (not the scheduler) stopped to requeue it was stopped.
-    requeue_reasons: BTreeMap<TaskId, String>,
-    /// Why a running task being cancelled was (when not simply by its user), until it ends.
-    cancel_reasons: BTreeMap<TaskId, String>,
-}
-
-impl Inner {
-    /// Forget a queued task that leaves the queue without running (cancelled, or ended by
-    /// a failed dependency). True when the scheduler has it and must be told.
-    fn withdraw(&mut self, task: TaskId) -> bool {
-        self.specs.remove(&task);
-        self.stage_deps.remove(&task);
-        let waiting = self.after_sweeps.remove(&task).is_some();
-        self.retry_at.remove(&task);
-        !self.held.remove(&task) && !waiting
-    }
-
-    fn group_for(&self, config: &ServerConfig, user: &str) -> Option<String> {
-        let configured = config
-            .scheduler
-            .users
-            .get(user)
-            .is_some_and(|u| u.group.is_some());
-        if configured {
-            return None;
-        }
-        self.identity_groups.get(user).cloned().flatten()
-    }
-}
-
-#[derive(Debug)]
 pub struct Control {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) logs: LogBook,
@@ -299,7 +214,7 @@ pub struct Control {
     pub(crate) clock: Arc<dyn Clock>,
     /// How decisions reach the nodes (see `comm.rs`).
     comm: Arc<dyn Comm>,
-    pub(crate) inner: Mutex<Inner>,
+    pub(crate) inner: Mutex<Core>,
 }
 
 fn spec_of(record: &TaskRecord) -> Result<TaskSpec, ServerError> {
@@ -453,7 +368,7 @@ impl Control {
             config,
             clock: clock.clone(),
             comm,
-            inner: Mutex::new(Inner {
+            inner: Mutex::new(Core {
                 scheduler,
                 nodes: BTreeMap::new(),
                 held: BTreeSet::new(),
@@ -759,70 +674,25 @@ impl Control {
         task: TaskId,
         reason: &str,
     ) -> Result<TaskRecord, ServerError> {
-        let mut inner = self.inner.lock().await;
-        let record = self
-            .store
-            .get_task(task)
-            .await?
-            .ok_or(ServerError::TaskNotFound(task))?;
-        // An attempt whose node is gone has nobody left to confirm the cancel.
-        let placed_on_a_live_node = record.placements.iter().any(|p| {
-            inner
-                .nodes
-                .get(&p.node)
-                .is_some_and(|n| n.online || n.expected)
-        });
-        match rules::cancel::plan_cancel(
-            record.state,
-            record.cancel_requested,
-            placed_on_a_live_node,
-        ) {
-            CancelPlan::EndQueued => {
-                self.commit(&[TaskChange::Transition(Transition {
-                    reason: Some(reason.into()),
-                    ..Transition::new(
-                        task,
-                        TaskState::Queued,
-                        TaskState::Cancelled,
-                        record.attempt,
-                        self.clock.now(),
-                    )
-                })])
-                .await?;
-                if inner.withdraw(task) {
-                    self.drive(&mut inner, Event::TaskCancelled(task)).await;
-                }
-                self.logs.wake(task);
-                self.stop_dependents(&mut inner, &record, TaskState::Cancelled)
-                    .await?;
-            }
-            CancelPlan::Withdraw { end_now } => {
-                self.commit(&[TaskChange::CancelRequested { task }]).await?;
-                if reason != CANCELLED_BY_USER {
-                    inner.cancel_reasons.insert(task, reason.to_string());
-                }
-                let attempt = AttemptRef {
-                    task,
-                    attempt: record.attempt,
-                };
-                for (node, live) in inner.nodes.iter_mut() {
-                    if live.assignments.remove(&attempt).is_some() {
-                        live.cancelling.insert(attempt);
-                        self.comm.work_changed(*node);
-                    }
-                }
-                if end_now {
-                    self.finish_attempt(
-                        &mut inner,
-                        attempt,
-                        AttemptOutcome::Cancelled,
-                        self.clock.now(),
-                    )
-                    .await?;
-                }
-            }
-            CancelPlan::Nothing => {}
-        }
+        self.turn(async |core: &mut Core| {
+            let record = self
+                .task_record(task)
+                .await?
+                .ok_or(ServerError::TaskNotFound(task))?;
+            let mut fx = effects::Effects::default();
+            handlers::cancel::on_cancel(
+                core,
+                &mut fx,
+                handlers::cancel::Cancel {
+                    record,
+                    reason,
+                    now: self.clock.now(),
+                    config: &self.config,
+                },
+            );
+            self.carry(core, fx).await
+        })
+        .await?;
         self.store
             .get_task(task)
             .await?

@@ -4,7 +4,7 @@
 //! stable), are drained, resumed and removed; and the node listing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tacc_core::{NodeId, Resources, TaskId, TaskState, Timestamp};
 use tacc_proto::{AttemptOutcome, AttemptRef, DesiredWork, RegisterAgent};
@@ -13,7 +13,7 @@ use tacc_store::{NewNode, NodeEnrolment, NodeRecord, TaskFilter};
 use tokio::sync::watch;
 
 use super::rules::claims::Claim;
-use super::{Control, Inner, LiveNode, placements_of, request_of, rules};
+use super::{Control, Core, LiveNode, placements_of, request_of, rules};
 use crate::ServerError;
 
 /// How often the server checks node liveness ([`Control::check_liveness`]).
@@ -23,36 +23,6 @@ pub const LIVENESS_CHECK_EVERY: Duration = Duration::from_secs(1);
 pub(crate) const FLAP_LOSSES: usize = 2;
 /// The window in which losses of a node count towards flapping.
 pub(crate) const FLAP_WINDOW: Duration = Duration::from_secs(600);
-
-impl LiveNode {
-    pub(super) fn new(record: NodeRecord, now: Instant) -> LiveNode {
-        LiveNode {
-            record,
-            online: false,
-            last_seen: now,
-            assignments: BTreeMap::new(),
-            cancelling: BTreeSet::new(),
-            losses: Vec::new(),
-            held_back_until: None,
-            stale_claims: BTreeSet::new(),
-            expected: false,
-        }
-    }
-
-    /// Whether the scheduler may place work on the node (it knows the node as up).
-    pub(super) fn schedulable(&self) -> bool {
-        self.online && self.held_back_until.is_none()
-    }
-
-    /// Whether the node was lost often enough lately to count as flapping.
-    pub(super) fn flapping(&self, now: Instant) -> bool {
-        self.losses
-            .iter()
-            .filter(|at| now.saturating_duration_since(**at) < FLAP_WINDOW)
-            .count()
-            >= FLAP_LOSSES
-    }
-}
 
 impl Control {
     /// An agent (re)registers. Attempts the server placed on this node that the agent does
@@ -286,7 +256,7 @@ impl Control {
     }
 
     /// Give the scheduler the tasks held while it knew no node, once it knows one.
-    async fn release_held(&self, inner: &mut Inner) -> Result<(), ServerError> {
+    async fn release_held(&self, inner: &mut Core) -> Result<(), ServerError> {
         if inner.held.is_empty() || !inner.nodes.values().any(LiveNode::schedulable) {
             return Ok(());
         }
@@ -308,7 +278,7 @@ impl Control {
 
     /// Tell the scheduler a node is up (and drained, if it is drained or waits for
     /// approval: the scheduler places nothing on it either way).
-    async fn node_joins_scheduler(&self, inner: &mut Inner, node: NodeId) {
+    async fn node_joins_scheduler(&self, inner: &mut Core, node: NodeId) {
         let Some(live) = inner.nodes.get(&node) else {
             return;
         };
@@ -326,7 +296,7 @@ impl Control {
         let timeout = self.config.heartbeat_timeout;
         let now = self.clock.instant();
         let found = {
-            let Inner {
+            let Core {
                 nodes,
                 finished_ranks,
                 last_liveness_check,
@@ -449,7 +419,7 @@ impl Control {
             .collect()
     }
 
-    fn node_named(inner: &Inner, name: &str) -> Result<NodeId, ServerError> {
+    fn node_named(inner: &Core, name: &str) -> Result<NodeId, ServerError> {
         inner
             .nodes
             .iter()

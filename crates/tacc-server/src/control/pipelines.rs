@@ -20,7 +20,7 @@ use tacc_store::{
 
 use super::sweep_stages::{StageKind, SweepEnd};
 use super::sweeps::trial_spec;
-use super::{Control, Inner, Transition, request_of};
+use super::{Control, Core, Transition, request_of};
 use crate::ServerError;
 
 /// One submitted stage: its task spec and the code snapshot it runs.
@@ -439,7 +439,7 @@ impl Control {
     /// `dependency_failed: <stage> (task N)`, before the scheduler could start them.
     pub(super) async fn stop_dependents(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         record: &TaskRecord,
         state: TaskState,
     ) -> Result<(), ServerError> {
@@ -467,7 +467,7 @@ impl Control {
     /// `stage` directly or through others.
     pub(super) async fn end_dependents(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         stage: &StageRecord,
         reason: String,
         end_state: TaskState,

@@ -11,7 +11,7 @@ impl Control {
     /// them as never fitting an empty cluster).
     pub(super) async fn queue_new(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         submitted: Vec<(TaskId, TaskRequest)>,
     ) -> Result<(), ServerError> {
         if inner.nodes.values().any(LiveNode::schedulable) {
@@ -37,7 +37,7 @@ impl Control {
     /// Feed one event to the scheduler and carry out its plan in one store transaction.
     /// A failure here never loses a task: the task stays durable in its last state and
     /// the scheduler is rebuilt from the store.
-    pub(super) async fn drive(&self, inner: &mut Inner, mut event: Event) {
+    pub(super) async fn drive(&self, inner: &mut Core, mut event: Event) {
         if let Some(deferred) = inner.deferred.as_mut() {
             deferred.push(event);
             return;
@@ -70,7 +70,7 @@ impl Control {
 
     /// Record a plan in one transaction, then hand the started attempts to their nodes and
     /// withdraw the preempted ones.
-    pub(super) async fn carry_out(&self, inner: &mut Inner, plan: Plan) -> Result<(), ServerError> {
+    pub(super) async fn carry_out(&self, inner: &mut Core, plan: Plan) -> Result<(), ServerError> {
         if plan.actions.is_empty() {
             return Ok(());
         }
@@ -190,7 +190,7 @@ impl Control {
 
     /// Withdraw `task`'s running attempt from its nodes so that it is requeued once its
     /// agents have stopped it (with its checkpoint signal and grace, as a preemption).
-    pub(super) fn stop_to_requeue(&self, inner: &mut Inner, task: TaskId) {
+    pub(super) fn stop_to_requeue(&self, inner: &mut Core, task: TaskId) {
         inner.preempting.insert(task);
         for (node, live) in inner.nodes.iter_mut() {
             let withdrawn: Vec<AttemptRef> = live
@@ -209,7 +209,7 @@ impl Control {
 
     /// Throw the scheduler's state away, rebuild it from the store in one batch, and carry
     /// out what it decides.
-    pub(super) async fn resync(&self, inner: &mut Inner) {
+    pub(super) async fn resync(&self, inner: &mut Core) {
         let mut scheduler = Scheduler::by_name(&self.config.policy, self.config.scheduler.clone())
             .expect("the policy was checked at start");
         let mut events: Vec<Event> = inner

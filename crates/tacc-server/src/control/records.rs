@@ -108,16 +108,20 @@ impl Control {
         self.commit(&[]).await
     }
 
-    /// Commit `change` with the report batch's next attempt end, or its last commit, when a
-    /// batch is being applied ([`Control::staging_starts`]); at once otherwise.
-    pub(crate) async fn stage(&self, change: TaskChange) -> Result<(), StoreError> {
+    /// Commit `changes` with the turn's (or report batch's) next commit, or its last, when
+    /// one is under way ([`Control::staging_starts`]), applied to the placed copies at
+    /// once; together at once otherwise.
+    pub(crate) async fn stage_all(&self, changes: Vec<TaskChange>) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
         let staged = STAGED.try_with(|staged| {
-            self.placed.applied(std::slice::from_ref(&change));
-            staged.borrow_mut().push(change.clone());
+            self.placed.applied(&changes);
+            staged.borrow_mut().extend(changes.iter().cloned());
         });
         match staged {
             Ok(()) => Ok(()),
-            Err(_) => self.commit(&[change]).await,
+            Err(_) => self.commit(&changes).await,
         }
     }
 
@@ -209,7 +213,15 @@ impl Control {
         if let Some(record) = self.placed.get(task) {
             return Ok(Some(record));
         }
-        let record = self.store.get_task(task).await?;
+        let mut record = self.store.get_task(task).await?;
+        // Read your own writes: what the turn staged for the task and has not committed.
+        if let Some(record) = record.as_mut() {
+            let _ = STAGED.try_with(|staged| {
+                for change in staged.borrow().iter().filter(|c| c.task() == Some(task)) {
+                    let _ = tacc_store::apply_transition(record, change);
+                }
+            });
+        }
         if let Some(record) = &record {
             self.placed.admit(record);
         }

@@ -11,12 +11,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tacc_core::Timestamp;
-use tacc_proto::AttemptRef;
 use tacc_scheduler::{Event, LedgerState};
-use tacc_store::{FairShareLedger, RankEnd, TaskChange, TaskRecord};
+use tacc_store::{FairShareLedger, TaskRecord};
 
 use super::nodes::node_spec;
-use super::{Control, Inner, placements_of, request_of};
+use super::{Control, Core, placements_of, request_of};
 use crate::ServerError;
 
 /// A node's last-seen time is kept again once it is this much newer than the kept one.
@@ -42,28 +41,9 @@ impl Control {
             .collect())
     }
 
-    /// The store change that records how one node rank of a multi-node attempt ended.
-    pub(super) fn rank_end(
-        &self,
-        attempt: AttemptRef,
-        rank: u32,
-        node: tacc_core::NodeId,
-        at: Timestamp,
-        failure: Option<String>,
-    ) -> TaskChange {
-        TaskChange::RankEnded(RankEnd {
-            task: attempt.task,
-            attempt: attempt.attempt,
-            rank,
-            node,
-            at,
-            failure,
-        })
-    }
-
     /// After a restart: the nodes of the attempts that were running become known to the
     /// scheduler (drained) and the attempts hold their allocations there again.
-    pub(super) async fn expect_back(&self, inner: &mut Inner, running: Vec<TaskRecord>) {
+    pub(super) async fn expect_back(&self, inner: &mut Core, running: Vec<TaskRecord>) {
         let holding: Vec<tacc_core::NodeId> = inner
             .nodes
             .iter()
@@ -94,7 +74,7 @@ impl Control {
     }
 
     /// After a restart: every group's fair-share usage as it was kept, advanced to now.
-    pub(super) async fn restore_fairshare(&self, inner: &mut Inner) -> Result<(), ServerError> {
+    pub(super) async fn restore_fairshare(&self, inner: &mut Core) -> Result<(), ServerError> {
         let kept = self.store.load_fairshare().await?;
         let states: Vec<LedgerState> = kept
             .iter()
@@ -112,7 +92,7 @@ impl Control {
 
     /// Keep what changed of the fair-share ledgers and the nodes' last-seen times (called
     /// with every liveness check). A store that cannot take them now gets them next time.
-    pub(super) async fn keep_restart_facts(&self, inner: &mut Inner) {
+    pub(super) async fn keep_restart_facts(&self, inner: &mut Core) {
         let ledgers: Vec<FairShareLedger> = inner
             .scheduler
             .fairshare_ledgers()

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tacc_core::{AttemptNo, TaskState, Timestamp};
 use tacc_store::TaskEvent;
 
-use super::{Control, Inner};
+use super::{Control, Core};
 use crate::ServerError;
 use tacc_scheduler::Event;
 
@@ -132,7 +132,7 @@ impl Control {
 
     /// Wake the scheduler for the retried tasks whose backoff is over (called by the
     /// periodic liveness check, with the time passed in): it has them queued already.
-    pub(super) async fn release_due_retries(&self, inner: &mut Inner, at: Timestamp) {
+    pub(super) async fn release_due_retries(&self, inner: &mut Core, at: Timestamp) {
         let before = inner.retry_at.len();
         inner.retry_at.retain(|_, not_before| *not_before > at);
         if inner.retry_at.len() < before {

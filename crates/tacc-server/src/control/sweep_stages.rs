@@ -1,6 +1,6 @@
 //! Sweeps as pipeline stages. A sweep launches its trials over time, so the stages after
 //! it cannot wait on a fixed set of tasks in the scheduler: they are kept queued outside
-//! it (`Inner::after_sweeps`) until every sweep stage they need, directly or through
+//! it (`Core::after_sweeps`) until every sweep stage they need, directly or through
 //! other stages, has ended. Then they are handed to the scheduler — receiving the best
 //! trial's outputs — or, when no trial succeeded or the sweep was cancelled, they end
 //! with `dependency_failed: <stage> (group gN: …)` and never run. A single trial that
@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tacc_core::{GroupId, TaskId, TaskState};
 use tacc_store::{GroupKind, StageRecord, StageSource, TaskChange, TaskRecord};
 
-use super::{Control, Inner, request_of};
+use super::{Control, Core, request_of};
 use crate::ServerError;
 
 /// What a stage ran as, which decides how its end and its outputs are read.
@@ -105,7 +105,7 @@ impl Control {
     /// Keep queued stage tasks from the scheduler until `sweeps` have ended, saying so.
     pub(super) async fn wait_for_sweeps(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         tasks: &[TaskId],
         sweeps: &BTreeSet<GroupId>,
         stage_names: &str,
@@ -255,7 +255,7 @@ impl Control {
     /// Returns whether it does.
     pub(super) async fn restore_sweep_wait(
         &self,
-        inner: &mut Inner,
+        inner: &mut Core,
         record: &TaskRecord,
     ) -> Result<bool, ServerError> {
         let Some(stage) = self.stage_of_task(record).await? else {

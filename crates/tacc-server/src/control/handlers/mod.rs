@@ -1,0 +1,17 @@
+//! One handler per event of the control plane, each a synchronous function over the
+//! [`Core`](super::Core): `fn on_x(core, fx, …, input) -> reply`. A handler decides and
+//! changes the core; what must happen outside — store changes, nodes to wake, log lines,
+//! scheduler events, metrics — goes into [`Effects`](super::effects::Effects) for the shell
+//! (`shell.rs`) to carry out after it, the changes in the turn's one transaction.
+//! Handlers never do I/O: no `async`, store, clock, lock or channel here
+//! (`architecture.rs` checks it), so each is tested by calling it (`lifecycle_tests.rs`
+//! drives them through the shell; the rules they apply are in `rules/`).
+//!
+//! Ported so far: an attempt starting, a node's rank of an attempt finishing, an attempt
+//! ending (with its retry or requeue), and a user's cancel. Events not yet here still run
+//! as the async methods of `Control` in the other files of `control/`.
+
+pub(crate) mod cancel;
+pub(crate) mod ending;
+pub(crate) mod rank_end;
+pub(crate) mod started;
