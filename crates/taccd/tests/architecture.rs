@@ -154,6 +154,42 @@ fn the_control_plane_rules_do_no_io_and_read_no_clock() {
     );
 }
 
+/// What the reactor's core and handlers may not name, beyond [`IMPURE`]: shared or
+/// locked state, the clock, and I/O of any kind — time comes in with each event, and
+/// everything outside the core goes out as `Effects` for the shell.
+const NOT_IN_THE_CORE: &[&str] = &["Arc<", "RwLock", "Clock", "clock", "std::io", "reqwest"];
+
+#[test]
+fn the_reactor_core_and_its_handlers_are_plain_and_synchronous() {
+    let control = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tacc-server/src/control");
+    let mut files = vec![control.join("core.rs"), control.join("effects.rs")];
+    files.extend(
+        std::fs::read_dir(control.join("handlers"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path()),
+    );
+    let mut checked = 0;
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (number, line) in code.lines().enumerate() {
+            let line = line.split("//").next().unwrap_or_default();
+            for word in IMPURE.iter().chain(NOT_IN_THE_CORE) {
+                assert!(
+                    !line.contains(word),
+                    "{}:{}: uses `{word}`; the core is plain data and handlers are synchronous \
+                     functions over it — I/O, time and locks belong to the shell (shell.rs)",
+                    path.display(),
+                    number + 1
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} core and handler files found");
+}
+
 /// The API's handlers read the durable state only through `query.rs` (the read-only
 /// view) and change it only through `Control` and the services that own each change.
 /// The writes still made from handlers are listed with their owner: they leave the API

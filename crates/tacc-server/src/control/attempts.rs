@@ -7,8 +7,8 @@ use tacc_core::{NodeId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
 use tacc_store::{TaskChange, TaskRecord};
 
-use super::rules::admission::Admission;
 use super::effects::Effects;
+use super::rules::admission::Admission;
 use super::{Control, Core, handlers, retry, rules};
 use crate::ServerError;
 

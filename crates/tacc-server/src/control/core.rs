@@ -83,6 +83,30 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    /// The core of a control plane that knows nothing yet: `recover` (`mod.rs`) fills it
+    /// from the store.
+    pub(crate) fn new(scheduler: Scheduler, now: Instant) -> Core {
+        Core {
+            scheduler,
+            nodes: BTreeMap::new(),
+            held: BTreeSet::new(),
+            retry_at: BTreeMap::new(),
+            stage_deps: BTreeMap::new(),
+            after_sweeps: BTreeMap::new(),
+            specs: BTreeMap::new(),
+            preempting: BTreeSet::new(),
+            finished_ranks: BTreeMap::new(),
+            last_liveness_check: now,
+            fairshare_saved: Vec::new(),
+            seen_saved: BTreeMap::new(),
+            idle_warned: BTreeMap::new(),
+            requeue_reasons: BTreeMap::new(),
+            cancel_reasons: BTreeMap::new(),
+            identity_groups: BTreeMap::new(),
+            deferred: None,
+        }
+    }
+
     /// Forget a queued task that leaves the queue without running (cancelled, or ended by
     /// a failed dependency). True when the scheduler has it and must be told.
     pub(crate) fn withdraw(&mut self, task: TaskId) -> bool {
@@ -105,7 +129,6 @@ impl Core {
         self.identity_groups.get(user).cloned().flatten()
     }
 }
-
 
 impl LiveNode {
     pub(crate) fn new(record: NodeRecord, now: Instant) -> LiveNode {
@@ -134,5 +157,86 @@ impl LiveNode {
             .filter(|at| now.saturating_duration_since(**at) < FLAP_WINDOW)
             .count()
             >= FLAP_LOSSES
+    }
+}
+
+#[cfg(test)]
+impl Core {
+    /// What the core still holds about tasks, as `what: detail` lines: once every task
+    /// has ended, nothing (a leftover is a leak some handler forgot to clean up; the
+    /// lifecycle tests' `emptiness_check` asks).
+    pub(crate) fn leftovers(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let mut note = |what: &str, items: Vec<String>| {
+            if !items.is_empty() {
+                left.push(format!("{what}: {}", items.join(", ")));
+            }
+        };
+        note(
+            "specs",
+            self.specs.keys().map(ToString::to_string).collect(),
+        );
+        note("held", self.held.iter().map(ToString::to_string).collect());
+        note(
+            "retry waits",
+            self.retry_at.keys().map(ToString::to_string).collect(),
+        );
+        note(
+            "stage needs",
+            self.stage_deps.keys().map(ToString::to_string).collect(),
+        );
+        note(
+            "sweep waits",
+            self.after_sweeps.keys().map(ToString::to_string).collect(),
+        );
+        note(
+            "preempting",
+            self.preempting.iter().map(ToString::to_string).collect(),
+        );
+        note(
+            "finished ranks",
+            self.finished_ranks
+                .keys()
+                .map(|a| a.task.to_string())
+                .collect(),
+        );
+        note(
+            "idle warnings",
+            self.idle_warned
+                .keys()
+                .map(|a| a.task.to_string())
+                .collect(),
+        );
+        note(
+            "requeue reasons",
+            self.requeue_reasons
+                .keys()
+                .map(ToString::to_string)
+                .collect(),
+        );
+        note(
+            "cancel reasons",
+            self.cancel_reasons
+                .keys()
+                .map(ToString::to_string)
+                .collect(),
+        );
+        for (node, live) in &self.nodes {
+            note(
+                &format!("node {node} assignments"),
+                live.assignments
+                    .keys()
+                    .map(|a| a.task.to_string())
+                    .collect(),
+            );
+            note(
+                &format!("node {node} cancelling"),
+                live.cancelling.iter().map(|a| a.task.to_string()).collect(),
+            );
+        }
+        if self.deferred.as_ref().is_some_and(|d| !d.is_empty()) {
+            left.push("scheduler events deferred past their turn".to_string());
+        }
+        left
     }
 }

@@ -79,7 +79,10 @@ impl Effects {
     pub(crate) fn follow_up(&mut self, step: FollowUp) {
         self.follow_ups.push(step);
     }
+}
 
+#[cfg(test)]
+impl Effects {
     /// Whether the handler decided nothing at all.
     pub(crate) fn is_empty(&self) -> bool {
         self.changes.is_empty()

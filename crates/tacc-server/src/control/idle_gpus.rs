@@ -92,7 +92,13 @@ impl Control {
                             }])
                             .await?;
                             inner.requeue_reasons.insert(attempt.task, reason);
-                            self.stop_to_requeue(inner, attempt.task);
+                            let mut fx = super::effects::Effects::default();
+                            super::handlers::plan::withdraw_to_requeue(
+                                inner,
+                                &mut fx,
+                                attempt.task,
+                            );
+                            self.carry(inner, fx).await?;
                         }
                         IdleGpuAction::Cancel => {
                             self.end_attempt(

@@ -1021,7 +1021,12 @@ async fn the_plan_a_batch_of_ends_calls_for_commits_with_them() {
     for _ in 0..4 {
         tasks.push(env.submit(ONE_CPU).await);
     }
-    let first: Vec<_> = env.poll(&mut agent).await.iter().map(|a| a.attempt).collect();
+    let first: Vec<_> = env
+        .poll(&mut agent)
+        .await
+        .iter()
+        .map(|a| a.attempt)
+        .collect();
     assert_eq!(first.len(), 2, "two fit on two CPUs");
     let commits = env.control.metrics.commits("apply");
     let mut reports: Vec<_> = first.iter().map(|a| env.started(*a)).collect();
@@ -1032,12 +1037,147 @@ async fn the_plan_a_batch_of_ends_calls_for_commits_with_them() {
         1,
         "the ends, and the starts of the two waiting tasks they make room for, in one transaction"
     );
-    let next: Vec<_> = env.poll(&mut agent).await.iter().map(|a| a.attempt).collect();
-    assert_eq!(next.len(), 2, "the two waiting tasks were handed to the node");
+    let next: Vec<_> = env
+        .poll(&mut agent)
+        .await
+        .iter()
+        .map(|a| a.attempt)
+        .collect();
+    assert_eq!(
+        next.len(),
+        2,
+        "the two waiting tasks were handed to the node"
+    );
     for task in &tasks[..2] {
         assert_eq!(env.task(*task).await.state, TaskState::Succeeded);
     }
     for task in &tasks[2..] {
         assert_eq!(env.task(*task).await.state, TaskState::Starting);
     }
+}
+
+// Turns of the reactor, read as tako's tests read them: what each event committed
+// (`take_changes`), whom it woke (`woken`), and that nothing is left once tasks end
+// (`emptiness_check`).
+
+#[tokio::test]
+async fn a_turn_commits_its_changes_wakes_whom_it_concerns_and_leaves_nothing() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 2).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    assert_eq!(env.take_transitions(), [(task, Queued, Starting)]);
+    env.woken();
+    env.report(&agent, vec![env.started(attempt)]).await;
+    assert_eq!(env.take_transitions(), [(task, Starting, Running)]);
+    assert_eq!(env.woken(), [], "a start changes no node's work");
+    env.finish(&mut agent, attempt, 0).await;
+    assert_eq!(env.take_transitions(), [(task, Running, Succeeded)]);
+    assert_eq!(
+        env.woken(),
+        [agent.node],
+        "the node's poll is answered: the attempt left its work"
+    );
+    env.emptiness_check().await;
+}
+
+#[tokio::test]
+async fn a_cancel_is_one_change_then_the_confirmed_end_and_nothing_is_left() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 2).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    env.take_changes();
+    env.woken();
+    env.control.cancel(task).await.unwrap();
+    assert!(
+        matches!(
+            env.take_changes()[..],
+            [tacc_store::TaskChange::CancelRequested { task: t }] if t == task
+        ),
+        "the cancel is recorded, the task still runs until its agent confirms"
+    );
+    assert_eq!(env.woken(), [agent.node], "its node hears of it at once");
+    // The agent stopped it: its next poll no longer reports it.
+    agent.running.remove(&attempt);
+    assert!(env.poll(&mut agent).await.is_empty());
+    assert_eq!(env.take_transitions(), [(task, Running, Cancelled)]);
+    env.emptiness_check().await;
+}
+
+#[tokio::test]
+async fn a_queued_cancel_ends_at_once_and_leaves_nothing() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let running = env.submit(ONE_CPU).await;
+    let queued = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.take_changes();
+    env.woken();
+    env.control.cancel(queued).await.unwrap();
+    assert_eq!(env.take_transitions(), [(queued, Queued, Cancelled)]);
+    assert_eq!(env.woken(), [], "no node held it");
+    env.finish(&mut agent, attempt, 0).await;
+    assert_eq!(env.state(running).await, Succeeded);
+    env.emptiness_check().await;
+}
+
+#[tokio::test]
+async fn a_gang_commits_each_rank_s_end_and_succeeds_with_the_last() {
+    let env = TestEnv::new().await;
+    let mut n1 = env.join("n1", 1).await;
+    let mut n2 = env.join("n2", 1).await;
+    let (task, attempt) = a_running_gang(&env, &mut n1, &mut n2).await;
+    env.take_changes();
+    env.woken();
+    env.finish(&mut n1, attempt, 0).await;
+    assert!(
+        matches!(
+            env.take_changes()[..],
+            [tacc_store::TaskChange::RankEnded(ref end)] if end.rank == 0 && end.failure.is_none()
+        ),
+        "rank 0's part is kept, the attempt goes on"
+    );
+    assert_eq!(env.woken(), [], "the other rank runs on undisturbed");
+    env.finish(&mut n2, attempt, 0).await;
+    let changes = env.take_changes();
+    assert!(
+        matches!(changes[..], [
+            tacc_store::TaskChange::RankEnded(ref end),
+            tacc_store::TaskChange::Transition(ref t),
+        ] if end.rank == 1 && t.to == Succeeded && t.task == task),
+        "{changes:?}"
+    );
+    env.emptiness_check().await;
+}
+
+#[tokio::test]
+async fn a_failed_attempt_is_retried_as_a_new_one_and_nothing_is_left_once_it_succeeds() {
+    let env = TestEnv::configured(|c| {
+        c.retry = RetrySettings {
+            backoff: Duration::ZERO,
+            ..RetrySettings::default()
+        }
+    })
+    .await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(&retried("failed", 2)).await;
+    let first = only(&env.poll(&mut agent).await);
+    env.take_changes();
+    env.finish(&mut agent, first, 3).await;
+    assert_eq!(
+        env.take_transitions(),
+        [
+            (task, Starting, Failed),
+            (task, Failed, Queued),
+            (task, Queued, Starting)
+        ],
+        "the end, the retry and its placement: one turn"
+    );
+    let second = only(&env.poll(&mut agent).await);
+    assert_eq!(second.attempt.0, 2);
+    env.finish(&mut agent, second, 0).await;
+    assert_eq!(env.state(task).await, Succeeded);
+    env.emptiness_check().await;
 }

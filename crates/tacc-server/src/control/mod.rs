@@ -2,21 +2,20 @@
 //! node liveness, and the desired work of every node. All decisions are taken under one
 //! lock so the scheduler sees events in one order and the store never disagrees with it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tacc_compiler::{DirChunkStore, Instruction};
-use tacc_core::{NodeId, SnapshotId, TaskId, TaskState, Timestamp};
-use tacc_proto::{Assignment, AttemptRef};
+use tacc_compiler::DirChunkStore;
+use tacc_core::{SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_proto::AttemptRef;
 use tacc_scheduler::{
     Action, Event, Explanation, Placement, Plan, Scheduler, SchedulerConfig, TaskRequest,
 };
 use tacc_schema::TaskSpec;
 use tacc_store::{
-    NewTask, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter, TaskRecord,
-    Transition,
+    NewTask, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter, TaskRecord, Transition,
 };
 use tokio::sync::Mutex;
 
@@ -36,19 +35,19 @@ mod idle_gpus;
 mod nodes;
 mod pipelines;
 mod plans;
-use plans::assignments_for;
+use handlers::plan::assignments_for;
+mod effects;
 #[cfg(test)]
 mod gpu_lifecycle_tests;
+mod handlers;
 #[cfg(test)]
 mod lifecycle_tests;
 mod records;
 mod restart;
-mod effects;
-mod handlers;
-mod shell;
 mod resume;
 mod retry;
 mod rules;
+mod shell;
 mod submission;
 mod sweep_stages;
 mod sweeps;
@@ -72,7 +71,7 @@ pub use sweeps::run_sweeps;
 
 /// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
 /// PyTorch's default up, one per attempt whose rank 0 shares the node.
-const MASTER_PORTS: std::ops::Range<u16> = 29500..30500;
+pub(crate) const MASTER_PORTS: std::ops::Range<u16> = 29500..30500;
 
 /// The reason a task its user cancelled ends with.
 pub(crate) const CANCELLED_BY_USER: &str = "cancelled by user";
@@ -215,6 +214,9 @@ pub struct Control {
     /// How decisions reach the nodes (see `comm.rs`).
     comm: Arc<dyn Comm>,
     pub(crate) inner: Mutex<Core>,
+    /// Every change committed, in order, for the lifecycle tests' `take_changes`.
+    #[cfg(test)]
+    pub(crate) committed: std::sync::Mutex<Vec<TaskChange>>,
 }
 
 fn spec_of(record: &TaskRecord) -> Result<TaskSpec, ServerError> {
@@ -368,25 +370,9 @@ impl Control {
             config,
             clock: clock.clone(),
             comm,
-            inner: Mutex::new(Core {
-                scheduler,
-                nodes: BTreeMap::new(),
-                held: BTreeSet::new(),
-                retry_at: BTreeMap::new(),
-                stage_deps: BTreeMap::new(),
-                after_sweeps: BTreeMap::new(),
-                specs: BTreeMap::new(),
-                preempting: BTreeSet::new(),
-                finished_ranks: BTreeMap::new(),
-                last_liveness_check: clock.instant(),
-                fairshare_saved: Vec::new(),
-                seen_saved: BTreeMap::new(),
-                idle_warned: BTreeMap::new(),
-                requeue_reasons: BTreeMap::new(),
-                cancel_reasons: BTreeMap::new(),
-                identity_groups: BTreeMap::new(),
-                deferred: None,
-            }),
+            inner: Mutex::new(Core::new(scheduler, clock.instant())),
+            #[cfg(test)]
+            committed: Default::default(),
         });
         Ok(control)
     }

@@ -3,6 +3,7 @@
 //! transaction before its started attempts are handed to their nodes' desired work, and a
 //! plan that cannot be recorded rebuilds the scheduler from the store, which is the truth.
 
+use super::effects::Effects;
 use super::*;
 
 impl Control {
@@ -68,143 +69,44 @@ impl Control {
         }
     }
 
-    /// Record a plan in one transaction, then hand the started attempts to their nodes and
-    /// withdraw the preempted ones.
+    /// Apply a plan (`handlers::plan`): read the records it is about, let the handler
+    /// decide, commit its changes in one transaction (with whatever the turn staged),
+    /// then hand each started attempt to its nodes with what they need.
     pub(super) async fn carry_out(&self, inner: &mut Core, plan: Plan) -> Result<(), ServerError> {
         if plan.actions.is_empty() {
             return Ok(());
         }
-        let mut changes = Vec::new();
-        let mut starts = Vec::new();
-        let mut preempted = Vec::new();
-        // A stage task whose needed stage is rejected in this very plan must not start:
-        // the scheduler saw the need leave and placed it; it ends as a dependency failure.
-        let rejected: BTreeSet<TaskId> = plan
-            .actions
-            .iter()
-            .filter_map(|action| match action {
-                Action::Reject { task, .. } => Some(*task),
-                _ => None,
-            })
-            .collect();
-        let mut rejected_records = Vec::new();
-        for action in plan.actions {
-            match action {
-                Action::Start { task, .. }
-                    if !rejected.is_empty()
-                        && inner
-                            .stage_deps
-                            .get(&task)
-                            .is_some_and(|needed| needed.iter().any(|t| rejected.contains(t))) =>
-                {
-                    continue;
-                }
-                Action::Start { task, placements } => {
-                    let Some(record) = self.task_record(task).await? else {
-                        continue;
-                    };
-                    let stored: Vec<StoredPlacement> = placements
-                        .iter()
-                        .map(|p| StoredPlacement {
-                            node: p.node,
-                            gpu_indices: p.gpu_indices.clone(),
-                        })
-                        .collect();
-                    let change = TaskChange::Transition(Transition {
-                        placements: stored,
-                        ..Transition::new(
-                            task,
-                            TaskState::Queued,
-                            TaskState::Starting,
-                            record.attempt,
-                            plan.at,
-                        )
-                    });
-                    // A task that is not queued any more makes the commit fail, and the
-                    // scheduler is rebuilt from the store.
-                    let mut started = record;
-                    if tacc_store::apply_transition(&mut started, &change).is_ok() {
-                        starts.push(started);
-                    }
-                    changes.push(change);
-                }
-                // The task keeps the reason its retry was queued with (`retrying in …`).
-                Action::Pending {
-                    reason: tacc_scheduler::PendingReason::Backoff { .. },
-                    ..
-                } => {}
-                Action::Pending { task, reason } => changes.push(TaskChange::Reason {
-                    task,
-                    reason: Some(reason.to_string()),
-                }),
-                Action::Reject { task, reason } => {
-                    let Some(record) = self.task_record(task).await? else {
-                        continue;
-                    };
-                    changes.push(TaskChange::Transition(Transition {
-                        reason: Some(reason.to_string()),
-                        ..Transition::new(
-                            task,
-                            TaskState::Queued,
-                            TaskState::Failed,
-                            record.attempt,
-                            plan.at,
-                        )
-                    }));
-                    inner.specs.remove(&task);
-                    inner.stage_deps.remove(&task);
-                    self.logs.wake(task);
-                    rejected_records.push(record);
-                }
-                Action::Preempt { task, .. } => preempted.push(task),
+        let mut records = BTreeMap::new();
+        for action in &plan.actions {
+            if let Action::Start { task, .. } | Action::Reject { task, .. } = action
+                && let Some(record) = self.task_record(*task).await?
+            {
+                records.insert(*task, record);
             }
         }
+        let mut fx = Effects::default();
+        let starts = handlers::plan::on_plan(inner, &mut fx, plan, &records);
+        let changes = std::mem::take(&mut fx.changes);
         self.commit_placing(&changes, &starts).await?;
-        for record in starts {
+        for record in &starts {
             let Some(spec) = inner.specs.get(&record.id) else {
                 continue;
             };
-            let secrets = self.task_secrets(&record, spec).await;
-            let inputs = self.attempt_inputs(&record).await?;
+            let secrets = self.task_secrets(record, spec).await;
+            let inputs = self.attempt_inputs(record).await?;
             let account = self.task_account(&record.user).await;
-            for (node, mut assignment) in
-                assignments_for(&record, spec, &inner.nodes, &account, &secrets)
-            {
-                assignment.inputs = inputs.clone();
-                if let Some(live) = inner.nodes.get_mut(&node) {
-                    live.assignments.insert(assignment.attempt, assignment);
-                    self.comm.work_changed(node);
-                }
-            }
+            handlers::plan::on_placed(
+                inner,
+                &mut fx,
+                handlers::plan::Placed {
+                    record,
+                    account: &account,
+                    secrets: &secrets,
+                    inputs,
+                },
+            );
         }
-        for record in &rejected_records {
-            Box::pin(self.stop_dependents(inner, record, TaskState::Failed)).await?;
-        }
-        // The agent stops a withdrawn attempt with SIGTERM, then SIGKILL after the task's
-        // grace period; its end comes back as a cancelled attempt and is requeued.
-        for task in preempted {
-            self.stop_to_requeue(inner, task);
-        }
-        Ok(())
-    }
-
-    /// Withdraw `task`'s running attempt from its nodes so that it is requeued once its
-    /// agents have stopped it (with its checkpoint signal and grace, as a preemption).
-    pub(super) fn stop_to_requeue(&self, inner: &mut Core, task: TaskId) {
-        inner.preempting.insert(task);
-        for (node, live) in inner.nodes.iter_mut() {
-            let withdrawn: Vec<AttemptRef> = live
-                .assignments
-                .keys()
-                .filter(|a| a.task == task)
-                .copied()
-                .collect();
-            for attempt in withdrawn {
-                live.assignments.remove(&attempt);
-                live.cancelling.insert(attempt);
-                self.comm.work_changed(*node);
-            }
-        }
+        Box::pin(self.carry(inner, fx)).await
     }
 
     /// Throw the scheduler's state away, rebuild it from the store in one batch, and carry
@@ -316,92 +218,4 @@ fn patch_not_before(waits: &BTreeMap<TaskId, Timestamp>, event: &mut Event) {
         }
         _ => {}
     }
-}
-
-/// One assignment per node of a placed attempt, rank 0 being the master.
-pub(super) fn assignments_for(
-    record: &TaskRecord,
-    spec: &TaskSpec,
-    nodes: &BTreeMap<NodeId, LiveNode>,
-    account: &super::TaskAccount,
-    secrets: &BTreeMap<String, String>,
-) -> Vec<(NodeId, Assignment)> {
-    let mut instruction: Instruction = tacc_compiler::compile(
-        record.id,
-        record.attempt,
-        &record.user,
-        spec,
-        record.snapshot.clone(),
-    );
-    instruction.unix_user = account.unix_user.clone();
-    super::Submission::of(record).apply_to(&mut instruction);
-    if let (Some(group), Some(index)) = (record.group, record.group_index) {
-        instruction.set_array_element(tacc_compiler::ArrayElement {
-            group: group.0,
-            index,
-        });
-    }
-    let instruction = serde_json::to_value(&instruction).expect("instructions serialise");
-    let master = record.placements.first().map(|p| p.node);
-    let master_addr = master
-        .and_then(|node| nodes.get(&node))
-        .map_or_else(|| "127.0.0.1".to_string(), |n| n.record.address.clone());
-    let attempt = AttemptRef {
-        task: record.id,
-        attempt: record.attempt,
-    };
-    let master_port = free_master_port(nodes, master, attempt);
-    record
-        .placements
-        .iter()
-        .enumerate()
-        .map(|(rank, placement)| {
-            (
-                placement.node,
-                Assignment {
-                    attempt,
-                    instruction: instruction.clone(),
-                    node_rank: rank as u32,
-                    gpu_indices: placement.gpu_indices.clone(),
-                    master_addr: master_addr.clone(),
-                    master_port,
-                    secrets: secrets.clone(),
-                    allocation: None,
-                    inputs: Vec::new(),
-                    task_uid: account.task_uid,
-                },
-            )
-        })
-        .collect()
-}
-
-/// A rendezvous port for `attempt` on its rank 0's node that no other attempt whose rank
-/// 0 runs there holds. The search starts at a point derived from the attempt, so the
-/// same attempt gets the same port when a restarted server rebuilds its assignments.
-pub(super) fn free_master_port(
-    nodes: &BTreeMap<NodeId, LiveNode>,
-    master: Option<NodeId>,
-    attempt: AttemptRef,
-) -> u16 {
-    let taken: BTreeSet<u16> = master
-        .and_then(|node| nodes.get(&node))
-        .map(|live| {
-            live.assignments
-                .values()
-                .filter(|a| a.node_rank == 0 && a.attempt != attempt)
-                .map(|a| a.master_port)
-                .collect()
-        })
-        .unwrap_or_default();
-    let span = u64::from(MASTER_PORTS.end - MASTER_PORTS.start);
-    let start = attempt
-        .task
-        .0
-        .wrapping_mul(31)
-        .wrapping_add(u64::from(attempt.attempt.0))
-        % span;
-    (0..span)
-        .map(|i| MASTER_PORTS.start + ((start + i) % span) as u16)
-        .find(|port| !taken.contains(port))
-        .unwrap_or(MASTER_PORTS.start)
 }

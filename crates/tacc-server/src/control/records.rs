@@ -61,6 +61,12 @@ impl PlacedRecords {
         }
     }
 
+    /// Whether no placed task's copy is kept.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.records.lock().unwrap().is_empty()
+    }
+
     fn forget(&self, changes: &[TaskChange]) {
         let mut records = self.records.lock().unwrap();
         for task in changes.iter().filter_map(TaskChange::task) {
@@ -194,6 +200,11 @@ impl Control {
         self.metrics.committed("apply", started.elapsed());
         match &result {
             Ok(()) => {
+                #[cfg(test)]
+                self.committed
+                    .lock()
+                    .unwrap()
+                    .extend(changes.iter().cloned());
                 self.placed.applied(changes);
                 for record in placed {
                     self.placed.admit(record);

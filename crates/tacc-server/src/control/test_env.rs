@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tacc_core::{NodeId, Resources, SnapshotId, TaskId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, Assignment, AttemptOutcome, AttemptRef, RegisterAgent};
-use tacc_store::{MemoryStore, Store, TaskEvent, TaskRecord};
+use tacc_store::{MemoryStore, Store, TaskChange, TaskEvent, TaskRecord};
 
 use super::comm::{Comm, WatchComm};
 use super::{Control, ServerConfig};
@@ -117,6 +117,34 @@ impl TestEnv {
     /// The nodes told their work changed since the last call, in order, with repeats.
     pub(super) fn woken(&self) -> Vec<NodeId> {
         std::mem::take(&mut *self.comm.woken.lock().unwrap())
+    }
+
+    /// The store changes committed since the last call, in order (tako's `take_changes`).
+    pub(super) fn take_changes(&self) -> Vec<TaskChange> {
+        std::mem::take(&mut *self.control.committed.lock().unwrap())
+    }
+
+    /// The transitions among [`TestEnv::take_changes`], as `(task, from, to)`.
+    pub(super) fn take_transitions(&self) -> Vec<(TaskId, TaskState, TaskState)> {
+        self.take_changes()
+            .into_iter()
+            .filter_map(|change| match change {
+                TaskChange::Transition(t) => Some((t.task, t.from, t.to)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Once every task has ended, the core holds nothing about any of them: no spec,
+    /// wait, reason, assignment or deferred event, and no placed task's copy.
+    pub(super) async fn emptiness_check(&self) {
+        let core = self.control.inner.lock().await;
+        let left = core.leftovers();
+        assert!(left.is_empty(), "the core still holds: {}", left.join("; "));
+        assert!(
+            self.control.placed.is_empty(),
+            "placed copies are left of ended tasks"
+        );
     }
 
     /// What a poll of `agent` held open waits on (see [`Comm::work_version`]).

@@ -89,3 +89,154 @@ pub(crate) fn on_cancel(core: &mut Core, fx: &mut Effects, cancel: Cancel<'_>) {
         CancelPlan::Nothing => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tacc_core::{AttemptNo, NodeId, TaskId};
+    use tacc_store::StoredPlacement;
+
+    use super::*;
+    use crate::control::rules::polls::tests::assignment;
+    use crate::control::rules::test_node;
+
+    fn record(state: TaskState) -> TaskRecord {
+        let placed = state != TaskState::Queued;
+        TaskRecord {
+            id: TaskId(1),
+            name: "t".into(),
+            user: "ann".into(),
+            spec: serde_json::json!({}),
+            snapshot: "ab".repeat(32).parse().unwrap(),
+            source: None,
+            state,
+            reason: None,
+            exit_code: None,
+            attempt: AttemptNo(1),
+            placements: if placed {
+                vec![StoredPlacement {
+                    node: NodeId(1),
+                    gpu_indices: vec![],
+                }]
+            } else {
+                vec![]
+            },
+            cancel_requested: false,
+            submitted_at: Timestamp(0),
+            started_at: None,
+            finished_at: None,
+            group: None,
+            group_index: None,
+            submission: serde_json::json!({}),
+        }
+    }
+
+    /// A core with node 1 running task 1's attempt (online or not).
+    fn core(online: bool) -> Core {
+        let scheduler = tacc_scheduler::Scheduler::by_name("fifo", Default::default()).unwrap();
+        let mut core = Core::new(scheduler, Instant::now());
+        let mut live = test_node(1, Instant::now());
+        live.online = online;
+        live.assignments.insert(attempt(), assignment(1));
+        core.nodes.insert(NodeId(1), live);
+        core
+    }
+
+    fn attempt() -> AttemptRef {
+        AttemptRef {
+            task: TaskId(1),
+            attempt: AttemptNo(1),
+        }
+    }
+
+    fn cancel(core: &mut Core, record: TaskRecord, reason: &str) -> Effects {
+        let config = ServerConfig::new(std::env::temp_dir());
+        let mut fx = Effects::default();
+        on_cancel(
+            core,
+            &mut fx,
+            Cancel {
+                record,
+                reason,
+                now: Timestamp(9),
+                config: &config,
+            },
+        );
+        fx
+    }
+
+    #[test]
+    fn a_running_task_is_withdrawn_and_its_node_woken_and_it_ends_when_confirmed() {
+        let mut core = core(true);
+        let fx = cancel(&mut core, record(TaskState::Running), CANCELLED_BY_USER);
+        assert!(matches!(
+            fx.changes[..],
+            [TaskChange::CancelRequested { .. }]
+        ));
+        assert_eq!(fx.woken.iter().copied().collect::<Vec<_>>(), [NodeId(1)]);
+        assert!(fx.decide.is_empty(), "the scheduler hears once it ended");
+        let live = &core.nodes[&NodeId(1)];
+        assert!(live.assignments.is_empty());
+        assert!(live.cancelling.contains(&attempt()));
+        assert!(
+            core.cancel_reasons.is_empty(),
+            "a user's cancel needs no reason kept"
+        );
+    }
+
+    #[test]
+    fn with_no_node_up_to_confirm_it_ends_at_once_with_the_reason_given() {
+        let mut core = core(false);
+        let fx = cancel(&mut core, record(TaskState::Running), "cluster stopped");
+        let [
+            TaskChange::CancelRequested { .. },
+            TaskChange::Transition(end),
+        ] = &fx.changes[..]
+        else {
+            panic!("{:?}", fx.changes);
+        };
+        assert_eq!(end.to, TaskState::Cancelled);
+        assert_eq!(end.reason.as_deref(), Some("cluster stopped"));
+        assert!(matches!(fx.decide[..], [Event::TaskEnded(TaskId(1))]));
+        assert!(core.cancel_reasons.is_empty() && core.nodes[&NodeId(1)].assignments.is_empty());
+    }
+
+    #[test]
+    fn a_queued_task_ends_now_and_its_dependents_are_seen_to() {
+        let mut core = core(true);
+        core.specs.insert(TaskId(1), serde_yaml_spec());
+        let fx = cancel(&mut core, record(TaskState::Queued), CANCELLED_BY_USER);
+        let [TaskChange::Transition(end)] = &fx.changes[..] else {
+            panic!("{:?}", fx.changes);
+        };
+        assert_eq!(
+            (end.from, end.to),
+            (TaskState::Queued, TaskState::Cancelled)
+        );
+        assert!(matches!(fx.decide[..], [Event::TaskCancelled(TaskId(1))]));
+        assert!(matches!(
+            fx.follow_ups[..],
+            [FollowUp::StopDependents {
+                state: TaskState::Cancelled,
+                ..
+            }]
+        ));
+        assert!(core.specs.is_empty());
+    }
+
+    #[test]
+    fn an_ended_task_or_a_second_cancel_changes_nothing() {
+        let mut core = core(true);
+        assert!(cancel(&mut core, record(TaskState::Succeeded), CANCELLED_BY_USER).is_empty());
+        let mut asked = record(TaskState::Running);
+        asked.cancel_requested = true;
+        assert!(cancel(&mut core, asked, CANCELLED_BY_USER).is_empty());
+    }
+
+    fn serde_yaml_spec() -> tacc_schema::TaskSpec {
+        tacc_schema::parse_task("t.yaml", "name: t\nresources: {cpus: 1}\nrun: true\n")
+            .expect("a task spec")
+            .0
+    }
+}

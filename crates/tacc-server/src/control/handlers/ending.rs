@@ -53,6 +53,8 @@ pub(crate) fn on_attempt_end(core: &mut Core, fx: &mut Effects, end: End<'_>) {
     core.preempting.remove(&task);
     core.cancel_reasons.remove(&task);
     core.finished_ranks.remove(&attempt);
+    // A wait this attempt served is over (a retry below waits anew).
+    core.retry_at.remove(&task);
     let spec = core.specs.get(&task).cloned();
     let plan = ending::plan_end(AttemptEnd {
         record: &record,
