@@ -270,33 +270,6 @@ impl Control {
         self.carry(inner, fx).await
     }
 
-    /// End an attempt as `outcome` says (see `handlers::ending`).
-    pub(super) async fn finish_attempt(
-        &self,
-        inner: &mut Core,
-        attempt: AttemptRef,
-        outcome: AttemptOutcome,
-        at: Timestamp,
-    ) -> Result<(), ServerError> {
-        let Some(record) = self.task_record(attempt.task).await? else {
-            return Ok(());
-        };
-        if record.attempt != attempt.attempt || !record.state.is_active() {
-            return Ok(());
-        }
-        let mut fx = Effects::default();
-        handlers::ending::on_attempt_finished(
-            inner,
-            &mut fx,
-            &self.config,
-            record,
-            &outcome,
-            at,
-            None,
-        );
-        self.carry(inner, fx).await
-    }
-
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn end_attempt(
         &self,

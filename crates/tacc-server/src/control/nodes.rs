@@ -12,6 +12,8 @@ use tacc_scheduler::{Event, NodeSpec};
 use tacc_store::{NewNode, NodeEnrolment, NodeRecord, TaskFilter};
 use tokio::sync::watch;
 
+use super::effects::Effects;
+use super::handlers::{self, poll::PollRefused};
 use super::rules::claims::Claim;
 use super::{Control, Core, LiveNode, placements_of, request_of, rules};
 use crate::ServerError;
@@ -33,158 +35,160 @@ impl Control {
         registration: RegisterAgent,
         enrolment: Option<NodeEnrolment>,
     ) -> Result<NodeRecord, ServerError> {
-        let mut inner = self.inner.lock().await;
-        let record = self
-            .store
-            .register_node(NewNode {
-                name: registration.name.clone(),
-                capacity: registration.capacity,
-                gpu_type: registration.gpu_type.clone(),
-                labels: registration.labels.clone(),
-                address: registration.address.clone(),
-                registered_at: self.clock.now(),
-                enrolment,
-            })
-            .await?;
-        // Read before the node comes up: a queued task the scheduler places on it at once
-        // is new work for the agent, not an attempt its previous life left unclaimed.
-        let active = self
-            .store
-            .list_tasks(&TaskFilter {
-                states: vec![TaskState::Starting, TaskState::Running],
-                ..Default::default()
-            })
-            .await?;
-        // A node that re-registers while still online (its agent restarted faster than
-        // the heartbeat timeout) is already known to the scheduler with its allocations.
-        // So does a node a restarted server expected back with the attempts it ran: the
-        // scheduler knows it (drained) with their allocations, as before the restart.
-        let was_expected = inner.nodes.get(&record.id).is_some_and(|n| n.expected);
-        let was_online = was_expected || inner.nodes.get(&record.id).is_some_and(|n| n.online);
-        let claimed: BTreeSet<AttemptRef> = registration.running.iter().copied().collect();
-        let stable_after = self.config.node_stable_after;
-        let live = inner
-            .nodes
-            .entry(record.id)
-            .or_insert_with(|| LiveNode::new(record.clone(), self.clock.instant()));
-        let became_pending = record.pending && !live.record.pending;
-        live.record = record.clone();
-        live.online = true;
-        live.expected = false;
-        if record.pending {
-            tracing::warn!(
-                "node {} enrolled and waits for an admin's approval (`taccd admin node approve \
-                 {}`): it gets no work until then",
-                record.name,
-                record.name
-            );
-        }
-        self.node_attempts
-            .forget_node(record.id, &registration.running);
-        self.log_offsets.registered(record.id, registration.life);
-        live.last_seen = self.clock.instant();
-        if !was_online && live.flapping(self.clock.instant()) {
-            tracing::warn!(
-                "node {} came back after being lost {} times in {}s: no work for it until it has \
-                 stayed up for {}s",
-                record.name,
-                live.losses.len(),
-                FLAP_WINDOW.as_secs(),
-                stable_after.as_secs()
-            );
-            live.held_back_until = Some(self.clock.instant() + stable_after);
-        }
-        let schedulable = live.schedulable();
-        if !was_online && live.held_back_until.is_none() {
-            self.node_joins_scheduler(&mut inner, record.id).await;
-        } else if was_expected {
-            if schedulable && !record.drained && !record.pending {
-                self.drive(&mut inner, Event::NodeResumed(record.id)).await;
-            }
-        } else if was_online && became_pending && schedulable && !record.drained {
-            // Enrolled again while up: held back like a drained node until approved.
-            self.drive(&mut inner, Event::NodeDrained(record.id)).await;
-        }
-
-        for task in active
-            .into_iter()
-            .rev()
-            .filter(|t| t.placements.iter().any(|p| p.node == record.id))
-        {
-            let attempt = AttemptRef {
-                task: task.id,
-                attempt: task.attempt,
-            };
-            // A rank that already finished its part claims nothing and needs nobody.
-            let finished = inner.finished_ranks.get(&attempt);
-            let done = |rank: usize| finished.is_some_and(|done| done.contains_key(&(rank as u32)));
-            let own_rank = task.placements.iter().position(|p| p.node == record.id);
-            if own_rank.is_some_and(done) {
-                continue;
-            }
-            let all_nodes_online = task
-                .placements
-                .iter()
-                .enumerate()
-                .filter(|(rank, _)| !done(*rank))
-                .all(|(_, p)| {
-                    inner
-                        .nodes
-                        .get(&p.node)
-                        .is_some_and(|n| n.online || n.expected)
-                });
-            match rules::claims::judge(
-                claimed.contains(&attempt),
-                task.cancel_requested,
-                all_nodes_online,
-                was_online,
-            ) {
-                Claim::Keep => {}
-                Claim::Restore => {
-                    if let Some(spec) = inner.specs.get(&task.id) {
-                        let group = inner.group_for(&self.config, &task.user);
-                        let event = Event::TaskRestored {
-                            task: task.id,
-                            request: request_of(spec, &task, task.submitted_at, group),
-                            placements: placements_of(&task.placements),
-                        };
-                        self.drive(&mut inner, event).await;
-                    }
-                }
-                Claim::StopThenCancel => {
-                    if let Some(live) = inner.nodes.get_mut(&record.id) {
-                        live.cancelling.insert(attempt);
-                    }
-                }
-                Claim::Lose => {
-                    let outcome = AttemptOutcome::LaunchFailed {
-                        reason: "node_restarted".into(),
-                        message: format!(
-                            "the agent on node {} restarted while the attempt was {}; its processes were stopped",
-                            record.name, task.state
-                        ),
-                    };
-                    self.lose_attempt(&mut inner, attempt, outcome).await?;
-                }
-            }
-        }
-        self.release_held(&mut inner).await?;
-        if let Some(live) = inner.nodes.get_mut(&record.id) {
-            live.stale_claims = claimed
-                .into_iter()
-                .filter(|attempt| !live.assignments.contains_key(attempt))
-                .collect();
-            if !live.stale_claims.is_empty() {
+        self.turn(async |inner: &mut Core| {
+            let record = self
+                .store
+                .register_node(NewNode {
+                    name: registration.name.clone(),
+                    capacity: registration.capacity,
+                    gpu_type: registration.gpu_type.clone(),
+                    labels: registration.labels.clone(),
+                    address: registration.address.clone(),
+                    registered_at: self.clock.now(),
+                    enrolment,
+                })
+                .await?;
+            // Read before the node comes up: a queued task the scheduler places on it at once
+            // is new work for the agent, not an attempt its previous life left unclaimed.
+            let active = self
+                .store
+                .list_tasks(&TaskFilter {
+                    states: vec![TaskState::Starting, TaskState::Running],
+                    ..Default::default()
+                })
+                .await?;
+            // A node that re-registers while still online (its agent restarted faster than
+            // the heartbeat timeout) is already known to the scheduler with its allocations.
+            // So does a node a restarted server expected back with the attempts it ran: the
+            // scheduler knows it (drained) with their allocations, as before the restart.
+            let was_expected = inner.nodes.get(&record.id).is_some_and(|n| n.expected);
+            let was_online = was_expected || inner.nodes.get(&record.id).is_some_and(|n| n.online);
+            let claimed: BTreeSet<AttemptRef> = registration.running.iter().copied().collect();
+            let stable_after = self.config.node_stable_after;
+            let live = inner
+                .nodes
+                .entry(record.id)
+                .or_insert_with(|| LiveNode::new(record.clone(), self.clock.instant()));
+            let became_pending = record.pending && !live.record.pending;
+            live.record = record.clone();
+            live.online = true;
+            live.expected = false;
+            if record.pending {
                 tracing::warn!(
-                    "node {} still runs {} attempt(s) that ended or moved while it was away: \
-                     they are stopped before it gets new work",
+                    "node {} enrolled and waits for an admin's approval (`taccd admin node approve \
+                     {}`): it gets no work until then",
                     record.name,
-                    live.stale_claims.len()
+                    record.name
                 );
             }
-            self.comm.work_changed(record.id);
-        }
-        Ok(record)
+            self.node_attempts
+                .forget_node(record.id, &registration.running);
+            self.log_offsets.registered(record.id, registration.life);
+            live.last_seen = self.clock.instant();
+            if !was_online && live.flapping(self.clock.instant()) {
+                tracing::warn!(
+                    "node {} came back after being lost {} times in {}s: no work for it until it has \
+                     stayed up for {}s",
+                    record.name,
+                    live.losses.len(),
+                    FLAP_WINDOW.as_secs(),
+                    stable_after.as_secs()
+                );
+                live.held_back_until = Some(self.clock.instant() + stable_after);
+            }
+            let schedulable = live.schedulable();
+            if !was_online && live.held_back_until.is_none() {
+                self.node_joins_scheduler(inner, record.id).await;
+            } else if was_expected {
+                if schedulable && !record.drained && !record.pending {
+                    self.drive(inner, Event::NodeResumed(record.id)).await;
+                }
+            } else if was_online && became_pending && schedulable && !record.drained {
+                // Enrolled again while up: held back like a drained node until approved.
+                self.drive(inner, Event::NodeDrained(record.id)).await;
+            }
+
+            for task in active
+                .into_iter()
+                .rev()
+                .filter(|t| t.placements.iter().any(|p| p.node == record.id))
+            {
+                let attempt = AttemptRef {
+                    task: task.id,
+                    attempt: task.attempt,
+                };
+                // A rank that already finished its part claims nothing and needs nobody.
+                let finished = inner.finished_ranks.get(&attempt);
+                let done = |rank: usize| finished.is_some_and(|done| done.contains_key(&(rank as u32)));
+                let own_rank = task.placements.iter().position(|p| p.node == record.id);
+                if own_rank.is_some_and(done) {
+                    continue;
+                }
+                let all_nodes_online = task
+                    .placements
+                    .iter()
+                    .enumerate()
+                    .filter(|(rank, _)| !done(*rank))
+                    .all(|(_, p)| {
+                        inner
+                            .nodes
+                            .get(&p.node)
+                            .is_some_and(|n| n.online || n.expected)
+                    });
+                match rules::claims::judge(
+                    claimed.contains(&attempt),
+                    task.cancel_requested,
+                    all_nodes_online,
+                    was_online,
+                ) {
+                    Claim::Keep => {}
+                    Claim::Restore => {
+                        if let Some(spec) = inner.specs.get(&task.id) {
+                            let group = inner.group_for(&self.config, &task.user);
+                            let event = Event::TaskRestored {
+                                task: task.id,
+                                request: request_of(spec, &task, task.submitted_at, group),
+                                placements: placements_of(&task.placements),
+                            };
+                            self.drive(inner, event).await;
+                        }
+                    }
+                    Claim::StopThenCancel => {
+                        if let Some(live) = inner.nodes.get_mut(&record.id) {
+                            live.cancelling.insert(attempt);
+                        }
+                    }
+                    Claim::Lose => {
+                        let outcome = AttemptOutcome::LaunchFailed {
+                            reason: "node_restarted".into(),
+                            message: format!(
+                                "the agent on node {} restarted while the attempt was {}; its processes were stopped",
+                                record.name, task.state
+                            ),
+                        };
+                        self.lose_attempt(inner, attempt, outcome).await?;
+                    }
+                }
+            }
+            self.release_held(inner).await?;
+            if let Some(live) = inner.nodes.get_mut(&record.id) {
+                live.stale_claims = claimed
+                    .into_iter()
+                    .filter(|attempt| !live.assignments.contains_key(attempt))
+                    .collect();
+                if !live.stale_claims.is_empty() {
+                    tracing::warn!(
+                        "node {} still runs {} attempt(s) that ended or moved while it was away: \
+                         they are stopped before it gets new work",
+                        record.name,
+                        live.stale_claims.len()
+                    );
+                }
+                self.comm.work_changed(record.id);
+            }
+            Ok(record)
+        })
+        .await
     }
 
     /// The work a node should be doing; also counts as the node's heartbeat. `running` is
@@ -195,34 +199,33 @@ impl Control {
         node: NodeId,
         running: &[AttemptRef],
     ) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
-        let mut inner = self.inner.lock().await;
-        let live = inner
-            .nodes
-            .get_mut(&node)
-            .ok_or(ServerError::NodeNotFound(node))?;
-        if !live.online {
-            return Err(ServerError::NodeNotRegistered(node));
-        }
-        live.last_seen = self.clock.instant();
-        for attempt in rules::polls::settled_cancels(live, running) {
-            self.finish_attempt(
-                &mut inner,
-                attempt,
-                AttemptOutcome::Cancelled,
-                self.clock.now(),
-            )
+        let refused = |refusal| match refusal {
+            PollRefused::UnknownNode => ServerError::NodeNotFound(node),
+            PollRefused::NotRegistered => ServerError::NodeNotRegistered(node),
+        };
+        let assignments = self
+            .turn(async |core: &mut Core| {
+                let settled = handlers::poll::on_poll(core, node, running, self.clock.instant())
+                    .map_err(refused)?;
+                let mut fx = Effects::default();
+                for attempt in settled {
+                    if let Some(record) = self.task_record(attempt.task).await? {
+                        handlers::poll::on_cancel_settled(
+                            core,
+                            &mut fx,
+                            &self.config,
+                            record,
+                            attempt,
+                            self.clock.now(),
+                        );
+                    }
+                }
+                let assignments =
+                    handlers::poll::on_work(core, &mut fx, node, running).map_err(refused)?;
+                self.carry(core, fx).await?;
+                Ok(assignments)
+            })
             .await?;
-        }
-        let live = inner
-            .nodes
-            .get_mut(&node)
-            .ok_or(ServerError::NodeNotFound(node))?;
-        let desired = rules::polls::desired(live, running);
-        if desired.released {
-            // Answer the next poll at once with the work that was held back.
-            self.comm.work_changed(node);
-        }
-        let assignments = desired.assignments;
         let receiver = self.comm.work_version(node);
         let version = *receiver.borrow();
         Ok((
@@ -292,66 +295,70 @@ impl Control {
     /// Mark silent nodes offline and their attempts lost, and hand flapping nodes that
     /// stayed up long enough back to the scheduler. Called periodically.
     pub async fn check_liveness(&self) -> Result<(), ServerError> {
-        let mut inner = self.inner.lock().await;
-        let timeout = self.config.heartbeat_timeout;
-        let now = self.clock.instant();
-        let found = {
-            let Core {
-                nodes,
-                finished_ranks,
-                last_liveness_check,
-                ..
-            } = &mut *inner;
-            rules::liveness::check(nodes, finished_ranks, last_liveness_check, now, timeout)
-        };
-        self.keep_restart_facts(&mut inner).await;
-        if let Some(stalled) = found.stalled_for {
-            tracing::warn!(
-                "the server did not check node liveness for {}s (was it stopped?): giving \
-                 every node a fresh heartbeat period",
-                stalled.as_secs()
-            );
-        }
-        for node in found.stable {
-            if let Some(live) = inner.nodes.get(&node) {
-                tracing::info!(
-                    "node {} has been stable: it gets work again",
-                    live.record.name
+        self.turn(async |inner: &mut Core| {
+            let timeout = self.config.heartbeat_timeout;
+            let now = self.clock.instant();
+            let found = {
+                let Core {
+                    nodes,
+                    finished_ranks,
+                    last_liveness_check,
+                    ..
+                } = &mut *inner;
+                rules::liveness::check(nodes, finished_ranks, last_liveness_check, now, timeout)
+            };
+            self.keep_restart_facts(inner).await;
+            if let Some(stalled) = found.stalled_for {
+                tracing::warn!(
+                    "the server did not check node liveness for {}s (was it stopped?): giving \
+                     every node a fresh heartbeat period",
+                    stalled.as_secs()
                 );
             }
-            self.node_joins_scheduler(&mut inner, node).await;
-            self.release_held(&mut inner).await?;
-        }
-        for lost in found.lost {
-            let name = lost.name;
-            tracing::warn!("node {name} missed its heartbeat for {timeout:?}: marking it offline");
-            self.node_attempts.forget_node(lost.node, &[]);
-            if lost.was_schedulable {
-                self.drive(&mut inner, Event::NodeDown(lost.node)).await;
+            for node in found.stable {
+                if let Some(live) = inner.nodes.get(&node) {
+                    tracing::info!(
+                        "node {} has been stable: it gets work again",
+                        live.record.name
+                    );
+                }
+                self.node_joins_scheduler(inner, node).await;
+                self.release_held(inner).await?;
             }
-            for attempt in lost.attempts {
-                let message = if lost.after_restart {
-                    format!(
-                        "node {name} did not come back within {}s of the server's restart",
-                        timeout.as_secs()
-                    )
-                } else {
-                    format!(
-                        "node {name} stopped responding (no heartbeat for {}s)",
-                        timeout.as_secs()
-                    )
-                };
-                let outcome = AttemptOutcome::LaunchFailed {
-                    reason: "node_lost".into(),
-                    message,
-                };
-                self.lose_attempt(&mut inner, attempt, outcome).await?;
+            for lost in found.lost {
+                let name = lost.name;
+                tracing::warn!(
+                    "node {name} missed its heartbeat for {timeout:?}: marking it offline"
+                );
+                self.node_attempts.forget_node(lost.node, &[]);
+                if lost.was_schedulable {
+                    self.drive(inner, Event::NodeDown(lost.node)).await;
+                }
+                for attempt in lost.attempts {
+                    let message = if lost.after_restart {
+                        format!(
+                            "node {name} did not come back within {}s of the server's restart",
+                            timeout.as_secs()
+                        )
+                    } else {
+                        format!(
+                            "node {name} stopped responding (no heartbeat for {}s)",
+                            timeout.as_secs()
+                        )
+                    };
+                    let outcome = AttemptOutcome::LaunchFailed {
+                        reason: "node_lost".into(),
+                        message,
+                    };
+                    self.lose_attempt(inner, attempt, outcome).await?;
+                }
             }
-        }
-        self.end_hung_attempts(&mut inner).await?;
-        self.apply_idle_gpu_policy(&mut inner).await?;
-        self.release_due_retries(&mut inner, self.clock.now()).await;
-        Ok(())
+            self.end_hung_attempts(inner).await?;
+            self.apply_idle_gpu_policy(inner).await?;
+            self.release_due_retries(inner, self.clock.now()).await;
+            Ok(())
+        })
+        .await
     }
 
     pub async fn node_views(&self) -> Vec<tacc_proto::NodeView> {
