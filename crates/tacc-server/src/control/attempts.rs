@@ -196,7 +196,8 @@ impl Control {
         Ok(())
     }
 
-    /// An attempt's node vanished: the attempt is lost (and maybe retried).
+    /// An attempt's node vanished: the attempt is lost (and maybe retried; see
+    /// `handlers::ending::on_attempt_lost`).
     pub(super) async fn lose_attempt(
         &self,
         inner: &mut Core,
@@ -209,29 +210,25 @@ impl Control {
         if record.attempt != attempt.attempt || !record.state.is_active() {
             return Ok(());
         }
-        let (state, reason) = if record.cancel_requested {
-            let reason = inner.cancel_reasons.remove(&record.id);
-            (
-                TaskState::Cancelled,
-                reason.unwrap_or_else(|| super::CANCELLED_BY_USER.to_string()),
-            )
+        let reason = handlers::ending::lost_reason(&outcome);
+        let counts = !record.cancel_requested
+            && rules::ending::counts_node_losses(TaskState::Lost, Some(&reason));
+        let earlier_node_losses = if counts {
+            retry::node_losses(&self.store.task_events(record.id).await?)
         } else {
-            let reason = match &outcome {
-                AttemptOutcome::LaunchFailed { reason, message } => format!("{reason}: {message}"),
-                other => format!("{other:?}"),
-            };
-            (TaskState::Lost, reason)
+            0
         };
-        self.end_attempt(
+        let mut fx = Effects::default();
+        handlers::ending::on_attempt_lost(
             inner,
+            &mut fx,
+            &self.config,
             record,
-            state,
-            Some(reason),
-            None,
+            &outcome,
+            earlier_node_losses,
             self.clock.now(),
-            true,
-        )
-        .await
+        );
+        self.carry(inner, fx).await
     }
 
     /// One node's part of an attempt ended (see `handlers::rank_end`). A node that

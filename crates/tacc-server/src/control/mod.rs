@@ -15,7 +15,7 @@ use tacc_scheduler::{
 };
 use tacc_schema::TaskSpec;
 use tacc_store::{
-    NewTask, OutputRecord, Store, StoredPlacement, TaskChange, TaskFilter, TaskRecord, Transition,
+    NewTask, OutputRecord, Store, StoredPlacement, TaskFilter, TaskRecord, Transition,
 };
 use tokio::sync::Mutex;
 
@@ -216,7 +216,7 @@ pub struct Control {
     pub(crate) inner: Mutex<Core>,
     /// Every change committed, in order, for the lifecycle tests' `take_changes`.
     #[cfg(test)]
-    pub(crate) committed: std::sync::Mutex<Vec<TaskChange>>,
+    pub(crate) committed: std::sync::Mutex<Vec<tacc_store::TaskChange>>,
 }
 
 fn spec_of(record: &TaskRecord) -> Result<TaskSpec, ServerError> {
@@ -623,28 +623,16 @@ impl Control {
         self.metrics.committed("create_task", committing.elapsed());
         self.metrics.submitted();
         let group = self.auth.group_of(user).await?;
-        let mut inner = self.inner.lock().await;
-        inner.identity_groups.insert(user.to_string(), group);
-        let group = inner.group_for(&self.config, user);
-        let request = request_of(&spec, &record, record.submitted_at, group);
-        inner.specs.insert(record.id, spec);
-        if inner.nodes.values().any(LiveNode::schedulable) {
-            self.drive(
-                &mut inner,
-                Event::TaskSubmitted {
-                    task: record.id,
-                    request,
-                },
-            )
-            .await;
-        } else {
-            inner.held.insert(record.id);
-            self.commit(&[TaskChange::Reason {
-                task: record.id,
-                reason: Some(NO_NODE_REASON.into()),
-            }])
-            .await?;
-        }
+        self.turn(async |core: &mut Core| {
+            core.identity_groups.insert(user.to_string(), group);
+            let group = core.group_for(&self.config, user);
+            let request = request_of(&spec, &record, record.submitted_at, group);
+            core.specs.insert(record.id, spec);
+            let mut fx = effects::Effects::default();
+            handlers::submit::on_submitted(core, &mut fx, vec![(record.id, request)]);
+            self.carry(core, fx).await
+        })
+        .await?;
         Ok(record)
     }
 

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use tacc_core::{NodeId, Resources, TaskId, TaskState, Timestamp};
+use tacc_core::{NodeId, Resources, TaskState, Timestamp};
 use tacc_proto::{AttemptOutcome, AttemptRef, DesiredWork, RegisterAgent};
 use tacc_scheduler::{Event, NodeSpec};
 use tacc_store::{NewNode, NodeEnrolment, NodeRecord, TaskFilter};
@@ -258,25 +258,25 @@ impl Control {
         }
     }
 
-    /// Give the scheduler the tasks held while it knew no node, once it knows one.
+    /// Give the scheduler the tasks held while it knew no node, once it knows one (see
+    /// `handlers::submit`).
     async fn release_held(&self, inner: &mut Core) -> Result<(), ServerError> {
-        if inner.held.is_empty() || !inner.nodes.values().any(LiveNode::schedulable) {
+        if !handlers::submit::held_are_due(inner) {
             return Ok(());
         }
-        let held: Vec<TaskId> = std::mem::take(&mut inner.held).into_iter().collect();
-        for task in held {
-            let Some(record) = self.task_record(task).await? else {
-                continue;
-            };
-            let Some(spec) = inner.specs.get(&task) else {
-                continue;
-            };
-            let group = inner.group_for(&self.config, &record.user);
-            let request = request_of(spec, &record, record.submitted_at, group);
-            self.drive(inner, Event::TaskSubmitted { task, request })
-                .await;
+        let mut records = Vec::with_capacity(inner.held.len());
+        for task in inner.held.clone() {
+            match self.task_record(task).await? {
+                Some(record) => records.push(record),
+                // Gone from the store: nothing to schedule.
+                None => {
+                    inner.held.remove(&task);
+                }
+            }
         }
-        Ok(())
+        let mut fx = Effects::default();
+        handlers::submit::on_release_held(inner, &mut fx, &self.config, &records);
+        self.carry(inner, fx).await
     }
 
     /// Tell the scheduler a node is up (and drained, if it is drained or waits for

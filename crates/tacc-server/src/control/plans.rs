@@ -8,31 +8,15 @@ use super::*;
 
 impl Control {
     /// Give newly stored tasks to the scheduler in one batch (one decision), or hold them
-    /// with the no-node reason while no node takes work (the scheduler would reject
-    /// them as never fitting an empty cluster).
+    /// while no node takes work (see `handlers::submit`).
     pub(super) async fn queue_new(
         &self,
         inner: &mut Core,
         submitted: Vec<(TaskId, TaskRequest)>,
     ) -> Result<(), ServerError> {
-        if inner.nodes.values().any(LiveNode::schedulable) {
-            let events = submitted
-                .into_iter()
-                .map(|(task, request)| Event::TaskSubmitted { task, request })
-                .collect();
-            self.drive(inner, Event::Batch(events)).await;
-            return Ok(());
-        }
-        let reasons: Vec<TaskChange> = submitted
-            .iter()
-            .map(|(task, _)| TaskChange::Reason {
-                task: *task,
-                reason: Some(NO_NODE_REASON.into()),
-            })
-            .collect();
-        inner.held.extend(submitted.iter().map(|(task, _)| *task));
-        self.commit(&reasons).await?;
-        Ok(())
+        let mut fx = Effects::default();
+        handlers::submit::on_submitted(inner, &mut fx, submitted);
+        self.carry(inner, fx).await
     }
 
     /// Feed one event to the scheduler and carry out its plan in one store transaction.
@@ -45,10 +29,8 @@ impl Control {
         }
         self.adaptive.patch_restored(&mut event);
         let batch = matches!(event, Event::Batch(_));
-        patch_dependencies(&inner.stage_deps, &mut event);
-        patch_not_before(&inner.retry_at, &mut event);
         let deciding = Instant::now();
-        let decided = inner.scheduler.handle(self.clock.now(), event);
+        let decided = handlers::decide::on_decide(inner, self.clock.now(), event);
         self.metrics.decided(deciding.elapsed());
         let plan = match decided {
             Ok(plan) => plan,
@@ -156,8 +138,7 @@ impl Control {
         }
         let mut batch = Event::Batch(events);
         self.adaptive.patch_restored(&mut batch);
-        patch_dependencies(&inner.stage_deps, &mut batch);
-        patch_not_before(&inner.retry_at, &mut batch);
+        handlers::decide::patch(inner, &mut batch);
         let plan = scheduler.handle(self.clock.now(), batch);
         // Epochs stay unique across the replacement: a cached projection of the old
         // scheduler is never taken for the new one's.
@@ -176,46 +157,5 @@ impl Control {
             }
             Err(e) => tracing::error!("rebuilding the scheduler failed: {e}"),
         }
-    }
-}
-
-/// Give each submitted pipeline stage task the tasks it waits for (kept beside the
-/// scheduler, so every way a task reaches it — submit, a retry, a held task released, a
-/// rebuild — carries them).
-fn patch_dependencies(deps: &BTreeMap<TaskId, Vec<TaskId>>, event: &mut Event) {
-    if deps.is_empty() {
-        return;
-    }
-    match event {
-        Event::TaskSubmitted { task, request } => {
-            if let Some(needed) = deps.get(task) {
-                request.depends_on = needed.clone();
-            }
-        }
-        Event::Batch(events) => {
-            for event in events {
-                patch_dependencies(deps, event);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Give each submitted retry that is waiting out its backoff its not-before time (every
-/// way it reaches the scheduler: the retry, a held task released, a rebuild).
-fn patch_not_before(waits: &BTreeMap<TaskId, Timestamp>, event: &mut Event) {
-    if waits.is_empty() {
-        return;
-    }
-    match event {
-        Event::TaskSubmitted { task, request } => {
-            request.not_before = waits.get(task).copied();
-        }
-        Event::Batch(events) => {
-            for event in events {
-                patch_not_before(waits, event);
-            }
-        }
-        _ => {}
     }
 }

@@ -145,6 +145,53 @@ pub(crate) fn on_attempt_finished(
     );
 }
 
+/// Why an attempt lost with its node ended, as its reason says it.
+pub(crate) fn lost_reason(outcome: &AttemptOutcome) -> String {
+    match outcome {
+        AttemptOutcome::LaunchFailed { reason, message } => format!("{reason}: {message}"),
+        other => format!("{other:?}"),
+    }
+}
+
+/// An attempt's node vanished (lost, restarted, fenced, removed): the attempt is lost and
+/// follows the retry policy — or, when a cancel was under way, it ends `cancelled`.
+/// `earlier_node_losses` counts the task's earlier attempts lost with their node, where
+/// the end counts them (the shell reads them from the task's history).
+pub(crate) fn on_attempt_lost(
+    core: &mut Core,
+    fx: &mut Effects,
+    config: &ServerConfig,
+    record: TaskRecord,
+    outcome: &AttemptOutcome,
+    earlier_node_losses: u32,
+    at: Timestamp,
+) {
+    let (state, reason) = if record.cancel_requested {
+        let reason = core.cancel_reasons.remove(&record.id);
+        (
+            TaskState::Cancelled,
+            reason.unwrap_or_else(|| crate::control::CANCELLED_BY_USER.to_string()),
+        )
+    } else {
+        (TaskState::Lost, lost_reason(outcome))
+    };
+    on_attempt_end(
+        core,
+        fx,
+        End {
+            record,
+            state,
+            reason: Some(reason),
+            exit_code: None,
+            at,
+            node_failure: true,
+            retry_as: None,
+            earlier_node_losses,
+            config,
+        },
+    );
+}
+
 /// A preempted attempt has stopped: the task goes back to the queue as a new attempt.
 pub(crate) fn on_requeue_preempted(
     core: &mut Core,
