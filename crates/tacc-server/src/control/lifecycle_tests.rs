@@ -1181,3 +1181,29 @@ async fn a_failed_attempt_is_retried_as_a_new_one_and_nothing_is_left_once_it_su
     assert_eq!(env.state(task).await, Succeeded);
     env.emptiness_check().await;
 }
+
+#[tokio::test]
+async fn a_node_s_last_seen_time_survives_a_restart() {
+    let mut env = TestEnv::new().await;
+    let mut n1 = env.join("n1", 1).await;
+    env.pass_seconds(25, &mut [&mut n1]).await;
+    let heard = env.clock.now();
+    // The node falls silent; the server dies before the heartbeat timeout.
+    env.pass_seconds(3, &mut []).await;
+    env.restart_server().await;
+    env.advance(Duration::from_secs(60));
+    let view = env
+        .control
+        .node_views()
+        .await
+        .into_iter()
+        .find(|n| n.name == "n1")
+        .expect("the node is still known");
+    assert_eq!(view.state, "down", "not heard from in this server's life");
+    // Kept every 10 s while the node is heard (`restart.rs`), so at most that early.
+    assert!(
+        view.last_seen <= heard && heard.millis_since(view.last_seen) <= 10_000,
+        "last seen {:?}, heard at {heard:?}: the kept time, not the restart's",
+        view.last_seen
+    );
+}
