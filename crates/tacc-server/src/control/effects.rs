@@ -25,6 +25,8 @@ pub(crate) struct Effects {
     pub(crate) log_lines: Vec<(TaskId, String)>,
     /// Metric increments.
     pub(crate) metrics: Vec<Metric>,
+    /// Warnings for the operator, written to the server's log.
+    pub(crate) warnings: Vec<String>,
     /// Steps not yet ported into handlers, run by the shell after the changes before
     /// them are durable (they read the store).
     pub(crate) follow_ups: Vec<FollowUp>,
@@ -76,6 +78,10 @@ impl Effects {
         self.metrics.push(metric);
     }
 
+    pub(crate) fn warn(&mut self, warning: String) {
+        self.warnings.push(warning);
+    }
+
     pub(crate) fn follow_up(&mut self, step: FollowUp) {
         self.follow_ups.push(step);
     }
@@ -91,6 +97,7 @@ impl Effects {
             && self.log_wakes.is_empty()
             && self.log_lines.is_empty()
             && self.metrics.is_empty()
+            && self.warnings.is_empty()
             && self.follow_ups.is_empty()
     }
 }

@@ -51,8 +51,12 @@ impl Control {
             log_wakes,
             log_lines,
             metrics,
+            warnings,
             follow_ups,
         } = fx;
+        for warning in warnings {
+            tracing::warn!("{warning}");
+        }
         self.stage_all(changes).await?;
         for (task, line) in log_lines {
             // A log that cannot be written costs the line, never the decision.
