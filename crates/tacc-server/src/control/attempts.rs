@@ -5,7 +5,7 @@
 
 use tacc_core::{NodeId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, AttemptOutcome, AttemptRef};
-use tacc_store::{TaskChange, TaskRecord};
+use tacc_store::TaskChange;
 
 use super::effects::Effects;
 use super::rules::admission::Admission;
@@ -261,69 +261,6 @@ impl Control {
                 outcome,
                 process_rank,
                 at,
-                config: &self.config,
-            },
-        );
-        self.carry(inner, fx).await
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn end_attempt(
-        &self,
-        inner: &mut Core,
-        record: TaskRecord,
-        state: TaskState,
-        reason: Option<String>,
-        exit_code: Option<i32>,
-        at: Timestamp,
-        node_failure: bool,
-    ) -> Result<(), ServerError> {
-        self.end_attempt_retrying(
-            inner,
-            record,
-            state,
-            reason,
-            exit_code,
-            at,
-            node_failure,
-            None,
-        )
-        .await
-    }
-
-    /// End `record`'s attempt as `state` (see `handlers::ending`), retried as `retry_as`
-    /// says instead of the task's own `retry:` (a hung attempt whose `on_hang.then` is
-    /// `retry`). A node loss counts the task's earlier ones, read from its history.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn end_attempt_retrying(
-        &self,
-        inner: &mut Core,
-        record: TaskRecord,
-        state: TaskState,
-        reason: Option<String>,
-        exit_code: Option<i32>,
-        at: Timestamp,
-        node_failure: bool,
-        retry_as: Option<tacc_schema::RetrySpec>,
-    ) -> Result<(), ServerError> {
-        let earlier_node_losses = if rules::ending::counts_node_losses(state, reason.as_deref()) {
-            retry::node_losses(&self.store.task_events(record.id).await?)
-        } else {
-            0
-        };
-        let mut fx = Effects::default();
-        handlers::ending::on_attempt_end(
-            inner,
-            &mut fx,
-            handlers::ending::End {
-                record,
-                state,
-                reason,
-                exit_code,
-                at,
-                node_failure,
-                retry_as,
-                earlier_node_losses,
                 config: &self.config,
             },
         );

@@ -25,6 +25,8 @@ pub(crate) struct Effects {
     pub(crate) log_lines: Vec<(TaskId, String)>,
     /// Metric increments.
     pub(crate) metrics: Vec<Metric>,
+    /// Idle-GPU warnings given or lifted, for the usage book (`tcloud top`).
+    pub(crate) idle_warnings: Vec<crate::control::handlers::idle_gpus::IdleWarning>,
     /// Warnings for the operator, written to the server's log.
     pub(crate) warnings: Vec<String>,
     /// Steps not yet ported into handlers, run by the shell after the changes before
@@ -98,6 +100,7 @@ impl Effects {
             && self.log_lines.is_empty()
             && self.metrics.is_empty()
             && self.warnings.is_empty()
+            && self.idle_warnings.is_empty()
             && self.follow_ups.is_empty()
     }
 }

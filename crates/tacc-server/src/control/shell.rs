@@ -52,8 +52,12 @@ impl Control {
             log_lines,
             metrics,
             warnings,
+            idle_warnings,
             follow_ups,
         } = fx;
+        for change in idle_warnings {
+            self.usage.set_idle_warning(change.attempt, change.warning);
+        }
         for warning in warnings {
             tracing::warn!("{warning}");
         }

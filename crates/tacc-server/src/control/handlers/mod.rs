@@ -8,13 +8,14 @@
 //! drives them through the shell; the rules they apply are in `rules/`).
 //!
 //! Ported so far: an attempt starting, a node's rank of an attempt finishing, an attempt
-//! ending (with its retry or requeue), a user's cancel, a node's poll, the hang check, tasks submitted or released, and the scheduler's decision and its plan applied. Events not yet here still run
+//! ending (with its retry or requeue), a user's cancel, a node's poll, the hang and idle-GPU checks, tasks submitted or released, and the scheduler's decision and its plan applied. Events not yet here still run
 //! as the async methods of `Control` in the other files of `control/`.
 
 pub(crate) mod cancel;
 pub(crate) mod decide;
 pub(crate) mod ending;
 pub(crate) mod hangs;
+pub(crate) mod idle_gpus;
 pub(crate) mod plan;
 pub(crate) mod poll;
 pub(crate) mod rank_end;
