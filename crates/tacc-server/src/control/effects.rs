@@ -29,6 +29,8 @@ pub(crate) struct Effects {
     pub(crate) idle_warnings: Vec<crate::control::handlers::idle_gpus::IdleWarning>,
     /// Warnings for the operator, written to the server's log.
     pub(crate) warnings: Vec<String>,
+    /// News for the operator (the server's log, at info level).
+    pub(crate) news: Vec<String>,
     /// Steps not yet ported into handlers, run by the shell after the changes before
     /// them are durable (they read the store).
     pub(crate) follow_ups: Vec<FollowUp>,
@@ -84,6 +86,10 @@ impl Effects {
         self.warnings.push(warning);
     }
 
+    pub(crate) fn inform(&mut self, news: String) {
+        self.news.push(news);
+    }
+
     pub(crate) fn follow_up(&mut self, step: FollowUp) {
         self.follow_ups.push(step);
     }
@@ -100,6 +106,7 @@ impl Effects {
             && self.log_lines.is_empty()
             && self.metrics.is_empty()
             && self.warnings.is_empty()
+            && self.news.is_empty()
             && self.idle_warnings.is_empty()
             && self.follow_ups.is_empty()
     }

@@ -14,8 +14,7 @@ use tokio::sync::watch;
 
 use super::effects::Effects;
 use super::handlers::{self, poll::PollRefused};
-use super::rules::claims::Claim;
-use super::{Control, Core, LiveNode, placements_of, request_of, rules};
+use super::{Control, Core};
 use crate::ServerError;
 
 /// How often the server checks node liveness ([`Control::check_liveness`]).
@@ -57,135 +56,30 @@ impl Control {
                     ..Default::default()
                 })
                 .await?;
-            // A node that re-registers while still online (its agent restarted faster than
-            // the heartbeat timeout) is already known to the scheduler with its allocations.
-            // So does a node a restarted server expected back with the attempts it ran: the
-            // scheduler knows it (drained) with their allocations, as before the restart.
-            let was_expected = inner.nodes.get(&record.id).is_some_and(|n| n.expected);
-            let was_online = was_expected || inner.nodes.get(&record.id).is_some_and(|n| n.online);
             let claimed: BTreeSet<AttemptRef> = registration.running.iter().copied().collect();
-            let stable_after = self.config.node_stable_after;
-            let live = inner
-                .nodes
-                .entry(record.id)
-                .or_insert_with(|| LiveNode::new(record.clone(), self.clock.instant()));
-            let became_pending = record.pending && !live.record.pending;
-            live.record = record.clone();
-            live.online = true;
-            live.expected = false;
-            if record.pending {
-                tracing::warn!(
-                    "node {} enrolled and waits for an admin's approval (`taccd admin node approve \
-                     {}`): it gets no work until then",
-                    record.name,
-                    record.name
-                );
-            }
             self.node_attempts
                 .forget_node(record.id, &registration.running);
             self.log_offsets.registered(record.id, registration.life);
-            live.last_seen = self.clock.instant();
-            if !was_online && live.flapping(self.clock.instant()) {
-                tracing::warn!(
-                    "node {} came back after being lost {} times in {}s: no work for it until it has \
-                     stayed up for {}s",
-                    record.name,
-                    live.losses.len(),
-                    FLAP_WINDOW.as_secs(),
-                    stable_after.as_secs()
-                );
-                live.held_back_until = Some(self.clock.instant() + stable_after);
-            }
-            let schedulable = live.schedulable();
-            if !was_online && live.held_back_until.is_none() {
-                self.node_joins_scheduler(inner, record.id).await;
-            } else if was_expected {
-                if schedulable && !record.drained && !record.pending {
-                    self.drive(inner, Event::NodeResumed(record.id)).await;
-                }
-            } else if was_online && became_pending && schedulable && !record.drained {
-                // Enrolled again while up: held back like a drained node until approved.
-                self.drive(inner, Event::NodeDrained(record.id)).await;
-            }
-
-            for task in active
-                .into_iter()
-                .rev()
-                .filter(|t| t.placements.iter().any(|p| p.node == record.id))
-            {
-                let attempt = AttemptRef {
-                    task: task.id,
-                    attempt: task.attempt,
-                };
-                // A rank that already finished its part claims nothing and needs nobody.
-                let finished = inner.finished_ranks.get(&attempt);
-                let done = |rank: usize| finished.is_some_and(|done| done.contains_key(&(rank as u32)));
-                let own_rank = task.placements.iter().position(|p| p.node == record.id);
-                if own_rank.is_some_and(done) {
-                    continue;
-                }
-                let all_nodes_online = task
-                    .placements
-                    .iter()
-                    .enumerate()
-                    .filter(|(rank, _)| !done(*rank))
-                    .all(|(_, p)| {
-                        inner
-                            .nodes
-                            .get(&p.node)
-                            .is_some_and(|n| n.online || n.expected)
-                    });
-                match rules::claims::judge(
-                    claimed.contains(&attempt),
-                    task.cancel_requested,
-                    all_nodes_online,
-                    was_online,
-                ) {
-                    Claim::Keep => {}
-                    Claim::Restore => {
-                        if let Some(spec) = inner.specs.get(&task.id) {
-                            let group = inner.group_for(&self.config, &task.user);
-                            let event = Event::TaskRestored {
-                                task: task.id,
-                                request: request_of(spec, &task, task.submitted_at, group),
-                                placements: placements_of(&task.placements),
-                            };
-                            self.drive(inner, event).await;
-                        }
-                    }
-                    Claim::StopThenCancel => {
-                        if let Some(live) = inner.nodes.get_mut(&record.id) {
-                            live.cancelling.insert(attempt);
-                        }
-                    }
-                    Claim::Lose => {
-                        let outcome = AttemptOutcome::LaunchFailed {
-                            reason: "node_restarted".into(),
-                            message: format!(
-                                "the agent on node {} restarted while the attempt was {}; its processes were stopped",
-                                record.name, task.state
-                            ),
-                        };
-                        self.lose_attempt(inner, attempt, outcome).await?;
-                    }
-                }
+            let mut fx = Effects::default();
+            let lost = handlers::register::on_register(
+                inner,
+                &mut fx,
+                handlers::register::Registration {
+                    record: record.clone(),
+                    claimed: claimed.clone(),
+                    active,
+                    seen: self.clock.instant(),
+                    config: &self.config,
+                },
+            );
+            self.carry(inner, fx).await?;
+            for (attempt, outcome) in lost {
+                self.lose_attempt(inner, attempt, outcome).await?;
             }
             self.release_held(inner).await?;
-            if let Some(live) = inner.nodes.get_mut(&record.id) {
-                live.stale_claims = claimed
-                    .into_iter()
-                    .filter(|attempt| !live.assignments.contains_key(attempt))
-                    .collect();
-                if !live.stale_claims.is_empty() {
-                    tracing::warn!(
-                        "node {} still runs {} attempt(s) that ended or moved while it was away: \
-                         they are stopped before it gets new work",
-                        record.name,
-                        live.stale_claims.len()
-                    );
-                }
-                self.comm.work_changed(record.id);
-            }
+            let mut fx = Effects::default();
+            handlers::register::on_claims_settled(inner, &mut fx, record.id, claimed);
+            self.carry(inner, fx).await?;
             Ok(record)
         })
         .await
@@ -279,80 +173,26 @@ impl Control {
         self.carry(inner, fx).await
     }
 
-    /// Tell the scheduler a node is up (and drained, if it is drained or waits for
-    /// approval: the scheduler places nothing on it either way).
-    async fn node_joins_scheduler(&self, inner: &mut Core, node: NodeId) {
-        let Some(live) = inner.nodes.get(&node) else {
-            return;
-        };
-        let record = live.record.clone();
-        self.drive(inner, Event::NodeUp(node_spec(&record))).await;
-        if record.drained || record.pending {
-            self.drive(inner, Event::NodeDrained(record.id)).await;
-        }
-    }
-
     /// Mark silent nodes offline and their attempts lost, and hand flapping nodes that
     /// stayed up long enough back to the scheduler. Called periodically.
     pub async fn check_liveness(&self) -> Result<(), ServerError> {
         self.turn(async |inner: &mut Core| {
-            let timeout = self.config.heartbeat_timeout;
-            let now = self.clock.instant();
-            let found = {
-                let Core {
-                    nodes,
-                    finished_ranks,
-                    last_liveness_check,
-                    ..
-                } = &mut *inner;
-                rules::liveness::check(nodes, finished_ranks, last_liveness_check, now, timeout)
-            };
+            let mut fx = Effects::default();
+            let tick = handlers::liveness::on_liveness_tick(
+                inner,
+                &mut fx,
+                self.clock.instant(),
+                self.config.heartbeat_timeout,
+            );
             self.keep_restart_facts(inner).await;
-            if let Some(stalled) = found.stalled_for {
-                tracing::warn!(
-                    "the server did not check node liveness for {}s (was it stopped?): giving \
-                     every node a fresh heartbeat period",
-                    stalled.as_secs()
-                );
+            self.carry(inner, fx).await?;
+            for node in tick.lost_nodes {
+                self.node_attempts.forget_node(node, &[]);
             }
-            for node in found.stable {
-                if let Some(live) = inner.nodes.get(&node) {
-                    tracing::info!(
-                        "node {} has been stable: it gets work again",
-                        live.record.name
-                    );
-                }
-                self.node_joins_scheduler(inner, node).await;
-                self.release_held(inner).await?;
+            for (attempt, outcome) in tick.lost_attempts {
+                self.lose_attempt(inner, attempt, outcome).await?;
             }
-            for lost in found.lost {
-                let name = lost.name;
-                tracing::warn!(
-                    "node {name} missed its heartbeat for {timeout:?}: marking it offline"
-                );
-                self.node_attempts.forget_node(lost.node, &[]);
-                if lost.was_schedulable {
-                    self.drive(inner, Event::NodeDown(lost.node)).await;
-                }
-                for attempt in lost.attempts {
-                    let message = if lost.after_restart {
-                        format!(
-                            "node {name} did not come back within {}s of the server's restart",
-                            timeout.as_secs()
-                        )
-                    } else {
-                        format!(
-                            "node {name} stopped responding (no heartbeat for {}s)",
-                            timeout.as_secs()
-                        )
-                    };
-                    let outcome = AttemptOutcome::LaunchFailed {
-                        reason: "node_lost".into(),
-                        message,
-                    };
-                    self.lose_attempt(inner, attempt, outcome).await?;
-                }
-            }
+            self.release_held(inner).await?;
             self.end_hung_attempts(inner).await?;
             self.apply_idle_gpu_policy(inner).await?;
             self.release_due_retries(inner, self.clock.now()).await;

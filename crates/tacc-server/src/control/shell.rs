@@ -52,6 +52,7 @@ impl Control {
             log_lines,
             metrics,
             warnings,
+            news,
             idle_warnings,
             follow_ups,
         } = fx;
@@ -60,6 +61,9 @@ impl Control {
         }
         for warning in warnings {
             tracing::warn!("{warning}");
+        }
+        for news in news {
+            tracing::info!("{news}");
         }
         self.stage_all(changes).await?;
         for (task, line) in log_lines {
