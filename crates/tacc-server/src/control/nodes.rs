@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use tacc_core::{NodeId, Resources, TaskState, Timestamp};
-use tacc_proto::{AttemptOutcome, AttemptRef, DesiredWork, RegisterAgent};
-use tacc_scheduler::{Event, NodeSpec};
+use tacc_proto::{AttemptRef, DesiredWork, RegisterAgent};
+use tacc_scheduler::NodeSpec;
 use tacc_store::{NewNode, NodeEnrolment, NodeRecord, TaskFilter};
 use tokio::sync::watch;
 
@@ -267,16 +267,11 @@ impl Control {
     }
 
     fn node_named(inner: &Core, name: &str) -> Result<NodeId, ServerError> {
-        inner
-            .nodes
-            .iter()
-            .find(|(_, n)| n.record.name == name)
-            .map(|(id, _)| *id)
-            .ok_or_else(|| {
-                ServerError::NotFound(format!(
-                    "no node is named `{name}` (list them with `tcloud nodes`)"
-                ))
-            })
+        handlers::node_admin::node_named(inner, name).ok_or_else(|| {
+            ServerError::NotFound(format!(
+                "no node is named `{name}` (list them with `tcloud nodes`)"
+            ))
+        })
     }
 
     /// Drain a node: what runs on it finishes, nothing new is placed there. The mark is
@@ -295,46 +290,36 @@ impl Control {
         name: &str,
         drained: bool,
     ) -> Result<tacc_proto::NodeView, ServerError> {
-        {
-            let mut inner = self.inner.lock().await;
-            let id = Self::node_named(&inner, name)?;
+        self.turn(async |core: &mut Core| {
+            let id = Self::node_named(core, name)?;
             self.store.set_node_drained(id, drained).await?;
-            let live = inner.nodes.get_mut(&id).expect("found above");
-            let changed = live.record.drained != drained;
-            live.record.drained = drained;
-            // A node waiting for approval stays held back whatever its drain says.
-            if changed && live.schedulable() && !live.record.pending {
-                let event = if drained {
-                    Event::NodeDrained(id)
-                } else {
-                    Event::NodeResumed(id)
-                };
-                self.drive(&mut inner, event).await;
-            }
-        }
-        self.node_views()
-            .await
-            .into_iter()
-            .find(|n| n.name == name)
-            .ok_or_else(|| ServerError::NotFound(format!("node `{name}` vanished")))
+            let mut fx = Effects::default();
+            handlers::node_admin::on_drain(core, &mut fx, id, drained);
+            self.carry(core, fx).await
+        })
+        .await?;
+        self.node_view(name).await
     }
 
     /// Approve a node that enrolled while approval is required: it gets work from now on
     /// (unless drained). Approving a node that waits for nothing changes nothing.
     pub async fn approve_node(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
-        {
-            let mut inner = self.inner.lock().await;
-            let id = Self::node_named(&inner, name)?;
+        self.turn(async |core: &mut Core| {
+            let id = Self::node_named(core, name)?;
             self.store.approve_node(id).await?;
-            let live = inner.nodes.get_mut(&id).expect("found above");
-            let was_pending = live.record.pending;
-            live.record.pending = false;
-            if was_pending && live.schedulable() && !live.record.drained {
-                self.drive(&mut inner, Event::NodeResumed(id)).await;
-                self.release_held(&mut inner).await?;
+            let mut fx = Effects::default();
+            let released = handlers::node_admin::on_approve(core, &mut fx, id);
+            self.carry(core, fx).await?;
+            if released {
+                self.release_held(core).await?;
             }
-            self.comm.work_changed(id);
-        }
+            Ok(())
+        })
+        .await?;
+        self.node_view(name).await
+    }
+
+    async fn node_view(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
         self.node_views()
             .await
             .into_iter()
@@ -346,33 +331,26 @@ impl Control {
     /// A node that is up and still runs tasks is refused (drain it first); the attempts
     /// of a down node are lost.
     pub async fn remove_node(&self, name: &str) -> Result<(), ServerError> {
-        let mut inner = self.inner.lock().await;
-        let id = Self::node_named(&inner, name)?;
-        let (online, scheduled, attempts) = {
-            let live = &inner.nodes[&id];
-            let attempts: Vec<AttemptRef> = live.assignments.keys().copied().collect();
-            // A node expected back after a restart is known to the scheduler too.
-            (live.online, live.schedulable() || live.expected, attempts)
-        };
-        if online && !attempts.is_empty() {
-            return Err(ServerError::Conflict(format!(
-                "node `{name}` still runs {} task(s); drain it (`tcloud admin node drain {name}`) \
-                 and wait until they end, or remove it once it is down",
-                attempts.len()
-            )));
-        }
-        if scheduled {
-            self.drive(&mut inner, Event::NodeDown(id)).await;
-        }
-        for attempt in attempts {
-            let outcome = AttemptOutcome::LaunchFailed {
-                reason: "node_removed".into(),
-                message: format!("node {name} was removed by an administrator"),
-            };
-            self.lose_attempt(&mut inner, attempt, outcome).await?;
-        }
-        self.node_attempts.forget_node(id, &[]);
-        inner.nodes.remove(&id);
+        let id = self
+            .turn(async |core: &mut Core| {
+                let id = Self::node_named(core, name)?;
+                let mut fx = Effects::default();
+                let lost = handlers::node_admin::on_remove(core, &mut fx, id).map_err(|still| {
+                    ServerError::Conflict(format!(
+                        "node `{name}` still runs {} task(s); drain it (`tcloud admin node drain \
+                         {name}`) and wait until they end, or remove it once it is down",
+                        still.tasks
+                    ))
+                })?;
+                self.carry(core, fx).await?;
+                for (attempt, outcome) in lost {
+                    self.lose_attempt(core, attempt, outcome).await?;
+                }
+                self.node_attempts.forget_node(id, &[]);
+                handlers::node_admin::on_forget(core, id);
+                Ok(id)
+            })
+            .await?;
         // Answers a waiting poll, so the agent hears at once that its node is gone.
         self.comm.node_removed(id);
         self.store.remove_node(id).await?;

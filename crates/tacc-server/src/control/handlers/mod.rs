@@ -8,7 +8,7 @@
 //! drives them through the shell; the rules they apply are in `rules/`).
 //!
 //! Ported so far: an attempt starting, a node's rank of an attempt finishing, an attempt
-//! ending (with its retry or requeue), a user's cancel, a node's registration and poll, the liveness tick, the hang and idle-GPU checks, tasks submitted or released, and the scheduler's decision and its plan applied. Events not yet here still run
+//! ending (with its retry or requeue), a user's cancel, a node's registration and poll, the liveness tick, node administration, the hang and idle-GPU checks, tasks submitted or released, and the scheduler's decision and its plan applied. Events not yet here still run
 //! as the async methods of `Control` in the other files of `control/`.
 
 pub(crate) mod cancel;
@@ -17,6 +17,7 @@ pub(crate) mod ending;
 pub(crate) mod hangs;
 pub(crate) mod idle_gpus;
 pub(crate) mod liveness;
+pub(crate) mod node_admin;
 pub(crate) mod plan;
 pub(crate) mod poll;
 pub(crate) mod rank_end;
