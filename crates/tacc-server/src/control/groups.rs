@@ -5,11 +5,10 @@
 //! groups on the same calls.
 
 use tacc_core::{GroupId, SnapshotId, TaskState};
-use tacc_scheduler::Event;
 use tacc_schema::{ArraySpec, TaskSpec};
-use tacc_store::{GroupKind, GroupRecord, NewGroup, NewTask, TaskChange, TaskFilter, TaskRecord};
+use tacc_store::{GroupKind, GroupRecord, NewGroup, NewTask, TaskFilter, TaskRecord};
 
-use super::{Control, Transition, request_of};
+use super::{Control, Core, request_of};
 use crate::ServerError;
 
 /// The states a rerun of "failed" elements starts again.
@@ -133,10 +132,8 @@ impl Control {
 
     /// Cancel the unfinished elements of one group (see [`Control::cancel_group`]).
     pub(super) async fn cancel_group_elements(&self, group: GroupId) -> Result<u64, ServerError> {
-        let (placed, count) = {
-            // Read the elements under the lock: a queued one may start at any moment
-            // outside it.
-            let mut inner = self.inner.lock().await;
+        self.turn(async |core: &mut Core| {
+            // Read the elements in the turn: a queued one may start at any moment outside it.
             let open = self
                 .store
                 .list_tasks(&TaskFilter {
@@ -145,46 +142,27 @@ impl Control {
                     ..Default::default()
                 })
                 .await?;
-            let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) =
-                open.into_iter().partition(|t| t.state == TaskState::Queued);
-            let at = self.clock.now();
-            let changes: Vec<TaskChange> = queued
-                .iter()
-                .map(|record| {
-                    TaskChange::Transition(Transition {
-                        reason: Some("cancelled by user".into()),
-                        ..Transition::new(
-                            record.id,
-                            TaskState::Queued,
-                            TaskState::Cancelled,
-                            record.attempt,
-                            at,
-                        )
-                    })
-                })
-                .collect();
-            self.commit(&changes).await?;
-            let mut events = Vec::new();
-            for record in &queued {
-                if inner.withdraw(record.id) {
-                    events.push(Event::TaskCancelled(record.id));
+            // The placed elements' records as the turn knows them (their copies).
+            let mut records = Vec::with_capacity(open.len());
+            for record in open {
+                if record.state == TaskState::Queued {
+                    records.push(record);
+                } else if let Some(placed) = self.task_record(record.id).await? {
+                    records.push(placed);
                 }
-                self.logs.wake(record.id);
             }
-            if !events.is_empty() {
-                self.drive(&mut inner, Event::Batch(events)).await;
-            }
-            if let Some(first) = queued.first() {
-                self.stop_dependents(&mut inner, first, TaskState::Cancelled)
-                    .await?;
-            }
-            let count = (queued.len() + placed.len()) as u64;
-            (placed, count)
-        };
-        for record in &placed {
-            self.cancel(record.id).await?;
-        }
-        Ok(count)
+            let mut fx = super::effects::Effects::default();
+            let count = super::handlers::cancel::on_cancel_group(
+                core,
+                &mut fx,
+                records,
+                self.clock.now(),
+                &self.config,
+            );
+            self.carry(core, fx).await?;
+            Ok(count)
+        })
+        .await
     }
 
     /// Submit again, as a new group, the elements of `group` that failed, were cancelled

@@ -90,6 +90,63 @@ pub(crate) fn on_cancel(core: &mut Core, fx: &mut Effects, cancel: Cancel<'_>) {
     }
 }
 
+/// Cancel every unfinished element of a group at once (`records`: its open elements, as
+/// the store holds them): the queued ones end now, in one scheduling decision, and their
+/// pipeline dependents are seen to; the placed ones are withdrawn as single tasks are.
+/// Returns how many were asked to stop.
+pub(crate) fn on_cancel_group(
+    core: &mut Core,
+    fx: &mut Effects,
+    records: Vec<TaskRecord>,
+    now: Timestamp,
+    config: &ServerConfig,
+) -> u64 {
+    let count = records.len() as u64;
+    let (queued, placed): (Vec<TaskRecord>, Vec<TaskRecord>) = records
+        .into_iter()
+        .partition(|t| t.state == TaskState::Queued);
+    let mut events = Vec::new();
+    for record in &queued {
+        fx.change(TaskChange::Transition(Transition {
+            reason: Some(CANCELLED_BY_USER.into()),
+            ..Transition::new(
+                record.id,
+                TaskState::Queued,
+                TaskState::Cancelled,
+                record.attempt,
+                now,
+            )
+        }));
+        if core.withdraw(record.id) {
+            events.push(Event::TaskCancelled(record.id));
+        }
+        fx.wake_logs(record.id);
+    }
+    // The elements are one stage: its dependents are seen to once.
+    if let Some(first) = queued.into_iter().next() {
+        fx.follow_up(FollowUp::StopDependents {
+            record: Box::new(first),
+            state: TaskState::Cancelled,
+        });
+    }
+    if !events.is_empty() {
+        fx.decide(Event::Batch(events));
+    }
+    for record in placed {
+        on_cancel(
+            core,
+            fx,
+            Cancel {
+                record,
+                reason: CANCELLED_BY_USER,
+                now,
+                config,
+            },
+        );
+    }
+    count
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
