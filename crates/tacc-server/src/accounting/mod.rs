@@ -39,8 +39,9 @@ pub(crate) struct Accounting {
     store: Arc<dyn Store>,
     /// GPU time sampled so far of attempts still running.
     usage: Arc<UsageBook>,
-    /// The configuration file's users (`[users.NAME] group`).
-    configured: BTreeMap<String, UserConfig>,
+    /// The configuration file's users (`[users.NAME] group`); shared, as the API's state
+    /// is cloned for every request.
+    configured: Arc<BTreeMap<String, UserConfig>>,
     clock: Arc<dyn Clock>,
 }
 
@@ -50,7 +51,7 @@ impl Accounting {
         Accounting {
             store: control.store.clone(),
             usage: control.usage.clone(),
-            configured: control.config.scheduler.users.clone(),
+            configured: Arc::new(control.config.scheduler.users.clone()),
             clock: control.clock.clone(),
         }
     }

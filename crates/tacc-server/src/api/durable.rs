@@ -25,7 +25,6 @@ use axum::response::{IntoResponse, Response};
 use tacc_store::Store;
 
 use crate::ServerError;
-use crate::control::Control;
 use crate::metrics::Metrics;
 
 /// A sync in flight.
@@ -43,11 +42,8 @@ pub(crate) struct StoreSync {
 }
 
 impl StoreSync {
-    pub(crate) fn of(control: &Control) -> StoreSync {
-        StoreSync {
-            store: control.store.clone(),
-            metrics: control.metrics.clone(),
-        }
+    pub(crate) fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> StoreSync {
+        StoreSync { store, metrics }
     }
 }
 

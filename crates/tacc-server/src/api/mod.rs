@@ -493,6 +493,11 @@ fn router_with(
         artifacts: crate::artifacts::Artifacts::of(&control),
         enrolments: crate::enrolment::Enrolments::of(&control),
     };
+    // What every answer waits for: the control plane's store synced, the sync timed.
+    let durable: Arc<dyn durable::Durable> = Arc::new(durable::StoreSync::new(
+        control.store.clone(),
+        control.metrics.clone(),
+    ));
     let mut router = Router::new();
     for (rule, handler) in declared {
         // The guard refuses a declared length past the limit before reading anything;
@@ -510,7 +515,7 @@ fn router_with(
         ))
         // Answers wait for their changes to be durable, many requests per sync.
         .layer(axum::middleware::from_fn_with_state(
-            Arc::new(durable::StoreSync::of(&control)) as Arc<dyn durable::Durable>,
+            durable,
             durable::durable_answers,
         ))
         .layer(axum::middleware::map_response_with_state(
