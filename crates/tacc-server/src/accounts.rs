@@ -260,31 +260,31 @@ pub async fn ensure_local_admin(
         .map_err(|e| ServerError::io(format!("cannot write {}", token_file.display()), e))
 }
 
-impl crate::Control {
-    /// The embedded cluster's identities: its local admin (token in `admin_token_file`)
-    /// and a short-lived join token for its own agent, bound to the agent's node name (so
-    /// the agent also enrols again with it when started with more capacity), returned.
-    pub async fn provision_local(
-        &self,
-        admin: &str,
-        admin_token_file: &Path,
-        node_name: &str,
-    ) -> Result<String, ServerError> {
-        let now = crate::now();
-        ensure_local_admin(self.store.as_ref(), admin, admin_token_file, now).await?;
-        let join = issue_join_token(
-            self.store.as_ref(),
-            admin,
-            Some(JOIN_TOKEN_DEFAULT_TTL_SECS),
-            JoinScope {
-                bound_node: Some(node_name.to_string()),
-                max_nodes: 1,
-            },
-            now,
-        )
-        .await?;
-        Ok(join.secret)
-    }
+/// The embedded cluster's identities, in `control`'s store: its local admin (token in
+/// `admin_token_file`) and a short-lived join token for its own agent, bound to the
+/// agent's node name (so the agent also enrols again with it when started with more
+/// capacity), returned.
+pub async fn provision_local(
+    control: &crate::Control,
+    admin: &str,
+    admin_token_file: &Path,
+    node_name: &str,
+) -> Result<String, ServerError> {
+    let now = crate::now();
+    let store = control.store.as_ref();
+    ensure_local_admin(store, admin, admin_token_file, now).await?;
+    let join = issue_join_token(
+        store,
+        admin,
+        Some(JOIN_TOKEN_DEFAULT_TTL_SECS),
+        JoinScope {
+            bound_node: Some(node_name.to_string()),
+            max_nodes: 1,
+        },
+        now,
+    )
+    .await?;
+    Ok(join.secret)
 }
 
 /// Write `secret` to `path` readable by its owner only, replacing it atomically.

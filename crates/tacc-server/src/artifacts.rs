@@ -1,14 +1,15 @@
-//! The compiler layer's share of the control plane: garbage collection of unreferenced
-//! chunks, the registry of datasets an administrator named, and re-running a task.
+//! The compiler layer's share of the server: garbage collection of unreferenced chunks
+//! ([`Artifacts`]), the registry of datasets an administrator named, and re-running a
+//! task.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use tacc_compiler::{ChunkHash, GcStats, Manifest};
+use tacc_compiler::{ChunkHash, DirChunkStore, GcStats, Manifest};
 use tacc_core::TaskId;
 use tacc_schema::TaskSpec;
-use tacc_store::TaskRecord;
+use tacc_store::{Store, TaskRecord};
 use tokio::sync::RwLock;
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +19,25 @@ use crate::{Control, ServerError};
 /// chunk between a commit's "every chunk is here" check and the snapshot becoming visible.
 pub(crate) static COMMIT_OR_COLLECT: RwLock<()> = RwLock::const_new(());
 
-impl Control {
+/// The chunk store and the snapshots that reference its chunks.
+#[derive(Debug, Clone)]
+pub(crate) struct Artifacts {
+    store: Arc<dyn Store>,
+    chunks: DirChunkStore,
+    /// Unreferenced chunks unused for this long are deleted.
+    retention: Duration,
+}
+
+impl Artifacts {
+    /// The artifacts of `control`'s store and chunk store, kept as configured.
+    pub(crate) fn of(control: &Control) -> Artifacts {
+        Artifacts {
+            store: control.store.clone(),
+            chunks: control.chunks.clone(),
+            retention: control.config.chunk_retention,
+        }
+    }
+
     /// One garbage-collection pass: removes chunks no committed snapshot references that
     /// were not written or offered within the retention period.
     pub async fn collect_garbage(&self) -> Result<GcStats, ServerError> {
@@ -38,7 +57,7 @@ impl Control {
             referenced.extend(manifest.chunk_set());
         }
         let unused_since = SystemTime::now()
-            .checked_sub(self.config.chunk_retention)
+            .checked_sub(self.retention)
             .unwrap_or(SystemTime::UNIX_EPOCH);
         let store = self.chunks.clone();
         let stats =
@@ -57,48 +76,50 @@ impl Control {
         }
         Ok(stats)
     }
+}
 
-    /// The task spec with every dataset source that names a registered dataset replaced
-    /// by the registered path or URL. Done once at submission, so the task (and every
-    /// rerun of it) keeps the data it was submitted with even if the registry changes.
-    pub(crate) fn resolve_registered_datasets(
-        &self,
-        mut spec: TaskSpec,
-    ) -> Result<TaskSpec, ServerError> {
-        let resolved = tacc_compiler::resolve_datasets(&spec.datasets, &self.config.datasets)
-            .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
-        for (dataset, mount) in spec.datasets.iter_mut().zip(resolved) {
-            dataset.source = mount.source;
-        }
-        Ok(spec)
+/// The task spec with every dataset source that names a registered dataset (of
+/// `registered`: name → path or URL) replaced by the registered path or URL. Done once at
+/// submission, so the task (and every rerun of it) keeps the data it was submitted with
+/// even if the registry changes.
+pub(crate) fn resolve_registered_datasets(
+    mut spec: TaskSpec,
+    registered: &BTreeMap<String, String>,
+) -> Result<TaskSpec, ServerError> {
+    let resolved = tacc_compiler::resolve_datasets(&spec.datasets, registered)
+        .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
+    for (dataset, mount) in spec.datasets.iter_mut().zip(resolved) {
+        dataset.source = mount.source;
     }
+    Ok(spec)
+}
 
-    /// Submit task `id` again as a new task: same spec (environment and datasets
-    /// included), same snapshot, same source directory.
-    pub async fn rerun(
-        &self,
-        id: TaskId,
-        user: &str,
-        keyed: Option<tacc_store::Keyed>,
-    ) -> Result<TaskRecord, ServerError> {
-        let record = self
-            .store
-            .get_task(id)
-            .await?
-            .ok_or(ServerError::TaskNotFound(id))?;
-        let spec: TaskSpec = serde_json::from_value(record.spec.clone()).map_err(|e| {
-            ServerError::Internal(format!("stored spec of task {id} is unreadable: {e}"))
-        })?;
-        // A rerun waits for capacity if the run before it did.
-        let wait_for_capacity = crate::control::Submission::of(&record).wait_for_capacity;
-        let options = crate::control::SubmitOptions {
-            source: record.source,
-            wait_for_capacity,
-            ..Default::default()
-        };
-        self.submit(user, spec, record.snapshot, options, keyed)
-            .await
-    }
+/// Submit task `id` again to `control` as a new task: same spec (environment and
+/// datasets included), same snapshot, same source directory.
+pub(crate) async fn rerun(
+    control: &Control,
+    id: TaskId,
+    user: &str,
+    keyed: Option<tacc_store::Keyed>,
+) -> Result<TaskRecord, ServerError> {
+    let record = control
+        .query()
+        .task(id)
+        .await?
+        .ok_or(ServerError::TaskNotFound(id))?;
+    let spec: TaskSpec = serde_json::from_value(record.spec.clone()).map_err(|e| {
+        ServerError::Internal(format!("stored spec of task {id} is unreadable: {e}"))
+    })?;
+    // A rerun waits for capacity if the run before it did.
+    let wait_for_capacity = crate::control::Submission::of(&record).wait_for_capacity;
+    let options = crate::control::SubmitOptions {
+        source: record.source,
+        wait_for_capacity,
+        ..Default::default()
+    };
+    control
+        .submit(user, spec, record.snapshot, options, keyed)
+        .await
 }
 
 /// How often garbage collection runs for a given retention: often enough that chunks do
@@ -108,14 +129,14 @@ pub(crate) fn gc_interval(retention: Duration) -> Duration {
 }
 
 /// Collect garbage every [`gc_interval`] until shut down.
-pub(crate) async fn run_gc(control: Arc<Control>, shutdown: CancellationToken) {
-    let mut tick = tokio::time::interval(gc_interval(control.config.chunk_retention));
+pub(crate) async fn run_gc(artifacts: Artifacts, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(gc_interval(artifacts.retention));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tick.tick() => {
-                if let Err(e) = control.collect_garbage().await {
+                if let Err(e) = artifacts.collect_garbage().await {
                     tracing::error!("{e}");
                 }
             }

@@ -7,11 +7,13 @@
 //! that enrols waits, with no work (so no task and no secret reaches it), until an admin
 //! approves it.
 
+use std::sync::Arc;
+
 use tacc_core::Resources;
 use tacc_proto::RegisterAgent;
-use tacc_store::{Enrolment, NodeEnrolment, NodeRecord, TokenKind};
+use tacc_store::{Enrolment, NodeEnrolment, NodeRecord, Store, TokenKind};
 
-use crate::auth::Caller;
+use crate::auth::{AuditTrail, Authenticator, Caller};
 use crate::{Control, ServerError};
 
 /// How a registration was admitted.
@@ -59,7 +61,28 @@ fn reenrol_hint(name: &str) -> String {
     )
 }
 
-impl Control {
+/// Who may register a node, and the credentials of enrolled nodes.
+#[derive(Debug, Clone)]
+pub(crate) struct Enrolments {
+    store: Arc<dyn Store>,
+    audit: Arc<AuditTrail>,
+    /// Forgets revoked credentials at once.
+    auth: Arc<Authenticator>,
+    /// Enrolled nodes wait for an admin's approval (`--require-node-approval`).
+    require_approval: bool,
+}
+
+impl Enrolments {
+    /// The enrolment of `control`'s store, audit trail and authenticator, as configured.
+    pub(crate) fn of(control: &Control) -> Enrolments {
+        Enrolments {
+            store: control.store.clone(),
+            audit: control.audit.clone(),
+            auth: control.auth.clone(),
+            require_approval: control.config.require_node_approval,
+        }
+    }
+
     /// May `caller` register `registration`, and as what?
     pub(crate) async fn admit_registration(
         &self,
@@ -142,7 +165,7 @@ impl Control {
                     .await?
                 {
                     Enrolment::Admitted => Ok(Admission::Enrol(NodeEnrolment {
-                        pending: self.config.require_node_approval,
+                        pending: self.require_approval,
                     })),
                     Enrolment::BoundToOther { bound } => {
                         refuse(format!("the join token is bound to node {bound}"));

@@ -195,8 +195,14 @@ pub(crate) fn spawn_background(
             }
         })
     };
-    let gc = tokio::spawn(artifacts::run_gc(control.clone(), shutdown.clone()));
-    let deliveries = tokio::spawn(notify::run_deliveries(control.clone(), shutdown.clone()));
+    let gc = tokio::spawn(artifacts::run_gc(
+        artifacts::Artifacts::of(&control),
+        shutdown.clone(),
+    ));
+    let deliveries = tokio::spawn(notify::run_deliveries(
+        notify::Notifier::of(&control),
+        shutdown.clone(),
+    ));
     let sweeps = tokio::spawn(control::run_sweeps(control, shutdown));
     vec![liveness, gc, deliveries, sweeps]
 }

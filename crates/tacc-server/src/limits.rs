@@ -3,10 +3,14 @@
 //! buckets live in memory; a restart refills them, which errs on the side of the user.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::ServerError;
+use tacc_core::TaskState;
+use tacc_store::{Store, TaskFilter};
+
+use crate::auth::UserCaller;
+use crate::{Control, ServerError};
 
 /// What each user may do; `taccd server --submit-rate/--submit-burst/--max-queued/--max-log`.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,6 +77,69 @@ impl SubmitBuckets {
             ),
             retry_after_secs: wait.max(1),
         })
+    }
+}
+
+/// The per-user gate in front of every submission: the rate limit, then the cap on
+/// queued tasks.
+#[derive(Debug, Clone)]
+pub(crate) struct SubmissionGate {
+    store: Arc<dyn Store>,
+    limits: UserLimits,
+    buckets: Arc<SubmitBuckets>,
+}
+
+impl SubmissionGate {
+    /// The gate of `control`'s store and configured limits, with full buckets.
+    pub(crate) fn of(control: &Control) -> SubmissionGate {
+        SubmissionGate {
+            store: control.store.clone(),
+            limits: control.config.limits.clone(),
+            buckets: Arc::default(),
+        }
+    }
+
+    /// One submission of one task.
+    pub(crate) async fn admit(&self, user: &UserCaller) -> Result<(), ServerError> {
+        self.admit_tasks(user, 1).await
+    }
+
+    /// Admit one submission of `tasks` tasks (an array is one submission of many).
+    pub(crate) async fn admit_tasks(
+        &self,
+        user: &UserCaller,
+        tasks: u64,
+    ) -> Result<(), ServerError> {
+        let limits = &self.limits;
+        self.buckets.take(&user.name, limits, Instant::now())?;
+        let queued = self
+            .store
+            .count_tasks(&TaskFilter {
+                states: vec![TaskState::Queued],
+                user: Some(user.name.clone()),
+                ..Default::default()
+            })
+            .await?;
+        if queued + tasks > u64::from(limits.max_queued) {
+            let message = if tasks > 1 {
+                format!(
+                    "user {} has {queued} queued tasks; {tasks} more would pass the {} this \
+                     cluster allows: submit a smaller array, or wait for some to start",
+                    user.name, limits.max_queued
+                )
+            } else {
+                format!(
+                    "user {} already has {queued} queued tasks, the most this cluster allows; \
+                     wait for some to start or cancel some",
+                    user.name
+                )
+            };
+            return Err(ServerError::TooManyRequests {
+                message,
+                retry_after_secs: 30,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -7,14 +7,17 @@
 //! or free text: a pending reason is reduced to its kind by [`reason_kind`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use tacc_core::{AttemptNo, NodeId, TaskState, Timestamp};
-use tacc_store::TaskFilter;
+use tacc_proto::NodeView;
+use tacc_store::{Store, TaskFilter};
 
+use crate::usage::UsageBook;
 use crate::{Control, ServerError};
 
 /// The states `tacc_nodes` reports (as `GET /v1/nodes` names them), each always present.
@@ -252,9 +255,32 @@ struct NodeGauges {
     allocated: i64,
 }
 
-impl Control {
-    /// `GET /metrics`: refresh what describes the present, then encode everything.
-    pub(crate) async fn metrics_text(&self) -> Result<String, ServerError> {
+/// The scrape (`GET /metrics`): the counted events of [`Metrics`], and the present read
+/// from the store, the usage book and the control plane's view of the nodes.
+#[derive(Debug, Clone)]
+pub(crate) struct MetricsExport {
+    metrics: Arc<Metrics>,
+    store: Arc<dyn Store>,
+    usage: Arc<UsageBook>,
+}
+
+impl MetricsExport {
+    /// The export of `control`'s metrics, store and usage book.
+    pub(crate) fn of(control: &Control) -> MetricsExport {
+        MetricsExport {
+            metrics: control.metrics.clone(),
+            store: control.store.clone(),
+            usage: control.usage.clone(),
+        }
+    }
+
+    /// Refresh what describes the present, then encode everything. `nodes` and `names`
+    /// are the control plane's (`Control::node_views`, `Control::node_names`).
+    pub(crate) async fn text(
+        &self,
+        nodes: Vec<NodeView>,
+        names: &BTreeMap<NodeId, String>,
+    ) -> Result<String, ServerError> {
         let metrics = &self.metrics;
         let _one = metrics.scrape.lock().await;
         for state in TaskState::ALL {
@@ -286,9 +312,7 @@ impl Control {
         for (kind, count) in by_kind {
             metrics.queued.with_label_values(&[kind]).set(count);
         }
-        let nodes: Vec<(String, NodeGauges)> = self
-            .node_views()
-            .await
+        let nodes: Vec<(String, NodeGauges)> = nodes
             .into_iter()
             .map(|view| {
                 let gauges = NodeGauges {
@@ -305,7 +329,6 @@ impl Control {
             .into_iter()
             .map(|(node, gpus)| (node, gpus.percent_total()))
             .collect();
-        let names = self.node_names().await;
         let mut by_state: BTreeMap<&str, i64> = NODE_STATES.iter().map(|s| (*s, 0)).collect();
         // A node that left must not linger with its last values.
         metrics.node_gpus.reset();

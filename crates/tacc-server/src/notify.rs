@@ -22,9 +22,12 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use tacc_core::{GroupId, TaskId, TaskState, Timestamp};
 use tacc_schema::NotifySpec;
-use tacc_store::{DeliveryOutcome, DeliveryRecord, NewDelivery, TaskChange, TaskFilter};
+use tacc_store::{DeliveryOutcome, DeliveryRecord, NewDelivery, Store, TaskChange, TaskFilter};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::AuditTrail;
+use crate::secrets::SecretBox;
+use crate::webhook_destination::WebhookPolicy;
 use crate::{Control, ServerError};
 
 /// The header carrying the body's signature.
@@ -60,172 +63,189 @@ fn notify_of(spec: &serde_json::Value) -> Option<NotifySpec> {
     serde_json::from_value(spec.get("notify")?.clone()).ok()
 }
 
-impl Control {
-    /// The notifications `changes` call for, to commit with them: one per task that ends
-    /// with a `notify:`, and one per group whose last unfinished elements end here.
-    pub(crate) async fn notifications_for(
-        &self,
-        changes: &[TaskChange],
-    ) -> Result<Vec<TaskChange>, ServerError> {
-        // A task's last transition in the batch is where it stays (a failure followed by
-        // its retry's requeue is no end).
-        let mut last: BTreeMap<TaskId, TaskState> = BTreeMap::new();
-        for change in changes {
-            if let TaskChange::Transition(t) = change {
-                last.insert(t.task, t.to);
-            }
+/// The notifications `changes` call for, to commit with them: one per task that ends
+/// with a `notify:`, and one per group whose last unfinished elements end here. Read
+/// from `control`'s store; `control` also says when a pipeline has ended.
+pub(crate) async fn notifications_for(
+    control: &Control,
+    changes: &[TaskChange],
+) -> Result<Vec<TaskChange>, ServerError> {
+    let store = &*control.store;
+    // A task's last transition in the batch is where it stays (a failure followed by
+    // its retry's requeue is no end).
+    let mut last: BTreeMap<TaskId, TaskState> = BTreeMap::new();
+    for change in changes {
+        if let TaskChange::Transition(t) = change {
+            last.insert(t.task, t.to);
         }
-        let ended: Vec<TaskId> = last
-            .iter()
-            .filter(|(_, state)| state.is_terminal())
-            .map(|(task, _)| *task)
-            .collect();
-        if ended.is_empty() {
-            return Ok(Vec::new());
+    }
+    let ended: Vec<TaskId> = last
+        .iter()
+        .filter(|(_, state)| state.is_terminal())
+        .map(|(task, _)| *task)
+        .collect();
+    if ended.is_empty() {
+        return Ok(Vec::new());
+    }
+    let at = crate::control::now();
+    let mut out = Vec::new();
+    let mut groups: BTreeMap<GroupId, u64> = BTreeMap::new();
+    for task in ended {
+        let Some(record) = store.get_task(task).await? else {
+            continue;
+        };
+        if let Some(group) = record.group {
+            *groups.entry(group).or_insert(0) += 1;
+            continue;
         }
-        let at = crate::control::now();
-        let mut out = Vec::new();
-        let mut groups: BTreeMap<GroupId, u64> = BTreeMap::new();
-        for task in ended {
-            let Some(record) = self.store.get_task(task).await? else {
-                continue;
-            };
-            if let Some(group) = record.group {
-                *groups.entry(group).or_insert(0) += 1;
-                continue;
+        let Some(notify) = notify_of(&record.spec) else {
+            continue;
+        };
+        let state = last[&task];
+        let body = serde_json::json!({
+            "event": "task.ended",
+            "at": at,
+            "task": {
+                "id": record.id,
+                "name": record.name,
+                "user": record.user,
+                "state": state,
+                "attempt": record.attempt,
+                "exit_code": changes.iter().rev().find_map(|c| match c {
+                    TaskChange::Transition(t) if t.task == task => Some(t.exit_code),
+                    _ => None,
+                }).flatten(),
+                "reason": changes.iter().rev().find_map(|c| match c {
+                    TaskChange::Transition(t) if t.task == task => Some(t.reason.clone()),
+                    _ => None,
+                }).flatten(),
+                "submitted_at": record.submitted_at,
+                "started_at": record.started_at,
             }
-            let Some(notify) = notify_of(&record.spec) else {
-                continue;
-            };
-            let state = last[&task];
-            let body = serde_json::json!({
-                "event": "task.ended",
-                "at": at,
-                "task": {
-                    "id": record.id,
-                    "name": record.name,
-                    "user": record.user,
-                    "state": state,
-                    "attempt": record.attempt,
-                    "exit_code": changes.iter().rev().find_map(|c| match c {
-                        TaskChange::Transition(t) if t.task == task => Some(t.exit_code),
-                        _ => None,
-                    }).flatten(),
-                    "reason": changes.iter().rev().find_map(|c| match c {
-                        TaskChange::Transition(t) if t.task == task => Some(t.reason.clone()),
-                        _ => None,
-                    }).flatten(),
-                    "submitted_at": record.submitted_at,
-                    "started_at": record.started_at,
-                }
-            });
-            out.push(delivery(
-                format!("task:{task}"),
-                &record.user,
-                notify,
-                body,
-                at,
-            ));
+        });
+        out.push(delivery(
+            format!("task:{task}"),
+            &record.user,
+            notify,
+            body,
+            at,
+        ));
+    }
+    let mut pipelines: BTreeSet<GroupId> = BTreeSet::new();
+    for (group, ending) in groups {
+        // Most groups notify nothing: look at the group before counting its elements.
+        let Some(record) = store.get_group(group).await? else {
+            continue;
+        };
+        // A pipeline ends with its last stage, wherever that stage's tasks are.
+        if record.kind == tacc_store::GroupKind::Pipeline {
+            pipelines.insert(group);
+            continue;
         }
-        let mut pipelines: BTreeSet<GroupId> = BTreeSet::new();
-        for (group, ending) in groups {
-            // Most groups notify nothing: look at the group before counting its elements.
-            let Some(record) = self.store.get_group(group).await? else {
-                continue;
-            };
-            // A pipeline ends with its last stage, wherever that stage's tasks are.
-            if record.kind == tacc_store::GroupKind::Pipeline {
-                pipelines.insert(group);
-                continue;
-            }
-            if let Some(stage) = self
-                .store
-                .stage_of(tacc_store::StageSource::Group(group))
-                .await?
-            {
-                pipelines.insert(stage.pipeline);
-                continue;
-            }
-            let Some(notify) = notify_of(&record.spec) else {
-                continue;
-            };
-            // A sweep has ended only once every trial has been launched.
-            if record.kind == tacc_store::GroupKind::Sweep && !Control::sweep_launched_all(&record)
-            {
-                continue;
-            }
-            let unfinished = self
-                .store
-                .count_tasks(&TaskFilter {
-                    group: Some(group),
-                    states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
-                    ..Default::default()
-                })
-                .await?;
-            if unfinished > ending {
-                continue;
-            }
-            let counts = self.store.group_counts(group).await?;
-            let counts = settle_counts(counts, changes, group, &last, self).await?;
-            let counts: BTreeMap<&str, u64> =
-                counts.iter().map(|(s, n)| (s.as_str(), *n)).collect();
-            let body = serde_json::json!({
-                "event": "group.ended",
-                "at": at,
-                "group": {
-                    "id": record.id.to_string(),
-                    "kind": record.kind,
-                    "name": record.name,
-                    "user": record.user,
-                    "size": record.size,
-                    "counts": counts,
-                }
-            });
-            out.push(delivery(
-                format!("group:{}", group.0),
-                &record.user,
-                notify,
-                body,
-                at,
-            ));
+        if let Some(stage) = store
+            .stage_of(tacc_store::StageSource::Group(group))
+            .await?
+        {
+            pipelines.insert(stage.pipeline);
+            continue;
         }
-        for pipeline in pipelines {
-            let Some(record) = self.store.get_group(pipeline).await? else {
-                continue;
-            };
-            let Some(notify) = notify_of(&record.spec) else {
-                continue;
-            };
-            let Some(stages) = self.pipeline_end(pipeline, changes).await? else {
-                continue;
-            };
-            let state = if stages.values().all(|s| s == "succeeded" || s == "cached") {
-                "succeeded"
-            } else if stages.values().any(|s| s == "cancelled") {
-                "cancelled"
-            } else {
-                "failed"
-            };
-            let body = serde_json::json!({
-                "event": "pipeline.ended",
-                "at": at,
-                "pipeline": {
-                    "id": record.id.to_string(),
-                    "name": record.name,
-                    "user": record.user,
-                    "state": state,
-                    "stages": stages,
-                }
-            });
-            out.push(delivery(
-                format!("pipeline:{}", pipeline.0),
-                &record.user,
-                notify,
-                body,
-                at,
-            ));
+        let Some(notify) = notify_of(&record.spec) else {
+            continue;
+        };
+        // A sweep has ended only once every trial has been launched.
+        if record.kind == tacc_store::GroupKind::Sweep && !Control::sweep_launched_all(&record) {
+            continue;
         }
-        Ok(out)
+        let unfinished = store
+            .count_tasks(&TaskFilter {
+                group: Some(group),
+                states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await?;
+        if unfinished > ending {
+            continue;
+        }
+        let counts = store.group_counts(group).await?;
+        let counts = settle_counts(counts, changes, group, &last, store).await?;
+        let counts: BTreeMap<&str, u64> = counts.iter().map(|(s, n)| (s.as_str(), *n)).collect();
+        let body = serde_json::json!({
+            "event": "group.ended",
+            "at": at,
+            "group": {
+                "id": record.id.to_string(),
+                "kind": record.kind,
+                "name": record.name,
+                "user": record.user,
+                "size": record.size,
+                "counts": counts,
+            }
+        });
+        out.push(delivery(
+            format!("group:{}", group.0),
+            &record.user,
+            notify,
+            body,
+            at,
+        ));
+    }
+    for pipeline in pipelines {
+        let Some(record) = store.get_group(pipeline).await? else {
+            continue;
+        };
+        let Some(notify) = notify_of(&record.spec) else {
+            continue;
+        };
+        let Some(stages) = control.pipeline_end(pipeline, changes).await? else {
+            continue;
+        };
+        let state = if stages.values().all(|s| s == "succeeded" || s == "cached") {
+            "succeeded"
+        } else if stages.values().any(|s| s == "cancelled") {
+            "cancelled"
+        } else {
+            "failed"
+        };
+        let body = serde_json::json!({
+            "event": "pipeline.ended",
+            "at": at,
+            "pipeline": {
+                "id": record.id.to_string(),
+                "name": record.name,
+                "user": record.user,
+                "state": state,
+                "stages": stages,
+            }
+        });
+        out.push(delivery(
+            format!("pipeline:{}", pipeline.0),
+            &record.user,
+            notify,
+            body,
+            at,
+        ));
+    }
+    Ok(out)
+}
+
+/// Webhook deliveries: signed with the owner's secret, sent where the operator allows.
+#[derive(Debug, Clone)]
+pub(crate) struct Notifier {
+    store: Arc<dyn Store>,
+    audit: Arc<AuditTrail>,
+    seal: SecretBox,
+    webhooks: WebhookPolicy,
+}
+
+impl Notifier {
+    /// The deliveries of `control`'s outbox, signed with its secrets, as configured.
+    pub(crate) fn of(control: &Control) -> Notifier {
+        Notifier {
+            store: control.store.clone(),
+            audit: control.audit.clone(),
+            seal: control.secret_box.clone(),
+            webhooks: control.config.webhooks.clone(),
+        }
     }
 
     /// One try of one delivery: sign with the owner's secret, post, and record how it went.
@@ -278,8 +298,7 @@ impl Control {
     ) -> Result<(), Failure> {
         // A literal address is never resolved, so the resolver cannot check it: here.
         if let Some(ip) = crate::webhook_destination::literal_host(&delivery.url) {
-            self.config
-                .webhooks
+            self.webhooks
                 .permits(ip)
                 .map_err(|why| Failure::Refused(why.to_string()))?;
         }
@@ -295,10 +314,7 @@ impl Control {
                     delivery.secret, delivery.user, delivery.secret
                 )
             })?;
-        let key = self
-            .secret_box
-            .open_value(&secret)
-            .map_err(|e| e.to_string())?;
+        let key = self.seal.open_value(&secret).map_err(|e| e.to_string())?;
         let response = client
             .post(&delivery.url)
             .header("Content-Type", "application/json")
@@ -359,7 +375,7 @@ async fn settle_counts(
     changes: &[TaskChange],
     group: GroupId,
     last: &BTreeMap<TaskId, TaskState>,
-    control: &Control,
+    store: &dyn Store,
 ) -> Result<BTreeMap<TaskState, u64>, ServerError> {
     let touched: BTreeSet<TaskId> = changes
         .iter()
@@ -369,7 +385,7 @@ async fn settle_counts(
         })
         .collect();
     for task in touched {
-        let Some(record) = control.store.get_task(task).await? else {
+        let Some(record) = store.get_task(task).await? else {
             continue;
         };
         if record.group != Some(group) {
@@ -433,9 +449,9 @@ fn delivery(
 }
 
 /// Deliver due notifications until `shutdown`.
-pub(crate) async fn run_deliveries(control: Arc<Control>, shutdown: CancellationToken) {
+pub(crate) async fn run_deliveries(notifier: Notifier, shutdown: CancellationToken) {
     let resolver = crate::webhook_destination::CheckedResolver {
-        policy: Arc::new(control.config.webhooks.clone()),
+        policy: Arc::new(notifier.webhooks.clone()),
     };
     let client = match reqwest::Client::builder()
         .timeout(DELIVERY_TIMEOUT)
@@ -459,13 +475,13 @@ pub(crate) async fn run_deliveries(control: Arc<Control>, shutdown: Cancellation
             _ = tick.tick() => {}
         }
         // A notification says a task ended: it leaves only once that end is durable.
-        let due = match control
+        let due = match notifier
             .store
             .due_deliveries(crate::control::now(), BATCH)
             .await
         {
             Ok(due) if due.is_empty() => continue,
-            Ok(due) => match control.store.sync().await {
+            Ok(due) => match notifier.store.sync().await {
                 Ok(()) => due,
                 Err(e) => {
                     tracing::error!("cannot make the notification outbox durable: {e}");
@@ -477,7 +493,7 @@ pub(crate) async fn run_deliveries(control: Arc<Control>, shutdown: Cancellation
                 continue;
             }
         };
-        let tries = due.into_iter().map(|d| control.deliver(&client, d));
+        let tries = due.into_iter().map(|d| notifier.deliver(&client, d));
         futures::future::join_all(tries).await;
     }
 }

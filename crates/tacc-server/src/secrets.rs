@@ -4,14 +4,17 @@
 //! open. Values leave the server only inside the assignment sent to the node running the
 //! task that names them.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use rand::TryRngCore;
-use tacc_store::SecretRecord;
+use tacc_schema::TaskSpec;
+use tacc_store::{SecretRecord, Store, TaskRecord};
 
 use crate::ServerError;
+use crate::logs::LogBook;
 
 /// Longest secret value accepted.
 pub const MAX_SECRET_BYTES: usize = 64 * 1024;
@@ -156,6 +159,42 @@ impl SecretBox {
                 record.name, record.user
             ))
         })
+    }
+}
+
+impl SecretBox {
+    /// The values of the secrets a task names, for its assignments. A secret deleted
+    /// since the submission is left out, and the task's log (in `logs`) says so.
+    pub(crate) async fn task_secrets(
+        &self,
+        store: &dyn Store,
+        logs: &LogBook,
+        record: &TaskRecord,
+        spec: &TaskSpec,
+    ) -> BTreeMap<String, String> {
+        let mut values = BTreeMap::new();
+        for name in &spec.environment.secrets {
+            let opened = match store.get_secret(&record.user, name).await {
+                Ok(Some(sealed)) => self.open_value(&sealed),
+                Ok(None) => Err(ServerError::NotFound(format!(
+                    "secret {name} no longer exists (set it again with `tcloud secret set {name}`)"
+                ))),
+                Err(e) => Err(e.into()),
+            };
+            match opened {
+                Ok(value) => {
+                    values.insert(name.clone(), value);
+                }
+                Err(e) => {
+                    let line =
+                        format!("[tacc] secret {name} is not available to this attempt: {e}\n");
+                    if let Err(io) = logs.append(record.id, &line) {
+                        tracing::error!("cannot write the log of task {}: {io}", record.id);
+                    }
+                }
+            }
+        }
+        values
     }
 }
 

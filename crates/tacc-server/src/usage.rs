@@ -15,7 +15,7 @@
 //! first.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tacc_core::{AttemptNo, NodeId, TaskId, TaskState, Timestamp};
@@ -24,8 +24,10 @@ use tacc_proto::{
     UsageSample,
 };
 use tacc_schema::TaskSpec;
-use tacc_store::UsagePeak;
+use tacc_store::{Store, TaskRecord, UsagePeak};
 
+use crate::clock::Clock;
+use crate::metrics::Metrics;
 use crate::{Control, ServerError};
 
 /// Below this a rank counts as using no CPU (a process blocked on I/O or a lock uses
@@ -640,15 +642,21 @@ fn peak_view(peak: &UsagePeak) -> UsagePeakView {
     }
 }
 
-impl Control {
+impl UsageBook {
     /// An agent's usage sample: taken only for an attempt of the node's own that is
     /// still starting or running, for the rank the node holds in it. `false`: refused.
-    pub(crate) async fn accept_usage(
+    /// `record` is the sample's task as the control plane has it; the peak worth keeping
+    /// goes to `store`, the GPU time to `metrics`.
+    pub(crate) async fn accept(
         &self,
+        store: &dyn Store,
+        metrics: &Metrics,
+        clock: &dyn Clock,
+        record: Option<&TaskRecord>,
         node: NodeId,
         sample: UsageSample,
     ) -> Result<bool, ServerError> {
-        let Some(record) = self.task_record(sample.attempt.task).await? else {
+        let Some(record) = record else {
             return Ok(false);
         };
         let holds_rank = record
@@ -658,46 +666,63 @@ impl Control {
         if record.attempt != sample.attempt.attempt || !record.state.is_active() || !holds_rank {
             return Ok(false);
         }
-        let (peak, gpu_time) =
-            self.usage
-                .record(node, sample, self.clock.now(), self.clock.instant());
+        let (peak, gpu_time) = self.record(node, sample, clock.now(), clock.instant());
         if gpu_time.allocated_ms > 0 {
-            self.metrics.gpu_time(
+            metrics.gpu_time(
                 &record.user,
                 Duration::from_millis(gpu_time.allocated_ms),
                 Duration::from_millis(gpu_time.busy_ms),
             );
         }
         if let Some(peak) = peak {
-            self.store.record_usage_peak(peak).await?;
+            store.record_usage_peak(peak).await?;
         }
         Ok(true)
     }
 
     /// A node reported the end of its rank of `attempt` (an accepted report): the first
-    /// failure is flagged, and the attempt's peaks are kept exactly.
-    pub(crate) async fn note_rank_finished(
+    /// failure is flagged, and the attempt's peaks are kept exactly (in `store`).
+    /// `record` is the attempt's task as the control plane has it.
+    pub(crate) async fn end_rank(
         &self,
+        store: &dyn Store,
+        record: Option<&TaskRecord>,
         node: NodeId,
         attempt: AttemptRef,
         outcome: &AttemptOutcome,
         at: Timestamp,
     ) -> Result<(), ServerError> {
         if let Some(what) = failure_of(outcome) {
-            let record = self.task_record(attempt.task).await?;
-            let rank = record
-                .as_ref()
-                .and_then(|r| r.placements.iter().position(|p| p.node == node));
+            let rank = record.and_then(|r| r.placements.iter().position(|p| p.node == node));
             if let Some(rank) = rank {
-                self.usage
-                    .note_failure(attempt, rank as u32, node, at, what);
+                self.note_failure(attempt, rank as u32, node, at, what);
             }
         }
-        self.adaptive.end(attempt);
-        for peak in self.usage.end_attempt(attempt) {
-            self.store.record_usage_peak(peak).await?;
+        for peak in self.end_attempt(attempt) {
+            store.record_usage_peak(peak).await?;
         }
         Ok(())
+    }
+}
+
+/// What tasks use, as `GET /v1/tasks/{id}/usage` and the dashboard show it: the usage
+/// book's samples, flags and peaks beside the peaks and rank ends the store kept.
+#[derive(Debug, Clone)]
+pub(crate) struct UsageService {
+    book: Arc<UsageBook>,
+    store: Arc<dyn Store>,
+    /// A running rank quiet this long is flagged silent.
+    silent_after: Duration,
+}
+
+impl UsageService {
+    /// The usage of `control`'s book, store and configuration.
+    pub(crate) fn of(control: &Control) -> UsageService {
+        UsageService {
+            book: control.usage.clone(),
+            store: control.store.clone(),
+            silent_after: control.config.silent_after,
+        }
     }
 
     /// The "failed first" flags of a multi-node task's attempts that memory no longer
@@ -752,14 +777,19 @@ impl Control {
         Ok(flags)
     }
 
-    /// `GET /v1/tasks/{id}/usage`.
-    pub async fn task_usage(&self, task: TaskId) -> Result<TaskUsage, ServerError> {
+    /// `GET /v1/tasks/{id}/usage`. `control` says what the control plane knows now: the
+    /// allocation in force, the nodes' names, the ranks already finished.
+    pub(crate) async fn task_usage(
+        &self,
+        control: &Control,
+        task: TaskId,
+    ) -> Result<TaskUsage, ServerError> {
         let record = self
             .store
             .get_task(task)
             .await?
             .ok_or(ServerError::TaskNotFound(task))?;
-        let adaptive = self.adaptive_view(task).await.ok();
+        let adaptive = control.adaptive_view(task).await.ok();
         // What each rank holds now: after a resize that is the new allocation, not what
         // the task file asked for.
         let allocated = match &adaptive {
@@ -768,9 +798,9 @@ impl Control {
                 .map(|spec| spec.resources.per_node())
                 .unwrap_or(tacc_core::Resources::ZERO),
         };
-        let names = self.node_names().await;
-        let silent_after = self.config.silent_after;
-        let (ranks, live_peaks, flags) = self.usage.view(
+        let names = control.node_names().await;
+        let silent_after = self.silent_after;
+        let (ranks, live_peaks, flags) = self.book.view(
             task,
             record.attempt,
             record.state,
@@ -780,7 +810,11 @@ impl Control {
         );
         let flags = self.with_kept_failures(&record, flags, &names).await?;
         let finished_ranks = if record.state.is_active() {
-            self.finished_ranks_of(&record).await?.into_keys().collect()
+            control
+                .finished_ranks_of(&record)
+                .await?
+                .into_keys()
+                .collect()
         } else {
             Vec::new()
         };

@@ -839,13 +839,13 @@ async fn run_dev(
         mut serving,
     } = start_server(&server, Some(cluster_stop.clone()), shutdown.clone()).await?;
     let node_name = node.name.clone().unwrap_or_else(host_name);
-    let join = control
-        .provision_local(
-            &admin_user,
-            &server.data_dir.join("admin.token"),
-            &node_name,
-        )
-        .await?;
+    let join = tacc_server::accounts::provision_local(
+        &control,
+        &admin_user,
+        &server.data_dir.join("admin.token"),
+        &node_name,
+    )
+    .await?;
     let heartbeat = Duration::from_secs(server.heartbeat_timeout);
     // Only an explicit stop (`tcloud down`) stops the agent: a signal stops this server
     // alone, and the agent and its tasks wait for the next one (an upgrade).

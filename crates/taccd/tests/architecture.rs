@@ -261,3 +261,88 @@ fn the_api_reads_through_the_query_module_and_names_no_store_elsewhere() {
     }
     assert!(checked >= 20, "only {checked} API files found");
 }
+
+/// Whether `line` opens an `impl` block of `Control` (`impl Control`, `impl crate::Control`,
+/// `impl Trait for Control`, with or without generics).
+fn implements_control(line: &str) -> bool {
+    let line = line.split("//").next().unwrap_or_default().trim_start();
+    let Some(rest) = line.strip_prefix("impl") else {
+        return false;
+    };
+    if !(rest.starts_with(' ') || rest.starts_with('<')) {
+        return false;
+    }
+    let head = rest.split('{').next().unwrap_or_default();
+    let target = match head.rsplit_once(" for ") {
+        Some((_, target)) => target,
+        None => head,
+    };
+    target
+        .split_whitespace()
+        .next_back()
+        .is_some_and(|name| name == "Control" || name.ends_with("::Control"))
+}
+
+/// The control plane is one type whose methods live in `control/` (issue 23: in at most
+/// two files there); the services around it (usage, metrics, accounting, enrolment,
+/// notifications, chunk access, artifacts…) are types of their own, never more methods of
+/// `Control` in another file.
+#[test]
+fn control_is_implemented_only_under_control() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tacc-server/src");
+    let control_dir = src.join("control");
+    let mut files = vec![src.clone()];
+    let mut checked = 0;
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            if path != control_dir {
+                files.extend(
+                    std::fs::read_dir(&path)
+                        .unwrap()
+                        .flatten()
+                        .map(|e| e.path()),
+                );
+            }
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        checked += 1;
+        for (number, line) in text.lines().enumerate() {
+            assert!(
+                !implements_control(line),
+                "{}:{}: `{}`: methods of `Control` belong in control/; make this a \
+                 service of its own (see docs/ARCHITECTURE.md)",
+                path.display(),
+                number + 1,
+                line.trim()
+            );
+        }
+    }
+    assert!(checked >= 30, "only {checked} server files found");
+}
+
+#[test]
+fn impl_blocks_of_control_are_recognised_in_every_spelling() {
+    for line in [
+        "impl Control {",
+        "impl crate::Control {",
+        "impl crate::control::Control {",
+        "impl Durable for Control {",
+        "impl<'a> Trait<'a> for crate::Control {",
+        "    impl Control {",
+    ] {
+        assert!(implements_control(line), "{line}");
+    }
+    for line in [
+        "impl ControlPlane {",
+        "impl Durable for StoreSync {",
+        "// impl Control {",
+        "implements Control",
+        "let control = Control::open(store, config).await?;",
+    ] {
+        assert!(!implements_control(line), "{line}");
+    }
+}

@@ -1,22 +1,28 @@
 //! Usage accounting and fair-share standing, for `tcloud usage` and the dashboard: what
 //! each user and group was allocated over a window (like Slurm's `sreport`, computed from
 //! the task events in the store by [`charge`]), and the scheduler's fair-share standing
-//! (like `sshare`). Both are plain functions of [`Control`], filtered by who asks: a user
-//! sees their own, a group admin their group's, an admin everyone's.
+//! (like `sshare`). Both are answered by [`Accounting`], a service of the API's state
+//! that reads the store and the usage book, filtered by who asks: a user sees their own, a
+//! group admin their group's, an admin everyone's.
 
 pub mod charge;
 pub mod window;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use tacc_core::Role;
 use tacc_proto::{
     AllocatedNow, FairShareReport, GroupShare, QuotaLimits, UsageBy, UsageQuery, UsageReport,
     UserShare,
 };
+use tacc_scheduler::{FairShareStanding, UserConfig};
 use tacc_schema::TaskSpec;
+use tacc_store::Store;
 
 use crate::auth::{UserCaller, may_act_for};
+use crate::clock::Clock;
+use crate::usage::UsageBook;
 use crate::{Control, ServerError};
 use charge::{Allocation, Ledger, attempt_spans, bucket_secs_for};
 
@@ -27,7 +33,29 @@ struct Groups {
     identity: BTreeMap<String, Option<String>>,
 }
 
-impl Control {
+/// Usage reports and fair-share standing (`GET /v1/usage`, `/v1/usage/fairshare`).
+#[derive(Debug, Clone)]
+pub(crate) struct Accounting {
+    store: Arc<dyn Store>,
+    /// GPU time sampled so far of attempts still running.
+    usage: Arc<UsageBook>,
+    /// The configuration file's users (`[users.NAME] group`); shared, as the API's state
+    /// is cloned for every request.
+    configured: Arc<BTreeMap<String, UserConfig>>,
+    clock: Arc<dyn Clock>,
+}
+
+impl Accounting {
+    /// The accounting of `control`'s store, usage book, configuration and clock.
+    pub(crate) fn of(control: &Control) -> Accounting {
+        Accounting {
+            store: control.store.clone(),
+            usage: control.usage.clone(),
+            configured: Arc::new(control.config.scheduler.users.clone()),
+            clock: control.clock.clone(),
+        }
+    }
+
     async fn identity_groups(&self) -> Result<Groups, ServerError> {
         let identity = self
             .store
@@ -44,9 +72,7 @@ impl Control {
     /// such a user (`SchedulerConfig::group_of`) — a group of their own, named after them.
     fn accounting_group(&self, groups: &Groups, user: &str) -> Option<String> {
         let group = self
-            .config
-            .scheduler
-            .users
+            .configured
             .get(user)
             .and_then(|u| u.group.clone())
             .or_else(|| groups.identity.get(user).cloned().flatten())
@@ -56,7 +82,7 @@ impl Control {
 
     /// `GET /v1/usage`: allocated CPU-, GPU- and memory-hours in the query's window, by
     /// user or group, over the users `caller` may see.
-    pub async fn usage_report(
+    pub(crate) async fn usage_report(
         &self,
         caller: &UserCaller,
         query: &UsageQuery,
@@ -166,12 +192,13 @@ impl Control {
 
     /// `GET /v1/usage/fairshare`: the scheduler's fair-share standing, limits and what is
     /// held now. A user sees their own line and their group's; a group admin their
-    /// group's users and the group; an admin everything.
-    pub async fn fairshare_report(
+    /// group's users and the group; an admin everything. `standing` is the scheduler's,
+    /// as of now (`Control::fairshare_standing`).
+    pub(crate) async fn fairshare_report(
         &self,
         caller: &UserCaller,
+        standing: FairShareStanding,
     ) -> Result<FairShareReport, ServerError> {
-        let standing = self.fairshare_standing(crate::now()).await;
         let groups = self.identity_groups().await?;
         // The group the scheduler charges a user's tasks to (their own name when none).
         let charged_group = |user: &str| {

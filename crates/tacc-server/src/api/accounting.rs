@@ -11,7 +11,7 @@ pub(super) async fn usage_report(
     Query(query): Query<UsageQuery>,
 ) -> ApiResult<Json<UsageReport>> {
     let user = user_of(&caller)?;
-    Ok(Json(app.control.usage_report(user, &query).await?))
+    Ok(Json(app.accounting.usage_report(user, &query).await?))
 }
 
 pub(super) async fn fairshare_report(
@@ -19,5 +19,6 @@ pub(super) async fn fairshare_report(
     Extension(caller): Extension<Caller>,
 ) -> ApiResult<Json<FairShareReport>> {
     let user = user_of(&caller)?;
-    Ok(Json(app.control.fairshare_report(user).await?))
+    let standing = app.control.fairshare_standing(crate::now()).await;
+    Ok(Json(app.accounting.fairshare_report(user, standing).await?))
 }

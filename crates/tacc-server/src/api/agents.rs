@@ -13,7 +13,7 @@ pub(super) async fn register_agent(
     Extension(caller): Extension<Caller>,
     Json(body): Json<RegisterAgent>,
 ) -> ApiResult<Json<AgentRegistered>> {
-    let admission = app.control.admit_registration(&caller, &body).await?;
+    let admission = app.enrolments.admit_registration(&caller, &body).await?;
     let gpus = body.gpus.clone();
     let enrolment = match admission {
         Admission::Enrol(enrolment) => Some(enrolment),
@@ -24,7 +24,11 @@ pub(super) async fn register_agent(
         .usage
         .register_node(record.id, record.name.clone(), gpus);
     let node_token = match admission {
-        Admission::Enrol(_) => Some(app.control.issue_node_credential(&caller, &record).await?),
+        Admission::Enrol(_) => Some(
+            app.enrolments
+                .issue_node_credential(&caller, &record)
+                .await?,
+        ),
         Admission::Restart => None,
     };
     Ok(Json(AgentRegistered {

@@ -75,7 +75,7 @@ pub(super) async fn collect_garbage(
             "admin.gc",
             "chunks".into(),
             "a garbage-collection pass".into(),
-            app.control.collect_garbage(),
+            app.artifacts.collect_garbage(),
         )
         .await?;
     Ok(Json(tacc_proto::GcReport {

@@ -22,8 +22,10 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use tacc_store::Store;
+
 use crate::ServerError;
-use crate::control::Control;
+use crate::metrics::Metrics;
 
 /// A sync in flight.
 type Syncing<'a> = Pin<Box<dyn Future<Output = Result<(), ServerError>> + Send + 'a>>;
@@ -33,7 +35,19 @@ pub(crate) trait Durable: Send + Sync {
     fn sync(&self) -> Syncing<'_>;
 }
 
-impl Durable for Control {
+/// The control plane's store, its syncs timed in the metrics.
+pub(crate) struct StoreSync {
+    store: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+}
+
+impl StoreSync {
+    pub(crate) fn new(store: Arc<dyn Store>, metrics: Arc<Metrics>) -> StoreSync {
+        StoreSync { store, metrics }
+    }
+}
+
+impl Durable for StoreSync {
     fn sync(&self) -> Syncing<'_> {
         Box::pin(async move {
             let syncing = Instant::now();

@@ -259,7 +259,7 @@ pub(super) async fn rerun_group(
         })
         .await?
         .len() as u64;
-    app.control.admit_tasks(user, failed).await?;
+    app.submissions.admit_tasks(user, failed).await?;
     let Some((group, records)) = app.control.rerun_failed(&record, &user.name).await? else {
         return Err(ServerError::Conflict(format!(
             "no element of {id} failed, was cancelled or was lost: there is nothing to rerun"

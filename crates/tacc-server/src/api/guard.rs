@@ -319,7 +319,7 @@ async fn check_object(
             let allowed = match caller {
                 Caller::User(user) if user.role == tacc_core::Role::Admin => true,
                 Caller::User(user) => control.query().is_snapshot_owner(&id, &user.name).await?,
-                Caller::Node { node, .. } => control.node_runs_snapshot(*node, &id).await,
+                Caller::Node { node, .. } => control.snapshots_of_node(*node).await.contains(&id),
                 _ => false,
             };
             if allowed { Ok(()) } else { Err(hidden()) }
@@ -331,7 +331,10 @@ async fn check_object(
                 .map_err(|e| ServerError::BadRequest(format!("{e}")))?;
             let allowed = match caller {
                 Caller::User(_) => true, // admins only, by the route rule
-                Caller::Node { node, .. } => control.node_may_read_chunk(*node, &hash).await?,
+                Caller::Node { node, .. } => {
+                    let snapshots = control.snapshots_of_node(*node).await;
+                    app.chunk_access.may_read_chunk(snapshots, &hash).await?
+                }
                 _ => false,
             };
             if allowed {

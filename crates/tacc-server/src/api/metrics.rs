@@ -7,7 +7,9 @@ use super::prelude::*;
 const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 pub(super) async fn scrape(State(app): State<AppState>) -> ApiResult<Response> {
-    let text = app.control.metrics_text().await?;
+    let nodes = app.control.node_views().await;
+    let names = app.control.node_names().await;
+    let text = app.metrics.text(nodes, &names).await?;
     Ok((
         [(
             axum::http::header::CONTENT_TYPE,

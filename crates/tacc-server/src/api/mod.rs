@@ -100,6 +100,20 @@ pub(crate) struct AppState {
     pub(crate) secure_cookies: bool,
     /// Open interactive sessions (`tcloud exec`, `shell`, `port-forward`).
     pub(crate) interactive: Arc<crate::sessions::Sessions>,
+    /// Usage reports and fair-share standing.
+    pub(crate) accounting: crate::accounting::Accounting,
+    /// The Prometheus scrape.
+    pub(crate) metrics: crate::metrics::MetricsExport,
+    /// What tasks use (`tcloud top`, `show`, the dashboard).
+    pub(crate) usage: crate::usage::UsageService,
+    /// The per-user gate in front of every submission.
+    pub(crate) submissions: crate::limits::SubmissionGate,
+    /// Which chunks a node may read.
+    pub(crate) chunk_access: crate::agent_access::ChunkAccess,
+    /// Chunk garbage collection.
+    pub(crate) artifacts: crate::artifacts::Artifacts,
+    /// Who may register a node, and enrolled nodes' credentials.
+    pub(crate) enrolments: crate::enrolment::Enrolments,
 }
 
 /// One route as declared: method, path pattern and the access rule the guard enforces.
@@ -471,7 +485,19 @@ fn router_with(
         })),
         secure_cookies,
         interactive,
+        accounting: crate::accounting::Accounting::of(&control),
+        metrics: crate::metrics::MetricsExport::of(&control),
+        usage: crate::usage::UsageService::of(&control),
+        submissions: crate::limits::SubmissionGate::of(&control),
+        chunk_access: crate::agent_access::ChunkAccess::of(&control),
+        artifacts: crate::artifacts::Artifacts::of(&control),
+        enrolments: crate::enrolment::Enrolments::of(&control),
     };
+    // What every answer waits for: the control plane's store synced, the sync timed.
+    let durable: Arc<dyn durable::Durable> = Arc::new(durable::StoreSync::new(
+        control.store.clone(),
+        control.metrics.clone(),
+    ));
     let mut router = Router::new();
     for (rule, handler) in declared {
         // The guard refuses a declared length past the limit before reading anything;
@@ -489,7 +515,7 @@ fn router_with(
         ))
         // Answers wait for their changes to be durable, many requests per sync.
         .layer(axum::middleware::from_fn_with_state(
-            control.clone() as Arc<dyn durable::Durable>,
+            durable,
             durable::durable_answers,
         ))
         .layer(axum::middleware::map_response_with_state(

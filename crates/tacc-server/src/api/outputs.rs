@@ -154,7 +154,8 @@ async fn uploading_rank(
     if let Some(rank) = control.node_attempts.rank_of(node, attempt) {
         return Ok(Some(rank));
     }
-    if !control.attempt_is_on_node(node, attempt, false).await? {
+    let record = control.task_record(attempt.task).await?;
+    if !crate::agent_access::attempt_is_on_node(record.as_ref(), node, attempt, false) {
         return Ok(None);
     }
     let Some(record) = control.query().task(attempt.task).await? else {

@@ -133,7 +133,7 @@ async fn submit_new(
             snapshot: stage.snapshot,
         });
     }
-    app.control.admit_tasks(user, tasks).await?;
+    app.submissions.admit_tasks(user, tasks).await?;
     let keyed = key.map(|k| {
         let sweeps = sweeps.clone();
         k.keyed(Box::new(move |created| match created {
@@ -224,11 +224,8 @@ pub(super) async fn get_input(
         task: TaskId(task),
         attempt: AttemptNo(attempt),
     };
-    if !app
-        .control
-        .attempt_is_on_node(NodeId(node), attempt_ref, false)
-        .await?
-    {
+    let record = app.control.task_record(TaskId(task)).await?;
+    if !crate::agent_access::attempt_is_on_node(record.as_ref(), NodeId(node), attempt_ref, false) {
         return Err(ServerError::Forbidden(format!(
             "task {task} attempt {attempt} is not running on node {node}; its inputs are not \
              for this node"

@@ -153,7 +153,7 @@ async fn submit_new(
     let spec: TaskSpec = serde_json::from_value(body.spec)
         .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;
     let elements = spec.array.as_ref().map_or(1, |a| a.len() as u64);
-    app.control.admit_tasks(user, elements).await?;
+    app.submissions.admit_tasks(user, elements).await?;
     // Knowing a snapshot's id is not a capability: only who uploaded it may run it.
     if user.role != tacc_core::Role::Admin
         && !app
@@ -447,9 +447,9 @@ async fn rerun_new(
     id: TaskId,
     key: Option<&RequestKey>,
 ) -> ApiResult<Response> {
-    app.control.admit_submission(user).await?;
+    app.submissions.admit(user).await?;
     let keyed = key.map(|k| k.keyed(submitted_reply()));
-    let record = app.control.rerun(id, &user.name, keyed).await?;
+    let record = crate::artifacts::rerun(&app.control, id, &user.name, keyed).await?;
     // The rerun's owner may read the code it runs.
     app.control
         .store

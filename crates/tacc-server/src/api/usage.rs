@@ -7,5 +7,5 @@ pub(super) async fn task_usage(
     State(app): State<AppState>,
     Path(id): Path<u64>,
 ) -> ApiResult<Json<tacc_proto::TaskUsage>> {
-    Ok(Json(app.control.task_usage(TaskId(id)).await?))
+    Ok(Json(app.usage.task_usage(&app.control, TaskId(id)).await?))
 }

@@ -43,7 +43,16 @@ impl Control {
             if let AgentReport::Usage(sample) = report {
                 let attempt = sample.attempt;
                 let kept = sample.clone();
-                if self.accept_usage(node, sample).await? {
+                let record = self.task_record(sample.attempt.task).await?;
+                let accepted = self.usage.accept(
+                    &*self.store,
+                    &self.metrics,
+                    &*self.clock,
+                    record.as_ref(),
+                    node,
+                    sample,
+                );
+                if accepted.await? {
                     self.adapt(inner, &kept).await;
                     ack.accepted += 1;
                 } else {
@@ -70,7 +79,9 @@ impl Control {
                 AgentReport::Resized { attempt, .. } => (*attempt, false),
                 AgentReport::Metrics { attempt, .. } => (*attempt, false),
             };
-            let current = self.attempt_is_on_node(node, attempt, !ending).await?;
+            let record = self.task_record(attempt.task).await?;
+            let current =
+                crate::agent_access::attempt_is_on_node(record.as_ref(), node, attempt, !ending);
             // The node's own end of an attempt it held, and its last lines, count even
             // when the task has moved on (another rank ended it, a retry, a preemption).
             // (Its output record is kept past the end: a resent batch that carried the end
@@ -135,7 +146,11 @@ impl Control {
                     outcome,
                     rank,
                 } => {
-                    self.note_rank_finished(node, attempt, &outcome, at).await?;
+                    let record = self.task_record(attempt.task).await?;
+                    self.usage
+                        .end_rank(&*self.store, record.as_ref(), node, attempt, &outcome, at)
+                        .await?;
+                    self.adaptive.end(attempt);
                     self.rank_finished(inner, node, attempt, outcome, rank, at)
                         .await?;
                 }

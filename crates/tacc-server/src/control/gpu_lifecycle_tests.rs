@@ -198,7 +198,10 @@ async fn idle_gpus_are_warned_of_then_checkpointed_and_requeued() {
         ),
         "{log}"
     );
-    let usage = env.control.task_usage(task).await.unwrap();
+    let usage = crate::usage::UsageService::of(&env.control)
+        .task_usage(&env.control, task)
+        .await
+        .unwrap();
     assert!(
         usage.flags.iter().any(|f| f.kind == "idle_gpu"),
         "{:?}",
@@ -315,8 +318,7 @@ async fn idle_gpu_hours_are_what_the_samples_say_was_not_used() {
             .unwrap()
     };
     let now = env.clock.now().0;
-    let report = env
-        .control
+    let report = crate::accounting::Accounting::of(&env.control)
         .usage_report(
             &caller,
             &tacc_proto::UsageQuery {

@@ -2,7 +2,7 @@
 //! node liveness, and the desired work of every node. All decisions are taken under one
 //! lock so the scheduler sees events in one order and the store never disagrees with it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -186,19 +186,17 @@ pub struct Control {
     pub(crate) chunks: DirChunkStore,
     pub(crate) outputs_dir: PathBuf,
     pub(crate) config: ServerConfig,
-    pub(crate) auth: crate::auth::Authenticator,
-    pub(crate) audit: crate::auth::AuditTrail,
+    pub(crate) auth: Arc<crate::auth::Authenticator>,
+    pub(crate) audit: Arc<crate::auth::AuditTrail>,
     pub(crate) secret_box: crate::secrets::SecretBox,
-    pub(crate) submit_buckets: crate::limits::SubmitBuckets,
-    pub(crate) chunk_sets: crate::agent_access::ChunkSets,
     /// Attempts each node holds until it reports their end (late outputs are accepted).
     pub(crate) node_attempts: crate::node_attempts::NodeAttempts,
     /// How far each node's output of each attempt has been applied (repeats dropped).
     pub(crate) log_offsets: crate::log_offsets::LogOffsets,
     /// Questions to nodes about their running attempts (`tcloud ls`, live files).
     pub(crate) node_requests: crate::node_requests::NodeRequests,
-    pub(crate) usage: crate::usage::UsageBook,
-    pub(crate) metrics: crate::metrics::Metrics,
+    pub(crate) usage: Arc<crate::usage::UsageBook>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// The records of placed tasks, kept beside the store (see `records.rs`).
     pub(crate) placed: records::PlacedRecords,
     /// Running attempts' signals, verdicts and allocation changes.
@@ -343,21 +341,19 @@ impl Control {
             .map_err(|e| ServerError::Config(e.to_string()))?;
         let secret_box = crate::secrets::SecretBox::open(&config.data_dir.join("secret.key"))?;
         let control = Arc::new(Control {
-            auth: crate::auth::Authenticator::new(store.clone()),
-            audit: crate::auth::AuditTrail::start(store.clone(), config.audit),
+            auth: Arc::new(crate::auth::Authenticator::new(store.clone())),
+            audit: Arc::new(crate::auth::AuditTrail::start(store.clone(), config.audit)),
             secret_box,
-            submit_buckets: Default::default(),
-            chunk_sets: Default::default(),
             node_attempts: Default::default(),
             log_offsets: crate::log_offsets::LogOffsets::new(config.data_dir.join("logs")),
             node_requests: Default::default(),
-            usage: crate::usage::UsageBook::new(
+            usage: Arc::new(crate::usage::UsageBook::new(
                 config
                     .idle_gpu
                     .as_ref()
                     .map_or(crate::usage::GPU_BUSY_PERCENT, |p| p.below_percent),
-            ),
-            metrics: crate::metrics::Metrics::new(logs.written_counter()),
+            )),
+            metrics: Arc::new(crate::metrics::Metrics::new(logs.written_counter())),
             placed: records::PlacedRecords::default(),
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
             sweeps: sweeps::OpenSweeps::default(),
@@ -446,7 +442,10 @@ impl Control {
                         ),
                     );
                 }
-                let secrets = self.task_secrets(&record, &spec).await;
+                let secrets = self
+                    .secret_box
+                    .task_secrets(&*self.store, &self.logs, &record, &spec)
+                    .await;
                 let inputs = self.attempt_inputs(&record).await?;
                 let account = self.task_account(&record.user).await;
                 // Ranks of a multi-node attempt that already finished are not handed out
@@ -491,6 +490,23 @@ impl Control {
         &self.chunks
     }
 
+    /// The code snapshots of the attempts assigned to `node` (what its credential may
+    /// read: see `agent_access`).
+    pub(crate) async fn snapshots_of_node(&self, node: tacc_core::NodeId) -> HashSet<SnapshotId> {
+        let inner = self.inner.lock().await;
+        inner
+            .nodes
+            .get(&node)
+            .map(|live| {
+                live.assignments
+                    .values()
+                    .filter_map(|a| a.instruction.get("snapshot"))
+                    .filter_map(|v| serde_json::from_value::<SnapshotId>(v.clone()).ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Check a submitted spec against what this server knows (the user's secrets,
     /// registered datasets, the snapshot) and resolve what it names.
     pub(crate) async fn prepare(
@@ -508,7 +524,7 @@ impl Control {
         let notify_secret = spec.notify.as_ref().map(|n| &n.secret);
         self.check_secrets(user, spec.environment.secrets.iter().chain(notify_secret))
             .await?;
-        let spec = self.resolve_registered_datasets(spec)?;
+        let spec = crate::artifacts::resolve_registered_datasets(spec, &self.config.datasets)?;
         if self.store.get_snapshot(snapshot).await?.is_none() {
             return Err(ServerError::InvalidTask(format!(
                 "snapshot {snapshot} is unknown to this server: upload the code first (tcloud submit does this)"

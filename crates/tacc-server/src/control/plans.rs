@@ -74,7 +74,10 @@ impl Control {
             let Some(spec) = inner.specs.get(&record.id) else {
                 continue;
             };
-            let secrets = self.task_secrets(record, spec).await;
+            let secrets = self
+                .secret_box
+                .task_secrets(&*self.store, &self.logs, record, spec)
+                .await;
             let inputs = self.attempt_inputs(record).await?;
             let account = self.task_account(&record.user).await;
             handlers::plan::on_placed(

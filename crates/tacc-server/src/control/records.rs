@@ -179,7 +179,7 @@ impl Control {
         placed: &[TaskRecord],
     ) -> Result<(), StoreError> {
         // The notifications that ended tasks and groups call for go in the same transaction.
-        let notifications = match self.notifications_for(changes).await {
+        let notifications = match crate::notify::notifications_for(self, changes).await {
             Ok(notifications) => notifications,
             Err(crate::ServerError::Store(e)) => return Err(e),
             Err(e) => {

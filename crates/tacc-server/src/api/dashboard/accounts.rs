@@ -14,6 +14,7 @@ use tacc_scheduler::Limits;
 use tacc_store::TaskFilter;
 
 use super::render;
+use crate::accounting::Accounting;
 use crate::auth::{UserCaller, may_act_for};
 use crate::{Control, ServerError};
 
@@ -96,7 +97,11 @@ async fn group_of(control: &Control, user: &str) -> Result<String, ServerError> 
     Ok(config.group_of(user, identity.as_deref()))
 }
 
-pub(crate) async fn build(control: &Control, me: &UserCaller) -> Result<AccountsPage, ServerError> {
+pub(crate) async fn build(
+    control: &Control,
+    accounting: &Accounting,
+    me: &UserCaller,
+) -> Result<AccountsPage, ServerError> {
     let config = &control.config.scheduler;
     let active = control
         .query()
@@ -181,13 +186,15 @@ pub(crate) async fn build(control: &Control, me: &UserCaller) -> Result<Accounts
         users,
         groups,
         policy: control.config.policy.clone(),
-        usage_by_user: control
+        usage_by_user: accounting
             .usage_report(me, &week(tacc_proto::UsageBy::User))
             .await?,
-        usage_by_group: control
+        usage_by_group: accounting
             .usage_report(me, &week(tacc_proto::UsageBy::Group))
             .await?,
-        fairshare: control.fairshare_report(me).await?,
+        fairshare: accounting
+            .fairshare_report(me, control.fairshare_standing(crate::now()).await)
+            .await?,
     })
 }
 

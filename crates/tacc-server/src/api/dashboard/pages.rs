@@ -255,7 +255,7 @@ pub(crate) async fn accounts(
     session: Option<Extension<Session>>,
 ) -> UiResult {
     let user = user_of(&caller)?;
-    let page = super::accounts::build(&app.control, user).await?;
+    let page = super::accounts::build(&app.control, &app.accounting, user).await?;
     let context = minijinja::context! {
         chrome => v(Chrome::new(user, session.as_deref(), "accounts")),
         page => v(page),
@@ -373,7 +373,7 @@ pub(crate) async fn task(
             reason: e.reason.clone().unwrap_or_default(),
         })
         .collect();
-    let usage = control.task_usage(task).await?;
+    let usage = app.usage.task_usage(control, task).await?;
     let mut ranks: Vec<RankRow> = usage
         .ranks
         .iter()
