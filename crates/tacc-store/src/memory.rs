@@ -17,6 +17,9 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    /// Fault injection: this many of the next `apply` calls fail (see
+    /// [`MemoryStore::fail_next_applies`]).
+    failing_applies: std::sync::atomic::AtomicU32,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -250,6 +253,14 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Fault injection for the control plane's lifecycle tests: the next `count` calls
+    /// of [`Store::apply`] fail as a database that cannot be reached does, applying
+    /// nothing.
+    pub fn fail_next_applies(&self, count: u32) {
+        self.failing_applies
+            .store(count, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The state-transition rules shared by every store implementation (and by the control
@@ -422,6 +433,14 @@ impl Store for MemoryStore {
     }
 
     async fn apply(&self, changes: &[TaskChange]) -> Result<()> {
+        let failing = self.failing_applies.fetch_update(
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+            |left| left.checked_sub(1),
+        );
+        if failing.is_ok() {
+            return Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut));
+        }
         let mut inner = self.inner.lock().unwrap();
         // Work on a copy so a failing change leaves nothing applied.
         let mut draft = inner.clone();

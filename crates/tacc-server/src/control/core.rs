@@ -109,6 +109,23 @@ impl Core {
 
     /// Forget a queued task that leaves the queue without running (cancelled, or ended by
     /// a failed dependency). True when the scheduler has it and must be told.
+    /// Forget everything about open tasks (kept nodes' liveness, the scheduler and the
+    /// in-memory reasons aside), before they are read again from the store.
+    pub(crate) fn clear_open_tasks(&mut self) {
+        self.specs.clear();
+        self.held.clear();
+        self.retry_at.clear();
+        self.stage_deps.clear();
+        self.after_sweeps.clear();
+        self.finished_ranks.clear();
+        self.preempting.clear();
+        self.deferred = None;
+        for live in self.nodes.values_mut() {
+            live.assignments.clear();
+            live.cancelling.clear();
+        }
+    }
+
     pub(crate) fn withdraw(&mut self, task: TaskId) -> bool {
         self.specs.remove(&task);
         self.stage_deps.remove(&task);

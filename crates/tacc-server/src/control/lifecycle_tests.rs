@@ -1207,3 +1207,59 @@ async fn a_node_s_last_seen_time_survives_a_restart() {
         view.last_seen
     );
 }
+
+#[tokio::test]
+async fn a_turn_whose_commit_fails_acknowledges_nothing_and_the_core_is_rebuilt() {
+    let env = TestEnv::configured(|c| {
+        c.retry = RetrySettings {
+            backoff: Duration::ZERO,
+            ..RetrySettings::default()
+        }
+    })
+    .await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(&retried("failed", 2)).await;
+    let first = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(first)]).await;
+    env.take_changes();
+    // The batch carrying the end cannot be committed (the turn's commit, and its retry at
+    // the turn's end): it is refused, nothing of it stays.
+    env.fail_next_commits(2);
+    let refused = env
+        .control
+        .agent_reports(agent.node, vec![env.exited(first, 3)])
+        .await;
+    assert!(
+        refused.is_err(),
+        "a batch that is not durable is not acknowledged"
+    );
+    assert_eq!(env.take_changes(), []);
+    assert_eq!(
+        env.state(task).await,
+        Running,
+        "the store never saw the end"
+    );
+    // The core agrees with the store again: the attempt is the node's, the task's spec
+    // (and its retry policy) known.
+    assert_eq!(only(&env.poll(&mut agent).await), first);
+    // The agent sends the batch again: the end counts once, and the retry follows.
+    env.finish(&mut agent, first, 3).await;
+    let second = only(&env.poll(&mut agent).await);
+    assert_eq!(second.attempt.0, 2, "retried by its policy");
+    env.report(&agent, vec![env.started(second)]).await;
+    env.finish(&mut agent, second, 0).await;
+    assert_eq!(
+        env.history(task).await,
+        [
+            (1, Queued),
+            (1, Starting),
+            (1, Running),
+            (1, Failed),
+            (2, Queued),
+            (2, Starting),
+            (2, Running),
+            (2, Succeeded)
+        ]
+    );
+    env.emptiness_check().await;
+}

@@ -383,6 +383,18 @@ impl Control {
                 .nodes
                 .insert(record.id, LiveNode::new(record, self.clock.instant()));
         }
+        self.reload(&mut inner, true).await
+    }
+
+    /// Read the open tasks into the core from the store: at a start (`restarted`: the
+    /// nodes of running attempts are expected back, the fair-share ledgers read back), or
+    /// in a live server whose core was emptied of them after a failed turn (`rebuild`, in
+    /// `shell.rs`; the scheduler is then rebuilt from the store with the nodes as they are).
+    pub(super) async fn reload(
+        &self,
+        inner: &mut Core,
+        restarted: bool,
+    ) -> Result<(), ServerError> {
         let open = self
             .store
             .list_tasks(&TaskFilter {
@@ -400,7 +412,7 @@ impl Control {
             if record.state == TaskState::Queued {
                 failed_stages.extend(self.failed_needs(&record).await?);
                 // A stage after an unfinished sweep waits for it outside the scheduler.
-                if !self.restore_sweep_wait(&mut inner, &record).await? {
+                if !self.restore_sweep_wait(inner, &record).await? {
                     inner.held.insert(record.id);
                     if let Some(at) = self.restore_retry_wait(&record).await? {
                         inner.retry_at.insert(record.id, at);
@@ -477,11 +489,14 @@ impl Control {
             }
             inner.specs.insert(record.id, spec);
         }
-        self.expect_back(&mut inner, running).await;
-        self.restore_fairshare(&mut inner).await?;
+        if restarted {
+            self.expect_back(inner, running).await;
+            self.restore_fairshare(inner).await?;
+        } else {
+            self.resync(inner).await;
+        }
         for (stage, reason, state) in failed_stages {
-            self.end_dependents(&mut inner, &stage, reason, state)
-                .await?;
+            self.end_dependents(inner, &stage, reason, state).await?;
         }
         Ok(())
     }

@@ -19,6 +19,8 @@ tokio::task_local! {
     /// Changes of the agent report batch being applied that are not committed yet: they
     /// go into the batch's next commit, or its last (see [`Control::staging_starts`]).
     static STAGED: std::cell::RefCell<Vec<TaskChange>>;
+    /// Set when a commit of the turn (or batch) being applied failed.
+    static FAILED: std::cell::Cell<bool>;
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +61,11 @@ impl PlacedRecords {
                 records.remove(&task);
             }
         }
+    }
+
+    /// Drop every copy (they are read afresh from the store).
+    pub(crate) fn clear(&self) {
+        self.records.lock().unwrap().clear();
     }
 
     /// Whether no placed task's copy is kept.
@@ -102,10 +109,13 @@ impl Control {
         batch: impl std::future::Future<Output = Result<T, crate::ServerError>>,
     ) -> Result<T, crate::ServerError> {
         STAGED
-            .scope(std::cell::RefCell::new(Vec::new()), async {
-                let _guard = StagedGuard(&self.placed);
-                batch.await
-            })
+            .scope(
+                std::cell::RefCell::new(Vec::new()),
+                FAILED.scope(std::cell::Cell::new(false), async {
+                    let _guard = StagedGuard(&self.placed);
+                    batch.await
+                }),
+            )
             .await
     }
 
@@ -210,9 +220,25 @@ impl Control {
                     self.placed.admit(record);
                 }
             }
-            Err(_) => self.placed.forget(changes),
+            Err(_) => {
+                self.placed.forget(changes);
+                let _ = FAILED.try_with(|failed| failed.set(true));
+            }
         }
         result
+    }
+
+    /// Whether a commit of the turn being applied failed; if so, what it staged is dropped
+    /// (never to be committed: the turn failed and the core is rebuilt from the store).
+    pub(crate) fn discard_if_failed(&self) -> bool {
+        let failed = FAILED.try_with(std::cell::Cell::get).unwrap_or(false);
+        if failed {
+            let left = STAGED
+                .try_with(|staged| std::mem::take(&mut *staged.borrow_mut()))
+                .unwrap_or_default();
+            self.placed.forget(&left);
+        }
+        failed
     }
 
     /// A task's record as the store holds it: from memory while the task is placed.

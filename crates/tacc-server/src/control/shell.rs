@@ -24,20 +24,47 @@ impl Control {
         let mut guard = self.inner.lock().await;
         let core = &mut *guard;
         core.deferred = Some(Vec::new());
-        self.staging_starts(async {
-            let mut result = body(core).await;
-            let events = core.deferred.take().unwrap_or_default();
-            if !events.is_empty() {
-                self.drive(core, Event::Batch(events)).await;
-            }
-            if result.is_ok()
-                && let Err(e) = self.flush_staged().await
-            {
-                result = Err(e.into());
-            }
-            result
-        })
-        .await
+        let mut failed = false;
+        let result = self
+            .staging_starts(async {
+                let failed = &mut failed;
+                let mut result = body(core).await;
+                let events = core.deferred.take().unwrap_or_default();
+                if !events.is_empty() {
+                    self.drive(core, Event::Batch(events)).await;
+                }
+                if result.is_ok()
+                    && let Err(e) = self.flush_staged().await
+                {
+                    result = Err(e.into());
+                }
+                *failed = self.discard_if_failed();
+                result
+            })
+            .await;
+        if failed {
+            self.rebuild(core).await;
+        }
+        result
+    }
+
+    /// After a turn whose commit failed, the handlers' changes to the core are not what
+    /// the store holds: the open tasks' part of the core is read again from the store and
+    /// the scheduler rebuilt from it (nodes keep their liveness; their work is rebuilt and
+    /// every poll answered). Nothing of the turn was acknowledged: its request failed.
+    pub(crate) async fn rebuild(&self, core: &mut Core) {
+        tracing::error!(
+            "a turn of the control plane could not be committed: rebuilding its state from the store"
+        );
+        core.clear_open_tasks();
+        self.placed.clear();
+        if let Err(e) = Box::pin(self.reload(core, false)).await {
+            tracing::error!("rebuilding from the store failed: {e}; the next failed turn retries");
+        }
+        let nodes: Vec<_> = core.nodes.keys().copied().collect();
+        for node in nodes {
+            self.comm.work_changed(node);
+        }
     }
 
     /// Carry out what a handler decided. Inside a turn its changes are staged for the

@@ -119,6 +119,11 @@ impl TestEnv {
         std::mem::take(&mut *self.comm.woken.lock().unwrap())
     }
 
+    /// The next `count` commits fail, as with a database that cannot be reached.
+    pub(super) fn fail_next_commits(&self, count: u32) {
+        self.store.fail_next_applies(count);
+    }
+
     /// The store changes committed since the last call, in order (tako's `take_changes`).
     pub(super) fn take_changes(&self) -> Vec<TaskChange> {
         std::mem::take(&mut *self.control.committed.lock().unwrap())
