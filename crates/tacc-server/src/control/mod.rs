@@ -28,20 +28,19 @@ mod core;
 pub(crate) use self::core::{Core, LiveNode};
 mod attempts;
 mod comm;
+mod effects;
 mod estimates;
+#[cfg(test)]
+mod gpu_lifecycle_tests;
 mod groups;
+mod handlers;
 mod hangs;
 mod idle_gpus;
+#[cfg(test)]
+mod lifecycle_tests;
 mod nodes;
 mod pipelines;
 mod plans;
-use handlers::plan::assignments_for;
-mod effects;
-#[cfg(test)]
-mod gpu_lifecycle_tests;
-mod handlers;
-#[cfg(test)]
-mod lifecycle_tests;
 mod records;
 mod restart;
 mod resume;
@@ -405,90 +404,74 @@ impl Control {
         // Stages whose failure was committed just before a crash, before their dependents
         // were ended: ended now, once the queue is rebuilt.
         let mut failed_stages = Vec::new();
-        // Attempts that were starting or running (not being cancelled).
-        let mut running = Vec::new();
+        let mut reloaded = Vec::with_capacity(open.len());
         for record in open.into_iter().rev() {
             let spec = spec_of(&record)?;
-            if record.state == TaskState::Queued {
-                failed_stages.extend(self.failed_needs(&record).await?);
-                // A stage after an unfinished sweep waits for it outside the scheduler.
-                if !self.restore_sweep_wait(inner, &record).await? {
-                    inner.held.insert(record.id);
-                    if let Some(at) = self.restore_retry_wait(&record).await? {
-                        inner.retry_at.insert(record.id, at);
-                    }
-                    if let Some(needed) = self.restore_dependencies(&record).await? {
-                        inner.stage_deps.insert(record.id, needed);
-                    }
-                }
-            } else if record.cancel_requested {
-                // Stopped once its nodes' agents are back and confirm, or ended with them
-                // when they are not (see `check_liveness`).
-                let attempt = AttemptRef {
-                    task: record.id,
-                    attempt: record.attempt,
-                };
-                for placement in &record.placements {
-                    if let Some(live) = inner.nodes.get_mut(&placement.node) {
-                        live.cancelling.insert(attempt);
+            let facts = match handlers::reload::kind_of(&record) {
+                handlers::reload::Kind::Queued => {
+                    failed_stages.extend(self.failed_needs(&record).await?);
+                    let awaited_sweeps = self.sweeps_awaited_by(&record).await?;
+                    let waits = awaited_sweeps.is_empty();
+                    handlers::reload::Facts::Queued {
+                        retry_at: match waits {
+                            true => self.restore_retry_wait(&record).await?,
+                            false => None,
+                        },
+                        needs: match waits {
+                            true => self.restore_dependencies(&record).await?,
+                            false => None,
+                        },
+                        awaited_sweeps,
                     }
                 }
-            } else {
-                // The allocation in force, where adaptive allocation moved it.
-                if let Some(resize) = self
-                    .store
-                    .list_resizes(record.id)
-                    .await?
-                    .into_iter()
-                    .rev()
-                    .find(|r| r.attempt == record.attempt)
-                {
-                    let per_node = spec.resources.per_node();
-                    self.adaptive.restore(
-                        record.id,
-                        record.attempt,
-                        tacc_core::Resources::new(
-                            resize.cpu_millis,
-                            resize.memory_bytes,
-                            per_node.gpus,
-                        ),
-                    );
-                }
-                let secrets = self
-                    .secret_box
-                    .task_secrets(&*self.store, &self.logs, &record, &spec)
-                    .await;
-                let inputs = self.attempt_inputs(&record).await?;
-                let account = self.task_account(&record.user).await;
-                // Ranks of a multi-node attempt that already finished are not handed out
-                // again: their part is done, and their agents rightly claim nothing.
-                let finished = self.finished_ranks_of(&record).await?;
-                let assignments = assignments_for(&record, &spec, &inner.nodes, &account, &secrets);
-                for (node, mut assignment) in assignments {
-                    if finished.contains_key(&assignment.node_rank) {
-                        continue;
+                handlers::reload::Kind::Cancelling => handlers::reload::Facts::Cancelling,
+                handlers::reload::Kind::Running => {
+                    // The allocation in force, where adaptive allocation moved it.
+                    if let Some(resize) = self
+                        .store
+                        .list_resizes(record.id)
+                        .await?
+                        .into_iter()
+                        .rev()
+                        .find(|r| r.attempt == record.attempt)
+                    {
+                        self.adaptive.restore(
+                            record.id,
+                            record.attempt,
+                            tacc_core::Resources::new(
+                                resize.cpu_millis,
+                                resize.memory_bytes,
+                                spec.resources.per_node().gpus,
+                            ),
+                        );
                     }
-                    assignment.allocation = self.adaptive.allocation(assignment.attempt);
-                    assignment.inputs = inputs.clone();
-                    if let Some(live) = inner.nodes.get_mut(&node) {
-                        live.assignments.insert(assignment.attempt, assignment);
-                    }
+                    handlers::reload::Facts::Running(Box::new(handlers::reload::Placed {
+                        account: self.task_account(&record.user).await,
+                        secrets: self
+                            .secret_box
+                            .task_secrets(&*self.store, &self.logs, &record, &spec)
+                            .await,
+                        inputs: self.attempt_inputs(&record).await?,
+                        finished: self.finished_ranks_of(&record).await?,
+                        allocation: self.adaptive.allocation(AttemptRef {
+                            task: record.id,
+                            attempt: record.attempt,
+                        }),
+                    }))
                 }
-                if !finished.is_empty() {
-                    let attempt = AttemptRef {
-                        task: record.id,
-                        attempt: record.attempt,
-                    };
-                    inner.finished_ranks.insert(attempt, finished);
-                }
-                running.push(record.clone());
-            }
-            if !inner.identity_groups.contains_key(&record.user) {
-                let group = self.auth.group_of(&record.user).await?;
-                inner.identity_groups.insert(record.user.clone(), group);
-            }
-            inner.specs.insert(record.id, spec);
+            };
+            let identity_group = match inner.identity_groups.contains_key(&record.user) {
+                true => None,
+                false => Some(self.auth.group_of(&record.user).await?),
+            };
+            reloaded.push(handlers::reload::Reloaded {
+                record,
+                spec,
+                identity_group,
+                facts,
+            });
         }
+        let running = handlers::reload::on_reloaded(inner, reloaded);
         if restarted {
             self.expect_back(inner, running).await;
             self.restore_fairshare(inner).await?;

@@ -251,25 +251,20 @@ impl Control {
         Ok(failed)
     }
 
-    /// After a restart: a queued stage task waits again for the sweeps it still needs.
-    /// Returns whether it does.
-    pub(super) async fn restore_sweep_wait(
+    /// The unfinished sweeps (of earlier stages) a queued stage task waits for, each
+    /// opened again so the controller launches and stops its trials.
+    pub(super) async fn sweeps_awaited_by(
         &self,
-        inner: &mut Core,
         record: &TaskRecord,
-    ) -> Result<bool, ServerError> {
+    ) -> Result<std::collections::BTreeSet<GroupId>, ServerError> {
         let Some(stage) = self.stage_of_task(record).await? else {
-            return Ok(false);
+            return Ok(Default::default());
         };
         let stages = self.store.pipeline_stages(stage.pipeline).await?;
         let awaited = self.sweeps_awaited(&stage, &stages).await?;
-        if awaited.is_empty() {
-            return Ok(false);
-        }
         for group in &awaited {
             self.sweeps.add(*group);
         }
-        inner.after_sweeps.insert(record.id, awaited);
-        Ok(true)
+        Ok(awaited)
     }
 }

@@ -8,7 +8,7 @@
 //! drives them through the shell; the rules they apply are in `rules/`).
 //!
 //! Ported so far: an attempt starting, a node's rank of an attempt finishing, an attempt
-//! ending (with its retry or requeue), a user's cancel, a node's registration and poll, the liveness tick, node administration, the hang and idle-GPU checks, tasks submitted or released, and the scheduler's decision and its plan applied. Events not yet here still run
+//! ending (with its retry or requeue), a user's cancel, a node's registration and poll, the liveness tick, recovery from the store, node administration, the hang and idle-GPU checks, tasks submitted or released, and the scheduler's decision and its plan applied. Events not yet here still run
 //! as the async methods of `Control` in the other files of `control/`.
 
 pub(crate) mod cancel;
@@ -22,5 +22,6 @@ pub(crate) mod plan;
 pub(crate) mod poll;
 pub(crate) mod rank_end;
 pub(crate) mod register;
+pub(crate) mod reload;
 pub(crate) mod started;
 pub(crate) mod submit;
