@@ -14,9 +14,7 @@ use tacc_scheduler::{
     Action, Event, Explanation, Placement, Plan, Scheduler, SchedulerConfig, TaskRequest,
 };
 use tacc_schema::TaskSpec;
-use tacc_store::{
-    NewTask, OutputRecord, Store, StoredPlacement, TaskFilter, TaskRecord, Transition,
-};
+use tacc_store::{NewTask, OutputRecord, Store, StoredPlacement, TaskFilter, TaskRecord};
 use tokio::sync::Mutex;
 
 use crate::ServerError;

@@ -11,16 +11,16 @@ use std::collections::{BTreeMap, BTreeSet};
 use sha2::{Digest, Sha256};
 use tacc_core::{GroupId, SnapshotId, TaskId, TaskState};
 use tacc_proto::{InputFile, StageView};
-use tacc_scheduler::Event;
 use tacc_schema::{NotifySpec, PipelineSpec, StageSpec, TaskSpec};
 use tacc_store::{
     GroupKind, GroupRecord, NewGroup, NewStage, NewStageRun, NewTask, StageRecord, StageSource,
     TaskChange, TaskRecord,
 };
 
+use super::effects::Effects;
 use super::sweep_stages::{StageKind, SweepEnd};
 use super::sweeps::trial_spec;
-use super::{Control, Core, Transition, request_of};
+use super::{Control, Core, handlers, request_of};
 use crate::ServerError;
 
 /// One submitted stage: its task spec and the code snapshot it runs.
@@ -473,52 +473,20 @@ impl Control {
         end_state: TaskState,
     ) -> Result<(), ServerError> {
         let stages = self.store.pipeline_stages(stage.pipeline).await?;
-        let mut ended: BTreeSet<&str> = BTreeSet::from([stage.name.as_str()]);
-        // Stages are few: repeat until no stage newly depends on an ended one.
-        loop {
-            let before = ended.len();
-            for s in &stages {
-                if s.needs.iter().any(|n| ended.contains(n.as_str())) {
-                    ended.insert(s.name.as_str());
-                }
-            }
-            if ended.len() == before {
-                break;
-            }
+        let mut tasks = Vec::new();
+        for s in handlers::dependents::stages_ending_with(&stages, stage) {
+            tasks.extend(self.source_tasks(s.source).await?);
         }
-        let at = self.clock.now();
-        let mut changes = Vec::new();
-        let mut stopped = Vec::new();
-        for s in stages
-            .iter()
-            .filter(|s| !s.cached && s.name != stage.name && ended.contains(s.name.as_str()))
-        {
-            for task in self.source_tasks(s.source).await? {
-                if task.state != TaskState::Queued {
-                    continue;
-                }
-                changes.push(TaskChange::Transition(Transition {
-                    reason: Some(reason.clone()),
-                    ..Transition::new(task.id, TaskState::Queued, end_state, task.attempt, at)
-                }));
-                stopped.push(task.id);
-            }
-        }
-        if changes.is_empty() {
-            return Ok(());
-        }
-        self.commit(&changes).await?;
-        let mut events = Vec::new();
-        for task in stopped {
-            if inner.withdraw(task) {
-                events.push(Event::TaskCancelled(task));
-            }
-            self.logs.wake(task);
-        }
-        if !events.is_empty() {
-            self.drive(inner, Event::Batch(events)).await;
-        }
-        Ok(())
+        let mut fx = Effects::default();
+        handlers::dependents::on_dependents_ended(
+            inner,
+            &mut fx,
+            tasks,
+            &reason,
+            end_state,
+            self.clock.now(),
+        );
+        Box::pin(self.carry(inner, fx)).await
     }
 
     /// The needs of a queued stage task found again after a restart.

@@ -7,12 +7,17 @@
 //! (`architecture.rs` checks it), so each is tested by calling it (`lifecycle_tests.rs`
 //! drives them through the shell; the rules they apply are in `rules/`).
 //!
-//! Ported so far: an attempt starting, a node's rank of an attempt finishing, an attempt
-//! ending (with its retry or requeue), a user's cancel, a node's registration and poll, the liveness tick, recovery from the store, node administration, the hang and idle-GPU checks, tasks submitted or released, and the scheduler's decision and its plan applied. Events not yet here still run
-//! as the async methods of `Control` in the other files of `control/`.
+//! Ported so far: an attempt starting, a rank finishing, an attempt ending (retried,
+//! requeued, lost with its node), cancels of a task or a group, a node's registration and
+//! poll, the liveness tick with its hang and idle-GPU checks, node administration,
+//! submits and held tasks released, a failed stage's dependents ended, recovery from the
+//! store, and the scheduler's decision and its plan. Pipelines' stage submission, sweeps,
+//! reruns and adaptive resizes still run as async methods of `Control` (see
+//! docs/ARCHITECTURE.md, "One turn of the control plane").
 
 pub(crate) mod cancel;
 pub(crate) mod decide;
+pub(crate) mod dependents;
 pub(crate) mod ending;
 pub(crate) mod hangs;
 pub(crate) mod idle_gpus;
