@@ -37,8 +37,14 @@ pub(crate) fn on_cancel(core: &mut Core, fx: &mut Effects, cancel: Cancel<'_>) {
     });
     match plan_cancel(record.state, record.cancel_requested, placed_on_a_live_node) {
         CancelPlan::EndQueued => {
+            // A sweep's trial stopped early keeps the reason it was stopped with (set just
+            // before the cancel), as a running one does when it ends (`rules::ending`).
+            let reason = match &record.reason {
+                Some(early) if early.starts_with(crate::asha::EARLY_STOPPED) => early.clone(),
+                _ => reason.to_string(),
+            };
             fx.change(TaskChange::Transition(Transition {
-                reason: Some(reason.into()),
+                reason: Some(reason),
                 ..Transition::new(
                     task,
                     TaskState::Queued,
