@@ -6,7 +6,7 @@
 //! restarted server carries on where it stopped; with `method: asha` it stops the trials
 //! the pure decisions of [`crate::asha`] name, and their slots go to new trials.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -289,6 +289,21 @@ impl Control {
                 }
             })
             .collect();
+        // One picture: the counts and the best trial are those of the trials read here,
+        // not of other reads a trial's end may fall between.
+        let mut view = view;
+        view.counts = BTreeMap::new();
+        for trial in &trials {
+            *view.counts.entry(trial.state).or_default() += 1;
+        }
+        let mut best_trial: Option<(f64, TaskId)> = None;
+        for trial in trials.iter().filter(|t| t.state == TaskState::Succeeded) {
+            if let Some(value) = trial.last
+                && best_trial.is_none_or(|(b, _)| sweep.goal.better(value, b))
+            {
+                best_trial = Some((value, trial.task_id));
+            }
+        }
         trials.sort_by(|a, b| match (a.best, b.best) {
             (Some(x), Some(y)) if sweep.goal.better(x, y) => std::cmp::Ordering::Less,
             (Some(x), Some(y)) if sweep.goal.better(y, x) => std::cmp::Ordering::Greater,
@@ -306,7 +321,7 @@ impl Control {
             },
             max_trials: points.len() as u32,
             parallel: sweep.parallel,
-            best_trial: self.best_trial(record.id).await?,
+            best_trial: best_trial.map(|(_, task)| task),
             trials,
         })
     }
