@@ -30,6 +30,7 @@ mod lifecycle;
 mod pass;
 mod preemption;
 mod projection;
+mod queue_runs;
 mod ranking;
 mod repeats;
 mod resize;
@@ -143,6 +144,10 @@ pub struct Scheduler {
     cluster: Cluster,
     tasks: BTreeMap<TaskId, TaskEntry>,
     queue: BTreeSet<QueueKey>,
+    /// Stretches of the queue known to get one answer (see `queue_runs`).
+    runs: queue_runs::QueueRuns,
+    /// Queued tasks the last decision visited one by one (runs passed over count none).
+    visited: usize,
     running: BTreeSet<TaskId>,
     preemptible_running: usize,
     /// (expected end in ms, task) of every task holding resources; `u64::MAX` = unknown.
@@ -194,6 +199,8 @@ impl Scheduler {
             cluster: Cluster::default(),
             tasks: BTreeMap::new(),
             queue: BTreeSet::new(),
+            runs: Default::default(),
+            visited: 0,
             running: BTreeSet::new(),
             preemptible_running: 0,
             ends: BTreeSet::new(),
@@ -266,6 +273,13 @@ impl Scheduler {
     #[doc(hidden)]
     pub fn set_walk_memos(&mut self, on: bool) {
         self.walk_memos = on;
+    }
+
+    /// Queued tasks the last decision visited one by one, not counting the runs it passed
+    /// over whole (see `queue_runs`); for tests that a decision costs what changed.
+    #[doc(hidden)]
+    pub fn visited_last(&self) -> usize {
+        self.visited
     }
 
     /// Apply one event and decide what to do now.

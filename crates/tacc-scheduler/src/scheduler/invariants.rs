@@ -112,6 +112,6 @@ impl Scheduler {
                 self.cluster.schedulable_total()
             ));
         }
-        Ok(())
+        self.check_runs()
     }
 }

@@ -158,6 +158,7 @@ impl Scheduler {
                 entry.group,
             )
         };
+        self.runs.cut(&self.queue, &key);
         self.queue.remove(&key);
         self.cluster.take(task, &request, &placements);
         self.charge(now, user, group, &request);
@@ -212,7 +213,9 @@ impl Scheduler {
     fn forget(&mut self, now: Timestamp, task: TaskId) {
         self.release(now, task);
         if let Some(entry) = self.tasks.remove(&task) {
-            self.queue.remove(&entry.queue_key(task));
+            let key = entry.queue_key(task);
+            self.runs.cut(&self.queue, &key);
+            self.queue.remove(&key);
             self.count_queued(entry.user, entry.group, false);
         }
     }

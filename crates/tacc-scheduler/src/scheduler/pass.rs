@@ -12,7 +12,7 @@ use tacc_core::{NodeId, TaskId, Timestamp};
 use super::backfill::Reservation;
 use super::claims::Hold;
 use super::repeats::Repeat;
-use super::task::{Phase, TaskEntry};
+use super::task::Phase;
 use super::unfit_shapes::UnfitShapes;
 use super::{Action, QueueKey, Scheduler};
 use crate::PendingReason;
@@ -47,15 +47,13 @@ impl Scheduler {
         if !self.claims.is_empty() {
             self.settle_claims(now, &mut pass, actions);
         }
-        let order: Vec<QueueKey> = self.queue.iter().copied().collect();
         let guarantees = self.groups.iter().any(|g| g.guaranteed_gpus > 0);
-        let mut repeat = None;
         if !guarantees {
-            for key in &order {
-                self.consider_or_repeat(now, key, &mut pass, &mut repeat, actions);
-            }
+            self.walk_by_runs(now, &mut pass, actions);
             return;
         }
+        let mut repeat = None;
+        let order: Vec<QueueKey> = self.queue.iter().copied().collect();
         let mut deferred = Vec::new();
         for key in order {
             if self.within_guarantee(&self.tasks[&key.task]) {
@@ -88,13 +86,22 @@ impl Scheduler {
         repeat: &mut Option<Repeat>,
         actions: &mut Vec<Action>,
     ) {
-        if self.passes_over(now, key, pass) {
+        if self.passes_over(now, key, pass) || self.repeat(key.task, pass, repeat, actions) {
             return;
         }
-        let task = key.task;
-        if self.repeat(task, pass, repeat, actions) {
-            return;
-        }
+        self.consider_and_remember(now, key.task, pass, repeat, actions);
+    }
+
+    /// [`Scheduler::consider`] the task; `repeat` becomes the answer it got, when that
+    /// answer is reusable for its equals.
+    pub(super) fn consider_and_remember(
+        &mut self,
+        now: Timestamp,
+        task: TaskId,
+        pass: &mut PassState,
+        repeat: &mut Option<Repeat>,
+        actions: &mut Vec<Action>,
+    ) {
         let before = self.walk_state(pass);
         let waiting_claimant = pass.waiting_claimants.contains(&task);
         self.consider(now, task, pass, actions);
@@ -112,13 +119,14 @@ impl Scheduler {
         reason: PendingReason,
         actions: &mut Vec<Action>,
     ) {
-        if let Some(TaskEntry {
-            phase: Phase::Queued { reason: last },
-            ..
-        }) = self.tasks.get_mut(&task)
+        if let Some(entry) = self.tasks.get_mut(&task)
+            && let Phase::Queued { reason: last } = &mut entry.phase
             && last.as_ref() != Some(&reason)
         {
             *last = Some(reason.clone());
+            // A run holds tasks told one reason: this one leaves its run (`queue_runs`).
+            let key = entry.queue_key(task);
+            self.runs.cut(&self.queue, &key);
             actions.push(Action::Pending { task, reason });
         }
     }

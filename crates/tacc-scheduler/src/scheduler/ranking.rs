@@ -22,7 +22,9 @@ impl Scheduler {
         let entry = self.tasks.get_mut(&task).expect("known task");
         entry.rank = rank;
         entry.shape = shape;
-        self.queue.insert(entry.queue_key(task));
+        let key = entry.queue_key(task);
+        self.queue.insert(key);
+        self.runs.cut(&self.queue, &key);
     }
 
     pub(super) fn rank_context(&self, now: Timestamp) -> RankContext<'_> {
@@ -101,6 +103,7 @@ impl Scheduler {
         }
         keys.sort_unstable();
         self.queue = keys.into_iter().collect();
+        self.runs.clear();
     }
 }
 

@@ -35,8 +35,15 @@ pub(super) struct Repeat {
     reason: PendingReason,
 }
 
+impl Repeat {
+    /// The answer it gives.
+    pub(super) fn reason(&self) -> &PendingReason {
+        &self.reason
+    }
+}
+
 /// Whether two queued tasks ask for exactly the same thing of the same accounts.
-fn same_request(a: &TaskEntry, b: &TaskEntry) -> bool {
+pub(super) fn same_request(a: &TaskEntry, b: &TaskEntry) -> bool {
     let (x, y) = (&a.request, &b.request);
     a.user == b.user
         && a.group == b.group
@@ -94,6 +101,31 @@ impl Scheduler {
         }
         self.set_reason(task, repeat.reason.clone(), actions);
         true
+    }
+
+    /// Whether [`Scheduler::repeat`] would give `task` the answer `reason` now, without
+    /// changing anything (see `queue_runs`: the task of a run holds that reason already).
+    pub(super) fn would_repeat(
+        &self,
+        task: TaskId,
+        reason: &PendingReason,
+        pass: &PassState,
+        repeat: &Option<Repeat>,
+    ) -> bool {
+        let Some(repeat) = repeat.as_ref().filter(|_| self.walk_memos) else {
+            return false;
+        };
+        if repeat.reason != *reason
+            || !pass.waiting_claimants.is_empty()
+            || self.walk_state(pass) != repeat.walk
+        {
+            return false;
+        }
+        let (Some(entry), Some(like)) = (self.tasks.get(&task), self.tasks.get(&repeat.like))
+        else {
+            return false;
+        };
+        matches!(entry.phase, Phase::Queued { .. }) && same_request(entry, like)
     }
 
     /// After `task` was considered: the answer to reuse, when it stayed queued and the

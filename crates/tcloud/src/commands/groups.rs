@@ -19,6 +19,14 @@ use crate::format::{now, out, out_json, precise_duration, print_table, short_dur
 use crate::sanitize::{field, opt_field};
 
 pub(crate) const POLL: Duration = Duration::from_millis(250);
+/// Following a group: the wait between polls per element still unfinished, and its cap.
+/// Each poll makes the server count the group's elements by state (a scan of the group's
+/// index range), so a poll costs in proportion to the group's size: a big group is
+/// polled less often while many elements remain (100,000 unfinished: every 2 s) and as
+/// often as a small one (every 250 ms) once 12,500 or fewer remain, so its end is seen
+/// as soon.
+const FOLLOW_POLL_PER_UNFINISHED: Duration = Duration::from_micros(20);
+const FOLLOW_POLL_MAX: Duration = Duration::from_secs(2);
 /// How long `cancel g12` waits for the elements to stop.
 const CANCEL_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -270,7 +278,7 @@ pub async fn follow_group(client: &Client, id: GroupId) -> Result<()> {
         return super::sweeps::follow_sweep(client, id, started).await;
     }
     while !group_ended(&summary) {
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(follow_interval(&summary)).await;
         summary = client.group_summary(id).await?;
     }
     let detail = client.get_group(id).await?;
@@ -292,6 +300,20 @@ pub async fn follow_group(client: &Client, id: GroupId) -> Result<()> {
     } else {
         Err(CliError::silent(TASK_FAILED).into())
     }
+}
+
+/// How long a follower waits before polling `group` again (see
+/// [`FOLLOW_POLL_PER_UNFINISHED`]).
+fn follow_interval(group: &GroupView) -> Duration {
+    let unfinished: u64 = group
+        .counts
+        .iter()
+        .filter(|(state, _)| !state.is_terminal())
+        .map(|(_, n)| *n)
+        .sum();
+    FOLLOW_POLL_PER_UNFINISHED
+        .saturating_mul(u32::try_from(unfinished).unwrap_or(u32::MAX))
+        .clamp(POLL, FOLLOW_POLL_MAX)
 }
 
 /// A pipeline stage's state that will not change: an ended task state, or `cached`.
@@ -442,6 +464,36 @@ mod tests {
         };
         assert_eq!(counts_text(&group), "RUNNING 2 · SUCCEEDED 8");
         assert!(!group.is_finished());
+    }
+
+    /// A big group is polled less often while much of it is unfinished, a small one (or
+    /// the end of a big one) every 250 ms: the follower's load on the server, which
+    /// counts the whole group per poll, stays bounded however big the array.
+    #[test]
+    fn a_big_group_is_followed_less_often_until_its_end_nears() {
+        let with = |queued: u64, done: u64| GroupView {
+            id: GroupId(3),
+            kind: "array".into(),
+            name: "a".into(),
+            user: "alice".into(),
+            size: (queued + done) as u32,
+            counts: [(TaskState::Queued, queued), (TaskState::Succeeded, done)]
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+            created_at: Timestamp(0),
+            rerun_of: None,
+            stages: Vec::new(),
+        };
+        assert_eq!(follow_interval(&with(2_000, 0)), POLL);
+        assert_eq!(follow_interval(&with(12_500, 87_500)), POLL);
+        assert_eq!(
+            follow_interval(&with(50_000, 50_000)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(follow_interval(&with(100_000, 0)), FOLLOW_POLL_MAX);
+        assert_eq!(follow_interval(&with(10_000_000, 0)), FOLLOW_POLL_MAX);
+        assert_eq!(follow_interval(&with(0, 100_000)), POLL);
     }
 
     fn stage(name: &str, state: &str) -> tacc_proto::StageView {
