@@ -58,8 +58,16 @@ impl LogOffsets {
         };
         let mut state = self.state.lock().unwrap();
         let life = state.lives.get(&node).copied().unwrap_or(0);
-        if !state.applied.contains_key(&(node, attempt)) && life != 0 {
-            if let Some(last) = self.recorded(node, attempt, life) {
+        if !state.applied.contains_key(&(node, attempt)) {
+            if life != 0 {
+                if let Some(last) = self.recorded(node, attempt, life) {
+                    state.applied.insert((node, attempt), last);
+                }
+            } else if let Some((life, last)) = self.latest_recorded(node, attempt) {
+                // The node registered with another server (a replica that led before this
+                // one): its current life is the last one recorded beside the log, and
+                // what that server applied is a repeat here too.
+                state.lives.insert(node, life);
                 state.applied.insert((node, attempt), last);
             }
         }
@@ -106,6 +114,32 @@ impl LogOffsets {
             state.applied.retain(|(n, _), _| *n != node);
         }
         state.lives.insert(node, life);
+    }
+
+    /// The life of the node's last record for the attempt, and the last offset applied in
+    /// it.
+    fn latest_recorded(&self, node: NodeId, attempt: AttemptRef) -> Option<(u64, u64)> {
+        let text = std::fs::read_to_string(self.record_path(attempt.task)).ok()?;
+        let mut latest: Option<(u64, u64)> = None;
+        for line in text.lines() {
+            let Ok(fields) = line
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<Vec<u64>, _>>()
+            else {
+                continue;
+            };
+            if let [n, a, life, offset] = fields[..]
+                && n == node.0
+                && a == u64::from(attempt.attempt.0)
+            {
+                latest = match latest {
+                    Some((l, last)) if l == life => Some((life, last.max(offset))),
+                    _ => Some((life, offset)),
+                };
+            }
+        }
+        latest
     }
 
     /// The last offset the record file holds for the node's attempt in `life`.
@@ -182,6 +216,25 @@ mod tests {
         after.registered(A, 7);
         assert!(!apply(&after, A, Some(300)), "resent across the restart");
         assert!(apply(&after, A, Some(600)));
+    }
+
+    #[test]
+    fn a_replica_taking_over_knows_what_the_one_before_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let old_leader = LogOffsets::new(dir.path().to_path_buf());
+        old_leader.registered(A, 7);
+        assert!(apply(&old_leader, A, Some(0)));
+        assert!(apply(&old_leader, A, Some(300)));
+        // The agent registered with the old leader only; it resends its last batch to
+        // the new one, sharing the logs directory.
+        let new_leader = LogOffsets::new(dir.path().to_path_buf());
+        assert!(
+            !apply(&new_leader, A, Some(300)),
+            "resent after the failover"
+        );
+        assert!(apply(&new_leader, A, Some(600)));
+        let later = LogOffsets::new(dir.path().to_path_buf());
+        assert!(!apply(&later, A, Some(600)), "and kept for the next one");
     }
 
     #[test]
