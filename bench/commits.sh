@@ -15,6 +15,7 @@
 # the machine they ran on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/lib.sh
 N=${N:-2000}
 BIN=${BIN:-$PWD/target/release}
 PORT=${TACC_BENCH_PORT:-18384}
@@ -57,14 +58,6 @@ run() {
 commits() {
   curl -fsS -H "Authorization: Bearer $1" "http://127.0.0.1:$PORT/metrics" |
     awk '/^tacc_store_commit_seconds_count/ && !/op="sync"/ {sum += $2} END {print sum + 0}'
-}
-cpu_of_tree() {
-  local total=0 pid ticks
-  for pid in "$1" $(pgrep -P "$1" || true); do
-    ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
-    total=$((total + ticks))
-  done
-  echo "$total / $(getconf CLK_TCK)" | bc -l
 }
 
 read -r rate txns _ cpu < <(run plain)

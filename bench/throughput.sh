@@ -25,15 +25,7 @@ cargo bench -p taccd --bench throughput --no-run >/dev/null 2>&1 ||
 cargo build --release -q -p taccd -p tcloud --bins
 BIN=$PWD/target/release
 
-# CPU seconds (user + system) of a process and its live children, from /proc.
-cpu_of_tree() {
-  local total=0 pid ticks
-  for pid in "$1" $(pgrep -P "$1" || true); do
-    ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
-    total=$((total + ticks))
-  done
-  echo "$total / $(getconf CLK_TCK)" | bc -l
-}
+source bench/lib.sh
 
 # TACC through the command a user types: `tcloud up`, then `tcloud submit DIR --array 1-N
 # -f` (`run: "true"`) timed from the command's start to its exit; prints "tasks/s cpu_ms".

@@ -23,6 +23,17 @@ fn retried(on: &str, max: u32) -> String {
 
 const MS: Duration = Duration::from_millis(1);
 
+/// A server whose retries wait no backoff: a retry is placed in the turn that decides it.
+async fn without_backoff() -> TestEnv {
+    TestEnv::configured(|c| {
+        c.retry = RetrySettings {
+            backoff: Duration::ZERO,
+            ..RetrySettings::default()
+        }
+    })
+    .await
+}
+
 pub(super) fn assert_reason(record: &tacc_store::TaskRecord, prefix: &str) {
     assert!(
         record
@@ -1154,13 +1165,7 @@ async fn a_gang_commits_each_rank_s_end_and_succeeds_with_the_last() {
 
 #[tokio::test]
 async fn a_failed_attempt_is_retried_as_a_new_one_and_nothing_is_left_once_it_succeeds() {
-    let env = TestEnv::configured(|c| {
-        c.retry = RetrySettings {
-            backoff: Duration::ZERO,
-            ..RetrySettings::default()
-        }
-    })
-    .await;
+    let env = without_backoff().await;
     let mut agent = env.join("n1", 1).await;
     let task = env.submit(&retried("failed", 2)).await;
     let first = only(&env.poll(&mut agent).await);
@@ -1210,13 +1215,7 @@ async fn a_node_s_last_seen_time_survives_a_restart() {
 
 #[tokio::test]
 async fn a_turn_whose_commit_fails_acknowledges_nothing_and_the_core_is_rebuilt() {
-    let env = TestEnv::configured(|c| {
-        c.retry = RetrySettings {
-            backoff: Duration::ZERO,
-            ..RetrySettings::default()
-        }
-    })
-    .await;
+    let env = without_backoff().await;
     let mut agent = env.join("n1", 1).await;
     let task = env.submit(&retried("failed", 2)).await;
     let first = only(&env.poll(&mut agent).await);

@@ -269,34 +269,12 @@ impl Control {
 #[cfg(test)]
 mod tests {
     use tacc_core::{AttemptNo, TaskState, Timestamp};
-    use tacc_store::{StoredPlacement, Transition};
+    use tacc_store::Transition;
 
     use super::*;
 
     fn record(state: TaskState) -> TaskRecord {
-        TaskRecord {
-            id: TaskId(7),
-            name: "t".into(),
-            user: "ann".into(),
-            spec: serde_json::json!({}),
-            snapshot: "ab".repeat(32).parse().unwrap(),
-            source: None,
-            state,
-            reason: None,
-            exit_code: None,
-            attempt: AttemptNo(1),
-            placements: vec![StoredPlacement {
-                node: tacc_core::NodeId(1),
-                gpu_indices: vec![],
-            }],
-            cancel_requested: false,
-            submitted_at: Timestamp::from_millis(1),
-            started_at: None,
-            finished_at: None,
-            group: None,
-            group_index: None,
-            submission: serde_json::json!({}),
-        }
+        crate::control::rules::test_record(7, state, 1, &[1])
     }
 
     fn transition(from: TaskState, to: TaskState) -> TaskChange {

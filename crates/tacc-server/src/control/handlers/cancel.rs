@@ -158,41 +158,18 @@ mod tests {
     use std::time::Instant;
 
     use tacc_core::{AttemptNo, NodeId, TaskId};
-    use tacc_store::StoredPlacement;
 
     use super::*;
     use crate::control::rules::polls::tests::assignment;
     use crate::control::rules::test_node;
 
     fn record(state: TaskState) -> TaskRecord {
-        let placed = state != TaskState::Queued;
-        TaskRecord {
-            id: TaskId(1),
-            name: "t".into(),
-            user: "ann".into(),
-            spec: serde_json::json!({}),
-            snapshot: "ab".repeat(32).parse().unwrap(),
-            source: None,
-            state,
-            reason: None,
-            exit_code: None,
-            attempt: AttemptNo(1),
-            placements: if placed {
-                vec![StoredPlacement {
-                    node: NodeId(1),
-                    gpu_indices: vec![],
-                }]
-            } else {
-                vec![]
-            },
-            cancel_requested: false,
-            submitted_at: Timestamp(0),
-            started_at: None,
-            finished_at: None,
-            group: None,
-            group_index: None,
-            submission: serde_json::json!({}),
-        }
+        let placed: &[u64] = if state == TaskState::Queued {
+            &[]
+        } else {
+            &[1]
+        };
+        crate::control::rules::test_record(1, state, 1, placed)
     }
 
     /// A core with node 1 running task 1's attempt (online or not).

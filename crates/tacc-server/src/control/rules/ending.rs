@@ -162,29 +162,9 @@ pub(in crate::control) fn plan_end(end: AttemptEnd<'_>) -> EndPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tacc_core::{SnapshotId, TaskId};
 
     fn record(state: TaskState, attempt: u32) -> TaskRecord {
-        TaskRecord {
-            id: TaskId(7),
-            name: "t".into(),
-            user: "alice".into(),
-            spec: serde_json::json!({}),
-            snapshot: SnapshotId::try_from("ab".repeat(32)).unwrap(),
-            source: None,
-            state,
-            reason: None,
-            exit_code: None,
-            attempt: AttemptNo(attempt),
-            placements: Vec::new(),
-            cancel_requested: false,
-            submitted_at: Timestamp(0),
-            started_at: None,
-            finished_at: None,
-            group: None,
-            group_index: None,
-            submission: serde_json::json!({}),
-        }
+        crate::control::rules::test_record(7, state, attempt, &[])
     }
 
     fn policy(on: &[RetryOn], max_attempts: u32) -> RetrySpec {

@@ -37,3 +37,40 @@ pub(super) fn test_node(id: u64, at: std::time::Instant) -> super::LiveNode {
     live.online = true;
     live
 }
+
+/// A task record for the control plane's unit tests: task `task` of `ann`, in `state`,
+/// attempt `attempt`, placed on `nodes` (one rank each).
+#[cfg(test)]
+pub(super) fn test_record(
+    task: u64,
+    state: tacc_core::TaskState,
+    attempt: u32,
+    nodes: &[u64],
+) -> tacc_store::TaskRecord {
+    tacc_store::TaskRecord {
+        id: tacc_core::TaskId(task),
+        name: "t".into(),
+        user: "ann".into(),
+        spec: serde_json::json!({}),
+        snapshot: "ab".repeat(32).parse().expect("a snapshot id"),
+        source: None,
+        state,
+        reason: None,
+        exit_code: None,
+        attempt: tacc_core::AttemptNo(attempt),
+        placements: nodes
+            .iter()
+            .map(|node| tacc_store::StoredPlacement {
+                node: tacc_core::NodeId(*node),
+                gpu_indices: vec![],
+            })
+            .collect(),
+        cancel_requested: false,
+        submitted_at: tacc_core::Timestamp(0),
+        started_at: None,
+        finished_at: None,
+        group: None,
+        group_index: None,
+        submission: serde_json::json!({}),
+    }
+}
