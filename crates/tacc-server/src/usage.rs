@@ -811,6 +811,7 @@ impl UsageService {
         let flags = self.with_kept_failures(&record, flags, &names).await?;
         let finished_ranks = if record.state.is_active() {
             control
+                .facts
                 .finished_ranks_of(&record)
                 .await?
                 .into_keys()

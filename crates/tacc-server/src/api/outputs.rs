@@ -154,7 +154,7 @@ async fn uploading_rank(
     if let Some(rank) = control.node_attempts.rank_of(node, attempt) {
         return Ok(Some(rank));
     }
-    let record = control.task_record(attempt.task).await?;
+    let record = control.facts.task_record(attempt.task).await?;
     if !crate::agent_access::attempt_is_on_node(record.as_ref(), node, attempt, false) {
         return Ok(None);
     }

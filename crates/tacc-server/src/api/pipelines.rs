@@ -224,7 +224,7 @@ pub(super) async fn get_input(
         task: TaskId(task),
         attempt: AttemptNo(attempt),
     };
-    let record = app.control.task_record(TaskId(task)).await?;
+    let record = app.control.facts.task_record(TaskId(task)).await?;
     if !crate::agent_access::attempt_is_on_node(record.as_ref(), NodeId(node), attempt_ref, false) {
         return Err(ServerError::Forbidden(format!(
             "task {task} attempt {attempt} is not running on node {node}; its inputs are not \

@@ -43,7 +43,7 @@ impl Control {
             if let AgentReport::Usage(sample) = report {
                 let attempt = sample.attempt;
                 let kept = sample.clone();
-                let record = self.task_record(sample.attempt.task).await?;
+                let record = self.facts.task_record(sample.attempt.task).await?;
                 let accepted = self.usage.accept(
                     &*self.store,
                     &self.metrics,
@@ -79,7 +79,7 @@ impl Control {
                 AgentReport::Resized { attempt, .. } => (*attempt, false),
                 AgentReport::Metrics { attempt, .. } => (*attempt, false),
             };
-            let record = self.task_record(attempt.task).await?;
+            let record = self.facts.task_record(attempt.task).await?;
             let current =
                 crate::agent_access::attempt_is_on_node(record.as_ref(), node, attempt, !ending);
             // The node's own end of an attempt it held, and its last lines, count even
@@ -133,7 +133,7 @@ impl Control {
                     self.append_output(node, attempt, &text, offset)?;
                 }
                 AgentReport::Started { attempt, at } => {
-                    let Some(record) = self.task_record(attempt.task).await? else {
+                    let Some(record) = self.facts.task_record(attempt.task).await? else {
                         continue;
                     };
                     let mut fx = Effects::default();
@@ -146,7 +146,7 @@ impl Control {
                     outcome,
                     rank,
                 } => {
-                    let record = self.task_record(attempt.task).await?;
+                    let record = self.facts.task_record(attempt.task).await?;
                     self.usage
                         .end_rank(&*self.store, record.as_ref(), node, attempt, &outcome, at)
                         .await?;
@@ -176,7 +176,7 @@ impl Control {
                     runtime,
                     why,
                 } => {
-                    let Some(record) = self.task_record(attempt.task).await? else {
+                    let Some(record) = self.facts.task_record(attempt.task).await? else {
                         continue;
                     };
                     if record.attempt == attempt.attempt && !record.state.is_terminal() {
@@ -219,7 +219,7 @@ impl Control {
         attempt: AttemptRef,
         outcome: AttemptOutcome,
     ) -> Result<(), ServerError> {
-        let Some(record) = self.task_record(attempt.task).await? else {
+        let Some(record) = self.facts.task_record(attempt.task).await? else {
             return Ok(());
         };
         if record.attempt != attempt.attempt || !record.state.is_active() {
@@ -262,7 +262,7 @@ impl Control {
         {
             return self.lose_attempt(inner, attempt, outcome).await;
         }
-        let Some(record) = self.task_record(attempt.task).await? else {
+        let Some(record) = self.facts.task_record(attempt.task).await? else {
             return Ok(());
         };
         let mut fx = Effects::default();

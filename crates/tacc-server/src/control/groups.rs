@@ -147,7 +147,7 @@ impl Control {
             for record in open {
                 if record.state == TaskState::Queued {
                     records.push(record);
-                } else if let Some(placed) = self.task_record(record.id).await? {
+                } else if let Some(placed) = self.facts.task_record(record.id).await? {
                     records.push(placed);
                 }
             }

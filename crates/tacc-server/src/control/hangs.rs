@@ -11,7 +11,7 @@ impl Control {
     pub(super) async fn end_hung_attempts(&self, inner: &mut Core) -> Result<(), ServerError> {
         let mut watched = Vec::new();
         for attempt in hangs::watched(inner, &self.config) {
-            if let Some(record) = self.task_record(attempt.task).await? {
+            if let Some(record) = self.facts.task_record(attempt.task).await? {
                 watched.push(Watched {
                     attempt,
                     record,

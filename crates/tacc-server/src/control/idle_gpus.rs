@@ -15,7 +15,7 @@ impl Control {
         };
         let mut watched = Vec::new();
         for attempt in idle_gpus::watched(inner) {
-            if let Some(record) = self.task_record(attempt.task).await? {
+            if let Some(record) = self.facts.task_record(attempt.task).await? {
                 watched.push(Watched {
                     attempt,
                     record,

@@ -28,6 +28,8 @@ mod attempts;
 mod comm;
 mod effects;
 mod estimates;
+mod facts;
+pub(crate) use facts::Facts;
 #[cfg(test)]
 mod gpu_lifecycle_tests;
 mod groups;
@@ -195,7 +197,9 @@ pub struct Control {
     pub(crate) usage: Arc<crate::usage::UsageBook>,
     pub(crate) metrics: Arc<crate::metrics::Metrics>,
     /// The records of placed tasks, kept beside the store (see `records.rs`).
-    pub(crate) placed: records::PlacedRecords,
+    pub(crate) placed: Arc<records::PlacedRecords>,
+    /// Reads of the durable state before and around turns (`facts/`).
+    pub(crate) facts: Facts,
     /// Running attempts' signals, verdicts and allocation changes.
     pub(crate) adaptive: adaptive::AdaptiveBook,
     /// Sweeps whose trials the controller still launches or stops.
@@ -337,6 +341,7 @@ impl Control {
         let scheduler = Scheduler::by_name(&config.policy, config.scheduler.clone())
             .map_err(|e| ServerError::Config(e.to_string()))?;
         let secret_box = crate::secrets::SecretBox::open(&config.data_dir.join("secret.key"))?;
+        let placed = Arc::new(records::PlacedRecords::default());
         let control = Arc::new(Control {
             auth: Arc::new(crate::auth::Authenticator::new(store.clone())),
             audit: Arc::new(crate::auth::AuditTrail::start(store.clone(), config.audit)),
@@ -351,7 +356,8 @@ impl Control {
                     .map_or(crate::usage::GPU_BUSY_PERCENT, |p| p.below_percent),
             )),
             metrics: Arc::new(crate::metrics::Metrics::new(logs.written_counter())),
-            placed: records::PlacedRecords::default(),
+            placed: placed.clone(),
+            facts: Facts::new(store.clone(), placed),
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
             sweeps: sweeps::OpenSweeps::default(),
             task_uids: Default::default(),
@@ -412,7 +418,7 @@ impl Control {
                     let waits = awaited_sweeps.is_empty();
                     handlers::reload::Facts::Queued {
                         retry_at: match waits {
-                            true => self.restore_retry_wait(&record).await?,
+                            true => self.facts.retry_wait(&record, &self.config.retry).await?,
                             false => None,
                         },
                         needs: match waits {
@@ -450,7 +456,7 @@ impl Control {
                             .task_secrets(&*self.store, &self.logs, &record, &spec)
                             .await,
                         inputs: self.attempt_inputs(&record).await?,
-                        finished: self.finished_ranks_of(&record).await?,
+                        finished: self.facts.finished_ranks_of(&record).await?,
                         allocation: self.adaptive.allocation(AttemptRef {
                             task: record.id,
                             attempt: record.attempt,
@@ -662,6 +668,7 @@ impl Control {
     ) -> Result<TaskRecord, ServerError> {
         self.turn(async |core: &mut Core| {
             let record = self
+                .facts
                 .task_record(task)
                 .await?
                 .ok_or(ServerError::TaskNotFound(task))?;

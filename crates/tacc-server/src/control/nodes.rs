@@ -103,7 +103,7 @@ impl Control {
                     .map_err(refused)?;
                 let mut fx = Effects::default();
                 for attempt in settled {
-                    if let Some(record) = self.task_record(attempt.task).await? {
+                    if let Some(record) = self.facts.task_record(attempt.task).await? {
                         handlers::poll::on_cancel_settled(
                             core,
                             &mut fx,
@@ -160,7 +160,7 @@ impl Control {
         }
         let mut records = Vec::with_capacity(inner.held.len());
         for task in inner.held.clone() {
-            match self.task_record(task).await? {
+            match self.facts.task_record(task).await? {
                 Some(record) => records.push(record),
                 // Gone from the store: nothing to schedule.
                 None => {

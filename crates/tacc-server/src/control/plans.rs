@@ -61,7 +61,7 @@ impl Control {
         let mut records = BTreeMap::new();
         for action in &plan.actions {
             if let Action::Start { task, .. } | Action::Reject { task, .. } = action
-                && let Some(record) = self.task_record(*task).await?
+                && let Some(record) = self.facts.task_record(*task).await?
             {
                 records.insert(*task, record);
             }

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use tacc_core::TaskId;
-use tacc_store::{StoreError, TaskChange, TaskRecord};
+use tacc_store::{Store, StoreError, TaskChange, TaskRecord};
 
 use super::Control;
 
@@ -72,6 +72,35 @@ impl PlacedRecords {
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.records.lock().unwrap().is_empty()
+    }
+
+    /// `task`'s record: the copy while it is placed, else read from `store` (with what
+    /// the turn under way staged for it applied) and kept if it is placed.
+    pub(crate) async fn read(
+        &self,
+        store: &dyn Store,
+        task: TaskId,
+    ) -> Result<Option<TaskRecord>, StoreError> {
+        if let Some(record) = self.get(task) {
+            return Ok(Some(record));
+        }
+        let _order = self.order.lock().await;
+        if let Some(record) = self.get(task) {
+            return Ok(Some(record));
+        }
+        let mut record = store.get_task(task).await?;
+        // Read your own writes: what the turn staged for the task and has not committed.
+        if let Some(record) = record.as_mut() {
+            let _ = STAGED.try_with(|staged| {
+                for change in staged.borrow().iter().filter(|c| c.task() == Some(task)) {
+                    let _ = tacc_store::apply_transition(record, change);
+                }
+            });
+        }
+        if let Some(record) = &record {
+            self.admit(record);
+        }
+        Ok(record)
     }
 
     fn forget(&self, changes: &[TaskChange]) {
@@ -239,30 +268,6 @@ impl Control {
             self.placed.forget(&left);
         }
         failed
-    }
-
-    /// A task's record as the store holds it: from memory while the task is placed.
-    pub(crate) async fn task_record(&self, task: TaskId) -> Result<Option<TaskRecord>, StoreError> {
-        if let Some(record) = self.placed.get(task) {
-            return Ok(Some(record));
-        }
-        let _order = self.placed.order.lock().await;
-        if let Some(record) = self.placed.get(task) {
-            return Ok(Some(record));
-        }
-        let mut record = self.store.get_task(task).await?;
-        // Read your own writes: what the turn staged for the task and has not committed.
-        if let Some(record) = record.as_mut() {
-            let _ = STAGED.try_with(|staged| {
-                for change in staged.borrow().iter().filter(|c| c.task() == Some(task)) {
-                    let _ = tacc_store::apply_transition(record, change);
-                }
-            });
-        }
-        if let Some(record) = &record {
-            self.placed.admit(record);
-        }
-        Ok(record)
     }
 }
 

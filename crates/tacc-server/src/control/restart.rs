@@ -7,7 +7,6 @@
 //! drained (nothing new lands on them) until their agents register again and claim what
 //! they still run, or stay away for a heartbeat timeout and are lost.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tacc_core::Timestamp;
@@ -22,25 +21,6 @@ use crate::ServerError;
 const SEEN_KEPT_EVERY: Duration = Duration::from_secs(10);
 
 impl Control {
-    /// The node ranks of `record`'s attempt that already ended successfully, and when
-    /// (multi-node attempts only; a single rank's end ends the attempt).
-    pub(crate) async fn finished_ranks_of(
-        &self,
-        record: &TaskRecord,
-    ) -> Result<BTreeMap<u32, Timestamp>, ServerError> {
-        if record.placements.len() < 2 {
-            return Ok(BTreeMap::new());
-        }
-        Ok(self
-            .store
-            .rank_ends(record.id, record.attempt)
-            .await?
-            .into_iter()
-            .filter(|end| end.failure.is_none())
-            .map(|end| (end.rank, end.at))
-            .collect())
-    }
-
     /// After a restart: the nodes of the attempts that were running become known to the
     /// scheduler (drained) and the attempts hold their allocations there again.
     pub(super) async fn expect_back(&self, inner: &mut Core, running: Vec<TaskRecord>) {

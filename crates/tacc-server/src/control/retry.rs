@@ -12,7 +12,6 @@ use tacc_core::{AttemptNo, TaskState, Timestamp};
 use tacc_store::TaskEvent;
 
 use super::{Control, Core};
-use crate::ServerError;
 use tacc_scheduler::Event;
 
 /// How retries are spaced and when a task that keeps taking its node down stops being
@@ -116,20 +115,6 @@ pub(crate) fn attempt_marker(next: AttemptNo, cause: &str) -> String {
 }
 
 impl Control {
-    /// The wait a queued task restored after a restart still has to serve, if any.
-    pub(super) async fn restore_retry_wait(
-        &self,
-        record: &tacc_store::TaskRecord,
-    ) -> Result<Option<Timestamp>, ServerError> {
-        if record.attempt.0 < 2 {
-            return Ok(None);
-        }
-        Ok(not_before(
-            &self.store.task_events(record.id).await?,
-            &self.config.retry,
-        ))
-    }
-
     /// Wake the scheduler for the retried tasks whose backoff is over (called by the
     /// periodic liveness check, with the time passed in): it has them queued already.
     pub(super) async fn release_due_retries(&self, inner: &mut Core, at: Timestamp) {

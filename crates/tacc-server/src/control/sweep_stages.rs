@@ -152,7 +152,7 @@ impl Control {
         let mut submitted = Vec::new();
         for task in released {
             inner.after_sweeps.remove(&task);
-            let Some(record) = self.task_record(task).await? else {
+            let Some(record) = self.facts.task_record(task).await? else {
                 continue;
             };
             if record.state != TaskState::Queued {

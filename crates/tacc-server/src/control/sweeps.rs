@@ -384,7 +384,7 @@ impl Control {
                         self.cancel(trial.id).await?;
                     }
                 }
-                let now_record = self.task_record(trial.id).await?;
+                let now_record = self.facts.task_record(trial.id).await?;
                 if let Some(now_record) = now_record
                     && now_record.state == TaskState::Cancelled
                     && !now_record
