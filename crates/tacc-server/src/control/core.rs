@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use tacc_core::{GroupId, NodeId, TaskId, Timestamp};
 use tacc_proto::{Assignment, AttemptRef};
-use tacc_scheduler::{Event, Scheduler};
+use tacc_scheduler::{Event, NodeSpec, Scheduler};
 use tacc_schema::TaskSpec;
 use tacc_store::NodeRecord;
 
@@ -255,5 +255,15 @@ impl Core {
             left.push("scheduler events deferred past their turn".to_string());
         }
         left
+    }
+}
+
+/// What the scheduler knows of a node.
+pub(crate) fn node_spec(record: &NodeRecord) -> NodeSpec {
+    NodeSpec {
+        id: record.id,
+        capacity: record.capacity,
+        gpu_type: record.gpu_type.clone(),
+        labels: record.labels.clone(),
     }
 }

@@ -31,6 +31,8 @@ pub(crate) struct Effects {
     pub(crate) warnings: Vec<String>,
     /// News for the operator (the server's log, at info level).
     pub(crate) news: Vec<String>,
+    /// What a restarted server would need that changed, for the shell to keep.
+    pub(crate) keep_for_restart: Option<crate::control::handlers::liveness::RestartFacts>,
     /// Steps not yet ported into handlers, run by the shell after the changes before
     /// them are durable (they read the store).
     pub(crate) follow_ups: Vec<FollowUp>,
@@ -108,6 +110,7 @@ impl Effects {
             && self.warnings.is_empty()
             && self.news.is_empty()
             && self.idle_warnings.is_empty()
+            && self.keep_for_restart.is_none()
             && self.follow_ups.is_empty()
     }
 }

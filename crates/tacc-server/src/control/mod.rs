@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use tacc_compiler::DirChunkStore;
 use tacc_core::{SnapshotId, TaskId, TaskState, Timestamp};
 use tacc_proto::AttemptRef;
-use tacc_scheduler::{
-    Action, Event, Explanation, Placement, Plan, Scheduler, SchedulerConfig, TaskRequest,
-};
+use tacc_scheduler::{Explanation, Placement, Scheduler, SchedulerConfig, TaskRequest};
 use tacc_schema::TaskSpec;
 use tacc_store::{NewTask, OutputRecord, Store, StoredPlacement, TaskFilter, TaskRecord};
 use tokio::sync::Mutex;
@@ -40,9 +38,7 @@ mod idle_gpus;
 mod lifecycle_tests;
 mod nodes;
 mod pipelines;
-mod plans;
 mod records;
-mod restart;
 mod resume;
 mod retry;
 mod rules;
@@ -61,7 +57,6 @@ use crate::logs::LogBook;
 pub use adaptive::{AdaptiveConfig, AdaptiveMode, DefaultBounds};
 pub(crate) use groups::RERUN_STATES;
 pub use nodes::LIVENESS_CHECK_EVERY;
-use nodes::node_spec;
 pub use pipelines::StageSubmission;
 pub use retry::RetrySettings;
 pub(crate) use rules::dev_idle;
@@ -205,7 +200,7 @@ pub struct Control {
     /// Sweeps whose trials the controller still launches or stops.
     pub(crate) sweeps: sweeps::OpenSweeps,
     /// Task uids of users, as the store allocated them.
-    pub(crate) task_uids: task_accounts::TaskUidCache,
+    pub(crate) accounts: task_accounts::TaskAccounts,
     /// The scheduler's projection of the queue, per epoch (see `estimates.rs`).
     estimates: estimates::EstimateCache,
     /// The control plane's time: the system's in a server, a manual one in lifecycle tests.
@@ -360,7 +355,11 @@ impl Control {
             facts: Facts::new(store.clone(), placed),
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
             sweeps: sweeps::OpenSweeps::default(),
-            task_uids: Default::default(),
+            accounts: task_accounts::TaskAccounts::new(
+                store.clone(),
+                config.unix_users.clone(),
+                config.task_uid_base,
+            ),
             estimates: estimates::EstimateCache::default(),
             store,
             logs,
@@ -450,7 +449,7 @@ impl Control {
                         );
                     }
                     handlers::reload::Facts::Running(Box::new(handlers::reload::Placed {
-                        account: self.task_account(&record.user).await,
+                        account: self.accounts.of(&record.user).await,
                         secrets: self
                             .secret_box
                             .task_secrets(&*self.store, &self.logs, &record, &spec)
@@ -477,8 +476,11 @@ impl Control {
         }
         let running = handlers::reload::on_reloaded(inner, reloaded);
         if restarted {
-            self.expect_back(inner, running).await;
-            self.restore_fairshare(inner).await?;
+            let mut fx = effects::Effects::default();
+            handlers::reload::on_expected_back(inner, &mut fx, &self.config, running);
+            self.carry(inner, fx).await?;
+            let kept = self.facts.fairshare_ledgers().await?;
+            handlers::reload::on_fairshare_restored(inner, kept, self.clock.now());
         } else {
             self.resync(inner).await;
         }

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use tacc_core::{NodeId, Resources, TaskState, Timestamp};
 use tacc_proto::{AttemptRef, DesiredWork, RegisterAgent};
-use tacc_scheduler::NodeSpec;
 use tacc_store::{NewNode, NodeEnrolment, NodeRecord, TaskFilter};
 use tokio::sync::watch;
 
@@ -184,7 +183,12 @@ impl Control {
                 self.clock.instant(),
                 self.config.heartbeat_timeout,
             );
-            self.keep_restart_facts(inner).await;
+            handlers::liveness::on_restart_facts_due(
+                inner,
+                &mut fx,
+                self.clock.now(),
+                self.clock.instant(),
+            );
             self.carry(inner, fx).await?;
             for node in tick.lost_nodes {
                 self.node_attempts.forget_node(node, &[]);
@@ -195,7 +199,9 @@ impl Control {
             self.release_held(inner).await?;
             self.end_hung_attempts(inner).await?;
             self.apply_idle_gpu_policy(inner).await?;
-            self.release_due_retries(inner, self.clock.now()).await;
+            let mut fx = Effects::default();
+            handlers::liveness::on_retries_due(inner, &mut fx, self.clock.now());
+            self.carry(inner, fx).await?;
             Ok(())
         })
         .await
@@ -376,14 +382,5 @@ impl Control {
             .iter()
             .map(|(id, n)| (*id, n.record.name.clone()))
             .collect()
-    }
-}
-
-pub(super) fn node_spec(record: &NodeRecord) -> NodeSpec {
-    NodeSpec {
-        id: record.id,
-        capacity: record.capacity,
-        gpu_type: record.gpu_type.clone(),
-        labels: record.labels.clone(),
     }
 }

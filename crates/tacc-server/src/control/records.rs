@@ -8,19 +8,16 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
 
 use tacc_core::TaskId;
 use tacc_store::{Store, StoreError, TaskChange, TaskRecord};
 
-use super::Control;
-
 tokio::task_local! {
     /// Changes of the agent report batch being applied that are not committed yet: they
-    /// go into the batch's next commit, or its last (see [`Control::staging_starts`]).
-    static STAGED: std::cell::RefCell<Vec<TaskChange>>;
+    /// go into the batch's next commit, or its last (see `Control::staging_starts` (`shell.rs`)).
+    pub(super) static STAGED: std::cell::RefCell<Vec<TaskChange>>;
     /// Set when a commit of the turn (or batch) being applied failed.
-    static FAILED: std::cell::Cell<bool>;
+    pub(super) static FAILED: std::cell::Cell<bool>;
 }
 
 #[derive(Debug, Default)]
@@ -28,7 +25,7 @@ pub(crate) struct PlacedRecords {
     records: Mutex<HashMap<TaskId, TaskRecord>>,
     /// Orders commits and cache fills: a record read from the store can never overwrite a
     /// newer one a concurrent commit applied.
-    order: tokio::sync::Mutex<()>,
+    pub(super) order: tokio::sync::Mutex<()>,
 }
 
 impl PlacedRecords {
@@ -37,7 +34,7 @@ impl PlacedRecords {
     }
 
     /// Keep `record` while it is placed.
-    fn admit(&self, record: &TaskRecord) {
+    pub(super) fn admit(&self, record: &TaskRecord) {
         if record.state.is_active() {
             self.records
                 .lock()
@@ -46,7 +43,7 @@ impl PlacedRecords {
         }
     }
 
-    fn applied(&self, changes: &[TaskChange]) {
+    pub(super) fn applied(&self, changes: &[TaskChange]) {
         let mut records = self.records.lock().unwrap();
         for change in changes {
             let Some(task) = change.task() else {
@@ -103,7 +100,7 @@ impl PlacedRecords {
         Ok(record)
     }
 
-    fn forget(&self, changes: &[TaskChange]) {
+    pub(super) fn forget(&self, changes: &[TaskChange]) {
         let mut records = self.records.lock().unwrap();
         for task in changes.iter().filter_map(TaskChange::task) {
             records.remove(&task);
@@ -113,7 +110,7 @@ impl PlacedRecords {
 
 /// Drops what a batch staged and never committed from the copies (the batch's request
 /// was dropped midway): they are read afresh from the store, which never saw them.
-struct StagedGuard<'a>(&'a PlacedRecords);
+pub(super) struct StagedGuard<'a>(pub(super) &'a PlacedRecords);
 
 impl Drop for StagedGuard<'_> {
     fn drop(&mut self) {
@@ -123,151 +120,6 @@ impl Drop for StagedGuard<'_> {
         if !left.is_empty() {
             self.0.forget(&left);
         }
-    }
-}
-
-impl Control {
-    /// Apply one agent report batch with its `starting → running` transitions staged:
-    /// each is applied to the placed copy at once and committed, in order, with the
-    /// batch's next commit — typically the same attempt's end, so a short task's start
-    /// and end cost one transaction — or by `batch`'s own [`Control::flush_staged`]
-    /// before it is acknowledged. Nothing is acknowledged before it is durable; a failed
-    /// commit fails the batch (the agent sends it again).
-    pub(crate) async fn staging_starts<T>(
-        &self,
-        batch: impl std::future::Future<Output = Result<T, crate::ServerError>>,
-    ) -> Result<T, crate::ServerError> {
-        STAGED
-            .scope(
-                std::cell::RefCell::new(Vec::new()),
-                FAILED.scope(std::cell::Cell::new(false), async {
-                    let _guard = StagedGuard(&self.placed);
-                    batch.await
-                }),
-            )
-            .await
-    }
-
-    /// Commit what the report batch being applied staged and no commit took yet.
-    pub(crate) async fn flush_staged(&self) -> Result<(), StoreError> {
-        self.commit(&[]).await
-    }
-
-    /// Commit `changes` with the turn's (or report batch's) next commit, or its last, when
-    /// one is under way ([`Control::staging_starts`]), applied to the placed copies at
-    /// once; together at once otherwise.
-    pub(crate) async fn stage_all(&self, changes: Vec<TaskChange>) -> Result<(), StoreError> {
-        if changes.is_empty() {
-            return Ok(());
-        }
-        let staged = STAGED.try_with(|staged| {
-            self.placed.applied(&changes);
-            staged.borrow_mut().extend(changes.iter().cloned());
-        });
-        match staged {
-            Ok(()) => Ok(()),
-            Err(_) => self.commit(&changes).await,
-        }
-    }
-
-    /// Commit `changes` in one store transaction, timing it, then bring the placed
-    /// tasks' copies up to date.
-    pub(crate) async fn commit(&self, changes: &[TaskChange]) -> Result<(), StoreError> {
-        self.commit_placing(changes, &[]).await
-    }
-
-    /// [`Control::commit`], keeping the records of the tasks `changes` place (each as the
-    /// store holds it once `changes` are applied).
-    pub(crate) async fn commit_placing(
-        &self,
-        changes: &[TaskChange],
-        placed: &[TaskRecord],
-    ) -> Result<(), StoreError> {
-        // What the report batch being applied staged goes first, in order, in this
-        // transaction; if it fails they are staged again, for the batch's last commit to
-        // try (and fail the batch with) — a caller that swallows its own failure cannot
-        // lose them.
-        let staged = STAGED
-            .try_with(|staged| std::mem::take(&mut *staged.borrow_mut()))
-            .unwrap_or_default();
-        let with_staged;
-        let changes = if staged.is_empty() {
-            changes
-        } else {
-            with_staged = [&staged[..], changes].concat();
-            &with_staged[..]
-        };
-        if changes.is_empty() {
-            return Ok(());
-        }
-        let result = self.commit_now(changes, placed).await;
-        if result.is_err() && !staged.is_empty() {
-            let _ = STAGED.try_with(|left| {
-                let mut left = left.borrow_mut();
-                let later = std::mem::take(&mut *left);
-                *left = staged;
-                left.extend(later);
-            });
-        }
-        result
-    }
-
-    async fn commit_now(
-        &self,
-        changes: &[TaskChange],
-        placed: &[TaskRecord],
-    ) -> Result<(), StoreError> {
-        // The notifications that ended tasks and groups call for go in the same transaction.
-        let notifications = match crate::notify::notifications_for(self, changes).await {
-            Ok(notifications) => notifications,
-            Err(crate::ServerError::Store(e)) => return Err(e),
-            Err(e) => {
-                tracing::error!("cannot work out the notifications of a change: {e}");
-                Vec::new()
-            }
-        };
-        let with_notifications;
-        let changes = if notifications.is_empty() {
-            changes
-        } else {
-            with_notifications = [changes, &notifications[..]].concat();
-            &with_notifications[..]
-        };
-        let _order = self.placed.order.lock().await;
-        let started = Instant::now();
-        let result = self.store.apply(changes).await;
-        self.metrics.committed("apply", started.elapsed());
-        match &result {
-            Ok(()) => {
-                #[cfg(test)]
-                self.committed
-                    .lock()
-                    .unwrap()
-                    .extend(changes.iter().cloned());
-                self.placed.applied(changes);
-                for record in placed {
-                    self.placed.admit(record);
-                }
-            }
-            Err(_) => {
-                self.placed.forget(changes);
-                let _ = FAILED.try_with(|failed| failed.set(true));
-            }
-        }
-        result
-    }
-
-    /// Whether a commit of the turn being applied failed; if so, what it staged is dropped
-    /// (never to be committed: the turn failed and the core is rebuilt from the store).
-    pub(crate) fn discard_if_failed(&self) -> bool {
-        let failed = FAILED.try_with(std::cell::Cell::get).unwrap_or(false);
-        if failed {
-            let left = STAGED
-                .try_with(|staged| std::mem::take(&mut *staged.borrow_mut()))
-                .unwrap_or_default();
-            self.placed.forget(&left);
-        }
-        failed
     }
 }
 

@@ -11,9 +11,6 @@ use std::time::Duration;
 use tacc_core::{AttemptNo, TaskState, Timestamp};
 use tacc_store::TaskEvent;
 
-use super::{Control, Core};
-use tacc_scheduler::Event;
-
 /// How retries are spaced and when a task that keeps taking its node down stops being
 /// retried: the operator's settings (`taccd --retry-backoff`, `--retry-backoff-max`,
 /// `--crash-limit`).
@@ -112,18 +109,6 @@ pub(crate) fn attempt_marker(next: AttemptNo, cause: &str) -> String {
         .collect();
     let code = if code.is_empty() { "unknown" } else { &code };
     format!("=== attempt {} (retry after {code}) ===\n", next.0)
-}
-
-impl Control {
-    /// Wake the scheduler for the retried tasks whose backoff is over (called by the
-    /// periodic liveness check, with the time passed in): it has them queued already.
-    pub(super) async fn release_due_retries(&self, inner: &mut Core, at: Timestamp) {
-        let before = inner.retry_at.len();
-        inner.retry_at.retain(|_, not_before| *not_before > at);
-        if inner.retry_at.len() < before {
-            self.drive(inner, Event::Tick).await;
-        }
-    }
 }
 
 #[cfg(test)]

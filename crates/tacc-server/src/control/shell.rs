@@ -7,10 +7,25 @@
 //! (`api/durable.rs`). A commit that fails fails the turn: nothing is acknowledged, the
 //! copies of what it touched are dropped and the scheduler is rebuilt from the store.
 
-use tacc_scheduler::Event;
+//!
+//! Its parts, in the order a turn meets them: the turn itself; carrying out what a
+//! handler decided; the commits (what the turn staged, in one transaction, with the
+//! placed tasks' copies kept in step: `records.rs`); and the scheduler's decisions, each
+//! plan committed and handed to the nodes, a plan that cannot be recorded rebuilding the
+//! scheduler from the store, which is the truth.
 
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use tacc_core::{TaskId, TaskState};
+use tacc_scheduler::{Action, Event, Plan, Scheduler, TaskRequest};
+use tacc_store::{StoreError, TaskChange, TaskFilter, TaskRecord};
+
+use super::core::node_spec;
 use super::effects::{Effects, FollowUp, Metric};
-use super::{Control, Core};
+use super::handlers::liveness::RestartFacts;
+use super::records::{FAILED, STAGED, StagedGuard};
+use super::{Control, Core, handlers, placements_of, request_of};
 use crate::ServerError;
 
 impl Control {
@@ -81,8 +96,12 @@ impl Control {
             warnings,
             news,
             idle_warnings,
+            keep_for_restart,
             follow_ups,
         } = fx;
+        if let Some(facts) = keep_for_restart {
+            self.keep_for_restart(core, facts).await;
+        }
         for change in idle_warnings {
             self.usage.set_idle_warning(change.attempt, change.warning);
         }
@@ -132,5 +151,328 @@ impl Control {
             self.logs.wake(task);
         }
         Ok(())
+    }
+
+    /// Keep what a restarted server needs (`RestartFacts`). Outside the turn's
+    /// transaction on purpose: a store that cannot take them now gets them next time.
+    async fn keep_for_restart(&self, core: &mut Core, facts: RestartFacts) {
+        let changed = facts.changed_ledgers(core);
+        let mut ledgers = None;
+        if !changed.is_empty() {
+            match self.store.save_fairshare(&changed).await {
+                Ok(()) => ledgers = facts.ledgers,
+                Err(e) => tracing::warn!("cannot keep the fair-share ledgers: {e}"),
+            }
+        }
+        let mut seen = Vec::new();
+        if !facts.seen.is_empty() {
+            match self.store.save_nodes_seen(&facts.seen).await {
+                Ok(()) => seen = facts.seen,
+                Err(e) => tracing::warn!("cannot keep the nodes' last-seen times: {e}"),
+            }
+        }
+        handlers::liveness::on_restart_facts_kept(core, ledgers, seen);
+    }
+
+    // ---- Commits: what a turn staged, in one transaction (see `records.rs`) ----
+
+    /// Apply one agent report batch with its `starting → running` transitions staged:
+    /// each is applied to the placed copy at once and committed, in order, with the
+    /// batch's next commit — typically the same attempt's end, so a short task's start
+    /// and end cost one transaction — or by `batch`'s own [`Control::flush_staged`]
+    /// before it is acknowledged. Nothing is acknowledged before it is durable; a failed
+    /// commit fails the batch (the agent sends it again).
+    pub(crate) async fn staging_starts<T>(
+        &self,
+        batch: impl std::future::Future<Output = Result<T, crate::ServerError>>,
+    ) -> Result<T, crate::ServerError> {
+        STAGED
+            .scope(
+                std::cell::RefCell::new(Vec::new()),
+                FAILED.scope(std::cell::Cell::new(false), async {
+                    let _guard = StagedGuard(&self.placed);
+                    batch.await
+                }),
+            )
+            .await
+    }
+
+    /// Commit what the report batch being applied staged and no commit took yet.
+    pub(crate) async fn flush_staged(&self) -> Result<(), StoreError> {
+        self.commit(&[]).await
+    }
+
+    /// Commit `changes` with the turn's (or report batch's) next commit, or its last, when
+    /// one is under way ([`Control::staging_starts`]), applied to the placed copies at
+    /// once; together at once otherwise.
+    pub(crate) async fn stage_all(&self, changes: Vec<TaskChange>) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let staged = STAGED.try_with(|staged| {
+            self.placed.applied(&changes);
+            staged.borrow_mut().extend(changes.iter().cloned());
+        });
+        match staged {
+            Ok(()) => Ok(()),
+            Err(_) => self.commit(&changes).await,
+        }
+    }
+
+    /// Commit `changes` in one store transaction, timing it, then bring the placed
+    /// tasks' copies up to date.
+    pub(crate) async fn commit(&self, changes: &[TaskChange]) -> Result<(), StoreError> {
+        self.commit_placing(changes, &[]).await
+    }
+
+    /// [`Control::commit`], keeping the records of the tasks `changes` place (each as the
+    /// store holds it once `changes` are applied).
+    pub(crate) async fn commit_placing(
+        &self,
+        changes: &[TaskChange],
+        placed: &[TaskRecord],
+    ) -> Result<(), StoreError> {
+        // What the report batch being applied staged goes first, in order, in this
+        // transaction; if it fails they are staged again, for the batch's last commit to
+        // try (and fail the batch with) — a caller that swallows its own failure cannot
+        // lose them.
+        let staged = STAGED
+            .try_with(|staged| std::mem::take(&mut *staged.borrow_mut()))
+            .unwrap_or_default();
+        let with_staged;
+        let changes = if staged.is_empty() {
+            changes
+        } else {
+            with_staged = [&staged[..], changes].concat();
+            &with_staged[..]
+        };
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let result = self.commit_now(changes, placed).await;
+        if result.is_err() && !staged.is_empty() {
+            let _ = STAGED.try_with(|left| {
+                let mut left = left.borrow_mut();
+                let later = std::mem::take(&mut *left);
+                *left = staged;
+                left.extend(later);
+            });
+        }
+        result
+    }
+
+    async fn commit_now(
+        &self,
+        changes: &[TaskChange],
+        placed: &[TaskRecord],
+    ) -> Result<(), StoreError> {
+        // The notifications that ended tasks and groups call for go in the same transaction.
+        let notifications = match crate::notify::notifications_for(self, changes).await {
+            Ok(notifications) => notifications,
+            Err(crate::ServerError::Store(e)) => return Err(e),
+            Err(e) => {
+                tracing::error!("cannot work out the notifications of a change: {e}");
+                Vec::new()
+            }
+        };
+        let with_notifications;
+        let changes = if notifications.is_empty() {
+            changes
+        } else {
+            with_notifications = [changes, &notifications[..]].concat();
+            &with_notifications[..]
+        };
+        let _order = self.placed.order.lock().await;
+        let started = Instant::now();
+        let result = self.store.apply(changes).await;
+        self.metrics.committed("apply", started.elapsed());
+        match &result {
+            Ok(()) => {
+                #[cfg(test)]
+                self.committed
+                    .lock()
+                    .unwrap()
+                    .extend(changes.iter().cloned());
+                self.placed.applied(changes);
+                for record in placed {
+                    self.placed.admit(record);
+                }
+            }
+            Err(_) => {
+                self.placed.forget(changes);
+                let _ = FAILED.try_with(|failed| failed.set(true));
+            }
+        }
+        result
+    }
+
+    /// Whether a commit of the turn being applied failed; if so, what it staged is dropped
+    /// (never to be committed: the turn failed and the core is rebuilt from the store).
+    pub(crate) fn discard_if_failed(&self) -> bool {
+        let failed = FAILED.try_with(std::cell::Cell::get).unwrap_or(false);
+        if failed {
+            let left = STAGED
+                .try_with(|staged| std::mem::take(&mut *staged.borrow_mut()))
+                .unwrap_or_default();
+            self.placed.forget(&left);
+        }
+        failed
+    }
+
+    // ---- Decisions: the scheduler's plans, committed and handed to the nodes ----
+
+    /// Give newly stored tasks to the scheduler in one batch (one decision), or hold them
+    /// while no node takes work (see `handlers::submit`).
+    pub(super) async fn queue_new(
+        &self,
+        inner: &mut Core,
+        submitted: Vec<(TaskId, TaskRequest)>,
+    ) -> Result<(), ServerError> {
+        let mut fx = Effects::default();
+        handlers::submit::on_submitted(inner, &mut fx, submitted);
+        self.carry(inner, fx).await
+    }
+
+    /// Feed one event to the scheduler and carry out its plan in one store transaction.
+    /// A failure here never loses a task: the task stays durable in its last state and
+    /// the scheduler is rebuilt from the store.
+    pub(super) async fn drive(&self, inner: &mut Core, mut event: Event) {
+        if let Some(deferred) = inner.deferred.as_mut() {
+            deferred.push(event);
+            return;
+        }
+        self.adaptive.patch_restored(&mut event);
+        let batch = matches!(event, Event::Batch(_));
+        let deciding = Instant::now();
+        let decided = handlers::decide::on_decide(inner, self.clock.now(), event);
+        self.metrics.decided(deciding.elapsed());
+        let plan = match decided {
+            Ok(plan) => plan,
+            Err(e) if batch => {
+                // Part of the batch may have been applied: the store is the truth.
+                tracing::error!("scheduler refused an event of a batch, rebuilding: {e}");
+                self.resync(inner).await;
+                return;
+            }
+            Err(e) => {
+                tracing::error!("scheduler refused an event: {e}");
+                return;
+            }
+        };
+        if let Err(e) = self.carry_out(inner, plan).await {
+            tracing::error!("could not record a scheduling plan, rebuilding from the store: {e}");
+            self.resync(inner).await;
+        }
+    }
+
+    /// Apply a plan (`handlers::plan`): read the records it is about, let the handler
+    /// decide, commit its changes in one transaction (with whatever the turn staged),
+    /// then hand each started attempt to its nodes with what they need.
+    pub(super) async fn carry_out(&self, inner: &mut Core, plan: Plan) -> Result<(), ServerError> {
+        if plan.actions.is_empty() {
+            return Ok(());
+        }
+        let mut records = BTreeMap::new();
+        for action in &plan.actions {
+            if let Action::Start { task, .. } | Action::Reject { task, .. } = action
+                && let Some(record) = self.facts.task_record(*task).await?
+            {
+                records.insert(*task, record);
+            }
+        }
+        let mut fx = Effects::default();
+        let starts = handlers::plan::on_plan(inner, &mut fx, plan, &records);
+        let changes = std::mem::take(&mut fx.changes);
+        self.commit_placing(&changes, &starts).await?;
+        for record in &starts {
+            let Some(spec) = inner.specs.get(&record.id) else {
+                continue;
+            };
+            let secrets = self
+                .secret_box
+                .task_secrets(&*self.store, &self.logs, record, spec)
+                .await;
+            let inputs = self.attempt_inputs(record).await?;
+            let account = self.accounts.of(&record.user).await;
+            handlers::plan::on_placed(
+                inner,
+                &mut fx,
+                handlers::plan::Placed {
+                    record,
+                    account: &account,
+                    secrets: &secrets,
+                    inputs,
+                },
+            );
+        }
+        Box::pin(self.carry(inner, fx)).await
+    }
+
+    /// Throw the scheduler's state away, rebuild it from the store in one batch, and carry
+    /// out what it decides.
+    pub(super) async fn resync(&self, inner: &mut Core) {
+        let mut scheduler = Scheduler::by_name(&self.config.policy, self.config.scheduler.clone())
+            .expect("the policy was checked at start");
+        let mut events: Vec<Event> = inner
+            .nodes
+            .values()
+            .filter(|n| n.schedulable() || n.expected)
+            .flat_map(|live| {
+                let up = Event::NodeUp(node_spec(&live.record));
+                if live.record.drained || live.record.pending || live.expected {
+                    vec![up, Event::NodeDrained(live.record.id)]
+                } else {
+                    vec![up]
+                }
+            })
+            .collect();
+        let open = self
+            .store
+            .list_tasks(&TaskFilter {
+                states: vec![TaskState::Queued, TaskState::Starting, TaskState::Running],
+                ..Default::default()
+            })
+            .await
+            .unwrap_or_default();
+        for record in open.into_iter().rev() {
+            let Some(spec) = inner.specs.get(&record.id) else {
+                continue;
+            };
+            let group = inner.group_for(&self.config, &record.user);
+            let request = request_of(spec, &record, record.submitted_at, group);
+            events.push(if record.state == TaskState::Queued {
+                Event::TaskSubmitted {
+                    task: record.id,
+                    request,
+                }
+            } else {
+                Event::TaskRestored {
+                    task: record.id,
+                    request,
+                    placements: placements_of(&record.placements),
+                }
+            });
+        }
+        let mut batch = Event::Batch(events);
+        self.adaptive.patch_restored(&mut batch);
+        handlers::decide::patch(inner, &mut batch);
+        let plan = scheduler.handle(self.clock.now(), batch);
+        // Epochs stay unique across the replacement: a cached projection of the old
+        // scheduler is never taken for the new one's.
+        scheduler.continue_epochs_after(inner.scheduler.epoch());
+        // Fair-share usage is history the store does not replay: carried over as it is.
+        let ledgers = inner.scheduler.fairshare_ledgers();
+        scheduler.restore_fairshare(&ledgers, self.clock.now());
+        inner.scheduler = scheduler;
+        match plan {
+            Ok(plan) => {
+                if let Err(e) = Box::pin(self.carry_out(inner, plan)).await {
+                    tracing::error!(
+                        "could not record the rebuilt scheduler's plan: {e}; it is retried on the next event"
+                    );
+                }
+            }
+            Err(e) => tracing::error!("rebuilding the scheduler failed: {e}"),
+        }
     }
 }

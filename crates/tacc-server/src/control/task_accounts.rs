@@ -7,8 +7,9 @@
 //! [`ServerConfig::task_uid_base`]: super::ServerConfig::task_uid_base
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
-use super::Control;
+use tacc_store::Store;
 
 /// The account one user's attempts run as.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -20,33 +21,50 @@ pub(crate) struct TaskAccount {
     pub task_uid: Option<u32>,
 }
 
-/// Task uids read or allocated before (they never change), so a placement does not ask
-/// the store each time.
-#[derive(Debug, Default)]
-pub(crate) struct TaskUidCache(std::sync::Mutex<BTreeMap<String, u32>>);
+/// Who each user's attempts run as: the operator's mapping, else the user's task uid,
+/// read or allocated once in the store and then kept here (it never changes), so a
+/// placement does not ask the store each time.
+#[derive(Debug)]
+pub(crate) struct TaskAccounts {
+    store: Arc<dyn Store>,
+    /// `[users.NAME] unix_user`: the operator's mapping, which wins.
+    unix_users: BTreeMap<String, String>,
+    /// The first uid the store allocates from.
+    uid_base: u32,
+    uids: Mutex<BTreeMap<String, u32>>,
+}
 
-impl Control {
+impl TaskAccounts {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        unix_users: BTreeMap<String, String>,
+        uid_base: u32,
+    ) -> TaskAccounts {
+        TaskAccounts {
+            store,
+            unix_users,
+            uid_base,
+            uids: Mutex::default(),
+        }
+    }
+
     /// The account `user`'s attempts run as on every node.
-    pub(crate) async fn task_account(&self, user: &str) -> TaskAccount {
-        if let Some(account) = self.config.unix_users.get(user) {
+    pub(crate) async fn of(&self, user: &str) -> TaskAccount {
+        if let Some(account) = self.unix_users.get(user) {
             return TaskAccount {
                 unix_user: Some(account.clone()),
                 task_uid: None,
             };
         }
-        if let Some(uid) = self.task_uids.0.lock().unwrap().get(user) {
+        if let Some(uid) = self.uids.lock().unwrap().get(user) {
             return TaskAccount {
                 unix_user: None,
                 task_uid: Some(*uid),
             };
         }
-        match self.store.task_uid(user, self.config.task_uid_base).await {
+        match self.store.task_uid(user, self.uid_base).await {
             Ok(uid) => {
-                self.task_uids
-                    .0
-                    .lock()
-                    .unwrap()
-                    .insert(user.to_string(), uid);
+                self.uids.lock().unwrap().insert(user.to_string(), uid);
                 TaskAccount {
                     unix_user: None,
                     task_uid: Some(uid),

@@ -1,10 +1,16 @@
 //! What a running or restored attempt is made of: the ranks of a multi-node attempt that
-//! already ended, and the wait a retried task still serves.
+//! already ended, the wait a retried task still serves, and the fair-share ledgers.
+//!
+//! What lets a restarted server carry on as if it had never stopped: facts that used to
+//! live only in memory are kept in the store as they change — how each rank of a
+//! multi-node attempt ended (with the change that records it), each group's fair-share
+//! ledger and each node's last-seen time (at most once per liveness check, when they
+//! changed: `handlers::liveness::RestartFacts`) — and read back here at start.
 
 use std::collections::BTreeMap;
 
 use tacc_core::Timestamp;
-use tacc_store::TaskRecord;
+use tacc_store::{FairShareLedger, TaskRecord};
 
 use super::Facts;
 use crate::ServerError;
@@ -43,5 +49,10 @@ impl Facts {
             &self.store.task_events(record.id).await?,
             settings,
         ))
+    }
+
+    /// Every group's fair-share ledger as it was last kept (read back at a restart).
+    pub(crate) async fn fairshare_ledgers(&self) -> Result<Vec<FairShareLedger>, ServerError> {
+        Ok(self.store.load_fairshare().await?)
     }
 }

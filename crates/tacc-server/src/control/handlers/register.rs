@@ -13,8 +13,9 @@ use tacc_proto::{AttemptOutcome, AttemptRef};
 use tacc_scheduler::Event;
 use tacc_store::{NodeRecord, TaskRecord};
 
+use crate::control::core::node_spec;
 use crate::control::effects::Effects;
-use crate::control::nodes::{FLAP_WINDOW, node_spec};
+use crate::control::nodes::FLAP_WINDOW;
 use crate::control::rules::claims::{self, Claim};
 use crate::control::{Core, LiveNode, ServerConfig, placements_of, request_of};
 

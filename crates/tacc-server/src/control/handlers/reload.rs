@@ -7,13 +7,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tacc_core::{GroupId, Resources, TaskId, TaskState, Timestamp};
+use tacc_core::{GroupId, NodeId, Resources, TaskId, TaskState, Timestamp};
 use tacc_proto::{AttemptRef, InputFile};
+use tacc_scheduler::{Event, LedgerState};
 use tacc_schema::TaskSpec;
-use tacc_store::TaskRecord;
+use tacc_store::{FairShareLedger, TaskRecord};
 
 use super::plan::assignments_for;
-use crate::control::{Core, TaskAccount};
+use crate::control::core::node_spec;
+use crate::control::effects::Effects;
+use crate::control::{Core, ServerConfig, TaskAccount, placements_of, request_of};
 
 /// One open task as the shell read it.
 #[derive(Debug)]
@@ -149,4 +152,56 @@ pub(crate) enum Kind {
     Queued,
     Cancelling,
     Running,
+}
+
+/// After a restart: the nodes of the attempts that were running become known to the
+/// scheduler again, drained (nothing new lands on them until their agents register and
+/// claim what they still run), and those attempts hold their allocations there as
+/// before.
+pub(crate) fn on_expected_back(
+    core: &mut Core,
+    fx: &mut Effects,
+    config: &ServerConfig,
+    running: Vec<TaskRecord>,
+) {
+    let holding: Vec<NodeId> = core
+        .nodes
+        .iter()
+        .filter(|(_, live)| !live.assignments.is_empty())
+        .map(|(id, _)| *id)
+        .collect();
+    for node in holding {
+        let Some(live) = core.nodes.get_mut(&node) else {
+            continue;
+        };
+        live.expected = true;
+        fx.decide(Event::NodeUp(node_spec(&live.record)));
+        fx.decide(Event::NodeDrained(node));
+    }
+    for record in running {
+        let Some(spec) = core.specs.get(&record.id) else {
+            continue;
+        };
+        let group = core.group_for(config, &record.user);
+        fx.decide(Event::TaskRestored {
+            task: record.id,
+            request: request_of(spec, &record, record.submitted_at, group),
+            placements: placements_of(&record.placements),
+        });
+    }
+}
+
+/// After a restart: every group's fair-share usage as it was kept, advanced to `now`.
+pub(crate) fn on_fairshare_restored(core: &mut Core, kept: Vec<FairShareLedger>, now: Timestamp) {
+    let states: Vec<LedgerState> = kept
+        .iter()
+        .map(|l| LedgerState {
+            group: l.group.clone(),
+            value: l.value,
+            rate: l.rate,
+            at: l.at,
+        })
+        .collect();
+    core.scheduler.restore_fairshare(&states, now);
+    core.fairshare_saved = kept;
 }
