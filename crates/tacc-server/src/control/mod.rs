@@ -2,22 +2,27 @@
 //! node liveness, and the desired work of every node. All decisions are taken under one
 //! lock so the scheduler sees events in one order and the store never disagrees with it.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tacc_compiler::DirChunkStore;
-use tacc_core::{SnapshotId, TaskId, TaskState, Timestamp};
-use tacc_proto::AttemptRef;
-use tacc_scheduler::{Explanation, Placement, Scheduler, SchedulerConfig, TaskRequest};
+use tacc_core::{NodeId, SnapshotId, TaskId, TaskState, Timestamp};
+use tacc_proto::{AttemptRef, DesiredWork, RegisterAgent};
+use tacc_scheduler::{Explanation, Scheduler, TaskRequest};
 use tacc_schema::TaskSpec;
-use tacc_store::{NewTask, OutputRecord, Store, StoredPlacement, TaskFilter, TaskRecord};
+use tacc_store::{
+    NewNode, NewTask, NodeEnrolment, NodeRecord, OutputRecord, Store, TaskFilter, TaskRecord,
+};
 use tokio::sync::Mutex;
+use tokio::sync::watch;
 
 use crate::ServerError;
 use crate::clock::{Clock, SystemClock};
 use comm::{Comm, WatchComm};
+use effects::Effects;
+use handlers::poll::PollRefused;
 
 mod adaptive;
 mod core;
@@ -28,17 +33,20 @@ mod effects;
 mod estimates;
 mod facts;
 pub(crate) use facts::Facts;
+mod config;
 #[cfg(test)]
 mod gpu_lifecycle_tests;
 mod groups;
 mod handlers;
-mod hangs;
-mod idle_gpus;
 #[cfg(test)]
 mod lifecycle_tests;
 mod nodes;
 mod pipelines;
 mod records;
+mod requests;
+use config::SIMULATOR_ONLY_POLICIES;
+pub use config::{DEFAULT_POLICY, DEFAULT_TASK_UID_BASE, ServerConfig};
+use requests::{placements_of, request_for, request_of, spec_of};
 mod resume;
 mod retry;
 mod rules;
@@ -72,101 +80,6 @@ pub(crate) const CANCELLED_BY_USER: &str = "cancelled by user";
 
 /// The reason of a queued task held while no node is online.
 pub(crate) const NO_NODE_REASON: &str = "waiting for a node to register";
-
-#[derive(Debug, Clone)]
-pub struct ServerConfig {
-    pub data_dir: PathBuf,
-    /// An agent silent for longer than this is lost, and so are the attempts it ran.
-    pub heartbeat_timeout: Duration,
-    /// Name of the scheduling policy (see `tacc_scheduler::policy_names`).
-    pub policy: String,
-    /// Users, groups, limits, shares and priority caps.
-    pub scheduler: SchedulerConfig,
-    /// Datasets an administrator registered: name → absolute path or http(s) URL.
-    pub datasets: BTreeMap<String, String>,
-    /// A node lost [`FLAP_LOSSES`] times within [`FLAP_WINDOW`] that comes back gets no
-    /// work until it has stayed up this long.
-    pub node_stable_after: Duration,
-    /// Chunks no committed snapshot references are deleted once unused for this long.
-    pub chunk_retention: Duration,
-    /// Per-user submission rate, queue and log limits.
-    pub limits: crate::limits::UserLimits,
-    /// Operator mapping of TACC users to Unix accounts on the nodes (`[users.NAME]
-    /// unix_user` in the configuration file); unmapped users run as the agent's
-    /// unprivileged task account.
-    pub unix_users: BTreeMap<String, String>,
-    /// The first task uid (and gid) the server allocates to users not in `unix_users`
-    /// (`--task-uid-base`): one durable map in the store, the same on every node.
-    pub task_uid_base: u32,
-    /// A running rank with no output (and no CPU use, where measured) for this long is
-    /// flagged silent in its task's usage (`tcloud top`).
-    pub silent_after: Duration,
-    /// A multi-node attempt whose ranks still running have all been silent this long is
-    /// ended as hung (`--hang-after`; `None` is off); a task's `on_hang` overrides it.
-    pub hang_after: Option<Duration>,
-    /// The operator's idle-GPU policy (`--idle-gpu-*`); `None`: idle GPUs are only shown.
-    pub idle_gpu: Option<IdleGpuPolicy>,
-    /// The bounds on interactive sessions (`tcloud exec`, `shell`, `port-forward`).
-    pub sessions: crate::SessionLimits,
-    /// Adaptive allocation: which running tasks' allocations may move, and how fast.
-    pub adaptive: AdaptiveConfig,
-    /// One of several replicas (`--replicated`): agents are told so at registration.
-    pub replicated: bool,
-    /// How retries are spaced, and the crash limit.
-    pub retry: RetrySettings,
-    /// Which webhook destinations are allowed (internal addresses only when the operator
-    /// says so).
-    pub webhooks: crate::webhook_destination::WebhookPolicy,
-    /// Header and idle timeouts and the most connections the listener keeps open.
-    pub connections: crate::ConnectionLimits,
-    /// Audit retention and the bounds on refused-request noise.
-    pub audit: crate::auth::AuditSettings,
-    /// Nodes that enrol wait, with no work, until an admin approves them
-    /// (`--require-node-approval`).
-    pub require_node_approval: bool,
-}
-
-impl ServerConfig {
-    pub fn new(data_dir: PathBuf) -> Self {
-        ServerConfig {
-            data_dir,
-            heartbeat_timeout: Duration::from_secs(30),
-            node_stable_after: Duration::from_secs(60),
-            policy: DEFAULT_POLICY.to_string(),
-            scheduler: SchedulerConfig::default(),
-            datasets: BTreeMap::new(),
-            chunk_retention: Duration::from_secs(7 * 24 * 3600),
-            limits: crate::limits::UserLimits::default(),
-            unix_users: BTreeMap::new(),
-            task_uid_base: DEFAULT_TASK_UID_BASE,
-            silent_after: Duration::from_secs(300),
-            hang_after: Some(DEFAULT_HANG_AFTER),
-            idle_gpu: None,
-            sessions: crate::SessionLimits::default(),
-            adaptive: AdaptiveConfig::default(),
-            replicated: false,
-            retry: RetrySettings::default(),
-            webhooks: Default::default(),
-            connections: crate::ConnectionLimits::default(),
-            audit: crate::auth::AuditSettings::default(),
-            require_node_approval: false,
-        }
-    }
-}
-
-/// How long every running rank of a multi-node attempt must have been silent for it to
-/// count as hung, unless the operator or the task says otherwise.
-pub const DEFAULT_HANG_AFTER: Duration = Duration::from_secs(30 * 60);
-
-/// The default first uid of the accounts the server allocates for users' tasks: above the
-/// ranges distributions give to local and directory accounts.
-pub const DEFAULT_TASK_UID_BASE: u32 = 200_000;
-
-/// The production default: multifactor fair share with EASY backfill.
-pub const DEFAULT_POLICY: &str = "fairshare";
-
-/// Policies that need knowledge a live cluster does not have.
-const SIMULATOR_ONLY_POLICIES: &[&str] = &["sjf"];
 
 /// Wall-clock time, for the parts of the server outside the control plane's clock.
 pub fn now() -> Timestamp {
@@ -211,57 +124,6 @@ pub struct Control {
     /// Every change committed, in order, for the lifecycle tests' `take_changes`.
     #[cfg(test)]
     pub(crate) committed: std::sync::Mutex<Vec<tacc_store::TaskChange>>,
-}
-
-fn spec_of(record: &TaskRecord) -> Result<TaskSpec, ServerError> {
-    serde_json::from_value(record.spec.clone()).map_err(|e| {
-        ServerError::Internal(format!(
-            "stored spec of task {} is unreadable: {e}",
-            record.id
-        ))
-    })
-}
-
-/// What the scheduler is told about a task. `group` is the owner's group from their
-/// identity, used where the configuration file does not name one for them.
-fn request_of(
-    spec: &TaskSpec,
-    record: &TaskRecord,
-    at: Timestamp,
-    group: Option<String>,
-) -> TaskRequest {
-    TaskRequest {
-        wait_for_capacity: Submission::of(record).wait_for_capacity,
-        ..request_for(spec, &record.user, at, group)
-    }
-}
-
-/// What the scheduler is told about a task `user` submits (before it has a record).
-fn request_for(spec: &TaskSpec, user: &str, at: Timestamp, group: Option<String>) -> TaskRequest {
-    TaskRequest {
-        group,
-        user: tacc_core::UserName::new(user.to_string()),
-        per_node: spec.resources.per_node(),
-        gpu_share: spec.resources.gpu_share_percent(),
-        nodes: spec.resources.nodes,
-        gpu_type: spec.resources.gpu_type.clone(),
-        priority: spec.priority,
-        preemptible: spec.preemptible,
-        time_limit_secs: spec.resources.time_limit.map(|t| t.as_secs()),
-        submitted_at: at,
-        node_selector: crate::node_selector::of(spec),
-        ..TaskRequest::default()
-    }
-}
-
-fn placements_of(stored: &[StoredPlacement]) -> Vec<Placement> {
-    stored
-        .iter()
-        .map(|p| Placement {
-            node: p.node,
-            gpu_indices: p.gpu_indices.clone(),
-        })
-        .collect()
 }
 
 impl Control {
@@ -476,7 +338,7 @@ impl Control {
         }
         let running = handlers::reload::on_reloaded(inner, reloaded);
         if restarted {
-            let mut fx = effects::Effects::default();
+            let mut fx = Effects::default();
             handlers::reload::on_expected_back(inner, &mut fx, &self.config, running);
             self.carry(inner, fx).await?;
             let kept = self.facts.fairshare_ledgers().await?;
@@ -648,7 +510,7 @@ impl Control {
             let group = core.group_for(&self.config, user);
             let request = request_of(&spec, &record, record.submitted_at, group);
             core.specs.insert(record.id, spec);
-            let mut fx = effects::Effects::default();
+            let mut fx = Effects::default();
             handlers::submit::on_submitted(core, &mut fx, vec![(record.id, request)]);
             self.carry(core, fx).await
         })
@@ -674,7 +536,7 @@ impl Control {
                 .task_record(task)
                 .await?
                 .ok_or(ServerError::TaskNotFound(task))?;
-            let mut fx = effects::Effects::default();
+            let mut fx = Effects::default();
             handlers::cancel::on_cancel(
                 core,
                 &mut fx,
@@ -851,5 +713,289 @@ impl Control {
 
     pub async fn record_output(&self, output: OutputRecord) -> Result<(), ServerError> {
         Ok(self.store.add_output(output).await?)
+    }
+}
+
+// ---- Entry points: nodes (registration, polls, liveness, administration, listing) ----
+
+impl Control {
+    /// An agent (re)registers. Attempts the server placed on this node that the agent does
+    /// not report are lost: their processes are gone with the agent's previous life.
+    /// `enrolment` is set when the node enrols with a join token (see `enrolment`).
+    pub async fn register_agent(
+        &self,
+        registration: RegisterAgent,
+        enrolment: Option<NodeEnrolment>,
+    ) -> Result<NodeRecord, ServerError> {
+        self.turn(async |inner: &mut Core| {
+            let record = self
+                .store
+                .register_node(NewNode {
+                    name: registration.name.clone(),
+                    capacity: registration.capacity,
+                    gpu_type: registration.gpu_type.clone(),
+                    labels: registration.labels.clone(),
+                    address: registration.address.clone(),
+                    registered_at: self.clock.now(),
+                    enrolment,
+                })
+                .await?;
+            // Read before the node comes up: a queued task the scheduler places on it at once
+            // is new work for the agent, not an attempt its previous life left unclaimed.
+            let active = self
+                .store
+                .list_tasks(&TaskFilter {
+                    states: vec![TaskState::Starting, TaskState::Running],
+                    ..Default::default()
+                })
+                .await?;
+            let claimed: BTreeSet<AttemptRef> = registration.running.iter().copied().collect();
+            self.node_attempts
+                .forget_node(record.id, &registration.running);
+            self.log_offsets.registered(record.id, registration.life);
+            let mut fx = Effects::default();
+            let lost = handlers::register::on_register(
+                inner,
+                &mut fx,
+                handlers::register::Registration {
+                    record: record.clone(),
+                    claimed: claimed.clone(),
+                    active,
+                    seen: self.clock.instant(),
+                    config: &self.config,
+                },
+            );
+            self.carry(inner, fx).await?;
+            for (attempt, outcome) in lost {
+                self.lose_attempt(inner, attempt, outcome).await?;
+            }
+            self.release_held(inner).await?;
+            let mut fx = Effects::default();
+            handlers::register::on_claims_settled(inner, &mut fx, record.id, claimed);
+            self.carry(inner, fx).await?;
+            Ok(record)
+        })
+        .await
+    }
+
+    /// The work a node should be doing; also counts as the node's heartbeat. `running` is
+    /// what the agent runs now: a cancelled attempt it does not run (it never received
+    /// it, or already stopped it) is cancelled here, since no report about it will come.
+    async fn desired_work(
+        &self,
+        node: NodeId,
+        running: &[AttemptRef],
+    ) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
+        let refused = |refusal| match refusal {
+            PollRefused::UnknownNode => ServerError::NodeNotFound(node),
+            PollRefused::NotRegistered => ServerError::NodeNotRegistered(node),
+        };
+        let assignments = self
+            .turn(async |core: &mut Core| {
+                let settled = handlers::poll::on_poll(core, node, running, self.clock.instant())
+                    .map_err(refused)?;
+                let mut fx = Effects::default();
+                for attempt in settled {
+                    if let Some(record) = self.facts.task_record(attempt.task).await? {
+                        handlers::poll::on_cancel_settled(
+                            core,
+                            &mut fx,
+                            &self.config,
+                            record,
+                            attempt,
+                            self.clock.now(),
+                        );
+                    }
+                }
+                let assignments =
+                    handlers::poll::on_work(core, &mut fx, node, running).map_err(refused)?;
+                self.carry(core, fx).await?;
+                Ok(assignments)
+            })
+            .await?;
+        let receiver = self.comm.work_version(node);
+        let version = *receiver.borrow();
+        Ok((
+            DesiredWork {
+                version,
+                assignments,
+                requests: Vec::new(),
+            },
+            receiver,
+        ))
+    }
+
+    /// A node's poll for its work, answered now: its desired work (see
+    /// [`Control::desired_work`]), which attempts it was handed (so their reports and
+    /// outputs are accepted), and the questions waiting for it.
+    pub async fn poll_work(
+        &self,
+        node: NodeId,
+        running: &[AttemptRef],
+    ) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
+        let (mut work, changes) = self.desired_work(node, running).await?;
+        self.node_attempts.sync(node, running, &work.assignments);
+        work.requests = self.node_requests.take(node);
+        Ok((work, changes))
+    }
+
+    pub async fn touch(&self, node: NodeId) {
+        if let Some(live) = self.inner.lock().await.nodes.get_mut(&node) {
+            live.last_seen = self.clock.instant();
+        }
+    }
+
+    /// Mark silent nodes offline and their attempts lost, and hand flapping nodes that
+    /// stayed up long enough back to the scheduler. Called periodically.
+    pub async fn check_liveness(&self) -> Result<(), ServerError> {
+        self.turn(async |inner: &mut Core| {
+            let mut fx = Effects::default();
+            let tick = handlers::liveness::on_liveness_tick(
+                inner,
+                &mut fx,
+                self.clock.instant(),
+                self.config.heartbeat_timeout,
+            );
+            handlers::liveness::on_restart_facts_due(
+                inner,
+                &mut fx,
+                self.clock.now(),
+                self.clock.instant(),
+            );
+            self.carry(inner, fx).await?;
+            for node in tick.lost_nodes {
+                self.node_attempts.forget_node(node, &[]);
+            }
+            for (attempt, outcome) in tick.lost_attempts {
+                self.lose_attempt(inner, attempt, outcome).await?;
+            }
+            self.release_held(inner).await?;
+            self.end_hung_attempts(inner).await?;
+            self.apply_idle_gpu_policy(inner).await?;
+            let mut fx = Effects::default();
+            handlers::liveness::on_retries_due(inner, &mut fx, self.clock.now());
+            self.carry(inner, fx).await?;
+            Ok(())
+        })
+        .await
+    }
+
+    pub async fn node_views(&self) -> Vec<tacc_proto::NodeView> {
+        let core = self.inner.lock().await;
+        nodes::node_views(&core, self.clock.now(), self.clock.instant(), |node| {
+            self.usage.node_gpus(node)
+        })
+    }
+
+    fn node_named(inner: &Core, name: &str) -> Result<NodeId, ServerError> {
+        handlers::node_admin::node_named(inner, name).ok_or_else(|| {
+            ServerError::NotFound(format!(
+                "no node is named `{name}` (list them with `tcloud nodes`)"
+            ))
+        })
+    }
+
+    /// Drain a node: what runs on it finishes, nothing new is placed there. The mark is
+    /// durable, so a restarted server keeps the node drained until it is resumed.
+    pub async fn drain_node(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
+        self.set_drained(name, true).await
+    }
+
+    /// Let a drained node take new tasks again.
+    pub async fn resume_node(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
+        self.set_drained(name, false).await
+    }
+
+    async fn set_drained(
+        &self,
+        name: &str,
+        drained: bool,
+    ) -> Result<tacc_proto::NodeView, ServerError> {
+        self.turn(async |core: &mut Core| {
+            let id = Self::node_named(core, name)?;
+            self.store.set_node_drained(id, drained).await?;
+            let mut fx = Effects::default();
+            handlers::node_admin::on_drain(core, &mut fx, id, drained);
+            self.carry(core, fx).await
+        })
+        .await?;
+        self.node_view(name).await
+    }
+
+    /// Approve a node that enrolled while approval is required: it gets work from now on
+    /// (unless drained). Approving a node that waits for nothing changes nothing.
+    pub async fn approve_node(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
+        self.turn(async |core: &mut Core| {
+            let id = Self::node_named(core, name)?;
+            self.store.approve_node(id).await?;
+            let mut fx = Effects::default();
+            let released = handlers::node_admin::on_approve(core, &mut fx, id);
+            self.carry(core, fx).await?;
+            if released {
+                self.release_held(core).await?;
+            }
+            Ok(())
+        })
+        .await?;
+        self.node_view(name).await
+    }
+
+    async fn node_view(&self, name: &str) -> Result<tacc_proto::NodeView, ServerError> {
+        self.node_views()
+            .await
+            .into_iter()
+            .find(|n| n.name == name)
+            .ok_or_else(|| ServerError::NotFound(format!("node `{name}` vanished")))
+    }
+
+    /// Forget a node and revoke its credential: it must join again with a join token.
+    /// A node that is up and still runs tasks is refused (drain it first); the attempts
+    /// of a down node are lost.
+    pub async fn remove_node(&self, name: &str) -> Result<(), ServerError> {
+        let id = self
+            .turn(async |core: &mut Core| {
+                let id = Self::node_named(core, name)?;
+                let mut fx = Effects::default();
+                let lost = handlers::node_admin::on_remove(core, &mut fx, id).map_err(|still| {
+                    ServerError::Conflict(format!(
+                        "node `{name}` still runs {} task(s); drain it (`tcloud admin node drain \
+                         {name}`) and wait until they end, or remove it once it is down",
+                        still.tasks
+                    ))
+                })?;
+                self.carry(core, fx).await?;
+                for (attempt, outcome) in lost {
+                    self.lose_attempt(core, attempt, outcome).await?;
+                }
+                self.node_attempts.forget_node(id, &[]);
+                handlers::node_admin::on_forget(core, id);
+                Ok(id)
+            })
+            .await?;
+        // Answers a waiting poll, so the agent hears at once that its node is gone.
+        self.comm.node_removed(id);
+        self.store.remove_node(id).await?;
+        let at = self.clock.now();
+        for token in self.store.list_tokens(None).await? {
+            if token.kind == tacc_store::TokenKind::Node
+                && token.node == Some(id)
+                && token.revoked_at.is_none()
+            {
+                self.store.revoke_token(token.id, at).await?;
+            }
+        }
+        self.auth.forget();
+        Ok(())
+    }
+
+    /// Why a task is where it is, in the scheduler's words and the store's.
+    pub async fn node_names(&self) -> BTreeMap<NodeId, String> {
+        self.inner
+            .lock()
+            .await
+            .nodes
+            .iter()
+            .map(|(id, n)| (*id, n.record.name.clone()))
+            .collect()
     }
 }

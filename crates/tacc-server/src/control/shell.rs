@@ -23,6 +23,8 @@ use tacc_store::{StoreError, TaskChange, TaskFilter, TaskRecord};
 
 use super::core::node_spec;
 use super::effects::{Effects, FollowUp, Metric};
+use super::handlers::hangs;
+use super::handlers::idle_gpus;
 use super::handlers::liveness::RestartFacts;
 use super::records::{FAILED, STAGED, StagedGuard};
 use super::{Control, Core, handlers, placements_of, request_of};
@@ -172,6 +174,79 @@ impl Control {
             }
         }
         handlers::liveness::on_restart_facts_kept(core, ledgers, seen);
+    }
+
+    // ---- Steps that read facts, then run a handler (shared by several entry points) ----
+
+    /// Give the scheduler the tasks held while it knew no node, once it knows one (see
+    /// `handlers::submit`).
+    pub(super) async fn release_held(&self, inner: &mut Core) -> Result<(), ServerError> {
+        if !handlers::submit::held_are_due(inner) {
+            return Ok(());
+        }
+        let mut records = Vec::with_capacity(inner.held.len());
+        for task in inner.held.clone() {
+            match self.facts.task_record(task).await? {
+                Some(record) => records.push(record),
+                // Gone from the store: nothing to schedule.
+                None => {
+                    inner.held.remove(&task);
+                }
+            }
+        }
+        let mut fx = Effects::default();
+        handlers::submit::on_release_held(inner, &mut fx, &self.config, &records);
+        self.carry(inner, fx).await
+    }
+
+    /// End the attempts found hung now.
+    pub(super) async fn end_hung_attempts(&self, inner: &mut Core) -> Result<(), ServerError> {
+        let mut watched = Vec::new();
+        for attempt in hangs::watched(inner, &self.config) {
+            if let Some(record) = self.facts.task_record(attempt.task).await? {
+                watched.push(hangs::Watched {
+                    attempt,
+                    record,
+                    alive_at: self.usage.alive_ranks(attempt),
+                });
+            }
+        }
+        if watched.is_empty() {
+            return Ok(());
+        }
+        let mut fx = Effects::default();
+        hangs::on_hang_check(inner, &mut fx, &self.config, self.clock.now(), watched);
+        self.carry(inner, fx).await
+    }
+
+    /// Apply the idle-GPU policy now (nothing without one).
+    pub(super) async fn apply_idle_gpu_policy(&self, inner: &mut Core) -> Result<(), ServerError> {
+        let Some(policy) = self.config.idle_gpu.clone() else {
+            return Ok(());
+        };
+        let mut watched = Vec::new();
+        for attempt in idle_gpus::watched(inner) {
+            if let Some(record) = self.facts.task_record(attempt.task).await? {
+                watched.push(idle_gpus::Watched {
+                    attempt,
+                    record,
+                    busy_at: self.usage.gpu_busy_ranks(attempt),
+                });
+            }
+        }
+        if watched.is_empty() {
+            return Ok(());
+        }
+        let mut fx = Effects::default();
+        idle_gpus::on_idle_gpu_check(
+            inner,
+            &mut fx,
+            &self.config,
+            &policy,
+            self.clock.now(),
+            watched,
+        );
+        self.carry(inner, fx).await
     }
 
     // ---- Commits: what a turn staged, in one transaction (see `records.rs`) ----
