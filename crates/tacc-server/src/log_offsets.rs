@@ -46,6 +46,24 @@ impl LogOffsets {
         }
     }
 
+    /// Append `node`'s output of `attempt` to the task's log, unless it is a repeat of a
+    /// report already applied; marked applied only once it is in the log.
+    pub(crate) fn append_once(
+        &self,
+        logs: &crate::logs::LogBook,
+        node: NodeId,
+        attempt: AttemptRef,
+        text: &str,
+        offset: Option<u64>,
+    ) -> std::io::Result<()> {
+        if !self.is_new(node, attempt, offset) {
+            return Ok(());
+        }
+        logs.append(attempt.task, text)?;
+        self.applied(node, attempt, offset);
+        Ok(())
+    }
+
     fn record_path(&self, task: TaskId) -> PathBuf {
         self.dir.join(format!("{task}.offsets"))
     }

@@ -7,11 +7,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use rules::admission::Admission;
 use tacc_compiler::DirChunkStore;
 use tacc_core::{NodeId, SnapshotId, TaskId, TaskState, Timestamp};
-use tacc_proto::{AttemptRef, DesiredWork, RegisterAgent};
+use tacc_proto::{AgentReport, AttemptRef, DesiredWork, RegisterAgent};
 use tacc_scheduler::{Explanation, Scheduler, TaskRequest};
 use tacc_schema::TaskSpec;
+use tacc_store::TaskChange;
 use tacc_store::{
     NewNode, NewTask, NodeEnrolment, NodeRecord, OutputRecord, Store, TaskFilter, TaskRecord,
 };
@@ -27,7 +29,6 @@ use handlers::poll::PollRefused;
 mod adaptive;
 mod core;
 pub(crate) use self::core::{Core, LiveNode};
-mod attempts;
 mod comm;
 mod effects;
 mod estimates;
@@ -997,5 +998,188 @@ impl Control {
             .iter()
             .map(|(id, n)| (*id, n.record.name.clone()))
             .collect()
+    }
+}
+
+// ---- Entry points: agents' reports ----
+
+impl Control {
+    /// Apply an agent's report batch, in order, as one turn (`shell.rs`): one
+    /// scheduling decision for everything the batch ended, not one per attempt (with a
+    /// long queue each decision walks it, and a batch may end dozens), and one transaction
+    /// for the batch's changes and that decision's plan.
+    pub async fn agent_reports(
+        &self,
+        node: NodeId,
+        reports: Vec<AgentReport>,
+    ) -> Result<tacc_proto::ReportsAck, ServerError> {
+        self.turn(async |core: &mut Core| {
+            match core.nodes.get_mut(&node) {
+                Some(live) => live.last_seen = self.clock.instant(),
+                None => return Err(ServerError::NodeNotFound(node)),
+            }
+            self.apply_reports(core, node, reports).await
+        })
+        .await
+    }
+
+    /// The body of a report batch's turn: each report checked against its attempt,
+    /// then applied through its handler.
+    async fn apply_reports(
+        &self,
+        inner: &mut Core,
+        node: NodeId,
+        reports: Vec<AgentReport>,
+    ) -> Result<tacc_proto::ReportsAck, ServerError> {
+        let mut ack = tacc_proto::ReportsAck::default();
+        for report in reports {
+            if let AgentReport::Usage(sample) = report {
+                let attempt = sample.attempt;
+                let kept = sample.clone();
+                let record = self.facts.task_record(sample.attempt.task).await?;
+                let accepted = self.usage.accept(
+                    &*self.store,
+                    &self.metrics,
+                    &*self.clock,
+                    record.as_ref(),
+                    node,
+                    sample,
+                );
+                if accepted.await? {
+                    self.adapt(inner, &kept).await;
+                    ack.accepted += 1;
+                } else {
+                    ack.rejected += 1;
+                    self.audit.record_as(
+                        format!("node:{node}"),
+                        "report.rejected",
+                        format!("task:{}/{}", attempt.task, attempt.attempt),
+                        false,
+                        "usage report for a rank this node does not run".into(),
+                    );
+                }
+                continue;
+            }
+            // Never trust the other side: a report counts only for an attempt of this
+            // node's own, and an ending only while the attempt has not ended yet.
+            let (attempt, ending) = rules::admission::subject(&report);
+            let record = self.facts.task_record(attempt.task).await?;
+            let current =
+                crate::agent_access::attempt_is_on_node(record.as_ref(), node, attempt, !ending);
+            // The node's own end of an attempt it held, and its last lines, count even
+            // when the task has moved on (another rank ended it, a retry, a preemption).
+            // (Its output record is kept past the end: a resent batch that carried the end
+            // also carries lines already appended.)
+            let held = if ending {
+                self.node_attempts.finish(node, attempt)
+            } else {
+                self.node_attempts.rank_of(node, attempt).is_some()
+            };
+            let admission = rules::admission::admit(current, held);
+            if admission == Admission::LastWord {
+                ack.accepted += 1;
+                if let AgentReport::Log {
+                    attempt,
+                    text,
+                    offset,
+                } = &report
+                {
+                    self.append_output(node, *attempt, text, *offset)?;
+                }
+                continue;
+            }
+            if admission == Admission::Reject {
+                ack.rejected += 1;
+                self.audit.record_as(
+                    format!("node:{node}"),
+                    "report.rejected",
+                    format!("task:{}/{}", attempt.task, attempt.attempt),
+                    false,
+                    rules::admission::rejection(&report),
+                );
+                continue;
+            }
+            ack.accepted += 1;
+            match report {
+                AgentReport::Log {
+                    attempt,
+                    text,
+                    offset,
+                } => {
+                    self.append_output(node, attempt, &text, offset)?;
+                }
+                AgentReport::Started { attempt, at } => {
+                    let Some(record) = self.facts.task_record(attempt.task).await? else {
+                        continue;
+                    };
+                    let mut fx = Effects::default();
+                    handlers::started::on_started(inner, &mut fx, &record, attempt, at);
+                    self.carry(inner, fx).await?;
+                }
+                AgentReport::Finished {
+                    attempt,
+                    at,
+                    outcome,
+                    rank,
+                } => {
+                    let record = self.facts.task_record(attempt.task).await?;
+                    self.usage
+                        .end_rank(&*self.store, record.as_ref(), node, attempt, &outcome, at)
+                        .await?;
+                    self.adaptive.end(attempt);
+                    self.rank_finished(inner, node, attempt, outcome, rank, at)
+                        .await?;
+                }
+                AgentReport::Usage(_) => {}
+                AgentReport::Metrics { attempt, points } => {
+                    self.record_metrics(attempt, points).await?;
+                }
+                AgentReport::Resized {
+                    attempt,
+                    cpu_millis,
+                    memory_bytes,
+                    error,
+                } => {
+                    let applied = self.adaptive.allocation(attempt).map_or(
+                        tacc_core::Resources::new(cpu_millis, memory_bytes, 0),
+                        |r| tacc_core::Resources::new(cpu_millis, memory_bytes, r.gpus),
+                    );
+                    self.resized_on_node(inner, node, attempt, applied, error)
+                        .await;
+                }
+                AgentReport::RuntimeChosen {
+                    attempt,
+                    runtime,
+                    why,
+                } => {
+                    let Some(record) = self.facts.task_record(attempt.task).await? else {
+                        continue;
+                    };
+                    if record.attempt == attempt.attempt && !record.state.is_terminal() {
+                        self.commit(&[TaskChange::Reason {
+                            task: attempt.task,
+                            reason: Some(format!("runtime {runtime}: {why}")),
+                        }])
+                        .await?;
+                    }
+                }
+            }
+        }
+        Ok(ack)
+    }
+
+    /// A node's output of an attempt into the task's log (once: see `log_offsets`).
+    fn append_output(
+        &self,
+        node: NodeId,
+        attempt: AttemptRef,
+        text: &str,
+        offset: Option<u64>,
+    ) -> Result<(), ServerError> {
+        self.log_offsets
+            .append_once(&self.logs, node, attempt, text, offset)
+            .map_err(|e| {
+                ServerError::io(format!("cannot write the log of task {}", attempt.task), e)
+            })
     }
 }

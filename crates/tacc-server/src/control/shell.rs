@@ -17,7 +17,8 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use tacc_core::{TaskId, TaskState};
+use tacc_core::{NodeId, TaskId, TaskState, Timestamp};
+use tacc_proto::{AttemptOutcome, AttemptRef};
 use tacc_scheduler::{Action, Event, Plan, Scheduler, TaskRequest};
 use tacc_store::{StoreError, TaskChange, TaskFilter, TaskRecord};
 
@@ -27,7 +28,7 @@ use super::handlers::hangs;
 use super::handlers::idle_gpus;
 use super::handlers::liveness::RestartFacts;
 use super::records::{FAILED, STAGED, StagedGuard};
-use super::{Control, Core, handlers, placements_of, request_of};
+use super::{Control, Core, handlers, placements_of, request_of, retry, rules};
 use crate::ServerError;
 
 impl Control {
@@ -245,6 +246,77 @@ impl Control {
             &policy,
             self.clock.now(),
             watched,
+        );
+        self.carry(inner, fx).await
+    }
+
+    /// An attempt's node vanished: the attempt is lost (and maybe retried; see
+    /// `handlers::ending::on_attempt_lost`).
+    pub(super) async fn lose_attempt(
+        &self,
+        inner: &mut Core,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+    ) -> Result<(), ServerError> {
+        let Some(record) = self.facts.task_record(attempt.task).await? else {
+            return Ok(());
+        };
+        if record.attempt != attempt.attempt || !record.state.is_active() {
+            return Ok(());
+        }
+        let reason = handlers::ending::lost_reason(&outcome);
+        let counts = !record.cancel_requested
+            && rules::ending::counts_node_losses(TaskState::Lost, Some(&reason));
+        let earlier_node_losses = if counts {
+            retry::node_losses(&self.store.task_events(record.id).await?)
+        } else {
+            0
+        };
+        let mut fx = Effects::default();
+        handlers::ending::on_attempt_lost(
+            inner,
+            &mut fx,
+            &self.config,
+            record,
+            &outcome,
+            earlier_node_losses,
+            self.clock.now(),
+        );
+        self.carry(inner, fx).await
+    }
+
+    /// One node's part of an attempt ended (see `handlers::rank_end`). A node that
+    /// stopped an attempt because it lost contact with the server failed as a node, not
+    /// the task: the attempt is lost and follows the retry policy.
+    pub(super) async fn rank_finished(
+        &self,
+        inner: &mut Core,
+        node: NodeId,
+        attempt: AttemptRef,
+        outcome: AttemptOutcome,
+        process_rank: Option<u32>,
+        at: Timestamp,
+    ) -> Result<(), ServerError> {
+        if matches!(&outcome, AttemptOutcome::LaunchFailed { reason, .. } if reason == "node_fenced")
+        {
+            return self.lose_attempt(inner, attempt, outcome).await;
+        }
+        let Some(record) = self.facts.task_record(attempt.task).await? else {
+            return Ok(());
+        };
+        let mut fx = Effects::default();
+        handlers::rank_end::on_rank_finished(
+            inner,
+            &mut fx,
+            handlers::rank_end::RankFinished {
+                record,
+                node,
+                attempt,
+                outcome,
+                process_rank,
+                at,
+                config: &self.config,
+            },
         );
         self.carry(inner, fx).await
     }

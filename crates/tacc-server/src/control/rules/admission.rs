@@ -4,6 +4,35 @@
 //! about an attempt it was running when the task moved on without it (another rank ended
 //! the attempt, a cancel, a preemption).
 
+use tacc_proto::{AgentReport, AttemptRef};
+
+/// The attempt a report is about, and whether it ends the node's part of it.
+pub(in crate::control) fn subject(report: &AgentReport) -> (AttemptRef, bool) {
+    match report {
+        AgentReport::Log { attempt, .. }
+        | AgentReport::RuntimeChosen { attempt, .. }
+        | AgentReport::Started { attempt, .. }
+        | AgentReport::Resized { attempt, .. }
+        | AgentReport::Metrics { attempt, .. } => (*attempt, false),
+        AgentReport::Finished { attempt, .. } => (*attempt, true),
+        AgentReport::Usage(sample) => (sample.attempt, false),
+    }
+}
+
+/// Why a report was refused, for the audit trail.
+pub(in crate::control) fn rejection(report: &AgentReport) -> String {
+    let (_, ending) = subject(report);
+    format!(
+        "{} report for an attempt this node does not run{}",
+        report.kind(),
+        if ending {
+            " (or that already ended)"
+        } else {
+            ""
+        }
+    )
+}
+
 /// What becomes of one report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(in crate::control) enum Admission {
