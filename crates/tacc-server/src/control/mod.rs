@@ -60,6 +60,10 @@ pub(crate) use submission::Submission;
 pub use submission::SubmitOptions;
 pub(crate) use task_accounts::TaskAccount;
 #[cfg(test)]
+mod reactor_env;
+#[cfg(test)]
+mod reactor_tests;
+#[cfg(test)]
 mod test_env;
 
 use crate::logs::LogBook;
