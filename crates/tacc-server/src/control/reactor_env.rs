@@ -228,6 +228,45 @@ impl ReactorEnv {
         self.carry(fx);
     }
 
+    /// An administrator drains the node (`drained`) or resumes it.
+    pub(super) fn drain(&mut self, node: NodeId, drained: bool) {
+        let mut fx = Effects::default();
+        handlers::node_admin::on_drain(&mut self.core, &mut fx, node, drained);
+        self.carry(fx);
+    }
+
+    /// An administrator removes the node; refused while it is up and runs something.
+    pub(super) fn remove(&mut self, node: NodeId) -> Result<(), usize> {
+        let mut fx = Effects::default();
+        let lost = handlers::node_admin::on_remove(&mut self.core, &mut fx, node)
+            .map_err(|still| still.tasks)?;
+        self.carry(fx);
+        for (attempt, outcome) in lost {
+            self.lose(attempt, outcome);
+        }
+        handlers::node_admin::on_forget(&mut self.core, node);
+        Ok(())
+    }
+
+    /// An attempt whose node went away is lost (and maybe retried).
+    fn lose(&mut self, attempt: AttemptRef, outcome: AttemptOutcome) {
+        let record = self.record(attempt.task);
+        if record.attempt != attempt.attempt || !record.state.is_active() {
+            return;
+        }
+        let mut fx = Effects::default();
+        handlers::ending::on_attempt_lost(
+            &mut self.core,
+            &mut fx,
+            &self.config,
+            record,
+            &outcome,
+            0,
+            self.now,
+        );
+        self.carry(fx);
+    }
+
     /// The liveness tick: silent nodes go down and their attempts are lost; retries due
     /// are released.
     pub(super) fn tick(&mut self) {
@@ -240,21 +279,7 @@ impl ReactorEnv {
         );
         self.carry(fx);
         for (attempt, outcome) in tick.lost_attempts {
-            let record = self.record(attempt.task);
-            if record.attempt != attempt.attempt || !record.state.is_active() {
-                continue;
-            }
-            let mut fx = Effects::default();
-            handlers::ending::on_attempt_lost(
-                &mut self.core,
-                &mut fx,
-                &self.config,
-                record,
-                &outcome,
-                0,
-                self.now,
-            );
-            self.carry(fx);
+            self.lose(attempt, outcome);
         }
         let mut fx = Effects::default();
         handlers::liveness::on_retries_due(&mut self.core, &mut fx, self.now);

@@ -237,3 +237,49 @@ fn a_silent_node_goes_down_and_its_attempt_is_lost() {
     );
     env.emptiness_check();
 }
+
+#[test]
+fn a_drained_node_finishes_what_it_runs_and_takes_nothing_new_until_resumed() {
+    let mut env = ReactorEnv::new();
+    let n1 = env.register("n1", 1);
+    let first = env.submit(ONE_CPU);
+    let attempt = only(&env.poll(n1, &[]));
+    env.drain(n1, true);
+    let second = env.submit(ONE_CPU);
+    env.finished(n1, attempt, exited(0));
+    assert_eq!(env.state(first), Succeeded, "what it ran finishes");
+    assert_eq!(
+        env.state(second),
+        Queued,
+        "nothing new lands on a drained node"
+    );
+    assert!(env.poll(n1, &[]).is_empty());
+    env.take_changes();
+    env.drain(n1, false);
+    assert_eq!(env.take_transitions(), [(second, Queued, Starting)]);
+    let next = only(&env.poll(n1, &[]));
+    env.finished(n1, next, exited(0));
+    env.emptiness_check();
+}
+
+#[test]
+fn a_node_still_running_work_cannot_be_removed_and_a_down_one_loses_its_attempts() {
+    let mut env = ReactorEnv::new();
+    let n1 = env.register("n1", 1);
+    let n2 = env.register("n2", 1);
+    let task = env.submit(ONE_CPU);
+    let attempt = only(&env.poll(n1, &[]));
+    env.started(attempt);
+    assert_eq!(env.remove(n1), Err(1), "it is up and runs one task");
+    env.pass_seconds(
+        HEARTBEAT.as_secs() + 1,
+        &[(n1, vec![attempt]), (n2, vec![])],
+    );
+    assert_eq!(env.state(task), Running, "a node that polls stays up");
+    // n1's agent dies with the task's process: the node falls silent and goes down.
+    env.pass_seconds(HEARTBEAT.as_secs() + 1, &[(n2, vec![])]);
+    assert_eq!(env.state(task), Lost);
+    assert_eq!(env.remove(n1), Ok(()), "a down node is removed");
+    assert!(env.core.nodes.get(&n1).is_none());
+    env.emptiness_check();
+}
