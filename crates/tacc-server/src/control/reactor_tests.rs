@@ -280,6 +280,6 @@ fn a_node_still_running_work_cannot_be_removed_and_a_down_one_loses_its_attempts
     env.pass_seconds(HEARTBEAT.as_secs() + 1, &[(n2, vec![])]);
     assert_eq!(env.state(task), Lost);
     assert_eq!(env.remove(n1), Ok(()), "a down node is removed");
-    assert!(env.core.nodes.get(&n1).is_none());
+    assert!(!env.core.nodes.contains_key(&n1));
     env.emptiness_check();
 }
