@@ -113,7 +113,10 @@ async fn a_busy_task_shows_in_top_while_it_runs_and_its_peak_in_show_after() {
     let peaks = show["peaks"].as_array().expect("show --json has peaks");
     assert_eq!(peaks.len(), 1, "{show}");
     assert_eq!(peaks[0]["attempt"], 1);
-    assert!(peaks[0]["cpu_millis"].as_u64().unwrap() > 300, "{show}");
+    // The peak is at least what `top` showed while it ran (not a fixed share of a CPU:
+    // on a loaded machine the busy loop gets what the others leave it).
+    let seen = rank["cpu_millis_used"].as_u64().unwrap();
+    assert!(peaks[0]["cpu_millis"].as_u64().unwrap() >= seen, "{show}");
     assert!(peaks[0]["memory_bytes"].as_u64().unwrap() > 0, "{show}");
     // Ended: no live sample is listed any more, the peak stays.
     let usage = client.task_usage(task).await.unwrap();
