@@ -22,6 +22,8 @@ use crate::clock::{Clock, SystemClock};
 use comm::{Comm, WatchComm};
 
 mod adaptive;
+#[cfg(test)]
+mod adaptive_lifecycle_tests;
 mod core;
 pub(crate) use self::core::{Core, LiveNode};
 mod attempts;
