@@ -422,6 +422,20 @@ pub(crate) struct Observed {
     pub(crate) decide: Option<(Resources, ChangeHistory)>,
 }
 
+impl Observed {
+    /// What the policy decides on for `attempt` (`handlers::resize::on_sample`), unless
+    /// the attempt waits for a confirmation or stopped adapting.
+    pub(crate) fn judged(&self, attempt: AttemptRef) -> Option<resize::Judged<'_>> {
+        let (current, history) = self.decide?;
+        Some(resize::Judged {
+            attempt,
+            verdict: &self.verdict,
+            current,
+            history,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

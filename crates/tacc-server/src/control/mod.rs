@@ -862,21 +862,15 @@ impl Control {
             _ => return,
         };
         let now = self.clock.now();
-        let observed = self.adaptive.observe(sample, now, requested);
-        if let Some(point) = observed.point {
+        let mut observed = self.adaptive.observe(sample, now, requested);
+        if let Some(point) = observed.point.take() {
             let kept = adaptive::POINTS_KEPT;
             if let Err(e) = self.store.record_signal_point(point, kept).await {
                 tracing::warn!("cannot keep a signal point of task {task}: {e}");
             }
         }
-        let Some((current, history)) = observed.decide else {
+        let Some(judged) = observed.judged(sample.attempt) else {
             return;
-        };
-        let judged = handlers::resize::Judged {
-            attempt: sample.attempt,
-            verdict: &observed.verdict,
-            current,
-            history,
         };
         let mut fx = effects::Effects::default();
         let policy = self.adaptive.policy();
