@@ -789,7 +789,11 @@ impl UsageService {
             .get_task(task)
             .await?
             .ok_or(ServerError::TaskNotFound(task))?;
-        let adaptive = control.adaptive_view(task).await.ok();
+        let adaptive = control
+            .facts
+            .adaptive_view(task, &control.adaptive)
+            .await
+            .ok();
         // What each rank holds now: after a resize that is the new allocation, not what
         // the task file asked for.
         let allocated = match &adaptive {

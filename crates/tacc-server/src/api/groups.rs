@@ -382,7 +382,7 @@ pub(super) async fn history(
                 continue;
             }
         }
-        tasks.push(task_view(&app.control, record).await);
+        tasks.push(task_view(&app, record).await);
     }
     Ok(Json(HistoryPage { tasks, next }))
 }

@@ -114,6 +114,8 @@ pub(crate) struct AppState {
     pub(crate) artifacts: crate::artifacts::Artifacts,
     /// Who may register a node, and enrolled nodes' credentials.
     pub(crate) enrolments: crate::enrolment::Enrolments,
+    /// Start estimates: the queue's projection, what-ifs of submissions.
+    pub(crate) estimates: crate::control::Estimates,
 }
 
 /// One route as declared: method, path pattern and the access rule the guard enforces.
@@ -492,6 +494,7 @@ fn router_with(
         chunk_access: crate::agent_access::ChunkAccess::of(&control),
         artifacts: crate::artifacts::Artifacts::of(&control),
         enrolments: crate::enrolment::Enrolments::of(&control),
+        estimates: crate::control::Estimates::of(&control),
     };
     // What every answer waits for: the control plane's store synced, the sync timed.
     let durable: Arc<dyn durable::Durable> = Arc::new(durable::StoreSync::new(

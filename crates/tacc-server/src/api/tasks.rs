@@ -5,8 +5,8 @@ use tacc_store::Created;
 use super::idempotency::{RequestKey, stored};
 use super::prelude::*;
 
-pub(super) async fn task_view(control: &Control, record: TaskRecord) -> TaskView {
-    let names = control.node_names().await;
+pub(super) async fn task_view(app: &AppState, record: TaskRecord) -> TaskView {
+    let names = app.control.node_names().await;
     let spec: Option<TaskSpec> = serde_json::from_value(record.spec.clone()).ok();
     let submission = crate::control::Submission::of(&record);
     TaskView {
@@ -48,7 +48,7 @@ pub(super) async fn task_view(control: &Control, record: TaskRecord) -> TaskView
         cancel_requested: record.cancel_requested,
         source: record.source,
         estimated_start: if record.state == TaskState::Queued {
-            control.estimated_start(record.id).await
+            app.estimates.estimated_start(record.id).await
         } else {
             None
         },
@@ -248,7 +248,7 @@ pub(super) async fn list_tasks(
     .await?;
     let mut views = Vec::with_capacity(records.len());
     for record in records {
-        views.push(task_view(&app.control, record).await);
+        views.push(task_view(&app, record).await);
     }
     Ok(Json(views))
 }
@@ -300,7 +300,7 @@ pub(super) async fn get_task(
     Path(id): Path<u64>,
 ) -> ApiResult<Json<TaskView>> {
     let record = load(&app.control, TaskId(id)).await?;
-    Ok(Json(task_view(&app.control, record).await))
+    Ok(Json(task_view(&app, record).await))
 }
 
 pub(super) async fn task_events(
@@ -383,7 +383,7 @@ pub(super) async fn estimate(
     let spec: TaskSpec = serde_json::from_value(body.spec)
         .map_err(|e| ServerError::InvalidTask(format!("the task spec is not valid: {e}")))?;
     Ok(Json(
-        app.control.estimate_submission(&user.name, spec).await?,
+        app.estimates.estimate_submission(&user.name, spec).await?,
     ))
 }
 
@@ -391,7 +391,7 @@ pub(super) async fn explain_task(
     State(app): State<AppState>,
     Path(id): Path<u64>,
 ) -> ApiResult<Json<tacc_proto::TaskExplanation>> {
-    Ok(Json(app.control.explain(TaskId(id)).await?))
+    Ok(Json(app.control.explain(TaskId(id), &app.estimates).await?))
 }
 
 pub(super) async fn task_instruction(

@@ -1,4 +1,4 @@
-//! Adaptive allocation in the control plane. Every usage sample of rank 0 of a running
+//! Adaptive allocation's book in the control plane. Every usage sample of rank 0 of a running
 //! attempt feeds that attempt's bounded [`Signals`] window; the classifier judges the
 //! window on each sample, and — where the cluster's mode and the task's `adaptive:`
 //! bounds allow — the re-allocation policy decides a change from the verdict, the room
@@ -13,6 +13,11 @@
 //! adaptation of that attempt: it is never retried forever.
 //!
 //! A multi-node task is judged by its rank 0 and all its nodes move together.
+//!
+//! This file keeps the settings and the book (each attempt's signals, verdict, change
+//! history and allocation); the decisions are `handlers::resize`, run in the reports'
+//! turn by `Control::adapt` and `Control::resized_on_node` (`mod.rs`); what `tcloud
+//! why` / `top` / `show` say of it is read by `facts/adaptive.rs`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,24 +26,19 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tacc_adaptive::{
-    Allocation, Bounds, ChangeHistory, Classifier, Reallocator, Room, RuleClassifier, Rules,
-    Sample, Signals, Situation, StepPolicy, StepPolicyConfig, Verdict,
+    Bounds, ChangeHistory, Classifier, Reallocator, RuleClassifier, Rules, Sample, Signals,
+    StepPolicy, StepPolicyConfig, Verdict,
 };
-use tacc_core::{AttemptNo, NodeId, Resources, TaskId, TaskState, Timestamp};
-use tacc_proto::{
-    AdaptiveBounds, AdaptiveView, AttemptRef, ResizeView, SignalPoint, UsageSample, VerdictView,
-};
+use tacc_core::{AttemptNo, Resources, TaskId, Timestamp};
+use tacc_proto::{AttemptRef, SignalPoint, UsageSample};
 use tacc_scheduler::Event;
 use tacc_schema::TaskSpec;
-use tacc_store::{ResizeRecord, SignalRecord, TaskChange};
+use tacc_store::SignalRecord;
 
-use super::{Control, Core};
-use crate::ServerError;
+use super::handlers::resize;
 
 /// Signal points kept per attempt (at the default 10 s: the last 80 minutes).
-const POINTS_KEPT: u32 = 480;
-/// Signal points shown at most by `tcloud top` / `show` / `why`.
-const POINTS_SHOWN: usize = 120;
+pub(crate) const POINTS_KEPT: u32 = 480;
 /// Attempts not sampled for this long are forgotten (their node is gone).
 const FORGET_AFTER: Duration = Duration::from_secs(600);
 
@@ -226,6 +226,23 @@ impl AdaptiveBook {
             .and_then(|t| t.allocation)
     }
 
+    /// The verdict last given on `attempt`'s window, and when.
+    pub(crate) fn verdict(&self, attempt: AttemptRef) -> Option<(Timestamp, Verdict)> {
+        let tracked = self.tracked.lock().unwrap();
+        tracked
+            .get(&(attempt.task, attempt.attempt))
+            .and_then(|t| t.verdict.clone())
+    }
+
+    /// The cluster's mode, and the names of the classifier and the policy.
+    pub(crate) fn names(&self) -> (AdaptiveMode, &'static str, &'static str) {
+        (
+            self.config.mode,
+            self.classifier.name(),
+            self.reallocator.name(),
+        )
+    }
+
     /// The attempt ended: its window goes.
     pub(crate) fn end(&self, attempt: AttemptRef) {
         self.tracked
@@ -262,61 +279,28 @@ impl AdaptiveBook {
 
     /// The bounds a task's allocation may move in under the cluster's mode, given what
     /// it holds now; `None`: it does not move.
-    fn bounds(&self, spec: &TaskSpec, current: Resources) -> Option<Bounds> {
-        let ((min_cpu, max_cpu), (min_memory, max_memory)) = match &spec.adaptive {
-            Some(adaptive) => (
-                adaptive.cpu_millis(&spec.resources),
-                adaptive.memory_bytes(&spec.resources),
-            ),
-            None => {
-                let default = self.config.default_bounds?;
-                let asked = spec.resources.per_node();
-                let scale = |amount: u64, by: f64| (amount as f64 * by).round() as u64;
-                (
-                    (
-                        scale(asked.cpu_millis, default.min),
-                        scale(asked.cpu_millis, default.max),
-                    ),
-                    (
-                        scale(asked.memory_bytes, default.min),
-                        scale(asked.memory_bytes, default.max),
-                    ),
-                )
-            }
-        };
-        let (max_cpu, max_memory) = match self.config.mode {
-            AdaptiveMode::Off => return None,
-            AdaptiveMode::Shrink => (
-                max_cpu.min(current.cpu_millis).max(min_cpu),
-                max_memory.min(current.memory_bytes).max(min_memory),
-            ),
-            AdaptiveMode::On => (max_cpu, max_memory),
-        };
-        Some(Bounds {
-            min: Allocation {
-                cpu_millis: min_cpu,
-                memory_bytes: min_memory,
-            },
-            max: Allocation {
-                cpu_millis: max_cpu,
-                memory_bytes: max_memory,
-            },
-        })
+    pub(crate) fn bounds(&self, spec: &TaskSpec, current: Resources) -> Option<Bounds> {
+        resize::bounds(spec, current, self.config.mode, self.config.default_bounds)
+    }
+
+    /// The cluster's settings and policy a decision is taken under (`handlers::resize`).
+    pub(crate) fn policy(&self) -> resize::Policy<'_> {
+        resize::Policy {
+            mode: self.config.mode,
+            default_bounds: self.config.default_bounds,
+            reallocator: &*self.reallocator,
+        }
     }
 
     /// Take a sample of rank 0 received at `at`: the verdict on the window, the signal
     /// point to keep (when one is due), and what the policy would decide from (unless
     /// the attempt waits for a confirmation or stopped adapting).
-    fn observe(
+    pub(crate) fn observe(
         &self,
         sample: &UsageSample,
         at: Timestamp,
         requested: Resources,
-    ) -> (
-        Verdict,
-        Option<SignalPoint>,
-        Option<(Resources, ChangeHistory)>,
-    ) {
+    ) -> Observed {
         let span = self.span_ms();
         let mut book = self.tracked.lock().unwrap();
         book.retain(|_, t| t.fed.elapsed() < FORGET_AFTER);
@@ -373,275 +357,83 @@ impl AdaptiveBook {
         });
         let decide = (tracked.pending.is_none() && tracked.stopped.is_none())
             .then(|| (tracked.allocation.unwrap_or(requested), tracked.history));
-        (verdict, point, decide)
-    }
-}
-
-impl Control {
-    /// A usage sample of a running attempt was accepted (under the control lock).
-    pub(super) async fn adapt(&self, inner: &mut Core, sample: &UsageSample) {
-        if sample.node_rank != 0 {
-            return;
-        }
-        let task = sample.attempt.task;
-        let Some(spec) = inner.specs.get(&task).cloned() else {
-            return;
-        };
-        let requested = spec.resources.per_node();
-        let at = self.clock.now();
-        let (verdict, point, decide) = self.adaptive.observe(sample, at, requested);
-        if let Some(point) = point {
-            let record = SignalRecord {
-                task,
+        Observed {
+            point: point.map(|point| SignalRecord {
+                task: sample.attempt.task,
                 attempt: sample.attempt.attempt,
                 at,
                 point: serde_json::to_value(&point).expect("points serialise"),
-            };
-            if let Err(e) = self.store.record_signal_point(record, POINTS_KEPT).await {
-                tracing::warn!("cannot keep a signal point of task {task}: {e}");
-            }
-        }
-        let Some((current, history)) = decide else {
-            return;
-        };
-        let Some(bounds) = self.adaptive.bounds(&spec, current) else {
-            return;
-        };
-        let Some(room) = inner.scheduler.resize_room(task) else {
-            return;
-        };
-        let situation = Situation {
-            now: at,
-            current: Allocation {
-                cpu_millis: current.cpu_millis,
-                memory_bytes: current.memory_bytes,
-            },
-            bounds,
-            room: Room {
-                cpu_millis: room.cpu_millis,
-                memory_bytes: room.memory_bytes,
-            },
-            verdict: &verdict,
-            history,
-        };
-        let Some(change) = self.adaptive.reallocator.decide(&situation) else {
-            return;
-        };
-        let to = Resources::new(change.to.cpu_millis, change.to.memory_bytes, current.gpus);
-        let reason = format!("adaptive: {}", change.reason);
-        if self
-            .resize(inner, sample.attempt, current, to, reason)
-            .await
-        {
-            let mut book = self.adaptive.tracked.lock().unwrap();
-            if let Some(tracked) = book.get_mut(&(task, sample.attempt.attempt)) {
-                tracked.history.record(&change, at);
-                tracked.pending = Some((current, to));
-                // Older samples measured the old allocation.
-                tracked.signals.clear();
-            }
-        }
-    }
-
-    /// Move a running attempt from `from` to `to` per node: the scheduler first, then
-    /// the store, then the nodes' desired work, then the scheduler's plan. False when
-    /// the scheduler or the store refused it (nothing changed).
-    async fn resize(
-        &self,
-        inner: &mut Core,
-        attempt: AttemptRef,
-        from: Resources,
-        to: Resources,
-        reason: String,
-    ) -> bool {
-        let task = attempt.task;
-        let at = self.clock.now();
-        let plan = match inner
-            .scheduler
-            .handle(at, Event::TaskResized { task, per_node: to })
-        {
-            Ok(plan) => plan,
-            Err(e) => {
-                tracing::info!("task {task}: the scheduler refused {from:?} → {to:?}: {e}");
-                return false;
-            }
-        };
-        let record = ResizeRecord {
-            task,
-            attempt: attempt.attempt,
-            at,
-            cpu_millis: to.cpu_millis,
-            memory_bytes: to.memory_bytes,
-            reason,
-        };
-        if let Err(e) = self.commit(&[TaskChange::Resized(record)]).await {
-            tracing::error!("cannot record the new allocation of task {task}, rebuilding: {e}");
-            self.resync(inner).await;
-            return false;
-        }
-        {
-            let span = self.adaptive.span_ms();
-            let mut book = self.adaptive.tracked.lock().unwrap();
-            book.entry((task, attempt.attempt))
-                .or_insert_with(|| AdaptiveBook::tracked(span))
-                .allocation = Some(to);
-        }
-        for (node, live) in inner.nodes.iter_mut() {
-            if let Some(assignment) = live.assignments.get_mut(&attempt) {
-                assignment.allocation = Some(to);
-                self.comm.work_changed(*node);
-            }
-        }
-        if let Err(e) = self.carry_out(inner, plan).await {
-            tracing::error!("could not record a scheduling plan, rebuilding from the store: {e}");
-            self.resync(inner).await;
-        }
-        true
-    }
-
-    /// An agent applied (or could not apply) a new allocation of `attempt`.
-    pub(super) async fn resized_on_node(
-        &self,
-        inner: &mut Core,
-        node: NodeId,
-        attempt: AttemptRef,
-        applied: Resources,
-        error: Option<String>,
-    ) {
-        let key = (attempt.task, attempt.attempt);
-        let pending = {
-            let mut book = self.adaptive.tracked.lock().unwrap();
-            let Some(tracked) = book.get_mut(&key) else {
-                return;
-            };
-            let pending = tracked.pending.take();
-            if error.is_some() {
-                tracked.stopped = error.clone();
-            }
-            pending
-        };
-        let Some(error) = error else {
-            return;
-        };
-        let name = inner
-            .nodes
-            .get(&node)
-            .map_or_else(|| node.to_string(), |n| n.record.name.clone());
-        let failed = format!(
-            "the agent on {name} could not apply {} CPUs, {}: {error}",
-            cpus(applied.cpu_millis),
-            tacc_core::ByteSize::from_bytes(applied.memory_bytes)
-        );
-        tracing::warn!("task {}: {failed}", attempt.task);
-        // Undo where the old allocation still fits; adaptation of this attempt ends.
-        let back = pending.map(|(before, _)| before).filter(|b| *b != applied);
-        if let Some(before) = back {
-            let reason =
-                format!("adaptive: {failed}; back to the previous allocation, no further changes");
-            if self.resize(inner, attempt, applied, before, reason).await {
-                return;
-            }
-        }
-        let record = ResizeRecord {
-            task: attempt.task,
-            attempt: attempt.attempt,
-            at: self.clock.now(),
-            cpu_millis: applied.cpu_millis,
-            memory_bytes: applied.memory_bytes,
-            reason: format!("adaptive: {failed}; no further changes"),
-        };
-        if let Err(e) = self.commit(&[TaskChange::Resized(record)]).await {
-            tracing::warn!(
-                "cannot record a failed resize of task {}: {e}",
-                attempt.task
-            );
-        }
-    }
-
-    /// The adaptive side of a task for `tcloud why` / `top` / `show`.
-    pub(crate) async fn adaptive_view(&self, task: TaskId) -> Result<AdaptiveView, ServerError> {
-        let record = self
-            .store
-            .get_task(task)
-            .await?
-            .ok_or(ServerError::TaskNotFound(task))?;
-        let spec: TaskSpec = serde_json::from_value(record.spec.clone())
-            .map_err(|e| ServerError::Internal(format!("stored spec of task {task}: {e}")))?;
-        let requested = spec.resources.per_node();
-        let resizes = self.store.list_resizes(task).await?;
-        let running = matches!(record.state, TaskState::Starting | TaskState::Running);
-        let allocation = resizes
-            .iter()
-            .rev()
-            .find(|r| r.attempt == record.attempt)
-            .map_or(requested, |r| {
-                Resources::new(r.cpu_millis, r.memory_bytes, requested.gpus)
-            });
-        let verdict = running
-            .then(|| {
-                let book = self.adaptive.tracked.lock().unwrap();
-                book.get(&(task, record.attempt))
-                    .and_then(|t| t.verdict.clone())
-            })
-            .flatten()
-            .map(|(at, verdict)| VerdictView {
-                at,
-                bottleneck: verdict.bottleneck.to_string(),
-                cpu: fit(verdict.cpu),
-                memory: fit(verdict.memory),
-                evidence: verdict.evidence,
-            });
-        let bounds = self
-            .adaptive
-            .bounds(&spec, allocation)
-            .map(|b| AdaptiveBounds {
-                min_cpu_millis: b.min.cpu_millis,
-                max_cpu_millis: b.max.cpu_millis,
-                min_memory_bytes: b.min.memory_bytes,
-                max_memory_bytes: b.max.memory_bytes,
-            });
-        let points = self.store.list_signal_points(task).await?;
-        let skip = points.len().saturating_sub(POINTS_SHOWN);
-        let series = points
-            .into_iter()
-            .skip(skip)
-            .filter_map(|p| serde_json::from_value::<SignalPoint>(p.point).ok())
-            .collect();
-        Ok(AdaptiveView {
-            mode: self.config.adaptive.mode.to_string(),
-            classifier: self.adaptive.classifier.name().into(),
-            policy: self.adaptive.reallocator.name().into(),
-            requested,
-            allocation,
-            bounds,
+            }),
             verdict,
-            changes: resizes
-                .into_iter()
-                .map(|r| ResizeView {
-                    at: r.at,
-                    attempt: r.attempt,
-                    cpu_millis: r.cpu_millis,
-                    memory_bytes: r.memory_bytes,
-                    reason: r.reason,
-                })
-                .collect(),
-            series,
+            decide,
+        }
+    }
+
+    /// The policy moved `attempt` (`handlers::resize::on_sample`): the new allocation is
+    /// in force, the change joins its history, the agents' confirmation is awaited, and
+    /// the samples so far (which measured the old allocation) go.
+    pub(crate) fn changed(&self, attempt: AttemptRef, decided: &resize::Decided, at: Timestamp) {
+        let span = self.span_ms();
+        let mut book = self.tracked.lock().unwrap();
+        let tracked = book
+            .entry((attempt.task, attempt.attempt))
+            .or_insert_with(|| Self::tracked(span));
+        tracked.allocation = Some(decided.to);
+        tracked.history.record(&decided.change, at);
+        tracked.pending = Some((decided.from, decided.to));
+        tracked.signals.clear();
+    }
+
+    /// `attempt` was moved back to `to` after an agent could not apply a change.
+    pub(crate) fn moved(&self, attempt: AttemptRef, to: Resources) {
+        let span = self.span_ms();
+        let mut book = self.tracked.lock().unwrap();
+        book.entry((attempt.task, attempt.attempt))
+            .or_insert_with(|| Self::tracked(span))
+            .allocation = Some(to);
+    }
+
+    /// An agent applied a change of `attempt` (or could not: `error`, which ends its
+    /// adaptation). The change that was pending (the allocation before it, and it), when
+    /// the attempt is tracked at all.
+    pub(crate) fn confirmed(
+        &self,
+        attempt: AttemptRef,
+        error: Option<&str>,
+    ) -> Option<Option<(Resources, Resources)>> {
+        let mut book = self.tracked.lock().unwrap();
+        let tracked = book.get_mut(&(attempt.task, attempt.attempt))?;
+        if let Some(error) = error {
+            tracked.stopped = Some(error.to_string());
+        }
+        Some(tracked.pending.take())
+    }
+}
+
+/// What the adaptive book made of a sample of rank 0.
+#[derive(Debug)]
+pub(crate) struct Observed {
+    /// The verdict on the attempt's window.
+    pub(crate) verdict: Verdict,
+    /// The signal point to keep durably, when one is due (at most [`POINTS_KEPT`]).
+    pub(crate) point: Option<SignalRecord>,
+    /// What the policy decides from — the allocation in force and its change history —
+    /// unless the attempt waits for a confirmation or stopped adapting.
+    pub(crate) decide: Option<(Resources, ChangeHistory)>,
+}
+
+impl Observed {
+    /// What the policy decides on for `attempt` (`handlers::resize::on_sample`), unless
+    /// the attempt waits for a confirmation or stopped adapting.
+    pub(crate) fn judged(&self, attempt: AttemptRef) -> Option<resize::Judged<'_>> {
+        let (current, history) = self.decide?;
+        Some(resize::Judged {
+            attempt,
+            verdict: &self.verdict,
+            current,
+            history,
         })
     }
-}
-
-fn fit(fit: tacc_adaptive::Fit) -> String {
-    match fit {
-        tacc_adaptive::Fit::Unknown => "unknown",
-        tacc_adaptive::Fit::Short => "short",
-        tacc_adaptive::Fit::Fit => "fit",
-        tacc_adaptive::Fit::Idle => "idle",
-    }
-    .into()
-}
-
-fn cpus(millis: u64) -> String {
-    format!("{:.2}", millis as f64 / 1000.0)
 }
 
 #[cfg(test)]

@@ -2,97 +2,124 @@
 //! (`tacc_scheduler::Projection`), computed at most once per scheduler epoch, on a copy
 //! of the scheduler and off the control plane's lock, and shared by every task view and
 //! `why` until the scheduler's state changes; the what-ifs (fewer GPUs, other nodes);
-//! their wire form.
+//! their wire form. [`Estimates`] is a service of its own beside the control plane (the
+//! API's state holds it): the one thing it asks of the control plane is a copy of the
+//! scheduler ([`Control::scheduler_copy`]).
 
 use std::sync::Arc;
 
 use tacc_core::{Resources, TaskId, Timestamp};
 use tacc_proto::{LatestStartView, NodesWhatIf, ShapeWhatIf, StartEstimateView, TaskEndView};
 use tacc_scheduler::{
-    LatestStart, LimitKind, PendingReason, Projection, ProjectionLimits, Scheduler, StartEstimate,
+    LatestStart, LimitKind, PendingReason, Projection, ProjectionLimits, Scheduler,
+    SchedulerConfig, StartEstimate,
 };
+use tacc_store::Store;
 use tokio::sync::Mutex;
 
 use super::Control;
+use crate::ServerError;
+use crate::auth::Authenticator;
+use crate::clock::Clock;
 
-/// The projection of the latest scheduler epoch asked about. Its own lock is held while
-/// a projection is computed, so concurrent askers wait for one computation; the control
-/// plane's lock is held only to copy the scheduler, never while projecting.
-#[derive(Debug, Default)]
-pub(crate) struct EstimateCache {
-    latest: Mutex<Option<Arc<Projection>>>,
+/// Earlier runs of a user's task name needed before their median counts as its usual run
+/// time, and the most looked at.
+const RUNS_FOR_A_USUAL_TIME: (usize, u32) = (3, 20);
+
+/// Start estimates, beside the control plane: the projection of the latest scheduler
+/// epoch asked about, shared by every task view and `why`, and what-ifs of submissions.
+/// Each works on a copy of the scheduler the control plane hands out
+/// ([`Control::scheduler_copy`]), off its lock; nothing here changes the control plane.
+/// Built with the API's state; clones share the cached projection.
+#[derive(Debug, Clone)]
+pub(crate) struct Estimates {
+    control: Arc<Control>,
+    store: Arc<dyn Store>,
+    auth: Arc<Authenticator>,
+    clock: Arc<dyn Clock>,
+    /// Users, groups and limits as configured (who is accounted to which group).
+    config: SchedulerConfig,
+    /// The projection of the latest scheduler epoch asked about. Its lock is held while a
+    /// projection is computed, so concurrent askers wait for one computation; the control
+    /// plane's lock is held only to copy the scheduler, never while projecting.
+    latest: Arc<Mutex<Option<Arc<Projection>>>>,
 }
 
-impl Control {
+impl Estimates {
+    /// The estimates of `control`'s scheduler, with nothing projected yet.
+    pub(crate) fn of(control: &Arc<Control>) -> Estimates {
+        Estimates {
+            control: control.clone(),
+            store: control.store.clone(),
+            auth: control.auth.clone(),
+            clock: control.clock.clone(),
+            config: control.config.scheduler.clone(),
+            latest: Arc::default(),
+        }
+    }
+
     /// The projection of the current scheduler state: the cached one while the
     /// scheduler's epoch has not moved, else a fresh one.
-    pub(super) async fn projection(&self) -> Arc<Projection> {
-        let mut cached = self.estimates.latest.lock().await;
-        let copy = {
-            let inner = self.inner.lock().await;
-            if let Some(projection) = cached.as_ref()
-                && projection.epoch() == inner.scheduler.epoch()
-            {
-                return projection.clone();
-            }
-            inner.scheduler.clone()
+    pub(crate) async fn projection(&self) -> Arc<Projection> {
+        let mut cached = self.latest.lock().await;
+        let known = cached.as_ref().map(|projection| projection.epoch());
+        let Some(copy) = self.control.scheduler_copy(known).await else {
+            return cached.clone().expect("a projection of the current epoch");
         };
         let fresh =
             Arc::new(project_apart(move || copy.project(ProjectionLimits::default())).await);
         *cached = Some(fresh.clone());
         fresh
     }
-}
 
-impl Control {
+    /// The latest start of the scheduler's projection for a queued task (the cached
+    /// projection of the current epoch: listing many tasks projects once).
+    pub(crate) async fn estimated_start(&self, task: TaskId) -> Option<Timestamp> {
+        self.projection()
+            .await
+            .estimate(task, self.clock.now())
+            .and_then(|estimate| estimate.latest_at())
+    }
+
     /// When a task `user` submits with `spec` would start if submitted now: refused (with
     /// the reason a submit would give), at once, or the projection's answer — worked out on
     /// a copy of the scheduler, off the control plane's lock; nothing is stored.
-    pub async fn estimate_submission(
+    pub(crate) async fn estimate_submission(
         &self,
         user: &str,
         spec: tacc_schema::TaskSpec,
-    ) -> Result<tacc_proto::SubmitEstimate, crate::ServerError> {
+    ) -> Result<tacc_proto::SubmitEstimate, ServerError> {
         spec.validate()
-            .map_err(|e| crate::ServerError::InvalidTask(e.to_string()))?;
+            .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
         let identity_group = self.auth.group_of(user).await?;
         let now = self.clock.now();
-        let (copy, request) = {
-            let mut inner = self.inner.lock().await;
-            inner
-                .identity_groups
-                .insert(user.to_string(), identity_group);
-            let group = inner.group_for(&self.config, user);
-            let request = super::request_for(&spec, user, now, group);
-            if let Some(refusal) = inner.scheduler.refusal(&request) {
-                return Ok(tacc_proto::SubmitEstimate {
-                    refused: Some(refusal.reason.to_string()),
-                    starts_now: false,
-                    estimate: None,
-                });
-            }
-            (inner.scheduler.clone(), request)
+        let group = group_for(&self.config, user, identity_group);
+        let request = super::request_for(&spec, user, now, group);
+        let Some(copy) = self.control.scheduler_copy(None).await else {
+            unreachable!("a copy is always given when no epoch is known");
         };
+        if let Some(refusal) = copy.refusal(&request) {
+            return Ok(tacc_proto::SubmitEstimate {
+                refused: Some(refusal.reason.to_string()),
+                starts_now: false,
+                estimate: None,
+            });
+        }
         project_apart(move || hypothetical_start(copy, request, now)).await
     }
-}
 
-/// Earlier runs of a user's task name needed before their median counts as its usual run
-/// time, and the most looked at.
-const RUNS_FOR_A_USUAL_TIME: (usize, u32) = (3, 20);
-
-impl Control {
     /// When the queued `task` likely starts if the running tasks end after their users'
     /// usual run times for their names (the median of the last runs that succeeded, where
     /// there are enough) instead of at their limits: `None` when no running task has such
-    /// a history, or it starts it no sooner than `latest`.
-    pub(super) async fn likely_start(
+    /// a history, or it starts it no sooner than `latest`. `scheduler` is a copy of the
+    /// live one.
+    pub(crate) async fn likely_start(
         &self,
         scheduler: Scheduler,
         task: TaskId,
         latest: &LatestStartView,
         now: Timestamp,
-    ) -> Result<Option<tacc_proto::LikelyStartView>, crate::ServerError> {
+    ) -> Result<Option<tacc_proto::LikelyStartView>, ServerError> {
         let running = self
             .store
             .list_tasks(&tacc_store::TaskFilter {
@@ -171,7 +198,18 @@ impl Control {
     }
 }
 
-/// The id the hypothetical task of [`Control::estimate_submission`] gets in the copy (no
+/// The group `user`'s tasks are accounted to: the configured one (the scheduler's
+/// configuration names it: `None` here), else their identity's (`identity`), as the
+/// control plane does (`Core::group_for`).
+fn group_for(config: &SchedulerConfig, user: &str, identity: Option<String>) -> Option<String> {
+    let configured = config.users.get(user).is_some_and(|u| u.group.is_some());
+    match configured {
+        true => None,
+        false => identity,
+    }
+}
+
+/// The id the hypothetical task of [`Estimates::estimate_submission`] gets in the copy (no
 /// real task ever has it: ids count up from 1).
 const HYPOTHETICAL: TaskId = TaskId(u64::MAX);
 
@@ -180,7 +218,7 @@ fn hypothetical_start(
     mut scheduler: Scheduler,
     request: tacc_scheduler::TaskRequest,
     now: Timestamp,
-) -> Result<tacc_proto::SubmitEstimate, crate::ServerError> {
+) -> Result<tacc_proto::SubmitEstimate, ServerError> {
     let plan = scheduler
         .handle(
             now,
@@ -189,7 +227,7 @@ fn hypothetical_start(
                 request,
             },
         )
-        .map_err(|e| crate::ServerError::Internal(format!("estimating a submission: {e}")))?;
+        .map_err(|e| ServerError::Internal(format!("estimating a submission: {e}")))?;
     let starts_now = plan.actions.iter().any(|action| {
         matches!(action, tacc_scheduler::Action::Start { task, .. } if *task == HYPOTHETICAL)
     });

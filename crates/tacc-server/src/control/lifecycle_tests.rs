@@ -956,7 +956,11 @@ async fn the_likely_start_rests_on_the_usual_run_time_of_the_task_ahead() {
     let (running, _) = env.running(&mut agent, train).await;
     let started = env.task(running).await.started_at.unwrap();
     let waiting = env.submit(train).await;
-    let why = env.control.explain(waiting).await.unwrap();
+    let why = env
+        .control
+        .explain(waiting, &super::Estimates::of(&env.control))
+        .await
+        .unwrap();
     let estimate = why.start_estimate.expect("an estimate");
     assert_eq!(
         estimate.latest,
@@ -977,7 +981,11 @@ async fn the_likely_start_rests_on_the_usual_run_time_of_the_task_ahead() {
     let other = env
         .submit("name: other\nresources: {cpus: 1, time_limit: 1h}\nrun: x\n")
         .await;
-    let why = env.control.explain(other).await.unwrap();
+    let why = env
+        .control
+        .explain(other, &super::Estimates::of(&env.control))
+        .await
+        .unwrap();
     assert!(
         why.start_estimate.is_some_and(|e| e.likely.is_some()),
         "it waits behind the same running train task"
@@ -991,7 +999,12 @@ async fn without_a_history_there_is_no_likelier_start() {
     let train = "name: train\nresources: {cpus: 1, time_limit: 1h}\nrun: train\n";
     env.running(&mut agent, train).await;
     let waiting = env.submit(train).await;
-    let estimate = env.control.explain(waiting).await.unwrap().start_estimate;
+    let estimate = env
+        .control
+        .explain(waiting, &super::Estimates::of(&env.control))
+        .await
+        .unwrap()
+        .start_estimate;
     let estimate = estimate.expect("an estimate");
     assert_eq!(estimate.likely, None, "{estimate:?}");
 }

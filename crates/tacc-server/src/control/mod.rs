@@ -11,7 +11,7 @@ use rules::admission::Admission;
 use tacc_compiler::DirChunkStore;
 use tacc_core::{NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, AttemptRef, DesiredWork, RegisterAgent};
-use tacc_scheduler::{Explanation, Scheduler, TaskRequest};
+use tacc_scheduler::{Explanation, Plan, Scheduler, TaskRequest};
 use tacc_schema::TaskSpec;
 use tacc_store::TaskChange;
 use tacc_store::{
@@ -27,6 +27,8 @@ use effects::Effects;
 use handlers::poll::PollRefused;
 
 mod adaptive;
+#[cfg(test)]
+mod adaptive_lifecycle_tests;
 mod core;
 pub(crate) use self::core::{Core, LiveNode};
 mod comm;
@@ -56,6 +58,7 @@ mod submission;
 mod sweep_stages;
 mod sweeps;
 mod task_accounts;
+pub(crate) use estimates::Estimates;
 pub(crate) use submission::Submission;
 pub use submission::SubmitOptions;
 pub(crate) use task_accounts::TaskAccount;
@@ -119,8 +122,6 @@ pub struct Control {
     pub(crate) sweeps: sweeps::OpenSweeps,
     /// Task uids of users, as the store allocated them.
     pub(crate) accounts: task_accounts::TaskAccounts,
-    /// The scheduler's projection of the queue, per epoch (see `estimates.rs`).
-    estimates: estimates::EstimateCache,
     /// The control plane's time: the system's in a server, a manual one in lifecycle tests.
     pub(crate) clock: Arc<dyn Clock>,
     /// How decisions reach the nodes (see `comm.rs`).
@@ -227,7 +228,6 @@ impl Control {
                 config.unix_users.clone(),
                 config.task_uid_base,
             ),
-            estimates: estimates::EstimateCache::default(),
             store,
             logs,
             chunks,
@@ -561,13 +561,18 @@ impl Control {
             .ok_or(ServerError::TaskNotFound(task))
     }
 
-    pub async fn explain(&self, task: TaskId) -> Result<tacc_proto::TaskExplanation, ServerError> {
+    /// Why `task` is where it is, with its start estimate (from `estimates`' projection).
+    pub(crate) async fn explain(
+        &self,
+        task: TaskId,
+        estimates: &Estimates,
+    ) -> Result<tacc_proto::TaskExplanation, ServerError> {
         let record = self
             .store
             .get_task(task)
             .await?
             .ok_or(ServerError::TaskNotFound(task))?;
-        let projection = self.projection().await;
+        let projection = estimates.projection().await;
         let now = self.clock.now();
         let inner = self.inner.lock().await;
         let config = inner.scheduler.config();
@@ -676,7 +681,9 @@ impl Control {
         let likely_copy = start_estimate.is_some().then(|| inner.scheduler.clone());
         drop(inner);
         if let (Some(view), Some(copy)) = (start_estimate.as_mut(), likely_copy) {
-            view.likely = self.likely_start(copy, task, &view.latest, now).await?;
+            view.likely = estimates
+                .likely_start(copy, task, &view.latest, now)
+                .await?;
         }
         let (fewer_gpus, other_nodes) = match what_if {
             Some((copy, per_node, asked)) => {
@@ -695,7 +702,7 @@ impl Control {
             other_nodes,
             policy,
             details,
-            adaptive: self.adaptive_view(task).await.ok(),
+            adaptive: self.facts.adaptive_view(task, &self.adaptive).await.ok(),
         })
     }
 
@@ -705,15 +712,6 @@ impl Control {
         at: Timestamp,
     ) -> tacc_scheduler::FairShareStanding {
         self.inner.lock().await.scheduler.standing(at)
-    }
-
-    /// The latest start of the scheduler's projection for a queued task (the cached
-    /// projection of the current epoch: listing many tasks projects once).
-    pub async fn estimated_start(&self, task: TaskId) -> Option<Timestamp> {
-        self.projection()
-            .await
-            .estimate(task, self.clock.now())
-            .and_then(|estimate| estimate.latest_at())
     }
 
     pub async fn record_output(&self, output: OutputRecord) -> Result<(), ServerError> {
@@ -1185,5 +1183,93 @@ impl Control {
             .map_err(|e| {
                 ServerError::io(format!("cannot write the log of task {}", attempt.task), e)
             })
+    }
+}
+
+// Entry points for adaptive allocation and estimates.
+impl Control {
+    /// A usage sample of a running attempt was accepted, in the reports' turn: the
+    /// adaptive book judges rank 0's, keeps a signal point when one is due, and the
+    /// policy may move the attempt (`handlers::resize`).
+    pub(super) async fn adapt(&self, core: &mut Core, sample: &tacc_proto::UsageSample) {
+        let task = sample.attempt.task;
+        let requested = match core.specs.get(&task) {
+            Some(spec) if sample.node_rank == 0 => spec.resources.per_node(),
+            _ => return,
+        };
+        let now = self.clock.now();
+        let mut observed = self.adaptive.observe(sample, now, requested);
+        if let Some(point) = observed.point.take() {
+            let kept = adaptive::POINTS_KEPT;
+            if let Err(e) = self.store.record_signal_point(point, kept).await {
+                tracing::warn!("cannot keep a signal point of task {task}: {e}");
+            }
+        }
+        let Some(judged) = observed.judged(sample.attempt) else {
+            return;
+        };
+        let mut fx = effects::Effects::default();
+        let policy = self.adaptive.policy();
+        let decided = handlers::resize::on_sample(core, &mut fx, now, policy, judged);
+        if let Some(decided) = &decided {
+            self.adaptive.changed(sample.attempt, decided, now);
+        }
+        self.carry_resize(core, fx, decided.map(|d| d.plan)).await;
+    }
+
+    /// An agent applied (or could not apply: `error`) a new allocation of `attempt`; one
+    /// it could not is undone where it fits (`handlers::resize::on_resize_failed`).
+    pub(super) async fn resized_on_node(
+        &self,
+        core: &mut Core,
+        node: tacc_core::NodeId,
+        attempt: AttemptRef,
+        applied: tacc_core::Resources,
+        error: Option<String>,
+    ) {
+        let Some(pending) = self.adaptive.confirmed(attempt, error.as_deref()) else {
+            return;
+        };
+        let Some(error) = error else {
+            return;
+        };
+        let failed = handlers::resize::ResizeFailed {
+            node,
+            attempt,
+            applied,
+            error,
+            before: pending.map(|(before, _)| before),
+            at: self.clock.now(),
+        };
+        let mut fx = effects::Effects::default();
+        let undone = handlers::resize::on_resize_failed(core, &mut fx, failed);
+        if let Some((back, _)) = &undone {
+            self.adaptive.moved(attempt, *back);
+        }
+        self.carry_resize(core, fx, undone.map(|(_, plan)| plan))
+            .await;
+    }
+
+    /// Carry out a resize's effects, then what the scheduler planned of it (a shrink may
+    /// start queued tasks); a plan that cannot be recorded rebuilds the scheduler.
+    async fn carry_resize(&self, core: &mut Core, fx: effects::Effects, plan: Option<Plan>) {
+        let mut carried = self.carry(core, fx).await;
+        if let (Ok(()), Some(plan)) = (&carried, plan) {
+            carried = self.carry_out(core, plan).await;
+        }
+        if let Err(e) = carried {
+            tracing::error!(
+                "could not record a resize or its plan, rebuilding from the store: {e}"
+            );
+            self.resync(core).await;
+        }
+    }
+
+    /// A copy of the scheduler as it stands, for projections off the control plane's
+    /// lock (`estimates.rs`); `None` when its epoch is still `unless_epoch` (the caller's
+    /// projection of it holds).
+    pub(crate) async fn scheduler_copy(&self, unless_epoch: Option<u64>) -> Option<Scheduler> {
+        let core = self.inner.lock().await;
+        (unless_epoch != Some(core.scheduler.epoch())).then(|| core.scheduler.clone())
     }
 }

@@ -203,14 +203,14 @@ pub(crate) async fn queue(
     let mut queued = Vec::new();
     for record in list(vec![TaskState::Queued]).await? {
         queued.push(task_row(
-            &super::super::tasks::task_view(control, record).await,
+            &super::super::tasks::task_view(&app, record).await,
             now,
         ));
     }
     let mut active = Vec::new();
     for record in list(vec![TaskState::Starting, TaskState::Running]).await? {
         active.push(task_row(
-            &super::super::tasks::task_view(control, record).await,
+            &super::super::tasks::task_view(&app, record).await,
             now,
         ));
     }
@@ -234,7 +234,7 @@ pub(crate) async fn queue(
     .await?;
     for record in recent {
         ended.push(task_row(
-            &super::super::tasks::task_view(control, record).await,
+            &super::super::tasks::task_view(&app, record).await,
             now,
         ));
     }
@@ -356,9 +356,9 @@ pub(crate) async fn task(
     let now = crate::now();
     let task = TaskId(id);
     let record = super::super::tasks::load(control, task).await?;
-    let view = super::super::tasks::task_view(control, record).await;
+    let view = super::super::tasks::task_view(&app, record).await;
     let explanation = if view.state == TaskState::Queued {
-        Some(control.explain(task).await?)
+        Some(control.explain(task, &app.estimates).await?)
     } else {
         None
     };

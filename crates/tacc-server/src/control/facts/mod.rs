@@ -5,7 +5,7 @@
 //! records kept in memory (`records.rs`), and nothing else of `Control`.
 //!
 //! Each file under `facts/` answers one family of questions: a task's record, its
-//! attempt's ranks and inputs (`attempts.rs`), pipelines' stages, sweeps' trials and
+//! attempt's ranks and inputs (`attempts.rs`), its adaptive allocation (`adaptive.rs`), pipelines' stages, sweeps' trials and
 //! groups' elements.
 
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use tacc_store::{Store, StoreError, TaskRecord};
 
 use super::records::PlacedRecords;
 
+mod adaptive;
 mod attempts;
 
 /// Reads of the durable state for the control plane; cheap to clone.

@@ -11,8 +11,8 @@
 //! requeued, lost with its node), cancels of a task or a group, a node's registration and
 //! poll, the liveness tick with its hang and idle-GPU checks, node administration,
 //! submits and held tasks released, a failed stage's dependents ended, recovery from the
-//! store, and the scheduler's decision and its plan. Pipelines' stage submission, sweeps,
-//! reruns and adaptive resizes still run as async methods of `Control` (see
+//! store, the scheduler's decision and its plan, and adaptive resizes. Pipelines' stage
+//! submission, sweeps and reruns still run as async methods of `Control` (see
 //! docs/ARCHITECTURE.md, "One turn of the control plane").
 
 pub(crate) mod cancel;
@@ -28,5 +28,6 @@ pub(crate) mod poll;
 pub(crate) mod rank_end;
 pub(crate) mod register;
 pub(crate) mod reload;
+pub(crate) mod resize;
 pub(crate) mod started;
 pub(crate) mod submit;
