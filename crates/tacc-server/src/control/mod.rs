@@ -11,7 +11,7 @@ use rules::admission::Admission;
 use tacc_compiler::DirChunkStore;
 use tacc_core::{NodeId, SnapshotId, TaskId, TaskState, Timestamp};
 use tacc_proto::{AgentReport, AttemptRef, DesiredWork, RegisterAgent};
-use tacc_scheduler::{Explanation, Plan, Scheduler, TaskRequest};
+use tacc_scheduler::{Plan, Scheduler, TaskRequest};
 use tacc_schema::TaskSpec;
 use tacc_store::TaskChange;
 use tacc_store::{
@@ -34,6 +34,7 @@ pub(crate) use self::core::{Core, LiveNode};
 mod comm;
 mod effects;
 mod estimates;
+mod explain;
 mod facts;
 pub(crate) use facts::Facts;
 mod config;
@@ -574,112 +575,24 @@ impl Control {
             .ok_or(ServerError::TaskNotFound(task))?;
         let projection = estimates.projection().await;
         let now = self.clock.now();
-        let inner = self.inner.lock().await;
-        let config = inner.scheduler.config();
-        let group = config.group_of(&record.user, None);
-        let mut details = vec![format!("user {} is in group {group}", record.user)];
-        let user_limits = config.user_limits(&record.user);
-        let group_limits = config.group_limits(&group);
-        for (whose, limits) in [("user", &user_limits), ("group", &group_limits)] {
-            let mut parts = Vec::new();
-            if let Some(max) = limits.max_gpus {
-                parts.push(format!("{max} GPUs"));
-            }
-            if let Some(max) = limits.max_cpus {
-                parts.push(format!("{max} CPUs"));
-            }
-            if let Some(max) = limits.max_running_tasks {
-                parts.push(format!("{max} running tasks"));
-            }
-            if let Some(max) = limits.max_queued_tasks {
-                parts.push(format!("{max} queued tasks"));
-            }
-            if !parts.is_empty() {
-                details.push(format!("{whose} limits: at most {}", parts.join(", ")));
-            }
-        }
-        let guaranteed = config.guaranteed_gpus(&group);
-        if guaranteed > 0 {
-            details.push(format!(
-                "group {group} is guaranteed {guaranteed} GPUs and may borrow idle ones"
-            ));
-        }
-        let (mut position, mut estimated_start) = (None, None);
-        let (mut start_estimate, mut what_if) = (None, None);
-        match inner.scheduler.explain_with(task, Some(&projection)) {
-            Explanation::Queued {
-                position: at,
-                estimated_start: start,
-                reason,
-                ..
-            } => {
-                position = Some(at as u64);
-                estimated_start = start;
-                if let Some(estimate) = projection.estimate(task, now) {
-                    start_estimate = Some(estimates::view(
-                        &estimate,
-                        reason.as_ref(),
-                        record.user.as_str(),
-                    ));
-                    if let Some(spec) = inner.specs.get(&task)
-                        && estimates::wants_what_ifs(
-                            &inner.scheduler,
-                            task,
-                            spec.resources.per_node(),
-                        )
-                    {
-                        let copy = inner.scheduler.clone();
-                        what_if = Some((copy, spec.resources.per_node(), estimate));
-                    }
-                }
-                let waits_for_node = matches!(
-                    reason,
-                    Some(tacc_scheduler::PendingReason::NoMatchingNode { .. })
-                );
-                if waits_for_node && let Some(spec) = inner.specs.get(&task) {
-                    details.push(crate::node_selector::advice(&crate::node_selector::of(
-                        spec,
-                    )));
-                } else if let Some(tacc_scheduler::PendingReason::WaitingForCapacity { .. }) =
-                    reason
-                {
-                    details.push(
-                        "no start estimate: it was submitted with --wait-for-capacity and no node that can hold it has joined yet"
-                            .to_string(),
-                    );
-                } else if start.is_none() && start_estimate.is_none() {
-                    details.push(
-                        "no start estimate: a task it waits for has no time limit (set resources.time_limit to get one)"
-                            .to_string(),
-                    );
-                }
-            }
-            Explanation::Preempting { .. } => {
-                details.push("it is being preempted and will be requeued".to_string())
-            }
-            Explanation::Running { .. } | Explanation::Unknown => {}
-        }
-        if inner.held.contains(&task) {
-            let flapping: Vec<&str> = inner
-                .nodes
-                .values()
-                .filter(|n| n.online && n.held_back_until.is_some())
-                .map(|n| n.record.name.as_str())
-                .collect();
-            details.push(if flapping.is_empty() {
-                "no node is online yet; start an agent (`taccd agent`) or `tcloud up`".to_string()
-            } else {
-                format!(
-                    "the only nodes up ({}) were lost repeatedly and get work once they have \
-                     stayed up for {}s (`taccd server --node-stable-after`)",
-                    flapping.join(", "),
-                    self.config.node_stable_after.as_secs()
-                )
-            });
-        }
-        let policy = inner.scheduler.policy_name().to_string();
-        let likely_copy = start_estimate.is_some().then(|| inner.scheduler.clone());
-        drop(inner);
+        let core = self.inner.lock().await;
+        let explained = explain::explain(
+            &core,
+            &record,
+            &projection,
+            now,
+            self.config.node_stable_after,
+        );
+        drop(core);
+        let explain::Explained {
+            details,
+            position,
+            estimated_start,
+            mut start_estimate,
+            what_if,
+            likely_copy,
+            policy,
+        } = explained;
         if let (Some(view), Some(copy)) = (start_estimate.as_mut(), likely_copy) {
             view.likely = estimates
                 .likely_start(copy, task, &view.latest, now)
