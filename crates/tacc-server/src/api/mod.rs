@@ -114,6 +114,12 @@ pub(crate) struct AppState {
     pub(crate) artifacts: crate::artifacts::Artifacts,
     /// Who may register a node, and enrolled nodes' credentials.
     pub(crate) enrolments: crate::enrolment::Enrolments,
+    /// Pipelines submitted.
+    pub(crate) pipelines: crate::control::Pipelines,
+    /// Sweeps submitted.
+    pub(crate) sweeps: crate::control::Sweeps,
+    /// Arrays submitted, groups cancelled and rerun.
+    pub(crate) arrays: crate::control::Arrays,
 }
 
 /// One route as declared: method, path pattern and the access rule the guard enforces.
@@ -492,6 +498,9 @@ fn router_with(
         chunk_access: crate::agent_access::ChunkAccess::of(&control),
         artifacts: crate::artifacts::Artifacts::of(&control),
         enrolments: crate::enrolment::Enrolments::of(&control),
+        pipelines: crate::control::Pipelines::of(&control),
+        sweeps: crate::control::Sweeps::of(&control),
+        arrays: crate::control::Arrays::of(&control),
     };
     // What every answer waits for: the control plane's store synced, the sync timed.
     let durable: Arc<dyn durable::Durable> = Arc::new(durable::StoreSync::new(

@@ -151,8 +151,8 @@ async fn submit_new(
         }))
     });
     let (group, stage_records) = app
-        .control
-        .submit_pipeline(
+        .pipelines
+        .submit(
             &user.name,
             body.name,
             stages,
@@ -165,7 +165,7 @@ async fn submit_new(
             keyed,
         )
         .await?;
-    let stages = app.control.stage_views(group.id).await?;
+    let stages = app.control.facts.stage_views(group.id).await?;
     let mut tasks = Vec::new();
     for stage in stage_records.iter().filter(|s| !s.cached) {
         match stage.source {

@@ -156,7 +156,8 @@ impl Control {
                 }
                 AgentReport::Usage(_) => {}
                 AgentReport::Metrics { attempt, points } => {
-                    self.record_metrics(attempt, points).await?;
+                    let points = rules::sweeps::metric_points(attempt, points, self.clock.now());
+                    self.store.append_metrics(points).await?;
                 }
                 AgentReport::Resized {
                     attempt,

@@ -7,18 +7,6 @@ use super::effects::Effects;
 use super::*;
 
 impl Control {
-    /// Give newly stored tasks to the scheduler in one batch (one decision), or hold them
-    /// while no node takes work (see `handlers::submit`).
-    pub(super) async fn queue_new(
-        &self,
-        inner: &mut Core,
-        submitted: Vec<(TaskId, TaskRequest)>,
-    ) -> Result<(), ServerError> {
-        let mut fx = Effects::default();
-        handlers::submit::on_submitted(inner, &mut fx, submitted);
-        self.carry(inner, fx).await
-    }
-
     /// Feed one event to the scheduler and carry out its plan in one store transaction.
     /// A failure here never loses a task: the task stays durable in its last state and
     /// the scheduler is rebuilt from the store.

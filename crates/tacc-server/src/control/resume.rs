@@ -51,7 +51,7 @@ impl Control {
         &self,
         record: &TaskRecord,
     ) -> Result<Vec<InputFile>, ServerError> {
-        let mut inputs = self.stage_inputs(record).await?;
+        let mut inputs = self.facts.stage_inputs(record).await?;
         if record.attempt.0 > 1 {
             let outputs = self.store.list_outputs(record.id).await?;
             inputs.extend(resume_files(record.attempt, outputs));

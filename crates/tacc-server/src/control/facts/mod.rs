@@ -16,6 +16,9 @@ use tacc_store::{Store, StoreError, TaskRecord};
 use super::records::PlacedRecords;
 
 mod attempts;
+mod groups;
+mod pipelines;
+mod sweeps;
 
 /// Reads of the durable state for the control plane; cheap to clone.
 #[derive(Debug, Clone)]

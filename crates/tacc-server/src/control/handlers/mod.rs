@@ -15,6 +15,7 @@
 //! reruns and adaptive resizes still run as async methods of `Control` (see
 //! docs/ARCHITECTURE.md, "One turn of the control plane").
 
+pub(crate) mod accepted;
 pub(crate) mod cancel;
 pub(crate) mod decide;
 pub(crate) mod dependents;
@@ -30,3 +31,4 @@ pub(crate) mod register;
 pub(crate) mod reload;
 pub(crate) mod started;
 pub(crate) mod submit;
+pub(crate) mod sweep_ended;
