@@ -189,8 +189,9 @@ mod tests {
     #[test]
     fn a_rerun_submits_the_failed_indices_from_the_first_failed_element() {
         let spec = array_spec("0-3");
-        // (group kind, failed elements (id, index), rerun indices or refusal/none)
-        let table: &[(GroupKind, &[(u64, u32)], Result<Option<Vec<u32>>, ()>)] = &[
+        // (group kind, failed elements (id, index), rerun indices, none, or refused)
+        type Case<'a> = (GroupKind, &'a [(u64, u32)], Result<Option<Vec<u32>>, ()>);
+        let table: &[Case] = &[
             (GroupKind::Array, &[], Ok(None)),
             (GroupKind::Array, &[(7, 3), (5, 1)], Ok(Some(vec![1, 3]))),
             (GroupKind::Array, &[(5, 2)], Ok(Some(vec![2]))),

@@ -413,7 +413,9 @@ mod tests {
     #[test]
     fn which_stages_end_a_pipeline_and_how() {
         let user = Some(crate::control::CANCELLED_BY_USER.to_string());
-        let table: &[(&[(TaskState, Option<String>)], Option<bool>, StageEnd)] = &[
+        // (each task's state and reason, a sweep's `launched all`, how the stage stands)
+        type Case<'a> = (&'a [(TaskState, Option<String>)], Option<bool>, StageEnd);
+        let table: &[Case] = &[
             (&[(Running, None)], None, StageEnd::Open),
             (&[], None, StageEnd::Empty),
             (

@@ -351,7 +351,9 @@ mod tests {
     #[test]
     fn a_sweep_ends_once_every_trial_ended_and_all_were_launched_unless_cancelled() {
         let user = Some(CANCELLED_BY_USER);
-        let table: &[(&[(TaskState, Option<&str>)], bool, Standing)] = &[
+        // (each trial's state and reason, every trial launched, where the sweep stands)
+        type Case<'a> = (&'a [(TaskState, Option<&'a str>)], bool, Standing);
+        let table: &[Case] = &[
             (&[(Running, None)], true, Standing::Open),
             (&[(Succeeded, None)], false, Standing::Open),
             (&[(Cancelled, user)], false, Standing::Cancelled),
