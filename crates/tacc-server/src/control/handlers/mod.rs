@@ -10,9 +10,10 @@
 //! Ported so far: an attempt starting, a rank finishing, an attempt ending (retried,
 //! requeued, lost with its node), cancels of a task or a group, a node's registration and
 //! poll, the liveness tick with its hang and idle-GPU checks, node administration,
-//! submits and held tasks released, a failed stage's dependents ended, recovery from the
-//! store, and the scheduler's decision and its plan. Pipelines' stage submission, sweeps,
-//! reruns and adaptive resizes still run as async methods of `Control` (see
+//! submits and held tasks released, a workflow's tasks accepted (an array's, a sweep's
+//! trials, a pipeline's stages) and stage tasks released when a sweep ends, a failed
+//! stage's dependents ended, recovery from the store, and the scheduler's decision and its
+//! plan. Adaptive resizes still run as async methods of `Control` (see
 //! docs/ARCHITECTURE.md, "One turn of the control plane").
 
 pub(crate) mod accepted;

@@ -63,3 +63,93 @@ pub(crate) fn on_released(
     }
     super::submit::on_submitted(core, fx, submitted);
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use tacc_core::NodeId;
+    use tacc_schema::TaskSpec;
+
+    use super::*;
+    use crate::control::effects::Effects;
+    use crate::control::rules::{test_node, test_record};
+
+    fn core() -> Core {
+        let scheduler = tacc_scheduler::Scheduler::by_name("fifo", Default::default()).unwrap();
+        let mut core = Core::new(scheduler, Instant::now());
+        core.nodes.insert(NodeId(1), test_node(1, Instant::now()));
+        core
+    }
+
+    fn spec() -> TaskSpec {
+        tacc_schema::parse_task("task.yaml", "name: s\nrun: echo\n")
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn only_tasks_waiting_for_no_other_sweep_are_released() {
+        let mut core = core();
+        core.after_sweeps = [
+            (TaskId(1), [GroupId(5)].into()),
+            (TaskId(2), [GroupId(5), GroupId(6)].into()),
+            (TaskId(3), [GroupId(6)].into()),
+        ]
+        .into();
+        assert_eq!(released_by(&mut core, GroupId(5)), [TaskId(1)]);
+        assert_eq!(
+            core.after_sweeps,
+            [
+                (TaskId(2), [GroupId(6)].into()),
+                (TaskId(3), [GroupId(6)].into())
+            ]
+            .into()
+        );
+        assert!(released_by(&mut core, GroupId(7)).is_empty());
+    }
+
+    #[test]
+    fn released_queued_tasks_are_submitted_with_their_needs_and_no_longer_wait() {
+        // (state, spec known, needs) → submitted
+        let table = [
+            (TaskState::Queued, true, Some(vec![TaskId(9)]), true),
+            (TaskState::Queued, true, None, true),
+            (TaskState::Queued, false, None, false),
+            (TaskState::Failed, true, Some(vec![TaskId(9)]), false),
+        ];
+        for (state, known, needs, expected) in table {
+            let mut core = core();
+            if known {
+                core.specs.insert(TaskId(1), spec());
+            }
+            let mut fx = Effects::default();
+            let config = ServerConfig::new(std::env::temp_dir());
+            let released = vec![Released {
+                record: test_record(1, state, 1, &[]),
+                needs: needs.clone(),
+            }];
+            on_released(&mut core, &mut fx, &config, released);
+            assert_eq!(
+                !fx.decide.is_empty(),
+                expected,
+                "{state:?} {known} {needs:?}"
+            );
+            let cleared = fx.changes.iter().any(|c| {
+                matches!(
+                    c,
+                    TaskChange::Reason {
+                        task: TaskId(1),
+                        reason: None
+                    }
+                )
+            });
+            assert_eq!(cleared, expected, "{state:?} {known}");
+            assert_eq!(
+                core.stage_deps.get(&TaskId(1)).cloned(),
+                needs.filter(|_| expected),
+                "{state:?} {known}"
+            );
+        }
+    }
+}
