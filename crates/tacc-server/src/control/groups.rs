@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tacc_core::{GroupId, SnapshotId};
 use tacc_schema::TaskSpec;
-use tacc_store::{GroupKind, GroupRecord, StageSource, Store, TaskRecord};
+use tacc_store::{GroupRecord, StageSource, Store, TaskRecord};
 
 use super::handlers::accepted::Accepted;
 use super::rules::arrays::{ArraySubmitted, new_array, rerun};
@@ -128,10 +128,6 @@ impl Arrays {
         group: &GroupRecord,
         user: &str,
     ) -> Result<Option<(GroupRecord, Vec<TaskRecord>)>, ServerError> {
-        if group.kind == GroupKind::Sweep {
-            // Refused before anything is read (see `rules::arrays::rerun`).
-            return rerun(group, &[]).map(|_| None);
-        }
         let ended = self.facts.rerun_elements(group.id).await?;
         let Some(rerun) = rerun(group, &ended)? else {
             return Ok(None);

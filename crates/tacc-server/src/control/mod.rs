@@ -55,6 +55,8 @@ pub use submission::SubmitOptions;
 pub(crate) use task_accounts::TaskAccount;
 #[cfg(test)]
 mod test_env;
+#[cfg(test)]
+mod workflow_tests;
 
 use crate::logs::LogBook;
 pub use adaptive::{AdaptiveConfig, AdaptiveMode, DefaultBounds};
