@@ -203,6 +203,6 @@ pub(crate) fn spawn_background(
         notify::Notifier::of(&control),
         shutdown.clone(),
     ));
-    let sweeps = tokio::spawn(control::run_sweeps(control, shutdown));
+    let sweeps = tokio::spawn(control::run_sweeps(control::Sweeps::of(&control), shutdown));
     vec![liveness, gc, deliveries, sweeps]
 }

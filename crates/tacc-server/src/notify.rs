@@ -153,7 +153,9 @@ pub(crate) async fn notifications_for(
             continue;
         };
         // A sweep has ended only once every trial has been launched.
-        if record.kind == tacc_store::GroupKind::Sweep && !Control::sweep_launched_all(&record) {
+        if record.kind == tacc_store::GroupKind::Sweep
+            && !crate::control::sweep_launched_all(&record)
+        {
             continue;
         }
         let unfinished = store
@@ -196,7 +198,7 @@ pub(crate) async fn notifications_for(
         let Some(notify) = notify_of(&record.spec) else {
             continue;
         };
-        let Some(stages) = control.pipeline_end(pipeline, changes).await? else {
+        let Some(stages) = control.facts.pipeline_end(pipeline, changes).await? else {
             continue;
         };
         let state = if stages.values().all(|s| s == "succeeded" || s == "cached") {

@@ -18,7 +18,7 @@ const MAX_HISTORY_PAGE: u32 = 500;
 async fn group_view(control: &Control, record: GroupRecord) -> ApiResult<GroupView> {
     let mut counts = control.query().group_counts(record.id).await?;
     let stages = if record.kind == tacc_store::GroupKind::Pipeline {
-        let stages = control.stage_views(record.id).await?;
+        let stages = control.facts.stage_views(record.id).await?;
         // A pipeline counts every stage's tasks, its array stages' elements included.
         for stage in stages.iter().filter(|s| s.state != "cached") {
             for (state, n) in &stage.counts {
@@ -174,6 +174,7 @@ pub(super) async fn get_group(
     let group = group_view(&app.control, record).await?;
     let elements = app
         .control
+        .facts
         .group_elements(id)
         .await?
         .into_iter()
@@ -210,7 +211,7 @@ pub(super) async fn get_sweep(
         )));
     }
     let view = group_view(&app.control, record.clone()).await?;
-    Ok(Json(app.control.sweep_board(&record, view).await?))
+    Ok(Json(app.control.facts.sweep_board(&record, view).await?))
 }
 
 pub(super) async fn cancel_group(
@@ -219,7 +220,7 @@ pub(super) async fn cancel_group(
 ) -> ApiResult<Json<GroupCancelReply>> {
     let id = group_id(&id)?;
     load_group(&app.control, id).await?;
-    let cancelled = app.control.cancel_group(id).await?;
+    let cancelled = app.arrays.cancel(id).await?;
     Ok(Json(GroupCancelReply {
         group: id,
         cancelled,
@@ -260,7 +261,7 @@ pub(super) async fn rerun_group(
         .await?
         .len() as u64;
     app.submissions.admit_tasks(user, failed).await?;
-    let Some((group, records)) = app.control.rerun_failed(&record, &user.name).await? else {
+    let Some((group, records)) = app.arrays.rerun_failed(&record, &user.name).await? else {
         return Err(ServerError::Conflict(format!(
             "no element of {id} failed, was cancelled or was lost: there is nothing to rerun"
         )));

@@ -116,6 +116,12 @@ pub(crate) struct AppState {
     pub(crate) enrolments: crate::enrolment::Enrolments,
     /// Start estimates: the queue's projection, what-ifs of submissions.
     pub(crate) estimates: crate::control::Estimates,
+    /// Pipelines submitted.
+    pub(crate) pipelines: crate::control::Pipelines,
+    /// Sweeps submitted.
+    pub(crate) sweeps: crate::control::Sweeps,
+    /// Arrays submitted, groups cancelled and rerun.
+    pub(crate) arrays: crate::control::Arrays,
 }
 
 /// One route as declared: method, path pattern and the access rule the guard enforces.
@@ -495,6 +501,9 @@ fn router_with(
         artifacts: crate::artifacts::Artifacts::of(&control),
         enrolments: crate::enrolment::Enrolments::of(&control),
         estimates: crate::control::Estimates::of(&control),
+        pipelines: crate::control::Pipelines::of(&control),
+        sweeps: crate::control::Sweeps::of(&control),
+        arrays: crate::control::Arrays::of(&control),
     };
     // What every answer waits for: the control plane's store synced, the sync timed.
     let durable: Arc<dyn durable::Durable> = Arc::new(durable::StoreSync::new(

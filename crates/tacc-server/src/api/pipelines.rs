@@ -151,8 +151,8 @@ async fn submit_new(
         }))
     });
     let (group, stage_records) = app
-        .control
-        .submit_pipeline(
+        .pipelines
+        .submit(
             &user.name,
             body.name,
             stages,
@@ -165,7 +165,7 @@ async fn submit_new(
             keyed,
         )
         .await?;
-    let stages = app.control.stage_views(group.id).await?;
+    let stages = app.control.facts.stage_views(group.id).await?;
     let mut tasks = Vec::new();
     for stage in stage_records.iter().filter(|s| !s.cached) {
         match stage.source {
@@ -232,7 +232,7 @@ pub(super) async fn get_input(
         )));
     }
     let record = super::tasks::load(&app.control, TaskId(task)).await?;
-    let inputs = app.control.attempt_inputs(&record).await?;
+    let inputs = app.control.facts.attempt_inputs(&record).await?;
     let Some(input) = inputs.get(index) else {
         return Err(ServerError::NotFound(format!(
             "task {task} has {} input files; there is no file {index}",

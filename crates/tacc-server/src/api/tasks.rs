@@ -169,10 +169,10 @@ async fn submit_new(
     }
     if spec.sweep.is_some() {
         let group = app
-            .control
-            .submit_sweep(&user.name, spec, body.snapshot, options(), keyed())
+            .sweeps
+            .submit(&user.name, spec, body.snapshot, options(), keyed())
             .await?;
-        let records = app.control.group_elements(group.id).await?;
+        let records = app.control.facts.group_elements(group.id).await?;
         return Ok((
             StatusCode::CREATED,
             Json(super::groups::submitted(&group, &records)),
@@ -181,8 +181,8 @@ async fn submit_new(
     }
     if spec.array.is_some() {
         let (group, records) = app
-            .control
-            .submit_array(&user.name, spec, body.snapshot, options(), None, keyed())
+            .arrays
+            .submit(&user.name, spec, body.snapshot, options(), None, keyed())
             .await?;
         return Ok((
             StatusCode::CREATED,

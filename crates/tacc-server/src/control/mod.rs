@@ -56,7 +56,6 @@ mod retry;
 mod rules;
 mod shell;
 mod submission;
-mod sweep_stages;
 mod sweeps;
 mod task_accounts;
 pub(crate) use estimates::Estimates;
@@ -69,16 +68,21 @@ mod reactor_env;
 mod reactor_tests;
 #[cfg(test)]
 mod test_env;
+#[cfg(test)]
+mod workflow_tests;
 
 use crate::logs::LogBook;
 pub use adaptive::{AdaptiveConfig, AdaptiveMode, DefaultBounds};
-pub(crate) use groups::RERUN_STATES;
+pub(crate) use groups::Arrays;
 pub use nodes::LIVENESS_CHECK_EVERY;
+pub(crate) use pipelines::Pipelines;
 pub use pipelines::StageSubmission;
 pub use retry::RetrySettings;
+pub(crate) use rules::arrays::RERUN_STATES;
 pub(crate) use rules::dev_idle;
 pub use rules::idle_gpus::{IdleGpuAction, IdleGpuPolicy};
-pub use sweeps::run_sweeps;
+pub(crate) use rules::sweeps::launched_all as sweep_launched_all;
+pub(crate) use sweeps::{Sweeps, run_sweeps};
 
 /// The ports rank 0 of an attempt may be given for its rendezvous (`MASTER_PORT`): from
 /// PyTorch's default up, one per attempt whose rank 0 shares the node.
@@ -120,7 +124,7 @@ pub struct Control {
     /// Running attempts' signals, verdicts and allocation changes.
     pub(crate) adaptive: adaptive::AdaptiveBook,
     /// Sweeps whose trials the controller still launches or stops.
-    pub(crate) sweeps: sweeps::OpenSweeps,
+    pub(crate) sweeps: Arc<sweeps::OpenSweeps>,
     /// Task uids of users, as the store allocated them.
     pub(crate) accounts: task_accounts::TaskAccounts,
     /// The control plane's time: the system's in a server, a manual one in lifecycle tests.
@@ -223,7 +227,7 @@ impl Control {
             placed: placed.clone(),
             facts: Facts::new(store.clone(), placed),
             adaptive: adaptive::AdaptiveBook::new(&config.adaptive),
-            sweeps: sweeps::OpenSweeps::default(),
+            sweeps: Arc::default(),
             accounts: task_accounts::TaskAccounts::new(
                 store.clone(),
                 config.unix_users.clone(),
@@ -280,7 +284,7 @@ impl Control {
             let spec = spec_of(&record)?;
             let facts = match handlers::reload::kind_of(&record) {
                 handlers::reload::Kind::Queued => {
-                    failed_stages.extend(self.failed_needs(&record).await?);
+                    failed_stages.extend(self.facts.failed_needs(&record).await?);
                     let awaited_sweeps = self.sweeps_awaited_by(&record).await?;
                     let waits = awaited_sweeps.is_empty();
                     handlers::reload::Facts::Queued {
@@ -289,7 +293,7 @@ impl Control {
                             false => None,
                         },
                         needs: match waits {
-                            true => self.restore_dependencies(&record).await?,
+                            true => self.facts.restore_dependencies(&record).await?,
                             false => None,
                         },
                         awaited_sweeps,
@@ -322,7 +326,7 @@ impl Control {
                             .secret_box
                             .task_secrets(&*self.store, &self.logs, &record, &spec)
                             .await,
-                        inputs: self.attempt_inputs(&record).await?,
+                        inputs: self.facts.attempt_inputs(&record).await?,
                         finished: self.facts.finished_ranks_of(&record).await?,
                         allocation: self.adaptive.allocation(AttemptRef {
                             task: record.id,
@@ -1047,7 +1051,8 @@ impl Control {
                 }
                 AgentReport::Usage(_) => {}
                 AgentReport::Metrics { attempt, points } => {
-                    self.record_metrics(attempt, points).await?;
+                    let points = rules::sweeps::metric_points(attempt, points, self.clock.now());
+                    self.store.append_metrics(points).await?;
                 }
                 AgentReport::Resized {
                     attempt,
@@ -1184,5 +1189,145 @@ impl Control {
     pub(crate) async fn scheduler_copy(&self, unless_epoch: Option<u64>) -> Option<Scheduler> {
         let core = self.inner.lock().await;
         (unless_epoch != Some(core.scheduler.epoch())).then(|| core.scheduler.clone())
+    }
+}
+
+// Entry points for the workflows (pipelines, sweeps, arrays).
+impl Control {
+    /// A workflow's newly stored tasks (an array's elements, a sweep's trials, a
+    /// pipeline's stages) reach the scheduler in one turn (see `handlers::accepted`).
+    pub(crate) async fn accept(
+        &self,
+        user: &str,
+        accepted: handlers::accepted::Accepted,
+    ) -> Result<(), ServerError> {
+        let identity_group = self.auth.group_of(user).await?;
+        self.turn(async |core: &mut Core| {
+            let mut fx = effects::Effects::default();
+            handlers::accepted::on_accepted(
+                core,
+                &mut fx,
+                &self.config,
+                user,
+                identity_group,
+                accepted,
+            );
+            self.carry(core, fx).await
+        })
+        .await
+    }
+
+    /// Cancel the unfinished elements of one group in one turn; returns how many were
+    /// asked to stop.
+    pub(crate) async fn cancel_group_elements(
+        &self,
+        group: tacc_core::GroupId,
+    ) -> Result<u64, ServerError> {
+        self.turn(async |core: &mut Core| {
+            let records = self.facts.unfinished_elements(group).await?;
+            let mut fx = effects::Effects::default();
+            let count = handlers::cancel::on_cancel_group(
+                core,
+                &mut fx,
+                records,
+                self.clock.now(),
+                &self.config,
+            );
+            self.carry(core, fx).await?;
+            Ok(count)
+        })
+        .await
+    }
+
+    /// A sweep has ended (or was cancelled): the stage tasks waiting only for it go to the
+    /// scheduler, or end with `dependency_failed` when it has no best trial.
+    pub(crate) async fn sweep_stage_ended(
+        &self,
+        group: tacc_core::GroupId,
+    ) -> Result<(), ServerError> {
+        let Some(stage) = self.facts.stage_of_group(group).await? else {
+            return Ok(());
+        };
+        if self.facts.sweep_end(group).await? == rules::sweeps::SweepEnd::Open {
+            return Ok(());
+        }
+        self.turn(async |core: &mut Core| {
+            if let Some((reason, state)) = self.facts.stage_failure(&stage).await? {
+                return self.end_dependents(core, &stage, reason, state).await;
+            }
+            let mut released = Vec::new();
+            for task in handlers::sweep_ended::released_by(core, group) {
+                let Some(record) = self.facts.task_record(task).await? else {
+                    continue;
+                };
+                let needs = match record.state {
+                    TaskState::Queued => self.facts.restore_dependencies(&record).await?,
+                    _ => None,
+                };
+                released.push(handlers::sweep_ended::Released { record, needs });
+            }
+            let mut fx = effects::Effects::default();
+            handlers::sweep_ended::on_released(core, &mut fx, &self.config, released);
+            self.carry(core, fx).await
+        })
+        .await
+    }
+
+    /// Set a task's reason now (a trial the sweep controller stops says why).
+    pub(crate) async fn note_reason(
+        &self,
+        task: TaskId,
+        reason: String,
+    ) -> Result<(), ServerError> {
+        let change = tacc_store::TaskChange::Reason {
+            task,
+            reason: Some(reason),
+        };
+        Ok(self.commit(&[change]).await?)
+    }
+
+    /// After `record` ended as `state` for good: when it was a task or array stage's task
+    /// and did not succeed, the queued tasks of the stages that need it end now.
+    pub(super) async fn stop_dependents(
+        &self,
+        core: &mut Core,
+        record: &TaskRecord,
+        state: TaskState,
+    ) -> Result<(), ServerError> {
+        match self.facts.dependency_failure(record, state).await? {
+            Some((stage, reason, end_state)) => {
+                self.end_dependents(core, &stage, reason, end_state).await
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// End, as `end_state` with `reason`, every queued task of the stages that need
+    /// `stage` directly or through others (see `handlers::dependents`).
+    pub(super) async fn end_dependents(
+        &self,
+        core: &mut Core,
+        stage: &tacc_store::StageRecord,
+        reason: String,
+        end_state: TaskState,
+    ) -> Result<(), ServerError> {
+        let tasks = self.facts.dependent_tasks(stage).await?;
+        let mut fx = effects::Effects::default();
+        let now = self.clock.now();
+        handlers::dependents::on_dependents_ended(core, &mut fx, tasks, &reason, end_state, now);
+        Box::pin(self.carry(core, fx)).await
+    }
+
+    /// The unfinished sweeps a queued stage task restored after a restart waits for,
+    /// each opened again so the sweep controller launches and stops its trials.
+    async fn sweeps_awaited_by(
+        &self,
+        record: &TaskRecord,
+    ) -> Result<std::collections::BTreeSet<tacc_core::GroupId>, ServerError> {
+        let awaited = self.facts.sweeps_awaited_by(record).await?;
+        for group in &awaited {
+            self.sweeps.add(*group);
+        }
+        Ok(awaited)
     }
 }

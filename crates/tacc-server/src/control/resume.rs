@@ -1,15 +1,12 @@
 //! What an attempt resumes from: the files the latest earlier attempt of its task left in
 //! its checkpoint directory (kept like outputs when it ended, on whatever node), offered
 //! to the new attempt among its inputs under [`RESUME_STAGE`], after a pipeline stage's
-//! own inputs so their numbering is unchanged.
+//! own inputs so their numbering is unchanged (`Facts::attempt_inputs`).
 
 use tacc_compiler::CHECKPOINT_DIR;
 use tacc_core::AttemptNo;
 use tacc_proto::{InputFile, RESUME_STAGE};
-use tacc_store::{OutputRecord, TaskRecord};
-
-use super::Control;
-use crate::ServerError;
+use tacc_store::OutputRecord;
 
 /// The checkpoint files of the latest attempt before `current` that kept any, named
 /// relative to the checkpoint directory (another node rank's under `rank-N/`).
@@ -42,22 +39,6 @@ pub(crate) fn resume_files(current: AttemptNo, outputs: Vec<OutputRecord>) -> Ve
             }
         })
         .collect()
-}
-
-impl Control {
-    /// Every input of `record`'s current attempt: a pipeline stage's needed outputs, then
-    /// the checkpoint it resumes from. The agent fetches them by their index here.
-    pub(crate) async fn attempt_inputs(
-        &self,
-        record: &TaskRecord,
-    ) -> Result<Vec<InputFile>, ServerError> {
-        let mut inputs = self.stage_inputs(record).await?;
-        if record.attempt.0 > 1 {
-            let outputs = self.store.list_outputs(record.id).await?;
-            inputs.extend(resume_files(record.attempt, outputs));
-        }
-        Ok(inputs)
-    }
 }
 
 #[cfg(test)]

@@ -17,9 +17,9 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use tacc_core::{NodeId, TaskId, TaskState, Timestamp};
+use tacc_core::{NodeId, TaskState, Timestamp};
 use tacc_proto::{AttemptOutcome, AttemptRef};
-use tacc_scheduler::{Action, Event, Plan, Scheduler, TaskRequest};
+use tacc_scheduler::{Action, Event, Plan, Scheduler};
 use tacc_store::{StoreError, TaskChange, TaskFilter, TaskRecord};
 
 use super::core::node_spec;
@@ -468,18 +468,6 @@ impl Control {
 
     // ---- Decisions: the scheduler's plans, committed and handed to the nodes ----
 
-    /// Give newly stored tasks to the scheduler in one batch (one decision), or hold them
-    /// while no node takes work (see `handlers::submit`).
-    pub(super) async fn queue_new(
-        &self,
-        inner: &mut Core,
-        submitted: Vec<(TaskId, TaskRequest)>,
-    ) -> Result<(), ServerError> {
-        let mut fx = Effects::default();
-        handlers::submit::on_submitted(inner, &mut fx, submitted);
-        self.carry(inner, fx).await
-    }
-
     /// Feed one event to the scheduler and carry out its plan in one store transaction.
     /// A failure here never loses a task: the task stays durable in its last state and
     /// the scheduler is rebuilt from the store.
@@ -539,7 +527,7 @@ impl Control {
                 .secret_box
                 .task_secrets(&*self.store, &self.logs, record, spec)
                 .await;
-            let inputs = self.attempt_inputs(record).await?;
+            let inputs = self.facts.attempt_inputs(record).await?;
             let account = self.accounts.of(&record.user).await;
             handlers::plan::on_placed(
                 inner,

@@ -211,6 +211,29 @@ impl TestEnv {
             .id
     }
 
+    /// The array workflow of this control plane, as the API holds it.
+    pub(super) fn arrays(&self) -> super::Arrays {
+        super::Arrays::of(&self.control)
+    }
+
+    /// Submit an array task file as `alice`: its group and elements, by index.
+    pub(super) async fn submit_array(&self, yaml: &str) -> (tacc_core::GroupId, Vec<TaskId>) {
+        let (spec, _) = tacc_schema::parse_task("task.yaml", yaml).expect("a valid task file");
+        let (group, records) = self
+            .arrays()
+            .submit(
+                "alice",
+                spec,
+                self.snapshot.clone(),
+                Default::default(),
+                None,
+                None,
+            )
+            .await
+            .expect("the array is accepted");
+        (group.id, records.iter().map(|r| r.id).collect())
+    }
+
     /// Submit a task file as `alice` with `options`; the refusal, if refused.
     pub(super) async fn submit_with(
         &self,

@@ -10,10 +10,12 @@
 use std::collections::BTreeMap;
 
 use tacc_core::Timestamp;
+use tacc_proto::InputFile;
 use tacc_store::{FairShareLedger, TaskRecord};
 
 use super::Facts;
 use crate::ServerError;
+use crate::control::resume::resume_files;
 use crate::control::retry::{RetrySettings, not_before};
 
 impl Facts {
@@ -54,5 +56,20 @@ impl Facts {
     /// Every group's fair-share ledger as it was last kept (read back at a restart).
     pub(crate) async fn fairshare_ledgers(&self) -> Result<Vec<FairShareLedger>, ServerError> {
         Ok(self.store.load_fairshare().await?)
+    }
+
+    /// Every input of `record`'s current attempt: a pipeline stage's needed outputs, then
+    /// the checkpoint it resumes from (`resume.rs`). The agent fetches them by their
+    /// index here.
+    pub(crate) async fn attempt_inputs(
+        &self,
+        record: &TaskRecord,
+    ) -> Result<Vec<InputFile>, ServerError> {
+        let mut inputs = self.stage_inputs(record).await?;
+        if record.attempt.0 > 1 {
+            let outputs = self.store.list_outputs(record.id).await?;
+            inputs.extend(resume_files(record.attempt, outputs));
+        }
+        Ok(inputs)
     }
 }

@@ -17,6 +17,9 @@ use super::records::PlacedRecords;
 
 mod adaptive;
 mod attempts;
+mod groups;
+mod pipelines;
+mod sweeps;
 
 /// Reads of the durable state for the control plane; cheap to clone.
 #[derive(Debug, Clone)]

@@ -10,11 +10,13 @@
 //! Ported so far: an attempt starting, a rank finishing, an attempt ending (retried,
 //! requeued, lost with its node), cancels of a task or a group, a node's registration and
 //! poll, the liveness tick with its hang and idle-GPU checks, node administration,
-//! submits and held tasks released, a failed stage's dependents ended, recovery from the
-//! store, the scheduler's decision and its plan, and adaptive resizes. Pipelines' stage
-//! submission, sweeps and reruns still run as async methods of `Control` (see
+//! submits and held tasks released, a workflow's tasks accepted (an array's, a sweep's
+//! trials, a pipeline's stages) and stage tasks released when a sweep ends, a failed
+//! stage's dependents ended, recovery from the store, the scheduler's decision and its
+//! plan, and adaptive resizes (see
 //! docs/ARCHITECTURE.md, "One turn of the control plane").
 
+pub(crate) mod accepted;
 pub(crate) mod cancel;
 pub(crate) mod decide;
 pub(crate) mod dependents;
@@ -31,3 +33,4 @@ pub(crate) mod reload;
 pub(crate) mod resize;
 pub(crate) mod started;
 pub(crate) mod submit;
+pub(crate) mod sweep_ended;

@@ -6,6 +6,7 @@
 //! a rule needs, applies what it decides, and wakes who must hear of it.
 
 pub(super) mod admission;
+pub(super) mod arrays;
 pub(super) mod cancel;
 pub(super) mod claims;
 pub(crate) mod dev_idle;
@@ -13,7 +14,9 @@ pub(super) mod ending;
 pub(super) mod hangs;
 pub(crate) mod idle_gpus;
 pub(super) mod liveness;
+pub(super) mod pipelines;
 pub(super) mod polls;
+pub(super) mod sweeps;
 
 /// A node record for the rules' unit tests: `n<id>`, one CPU, up since `at`.
 #[cfg(test)]
