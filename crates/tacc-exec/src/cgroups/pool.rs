@@ -171,7 +171,11 @@ impl Cgroup for Lease {
     }
 
     fn oom_kills(&self) -> u64 {
-        if self.live() { self.cgroup.oom_kills() } else { 0 }
+        if self.live() {
+            self.cgroup.oom_kills()
+        } else {
+            0
+        }
     }
 
     fn cpu_usage(&self) -> Option<Duration> {
@@ -287,7 +291,11 @@ mod tests {
         assert_eq!(pool.idle(), 0);
         assert_eq!(second.path(), first.path(), "the same directory, reused");
         assert!(!base.path().join("memory/tacc/a/t2").exists());
-        assert_eq!(second.oom_kills(), 0, "an earlier execution's OOM is not its own");
+        assert_eq!(
+            second.oom_kills(),
+            0,
+            "an earlier execution's OOM is not its own"
+        );
         assert_eq!(second.cpu_usage(), Some(Duration::ZERO));
         let read = |c: &str, f: &str| std::fs::read_to_string(at(c, f)).unwrap();
         assert_eq!(read("memory", "memory.limit_in_bytes"), "-1");
