@@ -371,7 +371,11 @@ impl Cgroup for V1Cgroup {
 
     fn kill_all(&self, deadline: Duration) -> KillReport {
         let report = kill_loop(|| self.procs(), |frozen| self.freeze(frozen), deadline);
-        self.freeze(false);
+        // The loop thaws after each freeze; this is the safety net where it froze at all
+        // (found empty at once — every trivial task's end — it never did).
+        if !(report.empty && report.killed.is_empty()) {
+            self.freeze(false);
+        }
         report
     }
 
