@@ -361,7 +361,7 @@ async fn stale_cgroups_of_a_previous_life_are_killed_and_removed() {
 /// (`close`) before the hierarchy's root, even when the test fails.
 struct Pooled {
     pool: Arc<cgroups::CgroupPool>,
-    h: Hierarchy,
+    _h: Hierarchy,
 }
 
 impl Drop for Pooled {
@@ -379,7 +379,7 @@ fn pool_or_skip(test: &str) -> Option<Pooled> {
         return None;
     }
     let pool = Arc::new(cgroups::CgroupPool::new(h.cgroups.clone(), 4));
-    Some(Pooled { pool, h })
+    Some(Pooled { pool, _h: h })
 }
 
 /// The handles an execution leaves to others (its usage reader, its entry), and its end.
@@ -538,32 +538,37 @@ async fn an_ended_task_cannot_put_a_process_into_the_next_tasks_cgroup() {
 }
 
 #[tokio::test]
-async fn a_cgroup_left_with_a_process_is_removed_not_reused() {
-    let Some(p) = pool_or_skip("a_cgroup_left_with_a_process_is_removed_not_reused") else {
+async fn a_cgroup_whose_kill_found_a_process_is_removed_not_reused() {
+    let Some(p) = pool_or_skip("a_cgroup_whose_kill_found_a_process_is_removed_not_reused") else {
         return;
     };
-    let limits = cgroups::Limits {
-        cpu_millis: 0,
-        memory_bytes: 0,
-        pids_max: 0,
-    };
-    let lease = p.pool.create("left", &limits).unwrap().unwrap();
-    let mut sleeper = std::process::Command::new("sleep")
-        .arg("300")
-        .spawn()
-        .unwrap();
-    lease.join(sleeper.id()).unwrap();
-    let dir = lease.path().to_path_buf();
-    // Given back with a process still in it (a join that raced the end).
-    lease.remove().unwrap();
-    assert_eq!(p.pool.idle(), 1);
-    let next = p.pool.create("next", &limits).unwrap().unwrap();
-    assert_ne!(next.path(), dir.as_path(), "reused with a process in it");
-    assert!(next.procs().is_empty());
-    let _ = sleeper.kill();
-    let _ = sleeper.wait();
-    next.remove().unwrap();
-    let _ = p.h.cgroups.remove_stale();
+    let executor = ProcessExecutor::with_cgroups(p.pool.clone());
+    let dir = tempfile::tempdir().unwrap();
+    // The task leaves a process behind (a new session, so its group's kill misses it):
+    // the cgroup's kill finds and kills it, and the cgroup is not kept.
+    let (_, outcome, output) = run_to_end(
+        &executor,
+        contract::spec(dir.path(), "setsid sleep 300 &\ncat /proc/self/cgroup"),
+    )
+    .await;
+    assert_eq!(outcome, ExitOutcome::Exited(0), "{output}");
+    assert!(output.contains("tacc: killed 1 process"), "{output}");
+    assert_eq!(
+        p.pool.idle(),
+        0,
+        "a cgroup its kill found a process in was kept"
+    );
+    let first = output
+        .lines()
+        .find(|l| l.split(':').nth(1) == Some("memory"))
+        .unwrap()
+        .to_string();
+    let (_, _, output) = run_to_end(
+        &executor,
+        contract::spec(dir.path(), "cat /proc/self/cgroup"),
+    )
+    .await;
+    assert!(!output.contains(&first), "reused: {output}");
 }
 
 /// `cargo test --release -p tacc-exec --test cgroups -- --ignored --nocapture cgroup_setup_cost`

@@ -4,13 +4,14 @@
 //!
 //! What reuse must never do, and how it is prevented:
 //!
-//! - carry another execution's processes: a cgroup is given back only by its
-//!   execution's end, once the kill found it empty; it is reused only after it is read
-//!   empty again (and thawed) at the moment of reuse, else removed. Every handle of the
-//!   ended execution (its usage reader, its resizer, its `tcloud exec` entry) is a
-//!   [`Lease`] that is dead from the give-back on: it joins nothing (a late `exec` into
-//!   the ended task fails instead of landing in the next task's cgroup), reads nothing,
-//!   kills and resizes nothing.
+//! - carry another execution's processes: every handle of an execution (its usage
+//!   reader, its resizer, its `tcloud exec` entry) is a [`Lease`]. Its kill
+//!   ([`Cgroup::kill_all`], the end of every execution) first closes it to joins, so a
+//!   late `exec` into the ending task fails instead of landing in the cgroup; a cgroup is
+//!   kept for reuse only when that kill found it empty at once (nothing killed, ever, in
+//!   this execution: a cancelled task's or one that left processes behind is removed, as
+//!   is one given back without a kill, from a failed launch). From the give-back on, the
+//!   lease and all its copies are dead: they join, read, kill and resize nothing.
 //! - carry its limits: every limit is rewritten at reuse, "none" included
 //!   ([`Cgroup::renew`]).
 //! - charge or show its usage: the memory it left charged is reclaimed
@@ -69,7 +70,7 @@ impl CgroupPool {
     fn lease(&self, cgroup: Arc<dyn Cgroup>) -> Box<dyn Cgroup> {
         Box::new(Lease {
             cgroup,
-            ended: Mutex::new(false),
+            state: Mutex::new(LeaseState::default()),
             idle: self.idle.clone(),
         })
     }
@@ -122,14 +123,31 @@ impl Cgroups for CgroupPool {
 #[derive(Debug)]
 struct Lease {
     cgroup: Arc<dyn Cgroup>,
-    /// Set by the give-back; held while joining, resizing, so neither races it.
-    ended: Mutex<bool>,
+    /// Held while joining, resizing, killing's start and the give-back, so none races
+    /// another.
+    state: Mutex<LeaseState>,
     idle: Arc<Idle>,
 }
 
+#[derive(Debug, Default)]
+struct LeaseState {
+    /// A kill began: nothing joins any more.
+    closed: bool,
+    /// A kill found processes (or could not empty it): never reused.
+    dirty: bool,
+    /// The last kill found it empty at once, joins closed, nothing killed before.
+    verified: bool,
+    /// Given back: this handle is dead.
+    ended: bool,
+}
+
 impl Lease {
+    fn state(&self) -> std::sync::MutexGuard<'_, LeaseState> {
+        self.state.lock().expect("lease lock")
+    }
+
     fn live(&self) -> bool {
-        !*self.ended.lock().expect("lease lock")
+        !self.state().ended
     }
 
     fn ended_error(&self, action: &'static str) -> ExecError {
@@ -155,8 +173,8 @@ impl Cgroup for Lease {
     }
 
     fn join(&self, pid: u32) -> Result<(), ExecError> {
-        let ended = self.ended.lock().expect("lease lock");
-        if *ended {
+        let state = self.state();
+        if state.ended || state.closed {
             return Err(self.ended_error("join"));
         }
         self.cgroup.join(pid)
@@ -191,22 +209,30 @@ impl Cgroup for Lease {
     }
 
     fn set_limits(&self, cpu_millis: u64, memory_bytes: u64) -> Result<(), ExecError> {
-        let ended = self.ended.lock().expect("lease lock");
-        if *ended {
+        let state = self.state();
+        if state.ended {
             return Err(self.ended_error("resize"));
         }
         self.cgroup.set_limits(cpu_millis, memory_bytes)
     }
 
+    /// Closes the cgroup to joins first, so what the kill finds is all there is.
     fn kill_all(&self, deadline: Duration) -> KillReport {
-        if self.live() {
-            self.cgroup.kill_all(deadline)
-        } else {
-            KillReport {
-                killed: Vec::new(),
-                empty: true,
+        {
+            let mut state = self.state();
+            if state.ended {
+                return KillReport {
+                    killed: Vec::new(),
+                    empty: true,
+                };
             }
+            state.closed = true;
         }
+        let report = self.cgroup.kill_all(deadline);
+        let mut state = self.state();
+        state.dirty |= !report.empty || !report.killed.is_empty();
+        state.verified = !state.dirty;
+        report
     }
 
     fn signal_all(&self, signal: Signal) {
@@ -216,22 +242,24 @@ impl Cgroup for Lease {
     }
 
     /// The give-back: from here on this lease (and every copy of it) is dead; the cgroup
-    /// waits in the pool, where it is checked again before any reuse, or is removed when
-    /// the pool is full.
+    /// waits in the pool when its kill verified it empty and the pool has room, else it
+    /// is removed.
     fn remove(&self) -> Result<(), ExecError> {
-        {
-            let mut ended = self.ended.lock().expect("lease lock");
-            if *ended {
+        let reusable = {
+            let mut state = self.state();
+            if state.ended {
                 return Ok(());
             }
-            *ended = true;
+            state.ended = true;
+            state.verified
+        };
+        if reusable {
+            let mut idle = self.idle.cgroups.lock().expect("pool lock");
+            if idle.len() < self.idle.size {
+                idle.push(self.cgroup.clone());
+                return Ok(());
+            }
         }
-        let mut idle = self.idle.cgroups.lock().expect("pool lock");
-        if idle.len() < self.idle.size {
-            idle.push(self.cgroup.clone());
-            return Ok(());
-        }
-        drop(idle);
         self.cgroup.remove()
     }
 }
@@ -262,11 +290,17 @@ mod tests {
         for (c, f, v) in [
             ("memory", "memory.usage_in_bytes", "0"),
             ("memory", "memory.oom_control", "oom_kill 0\n"),
-            ("freezer", "freezer.state", "THAWED\n"),
             ("cpuacct", "cpuacct.usage", "0"),
         ] {
             std::fs::write(at(c, f), v).unwrap();
         }
+    }
+
+    /// An execution's end: its kill (finding the fake empty), then the give-back.
+    fn end(lease: &dyn Cgroup) -> Result<(), ExecError> {
+        let report = lease.kill_all(Duration::from_secs(1));
+        assert!(report.empty && report.killed.is_empty(), "{report:?}");
+        lease.remove()
     }
 
     #[test]
@@ -280,7 +314,7 @@ mod tests {
         std::fs::write(at("memory", "memory.oom_control"), "oom_kill 1\n").unwrap();
         std::fs::write(at("cpuacct", "cpuacct.usage"), "3000000000").unwrap();
         assert_eq!(first.oom_kills(), 1);
-        first.remove().unwrap();
+        end(first.as_ref()).unwrap();
         assert_eq!(pool.idle(), 1);
         let none = Limits {
             cpu_millis: 0,
@@ -301,18 +335,21 @@ mod tests {
         assert_eq!(read("memory", "memory.limit_in_bytes"), "-1");
         assert_eq!(read("cpu", "cpu.cfs_quota_us"), "-1");
         assert_eq!(read("pids", "pids.max"), "max");
-        assert_eq!(read("memory", "memory.force_empty"), "0");
+        // Nothing charged beyond the residue: no costly reclaim.
+        assert!(!at("memory", "memory.force_empty").exists());
     }
 
     #[test]
-    fn an_ended_lease_joins_reads_and_resizes_nothing() {
+    fn a_killed_or_ended_lease_joins_nothing_and_an_ended_one_reads_and_resizes_nothing() {
         let base = fake();
         let pool = pool(base.path(), 4);
         let lease = pool.create("t1", &limits()).unwrap().unwrap();
         kernel_files(base.path(), "t1");
-        lease.remove().unwrap();
+        lease.kill_all(Duration::from_secs(1));
         let error = lease.join(12345).unwrap_err().to_string();
         assert!(error.contains("has ended"), "{error}");
+        lease.remove().unwrap();
+        assert!(lease.join(12345).is_err());
         assert!(lease.join_files().is_empty());
         assert!(lease.set_limits(1000, 0).is_err());
         assert_eq!(lease.usage(), CgroupUsage::default());
@@ -322,24 +359,27 @@ mod tests {
     }
 
     #[test]
-    fn a_cgroup_that_is_not_empty_or_still_charged_is_removed_not_reused() {
+    fn a_cgroup_given_back_without_its_kill_or_still_charged_is_not_reused() {
         let base = fake();
         let pool = pool(base.path(), 4);
-        let lease = pool.create("t1", &limits()).unwrap().unwrap();
-        kernel_files(base.path(), "t1");
-        lease.remove().unwrap();
-        let at = |c: &str, f: &str| base.path().join(c).join("tacc/a/t1").join(f);
-        std::fs::write(at("memory", "cgroup.procs"), "4242\n").unwrap();
-        let next = pool.create("t2", &limits()).unwrap().unwrap();
-        assert!(next.path().ends_with("t2"), "{}", next.path().display());
+        // A failed launch gives back without a kill: removed (here the fake's files make
+        // the removal fail, which proves it was tried), never kept.
+        let unkilled = pool.create("t1", &limits()).unwrap().unwrap();
+        assert!(unkilled.remove().is_err());
         assert_eq!(pool.idle(), 0);
 
-        next.remove().unwrap();
+        let charged = pool.create("t2", &limits()).unwrap().unwrap();
         kernel_files(base.path(), "t2");
+        end(charged.as_ref()).unwrap();
         let t2 = |f: &str| base.path().join("memory/tacc/a/t2").join(f);
         std::fs::write(t2("memory.usage_in_bytes"), (2u64 << 20).to_string()).unwrap();
-        let third = pool.create("t3", &limits()).unwrap().unwrap();
-        assert!(third.path().ends_with("t3"), "{}", third.path().display());
+        let next = pool.create("t3", &limits()).unwrap().unwrap();
+        assert!(next.path().ends_with("t3"), "{}", next.path().display());
+        // It was asked to reclaim first.
+        assert_eq!(
+            std::fs::read_to_string(t2("memory.force_empty")).unwrap(),
+            "0"
+        );
     }
 
     #[test]
@@ -348,10 +388,8 @@ mod tests {
         let pool = pool(base.path(), 1);
         let a = pool.create("a", &limits()).unwrap().unwrap();
         let b = pool.create("b", &limits()).unwrap().unwrap();
-        a.remove().unwrap();
-        // The fake's directories hold files, so a real removal fails: that is the proof
-        // the pool tried to remove `b` rather than keep it.
-        assert!(b.remove().is_err());
+        end(a.as_ref()).unwrap();
+        assert!(end(b.as_ref()).is_err(), "kept past the pool's size");
         assert_eq!(pool.idle(), 1);
     }
 }

@@ -150,28 +150,24 @@ struct Base {
 pub const REUSE_MEMORY_RESIDUE: u64 = 1 << 20;
 
 impl V1Cgroup {
-    /// Ready this emptied cgroup for another execution (see `pool.rs`): verified empty
-    /// and thawed, its memory reclaimed, every limit rewritten, its resettable counters
-    /// reset and the others read as the new zero.
+    /// Ready this emptied cgroup for another execution (see `pool.rs`, which gives back
+    /// only a cgroup its execution's kill found empty with joins already refused): the
+    /// memory it is still charged reclaimed where it is more than a residue, every limit
+    /// rewritten, its resettable counters reset and the others read as the new zero.
     fn renewed(&self, limits: &Limits) -> Result<V1Cgroup, ExecError> {
         let refuse = |detail: String| ExecError::Cgroup {
             action: "reuse",
             path: self.memory.display().to_string(),
             detail,
         };
-        let procs = self.procs();
-        if !procs.is_empty() {
-            return Err(refuse(format!("processes remain in it: {procs:?}")));
+        let usage = self.memory.join("memory.usage_in_bytes");
+        let mut residue = number(&usage).unwrap_or(u64::MAX);
+        if residue > REUSE_MEMORY_RESIDUE {
+            // Page cache and kernel memory the last execution left charged, reclaimed
+            // (costly: only where there is more than the residue).
+            write_file(&self.memory.join("memory.force_empty"), "0")?;
+            residue = number(&usage).unwrap_or(u64::MAX);
         }
-        if let Some(freezer) = &self.freezer {
-            let state = std::fs::read_to_string(freezer.join("freezer.state")).unwrap_or_default();
-            if state.trim() != "THAWED" {
-                return Err(refuse(format!("its freezer is {}", state.trim())));
-            }
-        }
-        // Page cache and kernel memory the last execution left charged, reclaimed.
-        write_file(&self.memory.join("memory.force_empty"), "0")?;
-        let residue = number(&self.memory.join("memory.usage_in_bytes")).unwrap_or(u64::MAX);
         if residue > REUSE_MEMORY_RESIDUE {
             return Err(refuse(format!(
                 "{residue} bytes of memory stay charged to it after force_empty"
