@@ -541,7 +541,11 @@ async fn a_cgroup_whose_kill_found_a_process_is_removed_not_reused() {
     // the cgroup's kill finds and kills it, and the cgroup is not kept.
     let (_, outcome, output) = run_to_end(
         &executor,
-        contract::spec(dir.path(), "setsid sleep 300 &\ncat /proc/self/cgroup"),
+        contract::spec(
+            dir.path(),
+            "setsid bash -c 'echo $$ > escaped; exec sleep 300' &\n\
+             while [ ! -s escaped ]; do sleep 0.01; done\ncat /proc/self/cgroup",
+        ),
     )
     .await;
     assert_eq!(outcome, ExitOutcome::Exited(0), "{output}");
