@@ -12,9 +12,12 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use nix::unistd::{Gid, Group, Uid, User};
 use tacc_exec::RunAs;
+
+use crate::identity_cache::{IdentityCache, IdentityKey};
 
 /// Where agents before server-allocated uids kept their own (no longer read).
 pub(crate) const OLD_UID_TABLE_FILE: &str = "task-uids.json";
@@ -98,8 +101,9 @@ impl StepIdentity {
 /// How this agent decides identities.
 #[derive(Debug)]
 pub(crate) enum Identities {
-    /// Root with a runtime that switches identities: every task gets its own account.
-    Switch { node: String },
+    /// Root with a runtime that switches identities: every task gets its own account,
+    /// resolved through the name service at most once every few seconds per user.
+    Switch { node: String, cache: IdentityCache },
     /// Every task runs as the agent itself.
     AsAgent,
 }
@@ -139,6 +143,7 @@ impl Identities {
         );
         Identities::Switch {
             node: node.to_string(),
+            cache: IdentityCache::default(),
         }
     }
 
@@ -156,18 +161,35 @@ impl Identities {
         unix_user: Option<&str>,
         task_uid: Option<u32>,
     ) -> Result<TaskIdentity, String> {
-        let Identities::Switch { node } = self else {
+        let Identities::Switch { node, cache } = self else {
             return Ok(TaskIdentity::agent());
         };
-        match (unix_user, task_uid) {
-            (Some(account), _) => mapped_account(account, node),
-            (None, Some(uid)) => allocated_uid(user, uid, node),
-            (None, None) => Err(format!(
-                "the server sent no task uid for user `{user}` (a server older than this \
-                 agent, or its database failed to allocate one: see the server's log); \
-                 tasks never run as root"
-            )),
-        }
+        let key = IdentityKey {
+            user: user.to_string(),
+            unix_user: unix_user.map(str::to_string),
+            task_uid,
+        };
+        cache.get_or_resolve(&key, Instant::now(), || {
+            resolve(user, unix_user, task_uid, node)
+        })
+    }
+}
+
+/// The identity of an attempt of `user`'s, asked of the name service.
+fn resolve(
+    user: &str,
+    unix_user: Option<&str>,
+    task_uid: Option<u32>,
+    node: &str,
+) -> Result<TaskIdentity, String> {
+    match (unix_user, task_uid) {
+        (Some(account), _) => mapped_account(account, node),
+        (None, Some(uid)) => allocated_uid(user, uid, node),
+        (None, None) => Err(format!(
+            "the server sent no task uid for user `{user}` (a server older than this \
+             agent, or its database failed to allocate one: see the server's log); \
+             tasks never run as root"
+        )),
     }
 }
 

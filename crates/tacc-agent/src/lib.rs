@@ -19,6 +19,7 @@ mod gpu_release;
 mod gpu_share_env;
 mod gpus;
 mod identity;
+mod identity_cache;
 mod layout;
 mod live_files;
 mod metrics;

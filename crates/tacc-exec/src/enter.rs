@@ -392,11 +392,10 @@ impl Entry {
         let mut child = cmd.spawn().map_err(spawn_error)?;
         let pid = child.id().unwrap_or(0);
         if let Some(cgroup) = &self.cgroup {
-            for file in cgroup.join_files() {
-                if let Err(e) = crate::cgroups::write_file(&file, &pid.to_string()) {
-                    let _ = child.kill().await;
-                    return Err(e);
-                }
+            // Refused once the execution has ended (its cgroup may serve another by now).
+            if let Err(e) = cgroup.join(pid) {
+                let _ = child.kill().await;
+                return Err(e);
             }
             let stdin = child.stdin.as_mut().expect("piped above");
             if let Err(e) = stdin.write_all(b"go\n").await {

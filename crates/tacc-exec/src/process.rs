@@ -410,9 +410,7 @@ async fn join(child: &mut Child, cgroup: &dyn Cgroup) -> Result<(), ExecError> {
         path: cgroup.path().display().to_string(),
         detail: "the process ended before it joined".into(),
     })?;
-    for file in cgroup.join_files() {
-        crate::cgroups::write_file(&file, &pid.to_string())?;
-    }
+    cgroup.join(pid)?;
     let mut stdin = child.stdin.take().ok_or_else(|| ExecError::Cgroup {
         action: "join",
         path: cgroup.path().display().to_string(),

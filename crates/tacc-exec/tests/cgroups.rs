@@ -357,6 +357,217 @@ async fn stale_cgroups_of_a_previous_life_are_killed_and_removed() {
     assert_eq!(again.existing(), Vec::<String>::new());
 }
 
+/// A pool of reusable cgroups over a test hierarchy; its emptied cgroups are removed
+/// (`close`) before the hierarchy's root, even when the test fails.
+struct Pooled {
+    pool: Arc<cgroups::CgroupPool>,
+    _h: Hierarchy,
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.close();
+    }
+}
+
+/// A pool over a hierarchy of the test's own, where reuse applies (v1); `None` where the
+/// test does not apply (said loudly) or has no hierarchy (skipped, failing in CI).
+fn pool_or_skip(test: &str) -> Option<Pooled> {
+    let h = hierarchy_or_skip(test)?;
+    if h.cgroups.version() != "v1" {
+        eprintln!("\n######## SKIPPED {test}: cgroups are reused on v1 only.\n");
+        return None;
+    }
+    let pool = Arc::new(cgroups::CgroupPool::new(h.cgroups.clone(), 4));
+    Some(Pooled { pool, _h: h })
+}
+
+/// The handles an execution leaves to others (its usage reader, its entry), and its end.
+struct Ended {
+    reader: cgroups::UsageReader,
+    entry: Arc<tacc_exec::enter::Entry>,
+}
+
+async fn run_to_end(
+    executor: &ProcessExecutor,
+    spec: tacc_exec::LaunchSpec,
+) -> (Ended, ExitOutcome, String) {
+    let (tx, rx) = tacc_exec::output_channel();
+    let handle = executor.launch(spec, tx).await.unwrap();
+    let ended = Ended {
+        reader: handle.usage_reader().unwrap(),
+        entry: handle.entry().unwrap(),
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(60), handle.wait())
+        .await
+        .expect("ends");
+    let output = rest(rx).await;
+    (ended, outcome, output)
+}
+
+#[tokio::test]
+async fn a_reused_cgroup_carries_no_earlier_limits_usage_or_oom() {
+    let Some(p) = pool_or_skip("a_reused_cgroup_carries_no_earlier_limits_usage_or_oom") else {
+        return;
+    };
+    let executor = ProcessExecutor::with_cgroups(p.pool.clone());
+    let dir = tempfile::tempdir().unwrap();
+    // The first task: limited, busy for a while, then killed for its memory.
+    let mut spec = contract::spec(
+        dir.path(),
+        "cat /proc/self/cgroup\nend=$((SECONDS+1)); while [ $SECONDS -lt $end ]; do :; done\nhead -c 300M /dev/zero | tail > /dev/null",
+    );
+    spec.placement.memory_bytes = 64 << 20;
+    spec.placement.cpu_millis = 500;
+    let (first, outcome, output) = run_to_end(&executor, spec).await;
+    assert!(
+        matches!(&outcome, ExitOutcome::Infrastructure { reason, .. } if reason == "out_of_memory"),
+        "{outcome:?}\n{output}"
+    );
+    assert_eq!(p.pool.idle(), 1, "the emptied cgroup waits for reuse");
+    let first_cgroup = output
+        .lines()
+        .find(|l| l.split(':').nth(1) == Some("memory"))
+        .unwrap()
+        .to_string();
+    let first_reader = first.reader.clone();
+
+    // The next task, unlimited, in the same cgroup: no limit of the earlier task,
+    // counters from zero, and (once told to exit 3) its own outcome, not the earlier OOM.
+    let probe = "cat /proc/self/cgroup\n\
+        d=/sys/fs/cgroup/memory$(grep ':memory:' /proc/self/cgroup | cut -d: -f3)\n\
+        c=/sys/fs/cgroup/cpu$(grep -E ':cpu(,|:)' /proc/self/cgroup | cut -d: -f3)\n\
+        echo limit $(cat $d/memory.limit_in_bytes) quota $(cat $c/cpu.cfs_quota_us)\n\
+        echo ready\nwhile [ ! -e go ]; do sleep 0.05; done\nexit 3";
+    let mut spec = contract::spec(dir.path(), probe);
+    spec.placement.memory_bytes = 0;
+    spec.placement.cpu_millis = 0;
+    let (tx, mut rx) = tacc_exec::output_channel();
+    let second = executor.launch(spec, tx).await.unwrap();
+    let mut lines = Vec::new();
+    while lines.last().map(String::as_str) != Some("ready") {
+        lines.push(first_line(&mut rx).await);
+    }
+    assert!(
+        lines.contains(&first_cgroup),
+        "not reused: {lines:?} (first: {first_cgroup})"
+    );
+    assert_eq!(p.pool.idle(), 0);
+    let limits = lines.iter().find(|l| l.starts_with("limit ")).unwrap();
+    let fields: Vec<&str> = limits.split_whitespace().collect();
+    assert!(
+        fields[1].parse::<u64>().unwrap() >= 1 << 60,
+        "the earlier memory limit stayed: {limits}"
+    );
+    assert_eq!(fields[3], "-1", "the earlier CPU quota stayed: {limits}");
+    let usage = second.usage_reader().unwrap().read();
+    let cpu = usage.cpu.unwrap();
+    assert!(
+        cpu < Duration::from_millis(300),
+        "the earlier task's CPU is counted: {usage:?}"
+    );
+    assert!(
+        usage.memory_peak_bytes.unwrap() < 32 << 20,
+        "the earlier task's memory peak is shown: {usage:?}"
+    );
+    assert_eq!(usage.throttled, Some(Duration::ZERO), "{usage:?}");
+    // The ended task's handles read nothing of the task that now has its cgroup.
+    assert_eq!(first_reader.read(), cgroups::CgroupUsage::default());
+    // It ends on its own with its own code, not the earlier task's `out_of_memory`.
+    std::fs::write(dir.path().join("go"), "").unwrap();
+    assert_eq!(second.wait().await, ExitOutcome::Exited(3));
+}
+
+#[tokio::test]
+async fn an_ended_task_cannot_put_a_process_into_the_next_tasks_cgroup() {
+    let Some(p) = pool_or_skip("an_ended_task_cannot_put_a_process_into_the_next_tasks_cgroup")
+    else {
+        return;
+    };
+    let executor = ProcessExecutor::with_cgroups(p.pool.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let (first, outcome, _) = run_to_end(&executor, contract::spec(dir.path(), "true")).await;
+    assert_eq!(outcome, ExitOutcome::Exited(0));
+    let stale = first.entry.cgroup.clone().unwrap();
+    let (tx, mut rx) = tacc_exec::output_channel();
+    let second = executor
+        .launch(
+            contract::spec(dir.path(), "cat /proc/self/cgroup\necho ready\nsleep 300"),
+            tx,
+        )
+        .await
+        .unwrap();
+    let mut lines = Vec::new();
+    while lines.last().map(String::as_str) != Some("ready") {
+        lines.push(first_line(&mut rx).await);
+    }
+    let stale_dir = stale.path().strip_prefix("/sys/fs/cgroup/memory").unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.ends_with(&*stale_dir.to_string_lossy())),
+        "not reused: {lines:?} ({})",
+        stale_dir.display()
+    );
+    // A `tcloud exec` into the ended task would join through its handle: refused.
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("300")
+        .spawn()
+        .unwrap();
+    let refused = stale.join(sleeper.id());
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    let error = refused.expect_err("an ended task's handle joined a live cgroup");
+    assert!(error.to_string().contains("has ended"), "{error}");
+    assert_eq!(stale.procs(), Vec::<u32>::new());
+    assert_eq!(stale.kill_all(Duration::from_secs(1)).killed, Vec::new());
+    // The next task still runs, untouched by the ended one's handle.
+    assert_eq!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(second.pid.unwrap() as i32), None),
+        Ok(())
+    );
+    second.cancel();
+    assert_eq!(second.wait().await, ExitOutcome::Cancelled);
+}
+
+#[tokio::test]
+async fn a_cgroup_whose_kill_found_a_process_is_removed_not_reused() {
+    let Some(p) = pool_or_skip("a_cgroup_whose_kill_found_a_process_is_removed_not_reused") else {
+        return;
+    };
+    let executor = ProcessExecutor::with_cgroups(p.pool.clone());
+    let dir = tempfile::tempdir().unwrap();
+    // The task leaves a process behind (a new session, so its group's kill misses it):
+    // the cgroup's kill finds and kills it, and the cgroup is not kept.
+    let (_, outcome, output) = run_to_end(
+        &executor,
+        contract::spec(
+            dir.path(),
+            "setsid bash -c 'echo $$ > escaped; exec sleep 300' &\n\
+             while [ ! -s escaped ]; do sleep 0.01; done\ncat /proc/self/cgroup",
+        ),
+    )
+    .await;
+    assert_eq!(outcome, ExitOutcome::Exited(0), "{output}");
+    assert!(output.contains("tacc: killed 1 process"), "{output}");
+    assert_eq!(
+        p.pool.idle(),
+        0,
+        "a cgroup its kill found a process in was kept"
+    );
+    let first = output
+        .lines()
+        .find(|l| l.split(':').nth(1) == Some("memory"))
+        .unwrap()
+        .to_string();
+    let (_, _, output) = run_to_end(
+        &executor,
+        contract::spec(dir.path(), "cat /proc/self/cgroup"),
+    )
+    .await;
+    assert!(!output.contains(&first), "reused: {output}");
+}
+
 /// `cargo test --release -p tacc-exec --test cgroups -- --ignored --nocapture cgroup_setup_cost`
 #[tokio::test]
 #[ignore = "benchmark"]

@@ -256,6 +256,16 @@ fn agent_cgroups(data_dir: &Path) -> Box<dyn tacc_exec::cgroups::Cgroups> {
         tracing::warn!("killed {killed} processes left in the cgroups of a previous run");
     }
     tracing::info!("task cgroups: {}", cgroups.version());
+    // v1 makes an execution's cgroup as one directory per controller, the largest part
+    // of a trivial task's isolation cost: emptied ones are reused (checked, limits
+    // rewritten, counters from zero; `tacc_exec::cgroups::CgroupPool`). v2's single
+    // directory is cheap to make and is not pooled.
+    if cgroups.version() == "v1" {
+        return Box::new(tacc_exec::cgroups::CgroupPool::new(
+            Arc::from(cgroups),
+            tacc_exec::cgroups::DEFAULT_POOL_SIZE,
+        ));
+    }
     cgroups
 }
 

@@ -112,3 +112,62 @@ async fn cancel_kills_what_left_the_process_group() {
     })
     .await;
 }
+
+/// The agent reuses emptied cgroups on v1 (`tacc_exec::cgroups::CgroupPool`): the task
+/// after one the kernel OOM-killed gets its own limit and its own outcome, never the
+/// earlier task's `out_of_memory`. One CPU, so the two run one after the other and the
+/// second takes the first's emptied cgroup.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_after_an_out_of_memory_one_has_its_own_limit_and_outcome() {
+    if !cgroups_or_skip("the_task_after_an_out_of_memory_one_has_its_own_limit_and_outcome") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "1"]).await;
+    let client = daemon.client();
+    let memory_dir = "d=/sys/fs/cgroup/memory$(grep :memory: /proc/self/cgroup | cut -d: -f3)";
+    let hog = submit(
+        &client,
+        dir.path(),
+        "hog",
+        &format!(
+            "name: hog\nresources: {{cpus: 1, memory: 64MiB}}\nrun: |\n  {memory_dir}\n  echo cgroup $d\n  head -c 300M /dev/zero | tail > /dev/null\n"
+        ),
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&client, hog).await;
+    let reason = view.reason.unwrap_or_default();
+    assert!(reason.starts_with("out_of_memory: "), "{reason}");
+    let next = submit(
+        &client,
+        dir.path(),
+        "next",
+        &format!(
+            "name: next\nresources: {{cpus: 1, memory: 128MiB}}\nrun: |\n  {memory_dir}\n  echo cgroup $d\n  exit 3\n"
+        ),
+        &[],
+    )
+    .await;
+    let view = wait_terminal(&client, next).await;
+    let log = log_text(&client, next).await;
+    assert_eq!(
+        (view.state, view.exit_code),
+        (TaskState::Failed, Some(3)),
+        "{view:?}\n{log}"
+    );
+    if std::path::Path::new("/sys/fs/cgroup/memory/cgroup.procs").is_file() {
+        let cgroup = |log: &str| {
+            log.lines()
+                .find_map(|l| l.strip_prefix("cgroup "))
+                .map(str::to_string)
+        };
+        let first = cgroup(&log_text(&client, hog).await);
+        assert_eq!(cgroup(&log), first, "the emptied cgroup was not reused");
+        // Its limit is its own (read here: the agent's cgroups are not the task's to
+        // read; the emptied cgroup keeps the last limit written until its next reuse).
+        let dir = std::path::PathBuf::from(cgroup(&log).unwrap());
+        let limit = std::fs::read_to_string(dir.join("memory.limit_in_bytes")).unwrap();
+        assert_eq!(limit.trim(), (128u64 << 20).to_string());
+    }
+}

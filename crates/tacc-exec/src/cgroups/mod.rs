@@ -9,6 +9,7 @@
 //! process-group behaviour; said once in the log). The file-writing logic of both takes
 //! a base directory, so the unit tests run it against a fake hierarchy in a temp dir.
 
+mod pool;
 mod usage;
 mod v1;
 mod v2;
@@ -23,8 +24,9 @@ use nix::unistd::Pid;
 
 use crate::ExecError;
 
+pub use pool::{CgroupPool, DEFAULT_POOL_SIZE};
 pub use usage::{CgroupUsage, UsageReader};
-pub use v1::V1Cgroups;
+pub use v1::{REUSE_MEMORY_RESIDUE, V1Cgroups};
 pub use v2::V2Cgroups;
 
 /// Where cgroup file systems are mounted on Linux.
@@ -97,6 +99,14 @@ pub trait Cgroup: Send + Sync + Debug {
     /// controller).
     fn join_files(&self) -> Vec<PathBuf>;
 
+    /// Move process `pid` into the cgroup (every controller's).
+    fn join(&self, pid: u32) -> Result<(), ExecError> {
+        for file in self.join_files() {
+            write_file(&file, &pid.to_string())?;
+        }
+        Ok(())
+    }
+
     /// Processes in the cgroup now.
     fn procs(&self) -> Vec<u32>;
 
@@ -133,6 +143,19 @@ pub trait Cgroup: Send + Sync + Debug {
 
     /// Remove the (empty) cgroup.
     fn remove(&self) -> Result<(), ExecError>;
+
+    /// This emptied cgroup made ready for another execution with `limits` (see
+    /// `pool.rs`): a handle that reads its counters from zero. `Err` where it cannot be
+    /// reused (not verifiably empty, memory still charged, or a hierarchy that does not
+    /// reuse): then it is removed instead.
+    fn renew(&self, limits: &Limits) -> Result<Box<dyn Cgroup>, ExecError> {
+        let _ = limits;
+        Err(ExecError::Cgroup {
+            action: "reuse",
+            path: self.path().display().to_string(),
+            detail: "this hierarchy does not reuse cgroups".into(),
+        })
+    }
 
     /// Send `signal` to every process in the cgroup once (SIGTERM before the grace).
     fn signal_all(&self, signal: Signal) {

@@ -75,6 +75,7 @@ impl V1Cgroups {
             pids: at("pids"),
             freezer: at("freezer"),
             dirs,
+            base: Base::default(),
         }
     }
 }
@@ -123,9 +124,111 @@ pub struct V1Cgroup {
     cpuacct: Option<PathBuf>,
     pids: Option<PathBuf>,
     freezer: Option<PathBuf>,
+    /// What the counters held when this execution got the cgroup (zero for a new one; a
+    /// reused one's counters that the kernel cannot reset are read from here on).
+    base: Base,
 }
 
+/// The values of a reused cgroup's counters at its reuse: subtracted from every reading,
+/// so an execution never sees (or is judged on) what an earlier one used.
+#[derive(Debug, Clone, Copy, Default)]
+struct Base {
+    oom_kills: u64,
+    cpu_ns: u64,
+    throttled_ns: u64,
+    periods: (u64, u64),
+    /// Memory still charged after `memory.force_empty` (kernel objects; at most
+    /// [`REUSE_MEMORY_RESIDUE`]).
+    memory_bytes: u64,
+}
+
+/// The most memory an emptied cgroup may still be charged after `memory.force_empty`
+/// to be reused; more and it is removed instead. What stays is kernel memory of the
+/// processes just killed that the kernel frees a moment later (measured: ≈ 300 KiB right
+/// after an OOM kill, ≈ 20 KiB a second later). The next execution's readings exclude
+/// it; its limit counts it until it is freed.
+pub const REUSE_MEMORY_RESIDUE: u64 = 1 << 20;
+
 impl V1Cgroup {
+    /// Ready this emptied cgroup for another execution (see `pool.rs`, which gives back
+    /// only a cgroup its execution's kill found empty with joins already refused): the
+    /// memory it is still charged reclaimed where it is more than a residue, every limit
+    /// rewritten, its resettable counters reset and the others read as the new zero.
+    fn renewed(&self, limits: &Limits) -> Result<V1Cgroup, ExecError> {
+        let refuse = |detail: String| ExecError::Cgroup {
+            action: "reuse",
+            path: self.memory.display().to_string(),
+            detail,
+        };
+        let usage = self.memory.join("memory.usage_in_bytes");
+        let mut residue = number(&usage).unwrap_or(u64::MAX);
+        if residue > REUSE_MEMORY_RESIDUE {
+            // Page cache and kernel memory the last execution left charged, reclaimed
+            // (costly: only where there is more than the residue).
+            write_file(&self.memory.join("memory.force_empty"), "0")?;
+            residue = number(&usage).unwrap_or(u64::MAX);
+        }
+        if residue > REUSE_MEMORY_RESIDUE {
+            return Err(refuse(format!(
+                "{residue} bytes of memory stay charged to it after force_empty"
+            )));
+        }
+        self.apply_all(limits)?;
+        let _ = write_file(&self.memory.join("memory.max_usage_in_bytes"), "0");
+        let _ = write_file(&self.memory.join("memory.failcnt"), "0");
+        let cpu_stat = self.cpu.as_ref().map(|cpu| cpu.join("cpu.stat"));
+        let base = Base {
+            oom_kills: keyed_value(&self.memory.join("memory.oom_control"), "oom_kill")
+                .unwrap_or(0),
+            cpu_ns: self
+                .cpuacct
+                .as_ref()
+                .and_then(|c| number(&c.join("cpuacct.usage")))
+                .unwrap_or(0),
+            throttled_ns: cpu_stat
+                .as_ref()
+                .and_then(|s| keyed_value(s, "throttled_time"))
+                .unwrap_or(0),
+            periods: cpu_stat
+                .as_ref()
+                .and_then(|s| super::usage::cpu_periods(s))
+                .unwrap_or((0, 0)),
+            memory_bytes: residue,
+        };
+        Ok(V1Cgroup {
+            base,
+            ..self.clone()
+        })
+    }
+
+    /// Every limit written, "none" included: a reused cgroup keeps nothing of the last
+    /// execution's limits.
+    fn apply_all(&self, limits: &Limits) -> Result<(), ExecError> {
+        self.set_limits_unchecked(limits.cpu_millis, limits.memory_bytes)?;
+        if !self.memory.join("memory.memsw.limit_in_bytes").is_file() {
+            // Off swap while limited (as `apply`), else the parent's setting again.
+            let swappiness = if limits.memory_bytes > 0 {
+                "0".to_string()
+            } else {
+                self.memory
+                    .parent()
+                    .and_then(|parent| number(&parent.join("memory.swappiness")))
+                    .unwrap_or(60)
+                    .to_string()
+            };
+            write_file(&self.memory.join("memory.swappiness"), &swappiness)?;
+        }
+        if let Some(pids) = &self.pids {
+            let max = if limits.pids_max > 0 {
+                limits.pids_max.to_string()
+            } else {
+                "max".to_string()
+            };
+            write_file(&pids.join("pids.max"), &max)?;
+        }
+        Ok(())
+    }
+
     fn apply(&self, limits: &Limits) -> Result<(), ExecError> {
         for dir in &self.dirs {
             make_dir(dir)?;
@@ -211,28 +314,39 @@ impl Cgroup for V1Cgroup {
     }
 
     fn oom_kills(&self) -> u64 {
-        keyed_value(&self.memory.join("memory.oom_control"), "oom_kill").unwrap_or(0)
+        keyed_value(&self.memory.join("memory.oom_control"), "oom_kill")
+            .unwrap_or(0)
+            .saturating_sub(self.base.oom_kills)
     }
 
     fn cpu_usage(&self) -> Option<Duration> {
-        number(&self.cpuacct.as_ref()?.join("cpuacct.usage")).map(Duration::from_nanos)
+        number(&self.cpuacct.as_ref()?.join("cpuacct.usage"))
+            .map(|ns| Duration::from_nanos(ns.saturating_sub(self.base.cpu_ns)))
     }
 
     fn usage(&self) -> CgroupUsage {
         CgroupUsage {
             cpu: self.cpu_usage(),
-            memory_bytes: number(&self.memory.join("memory.usage_in_bytes")),
-            memory_peak_bytes: number(&self.memory.join("memory.max_usage_in_bytes")),
+            memory_bytes: number(&self.memory.join("memory.usage_in_bytes"))
+                .map(|b| b.saturating_sub(self.base.memory_bytes)),
+            memory_peak_bytes: number(&self.memory.join("memory.max_usage_in_bytes"))
+                .map(|b| b.saturating_sub(self.base.memory_bytes)),
             // v1 `cpu.stat` counts throttled time in nanoseconds.
             throttled: self
                 .cpu
                 .as_ref()
                 .and_then(|cpu| keyed_value(&cpu.join("cpu.stat"), "throttled_time"))
-                .map(Duration::from_nanos),
+                .map(|ns| Duration::from_nanos(ns.saturating_sub(self.base.throttled_ns))),
             cpu_periods: self
                 .cpu
                 .as_ref()
-                .and_then(|cpu| super::usage::cpu_periods(&cpu.join("cpu.stat"))),
+                .and_then(|cpu| super::usage::cpu_periods(&cpu.join("cpu.stat")))
+                .map(|(periods, throttled)| {
+                    (
+                        periods.saturating_sub(self.base.periods.0),
+                        throttled.saturating_sub(self.base.periods.1),
+                    )
+                }),
             cpu_quota_millis: self.cpu_quota_millis(),
             memory_limit_bytes: number(&self.memory.join("memory.limit_in_bytes"))
                 .filter(|limit| *limit < NO_LIMIT_ABOVE),
@@ -243,12 +357,43 @@ impl Cgroup for V1Cgroup {
     }
 
     fn set_limits(&self, cpu_millis: u64, memory_bytes: u64) -> Result<(), ExecError> {
-        let limit_file = self.memory.join("memory.limit_in_bytes");
         check_memory_floor(
             &self.memory,
             memory_bytes,
             number(&self.memory.join("memory.usage_in_bytes")),
         )?;
+        self.set_limits_unchecked(cpu_millis, memory_bytes)
+    }
+
+    fn kill_all(&self, deadline: Duration) -> KillReport {
+        let report = kill_loop(|| self.procs(), |frozen| self.freeze(frozen), deadline);
+        // The loop thaws after each freeze; this is the safety net where it froze at all
+        // (found empty at once — every trivial task's end — it never did).
+        if !(report.empty && report.killed.is_empty()) {
+            self.freeze(false);
+        }
+        report
+    }
+
+    fn remove(&self) -> Result<(), ExecError> {
+        let mut result = Ok(());
+        for dir in &self.dirs {
+            if let Err(error) = remove_dir(dir) {
+                result = Err(error);
+            }
+        }
+        result
+    }
+
+    fn renew(&self, limits: &Limits) -> Result<Box<dyn Cgroup>, ExecError> {
+        Ok(Box::new(self.renewed(limits)?))
+    }
+}
+
+impl V1Cgroup {
+    /// The CPU quota and memory (+ swap) limit written (0: none), without the floor check.
+    fn set_limits_unchecked(&self, cpu_millis: u64, memory_bytes: u64) -> Result<(), ExecError> {
+        let limit_file = self.memory.join("memory.limit_in_bytes");
         let value = if memory_bytes == 0 {
             "-1".to_string()
         } else {
@@ -280,22 +425,6 @@ impl Cgroup for V1Cgroup {
             write_file(&cpu.join("cpu.cfs_quota_us"), &quota)?;
         }
         Ok(())
-    }
-
-    fn kill_all(&self, deadline: Duration) -> KillReport {
-        let report = kill_loop(|| self.procs(), |frozen| self.freeze(frozen), deadline);
-        self.freeze(false);
-        report
-    }
-
-    fn remove(&self) -> Result<(), ExecError> {
-        let mut result = Ok(());
-        for dir in &self.dirs {
-            if let Err(error) = remove_dir(dir) {
-                result = Err(error);
-            }
-        }
-        result
     }
 }
 
