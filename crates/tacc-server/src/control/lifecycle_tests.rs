@@ -1275,3 +1275,43 @@ async fn a_turn_whose_commit_fails_acknowledges_nothing_and_the_core_is_rebuilt(
     );
     env.emptiness_check().await;
 }
+
+/// A new `taccd dev` stops the embedded agent of a server with other settings; that
+/// agent stops its running attempt and its end (cancelled, though nobody asked) reaches
+/// the server: the node failed, not the task — the attempt is lost and retried, never
+/// `cancelled` (found by `pipelines.rs::a_restarted_server_keeps_stages_waiting_for_what_they_need`).
+#[tokio::test]
+async fn an_attempt_its_agent_stopped_unasked_is_lost_and_retried_not_cancelled() {
+    let env = without_backoff().await;
+    let mut agent = env.join("n1", 1).await;
+    let task = env.submit(&retried("lost", 2)).await;
+    let first = only(&env.poll(&mut agent).await);
+    let started = env.started(first);
+    env.report(&agent, vec![started]).await;
+    let stopped = tacc_proto::AgentReport::Finished {
+        attempt: first,
+        at: env.clock.now(),
+        outcome: tacc_proto::AttemptOutcome::Cancelled,
+        rank: None,
+    };
+    env.report(&agent, vec![stopped]).await;
+    agent.running.remove(&first);
+    let history = env.history(task).await;
+    assert!(
+        history.contains(&(1, Lost)) && !history.iter().any(|(_, s)| *s == Cancelled),
+        "{history:?}"
+    );
+    let events = env.events(task).await;
+    assert!(
+        events.iter().any(|e| e
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with("agent_stopped:"))),
+        "{events:?}"
+    );
+    let second = only(&env.poll(&mut agent).await);
+    assert_eq!(second.attempt.0, 2, "retried as a new attempt");
+    env.finish(&mut agent, second, 0).await;
+    assert_eq!(env.state(task).await, Succeeded);
+    env.emptiness_check().await;
+}

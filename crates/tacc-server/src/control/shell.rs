@@ -304,6 +304,18 @@ impl Control {
         let Some(record) = self.facts.task_record(attempt.task).await? else {
             return Ok(());
         };
+        if record.attempt == attempt.attempt && record.state.is_active() {
+            let name = inner
+                .nodes
+                .get(&node)
+                .map_or_else(|| node.to_string(), |n| n.record.name.clone());
+            let preempting = inner.preempting.contains(&record.id);
+            if let Some(lost) =
+                rules::ending::stopped_by_its_agent(&outcome, &record, preempting, &name)
+            {
+                return self.lose_attempt(inner, attempt, lost).await;
+            }
+        }
         let mut fx = Effects::default();
         handlers::rank_end::on_rank_finished(
             inner,

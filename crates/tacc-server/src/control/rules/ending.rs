@@ -98,6 +98,27 @@ pub(in crate::control) struct EndPlan {
 
 /// Whether deciding this end needs the count of the task's earlier node losses (which
 /// the shell reads from the task's events only then).
+/// An attempt its own agent stopped with no cancel asked and no preemption under way: the
+/// agent was shutting down (a new `taccd dev` stopping the embedded agent of a server
+/// with other settings, an operator's stop). That is the node failing, not the task nor
+/// its user: the attempt is lost — with the reason returned — and follows the retry
+/// policy, never `cancelled`.
+pub(in crate::control) fn stopped_by_its_agent(
+    outcome: &AttemptOutcome,
+    record: &TaskRecord,
+    preempting: bool,
+    node: &str,
+) -> Option<AttemptOutcome> {
+    (*outcome == AttemptOutcome::Cancelled && !record.cancel_requested && !preempting).then(|| {
+        AttemptOutcome::LaunchFailed {
+            reason: "agent_stopped".into(),
+            message: format!(
+                "the agent on node {node} stopped the attempt as it shut down (no cancel was asked)"
+            ),
+        }
+    })
+}
+
 pub(in crate::control) fn counts_node_losses(state: TaskState, reason: Option<&str>) -> bool {
     state == TaskState::Lost && retry::crashed_node(reason)
 }
@@ -165,6 +186,39 @@ mod tests {
 
     fn record(state: TaskState, attempt: u32) -> TaskRecord {
         crate::control::rules::test_record(7, state, attempt, &[])
+    }
+
+    #[test]
+    fn an_attempt_its_agent_stopped_unasked_is_lost_not_cancelled() {
+        let running = record(TaskState::Running, 1);
+        let cancelling = TaskRecord {
+            cancel_requested: true,
+            ..record(TaskState::Running, 1)
+        };
+        let cancelled = AttemptOutcome::Cancelled;
+        let lost = stopped_by_its_agent(&cancelled, &running, false, "n1");
+        assert!(
+            matches!(&lost, Some(AttemptOutcome::LaunchFailed { reason, message })
+                if reason == "agent_stopped" && message.contains("node n1")),
+            "{lost:?}"
+        );
+        for (outcome, record, preempting, why) in [
+            (&cancelled, &cancelling, false, "its user asked: a cancel"),
+            (&cancelled, &running, true, "a preemption: requeued"),
+            (
+                &AttemptOutcome::Exited { code: 0 },
+                &running,
+                false,
+                "it ended by itself",
+            ),
+            (&AttemptOutcome::TimeLimit, &running, false, "its own limit"),
+        ] {
+            assert_eq!(
+                stopped_by_its_agent(outcome, record, preempting, "n1"),
+                None,
+                "{why}"
+            );
+        }
     }
 
     fn policy(on: &[RetryOn], max_attempts: u32) -> RetrySpec {
