@@ -641,7 +641,9 @@ async fn a_shell_on_a_real_terminal_follows_resizes_takes_ctrl_c_and_exits_with_
         "send-keys",
         "-t",
         "s",
-        "kill %1; echo killed-$((2+3))",
+        // SIGKILL ends the stopped job at once and `wait` reaps it: a job still in the
+        // shell's table would make the `exit` below warn of stopped jobs instead of exiting.
+        "kill -9 %1; wait %1; echo killed-$((2+3))",
         "Enter",
     ]);
     tmux.wait_for("killed-5").await;
