@@ -59,6 +59,10 @@ impl SqliteStore {
             .foreign_keys(true)
             // Reads served from the page cache through a mapping, not a pread each.
             .pragma("mmap_size", "268435456")
+            // A checkpoint syncs both files: every 10,000 pages (about 40 MiB of log)
+            // instead of SQLite's 1,000, a trivial task's share of those syncs falls from
+            // about 0.04 to 0.004 fsyncs (docs/BENCHMARKS.md, "Store commits per task").
+            .pragma("wal_autocheckpoint", "10000")
             .busy_timeout(Duration::from_secs(10));
         let open_error = |source: sqlx::Error| {
             if integrity::is_damage(&source) {
