@@ -11,7 +11,8 @@
 //!
 //! Why a sync of our own file descriptor is enough: `fsync` flushes the inode's dirty
 //! pages whichever descriptor wrote them. Checkpoints, which copy the log into the database
-//! file, sync both files themselves under `synchronous=NORMAL` before the log is reused.
+//! file, sync both files themselves under `synchronous=NORMAL` before the log is reused
+//! (every 10,000 pages of log: `wal_autocheckpoint`, set where the store opens).
 //!
 //! A failed `fsync` poisons the barrier for good: after one, Linux may have dropped the
 //! dirty pages and marked them clean, so a later `fsync` that succeeds proves nothing
