@@ -1,6 +1,10 @@
-//! The control plane's core: durable task lifecycle, the scheduler driven with real time,
-//! node liveness, and the desired work of every node. All decisions are taken under one
-//! lock so the scheduler sees events in one order and the store never disagrees with it.
+//! The control plane: durable task lifecycle, the scheduler driven with real time, node
+//! liveness, and the desired work of every node, in the reactor shape of HyperQueue's
+//! `tako` (docs/ARCHITECTURE.md, "One turn of the control plane"). This file holds
+//! [`Control`], its construction and recovery, and its entry points, each of which reads
+//! the facts its handler needs (`facts/`), runs one turn (`shell.rs`) and answers; the
+//! decisions are the handlers' (`handlers/`, pure, over the plain [`Core`]). `impl Control`
+//! lives here and in `shell.rs` only (`taccd/tests/architecture.rs`).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
@@ -136,6 +140,8 @@ pub struct Control {
     #[cfg(test)]
     pub(crate) committed: std::sync::Mutex<Vec<tacc_store::TaskChange>>,
 }
+
+// ---- Construction, recovery, and the entry points for tasks ----
 
 impl Control {
     /// The read-only view of the durable state, for the API's reads (`query.rs`).
@@ -908,7 +914,7 @@ impl Control {
         Ok(())
     }
 
-    /// Why a task is where it is, in the scheduler's words and the store's.
+    /// Every node's name, by id.
     pub async fn node_names(&self) -> BTreeMap<NodeId, String> {
         self.inner
             .lock()
@@ -1104,7 +1110,8 @@ impl Control {
     }
 }
 
-// Entry points for adaptive allocation and estimates.
+// ---- Entry points: adaptive allocation and estimates ----
+
 impl Control {
     /// A usage sample of a running attempt was accepted, in the reports' turn: the
     /// adaptive book judges rank 0's, keeps a signal point when one is due, and the
@@ -1192,7 +1199,8 @@ impl Control {
     }
 }
 
-// Entry points for the workflows (pipelines, sweeps, arrays).
+// ---- Entry points: the workflows (pipelines, sweeps, arrays) ----
+
 impl Control {
     /// A workflow's newly stored tasks (an array's elements, a sweep's trials, a
     /// pipeline's stages) reach the scheduler in one turn (see `handlers::accepted`).
