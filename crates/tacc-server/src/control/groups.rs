@@ -9,38 +9,25 @@ use std::sync::Arc;
 
 use tacc_core::{GroupId, SnapshotId};
 use tacc_schema::TaskSpec;
-use tacc_store::{GroupRecord, StageSource, Store, TaskRecord};
+use tacc_store::{GroupRecord, StageSource, TaskRecord};
 
 use super::handlers::accepted::Accepted;
 use super::rules::arrays::{ArraySubmitted, new_array, rerun};
-use super::sweeps::OpenSweeps;
-use super::{Control, Facts, SubmitOptions};
+use super::workflow_parts::WorkflowParts;
+use super::{Control, SubmitOptions};
 use crate::ServerError;
-use crate::clock::Clock;
-use crate::metrics::Metrics;
 
 /// Submits, cancels and reruns groups.
 #[derive(Debug, Clone)]
 pub(crate) struct Arrays {
-    control: Arc<Control>,
-    facts: Facts,
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    clock: Arc<dyn Clock>,
-    /// A cancelled sweep (or a pipeline's sweep stage) launches no more trials.
-    sweeps: Arc<OpenSweeps>,
+    parts: WorkflowParts,
 }
 
 impl Arrays {
     /// The arrays of `control`'s cluster.
     pub(crate) fn of(control: &Arc<Control>) -> Arrays {
         Arrays {
-            control: control.clone(),
-            facts: control.facts.clone(),
-            store: control.store.clone(),
-            metrics: control.metrics.clone(),
-            clock: control.clock.clone(),
-            sweeps: control.sweeps.clone(),
+            parts: WorkflowParts::of(control),
         }
     }
 
@@ -62,6 +49,7 @@ impl Arrays {
             translated,
         } = options;
         let (spec, mut submission) = self
+            .parts
             .control
             .prepare(user, spec, &snapshot, wait_for_capacity)
             .await?;
@@ -73,7 +61,7 @@ impl Arrays {
                 user,
                 snapshot: &snapshot,
                 source: &source,
-                at: self.clock.now(),
+                at: self.parts.clock.now(),
                 submission: &submission,
                 rerun_of,
             },
@@ -81,15 +69,23 @@ impl Arrays {
         let committing = std::time::Instant::now();
         let (group, records) = match keyed {
             Some(keyed) => {
-                self.store
+                self.parts
+                    .store
                     .create_group_keyed(array.group, array.elements, keyed)
                     .await?
             }
-            None => self.store.create_group(array.group, array.elements).await?,
+            None => {
+                self.parts
+                    .store
+                    .create_group(array.group, array.elements)
+                    .await?
+            }
         };
-        self.metrics.committed("create_group", committing.elapsed());
+        self.parts
+            .metrics
+            .committed("create_group", committing.elapsed());
         for _ in &records {
-            self.metrics.submitted();
+            self.parts.metrics.submitted();
         }
         let accepted = Accepted {
             tasks: records
@@ -98,7 +94,7 @@ impl Arrays {
                 .collect(),
             ..Default::default()
         };
-        self.control.accept(user, accepted).await?;
+        self.parts.control.accept(user, accepted).await?;
         Ok((group, records))
     }
 
@@ -108,16 +104,20 @@ impl Arrays {
     /// cancelled with it. Returns how many were asked to stop.
     pub(crate) async fn cancel(&self, group: GroupId) -> Result<u64, ServerError> {
         // A cancelled sweep launches no more trials.
-        self.sweeps.remove(group);
-        let mut count = self.control.cancel_group_elements(group).await?;
-        for stage in self.facts.pipeline_stages(group).await? {
+        self.parts.sweeps.remove(group);
+        let mut count = self.parts.control.cancel_group_elements(group).await?;
+        for stage in self.parts.facts.pipeline_stages(group).await? {
             if let (StageSource::Group(stage_group), false) = (stage.source, stage.cached) {
-                self.sweeps.remove(stage_group);
-                count += self.control.cancel_group_elements(stage_group).await?;
+                self.parts.sweeps.remove(stage_group);
+                count += self
+                    .parts
+                    .control
+                    .cancel_group_elements(stage_group)
+                    .await?;
             }
         }
         // A cancelled sweep stage ends the stages after it.
-        self.control.sweep_stage_ended(group).await?;
+        self.parts.control.sweep_stage_ended(group).await?;
         Ok(count)
     }
 
@@ -128,7 +128,7 @@ impl Arrays {
         group: &GroupRecord,
         user: &str,
     ) -> Result<Option<(GroupRecord, Vec<TaskRecord>)>, ServerError> {
-        let ended = self.facts.rerun_elements(group.id).await?;
+        let ended = self.parts.facts.rerun_elements(group.id).await?;
         let Some(rerun) = rerun(group, &ended)? else {
             return Ok(None);
         };

@@ -62,6 +62,7 @@ mod shell;
 mod submission;
 mod sweeps;
 mod task_accounts;
+mod workflow_parts;
 pub(crate) use estimates::Estimates;
 pub(crate) use submission::Submission;
 pub use submission::SubmitOptions;

@@ -13,15 +13,13 @@ use std::sync::Arc;
 
 use tacc_core::{SnapshotId, TaskId};
 use tacc_schema::{NotifySpec, PipelineSpec, StageSpec, TaskSpec};
-use tacc_store::{GroupKind, GroupRecord, NewGroup, NewStage, StageRecord, Store};
+use tacc_store::{GroupKind, GroupRecord, NewGroup, NewStage, StageRecord};
 
 use super::handlers::accepted::Accepted;
 use super::rules::pipelines::{StageKind, StagePlan, Submitted, cache_key, stage_run};
-use super::sweeps::OpenSweeps;
-use super::{Control, Facts, SubmitOptions};
+use super::workflow_parts::WorkflowParts;
+use super::{Control, SubmitOptions};
 use crate::ServerError;
-use crate::clock::Clock;
-use crate::metrics::Metrics;
 
 /// One submitted stage: its task spec and the code snapshot it runs.
 #[derive(Debug, Clone)]
@@ -35,25 +33,14 @@ pub struct StageSubmission {
 /// Submits pipelines.
 #[derive(Debug, Clone)]
 pub(crate) struct Pipelines {
-    control: Arc<Control>,
-    facts: Facts,
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    clock: Arc<dyn Clock>,
-    /// A pipeline's sweep stages are opened for the sweep controller.
-    sweeps: Arc<OpenSweeps>,
+    parts: WorkflowParts,
 }
 
 impl Pipelines {
     /// The pipelines of `control`'s cluster.
     pub(crate) fn of(control: &Arc<Control>) -> Pipelines {
         Pipelines {
-            control: control.clone(),
-            facts: control.facts.clone(),
-            store: control.store.clone(),
-            metrics: control.metrics.clone(),
-            clock: control.clock.clone(),
-            sweeps: control.sweeps.clone(),
+            parts: WorkflowParts::of(control),
         }
     }
 
@@ -76,7 +63,8 @@ impl Pipelines {
             translated: _,
         } = options;
         if let Some(notify) = &notify {
-            self.control
+            self.parts
+                .control
                 .check_secrets(user, std::iter::once(&notify.secret))
                 .await?;
         }
@@ -96,13 +84,14 @@ impl Pipelines {
             .validate()
             .map_err(|e| ServerError::InvalidTask(e.to_string()))?;
         if let Some(notify) = &pipeline.notify {
-            self.control.check_webhook(&notify.webhook)?;
+            self.parts.control.check_webhook(&notify.webhook)?;
         }
         // Every stage is checked (and refused) as a task of its own would be.
         let mut prepared = Vec::with_capacity(stages.len());
         let mut submissions = Vec::with_capacity(stages.len());
         for stage in &stages {
             let (spec, submission) = self
+                .parts
                 .control
                 .prepare(user, stage.spec.clone(), &stage.snapshot, wait_for_capacity)
                 .await?;
@@ -123,13 +112,14 @@ impl Pipelines {
                 .collect();
             let key = cache_key(&stage.snapshot, spec, &inputs)?;
             let cached = self
+                .parts
                 .facts
                 .cached_run(user, &name, &stage.name, &key)
                 .await?;
             keys.insert(stage.name.as_str(), key.clone());
             plans.insert(index, (key, StagePlan::of(spec, cached)));
         }
-        let at = self.clock.now();
+        let at = self.parts.clock.now();
         let mut new_stages = Vec::with_capacity(stages.len());
         let mut element_specs: Vec<TaskSpec> = Vec::new();
         for (index, (key, plan)) in plans {
@@ -166,30 +156,37 @@ impl Pipelines {
         };
         let (group, records, tasks) = match keyed {
             Some(keyed) => {
-                self.store
+                self.parts
+                    .store
                     .create_pipeline_keyed(new_group, new_stages, keyed)
                     .await?
             }
-            None => self.store.create_pipeline(new_group, new_stages).await?,
+            None => {
+                self.parts
+                    .store
+                    .create_pipeline(new_group, new_stages)
+                    .await?
+            }
         };
-        self.metrics
+        self.parts
+            .metrics
             .committed("create_pipeline", committing.elapsed());
         // Tasks come back in stage order, each stage's elements together; the specs were
         // collected in the same order.
         let specs: BTreeMap<TaskId, TaskSpec> =
             tasks.iter().map(|t| t.id).zip(element_specs).collect();
-        let depends = self.facts.stage_dependencies(&records).await?;
+        let depends = self.parts.facts.stage_dependencies(&records).await?;
         for stage in &records {
-            if let StageKind::Sweep(group) = self.facts.stage_kind(stage).await?
+            if let StageKind::Sweep(group) = self.parts.facts.stage_kind(stage).await?
                 && !stage.cached
             {
-                self.sweeps.add(group);
+                self.parts.sweeps.add(group);
             }
         }
         // Stages after an unfinished sweep wait outside the scheduler until it ends.
-        let awaiting = self.facts.stages_awaiting_sweeps(&records).await?;
+        let awaiting = self.parts.facts.stages_awaiting_sweeps(&records).await?;
         for _ in &tasks {
-            self.metrics.submitted();
+            self.parts.metrics.submitted();
         }
         let accepted = Accepted {
             tasks: tasks
@@ -202,7 +199,7 @@ impl Pipelines {
             depends,
             awaiting,
         };
-        self.control.accept(user, accepted).await?;
+        self.parts.control.accept(user, accepted).await?;
         Ok((group, records))
     }
 }

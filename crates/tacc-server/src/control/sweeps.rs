@@ -14,16 +14,15 @@ use std::time::Duration;
 
 use tacc_core::{GroupId, SnapshotId, TaskState};
 use tacc_schema::TaskSpec;
-use tacc_store::{GroupKind, GroupRecord, NewGroup, NewTask, Store};
+use tacc_store::{GroupKind, GroupRecord, NewGroup, NewTask};
 use tokio_util::sync::CancellationToken;
 
 use super::handlers::accepted::Accepted;
 use super::rules::sweeps::{Launch, asha_stops, sweep_of, trial_spec};
-use super::{Control, Facts, SubmitOptions};
+use super::workflow_parts::WorkflowParts;
+use super::{Control, SubmitOptions};
 use crate::ServerError;
 use crate::asha::EARLY_STOPPED;
-use crate::clock::Clock;
-use crate::metrics::Metrics;
 
 /// How often open sweeps are reconciled (trials launched, ASHA decisions applied).
 pub(crate) const SWEEP_TICK: Duration = Duration::from_millis(250);
@@ -53,24 +52,14 @@ impl OpenSweeps {
 /// Submits sweeps and launches and stops their trials.
 #[derive(Debug, Clone)]
 pub(crate) struct Sweeps {
-    control: Arc<Control>,
-    facts: Facts,
-    store: Arc<dyn Store>,
-    metrics: Arc<Metrics>,
-    clock: Arc<dyn Clock>,
-    open: Arc<OpenSweeps>,
+    parts: WorkflowParts,
 }
 
 impl Sweeps {
     /// The sweeps of `control`'s cluster.
     pub(crate) fn of(control: &Arc<Control>) -> Sweeps {
         Sweeps {
-            control: control.clone(),
-            facts: control.facts.clone(),
-            store: control.store.clone(),
-            metrics: control.metrics.clone(),
-            clock: control.clock.clone(),
-            open: control.sweeps.clone(),
+            parts: WorkflowParts::of(control),
         }
     }
 
@@ -90,6 +79,7 @@ impl Sweeps {
             translated,
         } = options;
         let (spec, mut submission) = self
+            .parts
             .control
             .prepare(user, spec, &snapshot, wait_for_capacity)
             .await?;
@@ -102,7 +92,7 @@ impl Sweeps {
         };
         let points = sweep.trials();
         let first = points.len().min(sweep.parallel as usize);
-        let at = self.clock.now();
+        let at = self.parts.clock.now();
         let trials: Vec<(u32, TaskSpec)> = points[..first]
             .iter()
             .enumerate()
@@ -135,16 +125,17 @@ impl Sweeps {
         };
         let (group, records) = match keyed {
             Some(keyed) => {
-                self.store
+                self.parts
+                    .store
                     .create_group_keyed(new_group, elements, keyed)
                     .await?
             }
-            None => self.store.create_group(new_group, elements).await?,
+            None => self.parts.store.create_group(new_group, elements).await?,
         };
         let specs = trials.into_iter().map(|(_, spec)| spec);
         self.enqueue_trials(user, records.into_iter().zip(specs).collect())
             .await?;
-        self.open.add(group.id);
+        self.parts.sweeps.add(group.id);
         Ok(group)
     }
 
@@ -155,24 +146,24 @@ impl Sweeps {
         trials: Vec<(tacc_store::TaskRecord, TaskSpec)>,
     ) -> Result<(), ServerError> {
         for _ in &trials {
-            self.metrics.submitted();
+            self.parts.metrics.submitted();
         }
         let accepted = Accepted {
             tasks: trials,
             ..Default::default()
         };
-        self.control.accept(user, accepted).await
+        self.parts.control.accept(user, accepted).await
     }
 
     /// Bring one sweep up to date: stop what ASHA stops, launch trials into free slots.
     /// Returns whether it may still launch or stop trials.
     async fn reconcile(&self, group: GroupId) -> Result<bool, ServerError> {
-        let Some(record) = self.facts.group(group).await? else {
+        let Some(record) = self.parts.facts.group(group).await? else {
             return Ok(false);
         };
         let (spec, sweep) = sweep_of(&record)?;
         let points = sweep.trials();
-        let trials = self.facts.trials_of(group, &sweep.metric).await?;
+        let trials = self.parts.facts.trials_of(group, &sweep.metric).await?;
         let stops = asha_stops(&sweep, &trials);
         let mut stopping = BTreeSet::new();
         for (trial, _, _) in &trials {
@@ -184,11 +175,14 @@ impl Sweeps {
                 if !trial.cancel_requested {
                     tracing::info!("sweep {group}: stopping trial task {}: {reason}", trial.id);
                     // The reason first: the trial's end keeps it (see attempts.rs).
-                    self.control.note_reason(trial.id, reason.clone()).await?;
-                    self.control.cancel(trial.id).await?;
+                    self.parts
+                        .control
+                        .note_reason(trial.id, reason.clone())
+                        .await?;
+                    self.parts.control.cancel(trial.id).await?;
                 }
             }
-            let now_record = self.facts.task_record(trial.id).await?;
+            let now_record = self.parts.facts.task_record(trial.id).await?;
             if let Some(now_record) = now_record
                 && now_record.state == TaskState::Cancelled
                 && !now_record
@@ -196,7 +190,10 @@ impl Sweeps {
                     .as_deref()
                     .is_some_and(|r| r.starts_with(EARLY_STOPPED))
             {
-                self.control.note_reason(trial.id, reason.clone()).await?;
+                self.parts
+                    .control
+                    .note_reason(trial.id, reason.clone())
+                    .await?;
             }
         }
         let states: Vec<TaskState> = trials.iter().map(|(t, _, _)| t.state).collect();
@@ -206,7 +203,7 @@ impl Sweeps {
             let Some((first, _, _)) = trials.first() else {
                 return Ok(false);
             };
-            let at = self.clock.now();
+            let at = self.parts.clock.now();
             let specs: Vec<TaskSpec> = points[launched..launched + next]
                 .iter()
                 .map(|point| trial_spec(&spec, point))
@@ -231,7 +228,7 @@ impl Sweeps {
                     ))
                 })
                 .collect::<Result<Vec<_>, ServerError>>()?;
-            let records = self.store.add_group_elements(group, elements).await?;
+            let records = self.parts.store.add_group_elements(group, elements).await?;
             self.enqueue_trials(&record.user, records.into_iter().zip(specs).collect())
                 .await?;
         }
@@ -240,8 +237,8 @@ impl Sweeps {
 
     /// Open the sweeps found open in the store (after a restart).
     async fn load_open(&self) -> Result<(), ServerError> {
-        for group in self.facts.open_sweeps().await? {
-            self.open.add(group);
+        for group in self.parts.facts.open_sweeps().await? {
+            self.parts.sweeps.add(group);
         }
         Ok(())
     }
@@ -260,14 +257,14 @@ pub(crate) async fn run_sweeps(sweeps: Sweeps, shutdown: CancellationToken) {
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        for group in sweeps.open.list() {
+        for group in sweeps.parts.sweeps.list() {
             match sweeps.reconcile(group).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    sweeps.open.remove(group);
-                    if let Err(e) = sweeps.control.sweep_stage_ended(group).await {
+                    sweeps.parts.sweeps.remove(group);
+                    if let Err(e) = sweeps.parts.control.sweep_stage_ended(group).await {
                         tracing::error!("sweep {group}: its pipeline's next stages wait: {e}");
-                        sweeps.open.add(group);
+                        sweeps.parts.sweeps.add(group);
                     }
                 }
                 Err(e) => tracing::error!("sweep {group}: {e}; tried again shortly"),

@@ -13,6 +13,7 @@ use tacc_store::{
     GroupKind, NewGroup, NewStageRun, NewTask, OutputRecord, StageRecord, TaskRecord,
 };
 
+use super::arrays::{ArraySubmitted, NewArray, new_array};
 use super::sweeps::{SweepEnd, trial_spec};
 use crate::ServerError;
 
@@ -88,34 +89,24 @@ pub(crate) fn stage_run(
             NewStageRun::Task(task)
         }
         StagePlan::Array(spec) => {
-            let array = spec
-                .array
-                .clone()
-                .ok_or_else(|| ServerError::Internal(format!("stage `{name}` lost its array")))?;
-            let group_spec =
-                serde_json::to_value(&spec).map_err(|e| ServerError::Internal(e.to_string()))?;
-            let element = TaskSpec {
-                array: None,
-                notify: None,
-                ..spec
-            };
-            let task = new_task(&element)?;
-            let elements: Vec<(u32, NewTask)> = array
-                .indices()
-                .iter()
-                .map(|index| (*index, task.clone()))
-                .collect();
-            specs.extend(std::iter::repeat_n(element.clone(), elements.len()));
-            NewStageRun::Array {
-                group: NewGroup {
-                    kind: GroupKind::Array,
-                    name: element.name.clone(),
-                    user: submitted.user.to_string(),
-                    spec: group_spec,
-                    created_at: submitted.at,
-                },
+            // An array stage is an array as `tcloud submit --array` makes it.
+            let NewArray {
+                group,
                 elements,
-            }
+                element,
+            } = new_array(
+                spec,
+                &ArraySubmitted {
+                    user: submitted.user,
+                    snapshot: submitted.snapshot,
+                    source: submitted.source,
+                    at: submitted.at,
+                    submission: submitted.submission,
+                    rerun_of: None,
+                },
+            )?;
+            specs.extend(std::iter::repeat_n(element, elements.len()));
+            NewStageRun::Array { group, elements }
         }
         StagePlan::Sweep(spec) => {
             let sweep = spec
