@@ -10,16 +10,17 @@
 # own CPU (user + system, /proc/PID/stat) per task, and the load average before → after.
 set -euo pipefail
 BIN=$(realpath "$1")
+cd "$(dirname "$0")/.."
+source bench/lib.sh
 n=$2
 home=$(mktemp -d /var/tmp/tacc-bench-home.XXXX)
 task=$(mktemp -d /var/tmp/tacc-bench-task.XXXX)
 trap 'TACC_HOME=$home "$BIN/tcloud" down >/dev/null 2>&1 || true; rm -rf "$home" "$task"' EXIT
 printf 'name: t\nrun: "true"\n' >"$task/task.yaml"
-printf '#!/bin/sh\nexec "%s" "$@" --max-queued %d --submit-burst %d\n' "$BIN/taccd" $((n * 2)) $((n * 2)) >"$home/taccd"
-chmod +x "$home/taccd"
+taccd_lifted "$BIN" "$home" "$n"
 TACC_TACCD=$home/taccd TACC_HOME=$home "$BIN/tcloud" up --port "${TACC_BENCH_PORT:-18397}" >/dev/null 2>&1 ||
   { echo "tcloud up failed (see $home/local/taccd.log)" >&2; exit 1; }
-until TACC_HOME=$home "$BIN/tcloud" nodes --json 2>/dev/null | grep -q '"name"'; do sleep 0.2; done
+wait_for_node "$BIN" "$home"
 server=$(cat "$home/local/taccd.pid")
 agent=$(pgrep -f -P "$server" -- "--embedded-agent" | head -1)
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

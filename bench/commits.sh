@@ -28,8 +28,7 @@ run() {
   home=$(mktemp -d)
   task=$(mktemp -d)
   printf 'name: t\nrun: "true"\n' >"$task/task.yaml"
-  printf '#!/bin/sh\nexec "%s" "$@" --max-queued %d --submit-burst %d\n' "$BIN/taccd" $((N * 2)) $((N * 2)) >"$home/taccd"
-  chmod +x "$home/taccd"
+  taccd_lifted "$BIN" "$home" "$N"
   if [[ $traced == strace ]]; then
     strace -f -c -e trace=fsync,fdatasync -o "$home/strace.txt" \
       env TACC_TACCD="$home/taccd" TACC_HOME="$home" "$BIN/tcloud" up --port "$PORT" >/dev/null 2>&1 &
@@ -37,7 +36,7 @@ run() {
   else
     TACC_TACCD=$home/taccd TACC_HOME=$home "$BIN/tcloud" up --port "$PORT" >/dev/null 2>&1
   fi
-  until TACC_HOME=$home "$BIN/tcloud" nodes --json 2>/dev/null | grep -q '"name"'; do sleep 0.2; done
+  wait_for_node "$BIN" "$home"
   token=$(sed -n 's/^token = "\(.*\)"/\1/p' "$home/config.toml" | head -1)
   pid=$(cat "$home/local/taccd.pid")
   t0=$(commits "$token")

@@ -36,11 +36,10 @@ tacc_cli_run() {
   printf 'name: t\nrun: "true"\n' >"$task/task.yaml"
   # HyperQueue caps no queue: lift the cluster's per-user limits past N (an operator's
   # taccd flags, which `tcloud up` starts taccd through this wrapper with).
-  printf '#!/bin/sh\nexec "%s" "$@" --max-queued %d --submit-burst %d\n' "$BIN/taccd" $((n * 2)) $((n * 2)) >"$home/taccd"
-  chmod +x "$home/taccd"
+  taccd_lifted "$BIN" "$home" "$n"
   TACC_TACCD=$home/taccd TACC_HOME=$home "$BIN/tcloud" up --port "${TACC_BENCH_PORT:-18383}" >/dev/null 2>&1 ||
     { echo "tcloud up failed (see $home/local/taccd.log)" >&2; exit 1; }
-  until TACC_HOME=$home "$BIN/tcloud" nodes --json 2>/dev/null | grep -q '"name"'; do sleep 0.2; done
+  wait_for_node "$BIN" "$home"
   pid=$(cat "$home/local/taccd.pid")
   c0=$(cpu_of_tree "$pid")
   start=$(date +%s.%N)

@@ -212,18 +212,8 @@ const API_STORE_WRITES: &[(&str, &str)] = &[
 #[test]
 fn the_api_reads_through_the_query_module_and_names_no_store_elsewhere() {
     let api = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tacc-server/src/api");
-    let mut files = vec![api.clone()];
     let mut checked = 0;
-    while let Some(path) = files.pop() {
-        if path.is_dir() {
-            files.extend(
-                std::fs::read_dir(&path)
-                    .unwrap()
-                    .flatten()
-                    .map(|e| e.path()),
-            );
-            continue;
-        }
+    for path in files_under(&api) {
         let relative = path
             .strip_prefix(api.parent().unwrap())
             .unwrap()
@@ -294,19 +284,9 @@ fn control_is_implemented_only_in_its_entry_points_and_its_shell() {
     // own (docs/ARCHITECTURE.md, "One turn of the control plane").
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tacc-server/src");
     let allowed = [src.join("control/mod.rs"), src.join("control/shell.rs")];
-    let mut files = vec![src.clone()];
     let mut checked = 0;
     let mut implementing = std::collections::BTreeSet::new();
-    while let Some(path) = files.pop() {
-        if path.is_dir() {
-            files.extend(
-                std::fs::read_dir(&path)
-                    .unwrap()
-                    .flatten()
-                    .map(|e| e.path()),
-            );
-            continue;
-        }
+    for path in files_under(&src) {
         if path.extension().is_none_or(|e| e != "rs") {
             continue;
         }
@@ -353,4 +333,23 @@ fn impl_blocks_of_control_are_recognised_in_every_spelling() {
     ] {
         assert!(!implements_control(line), "{line}");
     }
+}
+
+/// Every file under `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            pending.extend(
+                std::fs::read_dir(&path)
+                    .unwrap()
+                    .flatten()
+                    .map(|e| e.path()),
+            );
+        } else {
+            found.push(path);
+        }
+    }
+    found
 }
