@@ -83,6 +83,13 @@ pub(crate) struct Core {
 }
 
 impl Core {
+    /// A node's name, for messages (its id when the core no longer knows it).
+    pub(crate) fn node_name(&self, node: NodeId) -> String {
+        self.nodes
+            .get(&node)
+            .map_or_else(|| node.to_string(), |n| n.record.name.clone())
+    }
+
     /// The core of a control plane that knows nothing yet: `recover` (`mod.rs`) fills it
     /// from the store.
     pub(crate) fn new(scheduler: Scheduler, now: Instant) -> Core {

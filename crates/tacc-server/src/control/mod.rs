@@ -976,11 +976,9 @@ impl Control {
                     ack.accepted += 1;
                 } else {
                     ack.rejected += 1;
-                    self.audit.record_as(
-                        format!("node:{node}"),
-                        "report.rejected",
-                        format!("task:{}/{}", attempt.task, attempt.attempt),
-                        false,
+                    self.audit_rejected(
+                        node,
+                        attempt,
                         "usage report for a rank this node does not run".into(),
                     );
                 }
@@ -1016,13 +1014,7 @@ impl Control {
             }
             if admission == Admission::Reject {
                 ack.rejected += 1;
-                self.audit.record_as(
-                    format!("node:{node}"),
-                    "report.rejected",
-                    format!("task:{}/{}", attempt.task, attempt.attempt),
-                    false,
-                    rules::admission::rejection(&report),
-                );
+                self.audit_rejected(node, attempt, rules::admission::rejection(&report));
                 continue;
             }
             ack.accepted += 1;
@@ -1093,6 +1085,17 @@ impl Control {
             }
         }
         Ok(ack)
+    }
+
+    /// A report refused (not this node's, or stale), in the audit trail.
+    fn audit_rejected(&self, node: NodeId, attempt: AttemptRef, why: String) {
+        self.audit.record_as(
+            format!("node:{node}"),
+            "report.rejected",
+            format!("task:{}/{}", attempt.task, attempt.attempt),
+            false,
+            why,
+        );
     }
 
     /// A node's output of an attempt into the task's log (once: see `log_offsets`).

@@ -305,10 +305,7 @@ impl Control {
             return Ok(());
         };
         if record.attempt == attempt.attempt && record.state.is_active() {
-            let name = inner
-                .nodes
-                .get(&node)
-                .map_or_else(|| node.to_string(), |n| n.record.name.clone());
+            let name = inner.node_name(node);
             let preempting = inner.preempting.contains(&record.id);
             if let Some(lost) =
                 rules::ending::stopped_by_its_agent(&outcome, &record, preempting, &name)

@@ -76,10 +76,7 @@ pub(crate) fn on_rank_finished(core: &mut Core, fx: &mut Effects, end: RankFinis
         .map_or(1, |spec| spec.resources.processes_per_node());
     let blame = (nodes * processes > 1).then(|| {
         let rank = process_rank.unwrap_or(node_rank * processes);
-        let name = core
-            .nodes
-            .get(&node)
-            .map_or_else(|| node.to_string(), |n| n.record.name.clone());
+        let name = core.node_name(node);
         if processes > 1 {
             format!(
                 "rank {rank} (node {name}, local rank {})",

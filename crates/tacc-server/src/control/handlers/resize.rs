@@ -183,10 +183,7 @@ pub(crate) fn on_resize_failed(
         before,
         at,
     } = failed;
-    let name = core
-        .nodes
-        .get(&node)
-        .map_or_else(|| node.to_string(), |n| n.record.name.clone());
+    let name = core.node_name(node);
     let failed = format!(
         "the agent on {name} could not apply {} CPUs, {}: {error}",
         cpus(applied.cpu_millis),
