@@ -166,11 +166,14 @@ mod tests {
     struct FakeSync {
         fail: AtomicBool,
         calls: AtomicU64,
+        /// Syncs begun (counted before the gate, so a test knows which writes one covers).
+        entered: AtomicU64,
         gate: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     }
 
     impl SyncFile for FakeSync {
         fn sync(&self, _: &Path, _: &Path) -> std::io::Result<()> {
+            self.entered.fetch_add(1, Ordering::SeqCst);
             if let Some(gate) = self.gate.lock().unwrap().as_ref() {
                 let _ = gate.recv();
             }
@@ -214,8 +217,10 @@ mod tests {
             let d = d.clone();
             async move { d.barrier().await }
         });
-        // While the first sync is held, 50 more writers commit and wait.
-        while d.syncing.try_lock().is_ok() {
+        // While the first sync is held, 50 more writers commit and wait. Not before it has
+        // begun: the barrier reads what it covers after taking the lock, so holding the
+        // lock alone does not mean the first sync's share is settled.
+        while fake.entered.load(Ordering::SeqCst) == 0 {
             tokio::task::yield_now().await;
         }
         let mut waiting = Vec::new();
