@@ -63,6 +63,77 @@ fn notify_of(spec: &serde_json::Value) -> Option<NotifySpec> {
     serde_json::from_value(spec.get("notify")?.clone()).ok()
 }
 
+/// What the end of a group's elements can call for. It follows from what the group was
+/// made with — its kind, its `notify:`, and whether it is a pipeline's stage (a stage's
+/// row is written in the transaction that makes its group, and never changes) — so it is
+/// worked out once per group, not read again at every element's end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupNotice {
+    /// No `notify:`, and no pipeline to tell.
+    Silent,
+    /// The group is a pipeline (itself) or one of its stages: the pipeline may have ended.
+    InPipeline(GroupId),
+    /// The group notifies when its last element ends.
+    Notifies,
+}
+
+impl GroupNotice {
+    fn of(record: &tacc_store::GroupRecord, stage_of: Option<GroupId>) -> GroupNotice {
+        // A pipeline ends with its last stage, wherever that stage's tasks are.
+        if record.kind == tacc_store::GroupKind::Pipeline {
+            return GroupNotice::InPipeline(record.id);
+        }
+        if let Some(pipeline) = stage_of {
+            return GroupNotice::InPipeline(pipeline);
+        }
+        match notify_of(&record.spec) {
+            Some(_) => GroupNotice::Notifies,
+            None => GroupNotice::Silent,
+        }
+    }
+}
+
+/// Groups most likely to have elements ending, with their [`GroupNotice`].
+#[derive(Debug, Default)]
+pub(crate) struct GroupNotices {
+    known: std::sync::Mutex<std::collections::HashMap<GroupId, GroupNotice>>,
+}
+
+/// Groups whose notice is kept at most (forgotten all at once past it: a miss costs two
+/// reads).
+const GROUP_NOTICES_KEPT: usize = 4096;
+
+impl GroupNotices {
+    /// `group`'s notice, read from `store` the first time (`None`: no such group).
+    pub(crate) async fn notice(
+        &self,
+        store: &dyn Store,
+        group: GroupId,
+    ) -> Result<Option<GroupNotice>, ServerError> {
+        if let Some(known) = self.known.lock().unwrap().get(&group) {
+            return Ok(Some(*known));
+        }
+        let Some(record) = store.get_group(group).await? else {
+            return Ok(None);
+        };
+        let stage_of = if record.kind == tacc_store::GroupKind::Pipeline {
+            None
+        } else {
+            store
+                .stage_of(tacc_store::StageSource::Group(group))
+                .await?
+                .map(|stage| stage.pipeline)
+        };
+        let notice = GroupNotice::of(&record, stage_of);
+        let mut known = self.known.lock().unwrap();
+        if known.len() >= GROUP_NOTICES_KEPT {
+            known.clear();
+        }
+        known.insert(group, notice);
+        Ok(Some(notice))
+    }
+}
+
 /// The notifications `changes` call for, to commit with them: one per task that ends
 /// with a `notify:`, and one per group whose last unfinished elements end here. Read
 /// from `control`'s store; `control` also says when a pipeline has ended.
@@ -91,7 +162,9 @@ pub(crate) async fn notifications_for(
     let mut out = Vec::new();
     let mut groups: BTreeMap<GroupId, u64> = BTreeMap::new();
     for task in ended {
-        let Some(record) = store.get_task(task).await? else {
+        // Placed tasks' records are in memory (an ended task is still placed until this
+        // commit is applied): an end reads nothing from the store here.
+        let Some(record) = control.facts.task_record(task).await? else {
             continue;
         };
         if let Some(group) = record.group {
@@ -133,22 +206,19 @@ pub(crate) async fn notifications_for(
     }
     let mut pipelines: BTreeSet<GroupId> = BTreeSet::new();
     for (group, ending) in groups {
-        // Most groups notify nothing: look at the group before counting its elements.
+        // Most groups notify nothing: known from what the group was made with, without
+        // reading it at every element's end.
+        match control.group_notices.notice(store, group).await? {
+            None | Some(GroupNotice::Silent) => continue,
+            Some(GroupNotice::InPipeline(pipeline)) => {
+                pipelines.insert(pipeline);
+                continue;
+            }
+            Some(GroupNotice::Notifies) => {}
+        }
         let Some(record) = store.get_group(group).await? else {
             continue;
         };
-        // A pipeline ends with its last stage, wherever that stage's tasks are.
-        if record.kind == tacc_store::GroupKind::Pipeline {
-            pipelines.insert(group);
-            continue;
-        }
-        if let Some(stage) = store
-            .stage_of(tacc_store::StageSource::Group(group))
-            .await?
-        {
-            pipelines.insert(stage.pipeline);
-            continue;
-        }
         let Some(notify) = notify_of(&record.spec) else {
             continue;
         };
@@ -511,6 +581,67 @@ mod tests {
             signature(b"Jefe", b"what do ya want for nothing?"),
             "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    #[test]
+    fn a_groups_notice_follows_from_its_kind_its_stage_and_its_notify() {
+        use tacc_store::{GroupKind, GroupRecord};
+        let group = |kind, spec: serde_json::Value| GroupRecord {
+            id: GroupId(7),
+            kind,
+            name: "g".into(),
+            user: "ada".into(),
+            spec,
+            size: 3,
+            created_at: Timestamp(0),
+        };
+        let notify = serde_json::json!({"notify": {"webhook": "https://example.com/hook", "secret": "hook"}});
+        let plain = serde_json::json!({"run": "true"});
+        let cases = [
+            (GroupKind::Array, plain.clone(), None, GroupNotice::Silent),
+            (GroupKind::Sweep, plain.clone(), None, GroupNotice::Silent),
+            (
+                GroupKind::Array,
+                notify.clone(),
+                None,
+                GroupNotice::Notifies,
+            ),
+            (
+                GroupKind::Sweep,
+                notify.clone(),
+                None,
+                GroupNotice::Notifies,
+            ),
+            // A stage tells its pipeline, whatever its own `notify:`.
+            (
+                GroupKind::Array,
+                notify.clone(),
+                Some(GroupId(3)),
+                GroupNotice::InPipeline(GroupId(3)),
+            ),
+            (
+                GroupKind::Array,
+                plain.clone(),
+                Some(GroupId(3)),
+                GroupNotice::InPipeline(GroupId(3)),
+            ),
+            // A pipeline is its own.
+            (
+                GroupKind::Pipeline,
+                plain,
+                None,
+                GroupNotice::InPipeline(GroupId(7)),
+            ),
+        ];
+        for (kind, spec, stage_of, expected) in cases {
+            let record = group(kind, spec.clone());
+            assert_eq!(
+                GroupNotice::of(&record, stage_of),
+                expected,
+                "{kind:?} {spec} {stage_of:?}"
+            );
+        }
+        assert!(notify_of(&notify).is_some(), "the test's notify: parses");
     }
 
     #[test]

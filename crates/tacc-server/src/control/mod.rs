@@ -137,6 +137,9 @@ pub struct Control {
     /// How decisions reach the nodes (see `comm.rs`).
     comm: Arc<dyn Comm>,
     pub(crate) inner: Mutex<Core>,
+    /// What each group's end can call for, kept so an element's end reads no group
+    /// (see `notify.rs`).
+    pub(crate) group_notices: crate::notify::GroupNotices,
     /// Every change committed, in order, for the lifecycle tests' `take_changes`.
     #[cfg(test)]
     pub(crate) committed: std::sync::Mutex<Vec<tacc_store::TaskChange>>,
@@ -248,6 +251,7 @@ impl Control {
             clock: clock.clone(),
             comm,
             inner: Mutex::new(Core::new(scheduler, clock.instant())),
+            group_notices: Default::default(),
             #[cfg(test)]
             committed: Default::default(),
         });
