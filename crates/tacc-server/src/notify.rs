@@ -26,6 +26,7 @@ use tacc_store::{DeliveryOutcome, DeliveryRecord, NewDelivery, Store, TaskChange
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::AuditTrail;
+use crate::control::GroupShape;
 use crate::secrets::SecretBox;
 use crate::webhook_destination::WebhookPolicy;
 use crate::{Control, ServerError};
@@ -64,9 +65,8 @@ fn notify_of(spec: &serde_json::Value) -> Option<NotifySpec> {
 }
 
 /// What the end of a group's elements can call for. It follows from what the group was
-/// made with — its kind, its `notify:`, and whether it is a pipeline's stage (a stage's
-/// row is written in the transaction that makes its group, and never changes) — so it is
-/// worked out once per group, not read again at every element's end.
+/// made with (its [`GroupShape`], read once per group), so an element's end reads no
+/// group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum GroupNotice {
     /// No `notify:`, and no pipeline to tell.
@@ -78,60 +78,25 @@ pub(crate) enum GroupNotice {
 }
 
 impl GroupNotice {
-    fn of(record: &tacc_store::GroupRecord, stage_of: Option<GroupId>) -> GroupNotice {
+    fn of(group: GroupId, shape: &GroupShape) -> GroupNotice {
         // A pipeline ends with its last stage, wherever that stage's tasks are.
-        if record.kind == tacc_store::GroupKind::Pipeline {
-            return GroupNotice::InPipeline(record.id);
+        if shape.kind == tacc_store::GroupKind::Pipeline {
+            return GroupNotice::InPipeline(group);
         }
-        if let Some(pipeline) = stage_of {
-            return GroupNotice::InPipeline(pipeline);
+        if let Some(stage) = &shape.stage {
+            return GroupNotice::InPipeline(stage.pipeline);
         }
-        match notify_of(&record.spec) {
-            Some(_) => GroupNotice::Notifies,
-            None => GroupNotice::Silent,
-        }
-    }
-}
-
-/// Groups most likely to have elements ending, with their [`GroupNotice`].
-#[derive(Debug, Default)]
-pub(crate) struct GroupNotices {
-    known: std::sync::Mutex<std::collections::HashMap<GroupId, GroupNotice>>,
-}
-
-/// Groups whose notice is kept at most (forgotten all at once past it: a miss costs two
-/// reads).
-const GROUP_NOTICES_KEPT: usize = 4096;
-
-impl GroupNotices {
-    /// `group`'s notice, read from `store` the first time (`None`: no such group).
-    pub(crate) async fn notice(
-        &self,
-        store: &dyn Store,
-        group: GroupId,
-    ) -> Result<Option<GroupNotice>, ServerError> {
-        if let Some(known) = self.known.lock().unwrap().get(&group) {
-            return Ok(Some(*known));
-        }
-        let Some(record) = store.get_group(group).await? else {
-            return Ok(None);
-        };
-        let stage_of = if record.kind == tacc_store::GroupKind::Pipeline {
-            None
+        if shape.notifies {
+            GroupNotice::Notifies
         } else {
-            store
-                .stage_of(tacc_store::StageSource::Group(group))
-                .await?
-                .map(|stage| stage.pipeline)
-        };
-        let notice = GroupNotice::of(&record, stage_of);
-        let mut known = self.known.lock().unwrap();
-        if known.len() >= GROUP_NOTICES_KEPT {
-            known.clear();
+            GroupNotice::Silent
         }
-        known.insert(group, notice);
-        Ok(Some(notice))
     }
+}
+
+/// Whether a task or group spec asks for a notification the platform can send.
+pub(crate) fn asks_to_notify(spec: &serde_json::Value) -> bool {
+    notify_of(spec).is_some()
 }
 
 /// The notifications `changes` call for, to commit with them: one per task that ends
@@ -208,13 +173,16 @@ pub(crate) async fn notifications_for(
     for (group, ending) in groups {
         // Most groups notify nothing: known from what the group was made with, without
         // reading it at every element's end.
-        match control.group_notices.notice(store, group).await? {
-            None | Some(GroupNotice::Silent) => continue,
-            Some(GroupNotice::InPipeline(pipeline)) => {
+        let Some(shape) = control.facts.group_shape(group).await? else {
+            continue;
+        };
+        match GroupNotice::of(group, &shape) {
+            GroupNotice::Silent => continue,
+            GroupNotice::InPipeline(pipeline) => {
                 pipelines.insert(pipeline);
                 continue;
             }
-            Some(GroupNotice::Notifies) => {}
+            GroupNotice::Notifies => {}
         }
         let Some(record) = store.get_group(group).await? else {
             continue;
@@ -585,63 +553,56 @@ mod tests {
 
     #[test]
     fn a_groups_notice_follows_from_its_kind_its_stage_and_its_notify() {
-        use tacc_store::{GroupKind, GroupRecord};
-        let group = |kind, spec: serde_json::Value| GroupRecord {
-            id: GroupId(7),
-            kind,
-            name: "g".into(),
+        use tacc_store::{GroupKind, StageRecord, StageSource};
+        let stage = StageRecord {
+            pipeline: GroupId(3),
+            position: 1,
+            name: "train".into(),
+            needs: Vec::new(),
+            cache_key: "k".into(),
+            source: StageSource::Group(GroupId(7)),
+            cached: false,
             user: "ada".into(),
-            spec,
-            size: 3,
-            created_at: Timestamp(0),
+            pipeline_name: "p".into(),
         };
-        let notify = serde_json::json!({"notify": {"webhook": "https://example.com/hook", "secret": "hook"}});
-        let plain = serde_json::json!({"run": "true"});
+        let shape = |kind, notifies, stage: Option<&StageRecord>| GroupShape {
+            kind,
+            notifies,
+            stage: stage.cloned(),
+        };
         let cases = [
-            (GroupKind::Array, plain.clone(), None, GroupNotice::Silent),
-            (GroupKind::Sweep, plain.clone(), None, GroupNotice::Silent),
-            (
-                GroupKind::Array,
-                notify.clone(),
-                None,
-                GroupNotice::Notifies,
-            ),
-            (
-                GroupKind::Sweep,
-                notify.clone(),
-                None,
-                GroupNotice::Notifies,
-            ),
+            (shape(GroupKind::Array, false, None), GroupNotice::Silent),
+            (shape(GroupKind::Sweep, false, None), GroupNotice::Silent),
+            (shape(GroupKind::Array, true, None), GroupNotice::Notifies),
+            (shape(GroupKind::Sweep, true, None), GroupNotice::Notifies),
             // A stage tells its pipeline, whatever its own `notify:`.
             (
-                GroupKind::Array,
-                notify.clone(),
-                Some(GroupId(3)),
+                shape(GroupKind::Array, true, Some(&stage)),
                 GroupNotice::InPipeline(GroupId(3)),
             ),
             (
-                GroupKind::Array,
-                plain.clone(),
-                Some(GroupId(3)),
+                shape(GroupKind::Sweep, false, Some(&stage)),
                 GroupNotice::InPipeline(GroupId(3)),
             ),
             // A pipeline is its own.
             (
-                GroupKind::Pipeline,
-                plain,
-                None,
+                shape(GroupKind::Pipeline, true, None),
                 GroupNotice::InPipeline(GroupId(7)),
             ),
         ];
-        for (kind, spec, stage_of, expected) in cases {
-            let record = group(kind, spec.clone());
-            assert_eq!(
-                GroupNotice::of(&record, stage_of),
-                expected,
-                "{kind:?} {spec} {stage_of:?}"
-            );
+        for (shape, expected) in cases {
+            assert_eq!(GroupNotice::of(GroupId(7), &shape), expected, "{shape:?}");
         }
-        assert!(notify_of(&notify).is_some(), "the test's notify: parses");
+    }
+
+    #[test]
+    fn only_a_usable_notify_asks_for_a_notification() {
+        let notify = serde_json::json!({"notify": {"webhook": "https://example.com/hook", "secret": "hook"}});
+        assert!(asks_to_notify(&notify));
+        assert!(!asks_to_notify(&serde_json::json!({"run": "true"})));
+        assert!(!asks_to_notify(
+            &serde_json::json!({"notify": {"webhook": 3}})
+        ));
     }
 
     #[test]

@@ -40,7 +40,7 @@ mod effects;
 mod estimates;
 mod explain;
 mod facts;
-pub(crate) use facts::Facts;
+pub(crate) use facts::{Facts, GroupShape};
 mod config;
 #[cfg(test)]
 mod gpu_lifecycle_tests;
@@ -137,9 +137,6 @@ pub struct Control {
     /// How decisions reach the nodes (see `comm.rs`).
     comm: Arc<dyn Comm>,
     pub(crate) inner: Mutex<Core>,
-    /// What each group's end can call for, kept so an element's end reads no group
-    /// (see `notify.rs`).
-    pub(crate) group_notices: crate::notify::GroupNotices,
     /// Every change committed, in order, for the lifecycle tests' `take_changes`.
     #[cfg(test)]
     pub(crate) committed: std::sync::Mutex<Vec<tacc_store::TaskChange>>,
@@ -251,7 +248,6 @@ impl Control {
             clock: clock.clone(),
             comm,
             inner: Mutex::new(Core::new(scheduler, clock.instant())),
-            group_notices: Default::default(),
             #[cfg(test)]
             committed: Default::default(),
         });

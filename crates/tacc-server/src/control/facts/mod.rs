@@ -10,13 +10,15 @@
 
 use std::sync::Arc;
 
-use tacc_core::TaskId;
+use tacc_core::{GroupId, TaskId};
 use tacc_store::{Store, StoreError, TaskRecord};
 
 use super::records::PlacedRecords;
+pub(crate) use group_shapes::GroupShape;
 
 mod adaptive;
 mod attempts;
+mod group_shapes;
 mod groups;
 mod pipelines;
 mod sweeps;
@@ -26,11 +28,24 @@ mod sweeps;
 pub(crate) struct Facts {
     pub(super) store: Arc<dyn Store>,
     placed: Arc<PlacedRecords>,
+    shapes: Arc<group_shapes::GroupShapes>,
 }
 
 impl Facts {
     pub(crate) fn new(store: Arc<dyn Store>, placed: Arc<PlacedRecords>) -> Facts {
-        Facts { store, placed }
+        Facts {
+            store,
+            placed,
+            shapes: Arc::default(),
+        }
+    }
+
+    /// What `group` was made with (`group_shapes.rs`): read once per group.
+    pub(crate) async fn group_shape(
+        &self,
+        group: GroupId,
+    ) -> Result<Option<GroupShape>, StoreError> {
+        self.shapes.shape(&*self.store, group).await
     }
 
     /// A task's record as the store holds it: from memory while the task is placed, with

@@ -29,7 +29,7 @@ impl Facts {
         &self,
         group: GroupId,
     ) -> Result<Option<StageRecord>, ServerError> {
-        Ok(self.store.stage_of(StageSource::Group(group)).await?)
+        Ok(self.group_shape(group).await?.and_then(|shape| shape.stage))
     }
 
     /// The tasks a stage ran as: its task, or every element of its array.
@@ -146,13 +146,18 @@ impl Facts {
         &self,
         record: &TaskRecord,
     ) -> Result<Option<StageRecord>, ServerError> {
-        if let Some(stage) = self.store.stage_of(StageSource::Task(record.id)).await? {
-            return Ok(Some(stage));
+        // A stage's task is an element of its pipeline (a single-task stage) or of the
+        // stage's array or sweep: a task of no group is no stage.
+        let Some(group) = record.group else {
+            return Ok(None);
+        };
+        let Some(shape) = self.group_shape(group).await? else {
+            return Ok(None);
+        };
+        if shape.kind == tacc_store::GroupKind::Pipeline {
+            return Ok(self.store.stage_of(StageSource::Task(record.id)).await?);
         }
-        match record.group {
-            Some(group) => Ok(self.store.stage_of(StageSource::Group(group)).await?),
-            None => Ok(None),
-        }
+        Ok(shape.stage)
     }
 
     /// When `record` ended as `state` for good without succeeding and was a task or array
