@@ -87,8 +87,21 @@ pub(crate) const MAX_CHUNK_BYTES: usize = 1 << 20;
 /// Largest secret value body.
 pub(crate) const MAX_SECRET_BODY: usize = crate::secrets::MAX_SECRET_BYTES;
 
+/// What every handler is given: one `Arc`, so that axum's clone of the state for each
+/// request, middleware layer and extractor is one reference count, not one per service.
 #[derive(Clone)]
-pub(crate) struct AppState {
+pub(crate) struct AppState(Arc<AppParts>);
+
+impl std::ops::Deref for AppState {
+    type Target = AppParts;
+
+    fn deref(&self) -> &AppParts {
+        &self.0
+    }
+}
+
+/// The services behind [`AppState`].
+pub(crate) struct AppParts {
     pub(crate) control: Arc<Control>,
     pub(crate) shutdown: CancellationToken,
     /// The embedded cluster's stop (`tcloud down`); `None` for a plain server.
@@ -482,7 +495,7 @@ fn router_with(
         .iter()
         .map(|(rule, _)| ((rule.method.clone(), rule.path), rule.access))
         .collect();
-    let state = AppState {
+    let state = AppState(Arc::new(AppParts {
         control: control.clone(),
         shutdown,
         cluster_stop,
@@ -504,7 +517,7 @@ fn router_with(
         pipelines: crate::control::Pipelines::of(&control),
         sweeps: crate::control::Sweeps::of(&control),
         arrays: crate::control::Arrays::of(&control),
-    };
+    }));
     // What every answer waits for: the control plane's store synced, the sync timed.
     let durable: Arc<dyn durable::Durable> = Arc::new(durable::StoreSync::new(
         control.store.clone(),
