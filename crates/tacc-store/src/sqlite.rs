@@ -676,3 +676,48 @@ impl Store for SqliteStore {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(name: &str) -> NewTask {
+        crate::contract::new_task(name, "alice", 10)
+    }
+
+    /// A call costs one hand-off to a connection thread whatever number of statements it
+    /// runs: a group of 50 elements, a batch of changes, a read transaction.
+    #[tokio::test]
+    async fn a_call_is_one_job_whatever_its_statements() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("tacc.db")).await.unwrap();
+        let (writes, reads) = (store.writer.sent(), store.readers.sent());
+        let group = NewGroup {
+            kind: crate::GroupKind::Array,
+            name: "sweep".into(),
+            user: "alice".into(),
+            spec: serde_json::json!({}),
+            created_at: Timestamp(10),
+        };
+        let elements = (0..50).map(|i| (i, task(&format!("e{i}")))).collect();
+        let (_, made) = store.create_group(group, elements).await.unwrap();
+        assert_eq!(made.len(), 50);
+        assert_eq!(store.writer.sent(), writes + 1, "50 inserts, one job");
+        let changes: Vec<TaskChange> = made
+            .iter()
+            .map(|t| TaskChange::Reason {
+                task: t.id,
+                reason: Some("why".into()),
+            })
+            .collect();
+        store.apply(&changes).await.unwrap();
+        assert_eq!(store.writer.sent(), writes + 2, "50 updates, one job");
+        let listed = store.list_tasks(&TaskFilter::default()).await.unwrap();
+        assert_eq!(listed.len(), 50);
+        store
+            .tasks_active_between(Timestamp(0), Timestamp(100), None)
+            .await
+            .unwrap();
+        assert_eq!(store.readers.sent(), reads + 2, "each read, one job");
+    }
+}

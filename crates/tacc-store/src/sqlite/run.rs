@@ -313,3 +313,60 @@ impl Transact for Tx<'_> {
         self.conn.run(&statement)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[should_panic(expected = "awaited something else")]
+    fn a_shared_path_that_pends_is_a_loud_bug() {
+        block(std::future::pending::<()>());
+    }
+
+    #[test]
+    fn rows_decode_as_the_stores_keep_them() {
+        let conn = Conn::new(rusqlite::Connection::open_in_memory().unwrap());
+        let row = block(
+            conn.fetch_one(
+                Statement::new("SELECT ? AS i, ? AS n, ? AS t, ? AS b, 4294967296 AS big")
+                    .bind(7_i64)
+                    .bind(None::<i64>)
+                    .bind("text")
+                    .bind(&vec![1_u8, 2]),
+            ),
+        )
+        .unwrap();
+        assert_eq!(row.int("i").unwrap(), 7);
+        assert_eq!(row.int32("i").unwrap(), 7);
+        assert_eq!(row.optional_int("n").unwrap(), None);
+        assert_eq!(row.optional_text("n").unwrap(), None);
+        assert_eq!(row.text("t").unwrap(), "text");
+        assert_eq!(row.bytes("b").unwrap(), vec![1, 2]);
+        for wrong in [row.int("n"), row.int("t"), row.int("missing")] {
+            assert!(matches!(wrong, Err(StoreError::Corrupt(_))), "{wrong:?}");
+        }
+        assert!(matches!(row.int32("big"), Err(StoreError::Corrupt(_))));
+        let none = block(conn.fetch_one(Statement::new("SELECT 1 WHERE 0")));
+        assert!(matches!(none, Err(sqlx::Error::RowNotFound)), "{none:?}");
+    }
+
+    #[test]
+    fn a_transaction_dropped_uncommitted_is_rolled_back() {
+        let conn = Conn::new(rusqlite::Connection::open_in_memory().unwrap());
+        block(conn.execute(Statement::new("CREATE TABLE t (v INTEGER)"))).unwrap();
+        {
+            let mut tx = conn.begin(true).unwrap();
+            block(tx.execute(Statement::new("INSERT INTO t VALUES (1)"))).unwrap();
+        }
+        assert!(conn.lock().is_autocommit());
+        let tx = conn.begin(true).unwrap();
+        let mut tx = tx;
+        let changed = block(tx.execute(Statement::new("INSERT INTO t VALUES (2), (3)"))).unwrap();
+        assert_eq!(changed, 2);
+        tx.commit().unwrap();
+        let rows = block(conn.fetch_all(Statement::new("SELECT v FROM t ORDER BY v"))).unwrap();
+        let values: Vec<i64> = rows.iter().map(|r| r.int("v").unwrap()).collect();
+        assert_eq!(values, vec![2, 3]);
+    }
+}

@@ -11,6 +11,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
 use super::run::Conn;
@@ -26,6 +27,8 @@ pub(crate) type Open = std::sync::Arc<dyn Fn() -> rusqlite::Result<rusqlite::Con
 pub(crate) struct Threads {
     jobs: Option<flume::Sender<Job>>,
     handles: Mutex<Vec<JoinHandle<()>>>,
+    /// Jobs sent so far: the hand-offs the store's calls cost (tests check one a call).
+    sent: AtomicU64,
 }
 
 impl Threads {
@@ -52,6 +55,7 @@ impl Threads {
         Ok(Threads {
             jobs: Some(jobs),
             handles: Mutex::new(handles),
+            sent: AtomicU64::new(0),
         })
     }
 
@@ -69,10 +73,19 @@ impl Threads {
             .as_ref()
             .and_then(|jobs| jobs.send(job).ok())
             .ok_or(StoreError::Unavailable(sqlx::Error::PoolClosed))?;
+        self.sent.fetch_add(1, Ordering::Relaxed);
         answered
             .await
             // The job panicked (the thread logged it and goes on with the next job).
             .unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
+    }
+}
+
+impl Threads {
+    /// How many jobs were sent to these threads.
+    #[cfg(test)]
+    pub(crate) fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 }
 
@@ -142,5 +155,77 @@ fn no_transaction_left_open(
             "the rollback failed and no fresh database connection could be opened ({e}); \
              writes will fail until one can"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn writer(path: &std::path::Path) -> Threads {
+        let owned = path.to_path_buf();
+        let open: Open = Arc::new(move || super::super::connect::connect(&owned));
+        let conn = open().unwrap();
+        conn.execute_batch("CREATE TABLE t (v INTEGER)").unwrap();
+        Threads::start("test-writer", vec![conn], true, open).unwrap()
+    }
+
+    fn values(path: &std::path::Path) -> Vec<i64> {
+        let conn = rusqlite::Connection::open(path).unwrap();
+        let mut statement = conn.prepare("SELECT v FROM t ORDER BY v").unwrap();
+        statement
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_an_error_and_the_thread_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let threads = writer(&dir.path().join("t.db"));
+        let crashed = threads
+            .run(|_| -> Result<()> { panic!("a bug in a job") })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            crashed.storage_fault(),
+            Some(crate::StorageFault::Unavailable),
+            "{crashed}"
+        );
+        let answer = threads.run(|_| Ok(42)).await.unwrap();
+        assert_eq!(answer, 42);
+        assert_eq!(threads.sent(), 2);
+    }
+
+    /// A job that leaves a transaction open (as a COMMIT failing for space can) would
+    /// swallow every later write into it: the writer rolls it back before the next job.
+    #[tokio::test]
+    async fn a_transaction_left_open_is_rolled_back_before_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let threads = writer(&path);
+        threads
+            .run(|conn| {
+                conn.lock()
+                    .execute_batch("BEGIN IMMEDIATE; INSERT INTO t VALUES (1)")
+                    .unwrap();
+                Ok(())
+            })
+            .await
+            .unwrap();
+        threads
+            .run(|conn| {
+                conn.no_open_transaction()?;
+                conn.lock().execute_batch("INSERT INTO t VALUES (2)").unwrap();
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert_eq!(values(&path), vec![2], "the second write committed on its own");
+        drop(threads);
+        assert_eq!(values(&path), vec![2], "and the first was never committed");
     }
 }
