@@ -115,8 +115,8 @@ impl SqliteStore {
         };
         let writer = Threads::start("tacc-db-writer", connections(1)?, true, open.clone())
             .map_err(started)?;
-        let readers =
-            Threads::start("tacc-db-reader", connections(READERS)?, false, open).map_err(started)?;
+        let readers = Threads::start("tacc-db-reader", connections(READERS)?, false, open)
+            .map_err(started)?;
         let durability = Arc::new(Durability::new(path, Arc::new(durability::Fsync)));
         Ok(SqliteStore {
             writer: Arc::new(writer),
@@ -140,14 +140,17 @@ impl SqliteStore {
 
     /// A write of single statements, each committed on its own (or a shared path's own
     /// transaction): one job on the writer thread. It counts as written, for the next
-    /// [`Store::sync`], when this returns (its commit in the log by then).
+    /// [`Store::sync`], when the job ends on the writer thread: its commit is in the log
+    /// then, before this returns, and even when the caller stopped waiting (so a sync never
+    /// counts a commit that has not happened yet as durable).
     async fn write<T: Send + 'static>(
         &self,
         job: impl FnOnce(&Conn) -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let _written = self.durability.writing();
+        let durability = self.durability.clone();
         self.writer
             .run(move |conn| {
+                let _written = durability.writing();
                 conn.no_open_transaction()?;
                 job(conn)
             })
@@ -225,8 +228,7 @@ impl Store for SqliteStore {
 
     async fn apply(&self, changes: &[TaskChange]) -> Result<()> {
         if changes.is_empty() {
-            // Counted as a write all the same, as every write method is.
-            drop(self.durability.writing());
+            // Nothing to commit, so nothing for the next sync to cover.
             return Ok(());
         }
         let changes = changes.to_vec();
@@ -285,11 +287,13 @@ impl Store for SqliteStore {
     }
 
     async fn list_outputs(&self, task: TaskId) -> Result<Vec<OutputRecord>> {
-        self.read(move |c| block(tasks::list_outputs(c, task))).await
+        self.read(move |c| block(tasks::list_outputs(c, task)))
+            .await
     }
 
     async fn list_resizes(&self, task: TaskId) -> Result<Vec<crate::ResizeRecord>> {
-        self.read(move |c| block(tasks::list_resizes(c, task))).await
+        self.read(move |c| block(tasks::list_resizes(c, task)))
+            .await
     }
 
     async fn record_signal_point(&self, point: crate::SignalRecord, keep: u32) -> Result<()> {
@@ -358,7 +362,8 @@ impl Store for SqliteStore {
     }
 
     async fn list_metrics(&self, task: TaskId) -> Result<Vec<crate::MetricPoint>> {
-        self.read(move |c| block(tasks::list_metrics(c, task))).await
+        self.read(move |c| block(tasks::list_metrics(c, task)))
+            .await
     }
 
     async fn get_group(&self, id: GroupId) -> Result<Option<GroupRecord>> {
@@ -611,8 +616,12 @@ impl Store for SqliteStore {
     }
 
     async fn prune_dashboard_sessions(&self, before: tacc_core::Timestamp) -> Result<u64> {
-        self.write(move |c| block(crate::sql::restart_facts::prune_dashboard_sessions(c, before)))
-            .await
+        self.write(move |c| {
+            block(crate::sql::restart_facts::prune_dashboard_sessions(
+                c, before,
+            ))
+        })
+        .await
     }
 
     async fn task_uid(&self, user: &str, base: u32) -> Result<u32> {
@@ -690,7 +699,9 @@ mod tests {
     #[tokio::test]
     async fn a_call_is_one_job_whatever_its_statements() {
         let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("tacc.db")).await.unwrap();
+        let store = SqliteStore::open(&dir.path().join("tacc.db"))
+            .await
+            .unwrap();
         let (writes, reads) = (store.writer.sent(), store.readers.sent());
         let group = NewGroup {
             kind: crate::GroupKind::Array,

@@ -109,10 +109,7 @@ mod tests {
                 .is_foreign_key_violation()
         );
         let syntax = fault("SELEC 1");
-        assert_eq!(
-            syntax.as_database_error().unwrap().kind(),
-            ErrorKind::Other
-        );
+        assert_eq!(syntax.as_database_error().unwrap().kind(), ErrorKind::Other);
         assert!(syntax.to_string().contains("syntax error"), "{syntax}");
     }
 

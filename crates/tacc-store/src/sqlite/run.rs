@@ -55,7 +55,9 @@ impl Conn {
     pub(crate) fn lock(&self) -> MutexGuard<'_, rusqlite::Connection> {
         // A job that panicked poisoned nothing we rely on: the thread checks the
         // connection's transaction state after every job.
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Replace the connection (closing the old one, which rolls back what it held).
@@ -73,7 +75,9 @@ impl Conn {
             .map(str::to_string)
             .collect();
         let mut rows = prepared
-            .query(rusqlite::params_from_iter(statement.values.iter().map(Bind)))
+            .query(rusqlite::params_from_iter(
+                statement.values.iter().map(Bind),
+            ))
             .map_err(from_rusqlite)?;
         let mut fetched = Vec::new();
         while let Some(row) = rows.next().map_err(from_rusqlite)? {
@@ -98,7 +102,9 @@ impl Conn {
         let conn = self.lock();
         let mut prepared = conn.prepare_cached(&statement.sql).map_err(from_rusqlite)?;
         let mut rows = prepared
-            .query(rusqlite::params_from_iter(statement.values.iter().map(Bind)))
+            .query(rusqlite::params_from_iter(
+                statement.values.iter().map(Bind),
+            ))
             .map_err(from_rusqlite)?;
         while rows.next().map_err(from_rusqlite)?.is_some() {}
         drop(rows);
@@ -112,10 +118,12 @@ impl Conn {
         if self.lock().is_autocommit() {
             return Ok(());
         }
-        Err(StoreError::Unavailable(sqlx::Error::Io(std::io::Error::other(
-            "a failed write left a transaction open on the database connection and it could \
+        Err(StoreError::Unavailable(sqlx::Error::Io(
+            std::io::Error::other(
+                "a failed write left a transaction open on the database connection and it could \
              not be rolled back; check the disk holding the database, then restart taccd",
-        ))))
+            ),
+        )))
     }
 
     /// Begin a transaction: `IMMEDIATE` takes the write lock at once (the writer);
@@ -156,7 +164,11 @@ pub(crate) struct Tx<'c> {
 
 impl Tx<'_> {
     pub(crate) fn commit(self) -> Result<(), sqlx::Error> {
-        let committed = self.conn.lock().execute_batch("COMMIT").map_err(from_rusqlite);
+        let committed = self
+            .conn
+            .lock()
+            .execute_batch("COMMIT")
+            .map_err(from_rusqlite);
         // A failed COMMIT may leave the transaction open (SQLITE_BUSY) or rolled back
         // already (SQLITE_FULL): `Drop` rolls back whatever is left.
         committed

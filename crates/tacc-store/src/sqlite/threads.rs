@@ -20,7 +20,8 @@ use crate::{Result, StoreError};
 type Job = Box<dyn FnOnce(&Conn) + Send>;
 
 /// Opens a fresh connection for a thread (the writer replaces a broken one with it).
-pub(crate) type Open = std::sync::Arc<dyn Fn() -> rusqlite::Result<rusqlite::Connection> + Send + Sync>;
+pub(crate) type Open =
+    std::sync::Arc<dyn Fn() -> rusqlite::Result<rusqlite::Connection> + Send + Sync>;
 
 /// Connection threads sharing one job queue.
 #[derive(Debug)]
@@ -219,12 +220,18 @@ mod tests {
         threads
             .run(|conn| {
                 conn.no_open_transaction()?;
-                conn.lock().execute_batch("INSERT INTO t VALUES (2)").unwrap();
+                conn.lock()
+                    .execute_batch("INSERT INTO t VALUES (2)")
+                    .unwrap();
                 Ok(())
             })
             .await
             .unwrap();
-        assert_eq!(values(&path), vec![2], "the second write committed on its own");
+        assert_eq!(
+            values(&path),
+            vec![2],
+            "the second write committed on its own"
+        );
         drop(threads);
         assert_eq!(values(&path), vec![2], "and the first was never committed");
     }
