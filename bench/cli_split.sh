@@ -4,6 +4,8 @@
 #
 #   bench/cli_split.sh BIN_DIR N         # BIN_DIR holds taccd, tcloud and tacc-launch
 #   PERF_OUT=agent.perf bench/cli_split.sh target/release 2000   # + the agent's profile
+#   PERF_STAT_OUT=server.stat bench/cli_split.sh target/release 2000  # + the server's
+#                                      # context switches and task clock during the submit
 #
 # `tcloud up` (queue limits lifted past N), then `tcloud submit DIR --array 1-N -f` with
 # `run: "true"`, timed from start to exit. Prints tasks/s, the server's and the agent's
@@ -28,10 +30,15 @@ s0=$(ticks "$server"); a0=$(ticks "$agent"); l0=$(cut -d' ' -f1 /proc/loadavg)
 if [[ -n ${PERF_OUT:-} ]]; then
   perf record -F 499 --call-graph dwarf -o "$PERF_OUT" -p "$agent" -- sleep 8 >/dev/null 2>&1 &
 fi
+if [[ -n ${PERF_STAT_OUT:-} ]]; then
+  perf stat -e context-switches,task-clock -p "$server" -o "$PERF_STAT_OUT" &
+  stat_pid=$!
+fi
 start=$(date +%s.%N)
 TACC_HOME=$home "$BIN/tcloud" submit "$task" --array "1-$n" -f >/dev/null 2>"$home/submit.err" ||
   { echo "tcloud submit failed: $(tail -3 "$home/submit.err")" >&2; exit 1; }
 end=$(date +%s.%N)
+if [[ -n ${stat_pid:-} ]]; then kill -INT "$stat_pid"; fi
 s1=$(ticks "$server"); a1=$(ticks "$agent"); l1=$(cut -d' ' -f1 /proc/loadavg)
 wait
 hz=$(getconf CLK_TCK)

@@ -24,8 +24,9 @@ pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
 
 /// A row of either store, read by column name as the types the stores keep.
 ///
-/// The decode bounds sqlx needs are stated once, on the blanket implementation, so the
-/// decoders below only ask for `R: Columns`.
+/// Implemented for every sqlx row (the PostgreSQL store's; the decode bounds sqlx needs are
+/// stated once, on the blanket implementation) and for the SQLite store's own fetched rows
+/// (`sqlite::run::Row`), so the decoders below only ask for `R: Columns`.
 pub(crate) trait Columns {
     fn int(&self, column: &str) -> Result<i64>;
     fn optional_int(&self, column: &str) -> Result<Option<i64>>;

@@ -60,8 +60,8 @@ impl Drop for Writing<'_> {
 /// The commits made so far and the commits known durable, and the one sync in flight.
 #[derive(Debug)]
 pub(crate) struct Durability {
-    /// Bumped when a write method of the store returns (its commit, if any, is in the log
-    /// by then; see [`Durability::writing`]).
+    /// Bumped when a write of the store ends, before its method returns (its commit, if
+    /// any, is in the log by then; see [`Durability::writing`]).
     written: AtomicU64,
     /// Every write counted up to this value has been synced.
     durable: AtomicU64,
@@ -90,8 +90,9 @@ impl Durability {
         }
     }
 
-    /// Held by a write method for its whole run: when it is dropped (the method returns,
-    /// its commit done, or is abandoned midway) the next barrier must sync.
+    /// Held by a write for its whole run (in the SQLite store, by its job on the writer
+    /// thread): when it is dropped (the commit done, or the write failed) the next barrier
+    /// must sync.
     pub(crate) fn writing(&self) -> Writing<'_> {
         Writing(&self.written)
     }
