@@ -138,7 +138,9 @@ pub trait Cgroup: Send + Sync + Debug {
     }
 
     /// SIGKILL every process until the cgroup is empty or `deadline` passes (v2:
-    /// `cgroup.kill`; v1: freeze, kill each, thaw, again). Says what it killed.
+    /// `cgroup.kill`; v1: freeze, kill each, thaw, again). Says what it killed. With a
+    /// zero deadline it looks once and never sleeps: `empty` only where that look found
+    /// no process (what the process runtime tries on a worker before a blocking kill).
     fn kill_all(&self, deadline: Duration) -> KillReport;
 
     /// Remove the (empty) cgroup.
