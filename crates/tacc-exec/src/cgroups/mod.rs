@@ -292,13 +292,15 @@ pub(crate) fn read_pids(path: &Path) -> Vec<u32> {
 /// The value of `key` in a flat keyed file (`memory.events`, `cpu.stat`,
 /// `memory.oom_control`: `key value` lines).
 pub(crate) fn keyed_value(path: &Path, key: &str) -> Option<u64> {
-    std::fs::read_to_string(path)
-        .ok()?
-        .lines()
-        .find_map(|line| {
-            let (k, v) = line.split_once(' ')?;
-            (k == key).then(|| v.trim().parse().ok()).flatten()
-        })
+    keyed_in(&std::fs::read_to_string(path).ok()?, key)
+}
+
+/// The value of `key` in the text of a flat keyed file (read once for several keys).
+pub(crate) fn keyed_in(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 /// Names of the subdirectories of `dir`.
