@@ -29,32 +29,6 @@ pub(crate) fn remove_tree(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Whether the tree at `path` holds at most `most` entries (itself not counted; links
-/// never followed): counted without removing anything, stopping as soon as it holds more.
-/// A tree that small is removed where the caller runs (a handful of system calls); a
-/// bigger one goes to a blocking thread.
-pub(crate) fn is_small(path: &Path, most: usize) -> bool {
-    fn count(dir: &Path, left: &mut usize) -> bool {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return true;
-        };
-        for entry in entries.flatten() {
-            if *left == 0 {
-                return false;
-            }
-            *left -= 1;
-            if entry.file_type().is_ok_and(|t| t.is_dir()) && !count(&entry.path(), left) {
-                return false;
-            }
-        }
-        true
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.is_dir() => count(path, &mut { most }),
-        _ => true,
-    }
-}
-
 /// Owner rwx on `dir` and every directory below it (never following links): removing an
 /// entry needs write and search on its directory, not on the entry itself.
 fn open_directories(dir: &Path) {
@@ -103,23 +77,6 @@ mod tests {
         }
         remove_tree(&root).unwrap();
         assert!(!root.exists());
-    }
-
-    #[test]
-    fn a_tree_is_small_up_to_its_count_of_entries_at_any_depth() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().join("work");
-        assert!(is_small(&root, 0), "absent");
-        std::fs::create_dir_all(root.join("a/b")).unwrap();
-        std::fs::write(root.join("a/b/file"), "x").unwrap();
-        std::fs::write(root.join("top"), "x").unwrap();
-        // a, a/b, a/b/file, top
-        assert!(is_small(&root, 4));
-        assert!(!is_small(&root, 3));
-        // A link is one entry, never followed.
-        std::os::unix::fs::symlink(dir.path(), root.join("up")).unwrap();
-        assert!(is_small(&root, 5));
-        assert!(!is_small(&root, 4));
     }
 
     #[test]

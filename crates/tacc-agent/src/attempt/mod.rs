@@ -81,14 +81,8 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     shared.sampling.end(attempt);
     shared.resizing.end(attempt);
     if !shared.config.keep_workdirs {
-        // A short task's tree (its code, an empty checkpoint directory) goes here; only
-        // a bigger one is worth a job on a blocking thread (a thread hand-off each way).
-        if crate::tree_removal::is_small(&workdir, SMALL_TREE_ENTRIES) {
-            remove_tree(&workdir);
-        } else {
-            let dir = workdir.clone();
-            let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
-        }
+        let dir = workdir.clone();
+        let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
     }
     report(
         &shared,
@@ -100,9 +94,6 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
         },
     );
 }
-
-/// The most entries a working directory may hold to be removed without a blocking job.
-const SMALL_TREE_ENTRIES: usize = 32;
 
 /// Remove a working directory even where the code files in it are read-only.
 fn remove_tree(dir: &Path) {
