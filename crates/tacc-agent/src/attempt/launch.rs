@@ -270,8 +270,7 @@ pub(super) async fn setup_then_run(
                 runtime.launch(spec, lines, name).await?,
             ))
         }
-    }
-    ;
+    };
     let run = async {
         let ended = ended.await;
         beside_stop.cancel();

@@ -156,9 +156,15 @@ async fn execute(
     let ended = async {
         // Before the hand-over, which makes the checkpoint directory the task's.
         let resume_from = checkpoint::restore(shared, assignment, workdir, cancel).await?;
-        let surroundings =
-            prepare::surroundings(shared, &instruction, &identity, workdir, handed_over, cancel)
-                .await?;
+        let surroundings = prepare::surroundings(
+            shared,
+            &instruction,
+            &identity,
+            workdir,
+            handed_over,
+            cancel,
+        )
+        .await?;
         // After the hand-over: the inputs stay the agent's, read-only to the task.
         inputs::fetch(shared, assignment, workdir, cancel).await?;
         let name = workdir_name(assignment);

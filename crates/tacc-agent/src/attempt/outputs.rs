@@ -220,8 +220,9 @@ fn nothing_to_keep(outputs: &[String], workdir: &Path) -> bool {
     let checkpoint = workdir.join(tacc_compiler::CHECKPOINT_DIR);
     match std::fs::symlink_metadata(&checkpoint) {
         Err(_) => true,
-        Ok(meta) if meta.is_dir() => std::fs::read_dir(&checkpoint)
-            .map_or(true, |mut entries| entries.next().is_none()),
+        Ok(meta) if meta.is_dir() => {
+            std::fs::read_dir(&checkpoint).map_or(true, |mut entries| entries.next().is_none())
+        }
         Ok(meta) => !meta.is_file(),
     }
 }
@@ -321,7 +322,10 @@ mod tests {
         // Empty.
         std::fs::create_dir(&checkpoint).unwrap();
         assert!(nothing_to_keep(&[], work));
-        assert!(!nothing_to_keep(&["out".to_string()], work), "outputs declared");
+        assert!(
+            !nothing_to_keep(&["out".to_string()], work),
+            "outputs declared"
+        );
         // Holding a file, however deep.
         std::fs::create_dir(checkpoint.join("deep")).unwrap();
         std::fs::write(checkpoint.join("deep/model.pt"), "w").unwrap();

@@ -368,7 +368,10 @@ mod tests {
         }
         // Resized while it runs: the next execution gets its own limits back.
         same.set_limits(2000, 128 << 20).unwrap();
-        assert_eq!(read("memory", "memory.limit_in_bytes").unwrap(), "134217728");
+        assert_eq!(
+            read("memory", "memory.limit_in_bytes").unwrap(),
+            "134217728"
+        );
         end(same.as_ref()).unwrap();
         let after_resize = pool.create("t3", &limits()).unwrap().unwrap();
         assert_eq!(read("memory", "memory.limit_in_bytes").unwrap(), "67108864");
