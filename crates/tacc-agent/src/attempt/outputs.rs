@@ -220,9 +220,10 @@ fn nothing_to_keep(outputs: &[String], workdir: &Path) -> bool {
     let checkpoint = workdir.join(tacc_compiler::CHECKPOINT_DIR);
     match std::fs::symlink_metadata(&checkpoint) {
         Err(_) => true,
-        Ok(meta) if meta.is_dir() => {
-            std::fs::read_dir(&checkpoint).map_or(true, |mut entries| entries.next().is_none())
-        }
+        Ok(meta) if meta.is_dir() => match std::fs::read_dir(&checkpoint) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(_) => true,
+        },
         Ok(meta) => !meta.is_file(),
     }
 }
