@@ -306,6 +306,25 @@ impl Agent {
     /// (after a crash) are killed first: their attempts are lost, and the server learns
     /// so when this agent registers without them.
     pub async fn run(self, shutdown: CancellationToken) {
+        // On a worker of the runtime rather than where `run` is awaited (`taccd`'s main
+        // thread, in `block_on`): there, every poll answer woke that thread and every
+        // attempt it started woke a parked worker, two thread hand-offs per poll.
+        // Stopped with this future, as before: dropping `run` stops the agent.
+        struct AbortOnDrop(tokio::task::JoinHandle<()>);
+        impl Drop for AbortOnDrop {
+            fn drop(&mut self) {
+                self.0.abort();
+            }
+        }
+        let mut serving = AbortOnDrop(tokio::spawn(self.serve(shutdown)));
+        if let Err(error) = (&mut serving.0).await {
+            if error.is_panic() {
+                std::panic::resume_unwind(error.into_panic());
+            }
+        }
+    }
+
+    async fn serve(self, shutdown: CancellationToken) {
         let killed = orphans::kill_leftovers(&self.shared.config.data_dir.join("run"));
         watchdog::keep_pinging(self.shared.clone());
         if killed > 0 {

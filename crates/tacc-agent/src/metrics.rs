@@ -109,7 +109,8 @@ pub(crate) async fn follow(
     let mut window = tokio::time::Instant::now();
     let mut sent_in_window = 0usize;
     let mut warned = false;
-    let mut ticker = tokio::time::interval(TICK);
+    // The first read a tick in: a short attempt's lines are all read once, at its end.
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + TICK, TICK);
     loop {
         let last = tokio::select! {
             _ = ticker.tick() => false,

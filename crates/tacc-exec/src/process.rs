@@ -438,12 +438,26 @@ fn out_of_memory(kills: u64, memory_bytes: u64) -> ExitOutcome {
     }
 }
 
-/// Kill what is left in a cgroup (blocking file I/O and short sleeps: off the runtime).
+/// Kill what is left in a cgroup. The first look (`kill_all` with no time to wait: its
+/// process lists read once) is taken here: found empty — every short task's end — that is
+/// the whole kill, and a job on a blocking thread (a thread hand-off each way) is spared.
+/// Only where something is left does the kill loop, with its short sleeps, run off the
+/// runtime.
 async fn kill_cgroup(cgroup: &Arc<dyn Cgroup>) -> KillReport {
+    let first = cgroup.kill_all(Duration::ZERO);
+    if first.empty {
+        return first;
+    }
     let cgroup = cgroup.clone();
-    tokio::task::spawn_blocking(move || cgroup.kill_all(KILL_DEADLINE))
+    let mut report = tokio::task::spawn_blocking(move || cgroup.kill_all(KILL_DEADLINE))
         .await
-        .unwrap_or_default()
+        .unwrap_or_default();
+    for killed in first.killed {
+        if !report.killed.iter().any(|(pid, _)| *pid == killed.0) {
+            report.killed.push(killed);
+        }
+    }
+    report
 }
 
 fn outcome_of(status: ExitStatus) -> ExitOutcome {

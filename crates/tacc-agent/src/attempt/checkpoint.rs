@@ -20,26 +20,29 @@ use tokio_util::sync::CancellationToken;
 use super::error::AttemptError;
 use crate::Shared;
 
-/// Create the checkpoint directory and restore the previous attempt's files into it.
-/// Returns the directory when it holds a checkpoint to resume from.
+/// Restore the previous attempt's files into the checkpoint directory (made with the
+/// working directory, see `prepare::build`). Returns the directory when it holds a
+/// checkpoint to resume from.
 pub(super) async fn restore(
     shared: &Arc<Shared>,
     assignment: &Assignment,
     workdir: &Path,
     cancel: &CancellationToken,
 ) -> Result<Option<PathBuf>, AttemptError> {
+    if !restores(assignment) {
+        return Ok(None);
+    }
     let dir = workdir.join(CHECKPOINT_DIR);
-    tokio::fs::create_dir_all(&dir).await.map_err(|e| {
-        AttemptError::InputFetch(format!(
-            "cannot create the checkpoint directory {}: {e}",
-            dir.display()
-        ))
-    })?;
     let restored = tokio::select! {
         restored = fetch_all(shared, assignment, &dir) => restored.map_err(AttemptError::InputFetch)?,
         _ = cancel.cancelled() => return Err(AttemptError::Cancelled),
     };
     Ok((restored > 0).then_some(dir))
+}
+
+/// Whether the assignment brings checkpoint files of an earlier attempt to restore.
+pub(super) fn restores(assignment: &Assignment) -> bool {
+    assignment.inputs.iter().any(|i| i.stage == RESUME_STAGE)
 }
 
 /// Fetch every checkpoint file of the assignment's inputs; how many there were.

@@ -142,28 +142,18 @@ pub(crate) async fn launch(
         shared.resizing.attach(attempt, record_name, resizer);
     }
     let output_clock = shared.sampling.output_clock(attempt);
-    let forwarder = {
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let mut log = LogText::new(lines);
-            while let Some(line) = rx.recv().await {
-                if let Some(clock) = &output_clock {
-                    clock.store(now().0, std::sync::atomic::Ordering::Relaxed);
-                }
-                if let Some(text) = log.next(line) {
-                    report(
-                        &shared,
-                        AgentReport::Log {
-                            attempt,
-                            text,
-                            offset: None,
-                        },
-                    );
-                }
+    // The output is forwarded beside the wait, in this same task (no task spawned and
+    // woken per execution); it ends when the executor closes the output, which it does
+    // only after the last line, before it says how the execution ended.
+    let forwarding = async {
+        let mut log = LogText::new(lines);
+        while let Some(line) = rx.recv().await {
+            if let Some(clock) = &output_clock {
+                clock.store(now().0, std::sync::atomic::Ordering::Relaxed);
             }
-            for text in log.finish() {
+            if let Some(text) = log.next(line) {
                 report(
-                    &shared,
+                    shared,
                     AgentReport::Log {
                         attempt,
                         text,
@@ -171,25 +161,37 @@ pub(crate) async fn launch(
                     },
                 );
             }
-        })
-    };
-    let stop = handle.cancel_token();
-    let wait = handle.wait();
-    tokio::pin!(wait);
-    let outcome = tokio::select! {
-        outcome = &mut wait => outcome,
-        _ = cancel.cancelled() => {
-            stop.cancel();
-            wait.await
+        }
+        for text in log.finish() {
+            report(
+                shared,
+                AgentReport::Log {
+                    attempt,
+                    text,
+                    offset: None,
+                },
+            );
         }
     };
+    let stop = handle.cancel_token();
+    let waiting = async {
+        let wait = handle.wait();
+        tokio::pin!(wait);
+        tokio::select! {
+            outcome = &mut wait => outcome,
+            _ = cancel.cancelled() => {
+                stop.cancel();
+                wait.await
+            }
+        }
+    };
+    // Every line is forwarded before the attempt's end is reported.
+    let (outcome, ()) = tokio::join!(waiting, forwarding);
     shared.sampling.detach(attempt, record_name);
     shared.resizing.detach(attempt, record_name);
     if enterable.is_some() {
         shared.entries.detach(attempt, record_name);
     }
-    // Every line is forwarded before the attempt's end is reported.
-    let _ = forwarder.await;
     // Killed by the watchdog while this agent was stopped: the node's fault, not the task's.
     if record.as_ref().is_some_and(|record| record.fenced()) {
         shared.fenced.lock().unwrap().insert(attempt);

@@ -196,26 +196,31 @@ pub(super) async fn setup_then_run(
     if cancel.is_cancelled() {
         return Ok(RanksEnded::whole_node(ExitOutcome::Cancelled));
     }
-    // Only the first node tails the metrics: every node's ranks see the same steps.
-    let tailing = (assignment.node_rank == 0).then(|| {
-        let stop = CancellationToken::new();
-        let follower = tokio::spawn(crate::metrics::follow(
-            shared.clone(),
-            attempt,
-            workdir.join(tacc_compiler::METRICS_FILE),
-            stop.clone(),
-        ));
-        (stop, follower)
-    });
-    let syncing = {
-        let stop = CancellationToken::new();
-        let syncer = tokio::spawn(super::checkpoint::sync_while_running(
+    // Beside the run, in this same task (no task spawned and woken per attempt): the
+    // metrics tail (only the first node's: every node's ranks see the same steps) and the
+    // checkpoint sync. Both stop once the run has ended: every metric line is sent before
+    // the attempt's end is reported, and the sync is over before the outputs are kept
+    // (which upload the directory's final state).
+    let beside_stop = CancellationToken::new();
+    let beside = async {
+        let tailing = async {
+            if assignment.node_rank == 0 {
+                crate::metrics::follow(
+                    shared.clone(),
+                    attempt,
+                    workdir.join(tacc_compiler::METRICS_FILE),
+                    beside_stop.clone(),
+                )
+                .await;
+            }
+        };
+        let syncing = super::checkpoint::sync_while_running(
             shared.clone(),
             attempt,
             workdir.to_path_buf(),
-            stop.clone(),
-        ));
-        (stop, syncer)
+            beside_stop.clone(),
+        );
+        tokio::join!(tailing, syncing);
     };
     let ended = async {
         if processes > 1 {
@@ -265,16 +270,13 @@ pub(super) async fn setup_then_run(
                 runtime.launch(spec, lines, name).await?,
             ))
         }
-    }
-    .await;
-    // Every metric line is sent before the attempt's end is reported.
-    if let Some((stop, follower)) = tailing {
-        stop.cancel();
-        let _ = follower.await;
-    }
-    // Stopped before the outputs are kept, which upload the directory's final state.
-    syncing.0.cancel();
-    let _ = syncing.1.await;
+    };
+    let run = async {
+        let ended = ended.await;
+        beside_stop.cancel();
+        ended
+    };
+    let (ended, ()) = tokio::join!(run, beside);
     ended
 }
 

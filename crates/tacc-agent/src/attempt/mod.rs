@@ -132,7 +132,14 @@ async fn execute(
     // last line is written: until this function returns.
     let _held = shared.secrets.hold(assignment.secrets.values().cloned());
     let started = Instant::now();
-    prepare::workdir(shared, &instruction.snapshot, workdir, cancel).await?;
+    let hand_over = identity.run_as.filter(|_| {
+        prepare::hands_over_at_build(
+            checkpoint::restores(assignment),
+            !instruction.datasets.is_empty(),
+        )
+    });
+    let handed_over =
+        prepare::workdir(shared, &instruction.snapshot, workdir, hand_over, cancel).await?;
     // `resources.disk`: past it, the watch stops what runs (as a cancel would) and the
     // attempt ends as `disk_limit`.
     let (run_cancel, disk_watch) = match instruction.disk_limit_bytes {
@@ -149,8 +156,15 @@ async fn execute(
     let ended = async {
         // Before the hand-over, which makes the checkpoint directory the task's.
         let resume_from = checkpoint::restore(shared, assignment, workdir, cancel).await?;
-        let surroundings =
-            prepare::surroundings(shared, &instruction, &identity, workdir, cancel).await?;
+        let surroundings = prepare::surroundings(
+            shared,
+            &instruction,
+            &identity,
+            workdir,
+            handed_over,
+            cancel,
+        )
+        .await?;
         // After the hand-over: the inputs stay the agent's, read-only to the task.
         inputs::fetch(shared, assignment, workdir, cancel).await?;
         let name = workdir_name(assignment);

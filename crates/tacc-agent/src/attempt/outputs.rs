@@ -124,6 +124,11 @@ async fn upload(
     let Some(node) = shared.node() else {
         return kept;
     };
+    // Most attempts keep nothing: said by a look or two here rather than by a job on a
+    // blocking thread (a thread hand-off each way).
+    if nothing_to_keep(&instruction.outputs, workdir) {
+        return kept;
+    }
     let found = {
         let workdir = workdir.to_path_buf();
         let outputs = instruction.outputs.clone();
@@ -204,6 +209,25 @@ async fn upload(
     kept
 }
 
+/// Whether an attempt has nothing to keep: no `outputs:` paths, and a checkpoint
+/// directory that is empty or is not there (what `collect_files` would find nothing in:
+/// a link there is never followed). Only a directory whose first entry is listed or a
+/// plain file there may hold something.
+fn nothing_to_keep(outputs: &[String], workdir: &Path) -> bool {
+    if !outputs.is_empty() {
+        return false;
+    }
+    let checkpoint = workdir.join(tacc_compiler::CHECKPOINT_DIR);
+    match std::fs::symlink_metadata(&checkpoint) {
+        Err(_) => true,
+        Ok(meta) if meta.is_dir() => match std::fs::read_dir(&checkpoint) {
+            Ok(mut entries) => entries.next().is_none(),
+            Err(_) => true,
+        },
+        Ok(meta) => !meta.is_file(),
+    }
+}
+
 /// Opens a file of the working directory for reading. The working directory belongs to
 /// the task, and a process it left behind could swap a listed file for a link to
 /// something only the agent may read: the file is opened without following a final
@@ -281,6 +305,43 @@ mod tests {
             "{text}"
         );
         assert_eq!(Kept::default().log_text(0, ENDED_DEADLINE, false), None);
+    }
+
+    #[test]
+    fn nothing_is_kept_only_where_collecting_would_find_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path();
+        let checkpoint = work.join(tacc_compiler::CHECKPOINT_DIR);
+        let found = || {
+            let mut files = Vec::new();
+            collect_files(work, &checkpoint, &mut files);
+            files.len()
+        };
+        // Absent.
+        assert!(nothing_to_keep(&[], work));
+        assert_eq!(found(), 0);
+        // Empty.
+        std::fs::create_dir(&checkpoint).unwrap();
+        assert!(nothing_to_keep(&[], work));
+        assert!(
+            !nothing_to_keep(&["out".to_string()], work),
+            "outputs declared"
+        );
+        // Holding a file, however deep.
+        std::fs::create_dir(checkpoint.join("deep")).unwrap();
+        std::fs::write(checkpoint.join("deep/model.pt"), "w").unwrap();
+        assert!(!nothing_to_keep(&[], work));
+        assert_eq!(found(), 1);
+        // Replaced by a file: kept as one.
+        std::fs::remove_dir_all(&checkpoint).unwrap();
+        std::fs::write(&checkpoint, "x").unwrap();
+        assert!(!nothing_to_keep(&[], work));
+        assert_eq!(found(), 1);
+        // Replaced by a link (never followed): nothing.
+        std::fs::remove_file(&checkpoint).unwrap();
+        std::os::unix::fs::symlink(dir.path(), &checkpoint).unwrap();
+        assert!(nothing_to_keep(&[], work));
+        assert_eq!(found(), 0);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use tacc_compiler::{ChunkSource, DirChunkStore, Instruction, Manifest};
+use tacc_compiler::{CHECKPOINT_DIR, ChunkSource, DirChunkStore, Instruction, Manifest};
 use tacc_core::SnapshotId;
 use tacc_proto::{AgentReport, AttemptRef};
 use tokio_util::sync::CancellationToken;
@@ -19,6 +19,7 @@ use super::{remove_tree, report};
 use crate::Shared;
 use crate::environments::EnvLease;
 use crate::identity::TaskIdentity;
+use tacc_exec::RunAs;
 
 /// The node's caches of code: manifests by snapshot id, chunks by hash, whole files.
 #[derive(Debug)]
@@ -46,17 +47,35 @@ pub(super) struct Surroundings {
     pub environment: Option<EnvLease>,
 }
 
-/// Build the working directory from the snapshot, unless cancelled first.
+/// Build the working directory from the snapshot, with its empty checkpoint directory,
+/// unless cancelled first; handed to `hand_over` in the same step where given (see
+/// [`hands_over_at_build`]). Says whether it was handed over.
 pub(super) async fn workdir(
     shared: &Arc<Shared>,
     snapshot: &SnapshotId,
     workdir: &Path,
+    hand_over: Option<RunAs>,
     cancel: &CancellationToken,
-) -> Result<(), AttemptError> {
+) -> Result<HandedOver, AttemptError> {
     tokio::select! {
-        built = materialise(shared, snapshot, workdir) => built.map_err(AttemptError::SnapshotFetch),
+        built = materialise(shared, snapshot, workdir, hand_over) => built,
         _ = cancel.cancelled() => Err(AttemptError::Cancelled),
     }
+}
+
+/// Whether the working directory was handed to the task's identity when it was built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HandedOver(pub bool);
+
+/// Whether the working directory can be handed to the task's identity in the same
+/// blocking step that builds it (one hand-off to a blocking thread per attempt instead
+/// of three: build, checkpoint directory, hand-over): only where nothing is put into the
+/// tree between the build and the hand-over — no checkpoint files restored from an
+/// earlier attempt (they are fetched before the hand-over, so they become the task's)
+/// and no datasets linked in. Everything put in later (pipeline inputs, environments)
+/// stays the agent's either way.
+pub(super) fn hands_over_at_build(restores_checkpoint: bool, links_datasets: bool) -> bool {
+    !restores_checkpoint && !links_datasets
 }
 
 /// Everything after the working directory was built: user directory, datasets, the tree
@@ -66,6 +85,7 @@ pub(super) async fn surroundings(
     instruction: &Instruction,
     identity: &TaskIdentity,
     workdir: &Path,
+    handed_over: HandedOver,
     cancel: &CancellationToken,
 ) -> Result<Surroundings, AttemptError> {
     let attempt = AttemptRef {
@@ -101,8 +121,9 @@ pub(super) async fn surroundings(
             _ = cancel.cancelled() => return Err(AttemptError::Cancelled),
         };
     }
-    // Built by the agent so far, and unreachable by any task; now the task's own.
-    if let Some(run_as) = identity.run_as {
+    // Built by the agent so far, and unreachable by any task; now the task's own (unless
+    // that was done when it was built).
+    if let (Some(run_as), HandedOver(false)) = (identity.run_as, handed_over) {
         let dir = workdir.to_path_buf();
         tokio::task::spawn_blocking(move || crate::layout::give_tree(&dir, run_as))
             .await
@@ -152,12 +173,30 @@ fn user_dir_name(user: &str) -> String {
     format!("{visible}-{}", &hash[..12])
 }
 
-/// Build the working directory from the snapshot, fetching only chunks this node lacks.
+/// Build the working directory from the snapshot, fetching only chunks this node lacks:
+/// the fetches here, the files (and the checkpoint directory, and the hand-over where
+/// asked) in one job on a blocking thread.
 async fn materialise(
     shared: &Arc<Shared>,
     snapshot: &SnapshotId,
     workdir: &Path,
-) -> Result<(), String> {
+    hand_over: Option<RunAs>,
+) -> Result<HandedOver, AttemptError> {
+    let manifest = fetch_snapshot(shared, snapshot)
+        .await
+        .map_err(AttemptError::SnapshotFetch)?;
+    let shared = shared.clone();
+    let workdir = workdir.to_path_buf();
+    tokio::task::spawn_blocking(move || build(&shared, &manifest, &workdir, hand_over))
+        .await
+        .map_err(|e| AttemptError::SnapshotFetch(e.to_string()))?
+}
+
+/// The snapshot's manifest, with every chunk of it in the node's cache.
+async fn fetch_snapshot(
+    shared: &Arc<Shared>,
+    snapshot: &SnapshotId,
+) -> Result<Arc<Manifest>, String> {
     let cached = shared
         .snapshots
         .manifests
@@ -205,39 +244,81 @@ async fn materialise(
             .put(&hash, &bytes)
             .map_err(|e| format!("chunk {hash}: {e}"))?;
     }
+    Ok(manifest)
+}
+
+/// The working directory built (a leftover of the same name removed first), private to
+/// the agent from the start; its checkpoint directory made; then handed to `hand_over`
+/// where given. Blocking.
+fn build(
+    shared: &Shared,
+    manifest: &Manifest,
+    workdir: &Path,
+    hand_over: Option<RunAs>,
+) -> Result<HandedOver, AttemptError> {
     if workdir.symlink_metadata().is_ok() {
-        let dir = workdir.to_path_buf();
-        let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
+        remove_tree(workdir);
     }
     // Private from the start: nobody but the agent may enter it until it is handed over.
     std::fs::DirBuilder::new()
         .mode(crate::layout::PRIVATE_DIR_MODE)
         .create(workdir)
-        .map_err(|e| format!("cannot create {}: {e}", workdir.display()))?;
-    let shared = shared.clone();
-    let workdir = workdir.to_path_buf();
-    tokio::task::spawn_blocking(move || {
-        let source: &dyn ChunkSource = &shared.snapshots.chunks;
-        // Hard links share one inode between working directories; only a task that is
-        // not the cache's owner is stopped by the read-only mode from writing through
-        // them, so an agent running as root (whose tasks get the tree as their own, to
-        // write in) makes copies.
-        let result = if nix::unistd::geteuid().is_root() {
-            tacc_compiler::materialize(&manifest, source, &workdir)
-        } else {
-            tacc_compiler::materialize_cached(&manifest, source, &shared.snapshots.files, &workdir)
-        };
-        result
-            .map(|_| ())
-            .map_err(|e| format!("cannot build the working directory: {e}"))
-    })
-    .await
-    .map_err(|e| e.to_string())?
+        .map_err(|e| {
+            AttemptError::SnapshotFetch(format!("cannot create {}: {e}", workdir.display()))
+        })?;
+    let source: &dyn ChunkSource = &shared.snapshots.chunks;
+    // Hard links share one inode between working directories; only a task that is
+    // not the cache's owner is stopped by the read-only mode from writing through
+    // them, so an agent running as root (whose tasks get the tree as their own, to
+    // write in) makes copies.
+    let result = if nix::unistd::geteuid().is_root() {
+        tacc_compiler::materialize(manifest, source, workdir)
+    } else {
+        tacc_compiler::materialize_cached(manifest, source, &shared.snapshots.files, workdir)
+    };
+    result.map_err(|e| {
+        AttemptError::SnapshotFetch(format!("cannot build the working directory: {e}"))
+    })?;
+    // Before the hand-over, which makes the checkpoint directory the task's.
+    let checkpoint = workdir.join(CHECKPOINT_DIR);
+    std::fs::create_dir_all(&checkpoint).map_err(|e| {
+        AttemptError::InputFetch(format!(
+            "cannot create the checkpoint directory {}: {e}",
+            checkpoint.display()
+        ))
+    })?;
+    let Some(run_as) = hand_over else {
+        return Ok(HandedOver(false));
+    };
+    crate::layout::give_tree(workdir, run_as).map_err(|source| AttemptError::HandOver {
+        workdir: workdir.display().to_string(),
+        uid: run_as.uid,
+        source,
+    })?;
+    Ok(HandedOver(true))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_tree_is_handed_over_at_build_only_where_nothing_goes_in_before_the_hand_over() {
+        // (restores a checkpoint, links datasets) -> handed over when built
+        let table = [
+            ((false, false), true),
+            ((true, false), false),
+            ((false, true), false),
+            ((true, true), false),
+        ];
+        for ((restores, links), expected) in table {
+            assert_eq!(
+                hands_over_at_build(restores, links),
+                expected,
+                "restores {restores}, links {links}"
+            );
+        }
+    }
 
     #[test]
     fn user_directories_never_collide_or_escape() {

@@ -138,7 +138,9 @@ pub trait Cgroup: Send + Sync + Debug {
     }
 
     /// SIGKILL every process until the cgroup is empty or `deadline` passes (v2:
-    /// `cgroup.kill`; v1: freeze, kill each, thaw, again). Says what it killed.
+    /// `cgroup.kill`; v1: freeze, kill each, thaw, again). Says what it killed. With a
+    /// zero deadline it looks once and never sleeps: `empty` only where that look found
+    /// no process (what the process runtime tries on a worker before a blocking kill).
     fn kill_all(&self, deadline: Duration) -> KillReport;
 
     /// Remove the (empty) cgroup.
@@ -290,13 +292,15 @@ pub(crate) fn read_pids(path: &Path) -> Vec<u32> {
 /// The value of `key` in a flat keyed file (`memory.events`, `cpu.stat`,
 /// `memory.oom_control`: `key value` lines).
 pub(crate) fn keyed_value(path: &Path, key: &str) -> Option<u64> {
-    std::fs::read_to_string(path)
-        .ok()?
-        .lines()
-        .find_map(|line| {
-            let (k, v) = line.split_once(' ')?;
-            (k == key).then(|| v.trim().parse().ok()).flatten()
-        })
+    keyed_in(&std::fs::read_to_string(path).ok()?, key)
+}
+
+/// The value of `key` in the text of a flat keyed file (read once for several keys).
+pub(crate) fn keyed_in(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (k, v) = line.split_once(' ')?;
+        (k == key).then(|| v.trim().parse().ok()).flatten()
+    })
 }
 
 /// Names of the subdirectories of `dir`.

@@ -340,6 +340,57 @@ mod tests {
     }
 
     #[test]
+    fn limits_already_in_force_are_not_written_again_and_a_resize_is_undone_at_reuse() {
+        let base = fake();
+        let pool = pool(base.path(), 4);
+        let at = |c: &str, f: &str| base.path().join(c).join("tacc/a/t1").join(f);
+        let limit_files = [
+            ("memory", "memory.limit_in_bytes"),
+            ("cpu", "cpu.cfs_quota_us"),
+            ("pids", "pids.max"),
+        ];
+        // Removed from the fake: a write makes them again, so their absence after a
+        // reuse shows that nothing was written.
+        let forget = || {
+            for (c, f) in limit_files {
+                std::fs::remove_file(at(c, f)).unwrap();
+            }
+        };
+        let read = |c: &str, f: &str| std::fs::read_to_string(at(c, f)).ok();
+        let first = pool.create("t1", &limits()).unwrap().unwrap();
+        kernel_files(base.path(), "t1");
+        end(first.as_ref()).unwrap();
+        forget();
+        let same = pool.create("t2", &limits()).unwrap().unwrap();
+        assert_eq!(same.path(), first.path(), "reused");
+        for (c, f) in limit_files {
+            assert_eq!(read(c, f), None, "{f} written again with what it held");
+        }
+        // Resized while it runs: the next execution gets its own limits back.
+        same.set_limits(2000, 128 << 20).unwrap();
+        assert_eq!(
+            read("memory", "memory.limit_in_bytes").unwrap(),
+            "134217728"
+        );
+        end(same.as_ref()).unwrap();
+        let after_resize = pool.create("t3", &limits()).unwrap().unwrap();
+        assert_eq!(read("memory", "memory.limit_in_bytes").unwrap(), "67108864");
+        assert_eq!(read("cpu", "cpu.cfs_quota_us").unwrap(), "50000");
+        assert_eq!(read("pids", "pids.max").unwrap(), "100");
+        // Other limits: every one written.
+        end(after_resize.as_ref()).unwrap();
+        forget();
+        let other = Limits {
+            cpu_millis: 1000,
+            ..limits()
+        };
+        let _fourth = pool.create("t4", &other).unwrap().unwrap();
+        assert_eq!(read("memory", "memory.limit_in_bytes").unwrap(), "67108864");
+        assert_eq!(read("cpu", "cpu.cfs_quota_us").unwrap(), "100000");
+        assert_eq!(read("pids", "pids.max").unwrap(), "100");
+    }
+
+    #[test]
     fn a_killed_or_ended_lease_joins_nothing_and_an_ended_one_reads_and_resizes_nothing() {
         let base = fake();
         let pool = pool(base.path(), 4);

@@ -3,6 +3,7 @@
 //! process joins by writing its pid to `cgroup.procs` in each.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::usage::number;
@@ -24,6 +25,9 @@ pub struct V1Cgroups {
     /// `(controller, <mount>/<controller>/<agent root>)`; co-mounted controllers
     /// (`cpu,cpuacct`) share a directory.
     roots: Vec<(&'static str, PathBuf)>,
+    /// Whether the kernel accounts swap (`memory.memsw.*`): the same in every cgroup of
+    /// the hierarchy, so looked up once, at the agent's root.
+    memsw: bool,
 }
 
 impl V1Cgroups {
@@ -42,14 +46,15 @@ impl V1Cgroups {
             make_dir(&root)?;
             roots.push((controller, root));
         }
-        if !roots.iter().any(|(c, _)| *c == "memory") {
+        let Some((_, memory)) = roots.iter().find(|(c, _)| *c == "memory") else {
             return Err(ExecError::Cgroup {
                 action: "find",
                 path: base.join("memory").display().to_string(),
                 detail: "the v1 memory controller is not mounted".into(),
             });
-        }
-        Ok(V1Cgroups { roots })
+        };
+        let memsw = memory.join(MEMSW_LIMIT).is_file();
+        Ok(V1Cgroups { roots, memsw })
     }
 
     fn root(&self, controller: &str) -> Option<&Path> {
@@ -75,7 +80,9 @@ impl V1Cgroups {
             pids: at("pids"),
             freezer: at("freezer"),
             dirs,
+            memsw: self.memsw,
             base: Base::default(),
+            in_force: Arc::default(),
         }
     }
 }
@@ -124,10 +131,26 @@ pub struct V1Cgroup {
     cpuacct: Option<PathBuf>,
     pids: Option<PathBuf>,
     freezer: Option<PathBuf>,
+    /// Whether the kernel accounts swap here (see [`V1Cgroups`]).
+    memsw: bool,
     /// What the counters held when this execution got the cgroup (zero for a new one; a
     /// reused one's counters that the kernel cannot reset are read from here on).
     base: Base,
+    /// The limits in force, as this agent last wrote them (shared by every handle of the
+    /// directory, across reuses; see [`InForce`]).
+    in_force: Arc<Mutex<InForce>>,
 }
+
+/// The file that limits memory + swap, where the kernel accounts swap.
+const MEMSW_LIMIT: &str = "memory.memsw.limit_in_bytes";
+
+/// The limits a cgroup's files hold, known because this agent wrote every one of them
+/// and nothing else can (the files are root's; a task never is): at reuse, a limit file
+/// that already holds what the next execution needs is not written again — for a run of
+/// equal tasks, none is. `None` (unknown) after a failed write, and for a cgroup this
+/// agent did not make: then every limit is written.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct InForce(Option<Limits>);
 
 /// The values of a reused cgroup's counters at its reuse: subtracted from every reading,
 /// so an execution never sees (or is judged on) what an earlier one used.
@@ -173,10 +196,17 @@ impl V1Cgroup {
                 "{residue} bytes of memory stay charged to it after force_empty"
             )));
         }
-        self.apply_all(limits)?;
+        let known = *self.in_force.lock().expect("limits lock") == InForce(Some(*limits));
+        if !known {
+            self.apply_all(limits)?;
+        }
         let _ = write_file(&self.memory.join("memory.max_usage_in_bytes"), "0");
         let _ = write_file(&self.memory.join("memory.failcnt"), "0");
-        let cpu_stat = self.cpu.as_ref().map(|cpu| cpu.join("cpu.stat"));
+        // Read once for both of its counters.
+        let cpu_stat = self
+            .cpu
+            .as_ref()
+            .and_then(|cpu| std::fs::read_to_string(cpu.join("cpu.stat")).ok());
         let base = Base {
             oom_kills: keyed_value(&self.memory.join("memory.oom_control"), "oom_kill")
                 .unwrap_or(0),
@@ -186,12 +216,17 @@ impl V1Cgroup {
                 .and_then(|c| number(&c.join("cpuacct.usage")))
                 .unwrap_or(0),
             throttled_ns: cpu_stat
-                .as_ref()
-                .and_then(|s| keyed_value(s, "throttled_time"))
+                .as_deref()
+                .and_then(|s| super::keyed_in(s, "throttled_time"))
                 .unwrap_or(0),
             periods: cpu_stat
-                .as_ref()
-                .and_then(|s| super::usage::cpu_periods(s))
+                .as_deref()
+                .and_then(|s| {
+                    Some((
+                        super::keyed_in(s, "nr_periods")?,
+                        super::keyed_in(s, "nr_throttled")?,
+                    ))
+                })
                 .unwrap_or((0, 0)),
             memory_bytes: residue,
         };
@@ -202,10 +237,11 @@ impl V1Cgroup {
     }
 
     /// Every limit written, "none" included: a reused cgroup keeps nothing of the last
-    /// execution's limits.
+    /// execution's limits. Recorded as in force only once all are written.
     fn apply_all(&self, limits: &Limits) -> Result<(), ExecError> {
+        *self.in_force.lock().expect("limits lock") = InForce(None);
         self.set_limits_unchecked(limits.cpu_millis, limits.memory_bytes)?;
-        if !self.memory.join("memory.memsw.limit_in_bytes").is_file() {
+        if !self.memsw {
             // Off swap while limited (as `apply`), else the parent's setting again.
             let swappiness = if limits.memory_bytes > 0 {
                 "0".to_string()
@@ -226,9 +262,12 @@ impl V1Cgroup {
             };
             write_file(&pids.join("pids.max"), &max)?;
         }
+        *self.in_force.lock().expect("limits lock") = InForce(Some(*limits));
         Ok(())
     }
 
+    /// A new cgroup's limits: the kernel's defaults (none; the parent's swappiness) but
+    /// where `limits` sets one. Recorded as in force once all are written.
     fn apply(&self, limits: &Limits) -> Result<(), ExecError> {
         for dir in &self.dirs {
             make_dir(dir)?;
@@ -238,9 +277,8 @@ impl V1Cgroup {
             write_file(&self.memory.join("memory.limit_in_bytes"), &bytes)?;
             // Memory + swap, where the kernel accounts swap (it must be at least the
             // memory limit, hence second); else keep the cgroup off swap.
-            let memsw = self.memory.join("memory.memsw.limit_in_bytes");
-            if memsw.is_file() {
-                write_file(&memsw, &bytes)?;
+            if self.memsw {
+                write_file(&self.memory.join(MEMSW_LIMIT), &bytes)?;
             } else {
                 write_file(&self.memory.join("memory.swappiness"), "0")?;
             }
@@ -259,6 +297,7 @@ impl V1Cgroup {
                 write_file(&pids.join("pids.max"), &limits.pids_max.to_string())?;
             }
         }
+        *self.in_force.lock().expect("limits lock") = InForce(Some(*limits));
         Ok(())
     }
 
@@ -362,7 +401,16 @@ impl Cgroup for V1Cgroup {
             memory_bytes,
             number(&self.memory.join("memory.usage_in_bytes")),
         )?;
-        self.set_limits_unchecked(cpu_millis, memory_bytes)
+        let mut in_force = self.in_force.lock().expect("limits lock");
+        let before = in_force.0.take();
+        self.set_limits_unchecked(cpu_millis, memory_bytes)?;
+        // The pids limit stays as it was.
+        *in_force = InForce(before.map(|limits| Limits {
+            cpu_millis,
+            memory_bytes,
+            ..limits
+        }));
+        Ok(())
     }
 
     fn kill_all(&self, deadline: Duration) -> KillReport {
@@ -399,8 +447,8 @@ impl V1Cgroup {
         } else {
             memory_bytes.to_string()
         };
-        let memsw = self.memory.join("memory.memsw.limit_in_bytes");
-        if memsw.is_file() {
+        if self.memsw {
+            let memsw = self.memory.join(MEMSW_LIMIT);
             // memory + swap must stay at least the memory limit: raise it first when
             // growing, lower it last when shrinking.
             let current = number(&limit_file).unwrap_or(u64::MAX);
@@ -472,9 +520,11 @@ mod tests {
     #[test]
     fn memsw_is_limited_where_the_kernel_accounts_swap() {
         let base = fake(&["memory"]);
-        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
         let dir = base.path().join("memory/tacc/a/x");
         std::fs::create_dir_all(&dir).unwrap();
+        // Looked up at the agent's root, once.
+        std::fs::write(dir.with_file_name(MEMSW_LIMIT), "").unwrap();
+        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
         std::fs::write(dir.join("memory.memsw.limit_in_bytes"), "").unwrap();
         cgroups.create("x", &limits()).unwrap().unwrap();
         assert_eq!(read(dir.join("memory.memsw.limit_in_bytes")), "67108864");
@@ -553,9 +603,10 @@ mod tests {
     #[test]
     fn limits_change_live_and_memory_never_below_use() {
         let base = fake(&["memory", "cpu"]);
-        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
         let dir = base.path().join("memory/tacc/a/x");
         std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.with_file_name(MEMSW_LIMIT), "").unwrap();
+        let cgroups = V1Cgroups::open(base.path(), "tacc/a").unwrap();
         std::fs::write(dir.join("memory.memsw.limit_in_bytes"), "").unwrap();
         let cgroup = cgroups.create("x", &limits()).unwrap().unwrap();
         let at = |c: &str, f: &str| base.path().join(c).join("tacc/a/x").join(f);
