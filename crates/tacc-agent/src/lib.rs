@@ -544,11 +544,14 @@ impl Agent {
             let shared = self.shared.clone();
             let registry = self.attempts.clone();
             tokio::spawn(async move {
-                attempt::run(shared, assignment, token).await;
-                let mut attempts = registry.lock().unwrap();
-                attempts.running.remove(&key);
-                attempts.workdirs.remove(&key);
-                attempts.finished.insert(key);
+                let leftover = attempt::run(shared, assignment, token).await;
+                {
+                    let mut attempts = registry.lock().unwrap();
+                    attempts.running.remove(&key);
+                    attempts.workdirs.remove(&key);
+                    attempts.finished.insert(key);
+                }
+                attempt::remove_leftover(leftover).await;
             });
         }
     }

@@ -567,7 +567,7 @@ async fn ended_while_away(backend: Backend) {
     wait_log_contains(&client, task, "attempt 1\n", DEADLINE).await;
     server.kill9();
     open_gate(&agent_dir, task, 1, "a");
-    // The agent removes the working directory just before it queues the end.
+    // The agent removes the working directory once it has queued the end.
     let workdir = workdir(&agent_dir, task, 1);
     eventually("the attempt to end on the agent", DEADLINE, || {
         let gone = !workdir.exists();

@@ -51,7 +51,13 @@ pub(crate) fn workdir_of(shared: &Shared, assignment: &Assignment) -> PathBuf {
     shared.config.work_root().join(workdir_name(assignment))
 }
 
-pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: CancellationToken) {
+/// Run the attempt and report its end; returns the working directory left to remove
+/// (see [`remove_leftover`]), which the caller removes once it has recorded the end.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    assignment: Assignment,
+    cancel: CancellationToken,
+) -> Option<PathBuf> {
     let attempt = assignment.attempt;
     let workdir = workdir_of(&shared, &assignment);
     // Once a process runs, cancelling is the executor's job (SIGTERM, grace, SIGKILL of
@@ -80,10 +86,10 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
     // No sample of the attempt may follow its end in the report stream.
     shared.sampling.end(attempt);
     shared.resizing.end(attempt);
-    if !shared.config.keep_workdirs {
-        let dir = workdir.clone();
-        let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
-    }
+    // The end is reported before the working directory is removed: nothing runs in it
+    // any more (the execution's processes are gone), and its removal — a blocking job
+    // whose every `rmdir` may wait for the device (`discard`) — need not delay the next
+    // task's start on this node.
     report(
         &shared,
         AgentReport::Finished {
@@ -93,6 +99,14 @@ pub(crate) async fn run(shared: Arc<Shared>, assignment: Assignment, cancel: Can
             rank: failed_rank,
         },
     );
+    (!shared.config.keep_workdirs).then_some(workdir)
+}
+
+/// Remove an ended attempt's working directory (`run`'s leftover).
+pub(crate) async fn remove_leftover(dir: Option<PathBuf>) {
+    if let Some(dir) = dir {
+        let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
+    }
 }
 
 /// Remove a working directory even where the code files in it are read-only.
