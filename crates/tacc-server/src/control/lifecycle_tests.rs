@@ -86,6 +86,49 @@ async fn a_task_is_placed_started_and_succeeds_once() {
     assert!(env.poll(&mut agent).await.is_empty());
 }
 
+/// A follower of the log (`tcloud submit -f`) is woken by the task's end and then reads
+/// the task: the end must be committed by then, or it finds the task still running and
+/// waits out its poll period (a second for a task that printed nothing).
+#[tokio::test]
+async fn log_followers_are_woken_only_once_what_woke_them_is_committed() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 2).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    let out = env.output(&mut agent, attempt, "hello\n");
+    env.report(&agent, vec![out]).await;
+    env.finish(&mut agent, attempt, 0).await;
+    let changes = env.control.committed.lock().unwrap().clone();
+    let ended_at = changes
+        .iter()
+        .position(|change| {
+            matches!(change, tacc_store::TaskChange::Transition(t) if t.task == task && t.to == Succeeded)
+        })
+        .expect("the end was committed");
+    let woken = env.control.followers_woken.lock().unwrap().clone();
+    let after_end: Vec<_> = woken
+        .iter()
+        .filter(|(woken, committed)| *woken == task && *committed > ended_at)
+        .collect();
+    assert!(
+        !after_end.is_empty(),
+        "the followers were woken after the end was committed: {woken:?}, end at change {ended_at}"
+    );
+    for (_, committed) in woken.iter().filter(|(woken, _)| *woken == task) {
+        let running_at = changes
+            .iter()
+            .position(|change| {
+                matches!(change, tacc_store::TaskChange::Transition(t) if t.task == task && t.to == Running)
+            })
+            .expect("the start was committed");
+        assert!(
+            *committed > running_at,
+            "no follower is woken before the change that woke it is committed: {woken:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_submit_without_any_node_waits_and_is_placed_when_one_registers() {
     let env = TestEnv::new().await;

@@ -140,6 +140,10 @@ pub struct Control {
     /// Every change committed, in order, for the lifecycle tests' `take_changes`.
     #[cfg(test)]
     pub(crate) committed: std::sync::Mutex<Vec<tacc_store::TaskChange>>,
+    /// Each wake of a task's log followers with how many changes were committed by then,
+    /// for the lifecycle tests (followers must find what woke them committed).
+    #[cfg(test)]
+    pub(crate) followers_woken: std::sync::Mutex<Vec<(TaskId, usize)>>,
 }
 
 // ---- Construction, recovery, and the entry points for tasks ----
@@ -250,6 +254,8 @@ impl Control {
             inner: Mutex::new(Core::new(scheduler, clock.instant())),
             #[cfg(test)]
             committed: Default::default(),
+            #[cfg(test)]
+            followers_woken: Default::default(),
         });
         Ok(control)
     }

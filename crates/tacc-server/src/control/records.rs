@@ -18,6 +18,10 @@ tokio::task_local! {
     pub(super) static STAGED: std::cell::RefCell<Vec<TaskChange>>;
     /// Set when a commit of the turn (or batch) being applied failed.
     pub(super) static FAILED: std::cell::Cell<bool>;
+    /// Tasks whose log followers the turn being applied wakes once its changes are
+    /// committed: a follower woken sooner reads the task from the store, finds it still
+    /// running, and waits out its poll period (a second) for an end already decided.
+    pub(super) static LOG_WAKES: std::cell::RefCell<std::collections::BTreeSet<TaskId>>;
 }
 
 #[derive(Debug, Default)]

@@ -27,7 +27,7 @@ use super::effects::{Effects, FollowUp, Metric};
 use super::handlers::hangs;
 use super::handlers::idle_gpus;
 use super::handlers::liveness::RestartFacts;
-use super::records::{FAILED, STAGED, StagedGuard};
+use super::records::{FAILED, LOG_WAKES, STAGED, StagedGuard};
 use super::{Control, Core, handlers, placements_of, request_of, retry, rules};
 use crate::ServerError;
 
@@ -57,6 +57,13 @@ impl Control {
                     result = Err(e.into());
                 }
                 *failed = self.discard_if_failed();
+                // Committed (or failed, and the followers find out): wake them now.
+                for task in LOG_WAKES
+                    .try_with(|wakes| std::mem::take(&mut *wakes.borrow_mut()))
+                    .unwrap_or_default()
+                {
+                    self.wake_followers(task);
+                }
                 result
             })
             .await;
@@ -151,9 +158,23 @@ impl Control {
             self.comm.work_changed(node);
         }
         for task in log_wakes {
-            self.logs.wake(task);
+            // Within a turn, once its changes are committed (see `LOG_WAKES`).
+            let deferred = LOG_WAKES.try_with(|wakes| wakes.borrow_mut().insert(task));
+            if deferred.is_err() {
+                self.wake_followers(task);
+            }
         }
         Ok(())
+    }
+
+    /// Wake the followers of `task`'s log (new output, or its end).
+    fn wake_followers(&self, task: tacc_core::TaskId) {
+        #[cfg(test)]
+        {
+            let committed = self.committed.lock().unwrap().len();
+            self.followers_woken.lock().unwrap().push((task, committed));
+        }
+        self.logs.wake(task);
     }
 
     /// Keep what a restarted server needs (`RestartFacts`). Outside the turn's
@@ -345,10 +366,13 @@ impl Control {
         STAGED
             .scope(
                 std::cell::RefCell::new(Vec::new()),
-                FAILED.scope(std::cell::Cell::new(false), async {
-                    let _guard = StagedGuard(&self.placed);
-                    batch.await
-                }),
+                FAILED.scope(
+                    std::cell::Cell::new(false),
+                    LOG_WAKES.scope(std::cell::RefCell::new(Default::default()), async {
+                        let _guard = StagedGuard(&self.placed);
+                        batch.await
+                    }),
+                ),
             )
             .await
     }
