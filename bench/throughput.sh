@@ -13,7 +13,9 @@
 # dev`, the N tasks as one array over HTTP, crates/taccd/benches/throughput.rs). Prints
 # tasks/s of each, the ratios to HyperQueue, TACC's CPU per task and the bare-spawn
 # floor. Figures belong in docs/BENCHMARKS.md with the machine they ran on.
-set -euo pipefail
+set -Eeuo pipefail
+# Every step's own output goes to /dev/null: a failing one says at least which it was.
+trap 'echo "bench/throughput.sh: stopped at line $LINENO: $BASH_COMMAND (exit $?)" >&2' ERR
 cd "$(dirname "$0")/.."
 HQ=${HQ:-$(realpath ../shared/anchors/hyperqueue/hq)}
 COUNTS=${TASK_COUNTS:-"1000 10000 100000"}
