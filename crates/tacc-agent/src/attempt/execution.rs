@@ -146,23 +146,7 @@ pub(crate) async fn launch(
     // woken per execution); it ends when the executor closes the output, which it does
     // only after the last line, before it says how the execution ended.
     let forwarding = async {
-        let mut log = LogText::new(lines);
-        while let Some(line) = rx.recv().await {
-            if let Some(clock) = &output_clock {
-                clock.store(now().0, std::sync::atomic::Ordering::Relaxed);
-            }
-            if let Some(text) = log.next(line) {
-                report(
-                    shared,
-                    AgentReport::Log {
-                        attempt,
-                        text,
-                        offset: None,
-                    },
-                );
-            }
-        }
-        for text in log.finish() {
+        let send = |text| {
             report(
                 shared,
                 AgentReport::Log {
@@ -170,7 +154,19 @@ pub(crate) async fn launch(
                     text,
                     offset: None,
                 },
-            );
+            )
+        };
+        let mut log = LogText::new(lines);
+        while let Some(line) = rx.recv().await {
+            if let Some(clock) = &output_clock {
+                clock.store(now().0, std::sync::atomic::Ordering::Relaxed);
+            }
+            if let Some(text) = log.next(line) {
+                send(text);
+            }
+        }
+        for text in log.finish() {
+            send(text);
         }
     };
     let stop = handle.cancel_token();

@@ -100,33 +100,33 @@ async fn log_followers_are_woken_only_once_what_woke_them_is_committed() {
     env.report(&agent, vec![out]).await;
     env.finish(&mut agent, attempt, 0).await;
     let changes = env.control.committed.lock().unwrap().clone();
-    let ended_at = changes
-        .iter()
-        .position(|change| {
-            matches!(change, tacc_store::TaskChange::Transition(t) if t.task == task && t.to == Succeeded)
-        })
-        .expect("the end was committed");
-    let woken = env.control.followers_woken.lock().unwrap().clone();
-    let after_end: Vec<_> = woken
-        .iter()
-        .filter(|(woken, committed)| *woken == task && *committed > ended_at)
-        .collect();
-    assert!(
-        !after_end.is_empty(),
-        "the followers were woken after the end was committed: {woken:?}, end at change {ended_at}"
-    );
-    for (_, committed) in woken.iter().filter(|(woken, _)| *woken == task) {
-        let running_at = changes
+    // Where `task`'s transition to `to` is among the committed changes.
+    let committed_at = |to: TaskState| {
+        changes
             .iter()
             .position(|change| {
-                matches!(change, tacc_store::TaskChange::Transition(t) if t.task == task && t.to == Running)
+                matches!(change, tacc_store::TaskChange::Transition(t) if t.task == task && t.to == to)
             })
-            .expect("the start was committed");
-        assert!(
-            *committed > running_at,
-            "no follower is woken before the change that woke it is committed: {woken:?}"
-        );
-    }
+            .unwrap_or_else(|| panic!("the transition to {to} was committed"))
+    };
+    let (running_at, ended_at) = (committed_at(Running), committed_at(Succeeded));
+    let woken: Vec<usize> = env
+        .control
+        .followers_woken
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(woken, _)| *woken == task)
+        .map(|(_, committed)| *committed)
+        .collect();
+    assert!(
+        woken.iter().any(|committed| *committed > ended_at),
+        "the followers were woken after the end was committed: {woken:?}, end at change {ended_at}"
+    );
+    assert!(
+        woken.iter().all(|committed| *committed > running_at),
+        "no follower is woken before the change that woke it is committed: {woken:?}"
+    );
 }
 
 #[tokio::test]
