@@ -54,7 +54,12 @@ fn main() {
         // `bench/lib.sh`'s `taccd_lifted` does for the CLI run (else an array past 10,000
         // elements is refused).
         let limit = (tasks * 2).to_string();
-        let lifted = ["--max-queued", limit.as_str(), "--submit-burst", limit.as_str()];
+        let lifted = [
+            "--max-queued",
+            limit.as_str(),
+            "--submit-burst",
+            limit.as_str(),
+        ];
         let daemon = start("dev", &dir.path().join("d"), &lifted).await;
         let pid = daemon.child.id();
         let client = daemon.client();
