@@ -15,6 +15,7 @@ mod datasets;
 mod ends;
 mod environments;
 mod fencing;
+mod handed_work;
 mod gpu_release;
 mod gpu_share_env;
 mod gpus;
@@ -186,6 +187,9 @@ struct Attempts {
     finished: BTreeSet<AttemptRef>,
     /// Working directories of the running attempts (for the server's questions).
     workdirs: BTreeMap<AttemptRef, PathBuf>,
+    /// The version of the node's desired work applied last (beside `running`: a report
+    /// batch asking for newer work lists both as of one moment).
+    work: handed_work::WorkVersion,
 }
 
 #[derive(Debug)]
@@ -341,30 +345,50 @@ impl Agent {
         let Some(node) = self.register(&shutdown).await else {
             return;
         };
-        let reporter = tokio::spawn(reporter::run(self.shared.clone(), shutdown.clone()));
+        // Work a report batch's answer carries is applied here, in the poll loop, one
+        // set at a time.
+        let (handed_tx, mut handed) = tokio::sync::mpsc::unbounded_channel();
+        let reporter = tokio::spawn(reporter::run(
+            self.shared.clone(),
+            shutdown.clone(),
+            self.attempts.clone(),
+            handed_tx,
+        ));
         let fencing = tokio::spawn(fence_when_cut_off(
             self.shared.clone(),
             self.attempts.clone(),
             shutdown.clone(),
         ));
         let sampler = tokio::spawn(sampler::run(self.shared.clone(), shutdown.clone()));
-        let mut version = None;
         let mut node = node;
         let mut backoff = Backoff::default();
-        loop {
-            let running = self.running_attempts();
+        'polls: loop {
+            let (after, running) = {
+                let attempts = self.attempts.lock().unwrap();
+                (
+                    attempts.work.after(),
+                    attempts.running.keys().copied().collect(),
+                )
+            };
             let wait = self.shared.lease.poll_wait(self.shared.config.poll_wait);
-            let poll = self.shared.client.agent_work(node, version, wait, running);
-            let work = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                work = poll => work,
+            let poll = self.shared.client.agent_work(node, after, wait, running);
+            tokio::pin!(poll);
+            let work = loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'polls,
+                    work = &mut poll => break work,
+                    Some(handed) = handed.recv() => {
+                        let reporter::HandedWork { generation, work } = handed;
+                        let path = handed_work::Path::Report { generation };
+                        self.reconcile(path, work.version, work.assignments);
+                    }
+                }
             };
             match work {
                 Ok(work) => {
                     self.shared.lease.renewed(std::time::Instant::now());
                     backoff.reset();
-                    version = Some(work.version);
-                    self.reconcile(work.assignments);
+                    self.reconcile(handed_work::Path::Poll, work.version, work.assignments);
                     self.answer(node, work.requests);
                 }
                 Err(e)
@@ -375,7 +399,6 @@ impl Agent {
                         Some(id) => node = id,
                         None => break,
                     }
-                    version = None;
                 }
                 Err(e) => {
                     // Nothing listens at the server's address: the server is down, and a
@@ -458,6 +481,7 @@ impl Agent {
                         self.shared.client.set_token(credential.clone());
                     }
                     *self.shared.node.lock().unwrap() = Some(registered.node_id);
+                    self.attempts.lock().unwrap().work.registered();
                     self.shared.lease.granted(
                         Duration::from_millis(registered.heartbeat_timeout_ms),
                         std::time::Instant::now(),
@@ -510,9 +534,15 @@ impl Agent {
         });
     }
 
-    fn reconcile(&self, desired: Vec<Assignment>) {
-        let wanted: BTreeSet<AttemptRef> = desired.iter().map(|a| a.attempt).collect();
+    /// Apply version `version` of the node's desired work, which arrived on `path`
+    /// (unless newer work was applied already: `handed_work`): start what is new, stop
+    /// what is no longer assigned.
+    fn reconcile(&self, path: handed_work::Path, version: u64, desired: Vec<Assignment>) {
         let mut attempts = self.attempts.lock().unwrap();
+        if !attempts.work.take(path, version) {
+            return;
+        }
+        let wanted: BTreeSet<AttemptRef> = desired.iter().map(|a| a.attempt).collect();
         attempts.finished.retain(|a| wanted.contains(a));
         for (attempt, token) in &attempts.running {
             if !wanted.contains(attempt) {

@@ -23,6 +23,7 @@ use std::time::Duration;
 use tacc_client::ClientError;
 use tacc_proto::{AgentReport, AttemptRef};
 use tokio::sync::Notify;
+use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::ends::EndRecords;
@@ -349,7 +350,36 @@ impl Reports {
     }
 }
 
-pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
+/// The node's desired work, carried by a report batch's answer, for the poll loop to
+/// apply (`handed_work`).
+#[derive(Debug)]
+pub(crate) struct HandedWork {
+    /// The registration the batch asked under.
+    pub generation: u64,
+    pub work: tacc_proto::DesiredWork,
+}
+
+/// Where a delivered batch asks for the node's newer work and hands it on.
+struct AskWork {
+    attempts: Arc<Mutex<crate::Attempts>>,
+    handed: UnboundedSender<HandedWork>,
+}
+
+impl AskWork {
+    /// The version applied and what runs, as of now.
+    fn since(&self) -> Option<(u64, tacc_proto::WorkSince)> {
+        let attempts = self.attempts.lock().unwrap();
+        attempts.work.since(attempts.running.keys().copied())
+    }
+}
+
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    attempts: Arc<Mutex<crate::Attempts>>,
+    handed: UnboundedSender<HandedWork>,
+) {
+    let ask = AskWork { attempts, handed };
     loop {
         if shared.reports.only_starts_waiting() {
             let linger = tokio::time::sleep(START_LINGER);
@@ -376,7 +406,7 @@ pub(crate) async fn run(shared: Arc<Shared>, shutdown: CancellationToken) {
                 }
             }
         }
-        if deliver(&shared, batch, &shutdown).await.is_err() {
+        if deliver(&shared, batch, &ask, &shutdown).await.is_err() {
             return;
         }
     }
@@ -392,6 +422,7 @@ fn refused(error: &ClientError) -> bool {
 async fn deliver(
     shared: &Shared,
     batch: Vec<AgentReport>,
+    ask: &AskWork,
     shutdown: &CancellationToken,
 ) -> Result<(), ()> {
     // Parts still to send, the next one last.
@@ -403,8 +434,18 @@ async fn deliver(
                 backoff.wait(shutdown).await?;
                 continue;
             };
-            match shared.client.agent_reports(node, &part).await {
+            let since = ask.since();
+            let sent = shared.client.agent_reports_asking_work(
+                node,
+                &part,
+                since.as_ref().map(|(_, since)| since),
+            );
+            match sent.await {
                 Ok(ack) => {
+                    if let (Some(work), Some((generation, _))) = (ack.work, since) {
+                        // The poll loop is gone only when the agent stops.
+                        let _ = ask.handed.send(HandedWork { generation, work });
+                    }
                     shared.lease.renewed(std::time::Instant::now());
                     shared.reports.delivered(&part);
                     let samples = part
@@ -529,6 +570,7 @@ mod tests {
             }
             let body = serde_json::to_vec(&tacc_proto::AgentReports {
                 reports: batch.clone(),
+                work: None,
             })
             .unwrap();
             assert!(body.len() <= BATCH_BYTES, "{} bytes", body.len());

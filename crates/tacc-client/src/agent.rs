@@ -7,7 +7,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use reqwest::Method;
 use tacc_core::{AttemptNo, NodeId, TaskId};
-use tacc_proto::{AgentRegistered, AgentReport, AttemptRef, DesiredWork, RegisterAgent, WorkPoll};
+use tacc_proto::{
+    AgentRegistered, AgentReport, AttemptRef, DesiredWork, RegisterAgent, WorkPoll, WorkSince,
+};
 
 use crate::{Client, Result};
 
@@ -48,14 +50,30 @@ impl Client {
         node: NodeId,
         reports: &[AgentReport],
     ) -> Result<tacc_proto::ReportsAck> {
+        self.agent_reports_asking_work(node, reports, None).await
+    }
+
+    /// Deliver reports in order, and with `since` ask for the node's desired work in the
+    /// answer when it is not that version any more (`ReportsAck::work`).
+    pub async fn agent_reports_asking_work(
+        &self,
+        node: NodeId,
+        reports: &[AgentReport],
+        since: Option<&WorkSince>,
+    ) -> Result<tacc_proto::ReportsAck> {
         /// [`AgentReports`], borrowed: a batch is kept for a retry, not copied.
         #[derive(serde::Serialize)]
         struct Borrowed<'a> {
             reports: &'a [AgentReport],
+            #[serde(skip_serializing_if = "Option::is_none")]
+            work: Option<&'a WorkSince>,
         }
         self.json(
             self.request(Method::POST, &format!("/v1/agents/{node}/reports"))
-                .json(&Borrowed { reports }),
+                .json(&Borrowed {
+                    reports,
+                    work: since,
+                }),
         )
         .await
     }

@@ -591,6 +591,21 @@ pub enum AttemptOutcome {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentReports {
     pub reports: Vec<AgentReport>,
+    /// Asks the answer to carry the node's desired work when it changed since the
+    /// version the agent has, so a task's end and the node's next task take one exchange
+    /// (its held work poll is then not answered for that version again). Absent from
+    /// agents that take their work only from the poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<WorkSince>,
+}
+
+/// What the agent has of its work when it sends a report batch: the version of its
+/// desired work it applied last, and the attempts it ran then (taken together).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkSince {
+    pub after: Option<u64>,
+    pub running: Vec<AttemptRef>,
 }
 
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -741,10 +756,15 @@ pub struct SecretView {
 /// node's current attempts (another node's, a stale attempt's, a replayed ending) are
 /// rejected one by one, audited, and counted here; the rest were applied.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct ReportsAck {
     pub accepted: u32,
     pub rejected: u32,
+    /// The node's desired work after the batch, when the batch asked for it
+    /// ([`AgentReports::work`]) and it is not the version the agent has: the same answer
+    /// a work poll would give then (without the questions, which the poll carries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<DesiredWork>,
 }
 
 // ---------------------------------------------------------------- monitoring

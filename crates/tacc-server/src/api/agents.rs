@@ -40,7 +40,8 @@ pub(super) async fn register_agent(
 }
 
 /// Long poll: answers at once when the node's work changed since `after` or a question
-/// about its files waits, otherwise when either happens or the wait is over.
+/// about its files waits, otherwise when either happens or the wait is over. A change
+/// already handed to the node with a report batch's answer keeps the poll waiting.
 pub(super) async fn agent_work(
     State(app): State<AppState>,
     Path(node): Path<u64>,
@@ -49,18 +50,27 @@ pub(super) async fn agent_work(
     let node = NodeId(node);
     let control = &app.control;
     let mut asked = control.node_requests.subscribe(node);
-    let (work, mut changes) = control.poll_work(node, &poll.running).await?;
+    let (work, mut changes) = control.poll_work(node, poll.after, &poll.running).await?;
     if poll.after != Some(work.version) || !work.requests.is_empty() {
         return Ok(Json(work));
     }
-    let wait = Duration::from_millis(poll.wait_ms).min(MAX_POLL_WAIT);
-    tokio::select! {
-        _ = changes.changed() => {}
-        _ = asked.changed() => {}
-        _ = tokio::time::sleep(wait) => {}
-        _ = app.shutdown.cancelled() => {}
+    let wait = tokio::time::sleep(Duration::from_millis(poll.wait_ms).min(MAX_POLL_WAIT));
+    tokio::pin!(wait);
+    loop {
+        tokio::select! {
+            changed = changes.changed() => {
+                let version = *changes.borrow_and_update();
+                if changed.is_ok() && control.already_handed(node, version).await {
+                    continue;
+                }
+            }
+            _ = asked.changed() => {}
+            _ = &mut wait => {}
+            _ = app.shutdown.cancelled() => {}
+        }
+        break;
     }
-    let (work, _) = control.poll_work(node, &poll.running).await?;
+    let (work, _) = control.poll_work(node, poll.after, &poll.running).await?;
     Ok(Json(work))
 }
 
@@ -71,7 +81,7 @@ pub(super) async fn agent_reports(
 ) -> ApiResult<Json<tacc_proto::ReportsAck>> {
     Ok(Json(
         app.control
-            .agent_reports(NodeId(node), body.reports)
+            .agent_reports(NodeId(node), body.reports, body.work)
             .await?,
     ))
 }

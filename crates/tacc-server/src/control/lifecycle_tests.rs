@@ -1282,7 +1282,7 @@ async fn a_turn_whose_commit_fails_acknowledges_nothing_and_the_core_is_rebuilt(
     env.fail_next_commits(2);
     let refused = env
         .control
-        .agent_reports(agent.node, vec![env.exited(first, 3)])
+        .agent_reports(agent.node, vec![env.exited(first, 3)], None)
         .await;
     assert!(
         refused.is_err(),
@@ -1357,4 +1357,84 @@ async fn an_attempt_its_agent_stopped_unasked_is_lost_and_retried_not_cancelled(
     env.finish(&mut agent, second, 0).await;
     assert_eq!(env.state(task).await, Succeeded);
     env.emptiness_check().await;
+}
+
+#[tokio::test]
+async fn a_report_batch_that_ends_a_task_carries_the_next_one_and_the_held_poll_stays_open() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let (first, attempt) = env.running(&mut agent, ONE_CPU).await;
+    let next = env.submit(ONE_CPU).await;
+    assert_eq!(env.state(next).await, Queued, "the node is full");
+    let mut held = env.held_poll(&agent);
+    held.borrow_and_update();
+
+    // The end of the first frees the node: the batch's answer carries the next task.
+    let handed = env
+        .report_asking_work(&mut agent, vec![env.exited(attempt, 0)])
+        .await
+        .expect("the answer carries the node's new work");
+    assert_eq!(env.state(first).await, Succeeded);
+    assert_eq!(only(&handed).task, next);
+    assert_eq!(env.state(next).await, Starting);
+    // The poll the agent holds open was woken by the change, which the node has already:
+    // it stays open.
+    assert!(held.has_changed().unwrap());
+    let version = *held.borrow_and_update();
+    assert_eq!(agent.work_version.get(), Some(version));
+    assert!(env.control.already_handed(agent.node, version).await);
+
+    // A batch that changes nothing of the node's work carries none.
+    let started = env.started(only(&handed));
+    assert_eq!(env.report_asking_work(&mut agent, vec![started]).await, None);
+    assert_eq!(env.state(next).await, Running);
+    // A poll from the version it has is not answered with anything new either.
+    assert_eq!(env.poll(&mut agent).await, handed);
+    assert_eq!(agent.work_version.get(), Some(version));
+}
+
+#[tokio::test]
+async fn a_running_list_from_before_a_handover_never_ends_a_cancelled_attempt() {
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 1).await;
+    let (_, first) = env.running(&mut agent, ONE_CPU).await;
+    let next = env.submit(ONE_CPU).await;
+    // What a poll held open since then says: the version it had and what ran.
+    let (stale_after, stale_running) = (agent.work_version.get(), vec![first]);
+
+    // The first ends; the batch's answer hands the next to the node, which starts it.
+    let handed = env
+        .report_asking_work(&mut agent, vec![env.exited(first, 0)])
+        .await
+        .expect("the next task");
+    let attempt = only(&handed);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    env.control.cancel(next).await.unwrap();
+
+    // The held poll is answered (the cancel changed the node's work) with its list from
+    // before the handover, which lacks the next task's attempt: that says nothing of it.
+    let (work, _) = env
+        .control
+        .poll_work(agent.node, stale_after, &stale_running)
+        .await
+        .unwrap();
+    assert!(work.assignments.is_empty(), "the cancelled attempt is not desired");
+    assert_eq!(
+        env.state(next).await,
+        Running,
+        "ended while the node may still run it"
+    );
+    assert_eq!(
+        env.control.node_attempts.rank_of(agent.node, attempt),
+        Some(0),
+        "its last reports are still the node's to send"
+    );
+
+    // The agent applies that answer (it stops the attempt) and polls from it.
+    agent.work_version.set(Some(work.version));
+    agent.running.clear();
+    env.poll(&mut agent).await;
+    assert_eq!(env.state(next).await, Cancelled);
+    let record = env.task(next).await;
+    assert_eq!(record.reason.as_deref(), Some("cancelled by user"));
 }

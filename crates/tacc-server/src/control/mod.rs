@@ -711,65 +711,108 @@ impl Control {
         .await
     }
 
-    /// The work a node should be doing; also counts as the node's heartbeat. `running` is
-    /// what the agent runs now: a cancelled attempt it does not run (it never received
-    /// it, or already stopped it) is cancelled here, since no report about it will come.
-    async fn desired_work(
-        &self,
-        node: NodeId,
-        running: &[AttemptRef],
-    ) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
-        let refused = |refusal| match refusal {
-            PollRefused::UnknownNode => ServerError::NodeNotFound(node),
-            PollRefused::NotRegistered => ServerError::NodeNotRegistered(node),
-        };
-        let assignments = self
-            .turn(async |core: &mut Core| {
-                let settled = handlers::poll::on_poll(core, node, running, self.clock.instant())
-                    .map_err(refused)?;
-                let mut fx = Effects::default();
-                for attempt in settled {
-                    if let Some(record) = self.facts.task_record(attempt.task).await? {
-                        handlers::poll::on_cancel_settled(
-                            core,
-                            &mut fx,
-                            &self.config,
-                            record,
-                            attempt,
-                            self.clock.now(),
-                        );
-                    }
-                }
-                let assignments =
-                    handlers::poll::on_work(core, &mut fx, node, running).map_err(refused)?;
-                self.carry(core, fx).await?;
-                Ok(assignments)
-            })
-            .await?;
-        let receiver = self.comm.work_version(node);
-        let version = *receiver.borrow();
-        Ok((
-            DesiredWork {
-                version,
-                assignments,
-                requests: Vec::new(),
-            },
-            receiver,
-        ))
-    }
-
-    /// A node's poll for its work, answered now: its desired work (see
-    /// [`Control::desired_work`]), which attempts it was handed (so their reports and
-    /// outputs are accepted), and the questions waiting for it.
+    /// A node's poll for its work, answered now; it also counts as the node's heartbeat.
+    /// `running` is what the agent ran when it had applied version `after` of its work: a
+    /// cancelled attempt it does not run (it never received it, or already stopped it) is
+    /// cancelled here, since no report about it will come — judged only when no newer
+    /// version reached the node since (`NodeAttempts::knows_its_work`). The answer is its
+    /// desired work, which attempts it was handed (so their reports and outputs are
+    /// accepted), and the questions waiting for it.
     pub async fn poll_work(
         &self,
         node: NodeId,
+        after: Option<u64>,
         running: &[AttemptRef],
     ) -> Result<(DesiredWork, watch::Receiver<u64>), ServerError> {
-        let (mut work, changes) = self.desired_work(node, running).await?;
-        self.node_attempts.sync(node, running, &work.assignments);
+        let handed = self
+            .turn_then(
+                async |core: &mut Core| self.on_node_poll(core, node, after, running).await,
+                |core, ()| core.map(|core| self.hand_work(core, node, after, running)),
+            )
+            .await?;
+        let Some(handed) = handed else {
+            return Err(ServerError::Unavailable(
+                "the server is rebuilding its state after a failed commit; poll again".into(),
+            ));
+        };
+        let (mut work, changes) = handed.map_err(|refusal| poll_refused(node, refusal))?;
         work.requests = self.node_requests.take(node);
         Ok((work, changes))
+    }
+
+    /// Whether a poll of `node` held open should stay open at version `version`: that
+    /// version was already handed to the node with a report batch's answer. (Asked under
+    /// the core's lock, so a turn that changes the node's work and hands it over in its
+    /// answer is seen whole.)
+    pub async fn already_handed(&self, node: NodeId, version: u64) -> bool {
+        let _core = self.inner.lock().await;
+        self.node_attempts.has_delivered(node, version)
+    }
+
+    /// The part of a poll (or of a report batch that asks for its work) that changes the
+    /// core: the heartbeat, and the cancels the node's list shows settled.
+    async fn on_node_poll(
+        &self,
+        core: &mut Core,
+        node: NodeId,
+        after: Option<u64>,
+        running: &[AttemptRef],
+    ) -> Result<(), ServerError> {
+        let knows = self.node_attempts.knows_its_work(node, after);
+        let Ok(settled) = handlers::poll::on_poll(core, node, running, knows, self.clock.instant())
+        else {
+            // Refused: `hand_work` says why.
+            return Ok(());
+        };
+        let mut fx = Effects::default();
+        for attempt in settled {
+            if let Some(record) = self.facts.task_record(attempt.task).await? {
+                handlers::poll::on_cancel_settled(
+                    core,
+                    &mut fx,
+                    &self.config,
+                    record,
+                    attempt,
+                    self.clock.now(),
+                );
+            }
+        }
+        self.carry(core, fx).await
+    }
+
+    /// The node's desired work as the turn left it, handed over: its version is taken
+    /// with it under the core's lock (a version read later could name a change these
+    /// assignments lack, and the agent would wait for it in vain), and recorded as the
+    /// node's (`NodeAttempts::sync`).
+    fn hand_work(
+        &self,
+        core: &mut Core,
+        node: NodeId,
+        after: Option<u64>,
+        running: &[AttemptRef],
+    ) -> Result<(DesiredWork, watch::Receiver<u64>), PollRefused> {
+        let knows = self.node_attempts.knows_its_work(node, after);
+        let desired = handlers::poll::on_work(core, node, running)?;
+        if desired.released {
+            // The work held back is due: a poll held open is answered too.
+            self.comm.work_changed(node);
+        }
+        let changes = self.comm.work_version(node);
+        let version = *changes.borrow();
+        self.node_attempts.sync(
+            node,
+            knows.then_some(running),
+            version,
+            &desired.assignments,
+        );
+        Ok((
+            DesiredWork {
+                version,
+                assignments: desired.assignments,
+                requests: Vec::new(),
+            },
+            changes,
+        ))
     }
 
     pub async fn touch(&self, node: NodeId) {
@@ -933,6 +976,14 @@ impl Control {
     }
 }
 
+/// Why a node's poll (or its report batch's ask for work) gets no work, as the API says it.
+fn poll_refused(node: NodeId, refusal: PollRefused) -> ServerError {
+    match refusal {
+        PollRefused::UnknownNode => ServerError::NodeNotFound(node),
+        PollRefused::NotRegistered => ServerError::NodeNotRegistered(node),
+    }
+}
+
 // ---- Entry points: agents' reports ----
 
 impl Control {
@@ -940,18 +991,42 @@ impl Control {
     /// scheduling decision for everything the batch ended, not one per attempt (with a
     /// long queue each decision walks it, and a batch may end dozens), and one transaction
     /// for the batch's changes and that decision's plan.
+    ///
+    /// A batch that asks for the node's work (`since`) is answered with it when it is
+    /// not the version the agent has: what the turn decided — the next task on the slot
+    /// an ended one freed — reaches the node in this answer, without waking its poll.
     pub async fn agent_reports(
         &self,
         node: NodeId,
         reports: Vec<AgentReport>,
+        since: Option<tacc_proto::WorkSince>,
     ) -> Result<tacc_proto::ReportsAck, ServerError> {
-        self.turn(async |core: &mut Core| {
-            match core.nodes.get_mut(&node) {
-                Some(live) => live.last_seen = self.clock.instant(),
-                None => return Err(ServerError::NodeNotFound(node)),
-            }
-            self.apply_reports(core, node, reports).await
-        })
+        let since = since.as_ref();
+        self.turn_then(
+            async |core: &mut Core| {
+                match core.nodes.get_mut(&node) {
+                    Some(live) => live.last_seen = self.clock.instant(),
+                    None => return Err(ServerError::NodeNotFound(node)),
+                }
+                let ack = self.apply_reports(core, node, reports).await?;
+                if let Some(since) = since {
+                    self.on_node_poll(core, node, since.after, &since.running)
+                        .await?;
+                }
+                Ok(ack)
+            },
+            |core, mut ack| {
+                if let (Some(core), Some(since)) = (core, since) {
+                    // A node that must register first gets its work from its poll.
+                    if let Ok((work, _)) = self.hand_work(core, node, since.after, &since.running)
+                        && since.after != Some(work.version)
+                    {
+                        ack.work = Some(work);
+                    }
+                }
+                ack
+            },
+        )
         .await
     }
 

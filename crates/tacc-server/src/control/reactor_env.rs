@@ -163,7 +163,7 @@ impl ReactorEnv {
 
     /// The node polls with what its agent runs; its desired work.
     pub(super) fn poll(&mut self, node: NodeId, running: &[AttemptRef]) -> Vec<Assignment> {
-        let settled = handlers::poll::on_poll(&mut self.core, node, running, self.instant)
+        let settled = handlers::poll::on_poll(&mut self.core, node, running, true, self.instant)
             .expect("the node is registered");
         let mut fx = Effects::default();
         for attempt in settled {
@@ -177,10 +177,10 @@ impl ReactorEnv {
                 self.now,
             );
         }
-        let work = handlers::poll::on_work(&mut self.core, &mut fx, node, running)
-            .expect("the node is registered");
         self.carry(fx);
-        work
+        handlers::poll::on_work(&mut self.core, node, running)
+            .expect("the node is registered")
+            .assignments
     }
 
     /// The node's agent says the attempt started.

@@ -39,6 +39,19 @@ impl Control {
         &self,
         body: impl AsyncFnOnce(&mut Core) -> Result<R, ServerError>,
     ) -> Result<R, ServerError> {
+        self.turn_then(body, |_, result| result).await
+    }
+
+    /// A turn, and then — its decision made and committed, the lock still held — `then`
+    /// reads the core as the turn left it: what a node is handed in the answer to the
+    /// events it sent is what the turn decided, and no other turn comes in between.
+    /// (`then` gets no core when a commit of the turn failed: the core is rebuilt from the
+    /// store next, and every node's poll answered.)
+    pub(crate) async fn turn_then<R, T>(
+        &self,
+        body: impl AsyncFnOnce(&mut Core) -> Result<R, ServerError>,
+        then: impl FnOnce(Option<&mut Core>, R) -> T,
+    ) -> Result<T, ServerError> {
         let mut guard = self.inner.lock().await;
         let core = &mut *guard;
         core.deferred = Some(Vec::new());
@@ -57,6 +70,7 @@ impl Control {
                     result = Err(e.into());
                 }
                 *failed = self.discard_if_failed();
+                let result = result.map(|done| then((!*failed).then_some(&mut *core), done));
                 // Committed (or failed, and the followers find out): wake them now.
                 for task in LOG_WAKES
                     .try_with(|wakes| std::mem::take(&mut *wakes.borrow_mut()))

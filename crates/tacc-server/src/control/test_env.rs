@@ -64,6 +64,8 @@ pub(super) struct FakeAgent {
     pub(super) life: u64,
     /// The GPUs it offers.
     pub(super) gpus: u32,
+    /// The version of its desired work it got last (none since it registered).
+    pub(super) work_version: std::cell::Cell<Option<u64>>,
 }
 
 impl TestEnv {
@@ -312,6 +314,7 @@ impl TestEnv {
             log_written: 0,
             life: 1,
             gpus: 0,
+            work_version: Default::default(),
         };
         agent.node = self.register(&agent, cpus).await;
         agent
@@ -326,6 +329,7 @@ impl TestEnv {
             log_written: 0,
             life: 1,
             gpus,
+            work_version: Default::default(),
         };
         agent.node = self.register(&agent, cpus).await;
         agent
@@ -363,6 +367,7 @@ impl TestEnv {
             log_written: 0,
             life: 1,
             gpus: 0,
+            work_version: Default::default(),
         };
         let enrolment = tacc_store::NodeEnrolment {
             pending: self.control.config.require_node_approval,
@@ -382,6 +387,7 @@ impl TestEnv {
         cpus: u64,
         enrolment: Option<tacc_store::NodeEnrolment>,
     ) -> NodeId {
+        agent.work_version.set(None);
         self.control
             .register_agent(
                 RegisterAgent {
@@ -407,9 +413,10 @@ impl TestEnv {
         let running: Vec<AttemptRef> = agent.running.iter().copied().collect();
         let (work, _) = self
             .control
-            .poll_work(agent.node, &running)
+            .poll_work(agent.node, agent.work_version.get(), &running)
             .await
             .expect("the poll is answered");
+        agent.work_version.set(Some(work.version));
         let assigned: BTreeSet<AttemptRef> = work.assignments.iter().map(|a| a.attempt).collect();
         agent.running.retain(|a| assigned.contains(a));
         agent.running.extend(assigned);
@@ -424,7 +431,7 @@ impl TestEnv {
         let running: Vec<AttemptRef> = agent.running.iter().copied().collect();
         Ok(self
             .control
-            .poll_work(agent.node, &running)
+            .poll_work(agent.node, agent.work_version.get(), &running)
             .await?
             .0
             .assignments)
@@ -433,10 +440,35 @@ impl TestEnv {
     pub(super) async fn report(&self, agent: &FakeAgent, reports: Vec<AgentReport>) -> (u32, u32) {
         let ack = self
             .control
-            .agent_reports(agent.node, reports)
+            .agent_reports(agent.node, reports, None)
             .await
             .expect("the reports are answered");
         (ack.accepted, ack.rejected)
+    }
+
+    /// The agent reports, asking for its newer work as the real agent does (the version
+    /// it has and what it runs); work in the answer it applies as a poll's. Returns the
+    /// assignments the answer handed it, if any.
+    pub(super) async fn report_asking_work(
+        &self,
+        agent: &mut FakeAgent,
+        reports: Vec<AgentReport>,
+    ) -> Option<Vec<Assignment>> {
+        let since = tacc_proto::WorkSince {
+            after: agent.work_version.get(),
+            running: agent.running.iter().copied().collect(),
+        };
+        let ack = self
+            .control
+            .agent_reports(agent.node, reports, Some(since))
+            .await
+            .expect("the reports are answered");
+        let work = ack.work?;
+        agent.work_version.set(Some(work.version));
+        let assigned: BTreeSet<AttemptRef> = work.assignments.iter().map(|a| a.attempt).collect();
+        agent.running.retain(|a| assigned.contains(a));
+        agent.running.extend(assigned);
+        Some(work.assignments)
     }
 
     pub(super) fn started(&self, attempt: AttemptRef) -> AgentReport {

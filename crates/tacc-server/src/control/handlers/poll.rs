@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use tacc_core::{NodeId, Timestamp};
-use tacc_proto::{Assignment, AttemptOutcome, AttemptRef};
+use tacc_proto::{AttemptOutcome, AttemptRef};
 
 use super::ending::on_attempt_finished;
 use crate::control::effects::Effects;
@@ -24,11 +24,13 @@ pub(crate) enum PollRefused {
 
 /// The heartbeat: the node is seen at `seen`. Returns the cancelled attempts its agent
 /// no longer runs, which the shell ends with [`on_cancel_settled`] once it has their
-/// records.
+/// records — none when `running` may predate work that reached the node since (`knows`
+/// false: `NodeAttempts::knows_its_work`), as an attempt missing from it may run.
 pub(crate) fn on_poll(
     core: &mut Core,
     node: NodeId,
     running: &[AttemptRef],
+    knows: bool,
     seen: Instant,
 ) -> Result<Vec<AttemptRef>, PollRefused> {
     let live = core.nodes.get_mut(&node).ok_or(PollRefused::UnknownNode)?;
@@ -36,6 +38,9 @@ pub(crate) fn on_poll(
         return Err(PollRefused::NotRegistered);
     }
     live.last_seen = seen;
+    if !knows {
+        return Ok(Vec::new());
+    }
     Ok(polls::settled_cancels(live, running))
 }
 
@@ -62,18 +67,16 @@ pub(crate) fn on_cancel_settled(
     );
 }
 
-/// The node's desired work now; a node whose held-back work became due is woken, so its
-/// next poll is answered at once.
+/// The node's desired work now (`released`: its held-back work became due, so a poll it
+/// holds open must be answered too).
 pub(crate) fn on_work(
     core: &mut Core,
-    fx: &mut Effects,
     node: NodeId,
     running: &[AttemptRef],
-) -> Result<Vec<Assignment>, PollRefused> {
+) -> Result<polls::Desired, PollRefused> {
     let live = core.nodes.get_mut(&node).ok_or(PollRefused::UnknownNode)?;
-    let desired = polls::desired(live, running);
-    if desired.released {
-        fx.wake(node);
+    if !live.online {
+        return Err(PollRefused::NotRegistered);
     }
-    Ok(desired.assignments)
+    Ok(polls::desired(live, running))
 }
