@@ -100,7 +100,10 @@ mod tests {
         assert!(work.take(Path::Poll, 3));
         assert_eq!(work.after(), Some(3));
         assert!(work.take(report, 5), "a report batch's answer, newer");
-        assert!(!work.take(Path::Poll, 4), "a poll answered before it, arriving late");
+        assert!(
+            !work.take(Path::Poll, 4),
+            "a poll answered before it, arriving late"
+        );
         assert!(!work.take(Path::Poll, 5), "the same version again");
         assert!(!work.take(report, 5));
         assert_eq!(work.after(), Some(5));

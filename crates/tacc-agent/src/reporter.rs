@@ -232,14 +232,24 @@ impl Reports {
         self.wake.notify_one();
     }
 
-    /// The next batch: a turn for each attempt with something to say, round robin,
-    /// until the batch is full or nothing is left; empty when nothing waits.
-    pub(crate) fn take_batch(&self, budget: usize) -> Vec<AgentReport> {
+    /// The next batch: a turn for each attempt with something to say (but those in
+    /// `busy`: a batch carrying their reports is on its way), round robin, until the batch
+    /// is full or nothing is left; empty when nothing waits.
+    pub(crate) fn take_batch(
+        &self,
+        budget: usize,
+        busy: &BTreeSet<AttemptRef>,
+    ) -> Vec<AgentReport> {
         let mut queues = self.queues.lock().unwrap();
         let mut batch: Vec<AgentReport> = Vec::new();
         let mut room = budget;
         // The attempts in turn order, from the one whose turn it is.
-        let mut order: Vec<AttemptRef> = queues.attempts.keys().copied().collect();
+        let mut order: Vec<AttemptRef> = queues
+            .attempts
+            .keys()
+            .filter(|attempt| !busy.contains(attempt))
+            .copied()
+            .collect();
         if let Some(next) = queues.next {
             let first = order.partition_point(|a| *a < next);
             order.rotate_left(first);
@@ -330,18 +340,25 @@ impl Reports {
         }
     }
 
-    /// Whether something waits and all of it is attempts' starts (no output, no end, no
-    /// sample): what [`START_LINGER`] holds back for a moment.
-    fn only_starts_waiting(&self) -> bool {
+    /// What waits to be sent of the attempts not in `busy`.
+    fn waiting(&self, busy: &BTreeSet<AttemptRef>) -> Waiting {
         let queues = self.queues.lock().unwrap();
-        !queues.attempts.values().all(AttemptQueue::is_empty)
-            && queues.attempts.values().all(|queue| {
-                queue.log.is_empty()
-                    && queue
-                        .events
-                        .iter()
-                        .all(|(_, report)| matches!(report, AgentReport::Started { .. }))
-            })
+        let mut waiting = Waiting::Nothing;
+        for (attempt, queue) in &queues.attempts {
+            if busy.contains(attempt) || queue.is_empty() {
+                continue;
+            }
+            let only_starts = queue.log.is_empty()
+                && queue
+                    .events
+                    .iter()
+                    .all(|(_, report)| matches!(report, AgentReport::Started { .. }));
+            if !only_starts {
+                return Waiting::Reports;
+            }
+            waiting = Waiting::OnlyStarts;
+        }
+        waiting
     }
 
     /// Wait until something may have been queued.
@@ -373,41 +390,97 @@ impl AskWork {
     }
 }
 
+/// What waits to be sent (of the attempts no batch on its way carries).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    Nothing,
+    /// Attempts' starts, and nothing else: what [`START_LINGER`] holds back for a moment.
+    OnlyStarts,
+    /// Output, an end, a sample: it goes at once.
+    Reports,
+}
+
+/// How many report batches may be on their way at once. Each carries other attempts
+/// than the others (an attempt's reports stay in order); one batch at a time made
+/// every end on the node wait for the answer to the batch before it — with short tasks
+/// the node's slots then took turns instead of running side by side.
+pub(crate) const LANES: usize = 4;
+
 pub(crate) async fn run(
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     attempts: Arc<Mutex<crate::Attempts>>,
     handed: UnboundedSender<HandedWork>,
 ) {
-    let ask = AskWork { attempts, handed };
+    let ask = Arc::new(AskWork { attempts, handed });
+    // Batches on their way, each with the attempts it carries.
+    let mut lanes: tokio::task::JoinSet<(BTreeSet<AttemptRef>, Result<(), ()>)> =
+        tokio::task::JoinSet::new();
+    let mut busy: BTreeSet<AttemptRef> = BTreeSet::new();
+    let mut linger: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    let mut lingered = false;
     loop {
-        if shared.reports.only_starts_waiting() {
-            let linger = tokio::time::sleep(START_LINGER);
-            tokio::pin!(linger);
-            loop {
-                tokio::select! {
-                    _ = &mut linger => break,
-                    _ = shared.reports.queued() => {
-                        if !shared.reports.only_starts_waiting() {
-                            break;
+        if lanes.len() < LANES {
+            let waiting = shared.reports.waiting(&busy);
+            let send = match waiting {
+                Waiting::Reports => true,
+                Waiting::OnlyStarts => lingered,
+                Waiting::Nothing => false,
+            };
+            if waiting != Waiting::OnlyStarts || send {
+                linger = None;
+                lingered = false;
+            } else if linger.is_none() {
+                linger = Some(Box::pin(tokio::time::sleep(START_LINGER)));
+            }
+            if send {
+                let batch = shared.reports.take_batch(BATCH_BYTES, &busy);
+                if !batch.is_empty() {
+                    let carried: BTreeSet<AttemptRef> =
+                        batch.iter().map(AgentReport::attempt).collect();
+                    busy.extend(carried.iter().copied());
+                    let (shared, ask, shutdown) = (shared.clone(), ask.clone(), shutdown.clone());
+                    lanes.spawn(async move {
+                        let delivered = deliver(&shared, batch, &ask, &shutdown).await;
+                        (carried, delivered)
+                    });
+                    continue;
+                }
+            }
+        }
+        tokio::select! {
+            _ = shared.reports.queued() => {}
+            Some(done) = lanes.join_next(), if !lanes.is_empty() => {
+                match done {
+                    Ok((carried, Ok(()))) => {
+                        for attempt in carried {
+                            busy.remove(&attempt);
                         }
                     }
-                    _ = shutdown.cancelled() => break,
+                    // Shut down while retrying; or the delivery panicked, a bug.
+                    Ok((_, Err(()))) => return,
+                    Err(e) => std::panic::resume_unwind(e.into_panic()),
                 }
             }
-        }
-        let batch = shared.reports.take_batch(BATCH_BYTES);
-        if batch.is_empty() {
-            tokio::select! {
-                _ = shared.reports.queued() => continue,
-                _ = shutdown.cancelled() => {
-                    flush_on_shutdown(&shared).await;
-                    return;
-                }
+            _ = async { linger.as_mut().expect("lingering").await }, if linger.is_some() => {
+                linger = None;
+                lingered = true;
             }
-        }
-        if deliver(&shared, batch, &ask, &shutdown).await.is_err() {
-            return;
+            _ = shutdown.cancelled() => {
+                // What is on its way gets a moment to arrive; then what still waits.
+                let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                    while let Some(done) = lanes.join_next().await {
+                        if let Ok((carried, _)) = done {
+                            for attempt in carried {
+                                busy.remove(&attempt);
+                            }
+                        }
+                    }
+                })
+                .await;
+                flush_on_shutdown(&shared, &busy).await;
+                return;
+            }
         }
     }
 }
@@ -516,8 +589,8 @@ async fn deliver(
 const DROPPED_MARKER: &str = "tacc: dropped";
 
 /// One bounded attempt to deliver what is queued when the agent stops.
-async fn flush_on_shutdown(shared: &Shared) {
-    let batch = shared.reports.take_batch(BATCH_BYTES);
+async fn flush_on_shutdown(shared: &Shared, busy: &BTreeSet<AttemptRef>) {
+    let batch = shared.reports.take_batch(BATCH_BYTES, busy);
     if let (Some(node), false) = (shared.node(), batch.is_empty()) {
         let send = shared.client.agent_reports(node, &batch);
         let _ = tokio::time::timeout(Duration::from_secs(2), send).await;
@@ -545,6 +618,14 @@ mod tests {
         }
     }
 
+    fn log_at(attempt: AttemptRef, text: &str, offset: u64) -> AgentReport {
+        AgentReport::Log {
+            attempt,
+            text: text.to_string(),
+            offset: Some(offset),
+        }
+    }
+
     fn finished(attempt: AttemptRef) -> AgentReport {
         AgentReport::Finished {
             attempt,
@@ -564,7 +645,7 @@ mod tests {
     fn drain(reports: &Reports) -> Vec<Vec<AgentReport>> {
         let mut batches = Vec::new();
         loop {
-            let batch = reports.take_batch(BATCH_BYTES);
+            let batch = reports.take_batch(BATCH_BYTES, &BTreeSet::new());
             if batch.is_empty() {
                 return batches;
             }
@@ -598,7 +679,7 @@ mod tests {
         reports.send(log(b, "still running\n"));
         assert_eq!(reports.undelivered_ends(), [a]);
         // Taken into a batch is not delivered: the batch may still fail.
-        let batch = reports.take_batch(BATCH_BYTES);
+        let batch = reports.take_batch(BATCH_BYTES, &BTreeSet::new());
         assert_eq!(reports.undelivered_ends(), [a]);
         reports.delivered(&batch);
         assert!(reports.undelivered_ends().is_empty());
@@ -616,12 +697,12 @@ mod tests {
         }
         let next = Reports::open(dir.path()).unwrap();
         assert_eq!(next.undelivered_ends(), [a]);
-        let batch = next.take_batch(BATCH_BYTES);
+        let batch = next.take_batch(BATCH_BYTES, &BTreeSet::new());
         assert_eq!(batch, [finished(a)]);
         next.delivered(&batch);
         let after = Reports::open(dir.path()).unwrap();
         assert!(after.undelivered_ends().is_empty());
-        assert!(after.take_batch(BATCH_BYTES).is_empty());
+        assert!(after.take_batch(BATCH_BYTES, &BTreeSet::new()).is_empty());
     }
 
     #[test]
@@ -672,7 +753,8 @@ mod tests {
     #[test]
     fn only_starts_are_held_back_for_company() {
         let (_dir, reports) = reports();
-        assert!(!reports.only_starts_waiting(), "nothing waits");
+        let none = BTreeSet::new();
+        assert_eq!(reports.waiting(&none), Waiting::Nothing);
         reports.send(AgentReport::Started {
             attempt: attempt(1),
             at: Timestamp(1),
@@ -681,16 +763,52 @@ mod tests {
             attempt: attempt(2),
             at: Timestamp(1),
         });
-        assert!(reports.only_starts_waiting());
+        assert_eq!(reports.waiting(&none), Waiting::OnlyStarts);
         reports.send(finished(attempt(1)));
-        assert!(!reports.only_starts_waiting(), "an end goes at once");
+        assert_eq!(
+            reports.waiting(&none),
+            Waiting::Reports,
+            "an end goes at once"
+        );
+        assert_eq!(
+            reports.waiting(&[attempt(1)].into()),
+            Waiting::OnlyStarts,
+            "unless a batch on its way carries its attempt's reports"
+        );
         drain(&reports);
         reports.send(AgentReport::Started {
             attempt: attempt(3),
             at: Timestamp(1),
         });
         reports.send(log(attempt(3), "hello\n"));
-        assert!(!reports.only_starts_waiting(), "output goes at once");
+        assert_eq!(
+            reports.waiting(&none),
+            Waiting::Reports,
+            "output goes at once"
+        );
+    }
+
+    #[test]
+    fn an_attempt_whose_reports_are_on_their_way_waits_for_their_answer_and_others_do_not() {
+        let (_dir, reports) = reports();
+        let (carried, other) = (attempt(1), attempt(2));
+        reports.send(log(carried, "one\n"));
+        let first = reports.take_batch(BATCH_BYTES, &BTreeSet::new());
+        assert_eq!(first, [log_at(carried, "one\n", 0)]);
+        // While that batch is on its way, the attempt's next reports wait; another
+        // attempt's go in a batch of their own.
+        reports.send(log(carried, "two\n"));
+        reports.send(finished(carried));
+        reports.send(finished(other));
+        let busy: BTreeSet<AttemptRef> = [carried].into();
+        assert_eq!(reports.take_batch(BATCH_BYTES, &busy), [finished(other)]);
+        assert!(reports.take_batch(BATCH_BYTES, &busy).is_empty());
+        assert_eq!(reports.waiting(&busy), Waiting::Nothing);
+        // Answered: they follow, in order, their output where the first batch left it.
+        assert_eq!(
+            reports.take_batch(BATCH_BYTES, &BTreeSet::new()),
+            [log_at(carried, "two\n", 4), finished(carried)]
+        );
     }
 
     #[test]
@@ -707,7 +825,7 @@ mod tests {
         });
         reports.send(log(quiet, "hello\n"));
         reports.send(finished(quiet));
-        let first = reports.take_batch(BATCH_BYTES);
+        let first = reports.take_batch(BATCH_BYTES, &BTreeSet::new());
         assert!(first.contains(&finished(quiet)), "the quiet task waited");
         // Its output is tagged with where it starts in the attempt's output.
         assert!(first.contains(&AgentReport::Log {

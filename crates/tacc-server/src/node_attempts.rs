@@ -187,7 +187,12 @@ mod tests {
     fn a_node_that_comes_back_holds_only_what_it_claims() {
         let held = NodeAttempts::default();
         let (a, b) = (attempt(1, 1), attempt(2, 1));
-        held.sync(NodeId(1), Some(&[]), 4, &[assignment(a, 0), assignment(b, 0)]);
+        held.sync(
+            NodeId(1),
+            Some(&[]),
+            4,
+            &[assignment(a, 0), assignment(b, 0)],
+        );
         held.forget_node(NodeId(1), &[b]);
         assert_eq!(held.rank_of(NodeId(1), a), None);
         assert_eq!(held.rank_of(NodeId(1), b), Some(0));
@@ -209,7 +214,10 @@ mod tests {
         held.sync(n, Some(&[a]), 4, &[assignment(a, 0), assignment(b, 0)]);
         assert!(held.has_delivered(n, 4) && held.has_delivered(n, 3));
         assert!(!held.has_delivered(n, 5));
-        assert!(!held.knows_its_work(n, Some(3)), "listed before `b` arrived");
+        assert!(
+            !held.knows_its_work(n, Some(3)),
+            "listed before `b` arrived"
+        );
         assert!(!held.knows_its_work(n, None));
         assert!(held.knows_its_work(n, Some(4)));
         // `b` is withdrawn (cancelled); the list from version 3 lacks it, yet the node

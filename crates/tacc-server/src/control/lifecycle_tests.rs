@@ -1386,7 +1386,10 @@ async fn a_report_batch_that_ends_a_task_carries_the_next_one_and_the_held_poll_
 
     // A batch that changes nothing of the node's work carries none.
     let started = env.started(only(&handed));
-    assert_eq!(env.report_asking_work(&mut agent, vec![started]).await, None);
+    assert_eq!(
+        env.report_asking_work(&mut agent, vec![started]).await,
+        None
+    );
     assert_eq!(env.state(next).await, Running);
     // A poll from the version it has is not answered with anything new either.
     assert_eq!(env.poll(&mut agent).await, handed);
@@ -1418,7 +1421,10 @@ async fn a_running_list_from_before_a_handover_never_ends_a_cancelled_attempt() 
         .poll_work(agent.node, stale_after, &stale_running)
         .await
         .unwrap();
-    assert!(work.assignments.is_empty(), "the cancelled attempt is not desired");
+    assert!(
+        work.assignments.is_empty(),
+        "the cancelled attempt is not desired"
+    );
     assert_eq!(
         env.state(next).await,
         Running,
