@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 /// What a held-back variable is renamed to: this prefix and its own name.
-pub(crate) const PREFIX: &str = "TACC_HELD_BACK_";
+pub(crate) const PREFIX: &str = tacc_launch::HELD_PREFIX;
 
 /// Prefixes of variables read by glibc's loader and allocator (its list of variables
 /// unsafe for set-id programs, `unsecvars.h`, and the families around it).

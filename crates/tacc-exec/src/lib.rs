@@ -121,15 +121,9 @@ impl Phase {
     }
 }
 
-/// The Unix identity an execution runs as: the process runtime switches to it in the
-/// child before `exec` (supplementary groups dropped, then gid, then uid); a container
-/// gets it as `--user uid:gid`. Never root: the agent refuses uid or gid 0 before it
-/// builds one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RunAs {
-    pub uid: u32,
-    pub gid: u32,
-}
+/// The Unix identity an execution runs as (defined beside the launcher, which switches
+/// to it).
+pub use tacc_launch::RunAs;
 
 /// The image, resource limits and GPUs of one execution, for runtimes that enforce them
 /// themselves (a container gets exactly these; a Slurm job asks for them).

@@ -13,19 +13,11 @@
 //! one short-lived program per launch rather than a shell and a `mount` per directory.
 
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
-use nix::mount::MsFlags;
-
 /// The helper's subcommand (hidden in `taccd`).
 pub const PRIVATE_TMP_SUBCOMMAND: &str = "private-tmp";
-
-/// The mode of the directories made in the new `/tmp` on the way to `keep`: searchable by
-/// the task.
-const KEEP_PATH_MODE: u32 = 0o755;
 
 /// The directories an attempt's executions see as `/tmp` and `/dev/shm`, and the program
 /// that mounts them.
@@ -71,7 +63,7 @@ pub fn enter_private_tmp(
     keep: Option<&Path>,
     command: &[OsString],
 ) -> std::io::Error {
-    match namespace(tmp, shm, keep) {
+    match tacc_launch::private_tmp_namespace(tmp, shm, keep) {
         Ok(()) => {}
         Err(e) => return e,
     }
@@ -79,60 +71,6 @@ pub fn enter_private_tmp(
         return std::io::Error::other("no program to run");
     };
     std::process::Command::new(program).args(args).exec()
-}
-
-/// The namespace and its binds, in this process (the helper's and the launcher's step).
-pub(crate) fn namespace(tmp: &Path, shm: &Path, keep: Option<&Path>) -> std::io::Result<()> {
-    let context =
-        |what: String| move |e: nix::errno::Errno| std::io::Error::other(format!("{what}: {e}"));
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
-        .map_err(context("cannot make a mount namespace".into()))?;
-    nix::mount::mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_SLAVE,
-        None::<&str>,
-    )
-    .map_err(context("cannot make / a slave mount".into()))?;
-    // Held open while /tmp is covered: the way back to it (opened in the new namespace,
-    // whose mounts alone may be bound here).
-    let kept = keep
-        .map(|dir| {
-            std::fs::File::open(dir)
-                .map_err(|e| std::io::Error::other(format!("cannot open {}: {e}", dir.display())))
-        })
-        .transpose()?;
-    // /dev/shm first: a source under /tmp (a test's data directory) is still found.
-    for (source, target) in [(shm, "/dev/shm"), (tmp, "/tmp")] {
-        nix::mount::mount(
-            Some(source),
-            target,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .map_err(context(format!(
-            "cannot bind {} on {target}",
-            source.display()
-        )))?;
-    }
-    if let (Some(dir), Some(kept)) = (keep, kept) {
-        std::fs::create_dir_all(dir)?;
-        for made in dir.ancestors().take_while(|p| *p != Path::new("/tmp")) {
-            std::fs::set_permissions(made, std::fs::Permissions::from_mode(KEEP_PATH_MODE))?;
-        }
-        let source = format!("/proc/self/fd/{}", kept.as_raw_fd());
-        nix::mount::mount(
-            Some(source.as_str()),
-            dir,
-            None::<&str>,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None::<&str>,
-        )
-        .map_err(context(format!("cannot bind {} back", dir.display())))?;
-    }
-    Ok(())
 }
 
 /// Whether executions can get `private` as their `/tmp` and `/dev/shm` here: runs the

@@ -11,7 +11,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("tacc-compiler", &["tacc-core", "tacc-schema"]),
     ("tacc-scheduler", &["tacc-core"]),
     ("tacc-adaptive", &["tacc-core"]),
-    ("tacc-exec", &["tacc-core"]),
+    // The launcher depends on nothing of ours (small, and static where built so).
+    ("tacc-launch", &[]),
+    ("tacc-exec", &["tacc-core", "tacc-launch"]),
     ("tacc-store", &["tacc-core"]),
     ("tacc-proto", &["tacc-core"]),
     ("tacc-plot", &[]),

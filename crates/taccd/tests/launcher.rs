@@ -13,7 +13,17 @@ use std::time::Duration;
 use tacc_exec::cgroups::{self, Cgroups};
 use tacc_exec::{Executor, ExitOutcome, PrivateTmp, ProcessExecutor, RunAs, contract};
 
-const LAUNCHER: &str = env!("CARGO_BIN_EXE_tacc-launch");
+/// The launcher (crate `tacc-launch`), built beside `taccd` by the test command's
+/// `cargo build --workspace --bins`.
+fn launcher() -> std::path::PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_taccd")).with_file_name("tacc-launch");
+    assert!(
+        path.is_file(),
+        "{} is missing: build it with `cargo build -p tacc-launch`",
+        path.display()
+    );
+    path
+}
 
 const ALICE: RunAs = RunAs {
     uid: 54_331,
@@ -64,7 +74,7 @@ fn hierarchy_or_skip(test: &str) -> Option<Hierarchy> {
 }
 
 fn executor(h: &Hierarchy) -> ProcessExecutor {
-    ProcessExecutor::with_cgroups(h.cgroups.clone()).with_launcher(LAUNCHER)
+    ProcessExecutor::with_cgroups(h.cgroups.clone()).with_launcher(launcher())
 }
 
 /// Run `spec`; its stdout and stderr lines (prefixed `E:`) and how it ended.
@@ -123,7 +133,7 @@ async fn a_direct_run_line_gets_its_cgroup_identity_directory_environment_and_pr
         spec.placement.run_as = Some(ALICE);
         spec.placement.memory_bytes = 64 << 20;
         spec.placement.private_tmp = Some(PrivateTmp {
-            helper: LAUNCHER.into(),
+            helper: launcher(),
             tmp: tmp.clone(),
             shm: shm.clone(),
             keep: None,
@@ -232,7 +242,7 @@ fn without_go_the_launcher_runs_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let marker = dir.path().join("ran");
     for said in ["", "no\n", "gone\n"] {
-        let mut child = std::process::Command::new(LAUNCHER)
+        let mut child = std::process::Command::new(launcher())
             .args(["launch", "--join", "--chdir"])
             .arg(dir.path())
             .args(["--", "touch"])
