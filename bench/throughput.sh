@@ -24,7 +24,9 @@ CORES=$(nproc)
 
 cargo bench -p taccd --bench throughput --no-run >/dev/null 2>&1 ||
   cargo bench -p taccd --bench throughput --no-run
-cargo build --release -q -p taccd -p tcloud --bins
+cargo build --release -q -p taccd -p tcloud -p tacc-launch --bins
+# Executions start as the static launcher, as an installation has them (OPERATIONS.md).
+scripts/static-launcher.sh target/release
 BIN=$PWD/target/release
 
 source bench/lib.sh

@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 echo "==> building tcloud and taccd (release)"
-cargo build --release --quiet -p tcloud -p taccd
+cargo build --release --quiet -p tcloud -p taccd -p tacc-launch
+# The launcher every execution starts as, static where the musl target can be had.
+scripts/static-launcher.sh --if-possible target/release
 export PATH="$PWD/target/release:$PATH"
 
 echo "==> starting the embedded cluster"

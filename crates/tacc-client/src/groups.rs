@@ -50,6 +50,24 @@ impl Client {
         Ok(detail.group)
     }
 
+    /// A group's counts without its elements, answered once no element is open (queued,
+    /// starting, running) or after `wait` (the server waits 30 s at most).
+    pub async fn group_summary_when_ended(
+        &self,
+        id: tacc_core::GroupId,
+        wait: std::time::Duration,
+    ) -> Result<tacc_proto::GroupView> {
+        let wait_ms = wait.as_millis().to_string();
+        let detail: tacc_proto::GroupDetail = self
+            .json(
+                self.request(Method::GET, &format!("/v1/groups/{id}"))
+                    .query(&[("elements", "false"), ("wait_ms", wait_ms.as_str())])
+                    .timeout(wait + std::time::Duration::from_secs(30)),
+            )
+            .await?;
+        Ok(detail.group)
+    }
+
     /// A sweep's leaderboard, best trial first.
     pub async fn sweep(&self, id: tacc_core::GroupId) -> Result<tacc_proto::SweepBoard> {
         self.json(self.request(Method::GET, &format!("/v1/groups/{id}/sweep")))

@@ -24,6 +24,7 @@ pub mod daemon_log;
 mod dev_idle;
 mod disk_errors;
 mod enrolment;
+mod group_ends;
 mod limits;
 mod log_offsets;
 mod logs;

@@ -99,13 +99,21 @@ pub(crate) fn asks_to_notify(spec: &serde_json::Value) -> bool {
     notify_of(spec).is_some()
 }
 
+/// What a commit's ends call for: the notifications to commit with it, and the groups
+/// some of whose elements it ends (their followers look again once it is applied).
+#[derive(Debug, Default)]
+pub(crate) struct Ends {
+    pub notifications: Vec<TaskChange>,
+    pub groups: Vec<GroupId>,
+}
+
 /// The notifications `changes` call for, to commit with them: one per task that ends
 /// with a `notify:`, and one per group whose last unfinished elements end here. Read
 /// from `control`'s store; `control` also says when a pipeline has ended.
 pub(crate) async fn notifications_for(
     control: &Control,
     changes: &[TaskChange],
-) -> Result<Vec<TaskChange>, ServerError> {
+) -> Result<Ends, ServerError> {
     let store = &*control.store;
     // A task's last transition in the batch is where it stays (a failure followed by
     // its retry's requeue is no end).
@@ -121,7 +129,7 @@ pub(crate) async fn notifications_for(
         .map(|(task, _)| *task)
         .collect();
     if ended.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Ends::default());
     }
     let at = crate::control::now();
     let mut out = Vec::new();
@@ -170,6 +178,7 @@ pub(crate) async fn notifications_for(
         ));
     }
     let mut pipelines: BTreeSet<GroupId> = BTreeSet::new();
+    let ended_groups: Vec<GroupId> = groups.keys().copied().collect();
     for (group, ending) in groups {
         // Most groups notify nothing: known from what the group was made with, without
         // reading it at every element's end.
@@ -265,7 +274,10 @@ pub(crate) async fn notifications_for(
             at,
         ));
     }
-    Ok(out)
+    Ok(Ends {
+        notifications: out,
+        groups: ended_groups,
+    })
 }
 
 /// Webhook deliveries: signed with the owner's secret, sent where the operator allows.

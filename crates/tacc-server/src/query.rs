@@ -63,6 +63,11 @@ impl Query {
         self.store.group_counts(id).await
     }
 
+    /// Whether any element of the group has not ended (one probe, whatever its size).
+    pub(crate) async fn group_has_open(&self, id: GroupId) -> Result<bool> {
+        self.store.group_has_open(id).await
+    }
+
     pub(crate) async fn snapshot(&self, id: &SnapshotId) -> Result<Option<serde_json::Value>> {
         self.store.get_snapshot(id).await
     }

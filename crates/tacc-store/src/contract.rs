@@ -144,6 +144,7 @@ macro_rules! store_contract_tests {
             groups_create_every_element_with_its_index,
             groups_listed_newest_first_by_user_and_state,
             group_counts_follow_element_states,
+            group_has_open_until_its_last_element_ends,
             history_lists_ended_tasks_newest_end_first_in_pages,
             history_filters_by_name_state_user_and_since,
             deliveries_queue_with_their_change_once_per_key,

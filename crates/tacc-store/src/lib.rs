@@ -291,6 +291,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn list_groups(&self, filter: &GroupFilter) -> Result<Vec<GroupRecord>>;
     /// How many of a group's elements are in each state (states with none left out).
     async fn group_counts(&self, id: GroupId) -> Result<BTreeMap<TaskState, u64>>;
+    /// Whether any element of the group has not ended (queued, starting or running): one
+    /// probe of the group's index whatever its size, for a follower woken at every end.
+    /// False for a group that does not exist.
+    async fn group_has_open(&self, id: GroupId) -> Result<bool>;
     /// Add elements to an existing group (a sweep's next trials), queued like
     /// [`Store::create_group`]'s, in one transaction; the group's size grows by as many.
     /// `GroupNotFound` when it does not exist.

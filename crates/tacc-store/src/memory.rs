@@ -842,6 +842,14 @@ impl Store for MemoryStore {
         Ok(counts)
     }
 
+    async fn group_has_open(&self, id: GroupId) -> Result<bool> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .tasks
+            .values()
+            .any(|t| t.group == Some(id) && !t.state.is_terminal()))
+    }
+
     async fn task_history(&self, filter: &HistoryFilter) -> Result<Vec<TaskRecord>> {
         let inner = self.inner.lock().unwrap();
         let mut ended: Vec<&TaskRecord> = inner

@@ -330,6 +330,10 @@ impl Store for PostgresStore {
         groups::group_counts(&self.reader, id).await
     }
 
+    async fn group_has_open(&self, id: GroupId) -> Result<bool> {
+        groups::group_has_open(&self.reader, id).await
+    }
+
     async fn create_pipeline(
         &self,
         group: NewGroup,

@@ -383,6 +383,11 @@ impl Store for SqliteStore {
         self.read(move |c| block(groups::group_counts(c, id))).await
     }
 
+    async fn group_has_open(&self, id: GroupId) -> Result<bool> {
+        self.read(move |c| block(groups::group_has_open(c, id)))
+            .await
+    }
+
     async fn create_pipeline(
         &self,
         group: NewGroup,

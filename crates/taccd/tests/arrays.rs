@@ -8,6 +8,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use common::webhook::{Receiver, sign};
 use common::*;
@@ -169,6 +170,41 @@ async fn cancelling_a_group_stops_every_unfinished_element() {
         BTreeMap::from([(TaskState::Cancelled, 20)])
     );
     wait_no_processes(&marker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_of_an_array_is_answered_when_its_last_element_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = start("dev", &dir.path().join("d"), &["--cpus", "2"]).await;
+    let client = daemon.client();
+    // Two at a time, a second each: the array takes two seconds at least.
+    let reply = submit_array(
+        &client,
+        dir.path(),
+        "naps",
+        "name: naps\nresources: {cpus: 1}\narray: 0-3\nrun: sleep 1\n",
+    )
+    .await;
+    let group = reply.group.unwrap().group;
+    // A short wait is answered when it is over, the array still open.
+    let early = client
+        .group_summary_when_ended(group, Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert!(!early.is_finished(), "{early:?}");
+    // A long one is answered once the last element has ended, with its end counted.
+    let ended = client
+        .group_summary_when_ended(group, Duration::from_secs(25))
+        .await
+        .unwrap();
+    assert!(ended.is_finished(), "answered before the end: {ended:?}");
+    assert_eq!(ended.counts, BTreeMap::from([(TaskState::Succeeded, 4)]));
+    // An ended group is answered at once.
+    let again = client
+        .group_summary_when_ended(group, Duration::from_secs(25))
+        .await
+        .unwrap();
+    assert_eq!(again.counts, ended.counts);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

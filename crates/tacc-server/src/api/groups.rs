@@ -150,7 +150,15 @@ pub(super) struct GroupQuery {
     /// `false` leaves the elements out: the counts only, for pollers of big groups.
     #[serde(default = "yes")]
     elements: bool,
+    /// Answer once no element of the group is open (queued, starting, running), or after
+    /// this many milliseconds (at most [`MAX_GROUP_WAIT`]), whichever comes first: a
+    /// follower hears of the last end at once instead of at its next poll.
+    #[serde(default)]
+    wait_ms: Option<u64>,
 }
+
+/// The longest a group read waits for the group's elements to end.
+const MAX_GROUP_WAIT: Duration = Duration::from_secs(30);
 
 fn yes() -> bool {
     true
@@ -163,6 +171,19 @@ pub(super) async fn get_group(
 ) -> ApiResult<Json<GroupDetail>> {
     let id = group_id(&id)?;
     let record = load_group(&app.control, id).await?;
+    if let Some(wait) = query.wait_ms {
+        let deadline =
+            tokio::time::Instant::now() + Duration::from_millis(wait).min(MAX_GROUP_WAIT);
+        // Followed before the first look: an end between the look and the wait is seen.
+        let mut ends = app.control.group_ends.follow(id);
+        while app.control.query().group_has_open(id).await? {
+            tokio::select! {
+                _ = ends.changed() => {}
+                _ = tokio::time::sleep_until(deadline) => break,
+                _ = app.shutdown.cancelled() => break,
+            }
+        }
+    }
     if !query.elements {
         return Ok(Json(GroupDetail {
             group: group_view(&app.control, record).await?,

@@ -226,11 +226,18 @@ fn described() -> Vec<Operation> {
             "/v1/groups/{id}",
             "One task group and every element, by index.",
         )
-        .query(&[(
-            "elements",
-            Type::Boolean,
-            "`false`: the group's counts only, no elements (for pollers of big groups).",
-        )])
+        .query(&[
+            (
+                "elements",
+                Type::Boolean,
+                "`false`: the group's counts only, no elements (for pollers of big groups).",
+            ),
+            (
+                "wait_ms",
+                Type::Integer,
+                "Answer once no element is queued, starting or running, or after this many                  milliseconds (30,000 at most), whichever comes first: a follower hears of                  the last end at once.",
+            ),
+        ])
         .answers(200, Json(one::<GroupDetail>)),
         op(
             M::GET,

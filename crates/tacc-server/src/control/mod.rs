@@ -116,6 +116,9 @@ pub struct Control {
     pub(crate) secret_box: crate::secrets::SecretBox,
     /// Attempts each node holds until it reports their end (late outputs are accepted).
     pub(crate) node_attempts: crate::node_attempts::NodeAttempts,
+    /// Followers of groups, woken once a commit ending some of a group's elements is
+    /// applied (`GET /v1/groups/{id}?wait_ms=…`).
+    pub(crate) group_ends: crate::group_ends::GroupEnds,
     /// How far each node's output of each attempt has been applied (repeats dropped).
     pub(crate) log_offsets: crate::log_offsets::LogOffsets,
     /// Questions to nodes about their running attempts (`tcloud ls`, live files).
@@ -226,6 +229,7 @@ impl Control {
             audit: Arc::new(crate::auth::AuditTrail::start(store.clone(), config.audit)),
             secret_box,
             node_attempts: Default::default(),
+            group_ends: Default::default(),
             log_offsets: crate::log_offsets::LogOffsets::new(config.data_dir.join("logs")),
             node_requests: Default::default(),
             usage: Arc::new(crate::usage::UsageBook::new(

@@ -461,14 +461,15 @@ impl Control {
         placed: &[TaskRecord],
     ) -> Result<(), StoreError> {
         // The notifications that ended tasks and groups call for go in the same transaction.
-        let notifications = match crate::notify::notifications_for(self, changes).await {
-            Ok(notifications) => notifications,
-            Err(crate::ServerError::Store(e)) => return Err(e),
-            Err(e) => {
-                tracing::error!("cannot work out the notifications of a change: {e}");
-                Vec::new()
-            }
-        };
+        let (notifications, ended_groups) =
+            match crate::notify::notifications_for(self, changes).await {
+                Ok(ends) => (ends.notifications, Some(ends.groups)),
+                Err(crate::ServerError::Store(e)) => return Err(e),
+                Err(e) => {
+                    tracing::error!("cannot work out the notifications of a change: {e}");
+                    (Vec::new(), None)
+                }
+            };
         let with_notifications;
         let changes = if notifications.is_empty() {
             changes
@@ -490,6 +491,11 @@ impl Control {
                 self.placed.applied(changes);
                 for record in placed {
                     self.placed.admit(record);
+                }
+                match ended_groups {
+                    Some(groups) => self.group_ends.ended(groups),
+                    // Which groups it ended is not known: every follower looks again.
+                    None => self.group_ends.ended_all(),
                 }
             }
             Err(_) => {

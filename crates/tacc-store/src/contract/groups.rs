@@ -176,6 +176,42 @@ pub async fn group_counts_follow_element_states(store: &dyn Store) {
     assert!(store.group_counts(GroupId(999)).await.unwrap().is_empty());
 }
 
+pub async fn group_has_open_until_its_last_element_ends(store: &dyn Store) {
+    let tasks = array(store, "a", "alice", &[0, 1, 2]).await;
+    let group = store
+        .get_task(tasks[0])
+        .await
+        .unwrap()
+        .unwrap()
+        .group
+        .unwrap();
+    let other = array(store, "b", "alice", &[0]).await;
+    assert!(store.group_has_open(group).await.unwrap(), "all queued");
+    end(store, tasks[0], TaskState::Succeeded, 20).await;
+    end(store, tasks[1], TaskState::Cancelled, 21).await;
+    assert!(store.group_has_open(group).await.unwrap(), "one left");
+    end(store, tasks[2], TaskState::Failed, 22).await;
+    assert!(
+        !store.group_has_open(group).await.unwrap(),
+        "every element ended"
+    );
+    let other = store
+        .get_task(other[0])
+        .await
+        .unwrap()
+        .unwrap()
+        .group
+        .unwrap();
+    assert!(
+        store.group_has_open(other).await.unwrap(),
+        "another group's"
+    );
+    assert!(
+        !store.group_has_open(GroupId(999)).await.unwrap(),
+        "no group"
+    );
+}
+
 pub async fn history_lists_ended_tasks_newest_end_first_in_pages(store: &dyn Store) {
     let mut ids = Vec::new();
     for (i, at) in [(0, 30), (1, 10), (2, 20)] {

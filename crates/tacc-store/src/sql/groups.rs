@@ -193,6 +193,23 @@ pub(crate) async fn group_counts(pool: &impl Run, id: GroupId) -> Result<BTreeMa
     Ok(counts)
 }
 
+/// Through `tasks_by_group` (group, state): the first open element found ends the search.
+pub(crate) async fn group_has_open(pool: &impl Run, id: GroupId) -> Result<bool> {
+    let open: Vec<TaskState> = TaskState::ALL
+        .into_iter()
+        .filter(|s| !s.is_terminal())
+        .collect();
+    let marks = vec!["?"; open.len()].join(", ");
+    let mut select = Statement::new(format!(
+        "SELECT id FROM tasks WHERE group_id = ? AND state IN ({marks}) LIMIT 1"
+    ))
+    .bind(id.0 as i64);
+    for state in &open {
+        select = select.bind(state.as_str());
+    }
+    Ok(!pool.fetch_all(select).await?.is_empty())
+}
+
 /// Through `tasks_by_finished`: newest end first, stopping at the page's limit.
 pub(crate) async fn task_history(
     pool: &impl Run,
