@@ -581,7 +581,7 @@ impl Agent {
                     attempts.workdirs.remove(&key);
                     attempts.finished.insert(key);
                 }
-                attempt::remove_leftover(leftover).await;
+                attempt::remove_leftovers(leftover).await;
             });
         }
     }

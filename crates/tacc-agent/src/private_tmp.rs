@@ -4,7 +4,9 @@
 //! binds onto `/tmp` and `/dev/shm` in each execution's own mount namespace
 //! ([`tacc_exec::PrivateTmp`], mounted by the launcher, `tacc-launch`). Setup and every local rank of the attempt share them; no
 //! other attempt — another user's, or the same user's — sees them, and they are gone
-//! (unmounted) when the attempt ends.
+//! (unmounted) once the attempt's end is reported (its processes are gone by then;
+//! unmounting waits out a kernel grace period, milliseconds that would otherwise sit
+//! between the end and the next task's start).
 //!
 //! The tmpfs is bounded by the attempt's memory on this node (`resources.memory`; the
 //! kernel's default, half of RAM, when it has none). Its pages count against the attempt's

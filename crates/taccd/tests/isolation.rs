@@ -541,9 +541,27 @@ async fn a_later_attempt_on_a_reused_mount_point_gets_a_fresh_private_tmp() {
     let daemon = start("dev", &data, &[]).await;
     let alice = daemon.user_client("alice", None, "user").await;
     let first = "name: leaves\nrun: |\n  echo left > /tmp/leftover\n  echo left > /dev/shm/leftover\n  echo wrote=$(cat /tmp/leftover)\n";
+    let scratch = data.join("agent").join("scratch");
+    // An attempt's private /tmp is unmounted once its end is reported: then every mount
+    // point is bare again (a mounted one holds `tmp/` and `shm/`).
+    let unmounted = || {
+        let scratch = scratch.clone();
+        async move {
+            std::fs::read_dir(&scratch)
+                .unwrap()
+                .all(|e| std::fs::read_dir(e.unwrap().path()).unwrap().count() == 0)
+                .then_some(())
+        }
+    };
     let (state, log) = run_task(&alice, dir.path(), "leaves", first).await;
     assert_eq!(state, TaskState::Succeeded, "{log}");
     assert_eq!(field(&log, "wrote"), Some("left"), "{log}");
+    eventually(
+        "the first attempt's /tmp to be unmounted",
+        DEADLINE,
+        unmounted,
+    )
+    .await;
     // (Its /tmp holds one thing: the test's directory, bound back since the data
     // directory lies in the host's /tmp.)
     let second = "name: looks\nrun: |\n  echo tmp=$(test -e /tmp/leftover && echo seen || echo fresh)\n  echo shm=$(ls -A /dev/shm | wc -l)\n";
@@ -551,16 +569,17 @@ async fn a_later_attempt_on_a_reused_mount_point_gets_a_fresh_private_tmp() {
     assert_eq!(state, TaskState::Succeeded, "{log}");
     assert_eq!(field(&log, "tmp"), Some("fresh"), "{log}");
     assert_eq!(field(&log, "shm"), Some("0"), "{log}");
-    // One mount point served the probe and both attempts, and nothing is mounted on it.
-    let scratch = data.join("agent").join("scratch");
+    // One mount point served the probe and both attempts, and nothing stays mounted on
+    // it (nor was anything written to it).
+    eventually(
+        "the second attempt's /tmp to be unmounted",
+        DEADLINE,
+        unmounted,
+    )
+    .await;
     let points: Vec<String> = std::fs::read_dir(&scratch)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(points, ["slot-0"], "{}", scratch.display());
-    assert_eq!(
-        std::fs::read_dir(scratch.join("slot-0")).unwrap().count(),
-        0,
-        "still mounted, or written to"
-    );
 }

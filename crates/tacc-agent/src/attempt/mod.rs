@@ -51,18 +51,31 @@ pub(crate) fn workdir_of(shared: &Shared, assignment: &Assignment) -> PathBuf {
     shared.config.work_root().join(workdir_name(assignment))
 }
 
-/// Run the attempt and report its end; returns the working directory left to remove
-/// (see [`remove_leftover`]), which the caller removes once it has recorded the end.
+/// What an ended attempt leaves to clean up once its end is reported (see [`run`]): its
+/// private /tmp — unmounting waits out a kernel grace period, milliseconds that need not
+/// sit between one task's end and the next task's start on this node — and its working
+/// directory.
+#[derive(Debug, Default)]
+pub(crate) struct Leftovers {
+    tmp: Option<crate::private_tmp::AttemptTmp>,
+    workdir: Option<PathBuf>,
+}
+
+/// Run the attempt and report its end; returns what is left to clean up (see
+/// [`remove_leftovers`]), which the caller removes once it has recorded the end. Nothing
+/// of the attempt runs any more by then: its executions' processes are gone.
 pub(crate) async fn run(
     shared: Arc<Shared>,
     assignment: Assignment,
     cancel: CancellationToken,
-) -> Option<PathBuf> {
+) -> Leftovers {
     let attempt = assignment.attempt;
     let workdir = workdir_of(&shared, &assignment);
+    let mut tmp = None;
     // Once a process runs, cancelling is the executor's job (SIGTERM, grace, SIGKILL of
     // the group): dropping the future here would orphan the process.
-    let (outcome, failed_rank) = match execute(&shared, &assignment, &workdir, &cancel).await {
+    let executed = execute(&shared, &assignment, &workdir, &cancel, &mut tmp).await;
+    let (outcome, failed_rank) = match executed {
         Ok(ended) => (outcome_of(ended.outcome), ended.failed_rank),
         Err(error) => (error.into_outcome(), None),
     };
@@ -99,14 +112,26 @@ pub(crate) async fn run(
             rank: failed_rank,
         },
     );
-    (!shared.config.keep_workdirs).then_some(workdir)
+    Leftovers {
+        tmp,
+        workdir: (!shared.config.keep_workdirs).then_some(workdir),
+    }
 }
 
-/// Remove an ended attempt's working directory (`run`'s leftover).
-pub(crate) async fn remove_leftover(dir: Option<PathBuf>) {
-    if let Some(dir) = dir {
-        let _ = tokio::task::spawn_blocking(move || remove_tree(&dir)).await;
+/// Unmount an ended attempt's private /tmp and remove its working directory (`run`'s
+/// leftovers), on a blocking thread.
+pub(crate) async fn remove_leftovers(left: Leftovers) {
+    if left.tmp.is_none() && left.workdir.is_none() {
+        return;
     }
+    let _ = tokio::task::spawn_blocking(move || {
+        // Dropping it unmounts it and gives its mount point back.
+        drop(left.tmp);
+        if let Some(dir) = left.workdir {
+            remove_tree(&dir);
+        }
+    })
+    .await;
 }
 
 /// Remove a working directory even where the code files in it are read-only.
@@ -123,6 +148,7 @@ async fn execute(
     assignment: &Assignment,
     workdir: &Path,
     cancel: &CancellationToken,
+    tmp: &mut Option<crate::private_tmp::AttemptTmp>,
 ) -> Result<ranks::RanksEnded, AttemptError> {
     let instruction: Instruction = serde_json::from_value(assignment.instruction.clone())
         .map_err(AttemptError::UnreadableInstruction)?;
@@ -182,18 +208,20 @@ async fn execute(
         // After the hand-over: the inputs stay the agent's, read-only to the task.
         inputs::fetch(shared, assignment, workdir, cancel).await?;
         let name = workdir_name(assignment);
-        // Lives until every execution of the attempt has ended (the end of this block).
-        let private_tmp = shared
+        // Lives until every execution of the attempt has ended: `run` hands it back,
+        // to be unmounted once the end is reported.
+        *tmp = shared
             .private_tmps
             .for_attempt(&name, instruction.per_node.memory_bytes)
             .map_err(AttemptError::Refused)?;
+        let private_tmp = tmp.as_ref();
         let stage = launch::Launch {
             assignment,
             instruction: &instruction,
             identity: &identity,
             surroundings,
             resume_from,
-            private_tmp: private_tmp.as_ref().map(|t| t.placement()),
+            private_tmp: private_tmp.map(|t| t.placement()),
             started,
             workdir,
             name: &name,
