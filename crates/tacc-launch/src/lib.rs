@@ -24,7 +24,8 @@
 //!    `LD_PRELOAD`, `GLIBC_TUNABLES`, …) put back under their own names — so the first
 //!    loader that reads them is the task's own, already as the task's uid;
 //! 6. `exec` of the task's command (the run line itself where it is a plain command, see
-//!    `run_line.rs`, else `bash -c`), stdin from `/dev/null`.
+//!    `run_line.rs`, else `bash -c`), stdin from `/dev/null`; a bare name is looked up in
+//!    the task's `PATH` with `access` first (one `execve`, not one per directory).
 //!
 //! The agent starts this crate's binary, `tacc-launch`, where it is installed beside
 //! `taccd`, else `taccd` itself as `taccd launch …` (the same code); it starts it by
@@ -252,17 +253,49 @@ fn launch(steps: &Steps) -> (i32, String) {
     let (program, args) = command
         .split_first()
         .expect("parse refuses an empty command");
-    let error = std::process::Command::new(program)
-        .args(args)
-        .env_clear()
-        .envs(env)
-        .stdin(Stdio::null())
-        .exec();
+    let exec = |path: &OsStr| {
+        std::process::Command::new(path)
+            .arg0(program)
+            .args(args)
+            .env_clear()
+            .envs(&env)
+            .stdin(Stdio::null())
+            .exec()
+    };
+    // Found in PATH by a look (`access`) at each directory rather than an `execve` tried
+    // in each, as `execvp` does: each failed `execve` costs the kernel the most of an exec.
+    // Where the one found cannot be run, the search `execvp` makes decides.
+    if let Some(found) = in_path(program, env.get(OsStr::new("PATH"))) {
+        exec(found.as_os_str());
+    }
+    let error = exec(program);
     let name = program.to_string_lossy();
     match error.kind() {
         std::io::ErrorKind::NotFound => (127, format!("{name}: command not found")),
         _ => (126, format!("cannot run {name}: {error}")),
     }
+}
+
+/// The first file named `program` in `path`'s directories that this process may execute,
+/// where `program` is a bare name (a name with a `/` is run as it is).
+fn in_path(program: &OsStr, path: Option<&OsString>) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if program.as_bytes().contains(&b'/') {
+        return None;
+    }
+    std::env::split_paths(path?)
+        .map(|dir| {
+            if dir.as_os_str().is_empty() {
+                PathBuf::from(".").join(program)
+            } else {
+                dir.join(program)
+            }
+        })
+        .find(|candidate| {
+            nix::unistd::access(candidate, nix::unistd::AccessFlags::X_OK).is_ok()
+                && std::fs::metadata(candidate)
+                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// The shell a task's shebang-less script runs under, as it would under `bash -c`.
@@ -369,6 +402,33 @@ fn task_env(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bare_name_is_found_in_path_without_trying_each_directory_by_exec() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (plain, tools) = (dir.path().join("plain"), dir.path().join("tools"));
+        std::fs::create_dir_all(&plain).unwrap();
+        std::fs::create_dir_all(&tools).unwrap();
+        // Not executable in the first directory; executable in the second.
+        std::fs::write(plain.join("job"), "x").unwrap();
+        std::fs::write(tools.join("job"), "x").unwrap();
+        std::fs::set_permissions(tools.join("job"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        let path =
+            std::env::join_paths([dir.path().join("missing"), plain, tools.clone()]).unwrap();
+        assert_eq!(
+            in_path(OsStr::new("job"), Some(&path)),
+            Some(tools.join("job"))
+        );
+        assert_eq!(in_path(OsStr::new("absent"), Some(&path)), None);
+        assert_eq!(
+            in_path(OsStr::new("./job"), Some(&path)),
+            None,
+            "a path is run as it is"
+        );
+        assert_eq!(in_path(OsStr::new("job"), None), None);
+    }
 
     fn os(items: &[&str]) -> Vec<OsString> {
         items.iter().map(OsString::from).collect()
