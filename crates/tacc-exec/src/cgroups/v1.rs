@@ -341,12 +341,13 @@ impl Cgroup for V1Cgroup {
         self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
+    /// The memory controller's list alone: a process joins it first (`join_files` is in
+    /// `dirs` order, memory's first, and a join stops at its first failure), its children
+    /// are born in every hierarchy their parent is in, and no task may move itself (the
+    /// cgroups are root's) — so no process of the cgroup is missing from it. Reading one
+    /// list instead of one per controller: four fewer opens and reads at every end.
     fn procs(&self) -> Vec<u32> {
-        let mut pids: Vec<u32> = self
-            .dirs
-            .iter()
-            .flat_map(|d| read_pids(&d.join("cgroup.procs")))
-            .collect();
+        let mut pids = read_pids(&self.memory.join("cgroup.procs"));
         pids.sort_unstable();
         pids.dedup();
         pids
@@ -627,6 +628,21 @@ mod tests {
         cgroup.set_limits(0, 0).unwrap();
         assert_eq!(read(at("cpu", "cpu.cfs_quota_us")), "-1");
         assert_eq!(read(at("memory", "memory.limit_in_bytes")), "-1");
+    }
+
+    #[test]
+    fn processes_are_listed_from_the_controller_every_join_writes_first() {
+        let base = fake(&["cpu", "cpuacct", "memory", "pids", "freezer"]);
+        let cgroups = crate::cgroups::detect_at(base.path(), "tacc/agent-1").unwrap();
+        let cgroup = cgroups.create("t1-a1", &limits()).unwrap().unwrap();
+        let first = cgroup.join_files()[0].clone();
+        assert_eq!(
+            first,
+            base.path().join("memory/tacc/agent-1/t1-a1/cgroup.procs"),
+            "a join writes memory's list first"
+        );
+        std::fs::write(&first, "42\n7\n42\n").unwrap();
+        assert_eq!(cgroup.procs(), [7, 42]);
     }
 
     #[test]
