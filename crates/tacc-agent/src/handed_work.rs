@@ -9,8 +9,14 @@
 //! attempts that the newer one started. Across registrations versions mean nothing to
 //! each other: the poll loop starts afresh (`registered`), and work a report batch's
 //! answer carries from before is dropped (its `generation` is no longer current).
+//!
+//! Beside it, what the reporter asks with ([`AskWork`]) and hands the poll loop
+//! ([`HandedWork`]).
+
+use std::sync::{Arc, Mutex};
 
 use tacc_proto::{AttemptRef, WorkSince};
+use tokio::sync::mpsc::UnboundedSender;
 
 /// The work the agent applied last, and which registration it came from.
 #[derive(Debug, Default)]
@@ -75,6 +81,29 @@ impl WorkVersion {
         }
         self.applied = Some(version);
         true
+    }
+}
+
+/// The node's desired work, carried by a report batch's answer, for the poll loop to
+/// apply (`handed_work`).
+#[derive(Debug)]
+pub(crate) struct HandedWork {
+    /// The registration the batch asked under.
+    pub generation: u64,
+    pub work: tacc_proto::DesiredWork,
+}
+
+/// Where a delivered batch asks for the node's newer work and hands it on.
+pub(crate) struct AskWork {
+    pub attempts: Arc<Mutex<crate::Attempts>>,
+    pub handed: UnboundedSender<HandedWork>,
+}
+
+impl AskWork {
+    /// The version applied and what runs, as of now.
+    pub(crate) fn since(&self) -> Option<(u64, tacc_proto::WorkSince)> {
+        let attempts = self.attempts.lock().unwrap();
+        attempts.work.since(attempts.running.keys().copied())
     }
 }
 

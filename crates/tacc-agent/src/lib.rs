@@ -378,7 +378,7 @@ impl Agent {
                     _ = shutdown.cancelled() => break 'polls,
                     work = &mut poll => break work,
                     Some(handed) = handed.recv() => {
-                        let reporter::HandedWork { generation, work } = handed;
+                        let handed_work::HandedWork { generation, work } = handed;
                         let path = handed_work::Path::Report { generation };
                         self.reconcile(path, work.version, work.assignments);
                     }

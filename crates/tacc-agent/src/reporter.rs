@@ -24,6 +24,8 @@ use tacc_client::ClientError;
 use tacc_proto::{AgentReport, AttemptRef};
 use tokio::sync::Notify;
 use tokio::sync::mpsc::UnboundedSender;
+
+use crate::handed_work::{AskWork, HandedWork};
 use tokio_util::sync::CancellationToken;
 
 use crate::ends::EndRecords;
@@ -367,29 +369,6 @@ impl Reports {
     }
 }
 
-/// The node's desired work, carried by a report batch's answer, for the poll loop to
-/// apply (`handed_work`).
-#[derive(Debug)]
-pub(crate) struct HandedWork {
-    /// The registration the batch asked under.
-    pub generation: u64,
-    pub work: tacc_proto::DesiredWork,
-}
-
-/// Where a delivered batch asks for the node's newer work and hands it on.
-struct AskWork {
-    attempts: Arc<Mutex<crate::Attempts>>,
-    handed: UnboundedSender<HandedWork>,
-}
-
-impl AskWork {
-    /// The version applied and what runs, as of now.
-    fn since(&self) -> Option<(u64, tacc_proto::WorkSince)> {
-        let attempts = self.attempts.lock().unwrap();
-        attempts.work.since(attempts.running.keys().copied())
-    }
-}
-
 /// What waits to be sent (of the attempts no batch on its way carries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Waiting {
@@ -457,9 +436,12 @@ pub(crate) async fn run(
                             busy.remove(&attempt);
                         }
                     }
-                    // Shut down while retrying; or the delivery panicked, a bug.
+                    // Shut down while retrying.
                     Ok((_, Err(()))) => return,
-                    Err(e) => std::panic::resume_unwind(e.into_panic()),
+                    // The delivery panicked, a bug: it goes on up. (Lanes are never
+                    // aborted: the set is only dropped with this loop.)
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    Err(_) => return,
                 }
             }
             _ = async { linger.as_mut().expect("lingering").await }, if linger.is_some() => {

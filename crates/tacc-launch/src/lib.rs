@@ -279,7 +279,6 @@ fn launch(steps: &Steps) -> (i32, String) {
 /// The first file named `program` in `path`'s directories that this process may execute,
 /// where `program` is a bare name (a name with a `/` is run as it is).
 fn in_path(program: &OsStr, path: Option<&OsString>) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
     if program.as_bytes().contains(&b'/') {
         return None;
     }
@@ -293,36 +292,29 @@ fn in_path(program: &OsStr, path: Option<&OsString>) -> Option<PathBuf> {
         })
         .find(|candidate| {
             nix::unistd::access(candidate, nix::unistd::AccessFlags::X_OK).is_ok()
-                && std::fs::metadata(candidate)
-                    .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                && is_executable_file(candidate)
         })
+}
+
+/// A regular file with an execute bit.
+fn is_executable_file(file: &std::path::Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(file).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// The shell a task's shebang-less script runs under, as it would under `bash -c`.
 const BASH: &str = "/bin/bash";
 
 /// Where `program` is an executable file that is neither a binary (ELF) nor a script with
-/// `#!` — found as bash finds it: by its path where it has a `/`, else in `PATH` — that
-/// file.
+/// `#!` — found as bash finds it: by its path where it has a `/`, else in `PATH`
+/// ([`in_path`]) — that file.
 fn shebang_less_script(program: &OsStr, path: Option<&OsString>) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let executable = |file: &std::path::Path| {
-        std::fs::metadata(file).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
     let file = if program.as_bytes().contains(&b'/') {
         PathBuf::from(program)
     } else {
-        std::env::split_paths(path?)
-            .map(|dir| {
-                if dir.as_os_str().is_empty() {
-                    PathBuf::from(".").join(program)
-                } else {
-                    dir.join(program)
-                }
-            })
-            .find(|candidate| executable(candidate))?
+        in_path(program, path)?
     };
-    if !executable(&file) {
+    if !is_executable_file(&file) {
         return None;
     }
     let mut head = [0u8; 4];

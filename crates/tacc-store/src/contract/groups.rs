@@ -157,17 +157,16 @@ pub async fn groups_listed_newest_first_by_user_and_state(store: &dyn Store) {
     );
 }
 
+/// The group task `task` is an element of.
+async fn group_of(store: &dyn Store, task: TaskId) -> GroupId {
+    store.get_task(task).await.unwrap().unwrap().group.unwrap()
+}
+
 pub async fn group_counts_follow_element_states(store: &dyn Store) {
     let tasks = array(store, "a", "alice", &[0, 1, 2, 3]).await;
     end(store, tasks[0], TaskState::Succeeded, 20).await;
     end(store, tasks[1], TaskState::Failed, 21).await;
-    let group = store
-        .get_task(tasks[0])
-        .await
-        .unwrap()
-        .unwrap()
-        .group
-        .unwrap();
+    let group = group_of(store, tasks[0]).await;
     let counts = store.group_counts(group).await.unwrap();
     assert_eq!(counts.get(&TaskState::Queued), Some(&2));
     assert_eq!(counts.get(&TaskState::Succeeded), Some(&1));
@@ -178,13 +177,7 @@ pub async fn group_counts_follow_element_states(store: &dyn Store) {
 
 pub async fn group_has_open_until_its_last_element_ends(store: &dyn Store) {
     let tasks = array(store, "a", "alice", &[0, 1, 2]).await;
-    let group = store
-        .get_task(tasks[0])
-        .await
-        .unwrap()
-        .unwrap()
-        .group
-        .unwrap();
+    let group = group_of(store, tasks[0]).await;
     let other = array(store, "b", "alice", &[0]).await;
     assert!(store.group_has_open(group).await.unwrap(), "all queued");
     end(store, tasks[0], TaskState::Succeeded, 20).await;
@@ -195,13 +188,7 @@ pub async fn group_has_open_until_its_last_element_ends(store: &dyn Store) {
         !store.group_has_open(group).await.unwrap(),
         "every element ended"
     );
-    let other = store
-        .get_task(other[0])
-        .await
-        .unwrap()
-        .unwrap()
-        .group
-        .unwrap();
+    let other = group_of(store, other[0]).await;
     assert!(
         store.group_has_open(other).await.unwrap(),
         "another group's"
