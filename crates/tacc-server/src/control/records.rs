@@ -5,6 +5,13 @@
 //! ([`tacc_store::apply_transition`]), so the copy is always what the store holds. A
 //! failed commit drops the tasks it touched (they are read afresh); a task that is no
 //! longer placed leaves, so the copy is bounded by what runs.
+//!
+//! A report batch stages its changes before it commits them (`STAGED`): they are applied
+//! to the copies when staged, and only the changes the copies have not seen yet are
+//! applied after the commit (applying a transition twice is a conflict, which dropped
+//! the copy and cost a read of every reported task after each batch). A task a staged
+//! change ends stays readable until that change is committed — the commit's own
+//! notifications read it — and leaves then.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,53 +33,106 @@ tokio::task_local! {
 
 #[derive(Debug, Default)]
 pub(crate) struct PlacedRecords {
-    records: Mutex<HashMap<TaskId, TaskRecord>>,
+    records: Mutex<Copies>,
     /// Orders commits and cache fills: a record read from the store can never overwrite a
     /// newer one a concurrent commit applied.
     pub(super) order: tokio::sync::Mutex<()>,
 }
 
+/// The copies: placed tasks, and tasks that a staged, not yet committed change ended.
+#[derive(Debug, Default)]
+struct Copies {
+    placed: HashMap<TaskId, TaskRecord>,
+    ending: HashMap<TaskId, TaskRecord>,
+}
+
+impl Copies {
+    fn get(&self, task: TaskId) -> Option<&TaskRecord> {
+        self.placed.get(&task).or_else(|| self.ending.get(&task))
+    }
+
+    fn remove(&mut self, task: TaskId) {
+        self.placed.remove(&task);
+        self.ending.remove(&task);
+    }
+
+    /// Apply `changes` to the copies; a copy that cannot follow one is dropped, and one
+    /// no longer placed leaves — into `ending` when the change is only staged.
+    fn apply(&mut self, changes: &[TaskChange], staged: bool) {
+        for change in changes {
+            let Some(task) = change.task() else {
+                continue;
+            };
+            let Some(record) = self
+                .placed
+                .get_mut(&task)
+                .or_else(|| self.ending.get_mut(&task))
+            else {
+                continue;
+            };
+            let followed = tacc_store::apply_transition(record, change).is_ok();
+            if followed && record.state.is_active() {
+                // Placed again (a requeued task started anew in the same batch).
+                if let Some(record) = self.ending.remove(&task) {
+                    self.placed.insert(task, record);
+                }
+                continue;
+            }
+            let placed = self.placed.remove(&task);
+            if !followed || !staged {
+                self.ending.remove(&task);
+            } else if let Some(record) = placed {
+                self.ending.insert(task, record);
+            }
+        }
+    }
+}
+
 impl PlacedRecords {
     fn get(&self, task: TaskId) -> Option<TaskRecord> {
-        self.records.lock().unwrap().get(&task).cloned()
+        self.records.lock().unwrap().get(task).cloned()
     }
 
     /// Keep `record` while it is placed.
     pub(super) fn admit(&self, record: &TaskRecord) {
         if record.state.is_active() {
-            self.records
-                .lock()
-                .unwrap()
-                .insert(record.id, record.clone());
+            let mut copies = self.records.lock().unwrap();
+            copies.ending.remove(&record.id);
+            copies.placed.insert(record.id, record.clone());
         }
     }
 
+    /// `changes` were committed (none of them staged before): the copies follow them.
     pub(super) fn applied(&self, changes: &[TaskChange]) {
-        let mut records = self.records.lock().unwrap();
-        for change in changes {
-            let Some(task) = change.task() else {
-                continue;
-            };
-            let Some(record) = records.get_mut(&task) else {
-                continue;
-            };
-            let still_placed =
-                tacc_store::apply_transition(record, change).is_ok() && record.state.is_active();
-            if !still_placed {
-                records.remove(&task);
-            }
+        self.records.lock().unwrap().apply(changes, false);
+    }
+
+    /// `changes` are staged for the batch's next commit: the copies follow them now (read
+    /// your own writes); a task one of them ends stays readable until it is committed.
+    pub(super) fn staged(&self, changes: &[TaskChange]) {
+        self.records.lock().unwrap().apply(changes, true);
+    }
+
+    /// Staged `changes` were committed: the tasks they ended leave.
+    pub(super) fn settled(&self, changes: &[TaskChange]) {
+        let mut copies = self.records.lock().unwrap();
+        for task in changes.iter().filter_map(TaskChange::task) {
+            copies.ending.remove(&task);
         }
     }
 
     /// Drop every copy (they are read afresh from the store).
     pub(crate) fn clear(&self) {
-        self.records.lock().unwrap().clear();
+        let mut copies = self.records.lock().unwrap();
+        copies.placed.clear();
+        copies.ending.clear();
     }
 
-    /// Whether no placed task's copy is kept.
+    /// Whether no task's copy is kept.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.records.lock().unwrap().is_empty()
+        let copies = self.records.lock().unwrap();
+        copies.placed.is_empty() && copies.ending.is_empty()
     }
 
     /// `task`'s record: the copy while it is placed, else read from `store` (with what
@@ -105,9 +165,9 @@ impl PlacedRecords {
     }
 
     pub(super) fn forget(&self, changes: &[TaskChange]) {
-        let mut records = self.records.lock().unwrap();
+        let mut copies = self.records.lock().unwrap();
         for task in changes.iter().filter_map(TaskChange::task) {
-            records.remove(&task);
+            copies.remove(task);
         }
     }
 }
@@ -171,5 +231,45 @@ mod tests {
         placed.admit(&record(TaskState::Running));
         placed.forget(&[TaskChange::CancelRequested { task: TaskId(7) }]);
         assert!(placed.get(TaskId(7)).is_none());
+    }
+
+    #[test]
+    fn a_staged_end_keeps_the_copy_readable_until_it_is_committed() {
+        let placed = PlacedRecords::default();
+        placed.admit(&record(TaskState::Starting));
+        let staged = [
+            transition(TaskState::Starting, TaskState::Running),
+            transition(TaskState::Running, TaskState::Succeeded),
+        ];
+        placed.staged(&staged);
+        let ending = placed.get(TaskId(7)).expect("read until committed");
+        assert_eq!(ending.state, TaskState::Succeeded);
+        placed.settled(&staged);
+        assert!(
+            placed.get(TaskId(7)).is_none(),
+            "an ended task leaves once committed"
+        );
+        assert!(placed.is_empty());
+    }
+
+    #[test]
+    fn a_staged_change_that_is_committed_is_not_applied_again() {
+        let placed = PlacedRecords::default();
+        placed.admit(&record(TaskState::Starting));
+        let staged = [transition(TaskState::Starting, TaskState::Running)];
+        placed.staged(&staged);
+        placed.settled(&staged);
+        let running = placed.get(TaskId(7)).expect("still placed, still kept");
+        assert_eq!(running.state, TaskState::Running);
+    }
+
+    #[test]
+    fn a_staged_end_that_is_dropped_leaves_nothing() {
+        let placed = PlacedRecords::default();
+        placed.admit(&record(TaskState::Running));
+        let staged = [transition(TaskState::Running, TaskState::Failed)];
+        placed.staged(&staged);
+        placed.forget(&staged);
+        assert!(placed.is_empty());
     }
 }

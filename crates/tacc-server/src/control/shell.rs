@@ -404,7 +404,7 @@ impl Control {
             return Ok(());
         }
         let staged = STAGED.try_with(|staged| {
-            self.placed.applied(&changes);
+            self.placed.staged(&changes);
             staged.borrow_mut().extend(changes.iter().cloned());
         });
         match staged {
@@ -443,7 +443,7 @@ impl Control {
         if changes.is_empty() {
             return Ok(());
         }
-        let result = self.commit_now(changes, placed).await;
+        let result = self.commit_now(changes, placed, staged.len()).await;
         if result.is_err() && !staged.is_empty() {
             let _ = STAGED.try_with(|left| {
                 let mut left = left.borrow_mut();
@@ -455,10 +455,12 @@ impl Control {
         result
     }
 
+    /// Commit `changes`, whose first `staged` the copies of placed tasks already follow.
     async fn commit_now(
         &self,
         changes: &[TaskChange],
         placed: &[TaskRecord],
+        staged: usize,
     ) -> Result<(), StoreError> {
         // The notifications that ended tasks and groups call for go in the same transaction.
         let (notifications, ended_groups) =
@@ -488,7 +490,9 @@ impl Control {
                     .lock()
                     .unwrap()
                     .extend(changes.iter().cloned());
-                self.placed.applied(changes);
+                let (already, fresh) = changes.split_at(staged.min(changes.len()));
+                self.placed.settled(already);
+                self.placed.applied(fresh);
                 for record in placed {
                     self.placed.admit(record);
                 }
