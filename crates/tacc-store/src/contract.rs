@@ -101,6 +101,7 @@ macro_rules! store_contract_tests {
             sync_covers_every_write_before_it,
             lifecycle_records_every_transition,
             apply_is_all_or_nothing,
+            one_apply_takes_a_task_through_several_changes_in_order,
             list_filters_by_state_and_user,
             nodes_keep_their_id_when_re_registered,
             nodes_drain_persists_and_remove_forgets,
@@ -339,6 +340,89 @@ pub async fn sync_covers_every_write_before_it(store: &dyn Store) {
     let (a, b) = tokio::join!(store.sync(), store.sync());
     a.and(b).expect("concurrent syncs");
     assert_eq!(store.get_task(task.id).await.unwrap(), Some(task));
+}
+
+/// Several changes of one task in one `apply` (a short task's start and end in one report
+/// batch) leave it as the last says, with every transition in its history in order, and
+/// a reason set between them kept.
+pub async fn one_apply_takes_a_task_through_several_changes_in_order(store: &dyn Store) {
+    let task = store
+        .create_task(new_task("short", "alice", 300))
+        .await
+        .unwrap()
+        .id;
+    let placed = Transition {
+        placements: vec![StoredPlacement {
+            node: NodeId(1),
+            gpu_indices: vec![],
+        }],
+        ..transition(task, TaskState::Queued, TaskState::Starting, 1, 310)
+    };
+    let ended = Transition {
+        exit_code: Some(0),
+        ..transition(task, TaskState::Running, TaskState::Succeeded, 1, 330)
+    };
+    store
+        .apply(&[
+            change(placed),
+            change(transition(
+                task,
+                TaskState::Starting,
+                TaskState::Running,
+                1,
+                320,
+            )),
+            TaskChange::Reason {
+                task,
+                reason: Some("runtime process".into()),
+            },
+            change(ended),
+        ])
+        .await
+        .unwrap();
+    let record = store.get_task(task).await.unwrap().unwrap();
+    assert_eq!(record.state, TaskState::Succeeded);
+    assert_eq!(record.started_at, Some(Timestamp(320)));
+    assert_eq!(record.finished_at, Some(Timestamp(330)));
+    assert_eq!(record.exit_code, Some(0));
+    assert_eq!(record.placements.len(), 1);
+    // The end's transition set the reason (none) after the reason change.
+    assert_eq!(record.reason, None);
+    let states: Vec<TaskState> = store
+        .task_events(task)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.state)
+        .collect();
+    assert_eq!(
+        states,
+        [
+            TaskState::Queued,
+            TaskState::Starting,
+            TaskState::Running,
+            TaskState::Succeeded
+        ]
+    );
+    // A change a task's row cannot follow fails the whole apply, even after others of it.
+    let again = store
+        .apply(&[
+            TaskChange::Reason {
+                task,
+                reason: Some("late".into()),
+            },
+            change(transition(
+                task,
+                TaskState::Running,
+                TaskState::Failed,
+                1,
+                340,
+            )),
+        ])
+        .await
+        .unwrap_err();
+    assert!(matches!(again, StoreError::Conflict { .. }), "{again}");
+    assert_eq!(store.get_task(task).await.unwrap().unwrap().reason, None);
 }
 
 pub async fn apply_is_all_or_nothing(store: &dyn Store) {

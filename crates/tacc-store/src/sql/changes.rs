@@ -6,6 +6,9 @@
 //! `task_metrics.seq`) are `MAX + 1` inside the transaction, which is race-free because
 //! both stores write through a single connection.
 
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
+
 use tacc_core::TaskId;
 
 use super::groups::queue_delivery;
@@ -43,7 +46,14 @@ pub(crate) async fn insert_task(tx: &mut impl Transact, task: NewTask) -> Result
 
 /// Every change of a plan, in order; the first that fails fails them all (the caller drops
 /// the transaction).
+///
+/// A task's row is read once and written once per call, however many of the changes are
+/// about it: a short task's start and end usually come in one report batch, and its row
+/// (with the indexes on its state) was rewritten for each. Its events are inserted as
+/// they happen, one per transition, as before.
 pub(crate) async fn apply_changes(tx: &mut impl Transact, changes: &[TaskChange]) -> Result<()> {
+    // Rows read and changed by this call, written back at its end.
+    let mut changed: BTreeMap<TaskId, TaskRecord> = BTreeMap::new();
     for change in changes {
         let Some(id) = change_task(change) else {
             if let TaskChange::Notify(delivery) = change {
@@ -62,7 +72,9 @@ pub(crate) async fn apply_changes(tx: &mut impl Transact, changes: &[TaskChange]
         }
         // A reason changes one column: no need to read and rewrite the whole row (a
         // large array gets one for every queued element).
-        if let TaskChange::Reason { reason, .. } = change {
+        if let TaskChange::Reason { reason, .. } = change
+            && !changed.contains_key(&id)
+        {
             let done = tx
                 .execute(
                     Statement::new("UPDATE tasks SET reason = ? WHERE id = ?")
@@ -75,29 +87,20 @@ pub(crate) async fn apply_changes(tx: &mut impl Transact, changes: &[TaskChange]
             }
             continue;
         }
-        let row = tx
-            .fetch_optional(
-                Statement::new(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
-                    .bind(id.0 as i64),
-            )
-            .await?
-            .ok_or(StoreError::TaskNotFound(id))?;
-        let mut record = task_from_row(&row)?;
-        let event = apply_transition(&mut record, change)?;
-        let update = Statement::new(
-            "UPDATE tasks SET state = ?, reason = ?, exit_code = ?, attempt = ?, placements = ?, \
-             cancel_requested = ?, started_at = ?, finished_at = ? WHERE id = ?",
-        )
-        .bind(record.state.as_str())
-        .bind(&record.reason)
-        .bind(record.exit_code)
-        .bind(record.attempt.0 as i64)
-        .bind(serde_json::to_string(&record.placements).map_err(corrupt)?)
-        .bind(record.cancel_requested as i64)
-        .bind(record.started_at.map(millis))
-        .bind(record.finished_at.map(millis))
-        .bind(id.0 as i64);
-        tx.execute(update).await?;
+        let record = match changed.entry(id) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => {
+                let row = tx
+                    .fetch_optional(
+                        Statement::new(format!("SELECT {TASK_COLUMNS} FROM tasks WHERE id = ?"))
+                            .bind(id.0 as i64),
+                    )
+                    .await?
+                    .ok_or(StoreError::TaskNotFound(id))?;
+                entry.insert(task_from_row(&row)?)
+            }
+        };
+        let event = apply_transition(record, change)?;
         if let TaskChange::Resized(resize) = change {
             let insert = Statement::new(
                 "INSERT INTO task_resizes (task_id, seq, attempt, at, cpu_millis, memory_bytes, reason) \
@@ -125,6 +128,22 @@ pub(crate) async fn apply_changes(tx: &mut impl Transact, changes: &[TaskChange]
             .bind(id.0 as i64);
             tx.execute(insert).await?;
         }
+    }
+    for (id, record) in changed {
+        let update = Statement::new(
+            "UPDATE tasks SET state = ?, reason = ?, exit_code = ?, attempt = ?, placements = ?, \
+             cancel_requested = ?, started_at = ?, finished_at = ? WHERE id = ?",
+        )
+        .bind(record.state.as_str())
+        .bind(&record.reason)
+        .bind(record.exit_code)
+        .bind(record.attempt.0 as i64)
+        .bind(serde_json::to_string(&record.placements).map_err(corrupt)?)
+        .bind(record.cancel_requested as i64)
+        .bind(record.started_at.map(millis))
+        .bind(record.finished_at.map(millis))
+        .bind(id.0 as i64);
+        tx.execute(update).await?;
     }
     Ok(())
 }
