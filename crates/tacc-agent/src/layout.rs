@@ -129,12 +129,21 @@ pub(crate) fn private_dir(dir: &Path, owner: Option<RunAs>) -> std::io::Result<(
 /// Hands a tree the agent built (no task can reach it yet) to `owner`, without following
 /// symbolic links.
 pub(crate) fn give_tree(root: &Path, owner: RunAs) -> std::io::Result<()> {
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        std::os::unix::fs::lchown(&path, Some(owner.uid), Some(owner.gid))?;
-        if std::fs::symlink_metadata(&path)?.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
+    let give = |path: &Path| std::os::unix::fs::lchown(path, Some(owner.uid), Some(owner.gid));
+    give(root)?;
+    if !std::fs::symlink_metadata(root)?.is_dir() {
+        return Ok(());
+    }
+    // Each entry's type from its directory listing: no `stat` per entry (every task's
+    // working directory is handed over this way).
+    let mut dirs = vec![root.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let path = entry.path();
+            give(&path)?;
+            if entry.file_type()?.is_dir() {
+                dirs.push(path);
             }
         }
     }
@@ -385,5 +394,30 @@ mod tests {
         assert_eq!(mode(&user), 0o700);
         let meta = std::fs::metadata(user.join("cache/x")).unwrap();
         assert_eq!((meta.uid(), meta.gid()), (54_321, 54_321));
+    }
+
+    #[test]
+    fn a_tree_is_given_whole_and_its_links_are_not_followed() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "not the task's").unwrap();
+        let root = dir.path().join("work");
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        std::fs::write(root.join("a/b/file"), "x").unwrap();
+        std::os::unix::fs::symlink(&outside, root.join("a/link")).unwrap();
+        let owner = RunAs {
+            uid: 54_322,
+            gid: 54_323,
+        };
+        give_tree(&root, owner).unwrap();
+        for path in ["", "a", "a/b", "a/b/file", "a/link"] {
+            let meta = std::fs::symlink_metadata(root.join(path)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (54_322, 54_323), "{path}");
+        }
+        let target = std::fs::metadata(&outside).unwrap();
+        assert_eq!(target.uid(), 0, "a link's target is never given away");
     }
 }

@@ -14,6 +14,7 @@
 //! the store or the wire protocol; it depends on `tacc-core` only.
 
 mod docker;
+mod enterable;
 mod fake;
 mod held_env;
 mod lines;

@@ -163,7 +163,7 @@ impl Executor for ProcessExecutor {
         // Checked here to fail the launch cleanly; entering the directory as the task's
         // identity (after the switch) is what enforces it.
         if let Some(run_as) = spec.placement.run_as {
-            if let Err(source) = identity_can_enter(&spec.workdir, run_as) {
+            if let Err(source) = crate::enterable::identity_can_enter(&spec.workdir, run_as) {
                 if let Some(cgroup) = &cgroup {
                     let _ = cgroup.remove();
                 }
@@ -589,33 +589,4 @@ async fn forward_lines(
         }
     }
     splitter.finish(&output).await;
-}
-
-/// Whether `run_as` may enter `dir`: search permission on it and every directory above it,
-/// by the mode bits (owner, group, others; the task has no supplementary groups).
-fn identity_can_enter(dir: &Path, run_as: crate::RunAs) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let mut path = PathBuf::new();
-    for component in dir.components() {
-        path.push(component);
-        let meta = std::fs::metadata(&path)?;
-        let bits = if meta.uid() == run_as.uid {
-            meta.mode() >> 6
-        } else if meta.gid() == run_as.gid {
-            meta.mode() >> 3
-        } else {
-            meta.mode()
-        };
-        if bits & 0o1 == 0 {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::PermissionDenied,
-                format!(
-                    "Permission denied: uid {} may not enter {}",
-                    run_as.uid,
-                    path.display()
-                ),
-            ));
-        }
-    }
-    Ok(())
 }
