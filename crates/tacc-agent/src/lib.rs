@@ -15,6 +15,7 @@ mod datasets;
 mod ends;
 mod environments;
 mod fencing;
+mod finished_attempts;
 mod gpu_release;
 mod gpu_share_env;
 mod gpus;
@@ -180,11 +181,11 @@ impl Shared {
 }
 
 /// Attempts this agent has started, and those it finished (so a finished attempt that
-/// the server still lists is never started twice).
+/// a server still lists, or lists again, is never started twice).
 #[derive(Debug, Default)]
 struct Attempts {
     running: BTreeMap<AttemptRef, CancellationToken>,
-    finished: BTreeSet<AttemptRef>,
+    finished: finished_attempts::FinishedAttempts,
     /// Working directories of the running attempts (for the server's questions).
     workdirs: BTreeMap<AttemptRef, PathBuf>,
     /// The version of the node's desired work applied last (beside `running`: a report
@@ -543,7 +544,6 @@ impl Agent {
             return;
         }
         let wanted: BTreeSet<AttemptRef> = desired.iter().map(|a| a.attempt).collect();
-        attempts.finished.retain(|a| wanted.contains(a));
         for (attempt, token) in &attempts.running {
             if !wanted.contains(attempt) {
                 tracing::info!(

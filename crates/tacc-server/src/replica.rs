@@ -4,9 +4,10 @@
 //! (`Store::try_acquire_lease`) every `renew_every`; the leader renews it as often and
 //! believes itself leader only until `renewed at + lease × 4/5` on its own monotonic clock,
 //! so a leader paused past its lease (SIGSTOP, a stall) knows it may have lost before it
-//! answers anything. Winning the lease raises its fencing epoch: the store then checks
-//! that epoch in every transaction that changes task state, so a paused old leader that
-//! wakes up after a takeover cannot commit (`StoreError::Fenced`).
+//! answers anything. Winning the lease raises its fencing epoch: the term's store handle
+//! (`Store::for_term`) then checks that epoch in every transaction that changes task
+//! state, so a paused old leader that wakes up after a takeover cannot commit
+//! (`StoreError::Fenced`), not even once it has won the lease back.
 //!
 //! Only the leader decides: it recovers the state from the store when it wins (a fresh
 //! [`Control`]), runs the scheduler, dispatch, the agent protocol and the background loops,
@@ -262,7 +263,14 @@ impl Replica {
     /// Won the lease under `epoch`: recover the state from the store and serve as leader.
     async fn promote(&self, epoch: u64, asked_at: Instant) {
         let started = Instant::now();
-        let control = match Control::open(self.store.clone(), self.config.clone()).await {
+        // The term's own handle: once this term ends, nothing of it still under way can
+        // commit, even in a later term this replica wins (the election's handle follows
+        // every election; this one checks `epoch` alone).
+        let store = self
+            .store
+            .for_term(epoch)
+            .unwrap_or_else(|| self.store.clone());
+        let control = match Control::open(store, self.config.clone()).await {
             Ok(control) => control,
             Err(e) => {
                 // The lease lapses unrenewed and another replica may try.

@@ -82,6 +82,11 @@ impl Fence {
         u64::try_from(self.0.load(Ordering::SeqCst)).ok()
     }
 
+    /// A fence that checks `epoch`, apart from every other.
+    pub(crate) fn fixed(epoch: u64) -> Fence {
+        Fence(Arc::new(AtomicI64::new(epoch as i64)))
+    }
+
     /// After an election: the epoch won, or none (lost).
     pub(crate) fn set(&self, won: Option<u64>) {
         self.0.store(won.map_or(0, |e| e as i64), Ordering::SeqCst);

@@ -389,6 +389,14 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn renew_lease(&self, claim: &LeaseClaim, epoch: u64) -> Result<Option<LeaderLease>>;
     /// The lease as stored, lapsed or not; `None` before any replica took it.
     async fn current_lease(&self) -> Result<Option<LeaderLease>>;
+    /// A handle on the same database whose task-state writes are checked against `epoch`
+    /// alone, whatever this handle wins or loses later; `None` for a store whose writes
+    /// are never fenced (it serves one server, not replicas). A leadership term's control
+    /// plane writes through it, so nothing of a term that ended (a request still under
+    /// way, a loop being stopped) commits in a later term the same replica wins.
+    fn for_term(&self, _epoch: u64) -> Option<std::sync::Arc<dyn Store>> {
+        None
+    }
 
     // ------------------------------------------------------------ identities
 

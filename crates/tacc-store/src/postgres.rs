@@ -19,6 +19,7 @@ use crate::{
     TaskHistory, TaskRecord, TokenRecord, UsagePeak, UserRecord,
 };
 
+mod begin;
 mod placeholders;
 mod run;
 
@@ -163,8 +164,16 @@ impl Store for PostgresStore {
         lease::current(&self.reader).await
     }
 
+    fn for_term(&self, epoch: u64) -> Option<std::sync::Arc<dyn Store>> {
+        Some(std::sync::Arc::new(PostgresStore {
+            writer: self.writer.clone(),
+            reader: self.reader.clone(),
+            fence: crate::lease::Fence::fixed(epoch),
+        }))
+    }
+
     async fn create_task(&self, task: NewTask) -> Result<TaskRecord> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         let record = changes::insert_task(&mut tx, task).await?;
         tx.commit().await?;
@@ -191,7 +200,7 @@ impl Store for PostgresStore {
         if changes.is_empty() {
             return Ok(());
         }
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         changes::apply_changes(&mut tx, changes).await?;
         tx.commit().await?;
@@ -249,7 +258,7 @@ impl Store for PostgresStore {
     }
 
     async fn record_signal_point(&self, point: crate::SignalRecord, keep: u32) -> Result<()> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         changes::record_signal_point(&mut tx, point, keep).await?;
         tx.commit().await?;
         Ok(())
@@ -274,7 +283,7 @@ impl Store for PostgresStore {
         user: Option<&str>,
     ) -> Result<Vec<TaskHistory>> {
         // One read transaction: the tasks and their events come from the same snapshot.
-        let mut tx = self.reader.begin().await?;
+        let mut tx = begin::begin(&self.reader).await?;
         let active = tasks::active_between(&mut tx, since, until, user).await?;
         tx.commit().await?;
         Ok(active)
@@ -285,7 +294,7 @@ impl Store for PostgresStore {
         group: NewGroup,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         let made = groups::insert_group(&mut tx, group, elements).await?;
         tx.commit().await?;
@@ -297,7 +306,7 @@ impl Store for PostgresStore {
         group: GroupId,
         elements: Vec<(u32, NewTask)>,
     ) -> Result<Vec<TaskRecord>> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         let tasks = groups::add_elements(&mut tx, group, elements).await?;
         tx.commit().await?;
@@ -305,7 +314,7 @@ impl Store for PostgresStore {
     }
 
     async fn append_metrics(&self, points: Vec<crate::MetricPoint>) -> Result<()> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         changes::append_metrics(&mut tx, &points).await?;
         tx.commit().await?;
         Ok(())
@@ -339,7 +348,7 @@ impl Store for PostgresStore {
         group: NewGroup,
         stages: Vec<crate::NewStage>,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         let made = pipelines::insert_pipeline(&mut tx, group, stages).await?;
         tx.commit().await?;
@@ -356,14 +365,14 @@ impl Store for PostgresStore {
     }
 
     async fn keep_reply(&self, kept: crate::KeptReply) -> Result<()> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         idempotency::insert_key(&mut tx, &kept).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn create_task_keyed(&self, task: NewTask, keyed: crate::Keyed) -> Result<TaskRecord> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         let record = changes::insert_task(&mut tx, task).await?;
         let kept = keyed.kept(crate::Created::Task(&record));
@@ -378,7 +387,7 @@ impl Store for PostgresStore {
         elements: Vec<(u32, NewTask)>,
         keyed: crate::Keyed,
     ) -> Result<(GroupRecord, Vec<TaskRecord>)> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         let (record, tasks) = groups::insert_group(&mut tx, group, elements).await?;
         let kept = keyed.kept(crate::Created::Group(&record, &tasks));
@@ -393,7 +402,7 @@ impl Store for PostgresStore {
         stages: Vec<crate::NewStage>,
         keyed: crate::Keyed,
     ) -> Result<(GroupRecord, Vec<crate::StageRecord>, Vec<TaskRecord>)> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         let made = pipelines::insert_pipeline(&mut tx, group, stages).await?;
         let kept = keyed.kept(crate::Created::Pipeline(&made.0, &made.1, &made.2));
@@ -469,7 +478,7 @@ impl Store for PostgresStore {
     }
 
     async fn enrol_node(&self, token: u64, node_name: &str, at: Timestamp) -> Result<Enrolment> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         let enrolment = access::enrol_node(&mut tx, token, node_name, at).await?;
         tx.commit().await?;
         Ok(enrolment)
@@ -496,7 +505,7 @@ impl Store for PostgresStore {
     }
 
     async fn save_fairshare(&self, ledgers: &[crate::FairShareLedger]) -> Result<()> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         crate::sql::restart_facts::save_fairshare(&mut tx, ledgers).await?;
         tx.commit().await?;
@@ -508,7 +517,7 @@ impl Store for PostgresStore {
     }
 
     async fn save_nodes_seen(&self, seen: &[(NodeId, tacc_core::Timestamp)]) -> Result<()> {
-        let mut tx = self.writer.begin().await?;
+        let mut tx = begin::begin(&self.writer).await?;
         check_fence(&mut tx, &self.fence).await?;
         crate::sql::restart_facts::save_nodes_seen(&mut tx, seen).await?;
         tx.commit().await?;

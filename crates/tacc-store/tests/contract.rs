@@ -542,6 +542,81 @@ async fn postgres_replica_that_lost_the_lease_is_fenced() {
     );
 }
 
+/// A replica that led, lost the lease and won it back: what its first term still has
+/// under way (a request, a loop being stopped) writes through that term's handle and is
+/// fenced, while the second term's handle writes.
+#[tokio::test]
+async fn postgres_a_term_that_ended_stays_fenced_when_its_replica_leads_again() {
+    let Some((replica, database)) =
+        fresh_postgres("postgres_a_term_that_ended_stays_fenced_when_its_replica_leads_again")
+            .await
+    else {
+        return;
+    };
+    let other = PostgresStore::open(&database.url).await.unwrap();
+    let claim = |holder: &str, now: u64| tacc_store::LeaseClaim {
+        holder: holder.to_string(),
+        leader_url: format!("http://{holder}"),
+        now: tacc_core::Timestamp(now),
+        ttl_ms: 1_000,
+    };
+    let first = replica
+        .try_acquire_lease(&claim("replica", 1_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let first_term = replica.for_term(first.epoch).unwrap();
+    let task = first_term
+        .create_task(contract::new_task("a", "alice", 1_000))
+        .await
+        .unwrap();
+    // Another replica takes the lapsed lease, then this one takes it back.
+    let between = other
+        .try_acquire_lease(&claim("other", 2_000))
+        .await
+        .unwrap()
+        .unwrap();
+    let second = replica
+        .try_acquire_lease(&claim("replica", 3_000))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.epoch > between.epoch && between.epoch > first.epoch);
+    let second_term = replica.for_term(second.epoch).unwrap();
+
+    let late = first_term
+        .apply(&[tacc_store::TaskChange::Reason {
+            task: task.id,
+            reason: Some("from the first term".into()),
+        }])
+        .await;
+    assert!(
+        matches!(late, Err(tacc_store::StoreError::Fenced { held: Some(e) }) if e == first.epoch),
+        "{late:?}"
+    );
+    second_term
+        .apply(&[tacc_store::TaskChange::Reason {
+            task: task.id,
+            reason: Some("from the second term".into()),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(
+        replica
+            .get_task(task.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("from the second term")
+    );
+    assert_eq!(open_transactions(&database).await, 0);
+    // A store that serves one server alone has no terms.
+    let memory = tacc_store::MemoryStore::default();
+    assert!(memory.for_term(1).is_none());
+}
+
 /// A user's task uid survives a restart of the server, and a restarted server never hands
 /// a uid given before to anyone else.
 #[tokio::test]

@@ -554,6 +554,8 @@ fn main() -> Result<()> {
         // A log line that cannot be written (a full disk) is dropped and counted, never
         // a panic in the thread that logged it.
         .with_writer(tacc_server::daemon_log::stderr)
+        // Colours for a person at a terminal; a log file or the journal gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .log_internal_errors(false)
         .init();
     database::warn_of_password_on_command_line();

@@ -123,6 +123,29 @@ async fn submit_named(client: &Client, root: &Path, name: &str, seconds: u32) ->
     client.submit(&submission).await.unwrap().task_id
 }
 
+/// On a failure, the replicas' and the agent's logs go to the test's output (CI keeps
+/// nothing else of a failed run: a failover is a sequence of events across three
+/// processes, and the assertion alone does not say which went wrong).
+struct LogsOnFailure(std::path::PathBuf);
+
+impl Drop for LogsOnFailure {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for name in ["first", "second", "agent"] {
+            let path = self.0.join(format!("{name}.log"));
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(200)..];
+            eprintln!("---- {} (last {} lines)", path.display(), tail.len());
+            for line in tail {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_takes_over_a_paused_leader_which_is_fenced_and_nothing_runs_twice() {
     let test = "follower_takes_over_a_paused_leader_which_is_fenced_and_nothing_runs_twice";
@@ -136,6 +159,7 @@ async fn follower_takes_over_a_paused_leader_which_is_fenced_and_nothing_runs_tw
     for d in [&data, &logs, &projects] {
         std::fs::create_dir_all(d).unwrap();
     }
+    let _logs = LogsOnFailure(logs.clone());
     let url = database.url.as_str();
 
     let mut first = launch_replica("first", &data, &logs, url).await;

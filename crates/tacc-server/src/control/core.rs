@@ -63,6 +63,9 @@ pub(crate) struct Core {
     /// While set, events are collected here instead of decided one by one; the caller
     /// decides once for all of them (see `Control::agent_reports`).
     pub(crate) deferred: Option<Vec<Event>>,
+    /// A turn is under way, or was dropped before its end: the core may hold changes the
+    /// store does not (see `Control::turn_then`).
+    pub(crate) torn: bool,
     /// Pipeline stage tasks and the tasks of the stages they need (the scheduler's
     /// `depends_on`), kept until they leave the queue.
     pub(crate) stage_deps: BTreeMap<TaskId, Vec<TaskId>>,
@@ -111,6 +114,7 @@ impl Core {
             cancel_reasons: BTreeMap::new(),
             identity_groups: BTreeMap::new(),
             deferred: None,
+            torn: false,
         }
     }
 

@@ -1269,6 +1269,45 @@ async fn a_node_s_last_seen_time_survives_a_restart() {
     );
 }
 
+/// A turn dropped at an await (a request whose client went away, a loop stopped) after
+/// its handlers changed the core leaves the core saying what the store does not: the next
+/// turn reads it again from the store first, so a running attempt is not dropped from its
+/// node's work (which would stop it) and nothing is placed twice.
+#[tokio::test]
+async fn a_turn_dropped_half_way_is_undone_before_the_next_one() {
+    use std::future::Future;
+    use std::task::{Context, Waker};
+
+    let env = TestEnv::new().await;
+    let mut agent = env.join("n1", 2).await;
+    let task = env.submit(ONE_CPU).await;
+    let attempt = only(&env.poll(&mut agent).await);
+    env.report(&agent, vec![env.started(attempt)]).await;
+    let mut torn = Box::pin(env.control.turn(async |core: &mut super::Core| {
+        core.clear_open_tasks();
+        std::future::pending::<()>().await;
+        Ok(())
+    }));
+    assert!(
+        torn.as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+    );
+    drop(torn);
+    assert_eq!(
+        only(&env.poll(&mut agent).await),
+        attempt,
+        "the attempt is still its node's"
+    );
+    assert_eq!(env.state(task).await, Running);
+    env.finish(&mut agent, attempt, 0).await;
+    assert_eq!(
+        env.history(task).await,
+        [(1, Queued), (1, Starting), (1, Running), (1, Succeeded)]
+    );
+    env.emptiness_check().await;
+}
+
 #[tokio::test]
 async fn a_turn_whose_commit_fails_acknowledges_nothing_and_the_core_is_rebuilt() {
     let env = without_backoff().await;

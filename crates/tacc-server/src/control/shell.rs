@@ -54,6 +54,17 @@ impl Control {
     ) -> Result<T, ServerError> {
         let mut guard = self.inner.lock().await;
         let core = &mut *guard;
+        if core.torn {
+            self.rebuild(
+                core,
+                "a turn of the control plane was dropped half-way (its caller went away)",
+            )
+            .await;
+        }
+        // Cleared only when this turn has run to its end: a turn dropped at an await (a
+        // request whose client went away, a loop stopped) leaves the mark, and the next
+        // turn reads the core again from the store, which is the truth.
+        core.torn = true;
         core.deferred = Some(Vec::new());
         let mut failed = false;
         let result = self
@@ -82,19 +93,19 @@ impl Control {
             })
             .await;
         if failed {
-            self.rebuild(core).await;
+            self.rebuild(core, "a turn of the control plane could not be committed")
+                .await;
         }
+        core.torn = false;
         result
     }
 
-    /// After a turn whose commit failed, the handlers' changes to the core are not what
-    /// the store holds: the open tasks' part of the core is read again from the store and
+    /// After a turn whose commit failed, or that was dropped half-way, the handlers'
+    /// changes to the core are not what the store holds: the open tasks' part of the core is read again from the store and
     /// the scheduler rebuilt from it (nodes keep their liveness; their work is rebuilt and
     /// every poll answered). Nothing of the turn was acknowledged: its request failed.
-    pub(crate) async fn rebuild(&self, core: &mut Core) {
-        tracing::error!(
-            "a turn of the control plane could not be committed: rebuilding its state from the store"
-        );
+    pub(crate) async fn rebuild(&self, core: &mut Core, why: &str) {
+        tracing::error!("{why}: rebuilding its state from the store");
         core.clear_open_tasks();
         self.placed.clear();
         if let Err(e) = Box::pin(self.reload(core, false)).await {

@@ -51,7 +51,7 @@ impl Run for PgPool {
     }
 
     async fn execute_all(&self, statements: Vec<Statement>) -> Result<(), sqlx::Error> {
-        let mut tx = self.begin().await?;
+        let mut tx = super::begin::begin(self).await?;
         for statement in &statements {
             let sql = numbered(&statement.sql);
             query(&sql, &statement.values).execute(&mut *tx).await?;
