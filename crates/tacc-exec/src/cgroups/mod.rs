@@ -9,6 +9,7 @@
 //! process-group behaviour; said once in the log). The file-writing logic of both takes
 //! a base directory, so the unit tests run it against a fake hierarchy in a temp dir.
 
+mod kept_files;
 mod pool;
 mod usage;
 mod v1;

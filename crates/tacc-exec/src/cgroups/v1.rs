@@ -6,10 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::kept_files::KeptFiles;
 use super::usage::number;
 use super::{
     CPU_PERIOD_US, Cgroup, CgroupUsage, Cgroups, KillReport, Limits, check_memory_floor,
-    cpu_quota_us, keyed_value, kill_loop, make_dir, read_pids, remove_dir, subdirs, write_file,
+    cpu_quota_us, file_error, keyed_in, kill_loop, make_dir, read_pids, remove_dir, subdirs,
+    write_file,
 };
 
 /// v1 reports "no memory limit" as a page-rounded `i64::MAX`; anything this large is none.
@@ -83,6 +85,7 @@ impl V1Cgroups {
             memsw: self.memsw,
             base: Base::default(),
             in_force: Arc::default(),
+            files: Arc::default(),
         }
     }
 }
@@ -139,6 +142,9 @@ pub struct V1Cgroup {
     /// The limits in force, as this agent last wrote them (shared by every handle of the
     /// directory, across reuses; see [`InForce`]).
     in_force: Arc<Mutex<InForce>>,
+    /// Its control files kept open across reads, writes and reuses (see `kept_files.rs`),
+    /// shared like `in_force`.
+    files: Arc<KeptFiles>,
 }
 
 /// The file that limits memory + swap, where the kernel accounts swap.
@@ -184,12 +190,12 @@ impl V1Cgroup {
             detail,
         };
         let usage = self.memory.join("memory.usage_in_bytes");
-        let mut residue = number(&usage).unwrap_or(u64::MAX);
+        let mut residue = self.number(&usage).unwrap_or(u64::MAX);
         if residue > REUSE_MEMORY_RESIDUE {
             // Page cache and kernel memory the last execution left charged, reclaimed
             // (costly: only where there is more than the residue).
             write_file(&self.memory.join("memory.force_empty"), "0")?;
-            residue = number(&usage).unwrap_or(u64::MAX);
+            residue = self.number(&usage).unwrap_or(u64::MAX);
         }
         if residue > REUSE_MEMORY_RESIDUE {
             return Err(refuse(format!(
@@ -200,33 +206,29 @@ impl V1Cgroup {
         if !known {
             self.apply_all(limits)?;
         }
-        let _ = write_file(&self.memory.join("memory.max_usage_in_bytes"), "0");
-        let _ = write_file(&self.memory.join("memory.failcnt"), "0");
+        let _ = self.write(&self.memory.join("memory.max_usage_in_bytes"), "0");
+        let _ = self.write(&self.memory.join("memory.failcnt"), "0");
         // Read once for both of its counters.
         let cpu_stat = self
             .cpu
             .as_ref()
-            .and_then(|cpu| std::fs::read_to_string(cpu.join("cpu.stat")).ok());
+            .and_then(|cpu| self.files.read(&cpu.join("cpu.stat")).ok());
         let base = Base {
-            oom_kills: keyed_value(&self.memory.join("memory.oom_control"), "oom_kill")
+            oom_kills: self
+                .keyed(&self.memory.join("memory.oom_control"), "oom_kill")
                 .unwrap_or(0),
             cpu_ns: self
                 .cpuacct
                 .as_ref()
-                .and_then(|c| number(&c.join("cpuacct.usage")))
+                .and_then(|c| self.number(&c.join("cpuacct.usage")))
                 .unwrap_or(0),
             throttled_ns: cpu_stat
                 .as_deref()
-                .and_then(|s| super::keyed_in(s, "throttled_time"))
+                .and_then(|s| keyed_in(s, "throttled_time"))
                 .unwrap_or(0),
             periods: cpu_stat
                 .as_deref()
-                .and_then(|s| {
-                    Some((
-                        super::keyed_in(s, "nr_periods")?,
-                        super::keyed_in(s, "nr_throttled")?,
-                    ))
-                })
+                .and_then(|s| Some((keyed_in(s, "nr_periods")?, keyed_in(s, "nr_throttled")?)))
                 .unwrap_or((0, 0)),
             memory_bytes: residue,
         };
@@ -304,13 +306,34 @@ impl V1Cgroup {
     /// The quota in force, in thousandths of a CPU (`cpu.cfs_quota_us` is -1 without).
     fn cpu_quota_millis(&self) -> Option<u64> {
         let cpu = self.cpu.as_ref()?;
-        let quota: i64 = std::fs::read_to_string(cpu.join("cpu.cfs_quota_us"))
+        let quota: i64 = self
+            .files
+            .read(&cpu.join("cpu.cfs_quota_us"))
             .ok()?
             .trim()
             .parse()
             .ok()?;
-        let period = number(&cpu.join("cpu.cfs_period_us")).unwrap_or(CPU_PERIOD_US);
+        let period = self
+            .number(&cpu.join("cpu.cfs_period_us"))
+            .unwrap_or(CPU_PERIOD_US);
         (quota > 0 && period > 0).then(|| quota as u64 * 1000 / period)
+    }
+
+    /// The number a control file of this cgroup holds (through its kept handle).
+    fn number(&self, path: &Path) -> Option<u64> {
+        self.files.read(path).ok()?.trim().parse().ok()
+    }
+
+    /// The value of `key` in a keyed control file of this cgroup.
+    fn keyed(&self, path: &Path, key: &str) -> Option<u64> {
+        keyed_in(&self.files.read(path).ok()?, key)
+    }
+
+    /// Write a control file of this cgroup through its kept handle.
+    fn write(&self, path: &Path, value: &str) -> Result<(), ExecError> {
+        self.files
+            .write(path, value)
+            .map_err(|e| file_error("write", path, e))
     }
 
     fn freeze(&self, frozen: bool) {
@@ -341,6 +364,15 @@ impl Cgroup for V1Cgroup {
         self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
     }
 
+    /// Through the kept `cgroup.procs` of each controller, memory's first.
+    fn join(&self, pid: u32) -> Result<(), ExecError> {
+        let pid = pid.to_string();
+        for file in self.join_files() {
+            self.write(&file, &pid)?;
+        }
+        Ok(())
+    }
+
     /// The memory controller's list alone: a process joins it first (`join_files` is in
     /// `dirs` order, memory's first, and a join stops at its first failure), its children
     /// are born in every hierarchy their parent is in, and no task may move itself (the
@@ -354,33 +386,37 @@ impl Cgroup for V1Cgroup {
     }
 
     fn oom_kills(&self) -> u64 {
-        keyed_value(&self.memory.join("memory.oom_control"), "oom_kill")
+        self.keyed(&self.memory.join("memory.oom_control"), "oom_kill")
             .unwrap_or(0)
             .saturating_sub(self.base.oom_kills)
     }
 
     fn cpu_usage(&self) -> Option<Duration> {
-        number(&self.cpuacct.as_ref()?.join("cpuacct.usage"))
+        self.number(&self.cpuacct.as_ref()?.join("cpuacct.usage"))
             .map(|ns| Duration::from_nanos(ns.saturating_sub(self.base.cpu_ns)))
     }
 
     fn usage(&self) -> CgroupUsage {
+        // Read once for its three counters.
+        let cpu_stat = self
+            .cpu
+            .as_ref()
+            .and_then(|cpu| self.files.read(&cpu.join("cpu.stat")).ok());
+        let cpu_stat = cpu_stat.as_deref();
         CgroupUsage {
             cpu: self.cpu_usage(),
-            memory_bytes: number(&self.memory.join("memory.usage_in_bytes"))
+            memory_bytes: self
+                .number(&self.memory.join("memory.usage_in_bytes"))
                 .map(|b| b.saturating_sub(self.base.memory_bytes)),
-            memory_peak_bytes: number(&self.memory.join("memory.max_usage_in_bytes"))
+            memory_peak_bytes: self
+                .number(&self.memory.join("memory.max_usage_in_bytes"))
                 .map(|b| b.saturating_sub(self.base.memory_bytes)),
             // v1 `cpu.stat` counts throttled time in nanoseconds.
-            throttled: self
-                .cpu
-                .as_ref()
-                .and_then(|cpu| keyed_value(&cpu.join("cpu.stat"), "throttled_time"))
+            throttled: cpu_stat
+                .and_then(|s| keyed_in(s, "throttled_time"))
                 .map(|ns| Duration::from_nanos(ns.saturating_sub(self.base.throttled_ns))),
-            cpu_periods: self
-                .cpu
-                .as_ref()
-                .and_then(|cpu| super::usage::cpu_periods(&cpu.join("cpu.stat")))
+            cpu_periods: cpu_stat
+                .and_then(|s| Some((keyed_in(s, "nr_periods")?, keyed_in(s, "nr_throttled")?)))
                 .map(|(periods, throttled)| {
                     (
                         periods.saturating_sub(self.base.periods.0),
@@ -388,10 +424,11 @@ impl Cgroup for V1Cgroup {
                     )
                 }),
             cpu_quota_millis: self.cpu_quota_millis(),
-            memory_limit_bytes: number(&self.memory.join("memory.limit_in_bytes"))
+            memory_limit_bytes: self
+                .number(&self.memory.join("memory.limit_in_bytes"))
                 .filter(|limit| *limit < NO_LIMIT_ABOVE),
             memory_pressure_percent: None,
-            memory_failcnt: number(&self.memory.join("memory.failcnt")),
+            memory_failcnt: self.number(&self.memory.join("memory.failcnt")),
             io_pressure_percent: None,
         }
     }
@@ -425,6 +462,7 @@ impl Cgroup for V1Cgroup {
     }
 
     fn remove(&self) -> Result<(), ExecError> {
+        self.files.close_all();
         let mut result = Ok(());
         for dir in &self.dirs {
             if let Err(error) = remove_dir(dir) {
