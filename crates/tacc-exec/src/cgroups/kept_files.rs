@@ -133,6 +133,8 @@ impl KeptFiles {
             Mode::Read => File::open(path)?,
             Mode::Write => OpenOptions::new().write(true).open(path)?,
         };
+        // `f_type`'s width differs between targets (`i64` here, `u32` elsewhere).
+        #[allow(clippy::unnecessary_cast)]
         let on_cgroupfs = nix::sys::statfs::fstatfs(&file)
             .is_ok_and(|fs| CGROUP_MAGICS.contains(&(fs.filesystem_type().0 as i64)));
         if !on_cgroupfs {
@@ -211,7 +213,7 @@ mod tests {
         }
         let path = dir.join(file);
         let kept = KeptFiles::default();
-        let checked = (|| {
+        let checked = || {
             for value in values.iter().chain(values.iter()) {
                 kept.write(&path, value).unwrap();
                 assert_eq!(kept.read(&path).unwrap().trim(), *value);
@@ -222,7 +224,7 @@ mod tests {
             assert_eq!(kept.kept_count(), 1, "a failed write's handle is not kept");
             kept.close_all();
             assert_eq!(kept.kept_count(), 0);
-        });
+        };
         let outcome = std::panic::catch_unwind(checked);
         kept.close_all();
         let _ = std::fs::remove_dir(&dir);
