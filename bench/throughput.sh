@@ -60,9 +60,11 @@ hq_run() {
   local n=$1 dir
   dir=$(mktemp -d)
   export HQ_SERVER_DIR=$dir/server
-  (cd "$dir" && "$HQ" server start >/dev/null 2>&1 &)
+  # `exec`: no shell is left to run the ERR trap (inherited, `set -E`) when these exit
+  # non-zero at the server's stop, which would print a failure that is none.
+  (cd "$dir" && exec "$HQ" server start >/dev/null 2>&1 &)
   "$HQ" server wait >/dev/null 2>&1 || sleep 1
-  (cd "$dir" && "$HQ" worker start --cpus "$CORES" >/dev/null 2>&1 &)
+  (cd "$dir" && exec "$HQ" worker start --cpus "$CORES" >/dev/null 2>&1 &)
   local deadline=$((SECONDS + 30))
   until "$HQ" worker list 2>/dev/null | grep -q RUNNING; do
     ((SECONDS < deadline)) || { echo "hq worker did not start" >&2; exit 1; }
