@@ -30,7 +30,6 @@ pub(crate) async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres
 mod tests {
     use std::future::Future;
     use std::task::{Context, Waker};
-    use std::time::Duration;
 
     use sqlx::postgres::PgPoolOptions;
 
@@ -48,41 +47,30 @@ mod tests {
         state.is_some_and(|s| s.starts_with("idle in transaction"))
     }
 
-    /// Poll `begin` until the server holds its `BEGIN` (or it completes), then drop it:
-    /// what a request cancelled at the worst moment does. Whether it left the
-    /// connection in a transaction, once the pool has it back.
-    async fn cancelled_half_way<F: Future>(
+    /// Poll `begin` `polls` times, letting the runtime run between polls, then drop it:
+    /// a request cancelled at some moment of its begin. Whether that left the connection
+    /// in a transaction once the pool has it back (whatever was spawned has ended).
+    async fn dropped_after<F: Future>(
         pool: &PgPool,
         observer: &PgPool,
-        pid: i32,
+        polls: usize,
         begin: F,
     ) -> bool {
         let mut begin = Box::pin(begin);
         let mut cx = Context::from_waker(Waker::noop());
-        let mut sent = false;
-        for _ in 0..10_000 {
+        for _ in 0..polls {
             if begin.as_mut().poll(&mut cx).is_ready() {
                 break;
             }
-            if in_transaction(observer, pid).await {
-                sent = true;
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            tokio::task::yield_now().await;
         }
-        assert!(
-            sent,
-            "the BEGIN never reached the server before the call finished"
-        );
         drop(begin);
-        // The pool's only connection, once it is back (the spawned begin, if any, ended).
+        // The pool's only connection, once it is back (the pool may have replaced it).
         let mut conn = pool.acquire().await.unwrap();
-        let _: i32 = sqlx::query_scalar("SELECT 1")
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut *conn)
             .await
             .unwrap();
-        drop(conn);
-        let mut conn = pool.acquire().await.unwrap();
         let left = in_transaction(observer, pid).await;
         let _ = sqlx::query("ROLLBACK").execute(&mut *conn).await;
         left
@@ -104,17 +92,17 @@ mod tests {
             .connect(&database.url)
             .await
             .unwrap();
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-        assert!(
-            !cancelled_half_way(&pool, &observer, pid, begin(&pool)).await,
-            "a dropped `begin` left its connection in a transaction"
-        );
-        // And the pool is usable: a transaction begun now is its own.
+        // Dropped at every point from before its first poll to after its end: the
+        // property holds at each, so the test cannot pass or fail by timing.
+        for polls in 0..40 {
+            assert!(
+                !dropped_after(&pool, &observer, polls, begin(&pool)).await,
+                "a `begin` dropped after {polls} polls left its connection in a transaction"
+            );
+        }
+        // And the pool is usable: a transaction begun now is its own, and ends.
         let mut tx = begin(&pool).await.unwrap();
-        let _: i32 = sqlx::query_scalar("SELECT 1")
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
             .fetch_one(&mut *tx)
             .await
             .unwrap();
