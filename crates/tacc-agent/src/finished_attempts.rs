@@ -85,19 +85,6 @@ mod tests {
     }
 
     #[test]
-    fn a_finished_attempt_stays_finished_whatever_is_listed_after_it() {
-        let mut finished = FinishedAttempts::default();
-        finished.insert(attempt(3, 1));
-        // A desired set without it, then a stale one with it again: still finished.
-        assert!(finished.contains(&attempt(3, 1)));
-        assert!(
-            !finished.contains(&attempt(3, 2)),
-            "a new attempt of the task is another run"
-        );
-        assert!(!finished.contains(&attempt(4, 1)));
-    }
-
-    #[test]
     fn the_oldest_are_forgotten_past_the_limit_and_a_repeat_is_kept_once() {
         let mut finished = FinishedAttempts::with_limit(3);
         for task in 1..=3 {

@@ -39,6 +39,7 @@ mod sessions;
 mod spool;
 mod tree_removal;
 pub mod watchdog;
+mod work_plan;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -543,28 +544,21 @@ impl Agent {
         if !attempts.work.take(path, version) {
             return;
         }
-        let wanted: BTreeSet<AttemptRef> = desired.iter().map(|a| a.attempt).collect();
-        for (attempt, token) in &attempts.running {
-            if !wanted.contains(attempt) {
-                tracing::info!(
-                    "stopping task {} attempt {}: no longer assigned",
-                    attempt.task,
-                    attempt.attempt
-                );
-                token.cancel();
-            }
+        let running: BTreeSet<AttemptRef> = attempts.running.keys().copied().collect();
+        let plan = work_plan::plan(&running, &attempts.finished, desired);
+        for attempt in &plan.stop {
+            tracing::info!(
+                "stopping task {} attempt {}: no longer assigned",
+                attempt.task,
+                attempt.attempt
+            );
+            attempts.running[attempt].cancel();
         }
-        for assignment in desired {
+        for (attempt, allocation) in plan.resize {
+            resize::Resizing::want(&self.shared, attempt, allocation);
+        }
+        for assignment in plan.start {
             let key = assignment.attempt;
-            if attempts.running.contains_key(&key) {
-                if let Some(allocation) = assignment.allocation {
-                    resize::Resizing::want(&self.shared, key, allocation);
-                }
-                continue;
-            }
-            if attempts.finished.contains(&key) {
-                continue;
-            }
             let token = CancellationToken::new();
             self.shared.reports.starting(key);
             attempts.running.insert(key, token.clone());

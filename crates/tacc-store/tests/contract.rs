@@ -449,6 +449,16 @@ async fn sqlite_a_locked_database_is_a_storage_fault_and_the_store_recovers() {
     assert!(reopened.get_task(after).await.unwrap().is_some());
 }
 
+/// `holder`'s claim to the leadership lease at `now` (ms), for one second.
+fn lease_claim(holder: &str, now: u64) -> tacc_store::LeaseClaim {
+    tacc_store::LeaseClaim {
+        holder: holder.to_string(),
+        leader_url: format!("http://{holder}"),
+        now: tacc_core::Timestamp(now),
+        ttl_ms: 1_000,
+    }
+}
+
 /// Two replicas' stores on one database: once the second took the lapsed lease over, the
 /// first can neither change task state nor renew, while the new holder can.
 #[tokio::test]
@@ -459,14 +469,8 @@ async fn postgres_replica_that_lost_the_lease_is_fenced() {
         return;
     };
     let new = PostgresStore::open(&database.url).await.unwrap();
-    let claim = |holder: &str, now: u64| tacc_store::LeaseClaim {
-        holder: holder.to_string(),
-        leader_url: format!("http://{holder}"),
-        now: tacc_core::Timestamp(now),
-        ttl_ms: 1_000,
-    };
     let first = old
-        .try_acquire_lease(&claim("old", 1_000))
+        .try_acquire_lease(&lease_claim("old", 1_000))
         .await
         .unwrap()
         .unwrap();
@@ -476,7 +480,9 @@ async fn postgres_replica_that_lost_the_lease_is_fenced() {
         .unwrap();
     // A replica that lost an election may not change task state either.
     assert_eq!(
-        new.try_acquire_lease(&claim("new", 1_500)).await.unwrap(),
+        new.try_acquire_lease(&lease_claim("new", 1_500))
+            .await
+            .unwrap(),
         None
     );
     let refused = new
@@ -488,7 +494,7 @@ async fn postgres_replica_that_lost_the_lease_is_fenced() {
     );
 
     let taken = new
-        .try_acquire_lease(&claim("new", 2_000))
+        .try_acquire_lease(&lease_claim("new", 2_000))
         .await
         .unwrap()
         .unwrap();
@@ -511,7 +517,7 @@ async fn postgres_replica_that_lost_the_lease_is_fenced() {
         "{late:?}"
     );
     assert_eq!(
-        old.renew_lease(&claim("old", 2_001), first.epoch)
+        old.renew_lease(&lease_claim("old", 2_001), first.epoch)
             .await
             .unwrap(),
         None
@@ -554,14 +560,8 @@ async fn postgres_a_term_that_ended_stays_fenced_when_its_replica_leads_again() 
         return;
     };
     let other = PostgresStore::open(&database.url).await.unwrap();
-    let claim = |holder: &str, now: u64| tacc_store::LeaseClaim {
-        holder: holder.to_string(),
-        leader_url: format!("http://{holder}"),
-        now: tacc_core::Timestamp(now),
-        ttl_ms: 1_000,
-    };
     let first = replica
-        .try_acquire_lease(&claim("replica", 1_000))
+        .try_acquire_lease(&lease_claim("replica", 1_000))
         .await
         .unwrap()
         .unwrap();
@@ -572,12 +572,12 @@ async fn postgres_a_term_that_ended_stays_fenced_when_its_replica_leads_again() 
         .unwrap();
     // Another replica takes the lapsed lease, then this one takes it back.
     let between = other
-        .try_acquire_lease(&claim("other", 2_000))
+        .try_acquire_lease(&lease_claim("other", 2_000))
         .await
         .unwrap()
         .unwrap();
     let second = replica
-        .try_acquire_lease(&claim("replica", 3_000))
+        .try_acquire_lease(&lease_claim("replica", 3_000))
         .await
         .unwrap()
         .unwrap();

@@ -204,6 +204,8 @@ mod tests {
             )
         };
         let dir = parent.join(format!("tacc-kept-files-test-{}", std::process::id()));
+        // One an earlier run of this process id left (killed before its clean-up).
+        let _ = std::fs::remove_dir(&dir);
         if !nix::unistd::geteuid().is_root() || std::fs::create_dir(&dir).is_err() {
             if std::env::var("CI").as_deref() == Ok("true") {
                 panic!("{test}: needs root and a writable cgroup hierarchy in CI");
@@ -211,25 +213,25 @@ mod tests {
             eprintln!("\n######## SKIPPED {test}: no writable cgroup hierarchy here.\n");
             return;
         }
+        /// Removes the test's cgroup, pass or fail (after `kept` closed its files).
+        struct Removed(PathBuf);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir(&self.0);
+            }
+        }
+        let _removed = Removed(dir.clone());
         let path = dir.join(file);
         let kept = KeptFiles::default();
-        let checked = || {
-            for value in values.iter().chain(values.iter()) {
-                kept.write(&path, value).unwrap();
-                assert_eq!(kept.read(&path).unwrap().trim(), *value);
-                assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), *value);
-            }
-            assert_eq!(kept.kept_count(), 2, "one handle to write, one to read");
-            assert!(kept.write(&path, "not a number").is_err());
-            assert_eq!(kept.kept_count(), 1, "a failed write's handle is not kept");
-            kept.close_all();
-            assert_eq!(kept.kept_count(), 0);
-        };
-        let outcome = std::panic::catch_unwind(checked);
-        kept.close_all();
-        let _ = std::fs::remove_dir(&dir);
-        if let Err(panic) = outcome {
-            std::panic::resume_unwind(panic);
+        for value in values.iter().chain(values.iter()) {
+            kept.write(&path, value).unwrap();
+            assert_eq!(kept.read(&path).unwrap().trim(), *value);
+            assert_eq!(std::fs::read_to_string(&path).unwrap().trim(), *value);
         }
+        assert_eq!(kept.kept_count(), 2, "one handle to write, one to read");
+        assert!(kept.write(&path, "not a number").is_err());
+        assert_eq!(kept.kept_count(), 1, "a failed write's handle is not kept");
+        kept.close_all();
+        assert_eq!(kept.kept_count(), 0);
     }
 }
